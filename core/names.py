@@ -1,0 +1,50 @@
+"""Names of the queues and the table: shared by the code, host bindings and infra/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+ORDERS: Final = "orders"
+ORDERS_REJECTED: Final = "orders-rejected"
+OPERATOR_ALERTS: Final = "operator-alerts"
+ORDER_DISPATCH: Final = "order-dispatch"
+AGENT_REQUESTS: Final = "agent-requests"
+AGENT_REPLIES: Final = "agent-replies"
+STATE_TABLE: Final = "OrderState"
+
+
+@dataclass(frozen=True)
+class Names:
+    """Where state and messages live. Tests use ``Names.unique()`` to stay apart."""
+
+    orders: str = ORDERS
+    orders_rejected: str = ORDERS_REJECTED
+    operator_alerts: str = OPERATOR_ALERTS
+    order_dispatch: str = ORDER_DISPATCH
+    agent_requests: str = AGENT_REQUESTS
+    agent_replies: str = AGENT_REPLIES
+    state_table: str = STATE_TABLE
+
+    @classmethod
+    def unique(cls, tag: str) -> Names:
+        """Names with a suffix (lowercase letters and digits), for isolated tests."""
+        return cls(
+            orders=f"{ORDERS}-{tag}",
+            orders_rejected=f"{ORDERS_REJECTED}-{tag}",
+            operator_alerts=f"{OPERATOR_ALERTS}-{tag}",
+            order_dispatch=f"{ORDER_DISPATCH}-{tag}",
+            agent_requests=f"{AGENT_REQUESTS}-{tag}",
+            agent_replies=f"{AGENT_REPLIES}-{tag}",
+            state_table=f"{STATE_TABLE}{tag}",
+        )
+
+    def storage_queues(self) -> tuple[str, ...]:
+        return (
+            self.orders,
+            self.orders_rejected,
+            self.operator_alerts,
+            self.order_dispatch,
+            self.agent_requests,
+            self.agent_replies,
+        )

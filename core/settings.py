@@ -1,0 +1,155 @@
+"""Typed settings, read once from the environment (app settings in Azure).
+
+The names are contract 3.6 of the architecture; ``infra/`` emits exactly
+these, and ``tests/infra`` checks that the two sets agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Final
+
+STORAGE: Final = "AzureWebJobsStorage"
+SERVICE_BUS: Final = "ServiceBusConnection"
+AGENT_TRANSPORT: Final = "AGENT_TRANSPORT"
+REMOTE_SERVICE_URL: Final = "REMOTE_SERVICE_URL"
+STEP_TIMEOUT_SECONDS: Final = "STEP_TIMEOUT_SECONDS"
+MAX_FAILURE_COUNT: Final = "MAX_FAILURE_COUNT"
+SUPERVISOR_SCHEDULE: Final = "SUPERVISOR_SCHEDULE"
+
+#: Every application setting the code reads (identity-based connections add
+#: ``__``-suffixed variants of the two connection names; see ``Connection``).
+APP_SETTINGS: Final = (
+    STORAGE,
+    SERVICE_BUS,
+    AGENT_TRANSPORT,
+    REMOTE_SERVICE_URL,
+    STEP_TIMEOUT_SECONDS,
+    MAX_FAILURE_COUNT,
+    SUPERVISOR_SCHEDULE,
+)
+
+DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
+DEFAULT_MAX_FAILURE_COUNT: Final = 5
+DEFAULT_SUPERVISOR_SCHEDULE: Final = "*/10 * * * * *"
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message names it."""
+
+
+class Transport(StrEnum):
+    SERVICE_BUS = "servicebus"
+    STORAGE = "storage"
+
+
+@dataclass(frozen=True)
+class Connection:
+    """A connection setting: a connection string, or identity-based parts.
+
+    Identity-based form, as the Functions host reads it:
+    ``<Name>__accountName`` / ``<Name>__fullyQualifiedNamespace`` (or
+    ``<Name>__queueServiceUri`` / ``<Name>__tableServiceUri``), with
+    ``<Name>__clientId`` for a user-assigned managed identity.
+    """
+
+    name: str
+    connection_string: str | None = None
+    account_name: str | None = None
+    fully_qualified_namespace: str | None = None
+    queue_service_uri: str | None = None
+    table_service_uri: str | None = None
+    client_id: str | None = None
+    credential: str | None = None
+
+
+def _connection(env: Mapping[str, str], name: str) -> Connection | None:
+    parts = {
+        key[len(name) + 2 :]: value
+        for key, value in env.items()
+        if key.startswith(name + "__") and value
+    }
+    direct = env.get(name) or None
+    if direct is None and not parts:
+        return None
+    return Connection(
+        name=name,
+        connection_string=direct,
+        account_name=parts.get("accountName"),
+        fully_qualified_namespace=parts.get("fullyQualifiedNamespace"),
+        queue_service_uri=parts.get("queueServiceUri"),
+        table_service_uri=parts.get("tableServiceUri"),
+        client_id=parts.get("clientId"),
+        credential=parts.get("credential"),
+    )
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise SettingsError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    storage: Connection
+    service_bus: Connection | None
+    transport: Transport
+    remote_service_url: str | None
+    step_timeout_seconds: int
+    max_failure_count: int
+    supervisor_schedule: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> Settings:
+        storage = _connection(env, STORAGE)
+        if storage is None:
+            raise SettingsError(
+                f"{STORAGE} is not set: give a storage connection string, or "
+                f"{STORAGE}__accountName for identity-based access"
+            )
+        raw_transport = env.get(AGENT_TRANSPORT, "").strip().lower() or Transport.SERVICE_BUS
+        try:
+            transport = Transport(raw_transport)
+        except ValueError:
+            raise SettingsError(
+                f"{AGENT_TRANSPORT} must be 'servicebus' or 'storage', got {raw_transport!r}"
+            ) from None
+        service_bus = _connection(env, SERVICE_BUS)
+        if transport is Transport.SERVICE_BUS and service_bus is None:
+            raise SettingsError(
+                f"{AGENT_TRANSPORT} is 'servicebus' (the default) but {SERVICE_BUS} is not set: "
+                f"give a connection string or {SERVICE_BUS}__fullyQualifiedNamespace, "
+                f"or set {AGENT_TRANSPORT}=storage"
+            )
+        url = env.get(REMOTE_SERVICE_URL, "").strip().rstrip("/") or None
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise SettingsError(f"{REMOTE_SERVICE_URL} must be an http(s) URL, got {url!r}")
+        return cls(
+            storage=storage,
+            service_bus=service_bus,
+            transport=transport,
+            remote_service_url=url,
+            step_timeout_seconds=_positive_int(
+                env, STEP_TIMEOUT_SECONDS, DEFAULT_STEP_TIMEOUT_SECONDS
+            ),
+            max_failure_count=_positive_int(env, MAX_FAILURE_COUNT, DEFAULT_MAX_FAILURE_COUNT),
+            supervisor_schedule=env.get(SUPERVISOR_SCHEDULE, "").strip()
+            or DEFAULT_SUPERVISOR_SCHEDULE,
+        )
+
+    def require_remote_service_url(self) -> str:
+        if self.remote_service_url is None:
+            raise SettingsError(
+                f"{REMOTE_SERVICE_URL} is not set: agents need the base URL of the remote services"
+            )
+        return self.remote_service_url
