@@ -1,0 +1,109 @@
+"""``python -m simulator``: serve the simulated remote services until SIGTERM/SIGINT.
+
+Prints exactly one line, ``SIMULATOR_URL=http://127.0.0.1:<port>``, once listening.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+
+from simulator.engine import DEFAULT_COMPENSATIONS
+from simulator.faults import DEFAULT_HANG_SECONDS, RandomFaults, parse_latency
+from simulator.server import SimulatorServer
+
+
+def _compensation(text: str) -> tuple[str, str]:
+    step, sep, target = text.partition("=")
+    if not sep or not step or not target:
+        raise argparse.ArgumentTypeError(f"{text!r} is not STEP=TARGET")
+    return step, target
+
+
+def _latency(text: str) -> tuple[int, int]:
+    try:
+        return parse_latency(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m simulator",
+        description="Simulated remote services: POST /<step> with an Idempotency-Key.",
+    )
+    parser.add_argument("--port", type=int, default=0, help="0 (default) picks a free port")
+    parser.add_argument("--ledger", metavar="PATH", help="append applied effects to this JSONL")
+    parser.add_argument("--transient-rate", type=float, default=0.0, metavar="P")
+    parser.add_argument("--hang-rate", type=float, default=0.0, metavar="P")
+    parser.add_argument("--hang-seconds", type=float, default=DEFAULT_HANG_SECONDS, metavar="S")
+    parser.add_argument("--drop-rate", type=float, default=0.0, metavar="P")
+    parser.add_argument(
+        "--latency-ms", type=_latency, default=(0, 0), metavar="N|LOW-HIGH",
+        help="added latency, uniform in [LOW, HIGH] ms",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=None, help="default: random")
+    parser.add_argument("--max-random-faults-per-key", type=int, default=2, metavar="N")
+    parser.add_argument(
+        "--compensation", type=_compensation, action="append", metavar="STEP=TARGET",
+        help="STEP undoes TARGET (repeatable; replaces the default map "
+        + ", ".join(f"{k}={v}" for k, v in DEFAULT_COMPENSATIONS.items()) + ")",
+    )  # fmt: skip
+    parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    seed = args.seed
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4))
+    try:
+        faults = RandomFaults(
+            transient_rate=args.transient_rate,
+            hang_rate=args.hang_rate,
+            drop_rate=args.drop_rate,
+            hang_seconds=args.hang_seconds,
+            latency_ms=args.latency_ms,
+            seed=seed,
+            max_per_key=args.max_random_faults_per_key,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    compensations = dict(args.compensation) if args.compensation else None
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    server = SimulatorServer(
+        faults=faults,
+        compensations=compensations,
+        ledger_path=args.ledger,
+        port=args.port,
+        verbose=args.verbose,
+    )
+    try:
+        server.start()
+    except OSError as exc:
+        print(f"simulator: cannot listen on port {args.port}: {exc}", file=sys.stderr)
+        return 2
+    print(f"SIMULATOR_URL={server.url}", flush=True)
+    if args.verbose:
+        print(f"simulator: seed={seed} faults={faults}", file=sys.stderr, flush=True)
+    stop.wait()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

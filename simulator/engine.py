@@ -1,0 +1,267 @@
+"""The simulated remote services without HTTP: one call in, one outcome out.
+
+Thread-safe; the HTTP server calls ``Simulator.handle`` from one thread per
+connection. The no-fault path takes a few short, uncontended locks (stats, the
+key, the ledger) and does no scan and no sleep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from simulator.faults import (
+    Fault,
+    RandomFaults,
+    RequestError,
+    directive_for,
+    validate_call,
+)
+from simulator.ledger import Effect, Ledger
+
+#: compensation step -> the step whose effect it undoes.
+DEFAULT_COMPENSATIONS: Final[Mapping[str, str]] = {
+    "release-stock": "reserve-stock",
+    "refund-payment": "charge-payment",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """An HTTP answer, or ``status == 0``: close the connection without one."""
+
+    status: int
+    body: bytes = b""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def dropped(self) -> bool:
+        return self.status == 0
+
+
+DROP: Final = Outcome(0)
+
+
+def json_outcome(status: int, payload: Any, headers: tuple[tuple[str, str], ...] = ()) -> Outcome:
+    return Outcome(status, json.dumps(payload).encode(), headers)
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def confirmation(step: str, key: str) -> str:
+    """``<step>-<8 hex>``, a pure function of the key: the same for every retry."""
+    return f"{step}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    state: _KeyState
+    order_id: str
+    step: str
+    key: str
+    number: int  # 1-based, per key, over the server's life
+
+
+class _KeyState:
+    """Per idempotency key: its lock, how often it was called, its stored answer."""
+
+    __slots__ = ("calls", "lock", "random_faults", "response")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.random_faults = 0
+        self.response: bytes | None = None
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clear()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._clear()
+
+    def _clear(self) -> None:
+        self.calls = 0
+        self.by_status: Counter[str] = Counter()
+        self.by_fault: Counter[str] = Counter()
+        self.random_faults = 0
+        self.no_response = 0
+        self.duplicates = 0
+
+    def begin(self, fault: Fault | None) -> None:
+        with self._lock:
+            self.calls += 1
+            if fault is not None:
+                self.by_fault[fault.kind] += 1
+                if fault.random:
+                    self.random_faults += 1
+
+    def end(self, outcome: Outcome) -> None:
+        with self._lock:
+            if outcome.dropped:
+                self.no_response += 1
+            else:
+                self.by_status[str(outcome.status)] += 1
+
+    def duplicate(self) -> None:
+        with self._lock:
+            self.duplicates += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "calls": self.calls,
+                "byStatus": dict(self.by_status),
+                "noResponse": self.no_response,
+                "byFault": dict(self.by_fault),
+                "randomFaults": self.random_faults,
+                "duplicatesSuppressed": self.duplicates,
+            }
+
+
+class Simulator:
+    """Applies each idempotency key's effect at most once, with injected faults."""
+
+    def __init__(
+        self,
+        *,
+        random_faults: RandomFaults | None = None,
+        compensations: Mapping[str, str] | None = None,
+        ledger: Ledger | None = None,
+    ) -> None:
+        self._random = random_faults or RandomFaults()
+        self._compensations = dict(
+            DEFAULT_COMPENSATIONS if compensations is None else compensations
+        )
+        self.ledger = ledger or Ledger()
+        self._keys: dict[str, _KeyState] = {}
+        self._keys_lock = threading.Lock()
+        self._stats = _Stats()
+        # Set on shutdown: every sleeping call (hang, latency) wakes and drops.
+        self._stopping = threading.Event()
+
+    @property
+    def compensations(self) -> dict[str, str]:
+        return dict(self._compensations)
+
+    def handle(self, step: str, key: str | None, body: bytes) -> Outcome:
+        """Serve ``POST /{step}`` with header ``Idempotency-Key: key`` and ``body``."""
+        try:
+            order_id, order = validate_call(step, key, body)
+            directive = directive_for(step, order)
+        except RequestError as exc:
+            self._stats.begin(None)
+            return self._end(json_outcome(400, {"error": str(exc)}))
+        key = f"{order_id}:{step}"
+        state = self._state(key)
+        fault: Fault | None = None
+        latency = 0
+        with state.lock:
+            state.calls += 1
+            call_no = state.calls
+            if directive is not None:
+                fault, latency = directive.fault_for(call_no), directive.latency_ms
+            elif self._random.active:
+                fault, latency = self._random.draw(key, call_no, state.random_faults)
+                if fault is not None:
+                    state.random_faults += 1
+        self._stats.begin(fault)
+        call = _Call(state, order_id, step, key, call_no)
+        return self._end(self._run(call, fault, latency))
+
+    def _run(self, call: _Call, fault: Fault | None, latency_ms: int) -> Outcome:
+        if latency_ms and not self._sleep(latency_ms / 1000):
+            return DROP
+        if fault is None:
+            return Outcome(200, self._apply(call))
+        if fault.kind == "transient":
+            headers: tuple[tuple[str, str], ...] = ()
+            if fault.retry_after is not None:
+                headers = (("Retry-After", str(fault.retry_after)),)
+            message = f"Simulated transient failure of step {call.step!r} (call {call.number})."
+            return json_outcome(fault.status, {"error": message}, headers)
+        if fault.kind == "permanent":
+            return json_outcome(fault.status, {"error": fault.error})
+        # hang or drop. applyFirst: the effect happens and the answer is lost.
+        stored = self._apply(call) if fault.apply_first else None
+        if fault.kind == "drop":
+            return DROP
+        # The key's lock is not held while hanging, so a retry is served meanwhile;
+        # a hang without applyFirst applies late (a slow service), deduplicated.
+        if not self._sleep(fault.seconds):
+            return DROP
+        return Outcome(200, stored or self._apply(call))
+
+    def _apply(self, call: _Call) -> bytes:
+        """Apply the key's effect once; every later call gets the stored answer."""
+        state, order_id, step, key = call.state, call.order_id, call.step, call.key
+        with state.lock:
+            if state.response is not None:
+                self._stats.duplicate()
+                return state.response
+            at = utc_now()
+            response = {
+                "orderId": order_id,
+                "step": step,
+                "confirmation": confirmation(step, key),
+                "appliedAt": at,
+            }
+            self.ledger.append(
+                at=at,
+                order_id=order_id,
+                step=step,
+                key=key,
+                response=response,
+                compensates=self._compensations.get(step),
+            )
+            state.response = json.dumps(response).encode()
+            return state.response
+
+    def _state(self, key: str) -> _KeyState:
+        state = self._keys.get(key)
+        if state is None:
+            with self._keys_lock:
+                state = self._keys.setdefault(key, _KeyState())
+        return state
+
+    def _sleep(self, seconds: float) -> bool:
+        """Sleep unless stopping; False if the server stopped meanwhile."""
+        return not self._stopping.wait(seconds) if seconds > 0 else not self.stopping
+
+    def _end(self, outcome: Outcome) -> Outcome:
+        self._stats.end(outcome)
+        return outcome
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def stop(self) -> None:
+        """Wake every sleeping call; they close their connections without an answer."""
+        self._stopping.set()
+
+    def reset(self) -> None:
+        """Forget keys, effects and counts (the ledger file is truncated too)."""
+        with self._keys_lock:
+            self._keys = {}
+        self.ledger.clear()
+        self._stats.clear()
+
+    def effects(self) -> list[Effect]:
+        return self.ledger.entries()
+
+    def stats(self) -> dict[str, Any]:
+        snapshot = self._stats.snapshot()
+        snapshot["effects"], snapshot["compensations"] = self.ledger.counts()
+        return snapshot

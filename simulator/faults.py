@@ -1,0 +1,265 @@
+"""Request validation and fault directives. Pure: no I/O, no clock, no threads.
+
+A call is ``POST /{step}`` with the order as body and ``Idempotency-Key:
+<orderId>:<step>`` (contract 3.4). An order may carry ``"simulate": {step:
+directive}``; a directive is a string shorthand or an object:
+
+    "transient[:N]"  {"fail": "transient", "times": N, "status": 503, "retryAfter": S}
+    "permanent"      {"fail": "permanent", "status": 422, "error": "..."}
+    "hang[:N]"       {"fail": "hang", "times": N, "seconds": 3600, "applyFirst": true}
+    "drop[:N]"       {"fail": "drop", "times": N, "applyFirst": false}
+                     {"latencyMs": n}  (alone, or added to any object above)
+
+N defaults to 1 and counts calls per idempotency key over the server's life.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+FailKind = Literal["transient", "permanent", "hang", "drop"]
+
+STEP_PATTERN: Final = re.compile(r"[a-z0-9-]+")
+DEFAULT_TRANSIENT_STATUS: Final = 503
+DEFAULT_PERMANENT_STATUS: Final = 422
+DEFAULT_HANG_SECONDS: Final = 3600.0
+#: Statuses contract 3.4 calls transient among the 4xx; a permanent fault may not use them.
+TRANSIENT_4XX: Final = frozenset({408, 425, 429})
+
+_COMMON_FIELDS: Final = frozenset({"fail", "latencyMs"})
+_FIELDS: Final[dict[str | None, frozenset[str]]] = {
+    None: _COMMON_FIELDS,
+    "transient": _COMMON_FIELDS | {"times", "status", "retryAfter"},
+    "permanent": _COMMON_FIELDS | {"status", "error"},
+    "hang": _COMMON_FIELDS | {"times", "seconds", "applyFirst"},
+    "drop": _COMMON_FIELDS | {"times", "applyFirst"},
+}
+
+
+class RequestError(ValueError):
+    """The call breaks the protocol; the server answers 400 with this sentence."""
+
+
+class DirectiveError(RequestError):
+    """A ``simulate`` directive is invalid (also a 400: the caller's data is wrong)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What the server does instead of (or around) a plain success for one call."""
+
+    kind: FailKind
+    status: int = 0
+    retry_after: int | None = None
+    error: str = ""
+    seconds: float = 0.0
+    apply_first: bool = False
+    random: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Directive:
+    """A parsed per-order, per-step directive."""
+
+    fail: FailKind | None = None
+    times: int = 1
+    status: int = 0
+    retry_after: int | None = None
+    error: str = ""
+    seconds: float = DEFAULT_HANG_SECONDS
+    apply_first: bool = False
+    latency_ms: int = 0
+
+    def fault_for(self, call_no: int) -> Fault | None:
+        """The fault for the key's ``call_no``-th call (1-based), or None to succeed."""
+        if self.fail is None:
+            return None
+        if self.fail != "permanent" and call_no > self.times:
+            return None
+        return Fault(
+            kind=self.fail,
+            status=self.status,
+            retry_after=self.retry_after,
+            error=self.error,
+            seconds=self.seconds,
+            apply_first=self.apply_first,
+        )
+
+
+def validate_call(step: str, key: str | None, body: bytes) -> tuple[str, dict[str, Any]]:
+    """Check one call against the protocol; return ``(orderId, order)`` or raise RequestError."""
+    if not STEP_PATTERN.fullmatch(step):
+        raise RequestError(f"Step {step!r} is not a valid step name (expected [a-z0-9-]+).")
+    try:
+        order = json.loads(body)
+    except ValueError:
+        raise RequestError(
+            "The body is not valid UTF-8 JSON; send the order as a JSON object."
+        ) from None
+    if not isinstance(order, dict):
+        raise RequestError("The body must be a JSON object (the order).")
+    order_id = order.get("orderId")
+    if not isinstance(order_id, str) or not order_id:
+        raise RequestError("The order has no orderId (a non-empty string is required).")
+    if not key:
+        raise RequestError("The Idempotency-Key header is missing; send '<orderId>:<step>'.")
+    expected = f"{order_id}:{step}"
+    if key != expected:
+        raise RequestError(f"The Idempotency-Key {key!r} does not match {expected!r}.")
+    return order_id, order
+
+
+def directive_for(step: str, order: dict[str, Any]) -> Directive | None:
+    """The order's directive for ``step``, or None when it has none."""
+    simulate = order.get("simulate")
+    if simulate is None:
+        return None
+    if not isinstance(simulate, dict):
+        raise DirectiveError("'simulate' must be an object mapping step names to directives.")
+    raw = simulate.get(step)
+    return None if raw is None else parse_directive(step, raw)
+
+
+def parse_directive(step: str, raw: object) -> Directive:
+    """Parse a string shorthand or an object directive (see the module docstring)."""
+    if isinstance(raw, str):
+        return _parse_shorthand(step, raw)
+    if isinstance(raw, dict):
+        return _parse_object(step, raw)
+    raise DirectiveError(f"The directive for step {step!r} must be a string or an object.")
+
+
+def _parse_shorthand(step: str, text: str) -> Directive:
+    kind, _, count = text.partition(":")
+    if kind == "permanent" and not count:
+        return _parse_object(step, {"fail": "permanent"})
+    if kind in ("transient", "hang", "drop"):
+        if not count:
+            return _parse_object(step, {"fail": kind})
+        if count.isdigit():
+            return _parse_object(step, {"fail": kind, "times": int(count)})
+    raise DirectiveError(
+        f"The directive {text!r} for step {step!r} is not one of "
+        "'transient[:N]', 'permanent', 'hang[:N]', 'drop[:N]'."
+    )
+
+
+def _parse_object(step: str, raw: dict[str, Any]) -> Directive:
+    where = f"the directive for step {step!r}"
+    fail = raw.get("fail")
+    if fail is not None and fail not in ("transient", "permanent", "hang", "drop"):
+        raise DirectiveError(
+            f"In {where}, 'fail' must be transient, permanent, hang or drop, not {fail!r}."
+        )
+    unknown = sorted(set(raw) - _FIELDS[fail])
+    if unknown:
+        raise DirectiveError(f"In {where}, field(s) {', '.join(unknown)} do not apply to {fail}.")
+    latency = _integer(raw, "latencyMs", 0, where)
+    if fail is None:
+        return Directive(latency_ms=latency)
+    times = _integer(raw, "times", 1, where)
+    if fail == "transient":
+        status = _integer(raw, "status", DEFAULT_TRANSIENT_STATUS, where)
+        if not (status in TRANSIENT_4XX or 500 <= status <= 599):
+            raise DirectiveError(f"In {where}, a transient status must be 408, 425, 429 or 5xx.")
+        retry_after = _integer(raw, "retryAfter", 0, where) if "retryAfter" in raw else None
+        return Directive(
+            fail=fail, times=times, status=status, retry_after=retry_after, latency_ms=latency
+        )
+    if fail == "permanent":
+        status = _integer(raw, "status", DEFAULT_PERMANENT_STATUS, where)
+        if not 400 <= status <= 499 or status in TRANSIENT_4XX:
+            raise DirectiveError(
+                f"In {where}, a permanent status must be a 4xx other than 408, 425, 429."
+            )
+        error = raw.get("error", f"Simulated permanent failure of step {step!r}.")
+        if not isinstance(error, str):
+            raise DirectiveError(f"In {where}, 'error' must be a string.")
+        return Directive(fail=fail, status=status, error=error, latency_ms=latency)
+    apply_first = raw.get("applyFirst", fail == "hang")
+    if not isinstance(apply_first, bool):
+        raise DirectiveError(f"In {where}, 'applyFirst' must be true or false.")
+    seconds = raw.get("seconds", DEFAULT_HANG_SECONDS)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        raise DirectiveError(f"In {where}, 'seconds' must be a number >= 0.")
+    return Directive(
+        fail=fail,
+        times=times,
+        seconds=float(seconds),
+        apply_first=apply_first,
+        latency_ms=latency,
+    )
+
+
+def _integer(raw: dict[str, Any], name: str, default: int, where: str) -> int:
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DirectiveError(f"In {where}, {name!r} must be an integer >= 0.")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class RandomFaults:
+    """Global random faults for keys without a directive; never permanent.
+
+    Draws are a hash of (seed, key, call number), not a shared generator, so a
+    run with a given seed injects the same faults whatever the thread interleaving.
+    """
+
+    transient_rate: float = 0.0
+    hang_rate: float = 0.0
+    drop_rate: float = 0.0
+    hang_seconds: float = DEFAULT_HANG_SECONDS
+    latency_ms: tuple[int, int] = (0, 0)
+    seed: int = 0
+    max_per_key: int = 2
+
+    def __post_init__(self) -> None:
+        rates = (self.transient_rate, self.hang_rate, self.drop_rate)
+        if any(not 0.0 <= rate <= 1.0 for rate in rates) or sum(rates) > 1.0:
+            raise ValueError("Fault rates must each be in [0, 1] and add up to at most 1.")
+        low, high = self.latency_ms
+        if not 0 <= low <= high:
+            raise ValueError("Latency must be a range low-high with 0 <= low <= high.")
+        if self.hang_seconds < 0 or self.max_per_key < 0:
+            raise ValueError("hang_seconds and max_per_key must be >= 0.")
+
+    @property
+    def active(self) -> bool:
+        rates = self.transient_rate + self.hang_rate + self.drop_rate
+        return rates > 0.0 or self.latency_ms[1] > 0
+
+    def draw(self, key: str, call_no: int, faults_so_far: int) -> tuple[Fault | None, int]:
+        """The random fault (or None) and latency in ms for the key's ``call_no``-th call."""
+        digest = hashlib.blake2b(f"{self.seed}:{key}:{call_no}".encode(), digest_size=12).digest()
+        u_fault, u_apply, u_latency = (
+            int.from_bytes(digest[i : i + 4]) / 2**32 for i in range(0, 12, 4)
+        )
+        low, high = self.latency_ms
+        latency = low + int(u_latency * (high - low + 1)) if high else 0
+        if faults_so_far >= self.max_per_key:
+            return None, latency
+        fault: Fault | None = None
+        if u_fault < self.transient_rate:
+            fault = Fault("transient", status=DEFAULT_TRANSIENT_STATUS, random=True)
+        elif u_fault < self.transient_rate + self.hang_rate:
+            fault = Fault("hang", seconds=self.hang_seconds, apply_first=u_apply < 0.5, random=True)
+        elif u_fault < self.transient_rate + self.hang_rate + self.drop_rate:
+            fault = Fault("drop", apply_first=u_apply < 0.5, random=True)
+        return fault, latency
+
+
+def parse_latency(text: str) -> tuple[int, int]:
+    """``"0-20"`` -> (0, 20); ``"5"`` -> (5, 5)."""
+    low, sep, high = text.partition("-")
+    try:
+        bounds = (int(low), int(high) if sep else int(low))
+    except ValueError:
+        raise ValueError(f"Latency {text!r} is not 'N' or 'LOW-HIGH' in milliseconds.") from None
+    if not 0 <= bounds[0] <= bounds[1]:
+        raise ValueError(f"Latency {text!r} must satisfy 0 <= LOW <= HIGH.")
+    return bounds

@@ -1,0 +1,371 @@
+"""The simulator without a server: directive grammar, call validation, fault counting, ledger."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from simulator.engine import Simulator, confirmation
+from simulator.faults import (
+    DirectiveError,
+    RandomFaults,
+    RequestError,
+    directive_for,
+    parse_directive,
+    parse_latency,
+    validate_call,
+)
+from simulator.ledger import (
+    Ledger,
+    double_effects,
+    effects_by_order,
+    load_ledger,
+    standing_effects,
+)
+
+
+def body(order_id: str = "o-1", **fields: object) -> bytes:
+    return json.dumps({"orderId": order_id, **fields}).encode()
+
+
+# --- directive grammar -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "fail", "times", "status", "apply_first"),
+    [
+        ("transient", "transient", 1, 503, False),
+        ("transient:3", "transient", 3, 503, False),
+        ("permanent", "permanent", 1, 422, False),
+        ("hang", "hang", 1, 0, True),
+        ("hang:2", "hang", 2, 0, True),
+        ("drop:4", "drop", 4, 0, False),
+    ],
+)
+def test_shorthands(raw: str, fail: str, times: int, status: int, apply_first: bool) -> None:
+    directive = parse_directive("process", raw)
+    assert (directive.fail, directive.times, directive.status) == (fail, times, status)
+    assert directive.apply_first is apply_first
+
+
+def test_hang_defaults_outlast_any_deadline() -> None:
+    assert parse_directive("process", "hang").seconds == 3600.0
+
+
+def test_object_directives() -> None:
+    transient = parse_directive(
+        "pay", {"fail": "transient", "times": 2, "status": 429, "retryAfter": 3, "latencyMs": 7}
+    )
+    assert (transient.status, transient.retry_after, transient.latency_ms) == (429, 3, 7)
+    permanent = parse_directive("pay", {"fail": "permanent", "status": 404, "error": "no card"})
+    assert (permanent.status, permanent.error) == (404, "no card")
+    hang = parse_directive("pay", {"fail": "hang", "seconds": 0.25, "applyFirst": False})
+    assert (hang.seconds, hang.apply_first) == (0.25, False)
+    drop = parse_directive("pay", {"fail": "drop", "applyFirst": True})
+    assert drop.apply_first is True
+    latency_only = parse_directive("pay", {"latencyMs": 20})
+    assert (latency_only.fail, latency_only.latency_ms) == (None, 20)
+
+
+def test_permanent_default_error_names_the_step() -> None:
+    assert "charge-payment" in parse_directive("charge-payment", "permanent").error
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "explode",
+        "transient:x",
+        "transient:-1",
+        "permanent:2",
+        42,
+        None,
+        ["transient"],
+        {"fail": "explode"},
+        {"fail": "transient", "status": 404},
+        {"fail": "transient", "status": 200},
+        {"fail": "permanent", "status": 503},
+        {"fail": "permanent", "status": 429},
+        {"fail": "permanent", "error": 5},
+        {"fail": "hang", "status": 503},
+        {"fail": "hang", "seconds": -1},
+        {"fail": "hang", "seconds": True},
+        {"fail": "drop", "applyFirst": "yes"},
+        {"fail": "transient", "times": -1},
+        {"fail": "transient", "times": True},
+        {"fail": "transient", "retryAfter": 1.5},
+        {"latencyMs": -5},
+        {"times": 2},
+    ],
+)
+def test_invalid_directives_are_refused(raw: object) -> None:
+    with pytest.raises(DirectiveError):
+        parse_directive("process", raw)
+
+
+def test_directive_for_reads_only_this_step() -> None:
+    order = {"orderId": "o", "simulate": {"charge-payment": "permanent"}}
+    assert directive_for("reserve-stock", order) is None
+    assert directive_for("charge-payment", order) is not None
+    assert directive_for("process", {"orderId": "o"}) is None
+    with pytest.raises(DirectiveError):
+        directive_for("process", {"orderId": "o", "simulate": "transient"})
+
+
+def test_fault_counting_per_call_number() -> None:
+    transient = parse_directive("process", "transient:2")
+    assert [transient.fault_for(n) is not None for n in (1, 2, 3, 4)] == [True, True, False, False]
+    permanent = parse_directive("process", "permanent")
+    assert all(permanent.fault_for(n) is not None for n in (1, 2, 50))
+    assert parse_directive("process", {"latencyMs": 5}).fault_for(1) is None
+
+
+# --- call validation -----------------------------------------------------------
+
+
+def test_valid_call() -> None:
+    order_id, order = validate_call("process", "o-1:process", body(amount=3))
+    assert order_id == "o-1"
+    assert order["amount"] == 3
+
+
+@pytest.mark.parametrize(
+    ("step", "key", "payload", "words"),
+    [
+        ("process", None, body(), "missing"),
+        ("process", "", body(), "missing"),
+        ("process", "o-1", body(), "does not match"),
+        ("process", "o-1:other", body(), "does not match"),
+        ("process", "o-2:process", body(), "does not match"),
+        ("process", "o-1:process", b"not json", "not valid"),
+        ("process", "o-1:process", b"\xff\xfe", "not valid"),
+        ("process", "o-1:process", b"[1, 2]", "JSON object"),
+        ("process", "o-1:process", b"{}", "orderId"),
+        ("process", "o-1:process", b'{"orderId": 7}', "orderId"),
+        ("Process", "o-1:Process", body(), "step name"),
+    ],
+)
+def test_invalid_calls(step: str, key: str | None, payload: bytes, words: str) -> None:
+    with pytest.raises(RequestError, match=words):
+        validate_call(step, key, payload)
+
+
+# --- random faults -------------------------------------------------------------
+
+
+def test_random_faults_are_validated() -> None:
+    with pytest.raises(ValueError):
+        RandomFaults(transient_rate=0.6, drop_rate=0.6)
+    with pytest.raises(ValueError):
+        RandomFaults(hang_rate=-0.1)
+    with pytest.raises(ValueError):
+        RandomFaults(latency_ms=(10, 5))
+    assert not RandomFaults().active
+    assert RandomFaults(latency_ms=(0, 3)).active
+
+
+def test_random_draws_are_deterministic_and_bounded_per_key() -> None:
+    faults = RandomFaults(transient_rate=0.3, hang_rate=0.3, drop_rate=0.3, seed=7)
+    draws = [faults.draw(f"o{i}:process", 1, 0) for i in range(200)]
+    assert draws == [faults.draw(f"o{i}:process", 1, 0) for i in range(200)]
+    kinds = {fault.kind for fault, _ in draws if fault is not None}
+    assert kinds == {"transient", "hang", "drop"}
+    assert all(fault is None or fault.random for fault, _ in draws)
+    always = RandomFaults(transient_rate=1.0, max_per_key=2)
+    assert always.draw("o:process", 3, faults_so_far=2)[0] is None
+
+
+def test_random_latency_stays_in_range() -> None:
+    faults = RandomFaults(latency_ms=(5, 9))
+    latencies = {faults.draw(f"o{i}:s", 1, 0)[1] for i in range(300)}
+    assert latencies == {5, 6, 7, 8, 9}
+
+
+def test_parse_latency() -> None:
+    assert parse_latency("0-20") == (0, 20)
+    assert parse_latency("5") == (5, 5)
+    for bad in ("a", "5-1", "-3", "1-2-3"):
+        with pytest.raises(ValueError):
+            parse_latency(bad)
+
+
+# --- the engine: counting, dedup, compensation (no HTTP) ------------------------
+
+
+def call(sim: Simulator, order_id: str, step: str, **fields: object) -> tuple[int, dict]:
+    outcome = sim.handle(step, f"{order_id}:{step}", body(order_id, **fields))
+    return outcome.status, json.loads(outcome.body) if outcome.body else {}
+
+
+def test_transient_then_success_then_duplicate() -> None:
+    sim = Simulator()
+    simulate = {"process": "transient:2"}
+    statuses = [call(sim, "o", "process", simulate=simulate)[0] for _ in range(4)]
+    assert statuses == [503, 503, 200, 200]
+    assert len(sim.effects()) == 1
+    stats = sim.stats()
+    assert stats["byFault"] == {"transient": 2}
+    assert stats["duplicatesSuppressed"] == 1
+    assert stats["byStatus"] == {"503": 2, "200": 2}
+
+
+def test_success_body() -> None:
+    status, answer = call(Simulator(), "o-9", "reserve-stock")
+    assert status == 200
+    assert answer["confirmation"] == confirmation("reserve-stock", "o-9:reserve-stock")
+    assert answer["confirmation"].startswith("reserve-stock-")
+    assert len(answer["confirmation"].rsplit("-", 1)[1]) == 8
+    assert answer["appliedAt"].endswith("Z")
+
+
+def test_permanent_never_applies() -> None:
+    sim = Simulator()
+    for _ in range(3):
+        status, answer = call(sim, "o", "process", simulate={"process": "permanent"})
+        assert status == 422
+        assert "process" in answer["error"]
+    assert sim.effects() == []
+
+
+def test_drop_apply_first_applies_then_loses_the_answer() -> None:
+    sim = Simulator()
+    simulate = {"process": {"fail": "drop", "applyFirst": True}}
+    assert sim.handle("process", "o:process", body("o", simulate=simulate)).dropped
+    assert len(sim.effects()) == 1
+    status, answer = call(sim, "o", "process", simulate=simulate)
+    assert status == 200
+    assert answer == sim.effects()[0]["response"]
+    assert sim.stats()["noResponse"] == 1
+
+
+def test_random_faults_never_exceed_the_bound() -> None:
+    sim = Simulator(random_faults=RandomFaults(transient_rate=1.0, max_per_key=2))
+    assert [call(sim, "o", "process")[0] for _ in range(3)] == [503, 503, 200]
+    # An order's directive wins over random faults for that step.
+    assert call(sim, "p", "process", simulate={"process": {"latencyMs": 0}})[0] == 200
+
+
+def test_invalid_directive_is_a_400() -> None:
+    status, answer = call(Simulator(), "o", "process", simulate={"process": "explode"})
+    assert status == 400
+    assert "explode" in answer["error"]
+
+
+def test_compensation_undoes_only_what_was_applied() -> None:
+    sim = Simulator()
+    call(sim, "a", "reserve-stock")
+    call(sim, "a", "release-stock")
+    call(sim, "b", "release-stock")
+    compensations = [e for e in sim.effects() if e["kind"] == "compensation"]
+    assert [(e["orderId"], e["compensates"], e["undid"]) for e in compensations] == [
+        ("a", "reserve-stock", True),
+        ("b", "reserve-stock", False),
+    ]
+    assert sim.stats()["compensations"] == 2
+
+
+def test_concurrent_calls_with_one_key_apply_once() -> None:
+    sim = Simulator()
+    barrier = threading.Barrier(20)
+    answers: list[bytes] = []
+
+    def worker() -> None:
+        barrier.wait()
+        answers.append(sim.handle("process", "o:process", body("o")).body)
+
+    threads = [threading.Thread(target=worker) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(5)
+    assert len(set(answers)) == 1 and len(answers) == 20
+    assert len(sim.effects()) == 1
+    assert sim.stats()["duplicatesSuppressed"] == 19
+
+
+def test_stop_wakes_a_hung_call() -> None:
+    sim = Simulator()
+    outcomes = []
+    worker = threading.Thread(
+        target=lambda: outcomes.append(
+            sim.handle("process", "o:process", body("o", simulate={"process": "hang"}))
+        )
+    )
+    worker.start()
+    deadline = time.monotonic() + 5
+    while sim.stats()["byFault"].get("hang") != 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    started = time.monotonic()
+    sim.stop()
+    worker.join(2)
+    assert time.monotonic() - started < 1
+    assert outcomes[0].dropped
+    assert len(sim.effects()) == 1  # applyFirst: the effect happened, the answer was lost
+
+
+def test_reset_forgets_everything() -> None:
+    sim = Simulator()
+    call(sim, "o", "process")
+    sim.reset()
+    assert sim.effects() == []
+    assert sim.stats()["calls"] == 0
+    assert call(sim, "o", "process")[0] == 200
+    assert sim.effects()[0]["seq"] == 1
+
+
+# --- ledger helpers -------------------------------------------------------------
+
+
+def effect(seq: int, order_id: str, step: str, **extra: object) -> dict:
+    return {"seq": seq, "orderId": order_id, "step": step, "kind": "effect", **extra}
+
+
+def test_double_effects_and_effects_by_order() -> None:
+    effects = [
+        effect(1, "a", "reserve-stock"),
+        effect(2, "b", "process"),
+        effect(3, "a", "charge-payment"),
+        effect(4, "a", "reserve-stock"),
+    ]
+    assert double_effects(effects) == [("a", "reserve-stock")]
+    assert effects_by_order(effects) == {
+        "a": ["reserve-stock", "charge-payment", "reserve-stock"],
+        "b": ["process"],
+    }
+
+
+def test_standing_effects() -> None:
+    effects = [
+        effect(1, "a", "reserve-stock"),
+        effect(2, "a", "charge-payment"),
+        effect(3, "b", "reserve-stock"),
+        {
+            "seq": 4,
+            "orderId": "a",
+            "step": "refund-payment",
+            "kind": "compensation",
+            "compensates": "charge-payment",
+            "undid": True,
+        },
+    ]
+    assert standing_effects(effects) == {"a": ["reserve-stock"], "b": ["reserve-stock"]}
+
+
+def test_ledger_file_round_trip_and_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    ledger = Ledger(path)
+    response = {"orderId": "o", "step": "process"}
+    ledger.append(at="t", order_id="o", step="process", key="o:process", response=response,
+                  compensates=None)  # fmt: skip
+    assert load_ledger(path) == ledger.entries()
+    ledger.close()
+    with path.open("a", encoding="utf-8") as file:
+        file.write('{"seq": 2, "orderId"')
+    assert len(load_ledger(path)) == 1
+    path.write_text('garbage\n{"seq": 1}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=":1:"):
+        load_ledger(path)
