@@ -1,0 +1,167 @@
+"""Operator use cases: show, list by status, resubmit, cancel.
+
+Used by the HTTP triggers (``admin/triggers.py``) and the CLI
+(``python -m admin``). Changes go through the same pure transitions and
+conditional saves as everything else; the work they start is handed to the
+scheduler through the ``order-dispatch`` queue, so the CLI needs nothing but
+storage access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from core.errors import ConcurrencyConflict, OrderNotFound
+from core.model import Order, StepRecord
+from core.ports import Clock
+from core.states import OrderStatus, StepState
+from core.timefmt import iso
+from runtime.logs import get_logger, order_context
+from runtime.metrics import METRICS
+from scheduler.notices import NoticeSender
+from stores.tables import TableStateStore
+
+log = get_logger(__name__)
+
+MAX_PAGE = 100
+DEFAULT_PAGE = 50
+
+
+def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
+    """One entry per attempt, from the step's history: when, who, how it ended."""
+    attempts: dict[int, dict[str, Any]] = {}
+    for event in step.history:
+        number = event.get("attempt")
+        if not isinstance(number, int):
+            continue
+        entry = attempts.setdefault(number, {"attempt": number})
+        kind = event["event"]
+        if kind == "claimed":
+            entry.update(claimedAt=event["at"], instance=event.get("instance"),
+                         completeBy=event.get("completeBy"))
+        elif kind in ("succeeded", "failed", "expired"):
+            entry.update(endedAt=event["at"], outcome=kind)
+            if event.get("error"):
+                entry["error"] = event["error"]
+    return [attempts[n] for n in sorted(attempts)]
+
+
+def step_view(step: StepRecord) -> dict[str, Any]:
+    return {
+        "step": step.step,
+        "kind": str(step.kind),
+        "compensates": step.compensates,
+        "path": step.path,
+        "ProcessState": str(step.process_state),
+        "LockedBy": step.locked_by,
+        "CompleteBy": iso(step.complete_by),
+        "FailureCount": step.failure_count,
+        "Attempt": step.attempt,
+        "result": step.result,
+        "lastError": step.last_error,
+        "attempts": attempts_of(step),
+        "history": step.history,
+        "historyDropped": step.history_dropped,
+    }
+
+
+def order_view(order: Order) -> dict[str, Any]:
+    reached = {s.step for s in order.steps}
+    return {
+        "orderId": order.order_id,
+        "status": str(order.status),
+        "workflow": order.workflow,
+        "replyTo": order.reply_to,
+        "createdAt": iso(order.created_at),
+        "updatedAt": iso(order.updated_at),
+        "cancelRequested": order.cancel_requested,
+        "steps": [step_view(s) for s in order.steps],
+        "notStarted": [p.name for p in order.plan.steps if p.name not in reached],
+        "history": order.history,
+        "order": order.body,
+    }
+
+
+def order_summary(order: Order) -> dict[str, Any]:
+    failed = [s for s in order.steps if s.process_state is StepState.ERROR]
+    active = order.active_step()
+    summary: dict[str, Any] = {
+        "orderId": order.order_id,
+        "status": str(order.status),
+        "workflow": order.workflow,
+        "createdAt": iso(order.created_at),
+        "updatedAt": iso(order.updated_at),
+        "activeStep": active.step if active else None,
+    }
+    if failed:
+        last = max(failed, key=lambda s: s.seq)
+        summary.update(failedStep=last.step, failureCount=last.failure_count,
+                       lastError=last.last_error)
+    return summary
+
+
+class OrderAdmin:
+    def __init__(
+        self,
+        store: TableStateStore,
+        notices: NoticeSender,
+        schedule_dispatch: Callable[[str], None],
+        clock: Clock,
+    ):
+        self._store = store
+        self._notices = notices
+        self._schedule_dispatch = schedule_dispatch
+        self._clock = clock
+
+    def get(self, order_id: str) -> Order:
+        order = self._store.load(order_id)
+        if order is None:
+            raise OrderNotFound(f"no order with id {order_id!r}", order_id=order_id)
+        return order
+
+    def show(self, order_id: str) -> dict[str, Any]:
+        return order_view(self.get(order_id))
+
+    def list(
+        self, status: OrderStatus, page_size: int = DEFAULT_PAGE, token: str | None = None
+    ) -> dict[str, Any]:
+        page_size = max(1, min(page_size, MAX_PAGE))
+        ids, next_token = self._store.list_by_status(status, page_size, token)
+        orders = []
+        for order_id in ids:
+            order = self._store.load(order_id)
+            # The index row moves with the status in one transaction; an order
+            # that moved on since this page was read is skipped, not misreported.
+            if order is not None and order.status is status:
+                orders.append(order_summary(order))
+        return {"orders": orders, "continuationToken": next_token}
+
+    def resubmit(self, order_id: str, by: str) -> dict[str, Any]:
+        with order_context(order_id=order_id):
+            return self._change(order_id, lambda o: o.resubmit(self._clock(), by), "resubmitted",
+                                by)
+
+    def cancel(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
+        with order_context(order_id=order_id):
+            return self._change(order_id, lambda o: o.cancel(self._clock(), by, reason),
+                                "cancelled", by)
+
+    def _change(self, order_id: str, change: Callable[[Order], object], what: str,
+                by: str) -> dict[str, Any]:
+        for _ in range(5):
+            order = self.get(order_id)
+            change(order)  # TransitionRefused propagates: the caller explains it
+            try:
+                saved = self._store.save(order)
+            except ConcurrencyConflict:
+                continue
+            METRICS.inc(f"orders_{what}")
+            log.warning("order %s by %s; status now %s", what, by, order.status)
+            self._notices.deliver(saved)
+            active = order.active_step()
+            if active is not None and active.process_state is StepState.PENDING:
+                self._schedule_dispatch(order_id)
+            return order_view(order)
+        raise ConcurrencyConflict(f"order {order_id} kept changing; try again",
+                                  order_id=order_id)

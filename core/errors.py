@@ -1,0 +1,82 @@
+"""One error hierarchy. Each error says whether retrying can help, and carries
+the order and step it is about, so a log line or an HTTP body can name them."""
+
+from __future__ import annotations
+
+
+class OrderError(Exception):
+    """Base of every domain error."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, order_id: str | None = None, step: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.order_id = order_id
+        self.step = step
+
+
+class InvalidOrder(OrderError):
+    """An order message that can never be accepted; ``str(error)`` is the reason for a person."""
+
+
+class InvalidMessage(OrderError):
+    """A transport message (agent request or reply) that cannot be decoded; never retried."""
+
+
+class OrderNotFound(OrderError):
+    pass
+
+
+class OrderAlreadyExists(OrderError):
+    """Raised by the store when creating an order whose id is taken."""
+
+
+class ConcurrencyConflict(OrderError):
+    """Someone else changed the order first (ETag mismatch): reload and decide again."""
+
+    retryable = True
+
+
+class TransitionRefused(OrderError):
+    """The requested change does not apply to the order in its current state.
+
+    Not a failure of the system: a claim on a step someone else holds, a reply
+    for an attempt that is over, a resubmit of an order that is not in error.
+    ``reason`` is a short machine-friendly code, the message a sentence.
+    """
+
+    def __init__(
+        self, reason: str, message: str, *, order_id: str | None = None, step: str | None = None
+    ):
+        super().__init__(message, order_id=order_id, step=step)
+        self.reason = reason
+
+
+class StorageUnavailable(OrderError):
+    """The state store or a queue did not answer (after its own retries)."""
+
+    retryable = True
+
+
+class RemoteCallFailed(OrderError):
+    """A remote service call failed; ``retryable`` tells transient from permanent."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status: int | None = None,
+        retry_after: float | None = None,
+        order_id: str | None = None,
+        step: str | None = None,
+    ):
+        super().__init__(message, order_id=order_id, step=step)
+        self.retryable = retryable
+        self.status = status
+        self.retry_after = retry_after
+
+
+class DeadlineExceeded(OrderError):
+    """The step's CompleteBy passed: the agent stops and sends nothing."""

@@ -1,0 +1,419 @@
+"""Message formats of contract 3: the order message, agent requests and replies,
+status notifications, operator alerts and rejections.
+
+Decoding never trusts its input: every failure is an ``InvalidOrder`` (for
+order messages) or ``InvalidMessage`` (for transport messages) whose text is a
+sentence a person can act on.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from core.errors import InvalidMessage, InvalidOrder
+from core.timefmt import iso, parse_iso
+from core.workflows import DEFAULT_WORKFLOW, WORKFLOWS
+
+ORDER_ID_RULE: Final = "1-64 characters of A-Z a-z 0-9 - _"
+_ORDER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Storage queue names: 3-63 characters, lowercase letters, digits and single
+# hyphens, starting and ending with a letter or digit.
+_QUEUE_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(?:-[a-z0-9]+)*$")
+#: Business data is stored in one Table string property (64 KiB = 32K UTF-16 units).
+MAX_ORDER_DATA_CHARS: Final = 30_000
+RESERVED_FIELDS: Final = ("orderId", "workflow", "replyTo")
+
+
+def is_valid_order_id(value: str) -> bool:
+    return bool(_ORDER_ID.match(value))
+
+
+def is_valid_queue_name(value: str) -> bool:
+    return bool(_QUEUE_NAME.match(value))
+
+
+class _OrderFields(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    orderId: str
+    workflow: str = DEFAULT_WORKFLOW
+    replyTo: str | None = None
+
+    @field_validator("orderId")
+    @classmethod
+    def _order_id(cls, value: str) -> str:
+        if not _ORDER_ID.match(value):
+            shown = value if len(value) <= 80 else value[:77] + "..."
+            raise ValueError(
+                f"orderId must be {ORDER_ID_RULE} (it becomes a Table Storage key); "
+                f"got {shown!r} ({len(value)} characters)"
+            )
+        return value
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, value: str) -> str:
+        if value not in WORKFLOWS:
+            known = ", ".join(sorted(WORKFLOWS))
+            raise ValueError(f"unknown workflow {value!r}; known workflows: {known}")
+        return value
+
+    @field_validator("replyTo")
+    @classmethod
+    def _reply_to(cls, value: str | None) -> str | None:
+        if value is not None and not _QUEUE_NAME.match(value):
+            raise ValueError(
+                f"replyTo must name a Storage queue (3-63 lowercase letters, digits and single "
+                f"hyphens, starting and ending with a letter or digit); got {value!r}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class OrderMessage:
+    """A valid order. ``body`` is the whole JSON object, as the app sent it."""
+
+    order_id: str
+    workflow: str
+    reply_to: str | None
+    body: dict[str, Any]
+
+    @property
+    def content_hash(self) -> str:
+        """Same content, same hash, whatever the key order or spacing of the text."""
+        canonical = json.dumps(self.body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+    @property
+    def data_json(self) -> str:
+        return json.dumps(self.body, separators=(",", ":"), ensure_ascii=False)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+def _pydantic_reason(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        loc = ".".join(str(p) for p in item["loc"]) or "message"
+        msg = str(item["msg"]).removeprefix("Value error, ")
+        if item["type"] == "missing":
+            msg = (
+                f"{loc} is required ({ORDER_ID_RULE})" if loc == "orderId" else f"{loc} is required"
+            )
+        elif item["type"] in ("string_type", "str_type"):
+            msg = f"{loc} must be a string, got {_describe(item.get('input'))}"
+        elif not msg.startswith(loc):
+            msg = f"{loc}: {msg}"
+        parts.append(msg)
+    return "; ".join(parts)
+
+
+def _looks_like_base64_json(text: str) -> bool:
+    compact = text.strip()
+    if len(compact) < 8 or len(compact) % 4:
+        return False
+    try:
+        decoded = base64.b64decode(compact, validate=True).decode("utf-8")
+        json.loads(decoded)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return False
+    return True
+
+
+def decode_order(raw: bytes | str) -> OrderMessage:
+    """Decode and validate an order message (contract 3.1) or raise ``InvalidOrder``."""
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidOrder(
+                f"the message is not UTF-8 text (invalid byte at position {exc.start}); "
+                "send the order as UTF-8 JSON"
+            ) from None
+    else:
+        text = raw
+    if not text.strip():
+        raise InvalidOrder("the message is empty; send the order as a JSON object")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if _looks_like_base64_json(text):
+            raise InvalidOrder(
+                "the message is base64-encoded JSON; the orders queue takes the JSON text "
+                "as it is (message encoding 'none'): send the plain JSON"
+            ) from None
+        raise InvalidOrder(
+            f"the message is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            "send the order as a JSON object"
+        ) from None
+    if not isinstance(value, dict):
+        raise InvalidOrder(f"the order must be a JSON object, got {_describe(value)}")
+    try:
+        fields = _OrderFields.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidOrder(
+            _pydantic_reason(exc),
+            order_id=value.get("orderId") if isinstance(value.get("orderId"), str) else None,
+        ) from None
+    message = OrderMessage(fields.orderId, fields.workflow, fields.replyTo, value)
+    size = len(message.data_json)
+    if size > MAX_ORDER_DATA_CHARS:
+        raise InvalidOrder(
+            f"the order is {size:,} characters of JSON; the limit is {MAX_ORDER_DATA_CHARS:,} "
+            "(it is kept in one Table Storage property): keep large documents elsewhere and "
+            "send a reference",
+            order_id=message.order_id,
+        )
+    return message
+
+
+# --- agent request and reply (contract 3.3) --------------------------------------------
+
+
+def idempotency_key(order_id: str, step: str) -> str:
+    return f"{order_id}:{step}"
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    order_id: str
+    step: str
+    attempt: int
+    complete_by: datetime
+    path: str  # the remote service path (contract 3.4: POST {REMOTE_SERVICE_URL}/{path})
+    order: dict[str, Any] = field(default_factory=dict)  # the order's JSON, sent as the body
+    trace: dict[str, str] = field(default_factory=dict)  # W3C trace context
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.order_id, self.step)
+
+    @property
+    def message_id(self) -> str:
+        return f"{self.order_id}:{self.step}:{self.attempt}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "orderId": self.order_id,
+            "step": self.step,
+            "attempt": self.attempt,
+            "idempotencyKey": self.idempotency_key,
+            "completeBy": iso(self.complete_by),
+            "path": self.path,
+            "order": self.order,
+        }
+        if self.trace:
+            out["trace"] = self.trace
+        return out
+
+    def encode(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+    def succeeded(self, result: dict[str, Any]) -> AgentReply:
+        return AgentReply(
+            self.order_id,
+            self.step,
+            self.attempt,
+            self.complete_by,
+            "succeeded",
+            result=result,
+            trace=self.trace,
+        )
+
+    def failed(self, error: str) -> AgentReply:
+        return AgentReply(
+            self.order_id,
+            self.step,
+            self.attempt,
+            self.complete_by,
+            "failed",
+            error=error,
+            trace=self.trace,
+        )
+
+
+@dataclass(frozen=True)
+class AgentReply:
+    order_id: str
+    step: str
+    attempt: int
+    complete_by: datetime
+    outcome: str  # "succeeded" | "failed"
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    trace: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.order_id, self.step)
+
+    @property
+    def message_id(self) -> str:
+        return f"{self.order_id}:{self.step}:{self.attempt}"
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "orderId": self.order_id,
+            "step": self.step,
+            "attempt": self.attempt,
+            "idempotencyKey": self.idempotency_key,
+            "completeBy": iso(self.complete_by),
+            "outcome": self.outcome,
+        }
+        if self.outcome == "succeeded":
+            out["result"] = self.result if self.result is not None else {}
+        else:
+            out["error"] = self.error or "unspecified failure"
+        if self.trace:
+            out["trace"] = self.trace
+        return out
+
+    def encode(self) -> str:
+        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+
+
+def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        value = json.loads(text)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidMessage(f"{what} is not UTF-8 JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidMessage(f"{what} must be a JSON object, got {_describe(value)}")
+    return value
+
+
+def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
+    order_id, step, attempt = value.get("orderId"), value.get("step"), value.get("attempt")
+    if not isinstance(order_id, str) or not _ORDER_ID.match(order_id):
+        raise InvalidMessage(f"{what}: orderId must be {ORDER_ID_RULE}, got {order_id!r}")
+    if not isinstance(step, str) or not re.match(r"^[a-z0-9]+(?:-[a-z0-9]+)*$", step):
+        raise InvalidMessage(
+            f"{what}: step must be a kebab-case name, got {step!r}", order_id=order_id
+        )
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        raise InvalidMessage(
+            f"{what}: attempt must be a whole number >= 1, got {attempt!r}",
+            order_id=order_id,
+            step=step,
+        )
+    key = value.get("idempotencyKey")
+    if key != idempotency_key(order_id, step):
+        raise InvalidMessage(
+            f"{what}: idempotencyKey must be '{idempotency_key(order_id, step)}', got {key!r}",
+            order_id=order_id,
+            step=step,
+        )
+    raw_deadline = value.get("completeBy")
+    try:
+        complete_by = parse_iso(raw_deadline) if isinstance(raw_deadline, str) else None
+    except ValueError:
+        complete_by = None
+    if complete_by is None:
+        raise InvalidMessage(
+            f"{what}: completeBy must be an ISO 8601 UTC time, got {raw_deadline!r}",
+            order_id=order_id,
+            step=step,
+        )
+    return order_id, step, attempt, complete_by
+
+
+def _trace(value: dict[str, Any]) -> dict[str, str]:
+    trace = value.get("trace")
+    if isinstance(trace, dict):
+        return {str(k): str(v) for k, v in trace.items() if isinstance(v, str)}
+    return {}
+
+
+def decode_request(raw: bytes | str) -> AgentRequest:
+    value = _load_object(raw, "agent request")
+    order_id, step, attempt, complete_by = _common(value, "agent request")
+    path = value.get("path", step)
+    if not isinstance(path, str) or not re.match(r"^[a-z0-9]+(?:[-/][a-z0-9]+)*$", path):
+        raise InvalidMessage(
+            f"agent request: path must be a remote path, got {path!r}", order_id=order_id, step=step
+        )
+    order = value.get("order", {})
+    if not isinstance(order, dict):
+        raise InvalidMessage(
+            "agent request: order must be a JSON object", order_id=order_id, step=step
+        )
+    return AgentRequest(order_id, step, attempt, complete_by, path, order, _trace(value))
+
+
+def decode_reply(raw: bytes | str) -> AgentReply:
+    value = _load_object(raw, "agent reply")
+    order_id, step, attempt, complete_by = _common(value, "agent reply")
+    outcome = value.get("outcome")
+    if outcome == "succeeded":
+        result = value.get("result", {})
+        if not isinstance(result, dict):
+            result = {"value": result}
+        return AgentReply(
+            order_id, step, attempt, complete_by, outcome, result=result, trace=_trace(value)
+        )
+    if outcome == "failed":
+        error = value.get("error")
+        if not isinstance(error, str) or not error:
+            raise InvalidMessage(
+                "agent reply: a failed reply needs an error string", order_id=order_id, step=step
+            )
+        return AgentReply(
+            order_id, step, attempt, complete_by, outcome, error=error, trace=_trace(value)
+        )
+    raise InvalidMessage(
+        f"agent reply: outcome must be 'succeeded' or 'failed', got {outcome!r}",
+        order_id=order_id,
+        step=step,
+    )
+
+
+# --- notifications, alerts, rejections (contract 3.1, 3.5) ---------------------------
+
+
+def status_message(order_id: str, status: str, at: datetime, **extra: Any) -> str:
+    return json.dumps(
+        {"orderId": order_id, "status": status, "at": iso(at), **extra}, separators=(",", ":")
+    )
+
+
+def alert_message(order_id: str, step: str, reason: str, failure_count: int, at: datetime) -> str:
+    return json.dumps(
+        {
+            "orderId": order_id,
+            "step": step,
+            "reason": reason,
+            "failureCount": failure_count,
+            "at": iso(at),
+        },
+        separators=(",", ":"),
+    )
+
+
+def rejection_message(reason: str, original: str, at: datetime) -> str:
+    return json.dumps(
+        {"reason": reason, "message": original, "at": iso(at)},
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )

@@ -1,0 +1,1 @@
+"""Message transports: Storage queues, and the agent request/reply transports."""

@@ -1,0 +1,142 @@
+"""Agent requests and replies on Service Bus queues (the default transport in Azure).
+
+Contract 3.3: ``message_id`` = ``<orderId>:<step>:<attempt>`` (the queues have
+duplicate detection on, so a request sent twice is delivered once),
+``correlation_id`` of a reply = its request's ``message_id``, ``reply_to`` =
+the reply queue, time-to-live = the time left before ``completeBy``.
+
+The SDK's sync senders are not thread-safe and the Functions worker runs sync
+functions on a thread pool: one lock per sender.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from core.errors import StorageUnavailable
+from core.messages import AgentReply, AgentRequest
+from core.names import Names
+from core.ports import Clock
+from core.settings import Connection, SettingsError
+from runtime.logs import get_logger
+
+if TYPE_CHECKING:
+    from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
+
+log = get_logger(__name__)
+SEND_TIMEOUT_SECONDS = 10
+
+
+def _properties(order_id: str, step: str, attempt: int, trace: dict[str, str]) -> dict[Any, Any]:
+    props: dict[Any, Any] = {"orderId": order_id, "step": step, "attempt": attempt}
+    props.update(trace)  # traceparent / tracestate, so one order is one trace
+    return props
+
+
+def request_message(request: AgentRequest, reply_queue: str, now: datetime) -> ServiceBusMessage:
+    from azure.servicebus import ServiceBusMessage
+
+    return ServiceBusMessage(
+        request.encode(),
+        message_id=request.message_id,
+        reply_to=reply_queue,
+        time_to_live=max(request.complete_by - now, timedelta(seconds=1)),
+        content_type="application/json",
+        subject=request.step,
+        application_properties=_properties(
+            request.order_id, request.step, request.attempt, request.trace
+        ),
+    )
+
+
+def reply_message(reply: AgentReply, now: datetime) -> ServiceBusMessage:
+    from azure.servicebus import ServiceBusMessage
+
+    return ServiceBusMessage(
+        reply.encode(),
+        message_id=reply.message_id,
+        correlation_id=reply.message_id,  # = the request's message_id
+        time_to_live=max(reply.complete_by - now, timedelta(seconds=1)),
+        content_type="application/json",
+        subject=reply.step,
+        application_properties={
+            **_properties(reply.order_id, reply.step, reply.attempt, reply.trace),
+            "outcome": reply.outcome,
+        },
+    )
+
+
+def client_for(connection: Connection) -> ServiceBusClient:
+    from azure.servicebus import ServiceBusClient
+
+    from runtime.clients import credential
+
+    options: dict[str, Any] = {"retry_total": 3, "retry_backoff_factor": 0.5,
+                               "retry_backoff_max": 8}
+    if connection.connection_string:
+        return ServiceBusClient.from_connection_string(connection.connection_string, **options)
+    if connection.fully_qualified_namespace:
+        return ServiceBusClient(connection.fully_qualified_namespace, credential(connection),
+                                **options)
+    raise SettingsError(
+        f"{connection.name}: give a connection string or "
+        f"{connection.name}__fullyQualifiedNamespace"
+    )
+
+
+class ServiceBusTransport:
+    def __init__(self, client_factory: Callable[[], ServiceBusClient], names: Names,
+                 clock: Clock):
+        self._client_factory = client_factory
+        self._client: ServiceBusClient | None = None
+        self._senders: dict[str, tuple[ServiceBusSender, threading.Lock]] = {}
+        self._lock = threading.Lock()
+        self._names = names
+        self._clock = clock
+
+    def _sender(self, queue: str) -> tuple[ServiceBusSender, threading.Lock]:
+        with self._lock:
+            if self._client is None:
+                self._client = self._client_factory()
+            if queue not in self._senders:
+                self._senders[queue] = (self._client.get_queue_sender(queue), threading.Lock())
+            return self._senders[queue]
+
+    def _send(self, queue: str, message: ServiceBusMessage) -> None:
+        from azure.servicebus.exceptions import ServiceBusError
+
+        sender, lock = self._sender(queue)
+        try:
+            with lock:
+                sender.send_messages(message, timeout=SEND_TIMEOUT_SECONDS)
+        except ServiceBusError as exc:
+            raise StorageUnavailable(f"could not send to Service Bus queue {queue}: {exc}") from exc
+
+    def send_request(self, request: AgentRequest) -> bool:
+        now = self._clock()
+        if request.complete_by <= now:
+            log.warning("deadline passed before the request was sent; not sending")
+            return False
+        self._send(self._names.agent_requests,
+                   request_message(request, self._names.agent_replies, now))
+        return True
+
+    def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
+        now = self._clock()
+        if reply.complete_by <= now:
+            log.warning("deadline passed before the reply was sent; not sending")
+            return False
+        self._send(reply_to or self._names.agent_replies, reply_message(reply, now))
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            for sender, _ in self._senders.values():
+                sender.close()
+            self._senders.clear()
+            if self._client is not None:
+                self._client.close()
+                self._client = None

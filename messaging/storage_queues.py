@@ -1,0 +1,94 @@
+"""Storage queues: send text as it is (no base64: host.json sets messageEncoding none)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
+
+from core.errors import StorageUnavailable
+from core.messages import AgentReply, AgentRequest
+from core.names import Names
+from core.ports import Clock
+from runtime.logs import get_logger
+
+if TYPE_CHECKING:
+    from azure.storage.queue import QueueClient, QueueServiceClient
+
+log = get_logger(__name__)
+
+MAX_DELAY_SECONDS = 7 * 24 * 3600  # the service's limit for an initial visibility delay
+
+
+class StorageQueues:
+    def __init__(self, service: QueueServiceClient):
+        self._service = service
+        self._clients: dict[str, QueueClient] = {}
+        self._lock = threading.Lock()
+
+    def client(self, queue: str) -> QueueClient:
+        with self._lock:
+            if queue not in self._clients:
+                self._clients[queue] = self._service.get_queue_client(queue)
+            return self._clients[queue]
+
+    def ensure(self, *queues: str) -> None:
+        for queue in queues:
+            with contextlib.suppress(ResourceExistsError):
+                self.client(queue).create_queue()
+
+    def send(
+        self, queue: str, body: str, *, delay_seconds: float = 0, ttl_seconds: int | None = None
+    ) -> None:
+        delay = min(math.ceil(delay_seconds), MAX_DELAY_SECONDS) if delay_seconds > 0 else None
+        client = self.client(queue)
+        try:
+            try:
+                client.send_message(body, visibility_timeout=delay, time_to_live=ttl_seconds)
+            except ResourceNotFoundError:
+                # First message to a queue nobody created yet (a new replyTo, a fresh account).
+                with contextlib.suppress(ResourceExistsError):
+                    client.create_queue()
+                client.send_message(body, visibility_timeout=delay, time_to_live=ttl_seconds)
+        except AzureError as exc:
+            raise StorageUnavailable(f"could not send to queue {queue}: {exc}") from exc
+
+
+def seconds_left(deadline: datetime, now: datetime) -> int:
+    """Whole seconds before ``deadline``, rounded up; 0 when it has passed."""
+    left = (deadline - now).total_seconds()
+    return math.ceil(left) if left > 0 else 0
+
+
+class StorageQueueTransport:
+    """Agent requests and replies on Storage queues (``AGENT_TRANSPORT=storage``).
+
+    The same JSON bodies as on Service Bus; a message lives only until the
+    step's deadline (time-to-live = the time left), because after it nobody
+    may act on it.
+    """
+
+    def __init__(self, queues: StorageQueues, names: Names, clock: Clock):
+        self._queues = queues
+        self._names = names
+        self._clock = clock
+
+    def send_request(self, request: AgentRequest) -> bool:
+        ttl = seconds_left(request.complete_by, self._clock())
+        if ttl == 0:
+            log.warning("deadline passed before the request was sent; not sending")
+            return False
+        self._queues.send(self._names.agent_requests, request.encode(), ttl_seconds=ttl)
+        return True
+
+    def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
+        ttl = seconds_left(reply.complete_by, self._clock())
+        if ttl == 0:
+            log.warning("deadline passed before the reply was sent; not sending")
+            return False
+        self._queues.send(reply_to or self._names.agent_replies, reply.encode(), ttl_seconds=ttl)
+        return True

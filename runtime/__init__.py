@@ -1,0 +1,1 @@
+"""Composition root: settings, Azure clients, logging context and metrics, built lazily."""

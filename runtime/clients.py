@@ -1,0 +1,84 @@
+"""Azure SDK clients from connection settings: connection strings or managed identity.
+
+Built on first use and reused (never at import: that slows cold start and
+breaks tests). Every client gets explicit timeouts and a bounded retry, so a
+slow or absent service shows up as an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from core.settings import Connection, SettingsError
+
+if TYPE_CHECKING:
+    from azure.core.credentials import TokenCredential
+    from azure.data.tables import TableServiceClient
+    from azure.storage.queue import QueueServiceClient
+
+_lock = threading.Lock()
+_credentials: dict[tuple[str | None, str | None], Any] = {}
+
+#: Storage: a few quick retries; the callers decide what an error means.
+STORAGE_OPTIONS: dict[str, Any] = {
+    "retry_total": 3,
+    "retry_backoff_factor": 0.4,
+    "retry_backoff_max": 4,
+    "connection_timeout": 5,
+    "read_timeout": 20,
+}
+
+
+def credential(connection: Connection) -> TokenCredential:
+    """The identity for ``connection``: the user-assigned managed identity named by
+    ``<Name>__clientId`` when ``<Name>__credential`` is ``managedidentity``, else
+    DefaultAzureCredential (which also finds a developer's az login)."""
+    key = (connection.credential, connection.client_id)
+    with _lock:
+        if key not in _credentials:
+            from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+
+            if (connection.credential or "").lower() == "managedidentity":
+                _credentials[key] = ManagedIdentityCredential(client_id=connection.client_id)
+            else:
+                _credentials[key] = DefaultAzureCredential(
+                    managed_identity_client_id=connection.client_id
+                )
+        return _credentials[key]  # type: ignore[no-any-return]
+
+
+def _endpoint(connection: Connection, service: str) -> str:
+    explicit = connection.table_service_uri if service == "table" else connection.queue_service_uri
+    if explicit:
+        return explicit
+    if connection.account_name:
+        return f"https://{connection.account_name}.{service}.core.windows.net"
+    raise SettingsError(
+        f"{connection.name}: give a connection string, {connection.name}__accountName or "
+        f"{connection.name}__{service}ServiceUri"
+    )
+
+
+def table_service(connection: Connection) -> TableServiceClient:
+    from azure.data.tables import TableServiceClient
+
+    if connection.connection_string:
+        return TableServiceClient.from_connection_string(
+            connection.connection_string, **STORAGE_OPTIONS
+        )
+    return TableServiceClient(
+        _endpoint(connection, "table"), credential=credential(connection), **STORAGE_OPTIONS
+    )
+
+
+def queue_service(connection: Connection) -> QueueServiceClient:
+    from azure.storage.queue import QueueServiceClient
+
+    if connection.connection_string:
+        return QueueServiceClient.from_connection_string(
+            connection.connection_string, **STORAGE_OPTIONS
+        )
+    return QueueServiceClient(
+        _endpoint(connection, "queue"), credential=credential(connection), **STORAGE_OPTIONS
+    )

@@ -1,0 +1,132 @@
+"""The composition root: one ``AppContext`` per process, built on first use.
+
+Settings are read once (failing fast with the missing name), clients are
+created lazily and reused by every invocation. Triggers call
+``app_context()`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cached_property
+
+from admin.service import OrderAdmin
+from agents.agent import Agent
+from agents.remote import RemoteServiceClient
+from core.names import Names
+from core.policy import RetryPolicy
+from core.ports import AgentTransport, Clock
+from core.settings import Settings, Transport
+from messaging.storage_queues import StorageQueues, StorageQueueTransport
+from runtime import clients
+from scheduler.notices import NoticeSender
+from scheduler.service import Scheduler, SchedulerConfig
+from stores.tables import TableStateStore
+from supervisor.service import Supervisor
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def instance_id() -> str:
+    """Who holds a claim: the Functions instance (or devhost process) and the worker pid."""
+    base = (
+        os.environ.get("DEVHOST_INSTANCE_ID")
+        or os.environ.get("WEBSITE_INSTANCE_ID", "")[:16]
+        or socket.gethostname()
+    )
+    return f"{base}-{os.getpid()}"
+
+
+@dataclass
+class AppContext:
+    settings: Settings
+    names: Names
+    clock: Clock = utc_now
+
+    @cached_property
+    def instance_id(self) -> str:
+        return instance_id()
+
+    @cached_property
+    def store(self) -> TableStateStore:
+        service = clients.table_service(self.settings.storage)
+        store = TableStateStore(service.get_table_client(self.names.state_table))
+        store.ensure_table()  # once per process; exists already in Azure (infra/ creates it)
+        return store
+
+    @cached_property
+    def queues(self) -> StorageQueues:
+        return StorageQueues(clients.queue_service(self.settings.storage))
+
+    @cached_property
+    def transport(self) -> AgentTransport:
+        if self.settings.transport is Transport.STORAGE:
+            return StorageQueueTransport(self.queues, self.names, self.clock)
+        from messaging.servicebus import ServiceBusTransport, client_for
+
+        connection = self.settings.service_bus
+        assert connection is not None  # Settings refuses servicebus without a connection
+        return ServiceBusTransport(lambda: client_for(connection), self.names, self.clock)
+
+    @cached_property
+    def retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(max_failure_count=self.settings.max_failure_count)
+
+    @cached_property
+    def scheduler(self) -> Scheduler:
+        return Scheduler(
+            self.store, self.queues, self.transport, self.names,
+            SchedulerConfig(self.instance_id, self.settings.step_timeout_seconds), self.clock,
+        )
+
+    @cached_property
+    def supervisor(self) -> Supervisor:
+        return Supervisor(
+            self.store, NoticeSender(self.store, self.queues, self.names), self.scheduler,
+            self.retry_policy, self.clock,
+        )
+
+    @cached_property
+    def remote(self) -> RemoteServiceClient:
+        return RemoteServiceClient(self.settings.require_remote_service_url())
+
+    @cached_property
+    def agent(self) -> Agent:
+        return Agent(self.remote, self.transport, self.clock)
+
+    @cached_property
+    def admin(self) -> OrderAdmin:
+        return OrderAdmin(
+            self.store, NoticeSender(self.store, self.queues, self.names),
+            self.scheduler.schedule_dispatch, self.clock,
+        )
+
+    def provision(self) -> None:
+        """Create the table and queues if missing (local runs; Bicep creates them in Azure)."""
+        _ = self.store
+        self.queues.ensure(*self.names.storage_queues())
+
+
+_lock = threading.Lock()
+_context: AppContext | None = None
+
+
+def app_context() -> AppContext:
+    global _context  # noqa: PLW0603 - the process-wide composition root
+    with _lock:
+        if _context is None:
+            _context = AppContext(Settings.from_env(os.environ), Names())
+        return _context
+
+
+def reset_app_context(context: AppContext | None = None) -> None:
+    """For tests and the local host: drop (or replace) the process-wide context."""
+    global _context  # noqa: PLW0603
+    with _lock:
+        _context = context

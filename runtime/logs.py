@@ -1,0 +1,72 @@
+"""Logging with the order's context on every record.
+
+``with order_context(order_id=..., step=..., attempt=...)`` puts the fields in
+a context variable; ``OrderContextFilter`` copies them onto every record
+(``record.orderId`` etc., which OpenTelemetry exports as custom dimensions)
+and ``log`` appends them to the message text, so they also survive paths
+that keep only the text (the Functions host's own log forwarding).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import Any
+
+_FIELDS = ("orderId", "step", "attempt")
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "order_context", default=MappingProxyType({})
+)
+
+
+@contextmanager
+def order_context(
+    order_id: str | None = None, step: str | None = None, attempt: int | None = None
+) -> Iterator[None]:
+    current = dict(_context.get())
+    for key, value in (("orderId", order_id), ("step", step), ("attempt", attempt)):
+        if value is not None:
+            current[key] = value
+    token = _context.set(current)
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def current_context() -> Mapping[str, Any]:
+    return _context.get()
+
+
+class OrderContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = _context.get()
+        for key in _FIELDS:
+            if not hasattr(record, key):
+                setattr(record, key, ctx.get(key, ""))
+        return True
+
+
+class OrderLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger whose messages end with `` [orderId=.. step=.. attempt=..]``."""
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        ctx = dict(_context.get())
+        extra = dict(kwargs.pop("extra", None) or {})
+        for key in _FIELDS:
+            if key in extra:
+                ctx[key] = extra[key]
+        extra.update({k: ctx.get(k, "") for k in _FIELDS})
+        kwargs["extra"] = extra
+        parts = [f"{k}={ctx[k]}" for k in _FIELDS if ctx.get(k) not in (None, "")]
+        return (f"{msg} [{' '.join(parts)}]" if parts else msg), kwargs
+
+
+def get_logger(name: str) -> OrderLogger:
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, OrderContextFilter) for f in logger.filters):
+        logger.addFilter(OrderContextFilter())
+    return OrderLogger(logger, {})

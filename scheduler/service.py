@@ -1,0 +1,243 @@
+"""The scheduler's use cases: submit, dispatch (claim + send), apply replies, sweep.
+
+Each one loads the order aggregate, asks the pure model for the transition,
+and saves it conditionally. A ``ConcurrencyConflict`` means another instance
+moved the order first: reload and decide again (a claim that lost simply
+moves on: the winner sends the request).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from datetime import timedelta
+from enum import StrEnum
+
+from core.errors import (
+    ConcurrencyConflict,
+    InvalidOrder,
+    OrderAlreadyExists,
+    StorageUnavailable,
+    TransitionRefused,
+)
+from core.messages import AgentReply, AgentRequest, decode_order, rejection_message
+from core.model import Order
+from core.names import Names
+from core.ports import AgentTransport, Clock, QueueSender
+from core.states import StepState
+from core.timefmt import iso
+from core.workflows import WORKFLOWS, Plan
+from runtime.logs import get_logger, order_context
+from runtime.metrics import METRICS
+from scheduler.notices import NoticeSender
+from stores.tables import TableStateStore
+
+log = get_logger(__name__)
+
+CONFLICT_RETRIES = 5
+#: A Pending step the in-process dispatch should have claimed by now; older
+#: ones were lost (a process died between save and claim) and the sweep takes them.
+SWEEP_GRACE = timedelta(seconds=10)
+OUTBOX_GRACE = timedelta(seconds=30)
+
+
+class Outcome(StrEnum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    REJECTED = "rejected"
+    DISPATCHED = "dispatched"
+    NOT_DUE = "not-due"
+    NOTHING_TO_DO = "nothing-to-do"
+    APPLIED = "applied"
+    STALE = "stale"
+
+
+@dataclass
+class SweepReport:
+    dispatched: int = 0
+    notices: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    instance_id: str
+    step_timeout_seconds: int
+
+
+class Scheduler:
+    def __init__(
+        self,
+        store: TableStateStore,
+        queues: QueueSender,
+        transport: AgentTransport,
+        names: Names,
+        config: SchedulerConfig,
+        clock: Clock,
+    ):
+        self._store = store
+        self._queues = queues
+        self._transport = transport
+        self._names = names
+        self._config = config
+        self._clock = clock
+        self._notices = NoticeSender(store, queues, names)
+
+    # --- submit --------------------------------------------------------------------
+
+    def submit(self, raw: bytes) -> Outcome:
+        """The submitter: validate, store order + first step in one transaction, dispatch."""
+        try:
+            message = decode_order(raw)
+        except InvalidOrder as exc:
+            self.reject(raw, exc.message)
+            return Outcome.REJECTED
+        with order_context(order_id=message.order_id):
+            plan = Plan.of(WORKFLOWS[message.workflow], self._config.step_timeout_seconds)
+            order = Order.accept(message, plan, self._clock())
+            try:
+                saved = self._store.create(order)
+            except OrderAlreadyExists:
+                return self._duplicate(raw, message.order_id, message.content_hash)
+            METRICS.inc("orders_accepted")
+            log.info("order accepted (workflow %s)", message.workflow)
+            self._notices.deliver(saved)
+            self._dispatch(order)
+            return Outcome.ACCEPTED
+
+    def _duplicate(self, raw: bytes, order_id: str, content_hash: str) -> Outcome:
+        existing = self._store.load(order_id)
+        if existing is None:  # pragma: no cover - it existed a moment ago; let the host retry
+            raise StorageUnavailable(f"order {order_id} vanished", order_id=order_id)
+        if existing.content_hash != content_hash:
+            self.reject(
+                raw,
+                f"orderId {order_id} already exists (accepted at {iso(existing.created_at)}) "
+                "with different content; an order id names one order: use a new orderId for a "
+                "new order",
+            )
+            return Outcome.REJECTED
+        METRICS.inc("duplicate_orders")
+        log.info("duplicate delivery of order %s: nothing to do (status %s)", order_id,
+                 existing.status)
+        # The first delivery may have died between its write and its dispatch.
+        self._dispatch(existing)
+        return Outcome.DUPLICATE
+
+    def reject(self, raw: bytes, reason: str) -> None:
+        try:
+            original = raw.decode("utf-8")
+            extra = ""
+        except UnicodeDecodeError:
+            original = raw.decode("utf-8", errors="replace")
+            extra = base64.b64encode(raw).decode("ascii")
+        body = rejection_message(reason, original, self._clock())
+        if extra:  # the exact bytes, since the text above had to replace some
+            body = body[:-1] + f',"messageBase64":"{extra}"}}'
+        self._queues.send(self._names.orders_rejected, body)
+        METRICS.inc("orders_rejected")
+        log.error("order message rejected: %s", reason, extra={"event": "order_rejected"})
+
+    # --- dispatch ------------------------------------------------------------------
+
+    def dispatch(self, order_id: str) -> Outcome:
+        """Claim the order's active step if it is due, and send the agent request."""
+        with order_context(order_id=order_id):
+            order = self._store.load(order_id)
+            if order is None:
+                log.warning("dispatch for an unknown order; dropped")
+                return Outcome.NOTHING_TO_DO
+            return self._dispatch(order)
+
+    def _dispatch(self, order: Order) -> Outcome:
+        now = self._clock()
+        step = order.active_step()
+        if step is None or step.process_state is not StepState.PENDING or order.status.terminal:
+            return Outcome.NOTHING_TO_DO
+        if step.complete_by > now:
+            self.schedule_dispatch(order.order_id, (step.complete_by - now).total_seconds())
+            return Outcome.NOT_DUE
+        try:
+            claimed = order.claim(self._config.instance_id, now)
+        except TransitionRefused:
+            return Outcome.NOTHING_TO_DO
+        try:
+            saved = self._store.save(order)
+        except ConcurrencyConflict:
+            METRICS.inc("claim_conflicts")
+            log.info("claim lost to another instance", extra={"step": claimed.step})
+            return Outcome.NOTHING_TO_DO
+        METRICS.inc("claims")
+        with order_context(step=claimed.step, attempt=claimed.attempt):
+            log.info("claimed; deadline %s", iso(claimed.complete_by))
+            self._notices.deliver(saved)
+            request = AgentRequest(
+                order.order_id, claimed.step, claimed.attempt, claimed.complete_by,
+                claimed.path, order.body,
+            )
+            try:
+                self._transport.send_request(request)
+            except StorageUnavailable as exc:
+                # The claim stands; the supervisor retries the step at its deadline.
+                METRICS.inc("request_send_failures")
+                log.error("agent request not sent (the supervisor will retry at the "
+                          "deadline): %s", exc)
+        return Outcome.DISPATCHED
+
+    def schedule_dispatch(self, order_id: str, delay_seconds: float = 0) -> None:
+        self._queues.send(self._names.order_dispatch, f'{{"orderId":"{order_id}"}}',
+                          delay_seconds=delay_seconds)
+
+    # --- replies -------------------------------------------------------------------
+
+    def apply_reply(self, reply: AgentReply) -> Outcome:
+        """Apply an agent reply, fenced by state, attempt and deadline; stale ones are dropped."""
+        with order_context(order_id=reply.order_id, step=reply.step, attempt=reply.attempt):
+            for _ in range(CONFLICT_RETRIES):
+                order = self._store.load(reply.order_id)
+                if order is None:
+                    METRICS.inc("stale_replies")
+                    log.warning("reply for an unknown order; dropped")
+                    return Outcome.STALE
+                try:
+                    order.apply_reply(reply, self._clock())
+                except TransitionRefused as refused:
+                    METRICS.inc("stale_replies", reason=refused.reason)
+                    log.warning("stale reply dropped (%s): %s", refused.reason, refused.message)
+                    return Outcome.STALE
+                try:
+                    saved = self._store.save(order)
+                except ConcurrencyConflict:
+                    METRICS.inc("reply_conflicts")
+                    continue
+                METRICS.inc("replies_applied", outcome=reply.outcome)
+                log.info("reply applied (%s); order is %s", reply.outcome, order.status)
+                self._notices.deliver(saved)
+                self._dispatch(order)
+                return Outcome.APPLIED
+            raise ConcurrencyConflict(
+                f"order {reply.order_id} kept changing; the reply will be retried",
+                order_id=reply.order_id, step=reply.step,
+            )
+
+    # --- safety sweep ------------------------------------------------------------------
+
+    def sweep(self) -> SweepReport:
+        """Dispatch Pending steps whose dispatch was lost; resend notices left in the outbox."""
+        report = SweepReport()
+        now = self._clock()
+        for entry in self._store.due_pending(now - SWEEP_GRACE):
+            try:
+                if self.dispatch(entry.order_id) is Outcome.DISPATCHED:
+                    report.dispatched += 1
+                    METRICS.inc("sweep_dispatches")
+            except (StorageUnavailable, ConcurrencyConflict) as exc:
+                report.errors.append(f"{entry.order_id}: {exc}")
+        try:
+            report.notices = self._notices.deliver(self._store.stale_outbox(now - OUTBOX_GRACE))
+        except StorageUnavailable as exc:
+            report.errors.append(f"outbox: {exc}")
+        if report.dispatched or report.notices or report.errors:
+            log.info("sweep: %d lost dispatches sent, %d notices resent, %d errors",
+                     report.dispatched, report.notices, len(report.errors))
+        return report

@@ -1,0 +1,70 @@
+"""The scheduler's blueprint: thin triggers that decode, call one function, return."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import azure.functions as func
+
+from core import names
+from core.errors import InvalidMessage
+from core.messages import decode_reply, is_valid_order_id
+from core.settings import AGENT_TRANSPORT, Transport
+from messaging.quarantine import quarantine
+from runtime.context import app_context
+
+bp = func.Blueprint()
+STORAGE = "AzureWebJobsStorage"
+
+
+@bp.queue_trigger(arg_name="msg", queue_name=names.ORDERS, connection=STORAGE)
+def submit_order(msg: func.QueueMessage) -> None:
+    app_context().scheduler.submit(msg.get_body())
+
+
+@bp.queue_trigger(arg_name="msg", queue_name=names.ORDER_DISPATCH, connection=STORAGE)
+def dispatch_order(msg: func.QueueMessage) -> None:
+    ctx = app_context()
+    raw = msg.get_body()
+    try:
+        order_id = json.loads(raw)["orderId"]
+        if not isinstance(order_id, str) or not is_valid_order_id(order_id):
+            raise ValueError(order_id)
+    except (ValueError, KeyError, TypeError):
+        quarantine(ctx.queues, ctx.names.order_dispatch, raw,
+                   'a dispatch message must be {"orderId": "<id>"}', ctx.clock)
+        return
+    ctx.scheduler.dispatch(order_id)
+
+
+def _apply_reply(raw: bytes, queue: str) -> None:
+    ctx = app_context()
+    try:
+        reply = decode_reply(raw)
+    except InvalidMessage as exc:
+        quarantine(ctx.queues, queue, raw, exc.message, ctx.clock)
+        return
+    ctx.scheduler.apply_reply(reply)
+
+
+if os.environ.get(AGENT_TRANSPORT, Transport.SERVICE_BUS).lower() == Transport.STORAGE:
+
+    @bp.queue_trigger(arg_name="msg", queue_name=names.AGENT_REPLIES, connection=STORAGE)
+    def handle_agent_reply(msg: func.QueueMessage) -> None:
+        _apply_reply(msg.get_body(), names.AGENT_REPLIES)
+
+else:
+
+    @bp.service_bus_queue_trigger(
+        arg_name="msg", queue_name=names.AGENT_REPLIES, connection="ServiceBusConnection"
+    )
+    def handle_agent_reply(msg: func.ServiceBusMessage) -> None:
+        _apply_reply(msg.get_body(), names.AGENT_REPLIES)
+
+
+@bp.timer_trigger(arg_name="timer", schedule="%SUPERVISOR_SCHEDULE%", run_on_startup=False,
+                  use_monitor=True)
+def scheduler_sweep(timer: func.TimerRequest) -> None:
+    """Safety net: dispatches whose message was lost, notices left in the outbox."""
+    app_context().scheduler.sweep()

@@ -1,0 +1,1 @@
+"""State store adapters: Table Storage (ETag in, ConcurrencyConflict out)."""

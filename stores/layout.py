@@ -1,0 +1,87 @@
+"""How orders are laid out in the ``OrderState`` table.
+
+One partition per shard of the order id; inside it, every record of an
+order shares the prefix ``order|<orderId>|``, so one range query loads the
+whole aggregate. Beside them, index rows that sweeps read as ranges (their
+cost grows with the work in flight, not with history):
+
+    order|<id>|order                       the order record
+    order|<id>|step|<seq>|<step>           one state record per step (contract 3.2)
+    pending|<due>|<id>|<step>              the active step, Pending, may run at <due>
+    processing|<completeBy>|<id>|<step>    the active step, Processing, deadline <completeBy>
+    status|<status>|<id>                   every order, by status (operator API)
+    outbox|<createdAt>|<id>|<n>            notices committed but maybe not yet sent
+
+Index rows move with the state in the same partition transaction. Their
+properties use other names than the state fields (``OrderRef``, ``StepName``),
+so exactly one entity per step carries ``OrderID``/``Step``/``ProcessState``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+from typing import Final
+
+from core.model import Order
+from core.states import StepState
+from core.timefmt import sortable
+
+SHARDS: Final = 16  # changing this re-homes every order: a migration, not a setting
+HIGH: Final = "~"  # sorts after every character used in keys
+
+
+def shard_of(order_id: str) -> str:
+    digest = hashlib.sha256(order_id.encode("utf-8")).digest()
+    return f"shard-{int.from_bytes(digest[:4], 'big') % SHARDS:02d}"
+
+
+def all_shards() -> list[str]:
+    return [f"shard-{i:02d}" for i in range(SHARDS)]
+
+
+def order_prefix(order_id: str) -> str:
+    return f"order|{order_id}|"
+
+
+def order_row(order_id: str) -> str:
+    return f"order|{order_id}|order"
+
+
+def step_row(order_id: str, seq: int, step: str) -> str:
+    return f"order|{order_id}|step|{seq:03d}|{step}"
+
+
+def pending_row(due: datetime, order_id: str, step: str) -> str:
+    return f"pending|{sortable(due)}|{order_id}|{step}"
+
+
+def processing_row(deadline: datetime, order_id: str, step: str) -> str:
+    return f"processing|{sortable(deadline)}|{order_id}|{step}"
+
+
+def status_row(status: str, order_id: str) -> str:
+    return f"status|{status}|{order_id}"
+
+
+def outbox_row(created: datetime, order_id: str, n: str) -> str:
+    return f"outbox|{sortable(created)}|{order_id}|{n}"
+
+
+def index_rows(order: Order) -> dict[str, dict[str, str]]:
+    """The index rows this order's state implies: RowKey -> extra properties."""
+    rows: dict[str, dict[str, str]] = {
+        status_row(str(order.status), order.order_id): {"OrderRef": order.order_id},
+    }
+    if order.status.terminal:
+        return rows
+    step = order.active_step()
+    if step is not None and step.process_state is StepState.PENDING:
+        rows[pending_row(step.complete_by, order.order_id, step.step)] = {
+            "OrderRef": order.order_id, "StepName": step.step,
+        }
+    elif step is not None and step.process_state is StepState.PROCESSING:
+        rows[processing_row(step.complete_by, order.order_id, step.step)] = {
+            "OrderRef": order.order_id, "StepName": step.step,
+        }
+    return rows

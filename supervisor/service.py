@@ -1,0 +1,106 @@
+"""The supervisor's sweep (timer trigger).
+
+Reads the ``processing|`` index up to now (cost grows with the work in
+flight, not with history), and for each expired step, with If-Match:
+``FailureCount`` + 1, then back to ``Pending`` with the earliest time it may
+run again and a re-dispatch, or ``Error`` with an operator alert (and, for
+multi-step workflows, compensation). It never calls remote services and
+knows nothing of the business. Several supervisors may run at once: each
+write is conditional, so exactly one wins each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from core.errors import ConcurrencyConflict, StorageUnavailable, TransitionRefused
+from core.policy import RetryPolicy
+from core.ports import Clock
+from core.states import StepState
+from core.timefmt import iso
+from runtime.logs import get_logger, order_context
+from runtime.metrics import METRICS
+from scheduler.notices import NoticeSender
+from scheduler.service import Scheduler
+from stores.tables import TableStateStore
+
+log = get_logger(__name__)
+
+#: Clock skew allowance between instances (see ``Order.expire``).
+SKEW_GRACE = timedelta(seconds=2)
+
+
+@dataclass
+class SupervisionReport:
+    examined: int = 0
+    retried: int = 0
+    failed: int = 0
+    conflicts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        store: TableStateStore,
+        notices: NoticeSender,
+        scheduler: Scheduler,
+        policy: RetryPolicy,
+        clock: Clock,
+        grace: timedelta = SKEW_GRACE,
+    ):
+        self._store = store
+        self._notices = notices
+        self._scheduler = scheduler
+        self._policy = policy
+        self._clock = clock
+        self._grace = grace
+
+    def run(self) -> SupervisionReport:
+        report = SupervisionReport()
+        now = self._clock()
+        for entry in self._store.expired_processing(now - self._grace):
+            report.examined += 1
+            try:
+                self.recover(entry.order_id, report)
+            except StorageUnavailable as exc:
+                report.errors.append(f"{entry.order_id}: {exc}")
+                log.warning("supervisor could not recover order %s: %s", entry.order_id, exc)
+        if report.examined:
+            log.info("supervisor: %d expired, %d retried, %d failed for good, %d conflicts",
+                     report.examined, report.retried, report.failed, report.conflicts)
+        return report
+
+    def recover(self, order_id: str, report: SupervisionReport) -> None:
+        with order_context(order_id=order_id):
+            order = self._store.load(order_id)
+            if order is None:
+                return
+            now = self._clock()
+            try:
+                step = order.expire(now, self._policy, self._grace)
+            except TransitionRefused:
+                return  # a reply or another supervisor got there first
+            try:
+                saved = self._store.save(order)
+            except ConcurrencyConflict:
+                report.conflicts += 1
+                METRICS.inc("supervisor_conflicts")
+                return
+            self._notices.deliver(saved)
+            with order_context(step=step.step, attempt=step.attempt):
+                if step.process_state is StepState.PENDING:
+                    report.retried += 1
+                    METRICS.inc("retries")
+                    delay = max((step.complete_by - now).total_seconds(), 0)
+                    log.warning("deadline passed (failure %d of %d); retry at %s",
+                                step.failure_count, self._policy.max_failure_count,
+                                iso(step.complete_by))
+                    self._scheduler.schedule_dispatch(order_id, delay)
+                else:
+                    report.failed += 1
+                    METRICS.inc("steps_failed")
+                    active = order.active_step()
+                    if active is not None and active.process_state is StepState.PENDING:
+                        self._scheduler.schedule_dispatch(order_id)  # a compensation to run

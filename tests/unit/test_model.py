@@ -1,0 +1,410 @@
+"""The order state machine, pure, on a fake clock."""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from core.errors import TransitionRefused
+from core.messages import AgentReply, decode_order
+from core.model import Order
+from core.policy import RetryPolicy
+from core.states import OrderStatus, StepKind, StepState
+from core.workflows import WORKFLOWS, Plan
+
+T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
+POLICY = RetryPolicy(max_failure_count=3, soft_threshold=1, base_backoff_seconds=2)
+
+
+def new_order(workflow: str = "order", reply_to: str | None = "app-status", **data: object) -> Order:
+    body = {"orderId": "o-1", "workflow": workflow, **data}
+    if reply_to:
+        body["replyTo"] = reply_to
+    message = decode_order(json.dumps(body))
+    return Order.accept(message, Plan.of(WORKFLOWS[workflow], 30), T0)
+
+
+def reply(order: Order, outcome: str = "succeeded", step: str | None = None,
+          attempt: int | None = None, error: str = "declined") -> AgentReply:
+    active = order.active_step()
+    assert active is not None or (step and attempt)
+    name = step or active.step  # type: ignore[union-attr]
+    number = attempt if attempt is not None else active.attempt  # type: ignore[union-attr]
+    return AgentReply(
+        order.order_id, name, number, T0, outcome,
+        result={"ok": True} if outcome == "succeeded" else None,
+        error=error if outcome == "failed" else None,
+    )
+
+
+def statuses(order: Order) -> list[str]:
+    return [json.loads(n.body)["status"] for n in order.outbox if n.kind == "status"]
+
+
+def alerts(order: Order) -> list[dict[str, object]]:
+    return [json.loads(n.body) for n in order.outbox if n.kind == "alert"]
+
+
+def run_step(order: Order, now: datetime, outcome: str = "succeeded") -> None:
+    order.claim("i-1", now)
+    order.apply_reply(reply(order, outcome), now + timedelta(seconds=1))
+
+
+# --- single-step order -------------------------------------------------------------
+
+
+def test_accepted_order_has_one_pending_step_due_now() -> None:
+    order = new_order()
+    assert order.status is OrderStatus.PENDING
+    [step] = order.steps
+    assert (step.step, step.process_state, step.locked_by) == ("process", StepState.PENDING, "")
+    assert (step.complete_by, step.attempt, step.failure_count) == (T0, 0, 0)
+    assert statuses(order) == ["received"]
+
+
+def test_claim_locks_the_step_with_a_deadline_and_a_new_attempt() -> None:
+    order = new_order()
+    step = order.claim("scheduler-a", T0)
+    assert step.process_state is StepState.PROCESSING
+    assert step.locked_by == "scheduler-a"
+    assert step.attempt == 1
+    assert step.complete_by == T0 + timedelta(seconds=30)
+    assert order.status is OrderStatus.PROCESSING
+    with pytest.raises(TransitionRefused) as refused:
+        order.claim("scheduler-b", T0)
+    assert refused.value.reason == "already-claimed"
+
+
+def test_success_reply_completes_the_order() -> None:
+    order = new_order()
+    run_step(order, T0)
+    [step] = order.steps
+    assert step.process_state is StepState.PROCESSED
+    assert step.locked_by == ""
+    assert step.result == {"ok": True}
+    assert order.status is OrderStatus.COMPLETED
+    assert order.active_step() is None
+    assert statuses(order) == ["received", "processing", "completed"]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "reason"),
+    [
+        (lambda o, r: AgentReply(r.order_id, r.step, r.attempt + 1, T0, "succeeded", {}),
+         "stale-attempt"),
+        (lambda o, r: AgentReply(r.order_id, "nope", r.attempt, T0, "succeeded", {}),
+         "unknown-step"),
+    ],
+)
+def test_reply_for_another_attempt_or_step_is_refused(tamper, reason) -> None:  # type: ignore[no-untyped-def]
+    order = new_order()
+    order.claim("i", T0)
+    before = (order.steps[0].process_state, order.steps[0].attempt)
+    with pytest.raises(TransitionRefused) as refused:
+        order.apply_reply(tamper(order, reply(order)), T0 + timedelta(seconds=1))
+    assert refused.value.reason == reason
+    assert (order.steps[0].process_state, order.steps[0].attempt) == before
+
+
+def test_reply_after_the_deadline_is_refused() -> None:
+    order = new_order()
+    order.claim("i", T0)
+    with pytest.raises(TransitionRefused) as refused:
+        order.apply_reply(reply(order), T0 + timedelta(seconds=30))
+    assert refused.value.reason == "deadline-passed"
+    assert order.steps[0].process_state is StepState.PROCESSING
+
+
+def test_duplicate_reply_is_refused_after_the_first_applies() -> None:
+    order = new_order()
+    order.claim("i", T0)
+    first = reply(order)
+    order.apply_reply(first, T0 + timedelta(seconds=1))
+    with pytest.raises(TransitionRefused) as refused:
+        order.apply_reply(first, T0 + timedelta(seconds=2))
+    assert refused.value.reason == "not-processing"
+
+
+def test_permanent_failure_makes_the_step_error_with_an_alert() -> None:
+    order = new_order()
+    run_step(order, T0, "failed")
+    [step] = order.steps
+    assert step.process_state is StepState.ERROR
+    assert step.failure_count == 1
+    assert order.status is OrderStatus.ERROR
+    [alert] = alerts(order)
+    assert alert["orderId"] == "o-1" and alert["step"] == "process"
+    assert "declined" in str(alert["reason"]) and alert["failureCount"] == 1
+    assert statuses(order)[-1] == "error"
+
+
+def test_expiry_retries_then_backs_off_then_gives_up_with_an_alert() -> None:
+    order = new_order()
+    step = order.claim("i", T0)
+    with pytest.raises(TransitionRefused) as early:
+        order.expire(T0 + timedelta(seconds=29), POLICY)
+    assert early.value.reason == "not-expired"
+
+    now = T0 + timedelta(seconds=31)
+    order.expire(now, POLICY)  # failure 1: within the soft threshold, at once
+    assert (step.process_state, step.failure_count, step.locked_by) == (StepState.PENDING, 1, "")
+    assert step.complete_by == now
+    order.claim("i", now)
+    assert step.attempt == 2
+
+    now += timedelta(seconds=31)
+    order.expire(now, POLICY)  # failure 2: past the soft threshold, backoff about 2 s
+    assert step.process_state is StepState.PENDING
+    delay = (step.complete_by - now).total_seconds()
+    assert 1.6 <= delay <= 2.4
+    with pytest.raises(TransitionRefused) as not_due:
+        order.claim("i", now)
+    assert not_due.value.reason == "not-due"
+
+    now = step.complete_by
+    order.claim("i", now)
+    now += timedelta(seconds=31)
+    order.expire(now, POLICY)  # failure 3 = max: Error
+    assert step.process_state is StepState.ERROR
+    assert order.status is OrderStatus.ERROR
+    [alert] = alerts(order)
+    assert alert["failureCount"] == 3 and "3 attempts" in str(alert["reason"])
+    events = [h["event"] for h in step.history]
+    assert events.count("expired") == 3 and events.count("claimed") == 3
+
+
+def test_late_reply_after_supervisor_reset_is_fenced() -> None:
+    order = new_order()
+    order.claim("i", T0)
+    late = reply(order)
+    order.expire(T0 + timedelta(seconds=31), POLICY)
+    with pytest.raises(TransitionRefused) as refused:
+        order.apply_reply(late, T0 + timedelta(seconds=32))
+    assert refused.value.reason == "not-processing"
+    order.claim("i", T0 + timedelta(seconds=32))
+    with pytest.raises(TransitionRefused) as refused:
+        order.apply_reply(late, T0 + timedelta(seconds=33))
+    assert refused.value.reason == "stale-attempt"
+
+
+def test_resubmit_puts_an_error_order_back_at_its_failed_step_keeping_history() -> None:
+    order = new_order()
+    run_step(order, T0, "failed")
+    with pytest.raises(TransitionRefused):
+        new_order().resubmit(T0, "op")
+    step = order.resubmit(T0 + timedelta(minutes=5), "alice")
+    assert (step.process_state, step.failure_count, step.attempt) == (StepState.PENDING, 0, 1)
+    assert order.status is OrderStatus.PROCESSING
+    run_step(order, T0 + timedelta(minutes=5))
+    assert order.status is OrderStatus.COMPLETED
+    assert step.attempt == 2
+    assert [h["event"] for h in step.history] == [
+        "created", "claimed", "failed", "error", "resubmitted", "claimed", "succeeded",
+    ]
+
+
+# --- fulfilment: multi-step with compensation ----------------------------------------
+
+
+def states(order: Order) -> list[tuple[str, str]]:
+    return [(s.step, str(s.process_state)) for s in order.steps]
+
+
+def drive(order: Order, outcomes: dict[str, str], now: datetime = T0) -> None:
+    """Run the active steps until none is left; outcomes: step -> succeeded|failed|expire."""
+    for _ in range(50):
+        step = order.active_step()
+        if step is None:
+            return
+        order.claim("i", now)
+        how = outcomes.get(step.step, "succeeded")
+        if how == "expire":
+            while step.process_state is not StepState.ERROR and order.active_step() is step:
+                now = step.complete_by + timedelta(seconds=1)
+                order.expire(now, POLICY)
+                if step.process_state is StepState.PENDING:
+                    now = max(now, step.complete_by)
+                    order.claim("i", now)
+        else:
+            order.apply_reply(reply(order, how), now + timedelta(seconds=1))
+        now += timedelta(seconds=2)
+    raise AssertionError("workflow did not settle")
+
+
+def test_fulfilment_runs_its_steps_in_order() -> None:
+    order = new_order("fulfilment")
+    drive(order, {})
+    assert states(order) == [
+        ("reserve-stock", "Processed"), ("charge-payment", "Processed"), ("ship", "Processed"),
+    ]
+    assert order.status is OrderStatus.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("failing", "expected_states"),
+    [
+        ("reserve-stock", [("reserve-stock", "Error")]),
+        ("charge-payment", [("reserve-stock", "Compensated"), ("charge-payment", "Error"),
+                            ("release-stock", "Processed")]),
+        ("ship", [("reserve-stock", "Compensated"), ("charge-payment", "Compensated"),
+                  ("ship", "Error"), ("refund-payment", "Processed"),
+                  ("release-stock", "Processed")]),
+    ],
+)
+def test_permanent_failure_compensates_completed_steps_in_reverse(failing, expected_states) -> None:  # type: ignore[no-untyped-def]
+    order = new_order("fulfilment")
+    drive(order, {failing: "failed"})
+    assert states(order) == expected_states
+    assert order.status is OrderStatus.COMPENSATED
+    [alert] = alerts(order)
+    assert alert["step"] == failing
+    assert statuses(order)[-2:] == (["compensating", "compensated"] if len(expected_states) > 1
+                                    else ["processing", "compensated"])
+    comps = [s for s in order.steps if s.kind is StepKind.COMPENSATION]
+    assert all(c.compensates for c in comps)
+
+
+def test_ambiguous_failure_compensates_the_failed_step_too() -> None:
+    order = new_order("fulfilment")
+    drive(order, {"charge-payment": "expire"})
+    assert states(order) == [
+        ("reserve-stock", "Compensated"), ("charge-payment", "Compensated"),
+        ("refund-payment", "Processed"), ("release-stock", "Processed"),
+    ]
+    assert order.status is OrderStatus.COMPENSATED
+    assert [a["step"] for a in alerts(order)] == ["charge-payment"]
+
+
+def test_ambiguous_failure_without_compensation_waits_for_the_operator() -> None:
+    order = new_order("fulfilment")
+    drive(order, {"ship": "expire"})
+    assert states(order) == [
+        ("reserve-stock", "Processed"), ("charge-payment", "Processed"), ("ship", "Error"),
+    ]
+    assert order.status is OrderStatus.ERROR
+    [alert] = alerts(order)
+    assert alert["step"] == "ship" and "operator decides" in str(alert["reason"])
+    order.resubmit(T0 + timedelta(hours=1), "op")
+    drive(order, {}, T0 + timedelta(hours=1))
+    assert order.status is OrderStatus.COMPLETED
+
+
+@pytest.mark.parametrize("failing_compensation", ["refund-payment", "release-stock"])
+def test_failed_compensation_stops_unwinding_and_can_be_resubmitted(failing_compensation) -> None:  # type: ignore[no-untyped-def]
+    order = new_order("fulfilment")
+    drive(order, {"ship": "failed", failing_compensation: "failed"})
+    assert order.status is OrderStatus.ERROR
+    assert order.find(failing_compensation).process_state is StepState.ERROR  # type: ignore[union-attr]
+    assert [a["step"] for a in alerts(order)] == ["ship", failing_compensation]
+    if failing_compensation == "refund-payment":  # release never started
+        assert order.find("release-stock") is None
+        assert order.find("reserve-stock").process_state is StepState.PROCESSED  # type: ignore[union-attr]
+    order.resubmit(T0 + timedelta(hours=1), "op")
+    assert order.status is OrderStatus.COMPENSATING
+    drive(order, {}, T0 + timedelta(hours=1))
+    assert order.status is OrderStatus.COMPENSATED
+    assert order.find("reserve-stock").process_state is StepState.COMPENSATED  # type: ignore[union-attr]
+    assert order.find("charge-payment").process_state is StepState.COMPENSATED  # type: ignore[union-attr]
+
+
+# --- cancellation ---------------------------------------------------------------------
+
+
+def test_cancel_before_anything_ran_ends_cancelled_at_once() -> None:
+    order = new_order("fulfilment")
+    order.cancel(T0, "app")
+    assert order.status is OrderStatus.CANCELLED
+    assert states(order) == [("reserve-stock", "Compensated")]
+    assert order.active_step() is None
+
+
+def test_cancel_while_a_step_is_in_flight_undoes_it_after_its_reply() -> None:
+    order = new_order("fulfilment")
+    drive_one = order.claim("i", T0)
+    order.apply_reply(reply(order), T0 + timedelta(seconds=1))
+    order.claim("i", T0 + timedelta(seconds=2))  # charge-payment in flight
+    order.cancel(T0 + timedelta(seconds=3), "app", "customer changed mind")
+    assert order.status is OrderStatus.PROCESSING
+    order.apply_reply(reply(order), T0 + timedelta(seconds=4))
+    drive(order, {}, T0 + timedelta(seconds=5))
+    assert order.status is OrderStatus.CANCELLED
+    assert drive_one.process_state is StepState.COMPENSATED
+    assert [s.step for s in order.steps] == [
+        "reserve-stock", "charge-payment", "refund-payment", "release-stock",
+    ]
+    with pytest.raises(TransitionRefused):
+        order.cancel(T0 + timedelta(seconds=9), "app")
+
+
+def test_finished_orders_refuse_every_transition() -> None:
+    order = new_order()
+    run_step(order, T0)
+    for attempt in (
+        lambda: order.claim("i", T0),
+        lambda: order.expire(T0 + timedelta(hours=1), POLICY),
+        lambda: order.resubmit(T0, "op"),
+        lambda: order.cancel(T0, "op"),
+    ):
+        with pytest.raises(TransitionRefused):
+            attempt()
+
+
+# --- invariants under random histories ---------------------------------------------------
+
+
+def test_random_histories_keep_the_invariants() -> None:
+    """A seeded random walk over every transition; the invariants hold after each move."""
+    rng = random.Random(20261122)
+    for _ in range(300):
+        order = new_order(rng.choice(["order", "fulfilment"]))
+        now = T0
+        for _ in range(60):
+            now += timedelta(seconds=rng.choice([1, 5, 40]))
+            move = rng.choice(["claim", "ok", "fail", "late", "expire", "resubmit", "cancel"])
+            active = order.active_step()
+            try:
+                if move == "claim":
+                    order.claim("i", now)
+                elif move in ("ok", "fail", "late") and active is not None and active.attempt:
+                    attempt = active.attempt - (1 if move == "late" else 0)
+                    outcome = "failed" if move == "fail" else "succeeded"
+                    order.apply_reply(
+                        AgentReply(order.order_id, active.step, max(attempt, 1), T0, outcome,
+                                   result={} if outcome == "succeeded" else None,
+                                   error="no" if outcome == "failed" else None),
+                        now,
+                    )
+                elif move == "expire":
+                    order.expire(now, POLICY)
+                elif move == "resubmit":
+                    order.resubmit(now, "op")
+                elif move == "cancel" and rng.random() < 0.1:
+                    order.cancel(now, "op")
+            except TransitionRefused:
+                pass
+            check_invariants(order)
+
+
+def check_invariants(order: Order) -> None:
+    active = [s for s in order.steps if s.is_active]
+    assert len(active) <= 1
+    if order.status.terminal:
+        assert not active, (order.status, [(s.step, s.process_state) for s in order.steps])
+    else:
+        assert active, (order.status, [(s.step, s.process_state) for s in order.steps])
+    for s in order.steps:
+        assert (s.locked_by != "") == (s.process_state is StepState.PROCESSING)
+        assert s.attempt >= (1 if s.process_state is StepState.PROCESSING else 0)
+    if order.status is OrderStatus.COMPLETED:
+        assert [s.step for s in order.steps] == [p.name for p in order.plan.steps]
+        assert all(s.process_state is StepState.PROCESSED for s in order.steps)
+    # compensations run in reverse order of the steps they undo
+    undone = [s.compensates for s in order.steps if s.kind is StepKind.COMPENSATION]
+    seqs = [order.find(name).seq for name in undone]  # type: ignore[union-attr]
+    assert seqs == sorted(seqs, reverse=True)
+    if order.status is OrderStatus.COMPENSATED:
+        assert not any(s.process_state is StepState.PROCESSED and s.kind is StepKind.ACTION
+                       and order.planned(s.step).compensation for s in order.steps)
