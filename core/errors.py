@@ -4,6 +4,13 @@ the order and step it is about, so a log line or an HTTP body can name them."""
 from __future__ import annotations
 
 
+def _rebuild(cls: type[OrderError], state: dict[str, object]) -> OrderError:
+    error = cls.__new__(cls)
+    error.__dict__.update(state)
+    error.args = (state.get("message", ""),)
+    return error
+
+
 class OrderError(Exception):
     """Base of every domain error."""
 
@@ -14,6 +21,10 @@ class OrderError(Exception):
         self.message = message
         self.order_id = order_id
         self.step = step
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Picklable whatever the subclass' constructor (errors cross process pools).
+        return (_rebuild, (type(self), dict(self.__dict__)))
 
 
 class InvalidOrder(OrderError):

@@ -226,6 +226,11 @@ class Scheduler:
         """Dispatch Pending steps whose dispatch was lost; resend notices left in the outbox."""
         report = SweepReport()
         now = self._clock()
+        # Notices first: an order's older notices go out before the ones its dispatch adds.
+        try:
+            report.notices = self._notices.deliver(self._store.stale_outbox(now - OUTBOX_GRACE))
+        except StorageUnavailable as exc:
+            report.errors.append(f"outbox: {exc}")
         for entry in self._store.due_pending(now - SWEEP_GRACE):
             try:
                 if self.dispatch(entry.order_id) is Outcome.DISPATCHED:
@@ -233,10 +238,6 @@ class Scheduler:
                     METRICS.inc("sweep_dispatches")
             except (StorageUnavailable, ConcurrencyConflict) as exc:
                 report.errors.append(f"{entry.order_id}: {exc}")
-        try:
-            report.notices = self._notices.deliver(self._store.stale_outbox(now - OUTBOX_GRACE))
-        except StorageUnavailable as exc:
-            report.errors.append(f"outbox: {exc}")
         if report.dispatched or report.notices or report.errors:
             log.info("sweep: %d lost dispatches sent, %d notices resent, %d errors",
                      report.dispatched, report.notices, len(report.errors))

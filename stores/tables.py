@@ -232,8 +232,10 @@ class TableStateStore:
                 return
             yield entity
 
-    def _index(self, prefix: str, until: datetime, limit: int) -> Iterator[IndexEntry]:
-        high = f"{prefix}|{sortable(until)}"
+    def _index(
+        self, prefix: str, until: datetime, limit: int, *, inclusive: bool
+    ) -> Iterator[IndexEntry]:
+        high = f"{prefix}|{sortable(until)}" + ("|" + layout.HIGH if inclusive else "")
         for shard in layout.all_shards():
             try:
                 for e in self._range(shard, prefix + "|", high, ["RowKey", "OrderRef", "StepName"],
@@ -245,13 +247,13 @@ class TableStateStore:
 
     def due_pending(self, now: datetime, limit_per_shard: int = 500) -> Iterator[IndexEntry]:
         """Active Pending steps that may run at ``now`` (lost dispatches, backoffs over)."""
-        return self._index("pending", now, limit_per_shard)
+        return self._index("pending", now, limit_per_shard, inclusive=True)
 
     def expired_processing(
         self, before: datetime, limit_per_shard: int = 500
     ) -> Iterator[IndexEntry]:
         """Processing steps whose CompleteBy is before ``before``."""
-        return self._index("processing", before, limit_per_shard)
+        return self._index("processing", before, limit_per_shard, inclusive=False)
 
     def stale_outbox(self, before: datetime, limit_per_shard: int = 200) -> Iterator[OutboxEntry]:
         high = f"outbox|{sortable(before)}"

@@ -1,0 +1,89 @@
+"""Helpers shared by integration and e2e tests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.queue import QueueClient
+
+from core.names import Names
+from core.settings import Settings
+from runtime.context import AppContext
+
+T = TypeVar("T")
+
+
+class FakeClock:
+    """A settable UTC clock, shared by everything one test builds."""
+
+    def __init__(self, start: datetime | None = None):
+        self.now = start or datetime.now(UTC)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> datetime:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> datetime:
+        with self._lock:
+            self.now += timedelta(seconds=seconds)
+            return self.now
+
+
+def make_context(
+    connection: str, tag: str, *, remote_url: str = "http://127.0.0.1:9", clock: Any = None,
+    max_failures: int = 3, timeout: int = 30,
+) -> AppContext:
+    settings = Settings.from_env({
+        "AzureWebJobsStorage": connection,
+        "AGENT_TRANSPORT": "storage",
+        "REMOTE_SERVICE_URL": remote_url,
+        "STEP_TIMEOUT_SECONDS": str(timeout),
+        "MAX_FAILURE_COUNT": str(max_failures),
+    })
+    ctx = AppContext(settings, Names.unique(tag))
+    if clock is not None:
+        ctx.clock = clock
+    ctx.provision()
+    return ctx
+
+
+def drain(ctx: AppContext, queue: str, max_messages: int = 1000) -> list[str]:
+    """Receive and delete everything visible on a queue; returns the texts."""
+    client: QueueClient = ctx.queues.client(queue)
+    texts: list[str] = []
+    while len(texts) < max_messages:
+        try:
+            batch = list(client.receive_messages(messages_per_page=32, max_messages=32,
+                                                 visibility_timeout=30))
+        except ResourceNotFoundError:
+            return texts  # nobody ever sent to it
+        if not batch:
+            break
+        for message in batch:
+            texts.append(message.content)
+            client.delete_message(message)
+    return texts
+
+
+def drain_json(ctx: AppContext, queue: str) -> list[dict[str, Any]]:
+    return [json.loads(t) for t in drain(ctx, queue)]
+
+
+def wait_for(condition: Callable[[], T], timeout: float, interval: float = 0.1,
+             what: str = "condition") -> T:
+    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
