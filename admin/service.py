@@ -38,8 +38,11 @@ def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
         entry = attempts.setdefault(number, {"attempt": number})
         kind = event["event"]
         if kind == "claimed":
-            entry.update(claimedAt=event["at"], instance=event.get("instance"),
-                         completeBy=event.get("completeBy"))
+            entry.update(
+                claimedAt=event["at"],
+                instance=event.get("instance"),
+                completeBy=event.get("completeBy"),
+            )
         elif kind in ("succeeded", "failed", "expired"):
             entry.update(endedAt=event["at"], outcome=kind)
             if event.get("error"):
@@ -96,8 +99,9 @@ def order_summary(order: Order) -> dict[str, Any]:
     }
     if failed:
         last = max(failed, key=lambda s: s.seq)
-        summary.update(failedStep=last.step, failureCount=last.failure_count,
-                       lastError=last.last_error)
+        summary.update(
+            failedStep=last.step, failureCount=last.failure_count, lastError=last.last_error
+        )
     return summary
 
 
@@ -139,16 +143,19 @@ class OrderAdmin:
 
     def resubmit(self, order_id: str, by: str) -> dict[str, Any]:
         with order_context(order_id=order_id):
-            return self._change(order_id, lambda o: o.resubmit(self._clock(), by), "resubmitted",
-                                by)
+            return self._change(
+                order_id, lambda o: o.resubmit(self._clock(), by), "resubmitted", by
+            )
 
     def cancel(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
         with order_context(order_id=order_id):
-            return self._change(order_id, lambda o: o.cancel(self._clock(), by, reason),
-                                "cancelled", by)
+            return self._change(
+                order_id, lambda o: o.cancel(self._clock(), by, reason), "cancelled", by
+            )
 
-    def _change(self, order_id: str, change: Callable[[Order], object], what: str,
-                by: str) -> dict[str, Any]:
+    def _change(
+        self, order_id: str, change: Callable[[Order], object], what: str, by: str
+    ) -> dict[str, Any]:
         for _ in range(5):
             order = self.get(order_id)
             change(order)  # TransitionRefused propagates: the caller explains it
@@ -163,5 +170,4 @@ class OrderAdmin:
             if active is not None and active.process_state is StepState.PENDING:
                 self._schedule_dispatch(order_id)
             return order_view(order)
-        raise ConcurrencyConflict(f"order {order_id} kept changing; try again",
-                                  order_id=order_id)
+        raise ConcurrencyConflict(f"order {order_id} kept changing; try again", order_id=order_id)

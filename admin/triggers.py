@@ -16,8 +16,9 @@ bp = func.Blueprint()
 
 
 def _json(status: int, body: Any) -> func.HttpResponse:
-    return func.HttpResponse(json.dumps(body, ensure_ascii=False), status_code=status,
-                             mimetype="application/json")
+    return func.HttpResponse(
+        json.dumps(body, ensure_ascii=False), status_code=status, mimetype="application/json"
+    )
 
 
 def _error(status: int, message: str, **extra: Any) -> func.HttpResponse:
@@ -25,8 +26,11 @@ def _error(status: int, message: str, **extra: Any) -> func.HttpResponse:
 
 
 def _caller(req: func.HttpRequest) -> str:
-    return (req.headers.get("x-ms-client-principal-name")
-            or req.headers.get("x-operator") or "operator-api")
+    return (
+        req.headers.get("x-ms-client-principal-name")
+        or req.headers.get("x-operator")
+        or "operator-api"
+    )
 
 
 def _order_id(req: func.HttpRequest) -> str | None:

@@ -32,8 +32,7 @@ class Agent:
         self._clock = clock
 
     def handle(self, request: AgentRequest, reply_to: str | None = None) -> AgentOutcome:
-        with order_context(order_id=request.order_id, step=request.step,
-                           attempt=request.attempt):
+        with order_context(order_id=request.order_id, step=request.step, attempt=request.attempt):
             if self._clock() >= request.complete_by:
                 METRICS.inc("agent_too_late")
                 log.warning("request arrived after its deadline; dropped")

@@ -86,8 +86,9 @@ def classify(response: httpx.Response, path: str) -> RemoteCallFailed | None:
         detail = response.text[:300]
     text = f"{path}: HTTP {status}" + (f" {detail}" if detail else "")
     if status in TRANSIENT_STATUSES or status >= 500:
-        return RemoteCallFailed(text, retryable=True, status=status,
-                                retry_after=_retry_after(response))
+        return RemoteCallFailed(
+            text, retryable=True, status=status, retry_after=_retry_after(response)
+        )
     return RemoteCallFailed(text, retryable=False, status=status)
 
 
@@ -130,8 +131,9 @@ class RemoteServiceClient:
         deadline = request.complete_by.timestamp() - self.policy.reply_margin_seconds
         budget = deadline - self._clock().timestamp()
         if budget <= 0:
-            raise DeadlineExceeded("no time left before the deadline",
-                                   order_id=request.order_id, step=request.step)
+            raise DeadlineExceeded(
+                "no time left before the deadline", order_id=request.order_id, step=request.step
+            )
         retrying = Retrying(
             retry=retry_if_exception(lambda e: isinstance(e, RemoteCallFailed) and e.retryable),
             wait=self._wait,
@@ -148,7 +150,8 @@ class RemoteServiceClient:
             if exc.retryable:
                 raise DeadlineExceeded(
                     f"still failing when time ran out: {exc}",
-                    order_id=request.order_id, step=request.step,
+                    order_id=request.order_id,
+                    step=request.step,
                 ) from exc
             raise
         raise AssertionError("unreachable")  # pragma: no cover
@@ -171,8 +174,9 @@ class RemoteServiceClient:
     def _try(self, request: AgentRequest, deadline: float) -> dict[str, Any]:
         left = deadline - self._clock().timestamp()
         if left <= 0:
-            raise DeadlineExceeded("no time left for another try",
-                                   order_id=request.order_id, step=request.step)
+            raise DeadlineExceeded(
+                "no time left for another try", order_id=request.order_id, step=request.step
+            )
         timeout = min(left, self.policy.max_try_seconds)
         breaker = self.breaker(request.path)
         try:
@@ -183,8 +187,10 @@ class RemoteServiceClient:
             remaining = self.policy.breaker_reset_seconds
             raise RemoteCallFailed(
                 f"{request.path}: circuit open after repeated failures ({exc})",
-                retryable=True, retry_after=min(remaining, max(left / 2, 0.05)),
-                order_id=request.order_id, step=request.step,
+                retryable=True,
+                retry_after=min(remaining, max(left / 2, 0.05)),
+                order_id=request.order_id,
+                step=request.step,
             ) from exc
 
     def _post(self, request: AgentRequest, timeout: float) -> dict[str, Any]:
@@ -197,11 +203,13 @@ class RemoteServiceClient:
                 timeout=httpx.Timeout(timeout, connect=min(timeout, self.policy.connect_seconds)),
             )
         except httpx.TimeoutException as exc:
-            raise RemoteCallFailed(f"{request.path}: no answer within {timeout:.1f} s",
-                                   retryable=True) from exc
+            raise RemoteCallFailed(
+                f"{request.path}: no answer within {timeout:.1f} s", retryable=True
+            ) from exc
         except httpx.TransportError as exc:
-            raise RemoteCallFailed(f"{request.path}: {type(exc).__name__}: {exc}",
-                                   retryable=True) from exc
+            raise RemoteCallFailed(
+                f"{request.path}: {type(exc).__name__}: {exc}", retryable=True
+            ) from exc
         failure = classify(response, request.path)
         if failure is not None:
             raise failure

@@ -32,8 +32,9 @@ def _handle(raw: bytes, reply_to: str | None) -> None:
 
 if os.environ.get(AGENT_TRANSPORT, Transport.SERVICE_BUS).lower() == Transport.STORAGE:
 
-    @bp.queue_trigger(arg_name="msg", queue_name=names.AGENT_REQUESTS,
-                      connection="AzureWebJobsStorage")
+    @bp.queue_trigger(
+        arg_name="msg", queue_name=names.AGENT_REQUESTS, connection="AzureWebJobsStorage"
+    )
     def run_agent(msg: func.QueueMessage) -> None:
         _handle(msg.get_body(), None)
 

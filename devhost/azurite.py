@@ -14,6 +14,7 @@ connection string on the first line of standard output.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -28,7 +29,9 @@ from types import TracebackType
 
 ACCOUNT = "devstoreaccount1"
 # The well-known development key: public, identical in every Azurite install.
-ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+ACCOUNT_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -89,13 +92,26 @@ class Azurite:
             "--silent",
             "--disableTelemetry",
             "--skipApiVersionCheck",
-            "--location", str(where),
-            "--blobHost", "127.0.0.1", "--blobPort", str(ports[0]),
-            "--queueHost", "127.0.0.1", "--queuePort", str(ports[1]),
-            "--tableHost", "127.0.0.1", "--tablePort", str(ports[2]),
+            "--location",
+            str(where),
+            "--blobHost",
+            "127.0.0.1",
+            "--blobPort",
+            str(ports[0]),
+            "--queueHost",
+            "127.0.0.1",
+            "--queuePort",
+            str(ports[1]),
+            "--tableHost",
+            "127.0.0.1",
+            "--tablePort",
+            str(ports[2]),
         ]
         process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
         azurite = cls(process, where, *ports, _log=log)
@@ -115,10 +131,8 @@ class Azurite:
     def stop(self) -> None:
         if self.process.poll() is None:
             # Its own session (start_new_session): signal the group, so node's children go too.
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:

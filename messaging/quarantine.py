@@ -22,9 +22,15 @@ def quarantine(queues: QueueSender, queue: str, raw: bytes, reason: str, clock: 
     text = raw.decode("utf-8", errors="replace")
     body = json.dumps(
         {"reason": reason, "message": text, "queue": queue, "at": iso(clock())},
-        ensure_ascii=False, separators=(",", ":"),
+        ensure_ascii=False,
+        separators=(",", ":"),
     )
     queues.send(f"{queue}-poison", body)
     METRICS.inc("quarantined", queue=queue)
-    log.error("message on %s quarantined to %s-poison: %s", queue, queue, reason,
-              extra={"event": "message_quarantined"})
+    log.error(
+        "message on %s quarantined to %s-poison: %s",
+        queue,
+        queue,
+        reason,
+        extra={"event": "message_quarantined"},
+    )

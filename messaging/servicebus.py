@@ -74,22 +74,24 @@ def client_for(connection: Connection) -> ServiceBusClient:
 
     from runtime.clients import credential
 
-    options: dict[str, Any] = {"retry_total": 3, "retry_backoff_factor": 0.5,
-                               "retry_backoff_max": 8}
+    options: dict[str, Any] = {
+        "retry_total": 3,
+        "retry_backoff_factor": 0.5,
+        "retry_backoff_max": 8,
+    }
     if connection.connection_string:
         return ServiceBusClient.from_connection_string(connection.connection_string, **options)
     if connection.fully_qualified_namespace:
-        return ServiceBusClient(connection.fully_qualified_namespace, credential(connection),
-                                **options)
+        return ServiceBusClient(
+            connection.fully_qualified_namespace, credential(connection), **options
+        )
     raise SettingsError(
-        f"{connection.name}: give a connection string or "
-        f"{connection.name}__fullyQualifiedNamespace"
+        f"{connection.name}: give a connection string or {connection.name}__fullyQualifiedNamespace"
     )
 
 
 class ServiceBusTransport:
-    def __init__(self, client_factory: Callable[[], ServiceBusClient], names: Names,
-                 clock: Clock):
+    def __init__(self, client_factory: Callable[[], ServiceBusClient], names: Names, clock: Clock):
         self._client_factory = client_factory
         self._client: ServiceBusClient | None = None
         self._senders: dict[str, tuple[ServiceBusSender, threading.Lock]] = {}
@@ -120,8 +122,9 @@ class ServiceBusTransport:
         if request.complete_by <= now:
             log.warning("deadline passed before the request was sent; not sending")
             return False
-        self._send(self._names.agent_requests,
-                   request_message(request, self._names.agent_replies, now))
+        self._send(
+            self._names.agent_requests, request_message(request, self._names.agent_replies, now)
+        )
         return True
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:

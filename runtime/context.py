@@ -81,15 +81,22 @@ class AppContext:
     @cached_property
     def scheduler(self) -> Scheduler:
         return Scheduler(
-            self.store, self.queues, self.transport, self.names,
-            SchedulerConfig(self.instance_id, self.settings.step_timeout_seconds), self.clock,
+            self.store,
+            self.queues,
+            self.transport,
+            self.names,
+            SchedulerConfig(self.instance_id, self.settings.step_timeout_seconds),
+            self.clock,
         )
 
     @cached_property
     def supervisor(self) -> Supervisor:
         return Supervisor(
-            self.store, NoticeSender(self.store, self.queues, self.names), self.scheduler,
-            self.retry_policy, self.clock,
+            self.store,
+            NoticeSender(self.store, self.queues, self.names),
+            self.scheduler,
+            self.retry_policy,
+            self.clock,
         )
 
     @cached_property
@@ -103,8 +110,10 @@ class AppContext:
     @cached_property
     def admin(self) -> OrderAdmin:
         return OrderAdmin(
-            self.store, NoticeSender(self.store, self.queues, self.names),
-            self.scheduler.schedule_dispatch, self.clock,
+            self.store,
+            NoticeSender(self.store, self.queues, self.names),
+            self.scheduler.schedule_dispatch,
+            self.clock,
         )
 
     def provision(self) -> None:

@@ -35,8 +35,9 @@ class NoticeSender:
             try:
                 self._send(entry)
             except StorageUnavailable as exc:
-                log.warning("notice for order %s not sent yet (the sweep retries): %s",
-                            entry.order_id, exc)
+                log.warning(
+                    "notice for order %s not sent yet (the sweep retries): %s", entry.order_id, exc
+                )
                 continue
             sent.append(entry)
         if sent:
@@ -50,10 +51,15 @@ class NoticeSender:
                 # The alert rule in infra/ matches this text; keep it stable.
                 log.error(
                     "OPERATOR ALERT order=%s step=%s failureCount=%s: %s",
-                    alert.get("orderId"), alert.get("step"), alert.get("failureCount"),
+                    alert.get("orderId"),
+                    alert.get("step"),
+                    alert.get("failureCount"),
                     alert.get("reason"),
-                    extra={"event": "operator_alert", "failureCount": alert.get("failureCount"),
-                           "reason": alert.get("reason")},
+                    extra={
+                        "event": "operator_alert",
+                        "failureCount": alert.get("failureCount"),
+                        "reason": alert.get("reason"),
+                    },
                 )
             self._queues.send(self._names.operator_alerts, entry.body)
             METRICS.inc("alerts")

@@ -118,8 +118,9 @@ class Scheduler:
             )
             return Outcome.REJECTED
         METRICS.inc("duplicate_orders")
-        log.info("duplicate delivery of order %s: nothing to do (status %s)", order_id,
-                 existing.status)
+        log.info(
+            "duplicate delivery of order %s: nothing to do (status %s)", order_id, existing.status
+        )
         # The first delivery may have died between its write and its dispatch.
         self._dispatch(existing)
         return Outcome.DUPLICATE
@@ -172,21 +173,27 @@ class Scheduler:
             log.info("claimed; deadline %s", iso(claimed.complete_by))
             self._notices.deliver(saved)
             request = AgentRequest(
-                order.order_id, claimed.step, claimed.attempt, claimed.complete_by,
-                claimed.path, order.body,
+                order.order_id,
+                claimed.step,
+                claimed.attempt,
+                claimed.complete_by,
+                claimed.path,
+                order.body,
             )
             try:
                 self._transport.send_request(request)
             except StorageUnavailable as exc:
                 # The claim stands; the supervisor retries the step at its deadline.
                 METRICS.inc("request_send_failures")
-                log.error("agent request not sent (the supervisor will retry at the "
-                          "deadline): %s", exc)
+                log.error(
+                    "agent request not sent (the supervisor will retry at the deadline): %s", exc
+                )
         return Outcome.DISPATCHED
 
     def schedule_dispatch(self, order_id: str, delay_seconds: float = 0) -> None:
-        self._queues.send(self._names.order_dispatch, f'{{"orderId":"{order_id}"}}',
-                          delay_seconds=delay_seconds)
+        self._queues.send(
+            self._names.order_dispatch, f'{{"orderId":"{order_id}"}}', delay_seconds=delay_seconds
+        )
 
     # --- replies -------------------------------------------------------------------
 
@@ -217,7 +224,8 @@ class Scheduler:
                 return Outcome.APPLIED
             raise ConcurrencyConflict(
                 f"order {reply.order_id} kept changing; the reply will be retried",
-                order_id=reply.order_id, step=reply.step,
+                order_id=reply.order_id,
+                step=reply.step,
             )
 
     # --- safety sweep ------------------------------------------------------------------
@@ -239,6 +247,10 @@ class Scheduler:
             except (StorageUnavailable, ConcurrencyConflict) as exc:
                 report.errors.append(f"{entry.order_id}: {exc}")
         if report.dispatched or report.notices or report.errors:
-            log.info("sweep: %d lost dispatches sent, %d notices resent, %d errors",
-                     report.dispatched, report.notices, len(report.errors))
+            log.info(
+                "sweep: %d lost dispatches sent, %d notices resent, %d errors",
+                report.dispatched,
+                report.notices,
+                len(report.errors),
+            )
         return report

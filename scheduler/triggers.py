@@ -32,8 +32,13 @@ def dispatch_order(msg: func.QueueMessage) -> None:
         if not isinstance(order_id, str) or not is_valid_order_id(order_id):
             raise ValueError(order_id)
     except (ValueError, KeyError, TypeError):
-        quarantine(ctx.queues, ctx.names.order_dispatch, raw,
-                   'a dispatch message must be {"orderId": "<id>"}', ctx.clock)
+        quarantine(
+            ctx.queues,
+            ctx.names.order_dispatch,
+            raw,
+            'a dispatch message must be {"orderId": "<id>"}',
+            ctx.clock,
+        )
         return
     ctx.scheduler.dispatch(order_id)
 
@@ -63,8 +68,9 @@ else:
         _apply_reply(msg.get_body(), names.AGENT_REPLIES)
 
 
-@bp.timer_trigger(arg_name="timer", schedule="%SUPERVISOR_SCHEDULE%", run_on_startup=False,
-                  use_monitor=True)
+@bp.timer_trigger(
+    arg_name="timer", schedule="%SUPERVISOR_SCHEDULE%", run_on_startup=False, use_monitor=True
+)
 def scheduler_sweep(timer: func.TimerRequest) -> None:
     """Safety net: dispatches whose message was lost, notices left in the outbox."""
     app_context().scheduler.sweep()

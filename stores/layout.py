@@ -78,10 +78,12 @@ def index_rows(order: Order) -> dict[str, dict[str, str]]:
     step = order.active_step()
     if step is not None and step.process_state is StepState.PENDING:
         rows[pending_row(step.complete_by, order.order_id, step.step)] = {
-            "OrderRef": order.order_id, "StepName": step.step,
+            "OrderRef": order.order_id,
+            "StepName": step.step,
         }
     elif step is not None and step.process_state is StepState.PROCESSING:
         rows[processing_row(step.complete_by, order.order_id, step.step)] = {
-            "OrderRef": order.order_id, "StepName": step.step,
+            "OrderRef": order.order_id,
+            "StepName": step.step,
         }
     return rows

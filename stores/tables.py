@@ -208,17 +208,25 @@ class TableStateStore:
             entities = list(
                 self._table.query_entities(
                     "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-                    parameters={"pk": layout.shard_of(order_id), "lo": prefix,
-                                "hi": prefix + layout.HIGH},
+                    parameters={
+                        "pk": layout.shard_of(order_id),
+                        "lo": prefix,
+                        "hi": prefix + layout.HIGH,
+                    },
                 )
             )
         except AzureError as exc:
-            raise StorageUnavailable(f"could not read order {order_id}: {exc}",
-                                     order_id=order_id) from exc
+            raise StorageUnavailable(
+                f"could not read order {order_id}: {exc}", order_id=order_id
+            ) from exc
         return self._parse(entities)
 
     def _range(
-        self, shard: str, low: str, high: str, select: list[str] | None = None,
+        self,
+        shard: str,
+        low: str,
+        high: str,
+        select: list[str] | None = None,
         limit: int | None = None,
     ) -> Iterator[dict[str, Any]]:
         pages = self._table.query_entities(
@@ -238,8 +246,9 @@ class TableStateStore:
         high = f"{prefix}|{sortable(until)}" + ("|" + layout.HIGH if inclusive else "")
         for shard in layout.all_shards():
             try:
-                for e in self._range(shard, prefix + "|", high, ["RowKey", "OrderRef", "StepName"],
-                                     limit):
+                for e in self._range(
+                    shard, prefix + "|", high, ["RowKey", "OrderRef", "StepName"], limit
+                ):
                     _, when, _, _ = e["RowKey"].split("|", 3)
                     yield IndexEntry(e["OrderRef"], e["StepName"], _parse_sortable(when))
             except AzureError as exc:
@@ -325,43 +334,65 @@ class TableStateStore:
         for row in before.keys() - after.keys():
             ops.append(("delete", {"PartitionKey": partition, "RowKey": row}))
         for row in after.keys() - before.keys():
-            ops.append(("upsert", {"PartitionKey": partition, "RowKey": row, **after[row]},
-                        {"mode": UpdateMode.REPLACE}))
+            ops.append(
+                (
+                    "upsert",
+                    {"PartitionKey": partition, "RowKey": row, **after[row]},
+                    {"mode": UpdateMode.REPLACE},
+                )
+            )
         outbox = [
             OutboxEntry(
                 partition,
                 layout.outbox_row(order.updated_at, order.order_id, f"{order.version}-{n}"),
-                notice.kind, notice.queue, notice.body, order.order_id,
+                notice.kind,
+                notice.queue,
+                notice.body,
+                order.order_id,
             )
             for n, notice in enumerate(order.outbox)
         ]
         for entry in outbox:
-            ops.append(("create", {
-                "PartitionKey": partition, "RowKey": entry.row, "OrderRef": order.order_id,
-                "NoticeKind": entry.kind, "Queue": entry.queue or "", "Body": entry.body,
-            }))
+            ops.append(
+                (
+                    "create",
+                    {
+                        "PartitionKey": partition,
+                        "RowKey": entry.row,
+                        "OrderRef": order.order_id,
+                        "NoticeKind": entry.kind,
+                        "Queue": entry.queue or "",
+                        "Body": entry.body,
+                    },
+                )
+            )
         try:
             results = self._table.submit_transaction(ops)
         except TableTransactionError as exc:
             order.version -= 1
             if exc.status_code in (409, 412, 404):
                 if not creating and self._wrote(order.order_id, write_id):
-                    log.warning("order %s: an ambiguous write had applied (write %s)",
-                                order.order_id, write_id)
+                    log.warning(
+                        "order %s: an ambiguous write had applied (write %s)",
+                        order.order_id,
+                        write_id,
+                    )
                     return self._reload_after(order, write_id, outbox, partition)
                 raise ConcurrencyConflict(
                     f"order {order.order_id} changed while it was being updated "
                     f"({exc.status_code} {getattr(exc, 'error_code', '')})",
                     order_id=order.order_id,
                 ) from exc
-            raise StorageUnavailable(f"transaction for order {order.order_id} failed: {exc}",
-                                     order_id=order.order_id) from exc
+            raise StorageUnavailable(
+                f"transaction for order {order.order_id} failed: {exc}", order_id=order.order_id
+            ) from exc
         except AzureError as exc:
             order.version -= 1
             if not creating and self._wrote(order.order_id, write_id):
                 return self._reload_after(order, write_id, outbox, partition)
-            raise StorageUnavailable(f"transaction for order {order.order_id} failed: {exc}",
-                                     order_id=order.order_id) from exc
+            raise StorageUnavailable(
+                f"transaction for order {order.order_id} failed: {exc}", order_id=order.order_id
+            ) from exc
         order.etag = results[0]["etag"]
         for step, result in zip(changed, results[1 : 1 + len(changed)], strict=True):
             step.etag = result["etag"]
@@ -409,10 +440,15 @@ class TableStateStore:
             return ("create", entity)
         if creating:  # pragma: no cover - a new order has no ETags
             raise AssertionError("creating an order that was loaded")
-        return ("update", entity, {
-            "mode": UpdateMode.REPLACE, "etag": etag,
-            "match_condition": MatchConditions.IfNotModified,
-        })
+        return (
+            "update",
+            entity,
+            {
+                "mode": UpdateMode.REPLACE,
+                "etag": etag,
+                "match_condition": MatchConditions.IfNotModified,
+            },
+        )
 
     def delete_outbox(self, saved: SavedNotices | list[OutboxEntry]) -> None:
         entries = saved.entries if isinstance(saved, SavedNotices) else tuple(saved)
@@ -426,11 +462,18 @@ class TableStateStore:
 
 
 def _outbox_entry(e: dict[str, Any]) -> OutboxEntry:
-    return OutboxEntry(e["PartitionKey"], e["RowKey"], e["NoticeKind"], e.get("Queue") or None,
-                       e["Body"], e["OrderRef"])
+    return OutboxEntry(
+        e["PartitionKey"],
+        e["RowKey"],
+        e["NoticeKind"],
+        e.get("Queue") or None,
+        e["Body"],
+        e["OrderRef"],
+    )
 
 
 def _parse_sortable(text: str) -> datetime:
     return datetime.strptime(text, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
+
 
 __all__ = ["IndexEntry", "Notice", "OutboxEntry", "SavedNotices", "TableStateStore"]

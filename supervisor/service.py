@@ -68,8 +68,13 @@ class Supervisor:
                 report.errors.append(f"{entry.order_id}: {exc}")
                 log.warning("supervisor could not recover order %s: %s", entry.order_id, exc)
         if report.examined:
-            log.info("supervisor: %d expired, %d retried, %d failed for good, %d conflicts",
-                     report.examined, report.retried, report.failed, report.conflicts)
+            log.info(
+                "supervisor: %d expired, %d retried, %d failed for good, %d conflicts",
+                report.examined,
+                report.retried,
+                report.failed,
+                report.conflicts,
+            )
         return report
 
     def recover(self, order_id: str, report: SupervisionReport) -> None:
@@ -94,9 +99,12 @@ class Supervisor:
                     report.retried += 1
                     METRICS.inc("retries")
                     delay = max((step.complete_by - now).total_seconds(), 0)
-                    log.warning("deadline passed (failure %d of %d); retry at %s",
-                                step.failure_count, self._policy.max_failure_count,
-                                iso(step.complete_by))
+                    log.warning(
+                        "deadline passed (failure %d of %d); retry at %s",
+                        step.failure_count,
+                        self._policy.max_failure_count,
+                        iso(step.complete_by),
+                    )
                     self._scheduler.schedule_dispatch(order_id, delay)
                 else:
                     report.failed += 1

@@ -37,16 +37,23 @@ class FakeClock:
 
 
 def make_context(
-    connection: str, tag: str, *, remote_url: str = "http://127.0.0.1:9", clock: Any = None,
-    max_failures: int = 3, timeout: int = 30,
+    connection: str,
+    tag: str,
+    *,
+    remote_url: str = "http://127.0.0.1:9",
+    clock: Any = None,
+    max_failures: int = 3,
+    timeout: int = 30,
 ) -> AppContext:
-    settings = Settings.from_env({
-        "AzureWebJobsStorage": connection,
-        "AGENT_TRANSPORT": "storage",
-        "REMOTE_SERVICE_URL": remote_url,
-        "STEP_TIMEOUT_SECONDS": str(timeout),
-        "MAX_FAILURE_COUNT": str(max_failures),
-    })
+    settings = Settings.from_env(
+        {
+            "AzureWebJobsStorage": connection,
+            "AGENT_TRANSPORT": "storage",
+            "REMOTE_SERVICE_URL": remote_url,
+            "STEP_TIMEOUT_SECONDS": str(timeout),
+            "MAX_FAILURE_COUNT": str(max_failures),
+        }
+    )
     ctx = AppContext(settings, Names.unique(tag))
     if clock is not None:
         ctx.clock = clock
@@ -60,8 +67,11 @@ def drain(ctx: AppContext, queue: str, max_messages: int = 1000) -> list[str]:
     texts: list[str] = []
     while len(texts) < max_messages:
         try:
-            batch = list(client.receive_messages(messages_per_page=32, max_messages=32,
-                                                 visibility_timeout=30))
+            batch = list(
+                client.receive_messages(
+                    messages_per_page=32, max_messages=32, visibility_timeout=30
+                )
+            )
         except ResourceNotFoundError:
             return texts  # nobody ever sent to it
         if not batch:
@@ -76,8 +86,9 @@ def drain_json(ctx: AppContext, queue: str) -> list[dict[str, Any]]:
     return [json.loads(t) for t in drain(ctx, queue)]
 
 
-def wait_for(condition: Callable[[], T], timeout: float, interval: float = 0.1,
-             what: str = "condition") -> T:
+def wait_for(
+    condition: Callable[[], T], timeout: float, interval: float = 0.1, what: str = "condition"
+) -> T:
     """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:

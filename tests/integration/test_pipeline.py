@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -35,15 +34,20 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def ctx(storage_connection: str, tag: str, simulator: SimulatorServer,
-        clock: FakeClock) -> AppContext:
-    return make_context(storage_connection, tag, remote_url=simulator.url, clock=clock,
-                        max_failures=3, timeout=30)
+def ctx(
+    storage_connection: str, tag: str, simulator: SimulatorServer, clock: FakeClock
+) -> AppContext:
+    return make_context(
+        storage_connection, tag, remote_url=simulator.url, clock=clock, max_failures=3, timeout=30
+    )
 
 
 def submit(ctx: AppContext, body: dict[str, Any] | str | bytes) -> Outcome:
-    raw = body if isinstance(body, bytes) else (
-        body.encode() if isinstance(body, str) else json.dumps(body).encode())
+    raw = (
+        body
+        if isinstance(body, bytes)
+        else (body.encode() if isinstance(body, str) else json.dumps(body).encode())
+    )
     return ctx.scheduler.submit(raw)
 
 
@@ -96,8 +100,9 @@ def test_submit_stores_claims_and_sends_the_agent_request(ctx: AppContext, tag: 
     assert [m["status"] for m in drain_json(ctx, reply_to)] == ["received", "processing"]
 
 
-def test_an_order_runs_to_completed_with_one_effect(ctx: AppContext, tag: str,
-                                                    simulator: SimulatorServer) -> None:
+def test_an_order_runs_to_completed_with_one_effect(
+    ctx: AppContext, tag: str, simulator: SimulatorServer
+) -> None:
     order_id = f"{tag}-ok"
     submit(ctx, {"orderId": order_id, "replyTo": f"st-{tag}"})
     handled = pump(ctx)
@@ -105,16 +110,20 @@ def test_an_order_runs_to_completed_with_one_effect(ctx: AppContext, tag: str,
     assert status_of(ctx, order_id) is OrderStatus.COMPLETED
     assert effects_by_order(simulator.effects())[order_id] == ["process"]
     assert [m["status"] for m in drain_json(ctx, f"st-{tag}")] == [
-        "received", "processing", "completed"]
+        "received",
+        "processing",
+        "completed",
+    ]
 
 
-def test_duplicate_delivery_is_a_no_op_and_other_content_is_rejected(ctx: AppContext,
-                                                                     tag: str) -> None:
+def test_duplicate_delivery_is_a_no_op_and_other_content_is_rejected(
+    ctx: AppContext, tag: str
+) -> None:
     order_id = f"{tag}-dup"
     body = {"orderId": order_id, "sku": "A", "qty": 1}
     assert submit(ctx, body) is Outcome.ACCEPTED
     # Same content, other key order and spacing: the same order.
-    assert submit(ctx, '{ "qty": 1, "sku": "A", "orderId": "%s" }' % order_id) is Outcome.DUPLICATE
+    assert submit(ctx, f'{{ "qty": 1, "sku": "A", "orderId": "{order_id}" }}') is Outcome.DUPLICATE
     assert submit(ctx, {**body, "qty": 2}) is Outcome.REJECTED
     [rejected] = drain_json(ctx, ctx.names.orders_rejected)
     assert "already exists" in rejected["reason"] and "different content" in rejected["reason"]
@@ -139,9 +148,9 @@ def test_duplicate_delivery_is_a_no_op_and_other_content_is_rejected(ctx: AppCon
         (b"eyJvcmRlcklkIjogIm8xIn0=", "base64"),
     ],
 )
-def test_bad_messages_are_rejected_with_a_reason_and_kept(ctx: AppContext, raw: bytes,
-                                                          reason_part: str,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_bad_messages_are_rejected_with_a_reason_and_kept(
+    ctx: AppContext, raw: bytes, reason_part: str, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.ERROR):
         assert submit(ctx, raw) is Outcome.REJECTED
     [rejected] = drain_json(ctx, ctx.names.orders_rejected)
@@ -151,16 +160,16 @@ def test_bad_messages_are_rejected_with_a_reason_and_kept(ctx: AppContext, raw: 
         assert rejected["messageBase64"] == "//4A"
     else:
         assert rejected["message"] == raw.decode()
-    assert any(r.levelno == logging.ERROR and reason_part in r.getMessage()
-               for r in caplog.records)
+    assert any(r.levelno == logging.ERROR and reason_part in r.getMessage() for r in caplog.records)
     assert not drain(ctx, ctx.names.agent_requests)
 
 
 # --- failures, supervision, fencing --------------------------------------------------------
 
 
-def test_permanent_failure_is_error_with_an_operator_alert(ctx: AppContext, tag: str,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_permanent_failure_is_error_with_an_operator_alert(
+    ctx: AppContext, tag: str, caplog: pytest.LogCaptureFixture
+) -> None:
     order_id = f"{tag}-perm"
     submit(ctx, {"orderId": order_id, "simulate": {"process": "permanent"}})
     with caplog.at_level(logging.ERROR):
@@ -171,12 +180,15 @@ def test_permanent_failure_is_error_with_an_operator_alert(ctx: AppContext, tag:
     [alert] = drain_json(ctx, ctx.names.operator_alerts)
     assert alert["orderId"] == order_id and alert["step"] == "process"
     assert alert["failureCount"] == 1 and "422" in alert["reason"]
-    assert any(r.getMessage().startswith(f"OPERATOR ALERT order={order_id} step=process")
-               for r in caplog.records)
+    assert any(
+        r.getMessage().startswith(f"OPERATOR ALERT order={order_id} step=process")
+        for r in caplog.records
+    )
 
 
-def test_supervisor_retries_expired_steps_then_gives_up(ctx: AppContext, tag: str,
-                                                        clock: FakeClock) -> None:
+def test_supervisor_retries_expired_steps_then_gives_up(
+    ctx: AppContext, tag: str, clock: FakeClock
+) -> None:
     order_id = f"{tag}-sup"
     submit(ctx, {"orderId": order_id})
     drain(ctx, ctx.names.agent_requests)  # the agent "dies": no reply, ever
@@ -188,7 +200,10 @@ def test_supervisor_retries_expired_steps_then_gives_up(ctx: AppContext, tag: st
         assert order is not None
         step = order.steps[0]
         assert (step.process_state, step.failure_count, step.locked_by) == (
-            StepState.PENDING, failure, "")
+            StepState.PENDING,
+            failure,
+            "",
+        )
         clock.now = max(clock.now, step.complete_by)  # let any backoff pass
         [dispatch] = drain_json(ctx, ctx.names.order_dispatch)  # the supervisor re-dispatched
         assert ctx.scheduler.dispatch(dispatch["orderId"]) is Outcome.DISPATCHED
@@ -202,8 +217,9 @@ def test_supervisor_retries_expired_steps_then_gives_up(ctx: AppContext, tag: st
     assert ctx.supervisor.run().examined == 0  # nothing left in the processing index
 
 
-def test_two_supervisors_on_one_expired_step_count_one_failure(ctx: AppContext, tag: str,
-                                                               clock: FakeClock) -> None:
+def test_two_supervisors_on_one_expired_step_count_one_failure(
+    ctx: AppContext, tag: str, clock: FakeClock
+) -> None:
     order_id = f"{tag}-two"
     submit(ctx, {"orderId": order_id})
     drain(ctx, ctx.names.agent_requests)
@@ -220,8 +236,9 @@ def test_two_supervisors_on_one_expired_step_count_one_failure(ctx: AppContext, 
     assert order is not None and order.steps[0].failure_count == 1
 
 
-def test_late_reply_after_the_supervisor_reset_is_dropped(ctx: AppContext, tag: str,
-                                                          clock: FakeClock) -> None:
+def test_late_reply_after_the_supervisor_reset_is_dropped(
+    ctx: AppContext, tag: str, clock: FakeClock
+) -> None:
     order_id = f"{tag}-late"
     submit(ctx, {"orderId": order_id})
     [request_text] = drain(ctx, ctx.names.agent_requests)
@@ -249,8 +266,9 @@ def test_duplicate_reply_applies_once(ctx: AppContext, tag: str) -> None:
 # --- safety nets --------------------------------------------------------------------------
 
 
-def test_sweep_dispatches_a_step_whose_dispatch_was_lost(ctx: AppContext, tag: str,
-                                                         clock: FakeClock) -> None:
+def test_sweep_dispatches_a_step_whose_dispatch_was_lost(
+    ctx: AppContext, tag: str, clock: FakeClock
+) -> None:
     from core.messages import decode_order
     from core.model import Order
     from core.workflows import WORKFLOWS, Plan
@@ -265,8 +283,9 @@ def test_sweep_dispatches_a_step_whose_dispatch_was_lost(ctx: AppContext, tag: s
     assert status_of(ctx, order_id) is OrderStatus.COMPLETED
 
 
-def test_sweep_resends_notices_left_in_the_outbox(ctx: AppContext, tag: str,
-                                                  clock: FakeClock) -> None:
+def test_sweep_resends_notices_left_in_the_outbox(
+    ctx: AppContext, tag: str, clock: FakeClock
+) -> None:
     from core.messages import decode_order
     from core.model import Order
     from core.workflows import WORKFLOWS, Plan
@@ -287,27 +306,39 @@ def test_sweep_resends_notices_left_in_the_outbox(ctx: AppContext, tag: str,
 # --- fulfilment and the operator ----------------------------------------------------------
 
 
-def test_failed_ship_compensates_in_reverse_order(ctx: AppContext, tag: str,
-                                                  simulator: SimulatorServer) -> None:
+def test_failed_ship_compensates_in_reverse_order(
+    ctx: AppContext, tag: str, simulator: SimulatorServer
+) -> None:
     order_id = f"{tag}-ship"
-    submit(ctx, {"orderId": order_id, "workflow": "fulfilment", "replyTo": f"st-{tag}",
-                 "simulate": {"ship": "permanent"}})
+    submit(
+        ctx,
+        {
+            "orderId": order_id,
+            "workflow": "fulfilment",
+            "replyTo": f"st-{tag}",
+            "simulate": {"ship": "permanent"},
+        },
+    )
     pump(ctx)
     assert status_of(ctx, order_id) is OrderStatus.COMPENSATED
     assert effects_by_order(simulator.effects())[order_id] == [
-        "reserve-stock", "charge-payment", "refund-payment", "release-stock"]
+        "reserve-stock",
+        "charge-payment",
+        "refund-payment",
+        "release-stock",
+    ]
     statuses = [m["status"] for m in drain_json(ctx, f"st-{tag}")]
     assert statuses == ["received", "processing", "compensating", "compensated"]
     [alert] = drain_json(ctx, ctx.names.operator_alerts)
     assert alert["step"] == "ship"
 
 
-def test_operator_resubmits_an_error_order(ctx: AppContext, tag: str,
-                                           simulator: SimulatorServer) -> None:
+def test_operator_resubmits_an_error_order(
+    ctx: AppContext, tag: str, simulator: SimulatorServer
+) -> None:
     order_id = f"{tag}-resub"
     # Permanent on the first call only: a 422 once, then the service is fixed.
-    submit(ctx, {"orderId": order_id,
-                 "simulate": {"process": {"fail": "transient", "times": 0}}})
+    submit(ctx, {"orderId": order_id, "simulate": {"process": {"fail": "transient", "times": 0}}})
     pump(ctx)
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.COMPLETED
@@ -325,5 +356,6 @@ def test_operator_resubmits_an_error_order(ctx: AppContext, tag: str,
     shown = ctx.admin.show(failing)
     assert shown["status"] == "error"
     assert [a["outcome"] for a in shown["steps"][0]["attempts"]] == ["failed", "failed"]
-    assert any(h["event"] == "resubmitted" and h["by"] == "alice"
-               for h in shown["steps"][0]["history"])
+    assert any(
+        h["event"] == "resubmitted" and h["by"] == "alice" for h in shown["steps"][0]["history"]
+    )

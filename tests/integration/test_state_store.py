@@ -35,8 +35,11 @@ def store(storage_connection: str, tag: str) -> TableStateStore:
 
 def rows(store: TableStateStore, order_id: str) -> list[str]:
     pk = layout.shard_of(order_id)
-    return sorted(e["RowKey"] for e in store.table.query_entities(
-        "PartitionKey eq @pk", parameters={"pk": pk}) if order_id in e["RowKey"])
+    return sorted(
+        e["RowKey"]
+        for e in store.table.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
+        if order_id in e["RowKey"]
+    )
 
 
 def test_create_writes_order_step_and_index_rows_in_one_partition(store: TableStateStore) -> None:
@@ -44,13 +47,15 @@ def test_create_writes_order_step_and_index_rows_in_one_partition(store: TableSt
     saved = store.create(order)
     assert len(saved.entries) == 1  # the "received" notice, committed with the order
     keys = rows(store, "o-create")
-    assert keys == sorted([
-        "order|o-create|order",
-        "order|o-create|step|000|process",
-        f"pending|{T0.strftime('%Y%m%dT%H%M%S.%fZ')}|o-create|process",
-        "status|pending|o-create",
-        saved.entries[0].row,
-    ])
+    assert keys == sorted(
+        [
+            "order|o-create|order",
+            "order|o-create|step|000|process",
+            f"pending|{T0.strftime('%Y%m%dT%H%M%S.%fZ')}|o-create|process",
+            "status|pending|o-create",
+            saved.entries[0].row,
+        ]
+    )
     step = store.table.get_entity(layout.shard_of("o-create"), "order|o-create|step|000|process")
     assert step["OrderID"] == "o-create" and step["Step"] == "process"
     assert step["LockedBy"] == "" and step["ProcessState"] == "Pending"
@@ -60,8 +65,9 @@ def test_create_writes_order_step_and_index_rows_in_one_partition(store: TableSt
 
 def test_create_is_atomic_when_any_row_already_exists(store: TableStateStore) -> None:
     # A stray row with the step's key makes the batch fail: nothing else may appear.
-    store.table.create_entity({"PartitionKey": layout.shard_of("o-atomic"),
-                               "RowKey": "order|o-atomic|step|000|process"})
+    store.table.create_entity(
+        {"PartitionKey": layout.shard_of("o-atomic"), "RowKey": "order|o-atomic|step|000|process"}
+    )
     with pytest.raises(OrderAlreadyExists):
         store.create(accept("o-atomic"))
     assert rows(store, "o-atomic") == ["order|o-atomic|step|000|process"]
@@ -81,7 +87,8 @@ def test_load_round_trips_the_aggregate(store: TableStateStore) -> None:
     assert loaded.body == order.body and loaded.plan == order.plan
     assert loaded.status is OrderStatus.PENDING
     assert [(s.step, s.process_state, s.complete_by) for s in loaded.steps] == [
-        ("reserve-stock", StepState.PENDING, T0)]
+        ("reserve-stock", StepState.PENDING, T0)
+    ]
     assert store.load("o-missing") is None
 
 
@@ -98,8 +105,9 @@ def test_stale_etag_is_a_concurrency_conflict_and_changes_nothing(store: TableSt
     assert now is not None and now.steps[0].locked_by == "a" and now.steps[0].attempt == 1
 
 
-def _claim_in_process(connection: str, table: str, order_id: str, n: int,
-                      barrier: object, results: object) -> None:
+def _claim_in_process(
+    connection: str, table: str, order_id: str, n: int, barrier: object, results: object
+) -> None:
     store = TableStateStore(TableClient.from_connection_string(connection, table))
     order = store.load(order_id)
     assert order is not None
@@ -113,8 +121,9 @@ def _claim_in_process(connection: str, table: str, order_id: str, n: int,
 
 
 @pytest.mark.parametrize("trial", range(5))
-def test_concurrent_claimers_in_threads_exactly_one_wins(store: TableStateStore,
-                                                          trial: int) -> None:
+def test_concurrent_claimers_in_threads_exactly_one_wins(
+    store: TableStateStore, trial: int
+) -> None:
     order_id = f"o-race-{trial}"
     store.create(accept(order_id))
     loaded = [store.load(order_id) for _ in range(8)]
@@ -143,17 +152,22 @@ def test_concurrent_claimers_in_threads_exactly_one_wins(store: TableStateStore,
     assert final.steps[0].attempt == 1
 
 
-def test_concurrent_claimers_in_processes_exactly_one_wins(storage_connection: str,
-                                                           tag: str) -> None:
+def test_concurrent_claimers_in_processes_exactly_one_wins(
+    storage_connection: str, tag: str
+) -> None:
     ctx = make_context(storage_connection, tag)
     mp = multiprocessing.get_context("spawn")
     for trial in range(2):
         order_id = f"o-proc-{trial}"
         ctx.store.create(accept(order_id))
         barrier, results = mp.Barrier(4), mp.Queue()
-        procs = [mp.Process(target=_claim_in_process, args=(
-            storage_connection, ctx.names.state_table, order_id, n, barrier, results))
-            for n in range(4)]
+        procs = [
+            mp.Process(
+                target=_claim_in_process,
+                args=(storage_connection, ctx.names.state_table, order_id, n, barrier, results),
+            )
+            for n in range(4)
+        ]
         for p in procs:
             p.start()
         try:
@@ -177,12 +191,16 @@ def test_index_rows_follow_the_state_and_leave_when_finished(store: TableStateSt
     step = order.claim("a", T0)
     store.save(order)
     assert not [e for e in store.due_pending(T0 + timedelta(hours=1)) if e.order_id == "o-idx"]
-    expired = [e for e in store.expired_processing(step.complete_by + timedelta(seconds=1))
-               if e.order_id == "o-idx"]
+    expired = [
+        e
+        for e in store.expired_processing(step.complete_by + timedelta(seconds=1))
+        if e.order_id == "o-idx"
+    ]
     assert [(e.step, e.at) for e in expired] == [("process", step.complete_by)]
     assert not [e for e in store.expired_processing(step.complete_by) if e.order_id == "o-idx"]
-    order.apply_reply(AgentReply("o-idx", "process", 1, T0, "succeeded", {"ok": 1}),
-                      T0 + timedelta(seconds=1))
+    order.apply_reply(
+        AgentReply("o-idx", "process", 1, T0, "succeeded", {"ok": 1}), T0 + timedelta(seconds=1)
+    )
     store.save(order)
     keys = rows(store, "o-idx")
     assert not any(k.startswith(("pending|", "processing|")) for k in keys)
@@ -203,8 +221,10 @@ def test_supervisor_and_late_reply_racing_on_one_step_exactly_one_wins(
         # the supervisor's clock says the deadline passed.
         by_reply, by_supervisor = store.load(order_id), store.load(order_id)
         assert by_reply is not None and by_supervisor is not None
-        by_reply.apply_reply(AgentReply(order_id, "process", 1, T0, "succeeded", {}),
-                             step.complete_by - timedelta(seconds=1))
+        by_reply.apply_reply(
+            AgentReply(order_id, "process", 1, T0, "succeeded", {}),
+            step.complete_by - timedelta(seconds=1),
+        )
         by_supervisor.expire(step.complete_by + timedelta(seconds=5), RetryPolicy())
         contenders = [by_reply, by_supervisor] if trial % 2 else [by_supervisor, by_reply]
         outcomes = []
@@ -217,7 +237,7 @@ def test_supervisor_and_late_reply_racing_on_one_step_exactly_one_wins(
         assert outcomes == ["won", "lost"]
         final = store.load(order_id)
         assert final is not None
-        expected = (StepState.PROCESSED if contenders[0] is by_reply else StepState.PENDING)
+        expected = StepState.PROCESSED if contenders[0] is by_reply else StepState.PENDING
         assert final.steps[0].process_state is expected
 
 

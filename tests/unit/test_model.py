@@ -19,7 +19,9 @@ T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 POLICY = RetryPolicy(max_failure_count=3, soft_threshold=1, base_backoff_seconds=2)
 
 
-def new_order(workflow: str = "order", reply_to: str | None = "app-status", **data: object) -> Order:
+def new_order(
+    workflow: str = "order", reply_to: str | None = "app-status", **data: object
+) -> Order:
     body = {"orderId": "o-1", "workflow": workflow, **data}
     if reply_to:
         body["replyTo"] = reply_to
@@ -27,14 +29,23 @@ def new_order(workflow: str = "order", reply_to: str | None = "app-status", **da
     return Order.accept(message, Plan.of(WORKFLOWS[workflow], 30), T0)
 
 
-def reply(order: Order, outcome: str = "succeeded", step: str | None = None,
-          attempt: int | None = None, error: str = "declined") -> AgentReply:
+def reply(
+    order: Order,
+    outcome: str = "succeeded",
+    step: str | None = None,
+    attempt: int | None = None,
+    error: str = "declined",
+) -> AgentReply:
     active = order.active_step()
     assert active is not None or (step and attempt)
     name = step or active.step  # type: ignore[union-attr]
     number = attempt if attempt is not None else active.attempt  # type: ignore[union-attr]
     return AgentReply(
-        order.order_id, name, number, T0, outcome,
+        order.order_id,
+        name,
+        number,
+        T0,
+        outcome,
         result={"ok": True} if outcome == "succeeded" else None,
         error=error if outcome == "failed" else None,
     )
@@ -93,10 +104,14 @@ def test_success_reply_completes_the_order() -> None:
 @pytest.mark.parametrize(
     ("tamper", "reason"),
     [
-        (lambda o, r: AgentReply(r.order_id, r.step, r.attempt + 1, T0, "succeeded", {}),
-         "stale-attempt"),
-        (lambda o, r: AgentReply(r.order_id, "nope", r.attempt, T0, "succeeded", {}),
-         "unknown-step"),
+        (
+            lambda o, r: AgentReply(r.order_id, r.step, r.attempt + 1, T0, "succeeded", {}),
+            "stale-attempt",
+        ),
+        (
+            lambda o, r: AgentReply(r.order_id, "nope", r.attempt, T0, "succeeded", {}),
+            "unknown-step",
+        ),
     ],
 )
 def test_reply_for_another_attempt_or_step_is_refused(tamper, reason) -> None:  # type: ignore[no-untyped-def]
@@ -202,7 +217,13 @@ def test_resubmit_puts_an_error_order_back_at_its_failed_step_keeping_history() 
     assert order.status is OrderStatus.COMPLETED
     assert step.attempt == 2
     assert [h["event"] for h in step.history] == [
-        "created", "claimed", "failed", "error", "resubmitted", "claimed", "succeeded",
+        "created",
+        "claimed",
+        "failed",
+        "error",
+        "resubmitted",
+        "claimed",
+        "succeeded",
     ]
 
 
@@ -238,7 +259,9 @@ def test_fulfilment_runs_its_steps_in_order() -> None:
     order = new_order("fulfilment")
     drive(order, {})
     assert states(order) == [
-        ("reserve-stock", "Processed"), ("charge-payment", "Processed"), ("ship", "Processed"),
+        ("reserve-stock", "Processed"),
+        ("charge-payment", "Processed"),
+        ("ship", "Processed"),
     ]
     assert order.status is OrderStatus.COMPLETED
 
@@ -247,11 +270,24 @@ def test_fulfilment_runs_its_steps_in_order() -> None:
     ("failing", "expected_states"),
     [
         ("reserve-stock", [("reserve-stock", "Error")]),
-        ("charge-payment", [("reserve-stock", "Compensated"), ("charge-payment", "Error"),
-                            ("release-stock", "Processed")]),
-        ("ship", [("reserve-stock", "Compensated"), ("charge-payment", "Compensated"),
-                  ("ship", "Error"), ("refund-payment", "Processed"),
-                  ("release-stock", "Processed")]),
+        (
+            "charge-payment",
+            [
+                ("reserve-stock", "Compensated"),
+                ("charge-payment", "Error"),
+                ("release-stock", "Processed"),
+            ],
+        ),
+        (
+            "ship",
+            [
+                ("reserve-stock", "Compensated"),
+                ("charge-payment", "Compensated"),
+                ("ship", "Error"),
+                ("refund-payment", "Processed"),
+                ("release-stock", "Processed"),
+            ],
+        ),
     ],
 )
 def test_permanent_failure_compensates_completed_steps_in_reverse(failing, expected_states) -> None:  # type: ignore[no-untyped-def]
@@ -261,8 +297,11 @@ def test_permanent_failure_compensates_completed_steps_in_reverse(failing, expec
     assert order.status is OrderStatus.COMPENSATED
     [alert] = alerts(order)
     assert alert["step"] == failing
-    assert statuses(order)[-2:] == (["compensating", "compensated"] if len(expected_states) > 1
-                                    else ["processing", "compensated"])
+    assert statuses(order)[-2:] == (
+        ["compensating", "compensated"]
+        if len(expected_states) > 1
+        else ["processing", "compensated"]
+    )
     comps = [s for s in order.steps if s.kind is StepKind.COMPENSATION]
     assert all(c.compensates for c in comps)
 
@@ -271,8 +310,10 @@ def test_ambiguous_failure_compensates_the_failed_step_too() -> None:
     order = new_order("fulfilment")
     drive(order, {"charge-payment": "expire"})
     assert states(order) == [
-        ("reserve-stock", "Compensated"), ("charge-payment", "Compensated"),
-        ("refund-payment", "Processed"), ("release-stock", "Processed"),
+        ("reserve-stock", "Compensated"),
+        ("charge-payment", "Compensated"),
+        ("refund-payment", "Processed"),
+        ("release-stock", "Processed"),
     ]
     assert order.status is OrderStatus.COMPENSATED
     assert [a["step"] for a in alerts(order)] == ["charge-payment"]
@@ -282,7 +323,9 @@ def test_ambiguous_failure_without_compensation_waits_for_the_operator() -> None
     order = new_order("fulfilment")
     drive(order, {"ship": "expire"})
     assert states(order) == [
-        ("reserve-stock", "Processed"), ("charge-payment", "Processed"), ("ship", "Error"),
+        ("reserve-stock", "Processed"),
+        ("charge-payment", "Processed"),
+        ("ship", "Error"),
     ]
     assert order.status is OrderStatus.ERROR
     [alert] = alerts(order)
@@ -333,7 +376,10 @@ def test_cancel_while_a_step_is_in_flight_undoes_it_after_its_reply() -> None:
     assert order.status is OrderStatus.CANCELLED
     assert drive_one.process_state is StepState.COMPENSATED
     assert [s.step for s in order.steps] == [
-        "reserve-stock", "charge-payment", "refund-payment", "release-stock",
+        "reserve-stock",
+        "charge-payment",
+        "refund-payment",
+        "release-stock",
     ]
     with pytest.raises(TransitionRefused):
         order.cancel(T0 + timedelta(seconds=9), "app")
@@ -372,9 +418,15 @@ def test_random_histories_keep_the_invariants() -> None:
                     attempt = active.attempt - (1 if move == "late" else 0)
                     outcome = "failed" if move == "fail" else "succeeded"
                     order.apply_reply(
-                        AgentReply(order.order_id, active.step, max(attempt, 1), T0, outcome,
-                                   result={} if outcome == "succeeded" else None,
-                                   error="no" if outcome == "failed" else None),
+                        AgentReply(
+                            order.order_id,
+                            active.step,
+                            max(attempt, 1),
+                            T0,
+                            outcome,
+                            result={} if outcome == "succeeded" else None,
+                            error="no" if outcome == "failed" else None,
+                        ),
                         now,
                     )
                 elif move == "expire":
@@ -406,5 +458,9 @@ def check_invariants(order: Order) -> None:
     seqs = [order.find(name).seq for name in undone]  # type: ignore[union-attr]
     assert seqs == sorted(seqs, reverse=True)
     if order.status is OrderStatus.COMPENSATED:
-        assert not any(s.process_state is StepState.PROCESSED and s.kind is StepKind.ACTION
-                       and order.planned(s.step).compensation for s in order.steps)
+        assert not any(
+            s.process_state is StepState.PROCESSED
+            and s.kind is StepKind.ACTION
+            and order.planned(s.step).compensation
+            for s in order.steps
+        )
