@@ -13,6 +13,7 @@ from agents.remote import RemoteServiceClient
 from core.errors import DeadlineExceeded, RemoteCallFailed
 from core.messages import AgentReply, AgentRequest
 from core.ports import AgentTransport, Clock
+from runtime import failpoints
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
 
@@ -48,6 +49,7 @@ class Agent:
                 reply = request.failed(exc.message[:1000])
             else:
                 reply = request.succeeded(result)
+            failpoints.hit("agent-after-call")
             if self._clock() >= request.complete_by:
                 METRICS.inc("agent_too_late")
                 log.warning("finished after the deadline; no reply sent (%s)", reply.outcome)

@@ -27,6 +27,7 @@ from core.ports import AgentTransport, Clock, QueueSender
 from core.states import StepState
 from core.timefmt import iso
 from core.workflows import WORKFLOWS, Plan
+from runtime import failpoints
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
 from scheduler.notices import NoticeSender
@@ -101,6 +102,7 @@ class Scheduler:
                 return self._duplicate(raw, message.order_id, message.content_hash)
             METRICS.inc("orders_accepted")
             log.info("order accepted (workflow %s)", message.workflow)
+            failpoints.hit("after-submit-save")
             self._notices.deliver(saved)
             self._dispatch(order)
             return Outcome.ACCEPTED
@@ -169,6 +171,7 @@ class Scheduler:
             log.info("claim lost to another instance", extra={"step": claimed.step})
             return Outcome.NOTHING_TO_DO
         METRICS.inc("claims")
+        failpoints.hit("after-claim")
         with order_context(step=claimed.step, attempt=claimed.attempt):
             log.info("claimed; deadline %s", iso(claimed.complete_by))
             self._notices.deliver(saved)
@@ -217,6 +220,7 @@ class Scheduler:
                 except ConcurrencyConflict:
                     METRICS.inc("reply_conflicts")
                     continue
+                failpoints.hit("after-reply-save")
                 METRICS.inc("replies_applied", outcome=reply.outcome)
                 log.info("reply applied (%s); order is %s", reply.outcome, order.status)
                 self._notices.deliver(saved)

@@ -1,0 +1,64 @@
+# Two commands matter: `make run` (the demo) and `make test` (everything CI checks).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
+
+.PHONY: run test deps lint typecheck unit integration e2e iac-check chaos bench clean start
+
+$(BIN)/.ok: requirements.txt requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+node_modules/.ok: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+deps: $(BIN)/.ok node_modules/.ok
+
+## make run: Azurite + simulator + two devhost instances + demo orders, live, then a summary
+run: deps
+	$(BIN)/python -m demo
+
+## make start: the app on Azurite and the simulator, until Ctrl-C (no demo orders)
+start: deps
+	$(BIN)/python -m demo --serve
+
+## make test: lint, types, unit, integration (Azurite), e2e (processes), chaos (short), infra
+test: deps lint typecheck unit integration e2e chaos-short iac-check
+
+lint: deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: deps
+	$(BIN)/mypy .
+
+unit: deps
+	$(PYTEST) tests/unit -q
+
+integration: deps
+	$(PYTEST) tests/integration -q
+
+e2e: deps
+	$(PYTEST) tests/e2e -q
+
+chaos-short: deps
+	$(PYTEST) tests/chaos -q -m "not long"
+
+chaos: deps
+	$(PYTEST) tests/chaos -q
+
+.venv-iac/.ok: requirements-iac.txt
+	$(PYTHON) -m venv .venv-iac && .venv-iac/bin/pip install -q -r requirements-iac.txt && touch $@
+
+iac-check: .venv-iac/.ok
+	.venv-iac/bin/python -m pytest tests/infra -q -p no:cacheprovider
+
+bench: deps
+	$(BIN)/python -m bench.pipeline
+
+clean:
+	rm -rf $(VENV) .venv-iac node_modules run .mypy_cache .ruff_cache

@@ -1,0 +1,38 @@
+"""Failpoints: kill this process at a named point, to test recovery from real crashes.
+
+Test-only and inert unless the environment says otherwise:
+``ORDERS_FAILPOINTS="after-claim"`` (comma-separated names, each optionally
+``name:probability``) makes ``hit("after-claim")`` SIGKILL the process at that
+point: no cleanup, no finally blocks, exactly like a host that dies. The e2e
+and chaos suites use it to land a kill inside the narrow windows that random
+kills rarely hit (between a claim and its request, between a reply's save
+and the next dispatch).
+
+Points: ``after-submit-save``, ``after-claim``, ``after-reply-save``,
+``agent-after-call``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from functools import cache
+
+ENV = "ORDERS_FAILPOINTS"
+
+
+@cache
+def _armed() -> dict[str, float]:
+    points: dict[str, float] = {}
+    for item in os.environ.get(ENV, "").split(","):
+        name, _, probability = item.strip().partition(":")
+        if name:
+            points[name] = float(probability) if probability else 1.0
+    return points
+
+
+def hit(name: str) -> None:
+    probability = _armed().get(name)
+    if probability is not None and random.random() < probability:
+        os.kill(os.getpid(), signal.SIGKILL)
