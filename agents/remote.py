@@ -9,9 +9,11 @@ attempt, so the service applies the effect once however often we ask).
 - Retries (tenacity): transient failures only (408, 425, 429, 5xx, connection
   errors, timeouts), exponential backoff with full jitter, ``Retry-After``
   honoured (capped by the time left).
-- Circuit breaker (pybreaker), one per remote endpoint: after repeated
-  transient failures the endpoint is left alone for a while instead of being
-  hammered; an open breaker is itself a transient failure, retried after it.
+- Circuit breaker (``circuitbreaker``), one per remote endpoint: after
+  repeated transient failures the endpoint is left alone for a while instead
+  of being hammered; an open breaker is itself a transient failure, retried
+  after it. (Not pybreaker: its ``call`` holds a lock for the whole call, so
+  one hanging request would serialize every other call to that endpoint.)
 - Permanent failures (any other 4xx) are not retried and do not trip the breaker.
 """
 
@@ -26,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import pybreaker
+from circuitbreaker import CircuitBreaker
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -72,6 +74,10 @@ def _retry_after(response: httpx.Response) -> float | None:
     return max((parsed - datetime.now(UTC)).total_seconds(), 0.0)
 
 
+def _is_transient(exc_type: type[BaseException], exc: BaseException) -> bool:
+    return isinstance(exc, RemoteCallFailed) and exc.retryable
+
+
 def classify(response: httpx.Response, path: str) -> RemoteCallFailed | None:
     """None for 2xx; otherwise the failure, transient or permanent per contract 3.4."""
     status = response.status_code
@@ -110,17 +116,17 @@ class RemoteServiceClient:
         )
         self._clock = clock
         self._sleep = sleep
-        self._breakers: dict[str, pybreaker.CircuitBreaker] = {}
+        self._breakers: dict[str, CircuitBreaker] = {}
         self._lock = threading.Lock()
 
-    def breaker(self, path: str) -> pybreaker.CircuitBreaker:
+    def breaker(self, path: str) -> CircuitBreaker:
         with self._lock:
             if path not in self._breakers:
-                self._breakers[path] = pybreaker.CircuitBreaker(
-                    fail_max=self.policy.breaker_fail_max,
-                    reset_timeout=self.policy.breaker_reset_seconds,
+                self._breakers[path] = CircuitBreaker(
+                    failure_threshold=self.policy.breaker_fail_max,
+                    recovery_timeout=self.policy.breaker_reset_seconds,
                     # Only the endpoint's health counts: a 4xx is about our request.
-                    exclude=[lambda e: isinstance(e, RemoteCallFailed) and not e.retryable],
+                    expected_exception=_is_transient,
                     name=path,
                 )
             return self._breakers[path]
@@ -179,19 +185,18 @@ class RemoteServiceClient:
             )
         timeout = min(left, self.policy.max_try_seconds)
         breaker = self.breaker(request.path)
-        try:
-            result: dict[str, Any] = breaker.call(self._post, request, timeout)
-            return result
-        except pybreaker.CircuitBreakerError as exc:
+        if breaker.opened:
             METRICS.inc("breaker_open")
-            remaining = self.policy.breaker_reset_seconds
             raise RemoteCallFailed(
-                f"{request.path}: circuit open after repeated failures ({exc})",
+                f"{request.path}: circuit open after {breaker.failure_count} failures in a row; "
+                f"not calling it for {breaker.open_remaining:.1f} s",
                 retryable=True,
-                retry_after=min(remaining, max(left / 2, 0.05)),
+                retry_after=max(min(float(breaker.open_remaining), left), 0.05),
                 order_id=request.order_id,
                 step=request.step,
-            ) from exc
+            )
+        with breaker:
+            return self._post(request, timeout)
 
     def _post(self, request: AgentRequest, timeout: float) -> dict[str, Any]:
         url = f"{self._base_url}/{request.path}"

@@ -114,7 +114,7 @@ class Azurite:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        azurite = cls(process, where, *ports, _log=log)
+        azurite = cls(process, where, ports[0], ports[1], ports[2], _log=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -1,0 +1,1 @@
+"""The local demo (`make run`) and the local stack it runs on (also used by e2e, chaos, bench)."""

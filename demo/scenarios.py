@@ -1,0 +1,80 @@
+"""The demo's orders: each names the fault it meets and the outcome it must reach."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+HANG_FOREVER = {"fail": "hang", "times": 99, "seconds": 3600, "applyFirst": False}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    order_id: str
+    title: str
+    expected: str  # the order status it must end in
+    workflow: str = "order"
+    simulate: dict[str, Any] = field(default_factory=dict)
+    # remote effects that must stand at the end, in the order applied
+    effects: tuple[str, ...] = ()
+
+    def message(self, reply_to: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"orderId": self.order_id, "workflow": self.workflow,
+                                "replyTo": reply_to, "customer": "demo", "amount": 42}
+        if self.simulate:
+            body["simulate"] = self.simulate
+        return body
+
+
+def scenarios(prefix: str, copies: int = 1) -> list[Scenario]:
+    out: list[Scenario] = []
+    for n in range(copies):
+        p = f"{prefix}{n:02d}" if copies > 1 else prefix
+        full = ("reserve-stock", "charge-payment", "ship")
+        out += [
+            Scenario(f"{p}-ok-1", "no fault", "completed", effects=("process",)),
+            Scenario(f"{p}-ok-2", "no fault", "completed", effects=("process",)),
+            Scenario(f"{p}-ok-3", "no fault", "completed", effects=("process",)),
+            Scenario(f"{p}-transient", "two 503s, retried by the agent", "completed",
+                     simulate={"process": "transient:2"}, effects=("process",)),
+            Scenario(f"{p}-throttled", "429 with Retry-After: 1", "completed",
+                     simulate={"process": {"fail": "transient", "times": 1, "status": 429,
+                                           "retryAfter": 1}}, effects=("process",)),
+            Scenario(f"{p}-dropped", "connection dropped after applying", "completed",
+                     simulate={"process": {"fail": "drop", "times": 1, "applyFirst": True}},
+                     effects=("process",)),
+            Scenario(f"{p}-hang", "hangs past the deadline once (applied first)", "completed",
+                     simulate={"process": "hang:1"}, effects=("process",)),
+            Scenario(f"{p}-declined", "permanent 422", "error",
+                     simulate={"process": "permanent"}),
+            Scenario(f"{p}-dead", "never answers: supervisor gives up", "error",
+                     simulate={"process": HANG_FOREVER}),
+            Scenario(f"{p}-ful-ok", "fulfilment, no fault", "completed", "fulfilment",
+                     effects=full),
+            Scenario(f"{p}-ful-flaky", "fulfilment, flaky payment", "completed", "fulfilment",
+                     simulate={"charge-payment": "transient:2", "ship": "hang:1"},
+                     effects=full),
+            Scenario(f"{p}-ful-card", "card declined: stock released", "compensated",
+                     "fulfilment", simulate={"charge-payment": "permanent"},
+                     effects=("reserve-stock", "release-stock")),
+            Scenario(f"{p}-ful-ship", "shipping refused: refund, release", "compensated",
+                     "fulfilment", simulate={"ship": "permanent"},
+                     effects=("reserve-stock", "charge-payment", "refund-payment",
+                              "release-stock")),
+            Scenario(f"{p}-ful-stuck", "payment never answers: refund, release",
+                     "compensated", "fulfilment", simulate={"charge-payment": HANG_FOREVER},
+                     effects=("reserve-stock", "refund-payment", "release-stock")),
+            Scenario(f"{p}-ful-norefund", "ship refused and refund fails: operator",
+                     "error", "fulfilment",
+                     simulate={"ship": "permanent", "refund-payment": "permanent"},
+                     effects=("reserve-stock", "charge-payment")),
+        ]
+    return out
+
+
+#: Messages that must be rejected (kept in orders-rejected with a reason).
+BAD_MESSAGES: tuple[str, ...] = (
+    "this is not JSON",
+    '{"orderId": "has spaces"}',
+    '{"orderId": "x-1", "workflow": "teleport"}',
+)

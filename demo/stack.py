@@ -1,0 +1,252 @@
+"""A whole local deployment in processes: Azurite, the simulator, N devhost instances.
+
+    with LocalStack(devhosts=2) as stack:
+        stack.submit({"orderId": "o-1"})
+        stack.kill(0); stack.restart(0)
+
+Every process is started here, logs to ``workdir``, and is stopped here by
+process id (SIGTERM, then SIGKILL), also when the caller fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from core.names import Names
+from core.settings import Settings
+from devhost.azurite import Azurite
+from runtime.context import AppContext
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _read_line(process: subprocess.Popen[str], prefix: str, timeout: float) -> str:
+    """Read stdout until a line starts with ``prefix``; return the rest of that line."""
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break  # closed: the process is exiting
+            buffer += chunk
+            for line in buffer.decode("utf-8", errors="replace").splitlines():
+                if line.startswith(prefix):
+                    return line[len(prefix) :].strip()
+        elif process.poll() is not None:
+            break
+    if process.poll() is not None:
+        raise RuntimeError(f"process {process.args!r} exited with {process.returncode}")
+    raise RuntimeError(f"{process.args!r} did not print {prefix!r} within {timeout:.0f} s")
+
+
+@dataclass
+class Devhost:
+    index: int
+    args: list[str]
+    env: dict[str, str]
+    log_path: Path
+    process: subprocess.Popen[str] | None = None
+    http_url: str | None = None
+    _log: IO[str] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "devhost", *self.args,
+             "--instance-id", f"devhost-{self.index}-{self.starts}"],
+            cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=self._log,
+            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+        )
+        if "--only" not in self.args:  # it serves the HTTP routes: wait until it listens
+            self.http_url = _read_line(self.process, "DEVHOST_HTTP=", 60)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, exactly like a host that dies."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self._close()
+
+    def stop(self, grace: float = 15) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        self._close()
+
+    def _close(self) -> None:
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+@dataclass
+class LocalStack:
+    devhosts: int = 2
+    settings: dict[str, str] = field(default_factory=dict)
+    simulator_args: list[str] = field(default_factory=list)
+    devhost_args: list[list[str]] | None = None  # per instance; default: all functions
+    workdir: Path | None = None
+    keep_workdir: bool = False
+
+    azurite: Azurite | None = None
+    simulator: subprocess.Popen[str] | None = None
+    simulator_url: str = ""
+    hosts: list[Devhost] = field(default_factory=list)
+    _context: AppContext | None = None
+    _sim_log: IO[str] | None = None
+
+    def start(self) -> LocalStack:
+        self.workdir = Path(self.workdir or tempfile.mkdtemp(prefix="orders-stack-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        assert self.workdir is not None
+        self.azurite = Azurite.start(location=self._fresh_dir("azurite"))
+        self._sim_log = open(self.workdir / "simulator.log", "a")  # noqa: SIM115
+        self.simulator = subprocess.Popen(
+            [sys.executable, "-m", "simulator", "--port", "0",
+             "--ledger", str(self.ledger_path), *self.simulator_args],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=self._sim_log, stdin=subprocess.DEVNULL,
+            text=True, start_new_session=True,
+        )
+        self.simulator_url = _read_line(self.simulator, "SIMULATOR_URL=", 30)
+        self.context.provision()
+        per_host = self.devhost_args or [[] for _ in range(self.devhosts)]
+        for index, extra in enumerate(per_host):
+            args = [*extra, "--http-port", "0"] if "--http-port" not in extra else list(extra)
+            host = Devhost(index, args, self.env, self.workdir / f"devhost-{index}.log")
+            self.hosts.append(host)
+        for host in self.hosts:
+            host.start()
+
+    def _fresh_dir(self, name: str) -> Path:
+        assert self.workdir is not None
+        path = self.workdir / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def ledger_path(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "ledger.jsonl"
+
+    @property
+    def connection_string(self) -> str:
+        assert self.azurite is not None
+        return self.azurite.connection_string
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {
+            k: v for k, v in os.environ.items()
+            if not k.startswith(("AzureWebJobs", "ServiceBus", "ORDERS_FAILPOINTS"))
+        }
+        env.update({
+            "AzureWebJobsStorage": self.connection_string,
+            "AGENT_TRANSPORT": "storage",
+            "REMOTE_SERVICE_URL": self.simulator_url,
+            "STEP_TIMEOUT_SECONDS": "10",
+            "MAX_FAILURE_COUNT": "5",
+            "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
+            "PYTHONUNBUFFERED": "1",
+        })
+        env.update(self.settings)
+        return env
+
+    @property
+    def context(self) -> AppContext:
+        """The app's own view of the storage (same names as the devhosts use)."""
+        if self._context is None:
+            self._context = AppContext(Settings.from_env(self.env), Names())
+        return self._context
+
+    @property
+    def http_url(self) -> str | None:
+        return next((h.http_url for h in self.hosts if h.http_url and h.alive), None)
+
+    def submit(self, order: dict[str, Any] | str | bytes) -> None:
+        """Put an order message on the `orders` queue, as an app would."""
+        if isinstance(order, dict):
+            text = json.dumps(order)
+        elif isinstance(order, bytes):
+            text = order.decode("utf-8", errors="replace")
+        else:
+            text = order
+        self.context.queues.client(self.context.names.orders).send_message(text)
+
+    def kill(self, index: int) -> None:
+        self.hosts[index].kill()
+
+    def restart(self, index: int) -> None:
+        host = self.hosts[index]
+        if host.alive:
+            host.kill()
+        host.start()
+
+    def stop(self) -> None:
+        for host in self.hosts:
+            with contextlib.suppress(Exception):
+                host.stop()
+        if self.simulator is not None and self.simulator.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.simulator.pid, signal.SIGTERM)
+            try:
+                self.simulator.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.simulator.pid, signal.SIGKILL)
+                self.simulator.wait(timeout=10)
+        if self.simulator is not None and self.simulator.stdout is not None:
+            self.simulator.stdout.close()
+        if self._sim_log is not None:
+            self._sim_log.close()
+            self._sim_log = None
+        if self.azurite is not None:
+            self.azurite.stop()
+            self.azurite = None
+        if self.workdir is not None and not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

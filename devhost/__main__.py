@@ -1,0 +1,137 @@
+"""``python -m devhost``: run every function of a v2-model ``function_app.py`` locally.
+
+    python -m devhost [--app function_app] [--http-port 7071] [--only fn1,fn2]
+                      [--exclude fn3] [--instance-id ID] [--settings local.settings.json]
+                      [--verbose]
+
+Run it from the app folder (the one with ``function_app.py`` and ``host.json``), with
+``AzureWebJobsStorage`` naming the storage (Azurite or Azure). SIGINT/SIGTERM stop it:
+polling and serving stop, running invocations get up to 10 s, then it exits 0.
+Exit code 2: the configuration cannot run (the message says which function and setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from devhost import app_loader
+from devhost.host import DevHost
+from devhost.settings import (
+    ConfigError,
+    default_instance_id,
+    load_host_json,
+    load_local_settings,
+)
+
+log = logging.getLogger("devhost")
+SHUTDOWN_GRACE_SECONDS = 10.0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m devhost",
+        description="Run the functions a v2-model function_app.py declares, like `func start`.",
+    )
+    parser.add_argument("--app", default="function_app", help="module to import (from cwd)")
+    parser.add_argument("--http-port", type=int, default=7071, help="0 picks a free port")
+    parser.add_argument("--only", default="", help="comma-separated functions to run")
+    parser.add_argument("--exclude", default="", help="comma-separated functions to skip")
+    parser.add_argument("--instance-id", default=None, help="exported as DEVHOST_INSTANCE_ID")
+    parser.add_argument("--settings", default=None, help="default: local.settings.json if any")
+    parser.add_argument("--verbose", action="store_true", help="log successes at DEBUG")
+    return parser.parse_args(argv)
+
+
+def _names(text: str) -> set[str]:
+    return {name.strip() for name in text.split(",") if name.strip()}
+
+
+def configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s",
+    )
+    logging.getLogger("devhost").setLevel(logging.DEBUG if verbose else logging.INFO)
+    # The SDKs log every request at INFO; only their warnings matter here.
+    logging.getLogger("azure").setLevel(logging.WARNING)
+    logging.getLogger("uamqp").setLevel(logging.WARNING)
+
+
+def build(args: argparse.Namespace) -> DevHost:
+    """Load settings and the app, check every function, build what runs them."""
+    root = os.getcwd()
+    settings = Path(args.settings) if args.settings else Path(root, "local.settings.json")
+    if args.settings and not settings.exists():
+        raise ConfigError(f"settings file {settings} does not exist")
+    if settings.exists():
+        added = load_local_settings(settings, os.environ)
+        log.info("settings: %d value(s) from %s", len(added), settings)
+    os.environ["DEVHOST_INSTANCE_ID"] = args.instance_id or default_instance_id()
+    host_json = load_host_json(Path(root, "host.json"), os.environ)
+    module = app_loader.load_module(args.app, root)
+    app = app_loader.find_app(module)
+    functions = app_loader.select(app.get_functions(), _names(args.only), _names(args.exclude))
+    if not functions:
+        raise ConfigError("no functions selected")
+    specs = app_loader.build_specs(functions, os.environ, app_loader.app_directory(module))
+    return DevHost.build(specs, host_json, os.environ, args.http_port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging(args.verbose)
+    try:
+        devhost = build(args)
+    except ConfigError as error:
+        print(f"devhost: error: {error}", file=sys.stderr, flush=True)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():  # a second Ctrl-C: no more waiting
+            _exit(1)
+        log.info("%s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    for line in devhost.lines:
+        print(line)
+    devhost.start(stop)
+    if devhost.http is not None:
+        print(f"DEVHOST_HTTP={devhost.http.base_url}")
+    print(f"DEVHOST_READY instance={os.environ['DEVHOST_INSTANCE_ID']}", flush=True)
+    while not stop.wait(0.5):
+        pass
+    busy = devhost.busy()
+    if busy:
+        log.info("waiting up to %.0f s for %d running invocation(s)", SHUTDOWN_GRACE_SECONDS, busy)
+    if not devhost.stop(SHUTDOWN_GRACE_SECONDS):
+        log.warning(
+            "%d invocation(s) still running after %.0f s; exiting anyway: their queue messages "
+            "become visible again when their leases lapse",
+            devhost.busy(), SHUTDOWN_GRACE_SECONDS,
+        )
+    log.info("stopped")
+    return 0
+
+
+def _exit(code: int) -> None:
+    """Exit without waiting for worker threads: a function or a broker that never returns
+    must not keep the process alive (what they hold is leased, so it comes back)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _exit(main())

@@ -1,0 +1,266 @@
+"""Service Bus triggers: a PEEK_LOCK receiver loop per function, when the connection is set.
+
+Each loop receives up to ``maxConcurrentCalls`` messages, keeps their locks alive with an
+``AutoLockRenewer`` (up to ``maxAutoLockRenewalDuration``), runs them in a pool, then
+completes the ones that succeeded and abandons the others; Service Bus itself
+dead-letters a message past the entity's max delivery count, as in Azure. Unlike the
+host, a batch is finished before the next receive, and messages are always settled by
+devhost (``autoCompleteMessages: false`` is not honoured: there are no SDK-type bindings).
+
+Everything that talks to the broker runs in daemon threads, and closing is bounded, so
+a namespace that never answers cannot hold up shutdown. The SDK-facing part is small
+(:func:`sdk_receiver_factory`); the rest works on any receiver with the same four
+methods, which is how it is tested without a broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from azure.functions.servicebus import ServiceBusMessage as FunctionsServiceBusMessage
+
+from devhost.app_loader import FunctionSpec
+from devhost.clients import Connection, service_bus_client
+from devhost.invoke import Invoker
+from devhost.settings import ServiceBusOptions
+
+log = logging.getLogger("devhost.servicebus")
+#: Longest a receive call waits for a message, so the loop sees a stop request in time.
+MAX_WAIT_SECONDS = 5.0
+CLOSE_TIMEOUT_SECONDS = 5.0
+
+
+class Receiver(Protocol):
+    def receive_messages(
+        self, max_message_count: int | None = ..., max_wait_time: float | None = ...
+    ) -> list[Any]: ...
+    def complete_message(self, message: Any) -> None: ...
+    def abandon_message(self, message: Any) -> None: ...
+    def close(self) -> None: ...
+
+
+def message_body(body: Any) -> bytes:
+    """The body as bytes: the SDK gives bytes, an iterable of data sections, or a value."""
+    if body is None:
+        return b""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, Mapping | int | float | bool):
+        return str(body).encode("utf-8")
+    sections = list(body)
+    if all(isinstance(s, bytes | bytearray | memoryview) for s in sections):
+        return b"".join(bytes(s) for s in sections)
+    return str(sections).encode("utf-8")
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else value
+
+
+def properties(message: Any) -> dict[str, Any]:
+    """Application properties with text keys and values (the SDK may hand back bytes)."""
+    raw = getattr(message, "application_properties", None) or {}
+    return {str(_text(key)): _text(value) for key, value in raw.items()}
+
+
+def functions_message(message: Any) -> FunctionsServiceBusMessage:
+    """The ``azure.functions`` message the function receives, from an SDK (or fake) message."""
+
+    def get(name: str) -> Any:
+        return _text(getattr(message, name, None))
+
+    state = get("state")
+    lock_token = get("lock_token")
+    props = properties(message)
+    return FunctionsServiceBusMessage(
+        body=message_body(getattr(message, "body", None)),
+        trigger_metadata=None,
+        application_properties=props,
+        user_properties=dict(props),
+        content_type=get("content_type"),
+        correlation_id=get("correlation_id"),
+        dead_letter_error_description=get("dead_letter_error_description"),
+        dead_letter_reason=get("dead_letter_reason"),
+        dead_letter_source=get("dead_letter_source"),
+        delivery_count=get("delivery_count"),
+        enqueued_sequence_number=get("enqueued_sequence_number"),
+        enqueued_time_utc=get("enqueued_time_utc"),
+        expires_at_utc=get("expires_at_utc"),
+        label=get("subject"),
+        locked_until=get("locked_until_utc"),
+        lock_token=None if lock_token is None else str(lock_token),
+        message_id=get("message_id") or "",
+        partition_key=get("partition_key"),
+        reply_to=get("reply_to"),
+        reply_to_session_id=get("reply_to_session_id"),
+        scheduled_enqueue_time_utc=get("scheduled_enqueue_time_utc"),
+        sequence_number=get("sequence_number"),
+        session_id=get("session_id"),
+        state=None if state is None else int(state),
+        subject=get("subject"),
+        time_to_live=get("time_to_live"),
+        to=get("to"),
+    )
+
+
+def entity(trigger: Mapping[str, Any]) -> str:
+    if trigger.get("queueName"):
+        return f"queue {trigger['queueName']!r}"
+    return f"topic {trigger.get('topicName')!r} subscription {trigger.get('subscriptionName')!r}"
+
+
+def sdk_receiver_factory(connection: Connection, trigger: Mapping[str, Any]) -> Callable[[], Any]:
+    """Opens a PEEK_LOCK receiver on the trigger's entity; one client per function, reused."""
+    from azure.servicebus import ServiceBusReceiveMode
+
+    client = service_bus_client(connection)  # builds no connection until first used
+    common: dict[str, Any] = {
+        "receive_mode": ServiceBusReceiveMode.PEEK_LOCK,
+        "prefetch_count": 0,
+        "max_wait_time": MAX_WAIT_SECONDS,
+    }
+
+    def open_receiver() -> Any:
+        if trigger.get("queueName"):
+            return client.get_queue_receiver(queue_name=trigger["queueName"], **common)
+        return client.get_subscription_receiver(
+            topic_name=trigger["topicName"], subscription_name=trigger["subscriptionName"], **common
+        )
+
+    return open_receiver
+
+
+def sdk_renewer(options: ServiceBusOptions) -> Any:
+    from azure.servicebus import AutoLockRenewer
+
+    return AutoLockRenewer(max_lock_renewal_duration=options.max_auto_lock_renewal)
+
+
+def close_within(resource: Any, timeout: float = CLOSE_TIMEOUT_SECONDS) -> bool:
+    """Close ``resource`` in a daemon thread; False if it did not finish within ``timeout``."""
+
+    def close() -> None:
+        try:
+            resource.close()
+        except Exception as error:  # noqa: BLE001 - closing is best effort
+            log.debug("closing %r failed: %s", resource, error)
+
+    thread = threading.Thread(target=close, name="servicebus-close", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
+class ServiceBusListener:
+    def __init__(
+        self,
+        spec: FunctionSpec,
+        open_receiver: Callable[[], Receiver],
+        invoker: Invoker,
+        options: ServiceBusOptions,
+        renewer_factory: Callable[[], Any] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._open = open_receiver
+        self.invoker = invoker
+        self.options = options
+        self._renewer_factory = renewer_factory or (lambda: sdk_renewer(options))
+        self._pool = ThreadPoolExecutor(
+            max_workers=options.max_concurrent_calls, thread_name_prefix=f"devhost-{spec.name}"
+        )
+        self.in_flight = 0  # messages received and not yet settled (read by shutdown)
+
+    def describe(self) -> str:
+        return (
+            f"{entity(self.spec.trigger)} (connection {self.spec.trigger.get('connection')}; "
+            f"PEEK_LOCK, maxConcurrentCalls {self.options.max_concurrent_calls})"
+        )
+
+    def start(self, stop: threading.Event) -> threading.Thread:
+        thread = threading.Thread(
+            target=self.run, args=(stop,), name=f"servicebus-{self.spec.name}", daemon=True
+        )
+        thread.start()
+        return thread
+
+    def run(self, stop: threading.Event) -> None:
+        backoff = 1.0
+        renewer = self._renewer_factory()
+        try:
+            while not stop.is_set():
+                receiver = None
+                try:
+                    receiver = self._open()
+                    while not stop.is_set():
+                        messages = receiver.receive_messages(
+                            max_message_count=self.options.max_concurrent_calls,
+                            max_wait_time=MAX_WAIT_SECONDS,
+                        )
+                        backoff = 1.0
+                        if messages:
+                            self.handle_batch(receiver, renewer, messages)
+                except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
+                    log.warning(
+                        "function %s: Service Bus %s failed: %s; retrying in %.0f s",
+                        self.spec.name, entity(self.spec.trigger), error, backoff,
+                    )
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, 60.0)
+                finally:
+                    if receiver is not None:
+                        close_within(receiver)
+        finally:
+            try:
+                renewer.close(wait=False)
+            except Exception as error:  # noqa: BLE001 - closing is best effort
+                log.debug("closing the lock renewer failed: %s", error)
+
+    def handle_batch(self, receiver: Receiver, renewer: Any, messages: list[Any]) -> None:
+        self.in_flight = len(messages)
+        try:
+            self._run_batch(receiver, renewer, messages)
+        finally:
+            self.in_flight = 0
+
+    def _run_batch(self, receiver: Receiver, renewer: Any, messages: list[Any]) -> None:
+        for message in messages:
+            try:
+                renewer.register(
+                    receiver, message, max_lock_renewal_duration=self.options.max_auto_lock_renewal
+                )
+            except Exception as error:  # noqa: BLE001 - the message still runs, lock may lapse
+                log.warning("function %s: cannot renew locks: %s", self.spec.name, error)
+        runs = [(message, self._pool.submit(self.run_one, message)) for message in messages]
+        # Settled here, on the receiving thread: an SDK receiver is not thread-safe.
+        for message, run in runs:
+            self.settle(receiver, message, run.result())
+
+    def run_one(self, message: Any) -> bool:
+        detail = (
+            f"message {getattr(message, 'message_id', '?')}, "
+            f"delivery count {getattr(message, 'delivery_count', '?')}"
+        )
+        return self.invoker.call(self.spec, functions_message(message), detail=detail).succeeded
+
+    def settle(self, receiver: Receiver, message: Any, succeeded: bool) -> None:
+        try:
+            if succeeded:
+                receiver.complete_message(message)
+            else:
+                receiver.abandon_message(message)
+        except Exception as error:  # noqa: BLE001 - Service Bus redelivers after the lock
+            log.warning(
+                "function %s: cannot %s message %s (%s); Service Bus redelivers it when its "
+                "lock expires",
+                self.spec.name, "complete" if succeeded else "abandon",
+                getattr(message, "message_id", "?"), error,
+            )
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)

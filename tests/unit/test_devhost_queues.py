@@ -1,0 +1,233 @@
+"""devhost queue triggers against a fake queue: settle, retry, poison, leases."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from devhost.app_loader import FunctionSpec
+from devhost.invoke import Invoker
+from devhost.queues import (
+    LeaseLost,
+    QueueListener,
+    decode_body,
+    poison_after_failure,
+    poison_on_receive,
+)
+from devhost.settings import LeaseOptions, QueueOptions
+
+
+@dataclass
+class Message:
+    id: str
+    content: str
+    dequeue_count: int = 1
+    pop_receipt: str = "pop-0"
+    inserted_on: Any = None
+    expires_on: Any = None
+    next_visible_on: Any = None
+
+
+@dataclass
+class FakeQueue:
+    name: str
+    waiting: list[Message] = field(default_factory=list)
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    receipts: dict[str, str] = field(default_factory=dict)
+    sent: list[str] = field(default_factory=list)
+
+    def create_if_missing(self) -> None:
+        self.calls.append(("create",))
+
+    def receive(self, count: int, visibility_seconds: int) -> list[Any]:
+        batch, self.waiting = self.waiting[:count], self.waiting[count:]
+        for message in batch:
+            self.receipts[message.id] = message.pop_receipt
+        return batch
+
+    def _check(self, message_id: str, pop_receipt: str) -> None:
+        if self.receipts.get(message_id) != pop_receipt:
+            raise LeaseLost(f"{message_id}: stale pop receipt {pop_receipt}")
+
+    def delete(self, message_id: str, pop_receipt: str) -> None:
+        self._check(message_id, pop_receipt)
+        self.calls.append(("delete", message_id, pop_receipt))
+
+    def set_visibility(self, message_id: str, pop_receipt: str, seconds: float) -> str:
+        self._check(message_id, pop_receipt)
+        new = f"{pop_receipt}+"
+        self.receipts[message_id] = new
+        self.calls.append(("visibility", message_id, seconds))
+        return new
+
+    def send(self, content: str) -> None:
+        self.sent.append(content)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def listener(handler: Any, encoding: str = "none", max_dequeue: int = 3,
+             clock: Clock | None = None) -> tuple[QueueListener, FakeQueue, FakeQueue]:
+    spec = FunctionSpec("handle", "queueTrigger", {"name": "msg", "queueName": "q"}, handler, "/")
+    queue, poison = FakeQueue("q"), FakeQueue("q-poison")
+    options = QueueOptions(encoding, 4, 2, 1.0, 7.0, max_dequeue)
+    built = QueueListener(spec, queue, poison, options, LeaseOptions(30, 10.0), Invoker(),
+                          clock=clock or Clock())
+    return built, queue, poison
+
+
+def recorder(into: list[Any]) -> Any:
+    """A queue function (called with ``msg=``, as the worker does) that keeps what it gets."""
+
+    def handle(msg: Any) -> None:
+        into.append(msg)
+
+    return handle
+
+
+def run(built: QueueListener, message: Message) -> None:
+    """Deliver one message as if just received, and wait until it is settled."""
+    built.queue.receipts[message.id] = message.pop_receipt  # type: ignore[attr-defined]
+    built.dispatch(message)
+    built._pool.shutdown(wait=True)
+
+
+def test_decode_body() -> None:
+    assert decode_body("héllo", "none") == "héllo".encode()
+    assert decode_body(base64.b64encode(b"\x00\x01").decode(), "base64") == b"\x00\x01"
+    with pytest.raises(ValueError, match="not base64"):
+        decode_body("{not base64}", "base64")
+
+
+def test_poison_rules_are_the_hosts() -> None:
+    assert [poison_on_receive(n, 5) for n in (1, 5, 6)] == [False, False, True]
+    assert [poison_after_failure(n, 5) for n in (1, 4, 5, 6)] == [False, False, True, True]
+
+
+def test_success_deletes_and_passes_the_message() -> None:
+    seen: list[Any] = []
+    built, queue, poison = listener(recorder(seen))
+    run(built, Message("m1", "hello", dequeue_count=2))
+    assert queue.calls == [("delete", "m1", "pop-0")]
+    assert seen[0].get_body() == b"hello"
+    assert seen[0].id == "m1"
+    assert seen[0].dequeue_count == 2
+    assert poison.sent == []
+    assert built.in_flight == 0
+
+
+def fail(msg: Any) -> None:
+    raise RuntimeError("fails")
+
+
+def test_failure_below_the_limit_retries_after_visibility_timeout() -> None:
+    built, queue, poison = listener(fail)
+    run(built, Message("m1", "x", dequeue_count=2))
+    assert queue.calls == [("visibility", "m1", 7.0)]
+    assert poison.sent == []
+
+
+def test_failure_at_the_limit_moves_the_original_text_to_poison() -> None:
+    built, queue, poison = listener(fail)
+    run(built, Message("m1", "original <text>", dequeue_count=3))
+    assert poison.sent == ["original <text>"]
+    assert queue.calls == [("delete", "m1", "pop-0")]
+
+
+def test_a_message_past_the_limit_is_poisoned_without_running() -> None:
+    ran: list[Any] = []
+    built, queue, poison = listener(recorder(ran))
+    run(built, Message("m1", "abandoned", dequeue_count=4))
+    assert ran == []
+    assert poison.sent == ["abandoned"]
+    assert queue.calls == [("delete", "m1", "pop-0")]
+
+
+def test_bad_base64_is_a_failed_invocation() -> None:
+    ran: list[Any] = []
+    built, queue, _ = listener(recorder(ran), encoding="base64")
+    run(built, Message("m1", "not*base64", dequeue_count=1))
+    assert ran == []
+    assert queue.calls == [("visibility", "m1", 7.0)]
+    built, queue, _ = listener(recorder(ran), encoding="base64")
+    run(built, Message("m2", base64.b64encode(b"ok").decode()))
+    assert ran[0].get_body() == b"ok"
+
+
+def test_async_functions_run() -> None:
+    seen: list[bytes] = []
+
+    async def handler(msg: Any) -> None:
+        seen.append(msg.get_body())
+
+    built, queue, _ = listener(handler)
+    run(built, Message("m1", "async"))
+    assert seen == [b"async"]
+    assert queue.calls == [("delete", "m1", "pop-0")]
+
+
+def test_leases_are_renewed_and_the_new_pop_receipt_settles() -> None:
+    clock = Clock()
+    started, release = threading.Event(), threading.Event()
+
+    def handler(msg: Any) -> None:
+        started.set()
+        release.wait(5)
+
+    built, queue, _ = listener(handler, clock=clock)
+    message = Message("m1", "slow")
+    queue.receipts["m1"] = "pop-0"
+    built.dispatch(message)
+    assert started.wait(5)
+    built.renew_due()
+    assert queue.calls == []  # not due yet
+    clock.now += 10
+    built.renew_due()
+    clock.now += 10
+    built.renew_due()
+    assert queue.calls == [("visibility", "m1", 30), ("visibility", "m1", 30)]
+    release.set()
+    built._pool.shutdown(wait=True)
+    assert queue.calls[-1] == ("delete", "m1", "pop-0++")
+
+
+def test_a_lost_lease_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    built, queue, _ = listener(lambda msg: None)
+    queue.receipts["m1"] = "someone-else"
+    built.dispatch(Message("m1", "x"))
+    built._pool.shutdown(wait=True)
+    assert "lost the lease" in caplog.text
+    assert built.in_flight == 0
+
+
+def test_polling_fetches_only_below_the_threshold() -> None:
+    release = threading.Event()
+    built, queue, _ = listener(lambda msg: release.wait(5))
+    queue.waiting = [Message(f"m{i}", "x") for i in range(10)]
+    stop = threading.Event()
+    thread = threading.Thread(target=built.poll, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        # batchSize 4, newBatchThreshold 2: 4 running (> 2), so no second fetch yet.
+        for _ in range(100):
+            if built.in_flight == 4:
+                break
+            stop.wait(0.01)
+        stop.wait(0.2)
+        assert built.in_flight == 4
+        assert len(queue.waiting) == 6
+    finally:
+        release.set()
+        stop.set()
+        thread.join(3)
+        built._pool.shutdown(wait=True)

@@ -1,0 +1,235 @@
+"""devhost Service Bus triggers with fake receivers and messages (no broker here)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import azure.functions as func
+import pytest
+
+from devhost.app_loader import FunctionSpec
+from devhost.clients import service_bus_connection
+from devhost.host import DevHost
+from devhost.invoke import Invoker
+from devhost.servicebus import (
+    ServiceBusListener,
+    close_within,
+    functions_message,
+    message_body,
+)
+from devhost.settings import ServiceBusOptions
+
+ENQUEUED = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@dataclass
+class FakeMessage:
+    """What an azure.servicebus ServiceBusReceivedMessage exposes (the parts used)."""
+
+    body: Any
+    message_id: str = "o-1:process:1"
+    correlation_id: str | None = "req-1"
+    reply_to: str | None = "agent-replies"
+    content_type: str | None = "application/json"
+    delivery_count: int = 1
+    enqueued_time_utc: datetime = ENQUEUED
+    expires_at_utc: datetime = ENQUEUED + timedelta(minutes=5)
+    time_to_live: timedelta = timedelta(minutes=5)
+    application_properties: dict[Any, Any] = field(
+        default_factory=lambda: {b"orderId": b"o-1", "attempt": 2}
+    )
+    sequence_number: int = 7
+    lock_token: uuid.UUID = field(default_factory=uuid.uuid4)
+    subject: str | None = "process"
+
+
+def test_message_bodies() -> None:
+    assert message_body(b"raw") == b"raw"
+    assert message_body(iter([b"a", b"b"])) == b"ab"  # AMQP data sections
+    assert message_body([b"a", b"b"]) == b"ab"
+    assert message_body("text") == b"text"
+    assert message_body(None) == b""
+
+
+def test_functions_message_carries_the_contract_fields() -> None:
+    source = FakeMessage(body=iter([b'{"orderId":', b'"o-1"}']))
+    message = functions_message(source)
+    assert isinstance(message, func.ServiceBusMessage)
+    assert message.get_body() == b'{"orderId":"o-1"}'
+    assert message.message_id == "o-1:process:1"
+    assert message.correlation_id == "req-1"
+    assert message.reply_to == "agent-replies"
+    assert message.content_type == "application/json"
+    assert message.delivery_count == 1
+    assert message.enqueued_time_utc == ENQUEUED
+    assert message.expires_at_utc == ENQUEUED + timedelta(minutes=5)
+    assert message.time_to_live == timedelta(minutes=5)
+    assert message.application_properties == {"orderId": "o-1", "attempt": 2}
+    assert message.user_properties == {"orderId": "o-1", "attempt": 2}
+    assert message.sequence_number == 7
+    assert message.lock_token == str(source.lock_token)
+    assert message.label == "process"
+
+
+class FakeReceiver:
+    def __init__(self, batches: list[list[FakeMessage]]) -> None:
+        self.batches = batches
+        self.completed: list[str] = []
+        self.abandoned: list[str] = []
+        self.closed = False
+        self.drained = threading.Event()
+
+    def receive_messages(
+        self, max_message_count: int | None = 1, max_wait_time: float | None = None
+    ) -> list[Any]:
+        if self.batches:
+            return self.batches.pop(0)
+        self.drained.set()
+        time.sleep(0.01)
+        return []
+
+    def complete_message(self, message: Any) -> None:
+        self.completed.append(message.message_id)
+
+    def abandon_message(self, message: Any) -> None:
+        self.abandoned.append(message.message_id)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeRenewer:
+    def __init__(self) -> None:
+        self.registered: list[tuple[Any, float | None]] = []
+        self.closed = False
+
+    def register(self, receiver: Any, message: Any, max_lock_renewal_duration: float | None = None
+                 ) -> None:
+        self.registered.append((message.message_id, max_lock_renewal_duration))
+
+    def close(self, wait: bool = True) -> None:
+        self.closed = True
+
+
+def spec(handler: Any) -> FunctionSpec:
+    trigger = {"type": "serviceBusTrigger", "name": "message", "queueName": "agent-requests",
+               "connection": "ServiceBusConnection"}
+    return FunctionSpec("agent", "serviceBusTrigger", trigger, handler, "/app")
+
+
+def handler(message: func.ServiceBusMessage) -> None:
+    if message.get_body() == b"bad":
+        raise ValueError("bad message")
+
+
+def test_success_completes_and_failure_abandons() -> None:
+    receiver = FakeReceiver([[FakeMessage(b"good", message_id="a"),
+                              FakeMessage(b"bad", message_id="b")]])
+    renewer = FakeRenewer()
+    options = ServiceBusOptions(max_concurrent_calls=4, max_auto_lock_renewal=60.0)
+    listener = ServiceBusListener(spec(handler), lambda: receiver, Invoker(), options,
+                                  renewer_factory=lambda: renewer)
+    stop = threading.Event()
+    thread = listener.start(stop)
+    try:
+        assert receiver.drained.wait(5)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert receiver.completed == ["a"]
+    assert receiver.abandoned == ["b"]
+    assert renewer.registered == [("a", 60.0), ("b", 60.0)]
+    assert receiver.closed and renewer.closed
+    assert not thread.is_alive()
+
+
+def test_a_failing_receiver_is_reopened() -> None:
+    opened: list[FakeReceiver] = []
+
+    class Broken(FakeReceiver):
+        def receive_messages(self, max_message_count: int | None = 1,
+                             max_wait_time: float | None = None) -> list[Any]:
+            raise ConnectionError("link detached")
+
+    good = FakeReceiver([[FakeMessage(b"good", message_id="a")]])
+
+    def open_receiver() -> FakeReceiver:
+        receiver = Broken([]) if not opened else good
+        opened.append(receiver)
+        return receiver
+
+    listener = ServiceBusListener(spec(handler), open_receiver, Invoker(), ServiceBusOptions(),
+                                  renewer_factory=FakeRenewer)
+    stop = threading.Event()
+    thread = listener.start(stop)
+    try:
+        assert good.drained.wait(5)
+    finally:
+        stop.set()
+        thread.join(5)
+    assert opened[0].closed
+    assert good.completed == ["a"]
+
+
+def test_settle_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    class LockLost(FakeReceiver):
+        def complete_message(self, message: Any) -> None:
+            raise RuntimeError("lock lost")
+
+    listener = ServiceBusListener(spec(handler), lambda: LockLost([]), Invoker(),
+                                  ServiceBusOptions(), renewer_factory=FakeRenewer)
+    listener.settle(LockLost([]), FakeMessage(b"x"), succeeded=True)
+    assert "redelivers" in caplog.text
+
+
+def test_closing_a_hung_receiver_is_bounded() -> None:
+    class Hangs:
+        def close(self) -> None:
+            time.sleep(10)
+
+    started = time.monotonic()
+    assert close_within(Hangs(), timeout=0.2) is False
+    assert time.monotonic() - started < 2
+
+
+def test_not_configured_means_skipped_with_a_reason() -> None:
+    assert service_bus_connection({}, "ServiceBusConnection") is None
+    namespace = {"ServiceBusConnection__fullyQualifiedNamespace": "ns.servicebus.windows.net"}
+    connection = service_bus_connection(namespace, "ServiceBusConnection")
+    assert connection is not None and connection.endpoint == "ns.servicebus.windows.net"
+    devhost = DevHost.build([spec(handler)], {}, {}, http_port=0)
+    assert devhost.service_bus == []
+    assert "SKIPPED" in devhost.lines[0]
+    assert "ServiceBusConnection__fullyQualifiedNamespace" in devhost.lines[0]
+
+
+def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
+    from devhost.clients import Clients
+
+    never = threading.Event()
+
+    class Silent(FakeReceiver):
+        def receive_messages(self, max_message_count: int | None = 1,
+                             max_wait_time: float | None = None) -> list[Any]:
+            never.wait(30)  # ignores max_wait_time, as a hung connection would
+            return []
+
+    devhost = DevHost(Invoker(), Clients({}))
+    devhost.service_bus.append(
+        ServiceBusListener(spec(handler), lambda: Silent([]), devhost.invoker,
+                           ServiceBusOptions(), renewer_factory=FakeRenewer)
+    )
+    stop = threading.Event()
+    devhost.start(stop)
+    time.sleep(0.1)
+    stop.set()
+    started = time.monotonic()
+    assert devhost.stop(grace_seconds=1.0) is True
+    assert time.monotonic() - started < 1.0
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("servicebus-"))
+    never.set()
