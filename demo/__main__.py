@@ -32,16 +32,24 @@ from demo.stack import LocalStack
 from demo.verify import drain_alerts, verify
 from simulator import load_ledger
 
-STYLE = {"completed": "green", "compensated": "cyan", "error": "red", "processing": "yellow",
-         "compensating": "magenta", "pending": "white", "cancelled": "blue"}
+STYLE = {
+    "completed": "green",
+    "compensated": "cyan",
+    "error": "red",
+    "processing": "yellow",
+    "compensating": "magenta",
+    "pending": "white",
+    "cancelled": "blue",
+}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.split("\n")[0])
     parser.add_argument("--copies", type=int, default=1, help="copies of the scenario set")
     parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for all")
-    parser.add_argument("--serve", action="store_true",
-                        help="start the stack and wait for Ctrl-C; submit nothing")
+    parser.add_argument(
+        "--serve", action="store_true", help="start the stack and wait for Ctrl-C; submit nothing"
+    )
     return parser.parse_args(argv)
 
 
@@ -54,11 +62,19 @@ def row_for(scenario: Scenario, order: Order | None) -> list[str]:
         for s in order.steps
     )
     style = STYLE.get(str(order.status), "white")
-    mark = "" if not order.status.terminal else (
-        " ✓" if str(order.status) == scenario.expected else " ✗")
-    return [scenario.order_id, scenario.title, order.workflow,
-            f"[{style}]{order.status}{mark}[/]",
-            active.step if active else "", steps]
+    mark = (
+        ""
+        if not order.status.terminal
+        else (" ✓" if str(order.status) == scenario.expected else " ✗")
+    )
+    return [
+        scenario.order_id,
+        scenario.title,
+        order.workflow,
+        f"[{style}]{order.status}{mark}[/]",
+        active.step if active else "",
+        steps,
+    ]
 
 
 def render(rows: list[list[str]], elapsed: float, done: int, total: int) -> Panel:
@@ -98,17 +114,22 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
             orders = {c.order_id: ctx.store.load(c.order_id) for c in cases}
             done = sum(1 for o in orders.values() if o is not None and o.status.terminal)
             elapsed = time.monotonic() - started
-            live.update(render([row_for(c, orders[c.order_id]) for c in cases], elapsed, done,
-                               len(cases)))
+            live.update(
+                render([row_for(c, orders[c.order_id]) for c in cases], elapsed, done, len(cases))
+            )
             if done == len(cases) or elapsed > args.timeout:
                 break
             time.sleep(0.5)
     alerts = drain_alerts(ctx)
     rejected = ctx.queues.client(ctx.names.orders_rejected).peek_messages(max_messages=32)
     ledger = load_ledger(stack.ledger_path)
-    verdict = verify(orders, ledger, alerts,
-                     expected={c.order_id: c.expected for c in cases},
-                     expected_effects={c.order_id: c.effects for c in cases})
+    verdict = verify(
+        orders,
+        ledger,
+        alerts,
+        expected={c.order_id: c.expected for c in cases},
+        expected_effects={c.order_id: c.effects for c in cases},
+    )
     summary: dict[str, Any] = {
         **verdict.as_json(),
         "rejectedMessages": len(rejected),
@@ -125,8 +146,10 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
             console.print(f"[red]✗ {problem}[/]")
         console.print(f"logs: {stack.workdir}")
         return 1
-    console.print("[green]✓ every order ended as expected; nothing lost, nothing stuck, "
-                  "no effect applied twice, every error alerted.[/]")
+    console.print(
+        "[green]✓ every order ended as expected; nothing lost, nothing stuck, "
+        "no effect applied twice, every error alerted.[/]"
+    )
     return 0
 
 
@@ -140,16 +163,20 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     stack = LocalStack(
         devhosts=2,
-        settings={"STEP_TIMEOUT_SECONDS": "5", "MAX_FAILURE_COUNT": "3",
-                  "SUPERVISOR_SCHEDULE": "*/2 * * * * *"},
+        settings={
+            "STEP_TIMEOUT_SECONDS": "5",
+            "MAX_FAILURE_COUNT": "3",
+            "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
+        },
         simulator_args=["--latency-ms", "5-40"],
         keep_workdir=True,
     )
     console.print("starting Azurite, the simulator and two devhost instances ...")
     try:
         stack.start()
-        console.print(f"up: operator API at {stack.http_url}/api/orders/<orderId>; "
-                      f"logs in {stack.workdir}")
+        console.print(
+            f"up: operator API at {stack.http_url}/api/orders/<orderId>; logs in {stack.workdir}"
+        )
         code = serve(stack, console) if args.serve else run(stack, args, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; stopping everything[/]")

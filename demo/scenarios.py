@@ -19,8 +19,13 @@ class Scenario:
     effects: tuple[str, ...] = ()
 
     def message(self, reply_to: str) -> dict[str, Any]:
-        body: dict[str, Any] = {"orderId": self.order_id, "workflow": self.workflow,
-                                "replyTo": reply_to, "customer": "demo", "amount": 42}
+        body: dict[str, Any] = {
+            "orderId": self.order_id,
+            "workflow": self.workflow,
+            "replyTo": reply_to,
+            "customer": "demo",
+            "amount": 42,
+        }
         if self.simulate:
             body["simulate"] = self.simulate
         return body
@@ -35,39 +40,86 @@ def scenarios(prefix: str, copies: int = 1) -> list[Scenario]:
             Scenario(f"{p}-ok-1", "no fault", "completed", effects=("process",)),
             Scenario(f"{p}-ok-2", "no fault", "completed", effects=("process",)),
             Scenario(f"{p}-ok-3", "no fault", "completed", effects=("process",)),
-            Scenario(f"{p}-transient", "two 503s, retried by the agent", "completed",
-                     simulate={"process": "transient:2"}, effects=("process",)),
-            Scenario(f"{p}-throttled", "429 with Retry-After: 1", "completed",
-                     simulate={"process": {"fail": "transient", "times": 1, "status": 429,
-                                           "retryAfter": 1}}, effects=("process",)),
-            Scenario(f"{p}-dropped", "connection dropped after applying", "completed",
-                     simulate={"process": {"fail": "drop", "times": 1, "applyFirst": True}},
-                     effects=("process",)),
-            Scenario(f"{p}-hang", "hangs past the deadline once (applied first)", "completed",
-                     simulate={"process": "hang:1"}, effects=("process",)),
-            Scenario(f"{p}-declined", "permanent 422", "error",
-                     simulate={"process": "permanent"}),
-            Scenario(f"{p}-dead", "never answers: supervisor gives up", "error",
-                     simulate={"process": HANG_FOREVER}),
-            Scenario(f"{p}-ful-ok", "fulfilment, no fault", "completed", "fulfilment",
-                     effects=full),
-            Scenario(f"{p}-ful-flaky", "fulfilment, flaky payment", "completed", "fulfilment",
-                     simulate={"charge-payment": "transient:2", "ship": "hang:1"},
-                     effects=full),
-            Scenario(f"{p}-ful-card", "card declined: stock released", "compensated",
-                     "fulfilment", simulate={"charge-payment": "permanent"},
-                     effects=("reserve-stock", "release-stock")),
-            Scenario(f"{p}-ful-ship", "shipping refused: refund, release", "compensated",
-                     "fulfilment", simulate={"ship": "permanent"},
-                     effects=("reserve-stock", "charge-payment", "refund-payment",
-                              "release-stock")),
-            Scenario(f"{p}-ful-stuck", "payment never answers: refund, release",
-                     "compensated", "fulfilment", simulate={"charge-payment": HANG_FOREVER},
-                     effects=("reserve-stock", "refund-payment", "release-stock")),
-            Scenario(f"{p}-ful-norefund", "ship refused and refund fails: operator",
-                     "error", "fulfilment",
-                     simulate={"ship": "permanent", "refund-payment": "permanent"},
-                     effects=("reserve-stock", "charge-payment")),
+            Scenario(
+                f"{p}-transient",
+                "two 503s, retried by the agent",
+                "completed",
+                simulate={"process": "transient:2"},
+                effects=("process",),
+            ),
+            Scenario(
+                f"{p}-throttled",
+                "429 with Retry-After: 1",
+                "completed",
+                simulate={
+                    "process": {"fail": "transient", "times": 1, "status": 429, "retryAfter": 1}
+                },
+                effects=("process",),
+            ),
+            Scenario(
+                f"{p}-dropped",
+                "connection dropped after applying",
+                "completed",
+                simulate={"process": {"fail": "drop", "times": 1, "applyFirst": True}},
+                effects=("process",),
+            ),
+            Scenario(
+                f"{p}-hang",
+                "hangs past the deadline once (applied first)",
+                "completed",
+                simulate={"process": "hang:1"},
+                effects=("process",),
+            ),
+            Scenario(f"{p}-declined", "permanent 422", "error", simulate={"process": "permanent"}),
+            Scenario(
+                f"{p}-dead",
+                "never answers: supervisor gives up",
+                "error",
+                simulate={"process": HANG_FOREVER},
+            ),
+            Scenario(
+                f"{p}-ful-ok", "fulfilment, no fault", "completed", "fulfilment", effects=full
+            ),
+            Scenario(
+                f"{p}-ful-flaky",
+                "fulfilment, flaky payment",
+                "completed",
+                "fulfilment",
+                simulate={"charge-payment": "transient:2", "ship": "hang:1"},
+                effects=full,
+            ),
+            Scenario(
+                f"{p}-ful-card",
+                "card declined: stock released",
+                "compensated",
+                "fulfilment",
+                simulate={"charge-payment": "permanent"},
+                effects=("reserve-stock", "release-stock"),
+            ),
+            Scenario(
+                f"{p}-ful-ship",
+                "shipping refused: refund, release",
+                "compensated",
+                "fulfilment",
+                simulate={"ship": "permanent"},
+                effects=("reserve-stock", "charge-payment", "refund-payment", "release-stock"),
+            ),
+            Scenario(
+                f"{p}-ful-stuck",
+                "payment never answers: refund, release",
+                "compensated",
+                "fulfilment",
+                simulate={"charge-payment": HANG_FOREVER},
+                effects=("reserve-stock", "refund-payment", "release-stock"),
+            ),
+            Scenario(
+                f"{p}-ful-norefund",
+                "ship refused and refund fails: operator",
+                "error",
+                "fulfilment",
+                simulate={"ship": "permanent", "refund-payment": "permanent"},
+                effects=("reserve-stock", "charge-payment"),
+            ),
         ]
     return out
 

@@ -71,10 +71,21 @@ class Devhost:
         self.starts += 1
         self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "devhost", *self.args,
-             "--instance-id", f"devhost-{self.index}-{self.starts}"],
-            cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=self._log,
-            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "devhost",
+                *self.args,
+                "--instance-id",
+                f"devhost-{self.index}-{self.starts}",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
         )
         if "--only" not in self.args:  # it serves the HTTP routes: wait until it listens
             self.http_url = _read_line(self.process, "DEVHOST_HTTP=", 60)
@@ -115,6 +126,8 @@ class LocalStack:
     settings: dict[str, str] = field(default_factory=dict)
     simulator_args: list[str] = field(default_factory=list)
     devhost_args: list[list[str]] | None = None  # per instance; default: all functions
+    devhost_env: list[dict[str, str]] | None = None  # per instance, on top of ``settings``
+    autostart: bool = True  # False: create the devhosts, start each with ``hosts[i].start()``
     workdir: Path | None = None
     keep_workdir: bool = False
 
@@ -140,20 +153,34 @@ class LocalStack:
         self.azurite = Azurite.start(location=self._fresh_dir("azurite"))
         self._sim_log = open(self.workdir / "simulator.log", "a")  # noqa: SIM115
         self.simulator = subprocess.Popen(
-            [sys.executable, "-m", "simulator", "--port", "0",
-             "--ledger", str(self.ledger_path), *self.simulator_args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=self._sim_log, stdin=subprocess.DEVNULL,
-            text=True, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "simulator",
+                "--port",
+                "0",
+                "--ledger",
+                str(self.ledger_path),
+                *self.simulator_args,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self._sim_log,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
         )
         self.simulator_url = _read_line(self.simulator, "SIMULATOR_URL=", 30)
         self.context.provision()
         per_host = self.devhost_args or [[] for _ in range(self.devhosts)]
         for index, extra in enumerate(per_host):
             args = [*extra, "--http-port", "0"] if "--http-port" not in extra else list(extra)
-            host = Devhost(index, args, self.env, self.workdir / f"devhost-{index}.log")
+            env = {**self.env, **(self.devhost_env[index] if self.devhost_env else {})}
+            host = Devhost(index, args, env, self.workdir / f"devhost-{index}.log")
             self.hosts.append(host)
-        for host in self.hosts:
-            host.start()
+        if self.autostart:
+            for host in self.hosts:
+                host.start()
 
     def _fresh_dir(self, name: str) -> Path:
         assert self.workdir is not None
@@ -174,18 +201,21 @@ class LocalStack:
     @property
     def env(self) -> dict[str, str]:
         env = {
-            k: v for k, v in os.environ.items()
+            k: v
+            for k, v in os.environ.items()
             if not k.startswith(("AzureWebJobs", "ServiceBus", "ORDERS_FAILPOINTS"))
         }
-        env.update({
-            "AzureWebJobsStorage": self.connection_string,
-            "AGENT_TRANSPORT": "storage",
-            "REMOTE_SERVICE_URL": self.simulator_url,
-            "STEP_TIMEOUT_SECONDS": "10",
-            "MAX_FAILURE_COUNT": "5",
-            "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "AzureWebJobsStorage": self.connection_string,
+                "AGENT_TRANSPORT": "storage",
+                "REMOTE_SERVICE_URL": self.simulator_url,
+                "STEP_TIMEOUT_SECONDS": "10",
+                "MAX_FAILURE_COUNT": "5",
+                "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         env.update(self.settings)
         return env
 
@@ -246,7 +276,9 @@ class LocalStack:
         return self.start()
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()

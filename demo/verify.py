@@ -34,26 +34,40 @@ class Verdict:
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.stuck or self.unexpected or self.double_effects
-                    or self.wrong_effects or self.unalerted)
+        return not (
+            self.lost
+            or self.stuck
+            or self.unexpected
+            or self.double_effects
+            or self.wrong_effects
+            or self.unalerted
+        )
 
     def problems(self) -> list[str]:
         out = []
-        for name in ("lost", "stuck", "unexpected", "double_effects", "wrong_effects",
-                     "unalerted"):
+        for name in ("lost", "stuck", "unexpected", "double_effects", "wrong_effects", "unalerted"):
             items = getattr(self, name)
             if items:
-                out.append(f"{name}: {', '.join(items[:10])}"
-                           + (f" (+{len(items) - 10})" if len(items) > 10 else ""))
+                out.append(
+                    f"{name}: {', '.join(items[:10])}"
+                    + (f" (+{len(items) - 10})" if len(items) > 10 else "")
+                )
         return out
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "orders": self.orders, "statuses": dict(self.statuses), "lost": len(self.lost),
-            "stuck": len(self.stuck), "unexpected": len(self.unexpected),
-            "doubleEffects": len(self.double_effects), "wrongEffects": len(self.wrong_effects),
-            "unalertedErrors": len(self.unalerted), "retries": self.retries,
-            "attempts": self.attempts, "alerts": self.alerts, "effects": self.effects,
+            "orders": self.orders,
+            "statuses": dict(self.statuses),
+            "lost": len(self.lost),
+            "stuck": len(self.stuck),
+            "unexpected": len(self.unexpected),
+            "doubleEffects": len(self.double_effects),
+            "wrongEffects": len(self.wrong_effects),
+            "unalertedErrors": len(self.unalerted),
+            "retries": self.retries,
+            "attempts": self.attempts,
+            "alerts": self.alerts,
+            "effects": self.effects,
         }
 
 
@@ -90,7 +104,8 @@ def verify(
         if expected_effects is not None and order_id in expected_effects:
             if tuple(applied) != expected_effects[order_id]:
                 verdict.wrong_effects.append(
-                    f"{order_id}: {applied}, expected {list(expected_effects[order_id])}")
+                    f"{order_id}: {applied}, expected {list(expected_effects[order_id])}"
+                )
         elif str(order.status) == "completed":
             wanted = [p.name for p in order.plan.steps]
             if applied != wanted:
@@ -99,8 +114,11 @@ def verify(
             undone = {s.step for s in order.steps if s.kind is StepKind.COMPENSATION}
             standing = [s for s in applied if s not in undone]
             compensable = {p.name for p in order.plan.steps if p.compensation}
-            left = [s for s in standing if s in compensable
-                    and order.planned(s).compensation not in applied]
+            left = [
+                s
+                for s in standing
+                if s in compensable and order.planned(s).compensation not in applied
+            ]
             if left:
                 verdict.wrong_effects.append(f"{order_id}: {left} applied and never undone")
     return verdict

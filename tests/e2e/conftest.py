@@ -1,0 +1,1 @@
+"""End-to-end tests: real processes (Azurite, simulator, devhost instances), killed on purpose."""

@@ -1,0 +1,217 @@
+"""The whole pipeline in real processes, including SIGKILLs at the worst moments.
+
+Each test builds its own ``LocalStack`` (Azurite, simulator, devhost
+instances) and checks the outcome from outside: the table, the queues and
+the simulator's ledger of applied effects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from core.model import Order
+from demo.stack import LocalStack
+from demo.verify import drain_alerts, verify
+from simulator import effects_by_order, load_ledger
+from tests.support import wait_for
+
+pytestmark = pytest.mark.timeout(240)
+
+FAST = {
+    "STEP_TIMEOUT_SECONDS": "6",
+    "MAX_FAILURE_COUNT": "4",
+    "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
+}
+
+
+def load(stack: LocalStack, order_id: str) -> Order | None:
+    return stack.context.store.load(order_id)
+
+
+def wait_terminal(stack: LocalStack, order_ids: list[str], timeout: float) -> dict[str, Order]:
+    def done() -> dict[str, Order] | None:
+        orders = {o: load(stack, o) for o in order_ids}
+        if all(o is not None and o.status.terminal for o in orders.values()):
+            return {k: v for k, v in orders.items() if v is not None}
+        return None
+
+    return wait_for(done, timeout, interval=0.5, what=f"{len(order_ids)} orders to finish")
+
+
+def log_tail(stack: LocalStack) -> str:
+    assert stack.workdir is not None
+    return "\n".join(
+        f"--- {p.name}\n" + "\n".join(p.read_text().splitlines()[-15:])
+        for p in sorted(stack.workdir.glob("devhost-*.log"))
+    )
+
+
+@pytest.fixture
+def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
+    options = getattr(request, "param", {})
+    with LocalStack(settings=FAST, **options) as s:
+        yield s
+
+
+def test_two_instances_run_a_mixed_batch_to_the_expected_ends(stack: LocalStack) -> None:
+    cases = {
+        **{f"e2e-ok-{n}": "completed" for n in range(12)},
+        "e2e-flaky": "completed",
+        "e2e-declined": "error",
+        "e2e-ful": "completed",
+        "e2e-ful-ship": "compensated",
+    }
+    for order_id in cases:
+        body: dict[str, object] = {"orderId": order_id}
+        if order_id == "e2e-flaky":
+            body["simulate"] = {"process": "transient:2"}
+        if order_id == "e2e-declined":
+            body["simulate"] = {"process": "permanent"}
+        if order_id.startswith("e2e-ful"):
+            body["workflow"] = "fulfilment"
+        if order_id == "e2e-ful-ship":
+            body["simulate"] = {"ship": "permanent"}
+        stack.submit(body)
+    orders = wait_terminal(stack, list(cases), 90)
+    verdict = verify(
+        dict(orders), load_ledger(stack.ledger_path), drain_alerts(stack.context), expected=cases
+    )
+    assert verdict.ok, verdict.problems()
+    assert effects_by_order(load_ledger(stack.ledger_path))["e2e-ful-ship"] == [
+        "reserve-stock",
+        "charge-payment",
+        "refund-payment",
+        "release-stock",
+    ]
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [{"devhost_args": [["--only", "run_agent"], ["--exclude", "run_agent"]]}],
+    indirect=True,
+)
+def test_agent_killed_mid_call_is_replaced_and_the_effect_applies_once(stack: LocalStack) -> None:
+    order_id = "e2e-agent-kill"
+    # The service applies the effect, then takes 30 s to answer: the agent is mid-call.
+    stack.submit(
+        {
+            "orderId": order_id,
+            "simulate": {
+                "process": {"fail": "hang", "times": 1, "seconds": 30, "applyFirst": True}
+            },
+        }
+    )
+    wait_for(
+        lambda: effects_by_order(load_ledger(stack.ledger_path)).get(order_id),
+        30,
+        what="the remote call to start",
+    )
+    stack.kill(0)  # SIGKILL the agent instance in the middle of the call
+    stack.restart(0)
+    [order] = wait_terminal(stack, [order_id], 60).values()
+    assert str(order.status) == "completed", log_tail(stack)
+    step = order.steps[0]
+    assert step.attempt == 2 and step.failure_count == 1
+    assert [h["event"] for h in step.history].count("expired") == 1
+    assert effects_by_order(load_ledger(stack.ledger_path))[order_id] == ["process"]
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [{"devhost_env": [{"ORDERS_FAILPOINTS": "after-claim"}, {}], "autostart": False}],
+    indirect=True,
+)
+def test_scheduler_killed_right_after_a_claim_is_recovered_by_another(stack: LocalStack) -> None:
+    order_id = "e2e-claim-kill"
+    stack.hosts[0].start()  # the only instance, armed to die right after it claims
+    stack.submit({"orderId": order_id})
+    assert stack.hosts[0].process is not None
+    stack.hosts[0].process.wait(timeout=60)  # it claimed, then SIGKILLed itself
+    assert stack.hosts[0].process.returncode == -9
+    claimed = load(stack, order_id)
+    assert claimed is not None and str(claimed.steps[0].process_state) == "Processing"
+    assert not load_ledger(stack.ledger_path)  # the request was never sent
+    stack.hosts[1].start()  # a healthy instance: its supervisor finds the expired claim
+    [order] = wait_terminal(stack, [order_id], 60).values()
+    assert str(order.status) == "completed", log_tail(stack)
+    step = order.steps[0]
+    assert step.attempt == 2
+    first, second = [h for h in step.history if h["event"] == "claimed"]
+    assert first["instance"].startswith("devhost-0") and second["instance"].startswith("devhost-1")
+    assert effects_by_order(load_ledger(stack.ledger_path))[order_id] == ["process"]
+
+
+@pytest.mark.parametrize(
+    "stack",
+    [
+        {
+            "devhost_env": [{"ORDERS_FAILPOINTS": "after-reply-save"}, {}],
+            "devhost_args": [["--only", "handle_agent_reply"], ["--exclude", "handle_agent_reply"]],
+            "autostart": False,
+        }
+    ],
+    indirect=True,
+)
+def test_killed_between_a_reply_and_the_next_step_the_workflow_resumes(stack: LocalStack) -> None:
+    order_id = "e2e-reply-kill"
+    stack.hosts[1].start()
+    stack.hosts[0].start()  # the reply handler, armed to die after its first save
+    stack.submit({"orderId": order_id, "workflow": "fulfilment"})
+    assert stack.hosts[0].process is not None
+    stack.hosts[0].process.wait(timeout=60)
+    stack.devhost_env = None
+    stack.hosts[0].env.pop("ORDERS_FAILPOINTS")
+    stack.hosts[0].start()
+    [order] = wait_terminal(stack, [order_id], 90).values()
+    assert str(order.status) == "completed", log_tail(stack)
+    assert effects_by_order(load_ledger(stack.ledger_path))[order_id] == [
+        "reserve-stock",
+        "charge-payment",
+        "ship",
+    ]
+
+
+def test_operator_api_finds_explains_and_resubmits_over_http(stack: LocalStack) -> None:
+    order_id = "e2e-http"
+    stack.submit({"orderId": order_id, "simulate": {"process": "permanent"}})
+    wait_terminal(stack, [order_id], 60)
+    base = stack.http_url
+    assert base is not None
+    listed = httpx.get(f"{base}/api/orders", params={"status": "error"}, timeout=10).json()
+    assert order_id in [o["orderId"] for o in listed["orders"]]
+    shown = httpx.get(f"{base}/api/orders/{order_id}", timeout=10)
+    assert shown.status_code == 200
+    step = shown.json()["steps"][0]
+    assert step["ProcessState"] == "Error" and "422" in step["lastError"]
+    assert step["attempts"][0]["outcome"] == "failed"
+    missing = httpx.get(f"{base}/api/orders/nope-404", timeout=10)
+    assert missing.status_code == 404 and "nope-404" in missing.json()["error"]
+    bad = httpx.get(f"{base}/api/orders", params={"status": "weird"}, timeout=10)
+    assert bad.status_code == 400 and "status" in bad.json()["error"]
+    again = httpx.post(f"{base}/api/orders/{order_id}/resubmit", timeout=10)
+    assert again.status_code == 200 and again.json()["status"] == "processing"
+    wait_for(
+        lambda: (o := load(stack, order_id)) is not None and o.steps[0].attempt == 2,
+        30,
+        what="the resubmitted attempt",
+    )
+    wait_terminal(stack, [order_id], 60)
+    # Still declined: back in error, with both attempts on record. The operator gives up.
+    cancelled = httpx.post(
+        f"{base}/api/orders/{order_id}/cancel", json={"reason": "customer called"}, timeout=10
+    )
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    again = httpx.post(f"{base}/api/orders/{order_id}/cancel", timeout=10)
+    assert again.status_code == 409 and again.json()["reason"] == "finished"
+    done = load(stack, order_id)
+    assert done is not None
+    assert [h["event"] for h in done.steps[0].history].count("resubmitted") == 1
+    assert [
+        a["outcome"]
+        for a in httpx.get(f"{base}/api/orders/{order_id}", timeout=10).json()["steps"][0][
+            "attempts"
+        ]
+    ] == ["failed", "failed"]
