@@ -21,6 +21,7 @@ from azure.storage.queue import QueueServiceClient
 from urllib3.util.retry import Retry
 
 from devhost.settings import ConfigError
+from runtime import opcount
 
 CONNECT_TIMEOUT = 5
 READ_TIMEOUT = 20
@@ -133,6 +134,7 @@ class Clients:
             "retry_total": RETRIES,
             "connection_timeout": CONNECT_TIMEOUT,
             "read_timeout": READ_TIMEOUT,
+            **opcount.policies("queue"),  # inert unless ORDERS_OPCOUNT_DIR is set (bench/)
         }
         # No message encode/decode policy: the bytes go through as stored, and devhost
         # decodes base64 itself (the SDK's TextBase64DecodePolicy fails after dequeuing).

@@ -28,6 +28,23 @@ STORAGE_OPTIONS: dict[str, Any] = {
     "connection_timeout": 5,
     "read_timeout": 20,
 }
+#: Pooled connections per client: the worker runs many invocations on threads
+#: that share one client (requests' default pool of 10 would churn connections).
+POOL_SIZE = 64
+
+
+def _options(service: str) -> dict[str, Any]:
+    import requests
+    from azure.core.pipeline.transport import RequestsTransport
+
+    from runtime import opcount
+
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=POOL_SIZE)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    transport = RequestsTransport(session=session, session_owner=True)
+    return {**STORAGE_OPTIONS, "transport": transport, **opcount.policies(service)}
 
 
 def credential(connection: Connection) -> TokenCredential:
@@ -65,10 +82,10 @@ def table_service(connection: Connection) -> TableServiceClient:
 
     if connection.connection_string:
         return TableServiceClient.from_connection_string(
-            connection.connection_string, **STORAGE_OPTIONS
+            connection.connection_string, **_options("table")
         )
     return TableServiceClient(
-        _endpoint(connection, "table"), credential=credential(connection), **STORAGE_OPTIONS
+        _endpoint(connection, "table"), credential=credential(connection), **_options("table")
     )
 
 
@@ -77,8 +94,8 @@ def queue_service(connection: Connection) -> QueueServiceClient:
 
     if connection.connection_string:
         return QueueServiceClient.from_connection_string(
-            connection.connection_string, **STORAGE_OPTIONS
+            connection.connection_string, **_options("queue")
         )
     return QueueServiceClient(
-        _endpoint(connection, "queue"), credential=credential(connection), **STORAGE_OPTIONS
+        _endpoint(connection, "queue"), credential=credential(connection), **_options("queue")
     )

@@ -1,0 +1,1 @@
+"""Benchmarks: they print JSON numbers; nothing here asserts a speed."""

@@ -1,0 +1,99 @@
+"""Counting storage operations per process, for the benchmark and the cost model.
+
+Inert unless ``ORDERS_OPCOUNT_DIR`` is set: then every storage client gets a
+pipeline policy that counts its requests by service and kind (a table
+transaction is one request: ``table.batch``), and the counts are written to
+``<dir>/<pid>.json`` every second and at exit, so a benchmark can add up what
+several processes did.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from azure.core.pipeline import PipelineRequest
+
+ENV = "ORDERS_OPCOUNT_DIR"
+
+_counts: Counter[str] = Counter()
+_lock = threading.Lock()
+_started = False
+
+
+def _kind(service: str, method: str, path: str) -> str:
+    if service == "table":
+        if path.endswith("$batch"):
+            return "table.batch"
+        return {
+            "GET": "table.query",
+            "POST": "table.insert",
+            "PUT": "table.update",
+            "MERGE": "table.update",
+            "PATCH": "table.update",
+            "DELETE": "table.delete",
+        }.get(method, f"table.{method.lower()}")
+    if path.endswith("/messages"):
+        return {"GET": "queue.receive", "POST": "queue.send"}.get(method, f"queue.{method}")
+    if "/messages/" in path:
+        return {"DELETE": "queue.delete", "PUT": "queue.update"}.get(method, f"queue.{method}")
+    return f"queue.{method.lower()}"
+
+
+class OpCounter:
+    """A ``raw_request_hook``: called once per HTTP request the client sends (retries too)."""
+
+    def __init__(self, service: str):
+        self._service = service
+
+    def __call__(self, request: PipelineRequest) -> None:  # type: ignore[type-arg]
+        http = request.http_request
+        path = http.url.split("?", 1)[0]
+        with _lock:
+            _counts[_kind(self._service, http.method, path)] += 1
+
+
+def _flush(directory: Path) -> None:
+    with _lock:
+        data = dict(_counts)
+    tmp = directory / f".{os.getpid()}.json.tmp"
+    tmp.write_text(json.dumps(data))
+    tmp.replace(directory / f"{os.getpid()}.json")
+
+
+def _start(directory: Path) -> None:
+    global _started  # noqa: PLW0603
+    if _started:
+        return
+    _started = True
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def loop() -> None:
+        while True:
+            threading.Event().wait(1.0)
+            _flush(directory)
+
+    threading.Thread(target=loop, name="opcount", daemon=True).start()
+    atexit.register(_flush, directory)
+
+
+def policies(service: str) -> dict[str, Any]:
+    """Client options adding the counter when ``ORDERS_OPCOUNT_DIR`` is set; else nothing."""
+    directory = os.environ.get(ENV)
+    if not directory:
+        return {}
+    _start(Path(directory))
+    # The storage SDKs ignore per_call_policies; both honour a client-level raw_request_hook.
+    return {"raw_request_hook": OpCounter(service)}
+
+
+def collect(directory: Path) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for path in directory.glob("*.json"):
+        total.update(json.loads(path.read_text()))
+    return total
