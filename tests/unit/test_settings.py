@@ -1,0 +1,250 @@
+"""Typed settings of contract 3.6: defaults, parsing, and errors that name the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.settings import (
+    APP_SETTINGS,
+    Connection,
+    Settings,
+    SettingsError,
+    Transport,
+)
+
+STORAGE_CS = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
+SB_CS = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=a2V5"
+
+
+def settings(**env: str) -> Settings:
+    return Settings.from_env({"AzureWebJobsStorage": STORAGE_CS, **env})
+
+
+def error(**env: str) -> str:
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env(env)
+    return str(info.value)
+
+
+def test_the_contract_names_are_the_ones_read() -> None:
+    assert APP_SETTINGS == (
+        "AzureWebJobsStorage",
+        "ServiceBusConnection",
+        "AGENT_TRANSPORT",
+        "REMOTE_SERVICE_URL",
+        "STEP_TIMEOUT_SECONDS",
+        "MAX_FAILURE_COUNT",
+        "SUPERVISOR_SCHEDULE",
+    )
+
+
+def test_defaults() -> None:
+    s = settings(ServiceBusConnection=SB_CS)
+
+    assert s.storage == Connection(name="AzureWebJobsStorage", connection_string=STORAGE_CS)
+    assert s.service_bus == Connection(name="ServiceBusConnection", connection_string=SB_CS)
+    assert s.transport is Transport.SERVICE_BUS
+    assert s.remote_service_url is None
+    assert s.step_timeout_seconds == 30
+    assert s.max_failure_count == 5
+    assert s.supervisor_schedule == "*/10 * * * * *"
+
+
+def test_explicit_values_are_read() -> None:
+    s = settings(
+        AGENT_TRANSPORT="storage",
+        REMOTE_SERVICE_URL="https://remote.example/api",
+        STEP_TIMEOUT_SECONDS="45",
+        MAX_FAILURE_COUNT="3",
+        SUPERVISOR_SCHEDULE="0 */5 * * * *",
+    )
+
+    assert s.transport is Transport.STORAGE
+    assert s.service_bus is None
+    assert s.remote_service_url == "https://remote.example/api"
+    assert s.step_timeout_seconds == 45
+    assert s.max_failure_count == 3
+    assert s.supervisor_schedule == "0 */5 * * * *"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("storage", Transport.STORAGE),
+        ("STORAGE", Transport.STORAGE),
+        ("  Storage\n", Transport.STORAGE),
+        ("servicebus", Transport.SERVICE_BUS),
+        ("ServiceBus", Transport.SERVICE_BUS),
+        ("", Transport.SERVICE_BUS),
+        ("   ", Transport.SERVICE_BUS),
+    ],
+)
+def test_agent_transport_is_case_and_space_insensitive(raw: str, expected: Transport) -> None:
+    assert settings(AGENT_TRANSPORT=raw, ServiceBusConnection=SB_CS).transport is expected
+
+
+@pytest.mark.parametrize("raw", ["kafka", "service-bus", "queues"])
+def test_invalid_agent_transport_names_the_setting_and_the_choices(raw: str) -> None:
+    message = error(AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT=raw)
+
+    assert message == f"AGENT_TRANSPORT must be 'servicebus' or 'storage', got {raw!r}"
+
+
+def test_servicebus_transport_without_its_connection_names_it() -> None:
+    message = error(AzureWebJobsStorage=STORAGE_CS)
+
+    assert message.startswith(
+        "AGENT_TRANSPORT is 'servicebus' (the default) but ServiceBusConnection is not set"
+    )
+    assert "ServiceBusConnection__fullyQualifiedNamespace" in message
+    assert "AGENT_TRANSPORT=storage" in message
+
+
+def test_an_empty_servicebus_connection_counts_as_not_set() -> None:
+    with pytest.raises(SettingsError, match="ServiceBusConnection is not set"):
+        Settings.from_env(
+            {"AzureWebJobsStorage": STORAGE_CS, "ServiceBusConnection": "", "AGENT_TRANSPORT": ""}
+        )
+
+
+def test_storage_transport_needs_no_servicebus() -> None:
+    assert settings(AGENT_TRANSPORT="storage").service_bus is None
+
+
+def test_servicebus_connection_is_kept_with_the_storage_transport() -> None:
+    s = settings(AGENT_TRANSPORT="storage", ServiceBusConnection=SB_CS)
+
+    assert s.service_bus is not None
+    assert s.service_bus.connection_string == SB_CS
+
+
+def test_identity_based_storage_connection() -> None:
+    s = Settings.from_env(
+        {
+            "AzureWebJobsStorage__accountName": "stordersprod",
+            "AzureWebJobsStorage__clientId": "11111111-2222-3333-4444-555555555555",
+            "AzureWebJobsStorage__credential": "managedidentity",
+            "AGENT_TRANSPORT": "storage",
+        }
+    )
+
+    assert s.storage == Connection(
+        name="AzureWebJobsStorage",
+        account_name="stordersprod",
+        client_id="11111111-2222-3333-4444-555555555555",
+        credential="managedidentity",
+    )
+
+
+def test_identity_based_storage_with_service_uris() -> None:
+    s = settings(
+        AzureWebJobsStorage="",
+        AzureWebJobsStorage__queueServiceUri="https://st.queue.core.windows.net",
+        AzureWebJobsStorage__tableServiceUri="https://st.table.core.windows.net",
+        AGENT_TRANSPORT="storage",
+    )
+
+    assert s.storage.connection_string is None
+    assert s.storage.queue_service_uri == "https://st.queue.core.windows.net"
+    assert s.storage.table_service_uri == "https://st.table.core.windows.net"
+
+
+def test_identity_based_servicebus_connection() -> None:
+    s = settings(
+        ServiceBusConnection__fullyQualifiedNamespace="sb-orders.servicebus.windows.net",
+        ServiceBusConnection__clientId="cid",
+    )
+
+    assert s.service_bus == Connection(
+        name="ServiceBusConnection",
+        fully_qualified_namespace="sb-orders.servicebus.windows.net",
+        client_id="cid",
+    )
+
+
+def test_similar_names_are_not_mistaken_for_identity_parts() -> None:
+    # "AzureWebJobsStorageX__accountName" is another setting, not a part of AzureWebJobsStorage.
+    message = error(AzureWebJobsStorageX__accountName="st", AGENT_TRANSPORT="storage")
+
+    assert message.startswith("AzureWebJobsStorage is not set")
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"AzureWebJobsStorage": ""},
+        {"AzureWebJobsStorage__accountName": ""},
+    ],
+)
+def test_missing_storage_names_the_setting_and_its_identity_form(env: dict[str, str]) -> None:
+    message = error(**env, AGENT_TRANSPORT="storage")
+
+    assert message == (
+        "AzureWebJobsStorage is not set: give a storage connection string, or "
+        "AzureWebJobsStorage__accountName for identity-based access"
+    )
+
+
+@pytest.mark.parametrize("name", ["STEP_TIMEOUT_SECONDS", "MAX_FAILURE_COUNT"])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("abc", "{name} must be a whole number, got 'abc'"),
+        ("1.5", "{name} must be a whole number, got '1.5'"),
+        ("30s", "{name} must be a whole number, got '30s'"),
+        ("0", "{name} must be at least 1, got 0"),
+        ("-3", "{name} must be at least 1, got -3"),
+    ],
+)
+def test_invalid_whole_numbers_name_the_setting(name: str, raw: str, expected: str) -> None:
+    message = error(AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", **{name: raw})
+
+    assert message == expected.format(name=name)
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(" 7 ", 7), ("1", 1), ("", 30), ("  ", 30)])
+def test_step_timeout_is_trimmed_and_defaults_when_blank(raw: str, expected: int) -> None:
+    assert settings(AGENT_TRANSPORT="storage", STEP_TIMEOUT_SECONDS=raw).step_timeout_seconds == (
+        expected
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("https://remote.example", "https://remote.example"),
+        ("https://remote.example/", "https://remote.example"),
+        ("http://127.0.0.1:7072/api//", "http://127.0.0.1:7072/api"),
+        ("  http://localhost:7072/ ", "http://localhost:7072"),
+    ],
+)
+def test_remote_service_url_loses_its_trailing_slash(raw: str, expected: str) -> None:
+    s = settings(AGENT_TRANSPORT="storage", REMOTE_SERVICE_URL=raw)
+
+    assert s.remote_service_url == expected
+    assert s.require_remote_service_url() == expected
+
+
+@pytest.mark.parametrize("raw", ["ftp://remote.example", "remote.example", "localhost:7072"])
+def test_remote_service_url_must_be_http(raw: str) -> None:
+    message = error(
+        AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", REMOTE_SERVICE_URL=raw
+    )
+
+    assert message == f"REMOTE_SERVICE_URL must be an http(s) URL, got {raw!r}"
+
+
+def test_require_remote_service_url_names_the_setting_when_missing() -> None:
+    s = settings(AGENT_TRANSPORT="storage", REMOTE_SERVICE_URL=" ")
+
+    with pytest.raises(SettingsError) as info:
+        s.require_remote_service_url()
+
+    assert str(info.value) == (
+        "REMOTE_SERVICE_URL is not set: agents need the base URL of the remote services"
+    )
+
+
+def test_settings_error_is_a_value_error() -> None:
+    assert issubclass(SettingsError, ValueError)
