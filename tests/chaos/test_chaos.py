@@ -1,0 +1,38 @@
+"""The chaos suite: only system-wide invariants, after real crashes and faults.
+
+`make test` runs the short form; `make chaos` also runs the long one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.chaos.runner import ChaosPlan, run_chaos
+
+
+def _run(plan: ChaosPlan) -> None:
+    report, timings = run_chaos(plan)
+    summary = {**report.summary(), **timings, "seed": plan.seed}
+    print("\nCHAOS SUMMARY " + json.dumps(summary))
+    assert not report.violations(), json.dumps(
+        {k: v[:10] for k, v in report.violations().items()}, indent=2
+    )
+    assert report.kills >= 3, "the run must actually kill processes"
+    assert report.duplicated_replies > 0, "the run must actually duplicate replies"
+    assert timings["rejected"] == 0
+
+
+@pytest.mark.timeout(420)
+def test_chaos_short() -> None:
+    seed = int(os.environ.get("CHAOS_SEED", "20261122"))
+    _run(ChaosPlan(orders=120, chaos_seconds=40, seed=seed))
+
+
+@pytest.mark.long
+@pytest.mark.timeout(900)
+def test_chaos_long() -> None:
+    seed = int(os.environ.get("CHAOS_SEED", "7"))
+    _run(ChaosPlan(orders=400, chaos_seconds=120, settle_seconds=240, seed=seed))
