@@ -20,6 +20,8 @@ attempt, so the service applies the effect once however often we ask).
 from __future__ import annotations
 
 import email.utils
+import json
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +35,6 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception,
-    stop_before_delay,
     wait_random_exponential,
 )
 
@@ -45,6 +46,7 @@ from runtime.metrics import METRICS
 log = get_logger(__name__)
 
 TRANSIENT_STATUSES = frozenset({408, 425, 429})
+TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 
 
 @dataclass(frozen=True)
@@ -58,27 +60,35 @@ class RemotePolicy:
     breaker_reset_seconds: float = 10.0
 
 
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
+def _retry_after(response: httpx.Response, now: datetime) -> float | None:
+    """Seconds from ``now`` the service asks us to wait; None if absent or unreadable."""
+    value = response.headers.get("Retry-After", "").strip()
     if not value:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
-        pass
-    parsed = email.utils.parsedate_to_datetime(value) if value else None
-    if parsed is None:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None  # not a number, not an HTTP date: ignore it, back off as usual
+        if when is None:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - now).total_seconds()
+    if not math.isfinite(seconds):
         return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return max((parsed - datetime.now(UTC)).total_seconds(), 0.0)
+    return max(seconds, 0.0)
 
 
 def _is_transient(exc_type: type[BaseException], exc: BaseException) -> bool:
     return isinstance(exc, RemoteCallFailed) and exc.retryable
 
 
-def classify(response: httpx.Response, path: str) -> RemoteCallFailed | None:
+def classify(
+    response: httpx.Response, path: str, now: datetime | None = None
+) -> RemoteCallFailed | None:
     """None for 2xx; otherwise the failure, transient or permanent per contract 3.4."""
     status = response.status_code
     if 200 <= status < 300:
@@ -93,7 +103,10 @@ def classify(response: httpx.Response, path: str) -> RemoteCallFailed | None:
     text = f"{path}: HTTP {status}" + (f" {detail}" if detail else "")
     if status in TRANSIENT_STATUSES or status >= 500:
         return RemoteCallFailed(
-            text, retryable=True, status=status, retry_after=_retry_after(response)
+            text,
+            retryable=True,
+            status=status,
+            retry_after=_retry_after(response, now or datetime.now(UTC)),
         )
     return RemoteCallFailed(text, retryable=False, status=status)
 
@@ -140,10 +153,16 @@ class RemoteServiceClient:
             raise DeadlineExceeded(
                 "no time left before the deadline", order_id=request.order_id, step=request.step
             )
+
+        def out_of_time(state: RetryCallState) -> bool:
+            # On our clock (not tenacity's monotonic one): stop when the next wait would end
+            # at or after the deadline, so no try ever starts too late to reply in time.
+            return self._clock().timestamp() + (state.upcoming_sleep or 0.0) >= deadline
+
         retrying = Retrying(
             retry=retry_if_exception(lambda e: isinstance(e, RemoteCallFailed) and e.retryable),
             wait=self._wait,
-            stop=stop_before_delay(budget),
+            stop=out_of_time,
             sleep=self._sleep,
             reraise=True,
             before_sleep=self._before_sleep,
@@ -200,11 +219,21 @@ class RemoteServiceClient:
 
     def _post(self, request: AgentRequest, timeout: float) -> dict[str, Any]:
         url = f"{self._base_url}/{request.path}"
+        # Only W3C trace context travels from the message, and never over the contract's key.
+        headers = {k: v for k, v in request.trace.items() if k in TRACE_HEADERS}
+        headers["Idempotency-Key"] = request.idempotency_key
+        try:
+            body = json.dumps(request.order, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            raise RemoteCallFailed(
+                f"{request.path}: the order cannot be sent as JSON ({exc})", retryable=False
+            ) from exc
+        headers["Content-Type"] = "application/json"
         try:
             response = self._http.post(
                 url,
-                json=request.order,
-                headers={"Idempotency-Key": request.idempotency_key, **request.trace},
+                content=body.encode("utf-8"),
+                headers=headers,
                 timeout=httpx.Timeout(timeout, connect=min(timeout, self.policy.connect_seconds)),
             )
         except httpx.TimeoutException as exc:
@@ -215,7 +244,7 @@ class RemoteServiceClient:
             raise RemoteCallFailed(
                 f"{request.path}: {type(exc).__name__}: {exc}", retryable=True
             ) from exc
-        failure = classify(response, request.path)
+        failure = classify(response, request.path, self._clock())
         if failure is not None:
             raise failure
         try:

@@ -24,21 +24,23 @@ from core.timefmt import iso, parse_iso
 from core.workflows import DEFAULT_WORKFLOW, WORKFLOWS
 
 ORDER_ID_RULE: Final = "1-64 characters of A-Z a-z 0-9 - _"
-_ORDER_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ORDER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # always fullmatch: "$" accepts a final "\n"
 # Storage queue names: 3-63 characters, lowercase letters, digits and single
 # hyphens, starting and ending with a letter or digit.
-_QUEUE_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9]+(?:-[a-z0-9]+)*$")
-#: Business data is stored in one Table string property (64 KiB = 32K UTF-16 units).
-MAX_ORDER_DATA_CHARS: Final = 30_000
+_QUEUE_NAME = re.compile(r"(?=.{3,63}\Z)[a-z0-9]+(?:-[a-z0-9]+)*")
+_STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+_PATH = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
+#: The order is stored in one Table string property: 64 KiB, i.e. 32K UTF-16 code units.
+MAX_ORDER_DATA_CHARS: Final = 30_000  # UTF-16 code units, as Table Storage counts them
 RESERVED_FIELDS: Final = ("orderId", "workflow", "replyTo")
 
 
 def is_valid_order_id(value: str) -> bool:
-    return bool(_ORDER_ID.match(value))
+    return bool(_ORDER_ID.fullmatch(value))
 
 
 def is_valid_queue_name(value: str) -> bool:
-    return bool(_QUEUE_NAME.match(value))
+    return bool(_QUEUE_NAME.fullmatch(value))
 
 
 class _OrderFields(BaseModel):
@@ -51,7 +53,7 @@ class _OrderFields(BaseModel):
     @field_validator("orderId")
     @classmethod
     def _order_id(cls, value: str) -> str:
-        if not _ORDER_ID.match(value):
+        if not _ORDER_ID.fullmatch(value):
             shown = value if len(value) <= 80 else value[:77] + "..."
             raise ValueError(
                 f"orderId must be {ORDER_ID_RULE} (it becomes a Table Storage key); "
@@ -70,7 +72,7 @@ class _OrderFields(BaseModel):
     @field_validator("replyTo")
     @classmethod
     def _reply_to(cls, value: str | None) -> str | None:
-        if value is not None and not _QUEUE_NAME.match(value):
+        if value is not None and not _QUEUE_NAME.fullmatch(value):
             raise ValueError(
                 f"replyTo must name a Storage queue (3-63 lowercase letters, digits and single "
                 f"hyphens, starting and ending with a letter or digit); got {value!r}"
@@ -107,6 +109,8 @@ def _describe(value: object) -> str:
         return "a string"
     if isinstance(value, list):
         return "an array"
+    if isinstance(value, dict):
+        return "an object"
     if value is None:
         return "null"
     return type(value).__name__
@@ -141,11 +145,39 @@ def _looks_like_base64_json(text: str) -> bool:
     return True
 
 
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJson(
+        f"the message contains {name}, which is not a JSON number (RFC 8259): send numbers "
+        "that JSON can carry, or null"
+    )
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _NotJson(
+                f"the message repeats the key {key!r} in one object; JSON parsers disagree on "
+                "which value wins, so send each key once"
+            )
+        out[key] = value
+    return out
+
+
+def utf16_units(text: str) -> int:
+    """Length as Table Storage counts it (UTF-16 code units)."""
+    return len(text.encode("utf-16-le")) // 2
+
+
 def decode_order(raw: bytes | str) -> OrderMessage:
     """Decode and validate an order message (contract 3.1) or raise ``InvalidOrder``."""
     if isinstance(raw, bytes):
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")  # a BOM (PowerShell adds one) is not content
         except UnicodeDecodeError as exc:
             raise InvalidOrder(
                 f"the message is not UTF-8 text (invalid byte at position {exc.start}); "
@@ -156,7 +188,9 @@ def decode_order(raw: bytes | str) -> OrderMessage:
     if not text.strip():
         raise InvalidOrder("the message is empty; send the order as a JSON object")
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except _NotJson as exc:
+        raise InvalidOrder(str(exc)) from None
     except json.JSONDecodeError as exc:
         if _looks_like_base64_json(text):
             raise InvalidOrder(
@@ -177,7 +211,7 @@ def decode_order(raw: bytes | str) -> OrderMessage:
             order_id=value.get("orderId") if isinstance(value.get("orderId"), str) else None,
         ) from None
     message = OrderMessage(fields.orderId, fields.workflow, fields.replyTo, value)
-    size = len(message.data_json)
+    size = utf16_units(message.data_json)
     if size > MAX_ORDER_DATA_CHARS:
         raise InvalidOrder(
             f"the order is {size:,} characters of JSON; the limit is {MAX_ORDER_DATA_CHARS:,} "
@@ -306,9 +340,9 @@ def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
 
 def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
     order_id, step, attempt = value.get("orderId"), value.get("step"), value.get("attempt")
-    if not isinstance(order_id, str) or not _ORDER_ID.match(order_id):
+    if not isinstance(order_id, str) or not _ORDER_ID.fullmatch(order_id):
         raise InvalidMessage(f"{what}: orderId must be {ORDER_ID_RULE}, got {order_id!r}")
-    if not isinstance(step, str) or not re.match(r"^[a-z0-9]+(?:-[a-z0-9]+)*$", step):
+    if not isinstance(step, str) or not _STEP.fullmatch(step):
         raise InvalidMessage(
             f"{what}: step must be a kebab-case name, got {step!r}", order_id=order_id
         )
@@ -350,7 +384,7 @@ def decode_request(raw: bytes | str) -> AgentRequest:
     value = _load_object(raw, "agent request")
     order_id, step, attempt, complete_by = _common(value, "agent request")
     path = value.get("path", step)
-    if not isinstance(path, str) or not re.match(r"^[a-z0-9]+(?:[-/][a-z0-9]+)*$", path):
+    if not isinstance(path, str) or not _PATH.fullmatch(path):
         raise InvalidMessage(
             f"agent request: path must be a remote path, got {path!r}", order_id=order_id, step=step
         )

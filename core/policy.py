@@ -27,13 +27,11 @@ class RetryPolicy:
     def backoff(self, failure_count: int, order_id: str = "") -> timedelta:
         if failure_count <= self.soft_threshold:
             return timedelta(0)
-        seconds = min(
-            self.base_backoff_seconds * 2 ** (failure_count - self.soft_threshold - 1),
-            self.max_backoff_seconds,
-        )
+        exponent = min(failure_count - self.soft_threshold - 1, 30)  # 2**30 s is past any cap
         digest = hashlib.sha256(f"{order_id}:{failure_count}".encode()).digest()
         jitter = 0.8 + 0.4 * (digest[0] / 255)  # 0.8 .. 1.2
-        return timedelta(seconds=round(seconds * jitter, 3))
+        seconds = min(self.base_backoff_seconds * 2**exponent * jitter, self.max_backoff_seconds)
+        return timedelta(seconds=round(seconds, 3))
 
     def gives_up(self, failure_count: int) -> bool:
         return failure_count >= self.max_failure_count

@@ -6,10 +6,12 @@ these, and ``tests/infra`` checks that the two sets agree.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
+from urllib.parse import urlsplit
 
 STORAGE: Final = "AzureWebJobsStorage"
 SERVICE_BUS: Final = "ServiceBusConnection"
@@ -65,11 +67,24 @@ class Connection:
     credential: str | None = None
 
 
+_PARTS = (
+    "accountName",
+    "fullyQualifiedNamespace",
+    "queueServiceUri",
+    "tableServiceUri",
+    "clientId",
+    "credential",
+)
+
+
 def _connection(env: Mapping[str, str], name: str) -> Connection | None:
+    # The Functions host reads these suffixes case-insensitively; so do we.
+    canonical = {part.lower(): part for part in _PARTS}
+    prefix = name.lower() + "__"
     parts = {
-        key[len(name) + 2 :]: value
+        canonical.get(key[len(prefix) :].lower(), key[len(prefix) :]): value
         for key, value in env.items()
-        if key.startswith(name + "__") and value
+        if key.lower().startswith(prefix) and value
     }
     direct = env.get(name) or None
     if direct is None and not parts:
@@ -86,17 +101,40 @@ def _connection(env: Mapping[str, str], name: str) -> Connection | None:
     )
 
 
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < 1:
-        raise SettingsError(f"{name} must be at least 1, got {value}")
+    if not raw.isdigit():
+        raise SettingsError(f"{name} must be a whole number from 1 to {maximum}, got {raw!r}")
+    value = int(raw)
+    if not 1 <= value <= maximum:
+        raise SettingsError(f"{name} must be from 1 to {maximum}, got {value}")
     return value
+
+
+def _schedule(env: Mapping[str, str]) -> str:
+    raw = env.get(SUPERVISOR_SCHEDULE, "").strip() or DEFAULT_SUPERVISOR_SCHEDULE
+    fields = raw.split()
+    if len(fields) != 6 or not all(_CRON_FIELD.fullmatch(f) for f in fields):
+        raise SettingsError(
+            f"{SUPERVISOR_SCHEDULE} must be a six-field NCRONTAB expression "
+            f"(second minute hour day month day-of-week, e.g. '*/10 * * * * *'), got {raw!r}"
+        )
+    return raw
+
+
+_CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?]+")
+
+
+def _url(env: Mapping[str, str]) -> str | None:
+    raw = env.get(REMOTE_SERVICE_URL, "").strip()
+    if not raw:
+        return None
+    parsed = urlsplit(raw)
+    if parsed.scheme.lower() not in ("http", "https") or not parsed.netloc:
+        raise SettingsError(f"{REMOTE_SERVICE_URL} must be an http(s) URL with a host, got {raw!r}")
+    return raw.rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -131,20 +169,17 @@ class Settings:
                 f"give a connection string or {SERVICE_BUS}__fullyQualifiedNamespace, "
                 f"or set {AGENT_TRANSPORT}=storage"
             )
-        url = env.get(REMOTE_SERVICE_URL, "").strip().rstrip("/") or None
-        if url is not None and not url.startswith(("http://", "https://")):
-            raise SettingsError(f"{REMOTE_SERVICE_URL} must be an http(s) URL, got {url!r}")
         return cls(
             storage=storage,
             service_bus=service_bus,
             transport=transport,
-            remote_service_url=url,
+            remote_service_url=_url(env),
+            # A step's deadline is also its Service Bus message TTL and its lease: a day at most.
             step_timeout_seconds=_positive_int(
-                env, STEP_TIMEOUT_SECONDS, DEFAULT_STEP_TIMEOUT_SECONDS
+                env, STEP_TIMEOUT_SECONDS, DEFAULT_STEP_TIMEOUT_SECONDS, 86_400
             ),
-            max_failure_count=_positive_int(env, MAX_FAILURE_COUNT, DEFAULT_MAX_FAILURE_COUNT),
-            supervisor_schedule=env.get(SUPERVISOR_SCHEDULE, "").strip()
-            or DEFAULT_SUPERVISOR_SCHEDULE,
+            max_failure_count=_positive_int(env, MAX_FAILURE_COUNT, DEFAULT_MAX_FAILURE_COUNT, 100),
+            supervisor_schedule=_schedule(env),
         )
 
     def require_remote_service_url(self) -> str:

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-_STEP_NAME = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+_STEP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Workflow:
         if len(set(names)) != len(names):
             raise ValueError(f"workflow {self.name!r} repeats a step name: {names}")
         for name in names:
-            if not _STEP_NAME.match(name):
+            if not _STEP_NAME.fullmatch(name):
                 raise ValueError(f"workflow {self.name!r}: step name {name!r} is not kebab-case")
 
 

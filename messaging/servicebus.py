@@ -16,7 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from core.errors import StorageUnavailable
+from core.errors import OrderError, StorageUnavailable
 from core.messages import AgentReply, AgentRequest
 from core.names import Names
 from core.ports import Clock
@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 SEND_TIMEOUT_SECONDS = 10
+
+
+class TransportRefused(OrderError):
+    """The broker refused a message for good (size, authorization): not retryable."""
 
 
 def _properties(order_id: str, step: str, attempt: int, trace: dict[str, str]) -> dict[Any, Any]:
@@ -108,13 +112,27 @@ class ServiceBusTransport:
             return self._senders[queue]
 
     def _send(self, queue: str, message: ServiceBusMessage) -> None:
-        from azure.servicebus.exceptions import ServiceBusError
+        from azure.servicebus.exceptions import (
+            MessageSizeExceededError,
+            ServiceBusAuthenticationError,
+            ServiceBusAuthorizationError,
+            ServiceBusError,
+        )
 
-        sender, lock = self._sender(queue)
         try:
+            sender, lock = self._sender(queue)
             with lock:
                 sender.send_messages(message, timeout=SEND_TIMEOUT_SECONDS)
-        except ServiceBusError as exc:
+        except (
+            MessageSizeExceededError,
+            ServiceBusAuthenticationError,
+            ServiceBusAuthorizationError,
+        ) as exc:
+            # Retrying cannot help: too big, or this identity may not send here.
+            raise TransportRefused(
+                f"Service Bus refused the message for queue {queue}: {exc}"
+            ) from exc
+        except (ServiceBusError, ValueError, OSError) as exc:
             raise StorageUnavailable(f"could not send to Service Bus queue {queue}: {exc}") from exc
 
     def send_request(self, request: AgentRequest) -> bool:

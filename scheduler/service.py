@@ -17,6 +17,7 @@ from core.errors import (
     ConcurrencyConflict,
     InvalidOrder,
     OrderAlreadyExists,
+    OrderError,
     StorageUnavailable,
     TransitionRefused,
 )
@@ -185,7 +186,7 @@ class Scheduler:
             )
             try:
                 self._transport.send_request(request)
-            except StorageUnavailable as exc:
+            except OrderError as exc:  # unavailable, or refused by the broker
                 # The claim stands; the supervisor retries the step at its deadline.
                 METRICS.inc("request_send_failures")
                 log.error(

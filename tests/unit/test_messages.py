@@ -238,52 +238,24 @@ def test_rejection_carries_the_order_id_when_it_is_a_valid_one() -> None:
     assert rejection("[]").order_id is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _describe() has no case for dict, so the reason says 'got dict' instead of "
-    "'got an object' (a Python type name, not a sentence for the app's author)",
-)
 def test_order_id_object_is_described_as_an_object() -> None:
     assert str(rejection('{"orderId":{"id":"o-1"}}')) == "orderId must be a string, got an object"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _ORDER_ID uses '$', which also matches before a trailing newline, so "
-    "'o-1\\n' (and 64 letters + '\\n', 65 characters) pass; it becomes a Table key with a "
-    "control character and breaks the f-string JSON of schedule_dispatch. Use \\Z or fullmatch",
-)
 @pytest.mark.parametrize("order_id", ["o-1\n", "a" * 64 + "\n"])
 def test_order_id_with_a_trailing_newline_is_rejected(order_id: str) -> None:
     rejection(json.dumps({"orderId": order_id}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _QUEUE_NAME uses '$', which matches before a trailing newline: replyTo "
-    "'app-status\\n' is accepted, and the status notices go to a queue name Storage refuses",
-)
 def test_reply_to_with_a_trailing_newline_is_rejected() -> None:
     rejection(order_text(replyTo="app-status\n"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: json.loads accepts NaN/Infinity, which are not JSON (RFC 8259); the order is "
-    "accepted and stored, then the agent's httpx POST raises ValueError ('Out of range float "
-    "values are not JSON compliant') on every delivery",
-)
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
 def test_non_json_number_literals_are_rejected(literal: str) -> None:
     rejection('{"orderId":"o-1","price":' + literal + "}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the size limit counts code points, but the Table limit is 64 KiB of UTF-16 "
-    "(32K units, as the comment on MAX_ORDER_DATA_CHARS says): 20,000 emoji are ~20,000 "
-    "characters here but 40,000 UTF-16 units, so the order is accepted and the store write fails",
-)
 def test_size_limit_counts_utf16_units_as_table_storage_does() -> None:
     rejection(json.dumps({"orderId": "o-1", "d": "\U0001f600" * 20_000}, ensure_ascii=False))
 
@@ -586,3 +558,13 @@ def test_agent_reply_defaults_fill_result_or_error() -> None:
 
     assert json.loads(succeeded.encode())["result"] == {}
     assert json.loads(failed.encode())["error"] == "unspecified failure"
+
+
+def test_a_utf8_byte_order_mark_is_not_content() -> None:
+    message = decode_order(b"\xef\xbb\xbf" + order_text().encode())
+    assert message.order_id == "o-1"
+
+
+def test_a_key_repeated_in_one_object_is_rejected() -> None:
+    reason = str(rejection('{"orderId":"o-1","amount":1,"amount":2}'))
+    assert "repeats the key 'amount'" in reason

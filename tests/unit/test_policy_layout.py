@@ -38,12 +38,12 @@ def test_backoff_doubles_after_the_soft_threshold_with_bounded_jitter(order_id: 
         assert nominal * 0.8 <= seconds <= nominal * 1.2, (failures, seconds)
 
 
-def test_backoff_is_capped_then_jittered() -> None:
+def test_backoff_is_jittered_then_capped() -> None:
     policy = RetryPolicy(soft_threshold=1, base_backoff_seconds=2, max_backoff_seconds=10)
     waits = [policy.backoff(n, f"o-{i}").total_seconds() for n in range(5, 40) for i in range(20)]
 
-    assert all(8.0 <= w <= 12.0 for w in waits)  # the cap, +/-20%
-    assert max(waits) > 10.0  # note: jitter is applied after the cap, so waits pass it
+    assert all(w <= 10.0 for w in waits)  # the cap is a cap: jitter never passes it
+    assert all(w >= 10.0 for w in waits[-20:])  # far past the cap, every wait is the cap
 
 
 def test_jitter_is_deterministic_per_order_and_spreads_orders() -> None:
@@ -62,12 +62,6 @@ def test_backoff_has_millisecond_resolution() -> None:
     assert wait == round(wait, 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: backoff computes base * 2 ** (failures - soft - 1) before capping; with "
-    "MAX_FAILURE_COUNT (unbounded in settings) above ~1027 the float conversion raises "
-    "OverflowError in the supervisor instead of returning the cap",
-)
 def test_backoff_for_a_huge_failure_count_is_the_cap() -> None:
     policy = RetryPolicy(max_failure_count=5000, max_backoff_seconds=300)
 

@@ -252,12 +252,6 @@ def test_retry_after_http_date_is_the_next_wait() -> None:
     assert 8.5 < clock.sleeps[0] <= 10.0  # the date has whole seconds
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _retry_after() measures an HTTP-date Retry-After against datetime.now(UTC), "
-    "not the client's injected clock, so the wait is wrong whenever the two differ (here: "
-    "years) and the call gives up with DeadlineExceeded",
-)
 def test_retry_after_http_date_is_measured_with_the_clients_clock() -> None:
     retry_at = format_datetime(T0 + timedelta(seconds=7), usegmt=True)
     remote = Remote(FakeClock(), status(503, **{"Retry-After": retry_at}), ok())
@@ -267,13 +261,6 @@ def test_retry_after_http_date_is_measured_with_the_clients_clock() -> None:
     assert clock.sleeps == [7.0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an unparsable Retry-After crashes the call: 'nan' parses as float NaN and "
-    "reaches sleep() (ValueError); a bad date makes email.utils.parsedate_to_datetime raise "
-    "ValueError out of classify(). Neither is a RemoteCallFailed, so Agent.handle lets it "
-    "escape (no reply, message redelivered)",
-)
 @pytest.mark.parametrize("value", ["nan", "soon", "Wed, 32 Foo 2030 25:00:00 GMT"])
 def test_an_unparsable_retry_after_is_ignored(value: str) -> None:
     remote = Remote(FakeClock(), status(503, **{"Retry-After": value}), ok())
@@ -402,13 +389,6 @@ def test_every_retry_timeout_fits_in_the_time_left_at_that_try() -> None:
         assert 0 < max(seen.timeout.values()) <= left + 1e-6
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (clock injection): tenacity's stop_before_delay measures elapsed time with "
-    "time.monotonic, not the injected clock, so with the client's own clock a wait is taken "
-    "that ends after the deadline (here 2 s waits with 2.5 s of budget: the clock ends at "
-    "+4 s); deadline rules cannot be checked on a fake clock as STYLE.md asks",
-)
 def test_no_wait_ends_after_the_deadline() -> None:
     remote = Remote(FakeClock(), status(503, **{"Retry-After": "2"}))
     client, clock = make_client(remote, reply_margin_seconds=0.5, breaker_fail_max=10_000)
@@ -470,12 +450,6 @@ def test_breakers_are_per_path() -> None:
     assert client.breaker("ship").state == "closed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: an order body httpx cannot encode (NaN/Infinity, which decode_order accepts) "
-    "raises ValueError from _post: not a RemoteCallFailed, so Agent.handle sends no 'failed' "
-    "reply, the function fails and the message is redelivered until the supervisor gives up",
-)
 def test_an_unsendable_body_is_a_permanent_failure() -> None:
     remote = Remote(FakeClock(), ok())
     client, _ = make_client(remote, breaker_fail_max=3)
@@ -489,12 +463,6 @@ def test_an_unsendable_body_is_a_permanent_failure() -> None:
     assert client.call(make_request()) == {"ok": True}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _post builds headers as {'Idempotency-Key': ..., **request.trace}; trace "
-    "comes from the request message unchecked, so a trace entry named Idempotency-Key "
-    "replaces the contract 3.4 key (and any other header can be injected)",
-)
 def test_trace_context_cannot_replace_the_idempotency_key() -> None:
     remote = Remote(FakeClock(), ok())
     client, _ = make_client(remote)

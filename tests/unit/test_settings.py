@@ -190,17 +190,20 @@ def test_missing_storage_names_the_setting_and_its_identity_form(env: dict[str, 
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [
-        ("abc", "{name} must be a whole number, got 'abc'"),
-        ("1.5", "{name} must be a whole number, got '1.5'"),
-        ("30s", "{name} must be a whole number, got '30s'"),
-        ("0", "{name} must be at least 1, got 0"),
-        ("-3", "{name} must be at least 1, got -3"),
+        ("abc", "{name} must be a whole number from 1 to {max}, got 'abc'"),
+        ("1.5", "{name} must be a whole number from 1 to {max}, got '1.5'"),
+        ("30s", "{name} must be a whole number from 1 to {max}, got '30s'"),
+        ("1_000", "{name} must be a whole number from 1 to {max}, got '1_000'"),
+        ("-3", "{name} must be a whole number from 1 to {max}, got '-3'"),
+        ("0", "{name} must be from 1 to {max}, got 0"),
+        ("100000", "{name} must be from 1 to {max}, got 100000"),
     ],
 )
 def test_invalid_whole_numbers_name_the_setting(name: str, raw: str, expected: str) -> None:
     message = error(AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", **{name: raw})
 
-    assert message == expected.format(name=name)
+    maximum = {"STEP_TIMEOUT_SECONDS": 86400, "MAX_FAILURE_COUNT": 100}[name]
+    assert message == expected.format(name=name, max=maximum)
 
 
 @pytest.mark.parametrize(("raw", "expected"), [(" 7 ", 7), ("1", 1), ("", 30), ("  ", 30)])
@@ -226,13 +229,15 @@ def test_remote_service_url_loses_its_trailing_slash(raw: str, expected: str) ->
     assert s.require_remote_service_url() == expected
 
 
-@pytest.mark.parametrize("raw", ["ftp://remote.example", "remote.example", "localhost:7072"])
+@pytest.mark.parametrize(
+    "raw", ["ftp://remote.example", "remote.example", "localhost:7072", "http://"]
+)
 def test_remote_service_url_must_be_http(raw: str) -> None:
     message = error(
         AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", REMOTE_SERVICE_URL=raw
     )
 
-    assert message == f"REMOTE_SERVICE_URL must be an http(s) URL, got {raw!r}"
+    assert message == f"REMOTE_SERVICE_URL must be an http(s) URL with a host, got {raw!r}"
 
 
 def test_require_remote_service_url_names_the_setting_when_missing() -> None:
@@ -248,3 +253,29 @@ def test_require_remote_service_url_names_the_setting_when_missing() -> None:
 
 def test_settings_error_is_a_value_error() -> None:
     assert issubclass(SettingsError, ValueError)
+
+
+@pytest.mark.parametrize("raw", ["* * * * *", "every minute", "*/10 * * * * * *", "0 0 * * ? ;"])
+def test_supervisor_schedule_must_be_six_fields(raw: str) -> None:
+    message = error(
+        AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", SUPERVISOR_SCHEDULE=raw
+    )
+
+    assert message.startswith("SUPERVISOR_SCHEDULE must be a six-field NCRONTAB expression")
+    assert repr(raw) in message
+
+
+def test_identity_suffixes_are_case_insensitive_as_in_the_functions_host() -> None:
+    s = settings(
+        AzureWebJobsStorage__ACCOUNTNAME="acct",
+        azurewebjobsstorage__clientid="cid",
+        AGENT_TRANSPORT="storage",
+    )
+
+    assert (s.storage.account_name, s.storage.client_id) == ("acct", "cid")
+
+
+def test_remote_service_url_scheme_is_case_insensitive() -> None:
+    assert settings(
+        AGENT_TRANSPORT="storage", REMOTE_SERVICE_URL="HTTPS://remote.example/"
+    ).remote_service_url == ("HTTPS://remote.example")
