@@ -1,0 +1,223 @@
+// The Function App on the Flex Consumption plan (FC1), Python 3.11.
+//
+// On Flex Consumption the runtime and its version live in functionAppConfig,
+// not in FUNCTIONS_WORKER_RUNTIME / FUNCTIONS_EXTENSION_VERSION app settings
+// (the platform rejects those). The app settings below are exactly the names
+// core/settings.py reads (contract 3.6), in their identity-based form, plus
+// the two Application Insights platform settings; tests/infra checks that.
+
+param name string
+param planName string
+param location string
+param tags object
+
+@description('Resource id of the app\'s user-assigned identity.')
+param identityId string
+
+@description('Client id of the same identity: the host and the SDKs pick it with __clientId.')
+param identityClientId string
+
+param storageAccountName string
+param deploymentContainerName string
+param serviceBusFullyQualifiedNamespace string
+param appInsightsName string
+
+param remoteServiceUrl string
+param stepTimeoutSeconds int
+param maxFailureCount int
+param supervisorSchedule string
+
+@allowed([
+  512
+  2048
+  4096
+])
+param instanceMemoryMB int
+
+@minValue(1)
+@maxValue(1000)
+param maximumInstanceCount int
+
+param zoneRedundant bool = false
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource appInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: appInsightsName
+}
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_225: On Flex Consumption, zone redundancy makes the platform keep at least two always-ready instances per function scale group, billed around the clock, which defeats scale to zero; it is a parameter (zoneRedundant), off by default.
+  name: planName
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    name: 'FC1'
+    tier: 'FlexConsumption'
+  }
+  properties: {
+    reserved: true // Linux, the only OS Flex Consumption runs
+    /* Off by default. Zone redundancy on Flex Consumption makes the platform
+       keep at least two always-ready instances for every per-function scale
+       group, billed as always-ready whatever alwaysReady says below (each
+       queue, Service Bus and timer function is a group, the HTTP functions
+       one more): two instances per group around the clock.
+       The skip of CKV_AZURE_225 records this. */
+    zoneRedundant: zoneRedundant
+  }
+}
+
+resource site 'Microsoft.Web/sites@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_222: The operator API (contract 3.7) is called over the internet with function keys; closing public access needs a private endpoint and a network to call from, which this template does not create.
+  // checkov:skip=CKV_AZURE_17: The operator API is authenticated with function keys (contract 3.7); requiring client certificates would break its clients, and every other trigger is a queue or a timer, not HTTP.
+  // checkov:skip=CKV_AZURE_212: Scale from zero is the design (alwaysReady is empty): a minimum instance count is an always-ready baseline billed around the clock, and queued work simply waits out a cold start.
+  // checkov:skip=CKV_AZURE_213: The Flex Consumption plan does not support the App Service health check; the platform replaces unhealthy instances itself.
+  name: name
+  location: location
+  // azd finds the app to deploy the `orders` service to by this tag.
+  tags: union(tags, {
+    'azd-service-name': 'orders'
+  })
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identityId}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    publicNetworkAccess: 'Enabled'
+    clientCertEnabled: false
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: '${storage.properties.primaryEndpoints.blob}${deploymentContainerName}'
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identityId
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        // Zero always-ready instances: the app scales to zero and costs
+        // nothing while idle but for supervisor ticks. A cold start delays only
+        // the first message after an idle spell; orders wait in a queue, and a
+        // step's deadline starts at its claim, not at enqueue.
+        alwaysReady: []
+        /* 2048 MB buys about one vCPU (CPU is allocated in proportion to
+           memory). The Python SDKs' own CPU (~0.9 ms per storage call) is this
+           app's bottleneck: 512 MB instances would cost about the same per
+           order under load (a quarter of the GB-s rate, four times the
+           seconds) but quadruple its latency. They do make idle supervisor
+           ticks four times cheaper: FUNCTION_INSTANCE_MEMORY_MB=512 suits a
+           mostly idle environment. */
+        instanceMemoryMB: instanceMemoryMB
+        /* A cap, not a reservation. 40 instances at ~500 storage calls/s each
+           already reach the storage account's 20,000 requests/s target;
+           beyond that more instances only earn HTTP 503 throttling from Table
+           Storage and a bigger bill. Raise it together with more accounts or
+           shards, not alone. */
+        maximumInstanceCount: maximumInstanceCount
+        // HTTP per-instance concurrency is left at the platform default: the
+        // only HTTP routes are the low-traffic operator API (contract 3.7).
+        // Queue and Service Bus concurrency per instance is set in host.json.
+      }
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    }
+    siteConfig: {
+      minTlsVersion: '1.2'
+      scmMinTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      http20Enabled: true
+      appSettings: [
+        // Host storage and the app's own table/queue clients: identity-based.
+        {
+          name: 'AzureWebJobsStorage__accountName'
+          value: storage.name
+        }
+        {
+          name: 'AzureWebJobsStorage__credential'
+          value: 'managedidentity'
+        }
+        {
+          name: 'AzureWebJobsStorage__clientId'
+          value: identityClientId
+        }
+        // Agent request/reply transport: identity-based.
+        {
+          name: 'ServiceBusConnection__fullyQualifiedNamespace'
+          value: serviceBusFullyQualifiedNamespace
+        }
+        {
+          name: 'ServiceBusConnection__credential'
+          value: 'managedidentity'
+        }
+        {
+          name: 'ServiceBusConnection__clientId'
+          value: identityClientId
+        }
+        {
+          name: 'AGENT_TRANSPORT'
+          value: 'servicebus'
+        }
+        {
+          name: 'REMOTE_SERVICE_URL'
+          value: remoteServiceUrl
+        }
+        {
+          name: 'STEP_TIMEOUT_SECONDS'
+          value: string(stepTimeoutSeconds)
+        }
+        {
+          name: 'MAX_FAILURE_COUNT'
+          value: string(maxFailureCount)
+        }
+        {
+          name: 'SUPERVISOR_SCHEDULE'
+          value: supervisorSchedule
+        }
+        // Telemetry: the connection string names the component; ingestion is
+        // authorised by the identity's Entra token, not by the key in it.
+        {
+          name: 'APPLICATIONINSIGHTS_CONNECTION_STRING'
+          value: appInsights.properties.ConnectionString
+        }
+        {
+          name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
+          value: 'Authorization=AAD;ClientId=${identityClientId}'
+        }
+      ]
+    }
+  }
+}
+
+// No FTP and no basic-auth (publishing profile) deployments: azd deploys with
+// the deploying user's Entra token.
+resource ftpPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+resource scmPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: site
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
+output name string = site.name
+output id string = site.id
+output defaultHostName string = site.properties.defaultHostName

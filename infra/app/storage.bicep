@@ -1,0 +1,127 @@
+// The one storage account: the Functions host's storage (AzureWebJobsStorage:
+// timer leases, host locks, diagnostic events), the deployment package
+// container, the state table and the Storage queues of contract 3.1/3.5.
+//
+// Keys are off: every client (the app, the Functions host, the deploying user)
+// authenticates with Microsoft Entra ID, so there is no secret to leak or
+// rotate. `defaultToOAuthAuthentication` makes the portal do the same.
+
+param name string
+param location string
+param tags object
+
+@description('Blob container the Flex Consumption app deploys from.')
+param deploymentContainerName string
+
+@description('The state table (core.names.STATE_TABLE).')
+param tableName string
+
+@description('Storage queues to create (core.names, without the agent queues when they live on Service Bus).')
+param queueNames array
+
+resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  // checkov:skip=CKV_AZURE_35: The Flex Consumption app has no VNet integration in this template, so a default Deny rule would lock the app out of its own storage; access is Entra ID only (shared keys off), and the private variant needs a VNet, subnet delegation and private endpoints.
+  // checkov:skip=CKV_AZURE_59: Same cause as CKV_AZURE_35: without VNet integration and private endpoints the app reaches storage over its public endpoint, authenticated with Entra ID only (shared keys off).
+  name: name
+  location: location
+  tags: tags
+  kind: 'StorageV2'
+  // Geo-redundant: the order records and the queued orders are what this
+  // system must never lose, and the copy in the paired region survives the
+  // loss of the primary region. Standard_GZRS also survives the loss of a
+  // zone, in regions with zones: change it here (a literal, so checkov sees it).
+  sku: {
+    name: 'Standard_GRS'
+  }
+  properties: {
+    accessTier: 'Hot'
+    allowSharedKeyAccess: false
+    allowBlobPublicAccess: false
+    allowCrossTenantReplication: false
+    defaultToOAuthAuthentication: true
+    minimumTlsVersion: 'TLS1_2'
+    supportsHttpsTrafficOnly: true
+    // Reachable over its public endpoint, Entra ID only: the Flex Consumption
+    // app has no VNet integration here (see docs/deployment.md, checkov skips).
+    publicNetworkAccess: 'Enabled'
+    networkAcls: {
+      bypass: 'AzureServices'
+      defaultAction: 'Allow'
+    }
+    encryption: {
+      keySource: 'Microsoft.Storage'
+      requireInfrastructureEncryption: true
+      services: {
+        blob: {
+          enabled: true
+          keyType: 'Account'
+        }
+        file: {
+          enabled: true
+          keyType: 'Account'
+        }
+        // Account-scoped keys for tables and queues too, so the platform
+        // encryption of the state store matches the blobs'.
+        table: {
+          enabled: true
+          keyType: 'Account'
+        }
+        queue: {
+          enabled: true
+          keyType: 'Account'
+        }
+      }
+    }
+  }
+}
+
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+  properties: {
+    // Recover a deleted deployment package or host lease container for a week.
+    deleteRetentionPolicy: {
+      enabled: true
+      days: 7
+    }
+    containerDeleteRetentionPolicy: {
+      enabled: true
+      days: 7
+    }
+  }
+}
+
+resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: deploymentContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+}
+
+resource stateTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+  parent: tableService
+  name: tableName
+}
+
+resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+}
+
+resource queues 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = [
+  for queueName in queueNames: {
+    parent: queueService
+    name: queueName
+  }
+]
+
+output name string = account.name
+output id string = account.id
+output blobEndpoint string = account.properties.primaryEndpoints.blob
+output tableName string = stateTable.name

@@ -1,0 +1,227 @@
+// Order supervisor: everything `azd up` creates, in one resource group.
+// Layout and parameter names follow the Azure-Samples azd templates.
+// Nothing here holds or emits a key, a SAS or a connection string with a
+// secret: every client authenticates with Microsoft Entra ID.
+
+targetScope = 'subscription'
+
+@minLength(1)
+@maxLength(64)
+@description('Name of the azd environment; also seeds the unique suffix of every resource name.')
+param environmentName string
+
+@minLength(1)
+@description('Region for all resources. It must offer the Flex Consumption plan.')
+@metadata({
+  azd: {
+    type: 'location'
+  }
+})
+param location string
+
+@description('Object id of the deploying user (azd sets AZURE_PRINCIPAL_ID). When set, that user gets the app\'s data roles, for local runs and the Service Bus contract tests against Azure. Empty grants nothing.')
+param principalId string = ''
+
+@allowed([
+  'User'
+  'ServicePrincipal'
+])
+@description('Kind of principal principalId is: User from a workstation, ServicePrincipal from CI.')
+param principalType string = 'User'
+
+@minLength(3)
+@description('Email address that receives operator and dead-letter alerts.')
+param alertEmail string
+
+@minLength(8)
+@description('Base URL of the remote services the agents call (REMOTE_SERVICE_URL, contract 3.4).')
+param remoteServiceUrl string
+
+@minValue(1)
+@description('STEP_TIMEOUT_SECONDS: default deadline of a step, from claim to CompleteBy.')
+param stepTimeoutSeconds int = 30
+
+@minValue(1)
+@description('MAX_FAILURE_COUNT: failed attempts before a step goes to Error and an operator is alerted.')
+param maxFailureCount int = 5
+
+@minLength(11)
+@description('SUPERVISOR_SCHEDULE: NCRONTAB (six fields) of the supervisor sweep.')
+param supervisorSchedule string = '*/10 * * * * *'
+
+@allowed([
+  'Standard'
+  'Premium'
+])
+@description('Service Bus tier. Standard has duplicate detection at a small base charge; Premium adds isolation and zones at a fixed price per messaging unit.')
+param serviceBusSku string = 'Standard'
+
+@allowed([
+  512
+  2048
+  4096
+])
+@description('Memory of each Flex Consumption instance; CPU is allocated in proportion (2048 MB = 1 vCPU).')
+param instanceMemoryMB int = 2048
+
+@minValue(1)
+@maxValue(1000)
+@description('Most instances the app may scale out to.')
+param maximumInstanceCount int = 40
+
+@description('Spread the app\'s instances over availability zones. Off by default: on Flex Consumption it makes the platform keep at least two always-ready instances per function scale group, billed around the clock (docs/deployment.md). Needs a region with zones.')
+param zoneRedundant bool = false
+
+var abbrs = loadJsonContent('abbreviations.json')
+var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
+var tags = {
+  'azd-env-name': environmentName
+}
+
+// Queue and table names: these are core/names.py, and tests/infra checks that
+// the two agree. The agent queues live on Service Bus (AGENT_TRANSPORT =
+// servicebus), so they are not created as Storage queues.
+var stateTableName = 'OrderState'
+var storageQueueNames = [
+  'orders'
+  'orders-rejected'
+  'operator-alerts'
+  'order-dispatch'
+]
+var serviceBusQueueNames = [
+  'agent-requests'
+  'agent-replies'
+]
+
+var functionAppName = '${abbrs.webSitesFunctions}orders-${resourceToken}'
+// Container names: 3-63 lowercase letters, digits and hyphens.
+var deploymentContainerName = 'app-package-${take(resourceToken, 12)}'
+
+resource rg 'Microsoft.Resources/resourceGroups@2024-03-01' = {
+  name: '${abbrs.resourcesResourceGroups}${environmentName}'
+  location: location
+  tags: tags
+}
+
+module identity 'app/identity.bicep' = {
+  name: 'identity'
+  scope: rg
+  params: {
+    appIdentityName: '${abbrs.managedIdentityUserAssignedIdentities}orders-${resourceToken}'
+    alertsIdentityName: '${abbrs.managedIdentityUserAssignedIdentities}alerts-${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module storage 'app/storage.bicep' = {
+  name: 'storage'
+  scope: rg
+  params: {
+    name: '${abbrs.storageStorageAccounts}${resourceToken}'
+    location: location
+    tags: tags
+    deploymentContainerName: deploymentContainerName
+    tableName: stateTableName
+    queueNames: storageQueueNames
+  }
+}
+
+module serviceBus 'app/servicebus.bicep' = {
+  name: 'servicebus'
+  scope: rg
+  params: {
+    name: '${abbrs.serviceBusNamespaces}${resourceToken}'
+    location: location
+    tags: tags
+    skuName: serviceBusSku
+    queueNames: serviceBusQueueNames
+  }
+}
+
+module monitoring 'app/monitoring.bicep' = {
+  name: 'monitoring'
+  scope: rg
+  params: {
+    workspaceName: '${abbrs.operationalInsightsWorkspaces}${resourceToken}'
+    appInsightsName: '${abbrs.insightsComponents}${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module rbac 'app/rbac.bicep' = {
+  name: 'rbac'
+  scope: rg
+  params: {
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: serviceBus.outputs.name
+    serviceBusQueueNames: serviceBusQueueNames
+    appInsightsName: monitoring.outputs.appInsightsName
+    workspaceName: monitoring.outputs.workspaceName
+    appPrincipalId: identity.outputs.appPrincipalId
+    alertsPrincipalId: identity.outputs.alertsPrincipalId
+    principalId: principalId
+    principalType: principalType
+  }
+}
+
+module functionApp 'app/function-app.bicep' = {
+  name: 'function-app'
+  scope: rg
+  // The identity's roles exist before the app starts, so its first run can
+  // already read the deployment package and its queues.
+  dependsOn: [
+    rbac
+  ]
+  params: {
+    name: functionAppName
+    planName: '${abbrs.webServerFarms}${resourceToken}'
+    location: location
+    tags: tags
+    identityId: identity.outputs.appIdentityId
+    identityClientId: identity.outputs.appClientId
+    storageAccountName: storage.outputs.name
+    deploymentContainerName: deploymentContainerName
+    serviceBusFullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+    appInsightsName: monitoring.outputs.appInsightsName
+    remoteServiceUrl: remoteServiceUrl
+    stepTimeoutSeconds: stepTimeoutSeconds
+    maxFailureCount: maxFailureCount
+    supervisorSchedule: supervisorSchedule
+    instanceMemoryMB: instanceMemoryMB
+    maximumInstanceCount: maximumInstanceCount
+    zoneRedundant: zoneRedundant
+  }
+}
+
+module alerts 'app/alerts.bicep' = {
+  name: 'alerts'
+  scope: rg
+  // The rule's identity can query the workspace before the rule first runs.
+  dependsOn: [
+    rbac
+  ]
+  params: {
+    actionGroupName: '${abbrs.actionGroups}orders-${resourceToken}'
+    operatorAlertRuleName: '${abbrs.insightsScheduledQueryRules}operator-alert-${resourceToken}'
+    deadLetterAlertName: '${abbrs.insightsMetricAlerts}dead-letters-${resourceToken}'
+    location: location
+    tags: tags
+    alertEmail: alertEmail
+    workspaceId: monitoring.outputs.workspaceId
+    alertsIdentityId: identity.outputs.alertsIdentityId
+    serviceBusNamespaceId: serviceBus.outputs.id
+  }
+}
+
+// azd stores these in .azure/<env>/.env (`azd env get-values`).
+output AZURE_LOCATION string = location
+output AZURE_TENANT_ID string = tenant().tenantId
+output AZURE_RESOURCE_GROUP string = rg.name
+output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
+output AZURE_FUNCTION_APP_URL string = 'https://${functionApp.outputs.defaultHostName}'
+output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
+output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
+output AZURE_LOG_ANALYTICS_WORKSPACE_ID string = monitoring.outputs.workspaceId

@@ -1,0 +1,119 @@
+"""(c) The app settings Bicep emits are exactly the settings the code reads.
+
+core.settings.APP_SETTINGS names them (contract 3.6). A connection name may
+appear as its identity-based `<Name>__<part>` variants instead of itself; the
+two Application Insights settings are read by the platform, not the code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from core import settings
+from tests.infra.bicep import INFRA, MAIN, bicep_files, body, parse, rel, resources_of_type
+
+PLATFORM_SETTINGS = {
+    "APPLICATIONINSIGHTS_CONNECTION_STRING",
+    "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+}
+CONNECTIONS = {settings.STORAGE, settings.SERVICE_BUS}
+# The parts the Functions host and core.settings.Connection understand.
+IDENTITY_PARTS = {
+    "accountName",
+    "fullyQualifiedNamespace",
+    "blobServiceUri",
+    "queueServiceUri",
+    "tableServiceUri",
+    "credential",
+    "clientId",
+}
+# Where each connection's identity-based form must point.
+ENDPOINT_PART = {
+    settings.STORAGE: "accountName",
+    settings.SERVICE_BUS: "fullyQualifiedNamespace",
+}
+
+
+def _emitted() -> dict[str, Any]:
+    """Every app setting written anywhere in infra/: name -> value (pycep form)."""
+    found: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def add(name: str, value: Any, path: Path) -> None:
+        assert name not in found, f"{name} is set twice ({sources[name]} and {rel(path)})"
+        found[name] = value
+        sources[name] = rel(path)
+
+    for path in bicep_files():
+        tree = parse(path)
+        for site in resources_of_type(tree, "Microsoft.Web/sites").values():
+            site_config = body(site).get("properties", {}).get("siteConfig", {})
+            for setting in site_config.get("appSettings", []):
+                add(setting["name"], setting.get("value"), path)
+        for config in resources_of_type(tree, "Microsoft.Web/sites/config").values():
+            if body(config).get("name") == "appsettings":
+                for name, value in body(config).get("properties", {}).items():
+                    add(name, value, path)
+    return found
+
+
+def test_a_function_app_emits_app_settings() -> None:
+    assert _emitted(), "no Microsoft.Web/sites appSettings found under infra/"
+
+
+def test_emitted_settings_are_exactly_what_the_code_reads() -> None:
+    emitted = set(_emitted())
+    unexpected = []
+    for name in sorted(emitted - PLATFORM_SETTINGS):
+        base, _, part = name.partition("__")
+        if base not in settings.APP_SETTINGS:
+            unexpected.append(f"{name}: not read by the code (core.settings.APP_SETTINGS)")
+        elif part and (base not in CONNECTIONS or part not in IDENTITY_PARTS):
+            unexpected.append(f"{name}: {base} has no identity-based part {part!r}")
+    assert not unexpected, "Bicep emits settings nothing reads:\n" + "\n".join(unexpected)
+
+    missing = [
+        name
+        for name in settings.APP_SETTINGS
+        if name not in emitted and not any(e.startswith(name + "__") for e in emitted)
+    ]
+    assert not missing, f"the code reads settings Bicep never sets: {missing}"
+    assert emitted >= PLATFORM_SETTINGS, f"missing: {sorted(PLATFORM_SETTINGS - emitted)}"
+
+
+def test_connections_are_identity_based() -> None:
+    emitted = _emitted()
+    for connection in CONNECTIONS:
+        assert connection not in emitted, f"{connection} must not be a connection string"
+        for part in (ENDPOINT_PART[connection], "credential", "clientId"):
+            assert f"{connection}__{part}" in emitted, f"{connection}__{part} is not set"
+        assert emitted[f"{connection}__credential"] == "managedidentity"
+    # Both connections and telemetry use the same (the app's) identity.
+    client_ids = {emitted[f"{connection}__clientId"] for connection in CONNECTIONS}
+    assert len(client_ids) == 1, f"connections use different identities: {client_ids}"
+    (client_id,) = client_ids
+    assert emitted["APPLICATIONINSIGHTS_AUTHENTICATION_STRING"] == (
+        f"Authorization=AAD;ClientId=${{{client_id}}}"
+    )
+
+
+def test_transport_is_service_bus() -> None:
+    assert _emitted()[settings.AGENT_TRANSPORT] == settings.Transport.SERVICE_BUS.value
+
+
+def test_flex_consumption_runtime_is_not_an_app_setting() -> None:
+    emitted = _emitted()
+    for name in ("FUNCTIONS_WORKER_RUNTIME", "FUNCTIONS_EXTENSION_VERSION"):
+        assert name not in emitted, f"{name} is refused on Flex Consumption"
+    app = parse(INFRA / "app" / "function-app.bicep")
+    (site,) = resources_of_type(app, "Microsoft.Web/sites").values()
+    runtime = body(site)["properties"]["functionAppConfig"]["runtime"]
+    assert runtime == {"name": "python", "version": "3.11"}
+
+
+def test_parameter_defaults_match_the_code_defaults() -> None:
+    params = parse(MAIN)["parameters"]
+    assert params["stepTimeoutSeconds"]["default"] == settings.DEFAULT_STEP_TIMEOUT_SECONDS
+    assert params["maxFailureCount"]["default"] == settings.DEFAULT_MAX_FAILURE_COUNT
+    assert params["supervisorSchedule"]["default"] == settings.DEFAULT_SUPERVISOR_SCHEDULE
