@@ -33,6 +33,19 @@ STORAGE_OPTIONS: dict[str, Any] = {
 POOL_SIZE = 64
 
 
+def retry_options(service: str) -> dict[str, Any]:
+    """Bounded, quick retries. The queue SDK ignores ``retry_backoff_factor`` and waits
+    15 s, 18 s, 24 s by default: far too long for a step with a 30 s deadline."""
+    if service == "queue":
+        from azure.storage.queue import LinearRetry
+
+        return {
+            **STORAGE_OPTIONS,
+            "retry_policy": LinearRetry(backoff=1, retry_total=3, random_jitter_range=1),
+        }
+    return dict(STORAGE_OPTIONS)
+
+
 def _options(service: str) -> dict[str, Any]:
     import requests
     from azure.core.pipeline.transport import RequestsTransport
@@ -44,7 +57,7 @@ def _options(service: str) -> dict[str, Any]:
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     transport = RequestsTransport(session=session, session_owner=True)
-    return {**STORAGE_OPTIONS, "transport": transport, **opcount.policies(service)}
+    return {**retry_options(service), "transport": transport, **opcount.policies(service)}
 
 
 def credential(connection: Connection) -> TokenCredential:

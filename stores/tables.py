@@ -387,8 +387,12 @@ class TableStateStore:
                 f"transaction for order {order.order_id} failed: {exc}", order_id=order.order_id
             ) from exc
         except AzureError as exc:
+            # No answer (the SDK does not retry a POST whose response was lost): the
+            # transaction may have applied. Our WriteId on the order record tells.
             order.version -= 1
-            if not creating and self._wrote(order.order_id, write_id):
+            if self._wrote(order.order_id, write_id):
+                log.warning("order %s: a write whose answer was lost had applied (write %s)",
+                            order.order_id, write_id)
                 return self._reload_after(order, write_id, outbox, partition)
             raise StorageUnavailable(
                 f"transaction for order {order.order_id} failed: {exc}", order_id=order.order_id
