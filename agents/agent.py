@@ -7,13 +7,14 @@ the step from then on.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import StrEnum
 
 from agents.remote import RemoteServiceClient
 from core.errors import DeadlineExceeded, RemoteCallFailed
 from core.messages import AgentReply, AgentRequest
 from core.ports import AgentTransport, Clock
-from runtime import failpoints
+from runtime import failpoints, telemetry
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
 
@@ -33,7 +34,16 @@ class Agent:
         self._clock = clock
 
     def handle(self, request: AgentRequest, reply_to: str | None = None) -> AgentOutcome:
-        with order_context(order_id=request.order_id, step=request.step, attempt=request.attempt):
+        with (
+            order_context(order_id=request.order_id, step=request.step, attempt=request.attempt),
+            telemetry.span(
+                "agent.call",
+                request.trace,
+                orderId=request.order_id,
+                step=request.step,
+                attempt=request.attempt,
+            ),
+        ):
             if self._clock() >= request.complete_by:
                 METRICS.inc("agent_too_late")
                 log.warning("request arrived after its deadline; dropped")
@@ -49,6 +59,7 @@ class Agent:
                 reply = request.failed(exc.message[:1000])
             else:
                 reply = request.succeeded(result)
+            reply = replace(reply, trace=telemetry.carrier() or request.trace)
             failpoints.hit("agent-after-call")
             if self._clock() >= request.complete_by:
                 METRICS.inc("agent_too_late")

@@ -40,6 +40,7 @@ from tenacity import (
 
 from core.errors import DeadlineExceeded, RemoteCallFailed
 from core.messages import AgentRequest
+from runtime import telemetry
 from runtime.logs import get_logger
 from runtime.metrics import METRICS
 
@@ -220,7 +221,9 @@ class RemoteServiceClient:
     def _post(self, request: AgentRequest, timeout: float) -> dict[str, Any]:
         url = f"{self._base_url}/{request.path}"
         # Only W3C trace context travels from the message, and never over the contract's key.
-        headers = {k: v for k, v in request.trace.items() if k in TRACE_HEADERS}
+        headers = {
+            k: v for k, v in (telemetry.carrier() or request.trace).items() if k in TRACE_HEADERS
+        }
         headers["Idempotency-Key"] = request.idempotency_key
         try:
             body = json.dumps(request.order, allow_nan=False, separators=(",", ":"))

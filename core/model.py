@@ -87,6 +87,9 @@ class Order:
     steps: list[StepRecord] = field(default_factory=list)
     cancel_requested: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
+    #: W3C trace context of the span that accepted the order: every later step of the
+    #: order continues this trace (one order, one trace).
+    trace: dict[str, str] = field(default_factory=dict)
     version: int = 0
     etag: str | None = None
     outbox: list[Notice] = field(default_factory=list)

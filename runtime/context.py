@@ -22,7 +22,7 @@ from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
 from core.settings import Settings, Transport
 from messaging.storage_queues import StorageQueues, StorageQueueTransport
-from runtime import clients
+from runtime import clients, telemetry
 from scheduler.notices import NoticeSender
 from scheduler.service import Scheduler, SchedulerConfig
 from stores.tables import TableStateStore
@@ -130,6 +130,7 @@ def app_context() -> AppContext:
     global _context  # noqa: PLW0603 - the process-wide composition root
     with _lock:
         if _context is None:
+            telemetry.setup()
             _context = AppContext(Settings.from_env(os.environ), Names())
         return _context
 

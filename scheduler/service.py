@@ -28,7 +28,7 @@ from core.ports import AgentTransport, Clock, QueueSender
 from core.states import StepState
 from core.timefmt import iso
 from core.workflows import WORKFLOWS, Plan
-from runtime import failpoints
+from runtime import failpoints, telemetry
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
 from scheduler.notices import NoticeSender
@@ -94,9 +94,13 @@ class Scheduler:
         except InvalidOrder as exc:
             self.reject(raw, exc.message)
             return Outcome.REJECTED
-        with order_context(order_id=message.order_id):
+        with (
+            order_context(order_id=message.order_id),
+            telemetry.span("order.submit", orderId=message.order_id, workflow=message.workflow),
+        ):
             plan = Plan.of(WORKFLOWS[message.workflow], self._config.step_timeout_seconds)
             order = Order.accept(message, plan, self._clock())
+            order.trace = telemetry.carrier()
             try:
                 saved = self._store.create(order)
             except OrderAlreadyExists:
@@ -154,10 +158,16 @@ class Scheduler:
             return self._dispatch(order)
 
     def _dispatch(self, order: Order) -> Outcome:
-        now = self._clock()
         step = order.active_step()
         if step is None or step.process_state is not StepState.PENDING or order.status.terminal:
             return Outcome.NOTHING_TO_DO
+        with telemetry.span("order.dispatch", order.trace, orderId=order.order_id, step=step.step):
+            return self._dispatch_in_span(order)
+
+    def _dispatch_in_span(self, order: Order) -> Outcome:
+        now = self._clock()
+        step = order.active_step()
+        assert step is not None
         if step.complete_by > now:
             self.schedule_dispatch(order.order_id, (step.complete_by - now).total_seconds())
             return Outcome.NOT_DUE
@@ -183,6 +193,7 @@ class Scheduler:
                 claimed.complete_by,
                 claimed.path,
                 order.body,
+                telemetry.carrier(),
             )
             try:
                 self._transport.send_request(request)
@@ -203,7 +214,17 @@ class Scheduler:
 
     def apply_reply(self, reply: AgentReply) -> Outcome:
         """Apply an agent reply, fenced by state, attempt and deadline; stale ones are dropped."""
-        with order_context(order_id=reply.order_id, step=reply.step, attempt=reply.attempt):
+        with (
+            order_context(order_id=reply.order_id, step=reply.step, attempt=reply.attempt),
+            telemetry.span(
+                "order.reply",
+                reply.trace,
+                orderId=reply.order_id,
+                step=reply.step,
+                attempt=reply.attempt,
+                outcome=reply.outcome,
+            ),
+        ):
             for _ in range(CONFLICT_RETRIES):
                 order = self._store.load(reply.order_id)
                 if order is None:

@@ -124,6 +124,7 @@ class TableStateStore:
             "Version": order.version,
             "WriteId": write_id,
             "History": _bounded_history(order.history),
+            "TraceContext": _dumps(order.trace) if order.trace else "",
         }
 
     @staticmethod
@@ -193,6 +194,7 @@ class TableStateStore:
             steps=steps,
             cancel_requested=bool(record.get("CancelRequested", False)),
             history=json.loads(record.get("History") or "[]"),
+            trace=json.loads(record.get("TraceContext") or "{}"),
             version=int(record.get("Version", 0)),
             etag=record.metadata["etag"],
         )
@@ -391,8 +393,11 @@ class TableStateStore:
             # transaction may have applied. Our WriteId on the order record tells.
             order.version -= 1
             if self._wrote(order.order_id, write_id):
-                log.warning("order %s: a write whose answer was lost had applied (write %s)",
-                            order.order_id, write_id)
+                log.warning(
+                    "order %s: a write whose answer was lost had applied (write %s)",
+                    order.order_id,
+                    write_id,
+                )
                 return self._reload_after(order, write_id, outbox, partition)
             raise StorageUnavailable(
                 f"transaction for order {order.order_id} failed: {exc}", order_id=order.order_id

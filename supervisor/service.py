@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from core.errors import ConcurrencyConflict, StorageUnavailable, TransitionRefused
+from core.model import Order
 from core.policy import RetryPolicy
 from core.ports import Clock
 from core.states import StepState
 from core.timefmt import iso
+from runtime import telemetry
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
 from scheduler.notices import NoticeSender
@@ -82,33 +84,38 @@ class Supervisor:
             order = self._store.load(order_id)
             if order is None:
                 return
-            now = self._clock()
-            try:
-                step = order.expire(now, self._policy, self._grace)
-            except TransitionRefused:
-                return  # a reply or another supervisor got there first
-            try:
-                saved = self._store.save(order)
-            except ConcurrencyConflict:
-                report.conflicts += 1
-                METRICS.inc("supervisor_conflicts")
-                return
-            self._notices.deliver(saved)
-            with order_context(step=step.step, attempt=step.attempt):
-                if step.process_state is StepState.PENDING:
-                    report.retried += 1
-                    METRICS.inc("retries")
-                    delay = max((step.complete_by - now).total_seconds(), 0)
-                    log.warning(
-                        "deadline passed (failure %d of %d); retry at %s",
-                        step.failure_count,
-                        self._policy.max_failure_count,
-                        iso(step.complete_by),
-                    )
-                    self._scheduler.schedule_dispatch(order_id, delay)
-                else:
-                    report.failed += 1
-                    METRICS.inc("steps_failed")
-                    active = order.active_step()
-                    if active is not None and active.process_state is StepState.PENDING:
-                        self._scheduler.schedule_dispatch(order_id)  # a compensation to run
+            with telemetry.span("order.supervise", order.trace, orderId=order_id):
+                self._recover(order, report)
+
+    def _recover(self, order: Order, report: SupervisionReport) -> None:
+        order_id = order.order_id
+        now = self._clock()
+        try:
+            step = order.expire(now, self._policy, self._grace)
+        except TransitionRefused:
+            return  # a reply or another supervisor got there first
+        try:
+            saved = self._store.save(order)
+        except ConcurrencyConflict:
+            report.conflicts += 1
+            METRICS.inc("supervisor_conflicts")
+            return
+        self._notices.deliver(saved)
+        with order_context(step=step.step, attempt=step.attempt):
+            if step.process_state is StepState.PENDING:
+                report.retried += 1
+                METRICS.inc("retries")
+                delay = max((step.complete_by - now).total_seconds(), 0)
+                log.warning(
+                    "deadline passed (failure %d of %d); retry at %s",
+                    step.failure_count,
+                    self._policy.max_failure_count,
+                    iso(step.complete_by),
+                )
+                self._scheduler.schedule_dispatch(order_id, delay)
+            else:
+                report.failed += 1
+                METRICS.inc("steps_failed")
+                active = order.active_step()
+                if active is not None and active.process_state is StepState.PENDING:
+                    self._scheduler.schedule_dispatch(order_id)  # a compensation to run
