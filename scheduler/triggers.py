@@ -43,12 +43,12 @@ def dispatch_order(msg: func.QueueMessage) -> None:
     ctx.scheduler.dispatch(order_id)
 
 
-def _apply_reply(raw: bytes, queue: str) -> None:
+def _apply_reply(raw: bytes) -> None:
     ctx = app_context()
     try:
         reply = decode_reply(raw)
     except InvalidMessage as exc:
-        quarantine(ctx.queues, queue, raw, exc.message, ctx.clock)
+        quarantine(ctx.queues, ctx.names.agent_replies, raw, exc.message, ctx.clock)
         return
     ctx.scheduler.apply_reply(reply)
 
@@ -57,7 +57,7 @@ if os.environ.get(AGENT_TRANSPORT, Transport.SERVICE_BUS).lower() == Transport.S
 
     @bp.queue_trigger(arg_name="msg", queue_name=names.AGENT_REPLIES, connection=STORAGE)
     def handle_agent_reply(msg: func.QueueMessage) -> None:
-        _apply_reply(msg.get_body(), names.AGENT_REPLIES)
+        _apply_reply(msg.get_body())
 
 else:
 
@@ -65,7 +65,7 @@ else:
         arg_name="msg", queue_name=names.AGENT_REPLIES, connection="ServiceBusConnection"
     )
     def handle_agent_reply(msg: func.ServiceBusMessage) -> None:
-        _apply_reply(msg.get_body(), names.AGENT_REPLIES)
+        _apply_reply(msg.get_body())
 
 
 @bp.timer_trigger(

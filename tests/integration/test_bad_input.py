@@ -1,0 +1,232 @@
+"""The bad-input catalogue, through the real triggers of function_app.py on Azurite.
+
+Every malformed order message is rejected with its own reason in
+``orders-rejected`` (original text kept) and an ERROR log, and never disturbs
+the good orders around it. Malformed transport messages (agent requests,
+replies, dispatches) are quarantined in ``<queue>-poison`` with their reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import azure.functions as func
+import pytest
+
+os.environ.setdefault("AGENT_TRANSPORT", "storage")
+
+from core.states import OrderStatus
+from runtime.context import AppContext, reset_app_context
+from simulator import SimulatorServer
+from tests.support import drain, drain_json, make_context
+
+GOOD = {"orderId": "placeholder", "sku": "A-1"}
+
+#: (kind, raw message, a phrase its reason must contain)
+ORDER_CATALOGUE: list[tuple[str, bytes, str]] = [
+    ("not JSON", b"hello", "not valid JSON"),
+    ("empty", b"", "empty"),
+    ("whitespace only", b"   \n", "empty"),
+    ("not UTF-8", b"\xff\xfe{}", "not UTF-8"),
+    ("JSON array", b"[1,2]", "got an array"),
+    ("JSON string", b'"o-1"', "got a string"),
+    ("JSON number", b"42", "got a number"),
+    ("JSON null", b"null", "got null"),
+    ("missing orderId", b'{"sku":"A"}', "orderId is required"),
+    ("orderId number", b'{"orderId":7}', "orderId must be a string, got a number"),
+    ("orderId null", b'{"orderId":null}', "orderId must be a string, got null"),
+    ("orderId boolean", b'{"orderId":true}', "orderId must be a string, got a boolean"),
+    ("orderId object", b'{"orderId":{"id":1}}', "orderId must be a string, got an object"),
+    ("orderId empty", b'{"orderId":""}', "orderId must be 1-64 characters"),
+    ("orderId 65 characters", json.dumps({"orderId": "x" * 65}).encode(), "65 characters"),
+    ("orderId with a space", b'{"orderId":"a b"}', "orderId must be 1-64"),
+    ("orderId with /", b'{"orderId":"a/b"}', "orderId must be 1-64"),
+    ("orderId with \\", b'{"orderId":"a\\\\b"}', "orderId must be 1-64"),
+    ("orderId with #", b'{"orderId":"a#b"}', "orderId must be 1-64"),
+    ("orderId with ?", b'{"orderId":"a?b"}', "orderId must be 1-64"),
+    ("orderId with a control character", b'{"orderId":"a\\u0001b"}', "orderId must be 1-64"),
+    ("orderId with a trailing newline", b'{"orderId":"ab\\n"}', "orderId must be 1-64"),
+    ("orderId non-ASCII", '{"orderId":"caf\u00e9"}'.encode(), "orderId must be 1-64"),
+    ("unknown workflow", b'{"orderId":"w1","workflow":"teleport"}', "unknown workflow"),
+    ("workflow not a string", b'{"orderId":"w2","workflow":3}', "workflow must be a string"),
+    ("replyTo uppercase", b'{"orderId":"r1","replyTo":"Status"}', "replyTo must name"),
+    ("replyTo underscore", b'{"orderId":"r2","replyTo":"my_queue"}', "replyTo must name"),
+    ("replyTo too short", b'{"orderId":"r3","replyTo":"ab"}', "replyTo must name"),
+    ("replyTo double hyphen", b'{"orderId":"r4","replyTo":"a--b"}', "replyTo must name"),
+    ("replyTo not a string", b'{"orderId":"r5","replyTo":5}', "replyTo must be a string"),
+    ("base64 instead of JSON", base64.b64encode(b'{"orderId":"b64"}'), "base64"),
+    ("NaN", b'{"orderId":"n1","price":NaN}', "NaN"),
+    ("Infinity", b'{"orderId":"n2","price":Infinity}', "Infinity"),
+    ("repeated key", b'{"orderId":"d1","qty":1,"qty":2}', "repeats the key 'qty'"),
+    ("too large", json.dumps({"orderId": "big", "blob": "x" * 40_000}).encode(), "the limit is"),
+]
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[SimulatorServer]:
+    with SimulatorServer() as sim:
+        yield sim
+
+
+@pytest.fixture
+def ctx(storage_connection: str, tag: str, simulator: SimulatorServer) -> Iterator[AppContext]:
+    context = make_context(storage_connection, tag, remote_url=simulator.url)
+    reset_app_context(context)
+    yield context
+    reset_app_context(None)
+
+
+_functions: dict[str, Callable[..., Any]] = {}
+
+
+def call(name: str, body: bytes) -> None:
+    if not _functions:
+        import function_app
+
+        _functions.update(
+            {f.get_function_name(): f.get_user_function() for f in function_app.app.get_functions()}
+        )
+    _functions[name](func.QueueMessage(id="m", body=body))
+
+
+def run_good_order(ctx: AppContext, order_id: str) -> None:
+    call("submit_order", json.dumps({**GOOD, "orderId": order_id}).encode())
+    [request] = drain(ctx, ctx.names.agent_requests)
+    call("run_agent", request.encode())
+    [reply] = drain(ctx, ctx.names.agent_replies)
+    call("handle_agent_reply", reply.encode())
+    order = ctx.store.load(order_id)
+    assert order is not None and order.status is OrderStatus.COMPLETED
+
+
+def test_the_catalogue_has_at_least_25_kinds() -> None:
+    assert len(ORDER_CATALOGUE) >= 25
+    assert len({kind for kind, _, _ in ORDER_CATALOGUE}) == len(ORDER_CATALOGUE)
+
+
+def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
+    ctx: AppContext, tag: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    run_good_order(ctx, f"{tag}-before")
+    reasons: dict[str, str] = {}
+    with caplog.at_level(logging.ERROR):
+        for kind, raw, phrase in ORDER_CATALOGUE:
+            call("submit_order", raw)
+            [record] = drain_json(ctx, ctx.names.orders_rejected)
+            assert phrase in record["reason"], (kind, record["reason"])
+            assert record["at"].endswith("Z")
+            expected = raw.decode("utf-8", errors="replace")
+            assert record["message"] == expected, kind
+            reasons[kind] = record["reason"]
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) >= len(ORDER_CATALOGUE)
+    assert not drain(ctx, ctx.names.agent_requests)  # nothing bad got dispatched
+    run_good_order(ctx, f"{tag}-after")
+    # Same id, different content: rejected, and the first order is untouched.
+    call("submit_order", json.dumps({**GOOD, "orderId": f"{tag}-after", "sku": "B"}).encode())
+    [record] = drain_json(ctx, ctx.names.orders_rejected)
+    assert "already exists" in record["reason"]
+    order = ctx.store.load(f"{tag}-after")
+    assert order is not None and order.body["sku"] == "A-1"
+
+
+@pytest.mark.parametrize(
+    ("function", "raw", "phrase"),
+    [
+        ("run_agent", b"garbage", "not UTF-8 JSON"),
+        ("run_agent", b"[]", "must be a JSON object"),
+        ("run_agent", b'{"orderId":"o","step":"process","attempt":1}', "idempotencyKey"),
+        (
+            "run_agent",
+            json.dumps(
+                {
+                    "orderId": "o",
+                    "step": "process",
+                    "attempt": 0,
+                    "idempotencyKey": "o:process",
+                    "completeBy": "2030-01-01T00:00:00Z",
+                }
+            ).encode(),
+            "attempt",
+        ),
+        (
+            "run_agent",
+            json.dumps(
+                {
+                    "orderId": "o",
+                    "step": "Bad Step",
+                    "attempt": 1,
+                    "idempotencyKey": "o:Bad Step",
+                    "completeBy": "2030-01-01T00:00:00Z",
+                }
+            ).encode(),
+            "step",
+        ),
+        (
+            "run_agent",
+            json.dumps(
+                {
+                    "orderId": "o",
+                    "step": "process",
+                    "attempt": 1,
+                    "idempotencyKey": "o:process",
+                    "completeBy": "tomorrow",
+                }
+            ).encode(),
+            "completeBy",
+        ),
+        ("handle_agent_reply", b"{}", "orderId"),
+        (
+            "handle_agent_reply",
+            json.dumps(
+                {
+                    "orderId": "o",
+                    "step": "process",
+                    "attempt": 1,
+                    "idempotencyKey": "o:process",
+                    "completeBy": "2030-01-01T00:00:00Z",
+                    "outcome": "maybe",
+                }
+            ).encode(),
+            "outcome",
+        ),
+        (
+            "handle_agent_reply",
+            json.dumps(
+                {
+                    "orderId": "o",
+                    "step": "process",
+                    "attempt": 1,
+                    "idempotencyKey": "o:process",
+                    "completeBy": "2030-01-01T00:00:00Z",
+                    "outcome": "failed",
+                }
+            ).encode(),
+            "error",
+        ),
+        ("dispatch_order", b"nope", "orderId"),
+        ("dispatch_order", b'{"orderId":"has space"}', "orderId"),
+    ],
+)
+def test_bad_transport_messages_are_quarantined_with_a_reason(
+    ctx: AppContext, function: str, raw: bytes, phrase: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    queue = {
+        "run_agent": ctx.names.agent_requests,
+        "handle_agent_reply": ctx.names.agent_replies,
+        "dispatch_order": ctx.names.order_dispatch,
+    }[function]
+    with caplog.at_level(logging.ERROR):
+        call(function, raw)  # returns normally: one delivery, no retries
+    [record] = drain_json(ctx, f"{queue}-poison")
+    assert phrase in record["reason"]
+    assert record["message"] == raw.decode("utf-8", errors="replace")
+    assert record["queue"] == queue
+    assert any(
+        "quarantined" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR
+    )
