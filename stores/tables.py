@@ -37,7 +37,7 @@ from core.model import Notice, Order, StepRecord
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import ensure_utc, sortable
 from core.workflows import Plan
-from stores import layout
+from stores import layout, sdk_patches
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,7 @@ def _result_json(result: dict[str, Any] | None) -> str:
 
 class TableStateStore:
     def __init__(self, table: TableClient):
+        sdk_patches.apply()
         self._table = table
 
     @property
