@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: run test deps lint typecheck unit integration e2e iac-check chaos bench clean start
+.PHONY: run test deps lint typecheck unit integration e2e iac-check chaos chaos-short bench \
+	clean start test-servicebus
 
 $(BIN)/.ok: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +57,12 @@ chaos: deps
 
 iac-check: .venv-iac/.ok
 	.venv-iac/bin/python -m pytest tests/infra -q -p no:cacheprovider
+
+## make test-servicebus: the Service Bus contract tests against a real namespace
+## (SERVICEBUS_TEST_CONNECTION=<namespace>.servicebus.windows.net or a connection string)
+test-servicebus: deps
+	@test -n "$$SERVICEBUS_TEST_CONNECTION" || { echo "set SERVICEBUS_TEST_CONNECTION (see README)"; exit 2; }
+	$(PYTEST) tests/integration/test_servicebus_live.py -q -m servicebus
 
 bench: deps
 	$(BIN)/python -m bench.pipeline
