@@ -51,8 +51,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     listing.add_argument("--page-size", type=int, default=50)
     listing.add_argument("--token", default=None, help="continuationToken of the last page")
     listing.add_argument("--all", action="store_true", help="follow every page")
-    for name, text in (("resubmit", "put an error order back to work at its failed step"),
-                       ("cancel", "stop an unfinished order and undo what it did")):
+    for name, text in (
+        ("resubmit", "put an error order back to work at its failed step"),
+        ("cancel", "stop an unfinished order and undo what it did"),
+    ):
         command = sub.add_parser(name, help=text)
         command.add_argument("order_id")
         command.add_argument("--by", default=getpass.getuser(), help="who (kept in history)")
@@ -86,8 +88,12 @@ def main(argv: list[str] | None = None) -> int:
             _print(admin.cancel(args.order_id, args.by, args.reason))
         elif args.command == "alerts":
             client = ctx.queues.client(ctx.names.operator_alerts)
-            _print([json.loads(m.content)
-                    for m in client.peek_messages(max_messages=min(args.peek, 32))])
+            _print(
+                [
+                    json.loads(m.content)
+                    for m in client.peek_messages(max_messages=min(args.peek, 32))
+                ]
+            )
     except OrderNotFound as exc:
         _print({"error": exc.message})
         return 4

@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         log.warning(
             "%d invocation(s) still running after %.0f s; exiting anyway: their queue messages "
             "become visible again when their leases lapse",
-            devhost.busy(), SHUTDOWN_GRACE_SECONDS,
+            devhost.busy(),
+            SHUTDOWN_GRACE_SECONDS,
         )
     log.info("stopped")
     return 0

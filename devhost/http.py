@@ -185,8 +185,9 @@ class _Handler(BaseHTTPRequestHandler):
             found = self.server.router.match(self.command, split.path)
         except MethodNotAllowed as error:
             status, headers, body = json_error(
-                405, f"{self.command} is not allowed on {split.path}; allowed: "
-                f"{', '.join(error.allowed)}"
+                405,
+                f"{self.command} is not allowed on {split.path}; allowed: "
+                f"{', '.join(error.allowed)}",
             )
             self._reply(status, [*headers, ("Allow", ", ".join(error.allowed))], body)
             return

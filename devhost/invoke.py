@@ -148,7 +148,9 @@ class Invoker:
         except Exception as error:  # any user error is one failed invocation
             log.exception(
                 "function %s failed after %.3f s%s",
-                spec.name, time.monotonic() - started, f" ({detail})" if detail else "",
+                spec.name,
+                time.monotonic() - started,
+                f" ({detail})" if detail else "",
             )
             return Outcome(error=error)
         finally:
@@ -157,7 +159,9 @@ class Invoker:
                 self._idle.notify_all()
         log.debug(
             "function %s succeeded in %.3f s%s",
-            spec.name, time.monotonic() - started, f" ({detail})" if detail else "",
+            spec.name,
+            time.monotonic() - started,
+            f" ({detail})" if detail else "",
         )
         return Outcome(value=result)
 

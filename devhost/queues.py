@@ -275,7 +275,8 @@ class QueueListener:
                 raise
             log.warning(
                 "function %s: not allowed to create queue %s; polling it anyway",
-                self.spec.name, self.queue.name,
+                self.spec.name,
+                self.queue.name,
             )
         return True
 
@@ -291,7 +292,11 @@ class QueueListener:
             log.warning(
                 "function %s: message %s was dequeued %d times (maxDequeueCount %d) without "
                 "finishing; moving it to %s without running it",
-                self.spec.name, message.id, count, self.options.max_dequeue_count, self.poison.name,
+                self.spec.name,
+                message.id,
+                count,
+                self.options.max_dequeue_count,
+                self.poison.name,
             )
             self._guarded(message.id, lambda: self._move_to_poison(message, message.pop_receipt))
             return
@@ -336,9 +341,11 @@ class QueueListener:
                 self.queue.delete(message.id, lease.pop_receipt)
             elif poison_after_failure(count, self.options.max_dequeue_count):
                 log.warning(
-                    "function %s: message %s failed %d times (maxDequeueCount %d); "
-                    "moving it to %s",
-                    self.spec.name, message.id, count, self.options.max_dequeue_count,
+                    "function %s: message %s failed %d times (maxDequeueCount %d); moving it to %s",
+                    self.spec.name,
+                    message.id,
+                    count,
+                    self.options.max_dequeue_count,
                     self.poison.name,
                 )
                 self._move_to_poison(message, lease.pop_receipt)
@@ -359,12 +366,15 @@ class QueueListener:
             log.warning(
                 "function %s: lost the lease on message %s before settling it (%s); "
                 "whoever holds it now decides its fate",
-                self.spec.name, message_id, error,
+                self.spec.name,
+                message_id,
+                error,
             )
         except Exception:  # logged; the lease lapses and the message returns
             log.exception(
                 "function %s: cannot settle message %s; it returns when its lease lapses",
-                self.spec.name, message_id,
+                self.spec.name,
+                message_id,
             )
 
     # --- lease renewal ---------------------------------------------------------------------
@@ -395,13 +405,17 @@ class QueueListener:
                 except LeaseLost as error:
                     lease.renewed_at = self._clock()
                     log.warning(
-                        "function %s: cannot renew message %s: %s", self.spec.name,
-                        lease.message_id, error,
+                        "function %s: cannot renew message %s: %s",
+                        self.spec.name,
+                        lease.message_id,
+                        error,
                     )
                 except Exception as error:  # noqa: BLE001 - retried on the next pass
                     log.warning(
                         "function %s: renewing message %s failed, will retry: %s",
-                        self.spec.name, lease.message_id, error,
+                        self.spec.name,
+                        lease.message_id,
+                        error,
                     )
 
     def shutdown(self) -> None:

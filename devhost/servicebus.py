@@ -208,7 +208,10 @@ class ServiceBusListener:
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
                     log.warning(
                         "function %s: Service Bus %s failed: %s; retrying in %.0f s",
-                        self.spec.name, entity(self.spec.trigger), error, backoff,
+                        self.spec.name,
+                        entity(self.spec.trigger),
+                        error,
+                        backoff,
                     )
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
@@ -258,8 +261,10 @@ class ServiceBusListener:
             log.warning(
                 "function %s: cannot %s message %s (%s); Service Bus redelivers it when its "
                 "lock expires",
-                self.spec.name, "complete" if succeeded else "abandon",
-                getattr(message, "message_id", "?"), error,
+                self.spec.name,
+                "complete" if succeeded else "abandon",
+                getattr(message, "message_id", "?"),
+                error,
             )
 
     def shutdown(self) -> None:

@@ -162,9 +162,7 @@ def parse_timespan(value: object, name: str, number_unit: float | None = None) -
     if not match:
         raise ConfigError(f"host.json {name}: {value!r} is not a time span like '00:00:30'")
     days, hours, minutes, seconds = match.groups()
-    return (
-        int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + float(seconds or 0)
-    )
+    return int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + float(seconds or 0)
 
 
 def _int_option(options: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
@@ -216,9 +214,7 @@ class QueueOptions:
         return cls(
             message_encoding=encoding,
             batch_size=batch_size,
-            new_batch_threshold=_int_option(
-                options, "newBatchThreshold", batch_size // 2, 0, 1000
-            ),
+            new_batch_threshold=_int_option(options, "newBatchThreshold", batch_size // 2, 0, 1000),
             max_polling_interval=poll,
             visibility_timeout=visibility,
             max_dequeue_count=_int_option(options, "maxDequeueCount", 5, 1, 10_000),

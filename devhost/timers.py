@@ -143,7 +143,8 @@ class TimerRunner:
         if not self._running.acquire(blocking=False):
             log.warning(
                 "timer %s: skipped the %s tick: the previous invocation is still running",
-                self.spec.name, scheduled.isoformat(),
+                self.spec.name,
+                scheduled.isoformat(),
             )
             return False
         request = TimerRequest(

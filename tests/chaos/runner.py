@@ -186,7 +186,8 @@ def run_chaos(plan: ChaosPlan) -> tuple[ChaosReport, dict[str, Any]]:
         while list(stack.context.store.stale_outbox(far)) and time.monotonic() < deadline:
             time.sleep(1)
         timings["outboxDrainedAfterSeconds"] = round(
-            time.monotonic() - started - timings["totalSeconds"], 1)
+            time.monotonic() - started - timings["totalSeconds"], 1
+        )
         alerts = []
         for _ in range(20):
             batch = drain_alerts(stack.context)

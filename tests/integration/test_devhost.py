@@ -224,9 +224,7 @@ def test_failures_are_retried_then_poisoned_with_the_original_text(setup: Setup)
 
 
 @pytest.mark.timeout(120)
-def test_a_message_held_by_a_killed_devhost_is_processed_by_another(
-    setup: Setup, tag: str
-) -> None:
+def test_a_message_held_by_a_killed_devhost_is_processed_by_another(setup: Setup, tag: str) -> None:
     work = setup.queue("DEVHOST_TEST_SLOW_QUEUE")
     first = setup.start("--only", "slow", "--instance-id", f"first-{tag}")
     first.wait_for("DEVHOST_READY")
@@ -359,8 +357,9 @@ def test_an_unsupported_binding_is_refused_by_name(setup: Setup) -> None:
     assert "'with_blob'" in error
     assert "'doc'" in error
     assert "--exclude with_blob" in error
-    fine = setup.start("--exclude", "with_blob", "--http-port", "0",
-                       cwd=FIXTURES / "devhost_bad_app")
+    fine = setup.start(
+        "--exclude", "with_blob", "--http-port", "0", cwd=FIXTURES / "devhost_bad_app"
+    )
     base = fine.wait_for("DEVHOST_HTTP=").split("=", 1)[1]
     fine.wait_for("DEVHOST_READY")
     assert fetch(f"{base}/api/fine")[:2] == (200, b"fine")

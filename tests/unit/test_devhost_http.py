@@ -96,8 +96,13 @@ def test_responses_are_encoded_as_the_worker_does() -> None:
         to_response({"not": "a response"})
 
 
-def http_spec(name: str, handler: Callable[..., Any], route: str, methods: list[str] | None,
-              output: str = "$return") -> FunctionSpec:
+def http_spec(
+    name: str,
+    handler: Callable[..., Any],
+    route: str,
+    methods: list[str] | None,
+    output: str = "$return",
+) -> FunctionSpec:
     trigger: dict[str, Any] = {"type": "httpTrigger", "name": "req", "route": route}
     if methods:
         trigger["methods"] = methods

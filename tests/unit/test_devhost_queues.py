@@ -76,13 +76,15 @@ class Clock:
         return self.now
 
 
-def listener(handler: Any, encoding: str = "none", max_dequeue: int = 3,
-             clock: Clock | None = None) -> tuple[QueueListener, FakeQueue, FakeQueue]:
+def listener(
+    handler: Any, encoding: str = "none", max_dequeue: int = 3, clock: Clock | None = None
+) -> tuple[QueueListener, FakeQueue, FakeQueue]:
     spec = FunctionSpec("handle", "queueTrigger", {"name": "msg", "queueName": "q"}, handler, "/")
     queue, poison = FakeQueue("q"), FakeQueue("q-poison")
     options = QueueOptions(encoding, 4, 2, 1.0, 7.0, max_dequeue)
-    built = QueueListener(spec, queue, poison, options, LeaseOptions(30, 10.0), Invoker(),
-                          clock=clock or Clock())
+    built = QueueListener(
+        spec, queue, poison, options, LeaseOptions(30, 10.0), Invoker(), clock=clock or Clock()
+    )
     return built, queue, poison
 
 

@@ -108,8 +108,9 @@ class FakeRenewer:
         self.registered: list[tuple[Any, float | None]] = []
         self.closed = False
 
-    def register(self, receiver: Any, message: Any, max_lock_renewal_duration: float | None = None
-                 ) -> None:
+    def register(
+        self, receiver: Any, message: Any, max_lock_renewal_duration: float | None = None
+    ) -> None:
         self.registered.append((message.message_id, max_lock_renewal_duration))
 
     def close(self, wait: bool = True) -> None:
@@ -117,8 +118,12 @@ class FakeRenewer:
 
 
 def spec(handler: Any) -> FunctionSpec:
-    trigger = {"type": "serviceBusTrigger", "name": "message", "queueName": "agent-requests",
-               "connection": "ServiceBusConnection"}
+    trigger = {
+        "type": "serviceBusTrigger",
+        "name": "message",
+        "queueName": "agent-requests",
+        "connection": "ServiceBusConnection",
+    }
     return FunctionSpec("agent", "serviceBusTrigger", trigger, handler, "/app")
 
 
@@ -128,12 +133,14 @@ def handler(message: func.ServiceBusMessage) -> None:
 
 
 def test_success_completes_and_failure_abandons() -> None:
-    receiver = FakeReceiver([[FakeMessage(b"good", message_id="a"),
-                              FakeMessage(b"bad", message_id="b")]])
+    receiver = FakeReceiver(
+        [[FakeMessage(b"good", message_id="a"), FakeMessage(b"bad", message_id="b")]]
+    )
     renewer = FakeRenewer()
     options = ServiceBusOptions(max_concurrent_calls=4, max_auto_lock_renewal=60.0)
-    listener = ServiceBusListener(spec(handler), lambda: receiver, Invoker(), options,
-                                  renewer_factory=lambda: renewer)
+    listener = ServiceBusListener(
+        spec(handler), lambda: receiver, Invoker(), options, renewer_factory=lambda: renewer
+    )
     stop = threading.Event()
     thread = listener.start(stop)
     try:
@@ -152,8 +159,9 @@ def test_a_failing_receiver_is_reopened() -> None:
     opened: list[FakeReceiver] = []
 
     class Broken(FakeReceiver):
-        def receive_messages(self, max_message_count: int | None = 1,
-                             max_wait_time: float | None = None) -> list[Any]:
+        def receive_messages(
+            self, max_message_count: int | None = 1, max_wait_time: float | None = None
+        ) -> list[Any]:
             raise ConnectionError("link detached")
 
     good = FakeReceiver([[FakeMessage(b"good", message_id="a")]])
@@ -163,8 +171,9 @@ def test_a_failing_receiver_is_reopened() -> None:
         opened.append(receiver)
         return receiver
 
-    listener = ServiceBusListener(spec(handler), open_receiver, Invoker(), ServiceBusOptions(),
-                                  renewer_factory=FakeRenewer)
+    listener = ServiceBusListener(
+        spec(handler), open_receiver, Invoker(), ServiceBusOptions(), renewer_factory=FakeRenewer
+    )
     stop = threading.Event()
     thread = listener.start(stop)
     try:
@@ -181,8 +190,13 @@ def test_settle_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -
         def complete_message(self, message: Any) -> None:
             raise RuntimeError("lock lost")
 
-    listener = ServiceBusListener(spec(handler), lambda: LockLost([]), Invoker(),
-                                  ServiceBusOptions(), renewer_factory=FakeRenewer)
+    listener = ServiceBusListener(
+        spec(handler),
+        lambda: LockLost([]),
+        Invoker(),
+        ServiceBusOptions(),
+        renewer_factory=FakeRenewer,
+    )
     listener.settle(LockLost([]), FakeMessage(b"x"), succeeded=True)
     assert "redelivers" in caplog.text
 
@@ -214,15 +228,21 @@ def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
     never = threading.Event()
 
     class Silent(FakeReceiver):
-        def receive_messages(self, max_message_count: int | None = 1,
-                             max_wait_time: float | None = None) -> list[Any]:
+        def receive_messages(
+            self, max_message_count: int | None = 1, max_wait_time: float | None = None
+        ) -> list[Any]:
             never.wait(30)  # ignores max_wait_time, as a hung connection would
             return []
 
     devhost = DevHost(Invoker(), Clients({}))
     devhost.service_bus.append(
-        ServiceBusListener(spec(handler), lambda: Silent([]), devhost.invoker,
-                           ServiceBusOptions(), renewer_factory=FakeRenewer)
+        ServiceBusListener(
+            spec(handler),
+            lambda: Silent([]),
+            devhost.invoker,
+            ServiceBusOptions(),
+            renewer_factory=FakeRenewer,
+        )
     )
     stop = threading.Event()
     devhost.start(stop)

@@ -59,8 +59,14 @@ def test_binding_resolution_leaves_name_and_type_alone() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("00:00:30", 30), ("00:01:00", 60), ("01:00:00", 3600), ("00:00:00.500", 0.5),
-     ("1.00:00:00", 86400), ("00:05", 300)],
+    [
+        ("00:00:30", 30),
+        ("00:01:00", 60),
+        ("01:00:00", 3600),
+        ("00:00:00.500", 0.5),
+        ("1.00:00:00", 86400),
+        ("00:05", 300),
+    ],
 )
 def test_timespans(text: str, seconds: float) -> None:
     assert parse_timespan(text, "x") == seconds

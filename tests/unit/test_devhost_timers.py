@@ -30,8 +30,11 @@ def at(*parts: int) -> datetime:
 
 
 def test_every_ten_seconds() -> None:
-    assert nexts("*/10 * * * * *", 3) == [at(2026, 1, 1, 0, 0, 10), at(2026, 1, 1, 0, 0, 20),
-                                         at(2026, 1, 1, 0, 0, 30)]
+    assert nexts("*/10 * * * * *", 3) == [
+        at(2026, 1, 1, 0, 0, 10),
+        at(2026, 1, 1, 0, 0, 20),
+        at(2026, 1, 1, 0, 0, 30),
+    ]
 
 
 def test_every_second() -> None:
@@ -41,8 +44,11 @@ def test_every_second() -> None:
 def test_every_five_minutes_and_weekday_mornings() -> None:
     assert nexts("0 */5 * * * *", 2) == [at(2026, 1, 1, 0, 5), at(2026, 1, 1, 0, 10)]
     # Thursday 1 Jan: 09:30 that day, then Friday, then Monday (weekend skipped).
-    assert nexts("0 30 9 * * 1-5", 3) == [at(2026, 1, 1, 9, 30), at(2026, 1, 2, 9, 30),
-                                         at(2026, 1, 5, 9, 30)]
+    assert nexts("0 30 9 * * 1-5", 3) == [
+        at(2026, 1, 1, 9, 30),
+        at(2026, 1, 2, 9, 30),
+        at(2026, 1, 5, 9, 30),
+    ]
     assert nexts("0 0 9 * * Mon", 1) == [at(2026, 1, 5, 9, 0)]
 
 
@@ -104,8 +110,9 @@ def test_runner_fires_on_schedule_and_on_startup() -> None:
             fired.set()
 
     stop = threading.Event()
-    runner = TimerRunner(spec(handler), parse_schedule("*/1 * * * * *"), Invoker(),
-                         run_on_startup=True)
+    runner = TimerRunner(
+        spec(handler), parse_schedule("*/1 * * * * *"), Invoker(), run_on_startup=True
+    )
     thread = runner.start(stop)
     try:
         assert fired.wait(4), "the timer did not fire twice within 4 s"
