@@ -445,9 +445,9 @@ def alert_message(order_id: str, step: str, reason: str, failure_count: int, at:
     )
 
 
-def rejection_message(reason: str, original: str, at: datetime) -> str:
+def rejection_message(reason: str, original: str, at: datetime, **extra: str) -> str:
     return json.dumps(
-        {"reason": reason, "message": original, "at": iso(at)},
+        {"reason": reason, "message": original, "at": iso(at), **extra},
         separators=(",", ":"),
         ensure_ascii=False,
     )

@@ -133,15 +133,14 @@ class Scheduler:
         return Outcome.DUPLICATE
 
     def reject(self, raw: bytes, reason: str) -> None:
+        extra: dict[str, str] = {}
         try:
             original = raw.decode("utf-8")
-            extra = ""
         except UnicodeDecodeError:
             original = raw.decode("utf-8", errors="replace")
-            extra = base64.b64encode(raw).decode("ascii")
-        body = rejection_message(reason, original, self._clock())
-        if extra:  # the exact bytes, since the text above had to replace some
-            body = body[:-1] + f',"messageBase64":"{extra}"}}'
+            # The exact bytes, since the text had to replace some.
+            extra["messageBase64"] = base64.b64encode(raw).decode("ascii")
+        body = rejection_message(reason, original, self._clock(), **extra)
         self._queues.send(self._names.orders_rejected, body)
         METRICS.inc("orders_rejected")
         log.error("order message rejected: %s", reason, extra={"event": "order_rejected"})
