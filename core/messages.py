@@ -230,14 +230,13 @@ def idempotency_key(order_id: str, step: str) -> str:
 
 
 @dataclass(frozen=True)
-class AgentRequest:
+class _StepMessage:
+    """What every agent message says about the attempt it belongs to (contract 3.3)."""
+
     order_id: str
     step: str
     attempt: int
     complete_by: datetime
-    path: str  # the remote service path (contract 3.4: POST {REMOTE_SERVICE_URL}/{path})
-    order: dict[str, Any] = field(default_factory=dict)  # the order's JSON, sent as the body
-    trace: dict[str, str] = field(default_factory=dict)  # W3C trace context
 
     @property
     def idempotency_key(self) -> str:
@@ -247,74 +246,61 @@ class AgentRequest:
     def message_id(self) -> str:
         return f"{self.order_id}:{self.step}:{self.attempt}"
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def _head(self) -> dict[str, Any]:
+        return {
             "orderId": self.order_id,
             "step": self.step,
             "attempt": self.attempt,
             "idempotencyKey": self.idempotency_key,
             "completeBy": iso(self.complete_by),
-            "path": self.path,
-            "order": self.order,
         }
-        if self.trace:
-            out["trace"] = self.trace
-        return out
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
 
     def encode(self) -> str:
         return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
 
-    def succeeded(self, result: dict[str, Any]) -> AgentReply:
+
+@dataclass(frozen=True)
+class AgentRequest(_StepMessage):
+    path: str  # the remote service path (contract 3.4: POST {REMOTE_SERVICE_URL}/{path})
+    order: dict[str, Any] = field(default_factory=dict)  # the order's JSON, sent as the body
+    trace: dict[str, str] = field(default_factory=dict)  # W3C trace context
+
+    def to_json(self) -> dict[str, Any]:
+        out = {**self._head(), "path": self.path, "order": self.order}
+        if self.trace:
+            out["trace"] = self.trace
+        return out
+
+    def _reply(self, outcome: str, **fields: Any) -> AgentReply:
         return AgentReply(
             self.order_id,
             self.step,
             self.attempt,
             self.complete_by,
-            "succeeded",
-            result=result,
+            outcome,
             trace=self.trace,
+            **fields,
         )
 
+    def succeeded(self, result: dict[str, Any]) -> AgentReply:
+        return self._reply("succeeded", result=result)
+
     def failed(self, error: str) -> AgentReply:
-        return AgentReply(
-            self.order_id,
-            self.step,
-            self.attempt,
-            self.complete_by,
-            "failed",
-            error=error,
-            trace=self.trace,
-        )
+        return self._reply("failed", error=error)
 
 
 @dataclass(frozen=True)
-class AgentReply:
-    order_id: str
-    step: str
-    attempt: int
-    complete_by: datetime
+class AgentReply(_StepMessage):
     outcome: str  # "succeeded" | "failed"
     result: dict[str, Any] | None = None
     error: str | None = None
     trace: dict[str, str] = field(default_factory=dict)
 
-    @property
-    def idempotency_key(self) -> str:
-        return idempotency_key(self.order_id, self.step)
-
-    @property
-    def message_id(self) -> str:
-        return f"{self.order_id}:{self.step}:{self.attempt}"
-
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "orderId": self.order_id,
-            "step": self.step,
-            "attempt": self.attempt,
-            "idempotencyKey": self.idempotency_key,
-            "completeBy": iso(self.complete_by),
-            "outcome": self.outcome,
-        }
+        out = {**self._head(), "outcome": self.outcome}
         if self.outcome == "succeeded":
             out["result"] = self.result if self.result is not None else {}
         else:
@@ -322,9 +308,6 @@ class AgentReply:
         if self.trace:
             out["trace"] = self.trace
         return out
-
-    def encode(self) -> str:
-        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
 
 
 def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:

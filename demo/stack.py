@@ -15,7 +15,6 @@ import json
 import os
 import select
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from typing import IO, Any
 from core.names import Names
 from core.settings import Settings
 from devhost.azurite import Azurite
+from devhost.processes import kill_group, stop_group
 from runtime.context import AppContext
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,20 +96,13 @@ class Devhost:
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, exactly like a host that dies."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        if self.process is not None:
+            kill_group(self.process)
         self._close()
 
     def stop(self, grace: float = 15) -> None:
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        if self.process is not None:
+            stop_group(self.process, grace)
         self._close()
 
     def _close(self) -> None:
@@ -253,16 +246,10 @@ class LocalStack:
         for host in self.hosts:
             with contextlib.suppress(Exception):
                 host.stop()
-        if self.simulator is not None and self.simulator.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.simulator.pid, signal.SIGTERM)
-            try:
-                self.simulator.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.simulator.pid, signal.SIGKILL)
-                self.simulator.wait(timeout=10)
-        if self.simulator is not None and self.simulator.stdout is not None:
-            self.simulator.stdout.close()
+        if self.simulator is not None:
+            stop_group(self.simulator)
+            if self.simulator.stdout is not None:
+                self.simulator.stdout.close()
         if self._sim_log is not None:
             self._sim_log.close()
             self._sim_log = None

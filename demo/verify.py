@@ -1,7 +1,15 @@
 """What must hold at the end of a run, checked from the outside (table, queues, ledger).
 
-Used by the demo's summary and by the e2e and chaos suites: nothing lost,
-nothing stuck, every effect applied once, every failed-for-good step alerted.
+One checker for the demo's summary, the e2e tests and the chaos suite, built
+only on what an outsider can see: the orders in the table, the alerts on
+their queue, and the simulator's ledger of applied effects.
+
+Violations: an order lost or stuck; an order that ended other than expected
+(unless it ran out of attempts, which is reported apart); an effect applied
+twice, missing, in the wrong order, or left standing in a compensated order;
+an effect for a step the remote service refused; an Error without an alert;
+a reply applied for an attempt that was over (stale); a step whose history
+does not replay to its state.
 """
 
 from __future__ import annotations
@@ -9,70 +17,169 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from core.model import Order
-from core.states import StepKind, StepState
+from core.model import Order, StepRecord
+from core.states import OrderStatus, StepKind, StepState
+from core.timefmt import parse_iso
 from runtime.context import AppContext
 from simulator import double_effects, effects_by_order
+
+VIOLATIONS = (
+    "lost",
+    "stuck",
+    "unexpected",
+    "double_effects",
+    "wrong_effects",
+    "effects_after_definite_failure",
+    "unalerted",
+    "stale_applied",
+    "inconsistent_history",
+)
 
 
 @dataclass
 class Verdict:
     orders: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
+    as_expected: int = 0
+    exhausted: list[str] = field(default_factory=list)  # Error after MAX deadline failures
     lost: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
     double_effects: list[str] = field(default_factory=list)
     wrong_effects: list[str] = field(default_factory=list)
+    effects_after_definite_failure: list[str] = field(default_factory=list)
     unalerted: list[str] = field(default_factory=list)
-    retries: int = 0
+    stale_applied: list[str] = field(default_factory=list)
+    inconsistent_history: list[str] = field(default_factory=list)
     attempts: int = 0
+    expiries: int = 0
     alerts: int = 0
     effects: int = 0
 
     @property
     def ok(self) -> bool:
-        return not (
-            self.lost
-            or self.stuck
-            or self.unexpected
-            or self.double_effects
-            or self.wrong_effects
-            or self.unalerted
-        )
+        return not self.violations()
+
+    def violations(self) -> dict[str, list[str]]:
+        return {name: getattr(self, name) for name in VIOLATIONS if getattr(self, name)}
 
     def problems(self) -> list[str]:
-        out = []
-        for name in ("lost", "stuck", "unexpected", "double_effects", "wrong_effects", "unalerted"):
-            items = getattr(self, name)
-            if items:
-                out.append(
-                    f"{name}: {', '.join(items[:10])}"
-                    + (f" (+{len(items) - 10})" if len(items) > 10 else "")
-                )
-        return out
+        return [
+            f"{name}: {', '.join(items[:10])}"
+            + (f" (+{len(items) - 10})" if len(items) > 10 else "")
+            for name, items in self.violations().items()
+        ]
 
     def as_json(self) -> dict[str, Any]:
         return {
             "orders": self.orders,
             "statuses": dict(self.statuses),
-            "lost": len(self.lost),
-            "stuck": len(self.stuck),
-            "unexpected": len(self.unexpected),
-            "doubleEffects": len(self.double_effects),
-            "wrongEffects": len(self.wrong_effects),
-            "unalertedErrors": len(self.unalerted),
-            "retries": self.retries,
+            "endedAsExpected": self.as_expected,
+            "exhaustedRetries": len(self.exhausted),
+            **{_camel(name): len(getattr(self, name)) for name in VIOLATIONS},
             "attempts": self.attempts,
+            "deadlineExpiries": self.expiries,
             "alerts": self.alerts,
             "effects": self.effects,
         }
 
 
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
 def load_orders(ctx: AppContext, order_ids: list[str]) -> dict[str, Order | None]:
     return {order_id: ctx.store.load(order_id) for order_id in order_ids}
+
+
+def drain_alerts(ctx: AppContext) -> list[dict[str, Any]]:
+    """Everything on the operator-alerts queue (received and deleted)."""
+    client = ctx.queues.client(ctx.names.operator_alerts)
+    out: list[dict[str, Any]] = []
+    while True:
+        batch = list(
+            client.receive_messages(messages_per_page=32, max_messages=32, visibility_timeout=60)
+        )
+        if not batch:
+            return out
+        for message in batch:
+            out.append(json.loads(message.content))
+            client.delete_message(message)
+
+
+def _deadlines(step: StepRecord) -> dict[int, datetime]:
+    return {
+        h["attempt"]: parse_iso(h["completeBy"]) for h in step.history if h["event"] == "claimed"
+    }
+
+
+def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]:
+    """Replay a step's history: (stale replies applied, inconsistencies)."""
+    stale: list[str] = []
+    wrong: list[str] = []
+    deadlines = _deadlines(step)
+    current: int | None = None  # the attempt in flight
+    state = "Pending"
+    name = f"{order.order_id}:{step.step}"
+    for event in step.history:
+        kind = event["event"]
+        if kind == "claimed":
+            if state != "Pending":
+                wrong.append(f"{name}: claimed while {state}")
+            current, state = event["attempt"], "Processing"
+        elif kind in ("succeeded", "failed"):
+            attempt = event.get("attempt")
+            if state != "Processing" or attempt != current:
+                stale.append(
+                    f"{name}: {kind} for attempt {attempt} while {state} (attempt {current})"
+                )
+            elif current is not None and parse_iso(event["at"]) >= deadlines[current]:
+                stale.append(f"{name}: {kind} for attempt {attempt} after its deadline")
+            state, current = ("Processed" if kind == "succeeded" else "Failed"), None
+        elif kind == "expired":
+            if state != "Processing" or event.get("attempt") != current:
+                wrong.append(f"{name}: expired attempt {event.get('attempt')} while {state}")
+            state, current = "Expired", None
+        elif kind in ("retry-scheduled", "resubmitted"):
+            state = "Pending"
+        elif kind == "error":
+            state = "Error"
+        elif kind == "compensating":
+            state = "Compensating"
+        elif kind == "compensated" or (
+            kind == "cancelled" and "never ran" in str(event.get("note", ""))
+        ):
+            state = "Compensated"
+    if state != str(step.process_state):
+        wrong.append(f"{name}: history ends {state}, record says {step.process_state}")
+    return stale, wrong
+
+
+def _check_effects(
+    order: Order, applied: list[str], wanted: tuple[str, ...] | None, verdict: Verdict
+) -> None:
+    order_id = order.order_id
+    if wanted is not None:
+        if tuple(applied) != wanted:
+            verdict.wrong_effects.append(f"{order_id}: {applied}, expected {list(wanted)}")
+        return
+    if order.status is OrderStatus.COMPLETED:
+        plan = [p.name for p in order.plan.steps]
+        if applied != plan:
+            verdict.wrong_effects.append(f"{order_id}: {applied}, expected {plan}")
+    elif order.status is OrderStatus.COMPENSATED:
+        for step in order.steps:
+            compensation = (
+                order.planned(step.step).compensation if step.kind is StepKind.ACTION else None
+            )
+            if step.process_state is StepState.PROCESSED and compensation:
+                verdict.wrong_effects.append(f"{order_id}:{step.step} never compensated")
+            if compensation and step.step in applied and compensation not in applied:
+                verdict.wrong_effects.append(f"{order_id}:{step.step} applied, never undone")
 
 
 def verify(
@@ -81,6 +188,7 @@ def verify(
     alerts: list[dict[str, Any]],
     expected: dict[str, str] | None = None,
     expected_effects: dict[str, tuple[str, ...]] | None = None,
+    max_failures: int | None = None,
 ) -> Verdict:
     verdict = Verdict(orders=len(orders), alerts=len(alerts), effects=len(ledger))
     by_order = effects_by_order(ledger)
@@ -93,41 +201,39 @@ def verify(
         verdict.statuses[str(order.status)] += 1
         if not order.status.terminal:
             verdict.stuck.append(f"{order_id}({order.status})")
-        if expected and expected.get(order_id) not in (None, str(order.status)):
-            verdict.unexpected.append(f"{order_id}: {order.status}, expected {expected[order_id]}")
+            continue
+        if expected is not None and order_id in expected:
+            exhausted = max_failures is not None and any(
+                s.process_state is StepState.ERROR
+                and sum(1 for h in s.history if h["event"] == "expired") >= max_failures
+                for s in order.steps
+            )
+            if str(order.status) == expected[order_id]:
+                verdict.as_expected += 1
+            elif exhausted:
+                verdict.exhausted.append(order_id)
+            else:
+                verdict.unexpected.append(
+                    f"{order_id}: {order.status}, expected {expected[order_id]}"
+                )
+        applied = by_order.get(order_id, [])
         for step in order.steps:
             verdict.attempts += step.attempt
-            verdict.retries += sum(1 for h in step.history if h["event"] == "expired")
+            verdict.expiries += sum(1 for h in step.history if h["event"] == "expired")
+            stale, wrong = check_history(order, step)
+            verdict.stale_applied += stale
+            verdict.inconsistent_history += wrong
             if step.process_state is StepState.ERROR and (order_id, step.step) not in alerted:
                 verdict.unalerted.append(f"{order_id}:{step.step}")
-        applied = by_order.get(order_id, [])
-        if expected_effects is not None and order_id in expected_effects:
-            if tuple(applied) != expected_effects[order_id]:
-                verdict.wrong_effects.append(
-                    f"{order_id}: {applied}, expected {list(expected_effects[order_id])}"
-                )
-        elif str(order.status) == "completed":
-            wanted = [p.name for p in order.plan.steps]
-            if applied != wanted:
-                verdict.wrong_effects.append(f"{order_id}: {applied}, expected {wanted}")
-        elif str(order.status) == "compensated":
-            undone = {s.step for s in order.steps if s.kind is StepKind.COMPENSATION}
-            standing = [s for s in applied if s not in undone]
-            compensable = {p.name for p in order.plan.steps if p.compensation}
-            left = [
-                s
-                for s in standing
-                if s in compensable and order.planned(s).compensation not in applied
-            ]
-            if left:
-                verdict.wrong_effects.append(f"{order_id}: {left} applied and never undone")
+            refused = any(h["event"] == "failed" for h in step.history) and not any(
+                h["event"] == "succeeded" for h in step.history
+            )
+            if (
+                step.kind is StepKind.ACTION
+                and step.process_state is StepState.ERROR
+                and refused
+                and step.step in applied
+            ):
+                verdict.effects_after_definite_failure.append(f"{order_id}:{step.step}")
+        _check_effects(order, applied, (expected_effects or {}).get(order_id), verdict)
     return verdict
-
-
-def drain_alerts(ctx: AppContext) -> list[dict[str, Any]]:
-    client = ctx.queues.client(ctx.names.operator_alerts)
-    out: list[dict[str, Any]] = []
-    for message in client.receive_messages(messages_per_page=32, visibility_timeout=60):
-        out.append(json.loads(message.content))
-        client.delete_message(message)
-    return out

@@ -14,8 +14,6 @@ connection string on the first line of standard output.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
 import signal
 import socket
@@ -26,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from devhost.processes import stop_group
 
 ACCOUNT = "devstoreaccount1"
 # The well-known development key: public, identical in every Azurite install.
@@ -129,15 +129,8 @@ class Azurite:
         raise AzuriteError(f"Azurite did not open its ports within {timeout:.0f} s")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            # Its own session (start_new_session): signal the group, so node's children go too.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+        # Its own session (start_new_session): the group goes, node's children too.
+        stop_group(self.process)
         if self._log is not None:
             self._log.close()  # type: ignore[attr-defined]
             self._log = None

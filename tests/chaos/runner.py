@@ -25,9 +25,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from demo.stack import LocalStack
-from demo.verify import drain_alerts
+from demo.verify import Verdict, drain_alerts, load_orders, verify
 from simulator import load_ledger
-from tests.chaos.invariants import ChaosReport, check
 
 MAX_FAILURES = 8
 STEP_TIMEOUT = 4
@@ -98,7 +97,7 @@ class ReplyMeddler(threading.Thread):
             self._halt.wait(0.7)
 
 
-def run_chaos(plan: ChaosPlan) -> tuple[ChaosReport, dict[str, Any]]:
+def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
     rng = random.Random(plan.seed)
     failpoints = ["", "after-claim:0.03,agent-after-call:0.03", "after-reply-save:0.03"]
     stack = LocalStack(
@@ -169,9 +168,8 @@ def run_chaos(plan: ChaosPlan) -> tuple[ChaosReport, dict[str, Any]]:
                 host.start()
         ids = list(orders)
         deadline = time.monotonic() + plan.settle_seconds
-        final: dict[str, Any] = {}
         while time.monotonic() < deadline:
-            final = {o: stack.context.store.load(o) for o in ids}
+            final = load_orders(stack.context, ids)
             if all(v is not None and v.status.terminal for v in final.values()):
                 break
             for host in stack.hosts:
@@ -188,24 +186,20 @@ def run_chaos(plan: ChaosPlan) -> tuple[ChaosReport, dict[str, Any]]:
         timings["outboxDrainedAfterSeconds"] = round(
             time.monotonic() - started - timings["totalSeconds"], 1
         )
-        alerts = []
-        for _ in range(20):
-            batch = drain_alerts(stack.context)
-            if not batch:
-                break
-            alerts += batch
-        report = check(
-            final,
-            {o: e for o, (_, e) in orders.items()},
+        verdict = verify(
+            load_orders(stack.context, ids),
             load_ledger(stack.ledger_path),
-            alerts,
-            MAX_FAILURES,
+            drain_alerts(stack.context),
+            expected={o: e for o, (_, e) in orders.items()},
+            max_failures=MAX_FAILURES,
         )
-        report.kills = kills
-        report.duplicated_replies = meddler.duplicated
         rejected = stack.context.queues.client(stack.context.names.orders_rejected)
-        timings["rejected"] = len(rejected.peek_messages(max_messages=32))
-    return report, timings
+        timings.update(
+            kills=kills,
+            duplicatedReplies=meddler.duplicated,
+            rejected=len(rejected.peek_messages(max_messages=32)),
+        )
+    return verdict, timings
 
 
 def main() -> int:
@@ -219,7 +213,7 @@ def main() -> int:
     report, timings = run_chaos(
         ChaosPlan(orders=args.orders, chaos_seconds=args.seconds, seed=args.seed)
     )
-    print(json.dumps({**report.summary(), **timings, "seed": args.seed}, indent=2))
+    print(json.dumps({**report.as_json(), **timings, "seed": args.seed}, indent=2))
     for name, items in report.violations().items():
         print(f"{name}: {items[:10]}")
     return 1 if report.violations() else 0
