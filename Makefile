@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: run test deps lint typecheck unit integration e2e iac-check chaos chaos-short bench \
+.PHONY: run test deps lint typecheck unit integration e2e iac-check index-check chaos \
+	chaos-short bench \
 	clean start test-servicebus
 
 $(BIN)/.ok: requirements.txt requirements-dev.txt
@@ -28,7 +29,7 @@ start: deps
 	$(BIN)/python -m demo --serve
 
 ## make test: lint, types, unit, integration (Azurite), e2e (processes), chaos (short), infra
-test: deps lint typecheck unit integration e2e chaos-short iac-check
+test: deps lint typecheck unit integration e2e chaos-short iac-check index-check
 
 lint: deps
 	$(BIN)/ruff check .
@@ -52,6 +53,24 @@ chaos-short: deps
 chaos: deps
 	$(PYTEST) tests/chaos -q
 
+## make index-check: function_app.py through the Functions worker's own indexer (Python 3.13)
+PY313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) \
+	$(shell command -v python3.13 2>/dev/null))
+
+.venv-index/.ok: requirements.txt requirements-index.txt
+	$(PY313) -m venv .venv-index
+	grep -v '^azure-functions==' requirements.txt > .venv-index/requirements.txt
+	.venv-index/bin/pip install -q -r .venv-index/requirements.txt -r requirements-index.txt
+	touch $@
+
+index-check:
+	@if [ -z "$(PY313)" ]; then \
+	  echo "index-check SKIPPED: no Python 3.13 here (azure-functions-runtime needs it)"; \
+	else \
+	  $(MAKE) --no-print-directory .venv-index/.ok && \
+	  .venv-index/bin/python -m pytest tests/indexing -q -p no:cacheprovider; \
+	fi
+
 .venv-iac/.ok: requirements-iac.txt
 	$(PYTHON) -m venv .venv-iac && .venv-iac/bin/pip install -q -r requirements-iac.txt && touch $@
 
@@ -68,4 +87,4 @@ bench: deps
 	$(BIN)/python -m bench.pipeline
 
 clean:
-	rm -rf $(VENV) .venv-iac node_modules run .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-iac .venv-index node_modules run .mypy_cache .ruff_cache

@@ -1,0 +1,78 @@
+"""function_app.py through the Functions worker's own indexer (azure-functions-runtime).
+
+``app.get_functions()`` accepts things the worker refuses at start-up: a
+trigger parameter annotated with the wrong type, a parameter no binding
+names, two FunctionApp objects. This runs the worker's ``Registry`` over every
+function, for both agent transports, as the host would at start-up. Needs
+Python 3.13 (``make index-check`` builds its venv); elsewhere it skips.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+runtime = pytest.importorskip(
+    "azure_functions_runtime",
+    reason="needs azure-functions-runtime (Python 3.13): run `make index-check`",
+)
+from azure_functions_runtime.bindings import meta  # noqa: E402
+from azure_functions_runtime.functions import FunctionLoadError, Registry  # noqa: E402
+
+# The worker passes its gRPC protos; the indexer only reads these constants.
+PROTOS = SimpleNamespace(
+    BindingInfo=SimpleNamespace(**{"in": 0, "out": 1, "inout": 2, "undefined": 0})
+)
+APP_MODULES = (
+    "function_app",
+    "scheduler.triggers",
+    "agents.triggers",
+    "supervisor.triggers",
+    "admin.triggers",
+)
+
+
+def index(module_name: str) -> list[Any]:
+    meta.load_binding_registry()
+    module = importlib.import_module(module_name)
+    registry = Registry()
+    return [registry.add_indexed_function(fn, PROTOS) for fn in module.app.get_functions()]
+
+
+@pytest.mark.parametrize("transport", ["servicebus", "storage"])
+def test_every_function_indexes(transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_TRANSPORT", transport)
+    for name in APP_MODULES:
+        sys.modules.pop(name, None)  # the transport is read when the blueprints are built
+    infos = index("function_app")
+    names = {info.name for info in infos}
+    assert names == {
+        "submit_order",
+        "dispatch_order",
+        "handle_agent_reply",
+        "scheduler_sweep",
+        "run_agent",
+        "supervise",
+        "get_order",
+        "list_orders",
+        "resubmit_order",
+        "cancel_order",
+    }
+
+
+def test_the_indexer_refuses_a_mistyped_trigger(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    (tmp_path / "bad_app.py").write_text(
+        "import azure.functions as func\n"
+        "app = func.FunctionApp()\n"
+        "@app.queue_trigger(arg_name='msg', queue_name='q', connection='AzureWebJobsStorage')\n"
+        "def wrong(msg: func.HttpRequest) -> None: ...\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(FunctionLoadError):
+        index("bad_app")
