@@ -53,6 +53,9 @@ def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
 def step_view(step: StepRecord) -> dict[str, Any]:
     return {
         "step": step.step,
+        # the state fields of contract 3.2, named as in the table
+        "OrderID": step.order_id,
+        "Step": step.step,
         "kind": str(step.kind),
         "compensates": step.compensates,
         "path": step.path,
