@@ -8,7 +8,7 @@ from typing import Any
 import azure.functions as func
 
 from core.errors import OrderNotFound, TransitionRefused
-from core.messages import is_valid_order_id
+from core.orders import is_valid_order_id
 from core.states import OrderStatus
 from runtime.context import app_context
 

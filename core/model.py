@@ -10,6 +10,10 @@ and the outbox in the same transaction; nothing here does I/O.
 Invariant: at most one step record is ``Pending`` or ``Processing`` (the
 active step). Records are created when the workflow reaches them, so every
 record that exists has a meaningful state.
+
+This module is longer than most here on purpose: the whole state machine of
+an order (claim, reply, expiry, failure, unwinding, resubmit, cancel) reads
+in one place.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from core.errors import TransitionRefused
-from core.messages import AgentReply, OrderMessage, alert_message, status_message
+from core.messages import AgentReply, alert_message, status_message
+from core.orders import OrderMessage
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import ensure_utc, iso

@@ -43,8 +43,10 @@ def _read_line(process: subprocess.Popen[str], prefix: str, timeout: float) -> s
         ready, _, _ = select.select([fd], [], [], 0.1)
         if ready:
             chunk = os.read(fd, 4096)
-            if not chunk:
-                break  # closed: the process is exiting
+            if not chunk:  # closed: the process is exiting; say how it ended
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(timeout=5)
+                break
             buffer += chunk
             for line in buffer.decode("utf-8", errors="replace").splitlines():
                 if line.startswith(prefix):

@@ -21,9 +21,10 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
-from core.messages import AgentReply, AgentRequest, decode_order, rejection_message
+from core.messages import AgentReply, AgentRequest, rejection_message
 from core.model import Order
 from core.names import Names
+from core.orders import decode_order
 from core.ports import AgentTransport, Clock, QueueSender
 from core.states import StepState
 from core.timefmt import iso

@@ -9,7 +9,8 @@ import azure.functions as func
 
 from core import names
 from core.errors import InvalidMessage
-from core.messages import decode_reply, is_valid_order_id
+from core.messages import decode_reply
+from core.orders import is_valid_order_id
 from core.settings import AGENT_TRANSPORT, Transport
 from messaging.quarantine import quarantine
 from runtime.context import app_context

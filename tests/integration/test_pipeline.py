@@ -269,8 +269,8 @@ def test_duplicate_reply_applies_once(ctx: AppContext, tag: str) -> None:
 def test_sweep_dispatches_a_step_whose_dispatch_was_lost(
     ctx: AppContext, tag: str, clock: FakeClock
 ) -> None:
-    from core.messages import decode_order
     from core.model import Order
+    from core.orders import decode_order
     from core.workflows import WORKFLOWS, Plan
 
     order_id = f"{tag}-lost"
@@ -286,8 +286,8 @@ def test_sweep_dispatches_a_step_whose_dispatch_was_lost(
 def test_sweep_resends_notices_left_in_the_outbox(
     ctx: AppContext, tag: str, clock: FakeClock
 ) -> None:
-    from core.messages import decode_order
     from core.model import Order
+    from core.orders import decode_order
     from core.workflows import WORKFLOWS, Plan
 
     order_id = f"{tag}-outbox"

@@ -11,8 +11,9 @@ import pytest
 from azure.data.tables import TableClient
 
 from core.errors import ConcurrencyConflict, OrderAlreadyExists, TransitionRefused
-from core.messages import AgentReply, decode_order
+from core.messages import AgentReply
 from core.model import Order
+from core.orders import decode_order
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
 from core.workflows import WORKFLOWS, Plan

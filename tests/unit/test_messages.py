@@ -11,16 +11,15 @@ import pytest
 
 from core.errors import InvalidMessage, InvalidOrder
 from core.messages import (
-    MAX_ORDER_DATA_CHARS,
     AgentReply,
     AgentRequest,
     alert_message,
-    decode_order,
     decode_reply,
     decode_request,
     rejection_message,
     status_message,
 )
+from core.orders import MAX_ORDER_DATA_CHARS, decode_order
 
 T0 = datetime(2026, 11, 22, 10, 15, 30, 123000, tzinfo=UTC)  # millisecond precision: iso() keeps ms
 T0_TEXT = "2026-11-22T10:15:30.123Z"

@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.errors import TransitionRefused
-from core.messages import AgentReply, decode_order
+from core.messages import AgentReply
 from core.model import Order
+from core.orders import decode_order
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.workflows import WORKFLOWS, Plan

@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from core.messages import AgentReply, decode_order
+from core.messages import AgentReply
 from core.model import Order
+from core.orders import decode_order
 from core.policy import RetryPolicy
 from core.timefmt import ensure_utc, iso, parse_iso, sortable
 from core.workflows import WORKFLOWS, Plan

@@ -1,0 +1,141 @@
+"""Order aggregate <-> Table entities (the property names of the OrderState table).
+
+The state fields of contract 3.2 keep their names (``OrderID``, ``Step``,
+``LockedBy``, ``CompleteBy``, ``ProcessState``, ``FailureCount``,
+``Attempt``); JSON-valued properties are bounded to fit one Table string
+property (32K UTF-16 units).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Final
+
+from core.model import Order, StepRecord
+from core.orders import utf16_units
+from core.states import OrderStatus, StepKind, StepState
+from core.timefmt import ensure_utc
+from core.workflows import Plan
+from stores import layout
+
+MAX_JSON_CHARS: Final = 30_000  # a Table string property holds 32K UTF-16 units
+MAX_RESULT_CHARS: Final = 8_000
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _bounded_history(history: list[dict[str, Any]]) -> str:
+    text = _dumps(history)
+    while utf16_units(text) > MAX_JSON_CHARS and len(history) > 2:
+        history = history[:1] + history[2:]
+        text = _dumps(history)
+    return text
+
+
+def _result_json(result: dict[str, Any] | None) -> str:
+    if result is None:
+        return ""
+    text = _dumps(result)
+    if utf16_units(text) > MAX_RESULT_CHARS:
+        text = _dumps({"truncated": True, "preview": text[: MAX_RESULT_CHARS - 100]})
+    return text
+
+
+def order_entity(order: Order, write_id: str) -> dict[str, Any]:
+    return {
+        "PartitionKey": layout.shard_of(order.order_id),
+        "RowKey": layout.order_row(order.order_id),
+        "Kind": "order",
+        "OrderID": order.order_id,
+        "Workflow": order.workflow,
+        "Status": str(order.status),
+        "ReplyTo": order.reply_to or "",
+        "Body": _dumps(order.body),
+        "ContentHash": order.content_hash,
+        "Plan": _dumps(order.plan.to_json()),
+        "CancelRequested": order.cancel_requested,
+        "CreatedAt": order.created_at,
+        "UpdatedAt": order.updated_at,
+        "Version": order.version,
+        "WriteId": write_id,
+        "History": _bounded_history(order.history),
+        "TraceContext": _dumps(order.trace) if order.trace else "",
+    }
+
+
+def step_entity(step: StepRecord) -> dict[str, Any]:
+    return {
+        "PartitionKey": layout.shard_of(step.order_id),
+        "RowKey": layout.step_row(step.order_id, step.seq, step.step),
+        "Kind": "step",
+        # contract 3.2: always written, so a merge can never keep an old value
+        "OrderID": step.order_id,
+        "Step": step.step,
+        "LockedBy": step.locked_by,
+        "CompleteBy": step.complete_by,
+        "ProcessState": str(step.process_state),
+        "FailureCount": step.failure_count,
+        "Attempt": step.attempt,
+        # ours
+        "Seq": step.seq,
+        "StepKind": str(step.kind),
+        "Path": step.path,
+        "TimeoutSeconds": step.timeout_seconds,
+        "Compensates": step.compensates or "",
+        "Result": _result_json(step.result),
+        "LastError": (step.last_error or "")[:4000],
+        "History": _bounded_history(step.history),
+        "HistoryDropped": step.history_dropped,
+    }
+
+
+def parse_order(entities: Sequence[Any]) -> Order | None:
+    record = next((e for e in entities if e.get("Kind") == "order"), None)
+    if record is None:
+        return None
+    steps = [
+        StepRecord(
+            order_id=e["OrderID"],
+            step=e["Step"],
+            seq=int(e["Seq"]),
+            kind=StepKind(e["StepKind"]),
+            path=e["Path"],
+            timeout_seconds=int(e["TimeoutSeconds"]),
+            process_state=StepState(e["ProcessState"]),
+            locked_by=e.get("LockedBy", ""),
+            complete_by=ensure_utc(e["CompleteBy"]),
+            failure_count=int(e.get("FailureCount", 0)),
+            attempt=int(e.get("Attempt", 0)),
+            compensates=e.get("Compensates") or None,
+            result=json.loads(e["Result"]) if e.get("Result") else None,
+            last_error=e.get("LastError") or None,
+            history=json.loads(e.get("History") or "[]"),
+            history_dropped=int(e.get("HistoryDropped", 0)),
+            etag=e.metadata["etag"],
+        )
+        for e in entities
+        if e.get("Kind") == "step"
+    ]
+    steps.sort(key=lambda s: s.seq)
+    order = Order(
+        order_id=record["OrderID"],
+        plan=Plan.from_json(json.loads(record["Plan"])),
+        body=json.loads(record["Body"]),
+        content_hash=record["ContentHash"],
+        reply_to=record.get("ReplyTo") or None,
+        status=OrderStatus(record["Status"]),
+        created_at=ensure_utc(record["CreatedAt"]),
+        updated_at=ensure_utc(record["UpdatedAt"]),
+        steps=steps,
+        cancel_requested=bool(record.get("CancelRequested", False)),
+        history=json.loads(record.get("History") or "[]"),
+        trace=json.loads(record.get("TraceContext") or "{}"),
+        version=int(record.get("Version", 0)),
+        etag=record.metadata["etag"],
+    )
+    order.store_meta["index"] = layout.index_rows(order)
+    order.store_meta["write_id"] = record.get("WriteId", "")
+    return order
