@@ -247,35 +247,26 @@ class TableStateStore:
             )
         try:
             results = self._table.submit_transaction(ops)
-        except TableTransactionError as exc:
-            order.version -= 1
-            if exc.status_code in (409, 412, 404):
-                if not creating and self._wrote(order.order_id, write_id):
-                    log.warning(
-                        "order %s: an ambiguous write had applied (write %s)",
-                        order.order_id,
-                        write_id,
-                    )
-                    return self._reload_after(order, write_id, outbox, partition)
-                raise ConcurrencyConflict(
-                    f"order {order.order_id} changed while it was being updated "
-                    f"({exc.status_code} {getattr(exc, 'error_code', '')})",
-                    order_id=order.order_id,
-                ) from exc
-            raise StorageUnavailable(
-                f"transaction for order {order.order_id} failed: {exc}", order_id=order.order_id
-            ) from exc
         except AzureError as exc:
-            # No answer (the SDK does not retry a POST whose response was lost): the
-            # transaction may have applied. Our WriteId on the order record tells.
             order.version -= 1
-            if self._wrote(order.order_id, write_id):
+            refused = isinstance(exc, TableTransactionError) and exc.status_code in (409, 412, 404)
+            # Refused: maybe our own first try, applied, then retried by the SDK (412).
+            # Unanswered (the SDK does not retry a POST whose response was lost): maybe
+            # applied. Either way the WriteId on the order record tells whose write stands.
+            # A refused create is never ours: nothing retries it.
+            if not (creating and refused) and self._wrote(order.order_id, write_id):
                 log.warning(
-                    "order %s: a write whose answer was lost had applied (write %s)",
+                    "order %s: a write whose answer was lost or refused had applied (write %s)",
                     order.order_id,
                     write_id,
                 )
                 return self._reload_after(order, write_id, outbox, partition)
+            if refused:
+                raise ConcurrencyConflict(
+                    f"order {order.order_id} changed while it was being updated "
+                    f"({getattr(exc, 'status_code', '')} {getattr(exc, 'error_code', '')})",
+                    order_id=order.order_id,
+                ) from exc
             raise StorageUnavailable(
                 f"transaction for order {order.order_id} failed: {exc}", order_id=order.order_id
             ) from exc
