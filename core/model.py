@@ -162,12 +162,6 @@ class Order:
         self._touch(now)
         return step
 
-    def claimable(self, now: datetime) -> StepRecord | None:
-        try:
-            return self._claimable(now)
-        except TransitionRefused:
-            return None
-
     def _claimable(self, now: datetime) -> StepRecord:
         if self.status.terminal:
             raise self._refuse("order-not-running", f"the order is {self.status}")

@@ -27,15 +27,10 @@ _ORDER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # always fullmatch: "$" accepts 
 _QUEUE_NAME = re.compile(r"(?=.{3,63}\Z)[a-z0-9]+(?:-[a-z0-9]+)*")
 #: The order is stored in one Table string property: 64 KiB, i.e. 32K UTF-16 code units.
 MAX_ORDER_DATA_CHARS: Final = 30_000  # UTF-16 code units, as Table Storage counts them
-RESERVED_FIELDS: Final = ("orderId", "workflow", "replyTo")
 
 
 def is_valid_order_id(value: str) -> bool:
     return bool(_ORDER_ID.fullmatch(value))
-
-
-def is_valid_queue_name(value: str) -> bool:
-    return bool(_QUEUE_NAME.fullmatch(value))
 
 
 class _OrderFields(BaseModel):

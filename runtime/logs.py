@@ -37,10 +37,6 @@ def order_context(
         _context.reset(token)
 
 
-def current_context() -> Mapping[str, Any]:
-    return _context.get()
-
-
 class OrderContextFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         ctx = _context.get()

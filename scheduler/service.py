@@ -22,7 +22,7 @@ from core.errors import (
     TransitionRefused,
 )
 from core.messages import AgentReply, AgentRequest, rejection_message
-from core.model import Order
+from core.model import Order, StepRecord
 from core.names import Names
 from core.orders import decode_order
 from core.ports import AgentTransport, Clock, QueueSender
@@ -162,12 +162,10 @@ class Scheduler:
         if step is None or step.process_state is not StepState.PENDING or order.status.terminal:
             return Outcome.NOTHING_TO_DO
         with telemetry.span("order.dispatch", order.trace, orderId=order.order_id, step=step.step):
-            return self._dispatch_in_span(order)
+            return self._dispatch_in_span(order, step)
 
-    def _dispatch_in_span(self, order: Order) -> Outcome:
+    def _dispatch_in_span(self, order: Order, step: StepRecord) -> Outcome:
         now = self._clock()
-        step = order.active_step()
-        assert step is not None
         if step.complete_by > now:
             self.schedule_dispatch(order.order_id, (step.complete_by - now).total_seconds())
             return Outcome.NOT_DUE
