@@ -63,19 +63,24 @@ PY313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) \
 	.venv-index/bin/pip install -q -r .venv-index/requirements.txt -r requirements-index.txt
 	touch $@
 
+# No Python 3.13 is a failure, not a skip: `make test` must not pass without this check.
 index-check:
 	@if [ -z "$(PY313)" ]; then \
-	  echo "index-check SKIPPED: no Python 3.13 here (azure-functions-runtime needs it)"; \
-	else \
-	  $(MAKE) --no-print-directory .venv-index/.ok && \
-	  .venv-index/bin/python -m pytest tests/indexing -q -p no:cacheprovider; \
+	  echo "index-check FAILED: no Python 3.13 found (azure-functions-runtime, the worker's" \
+	       "indexer, needs it). Install it, e.g. 'pyenv install 3.13' (looked in" \
+	       "~/.pyenv/versions/3.13*/bin and on PATH), or point to one: make index-check" \
+	       "PY313=/path/to/python3.13" >&2; \
+	  exit 1; \
 	fi
+	@$(MAKE) --no-print-directory .venv-index/.ok PY313="$(PY313)"
+	INDEX_CHECK_REQUIRED=1 .venv-index/bin/python -m pytest tests/indexing -q -p no:cacheprovider
 
 .venv-iac/.ok: requirements-iac.txt
 	$(PYTHON) -m venv .venv-iac && .venv-iac/bin/pip install -q -r requirements-iac.txt && touch $@
 
+# INFRA_CHECKS_REQUIRED: here a missing checkov/pycep is an error (elsewhere tests/infra skips).
 iac-check: .venv-iac/.ok
-	.venv-iac/bin/python -m pytest tests/infra -q -p no:cacheprovider
+	INFRA_CHECKS_REQUIRED=1 .venv-iac/bin/python -m pytest tests/infra -q -p no:cacheprovider
 
 ## make test-servicebus: the Service Bus contract tests against a real namespace
 ## (SERVICEBUS_TEST_CONNECTION=<namespace>.servicebus.windows.net or a connection string)

@@ -2,14 +2,18 @@
 
     python -m admin show ORDER_ID
     python -m admin list --status error [--page-size 50] [--token T] [--all]
-    python -m admin resubmit ORDER_ID [--by NAME]
-    python -m admin cancel ORDER_ID [--reason TEXT] [--by NAME]
+    python -m admin resubmit ORDER_ID [--as NAME]
+    python -m admin cancel ORDER_ID [--reason TEXT] [--as NAME]
+    python -m admin repair-index ORDER_ID
     python -m admin alerts [--peek N]
 
 Storage comes from ``AzureWebJobsStorage`` (connection string) or
 ``AzureWebJobsStorage__accountName`` (your az login / managed identity), or
-``--connection``. Output is JSON. Exit status: 0 done, 1 refused (the order is
-not in a state that allows it), 2 bad usage, 4 order not found.
+``--connection``. Changes are recorded in the order's history as made by your OS
+user name, or by ``--as NAME`` (``--by`` is the same). Output is JSON. Exit status:
+0 done, 1 refused (the order is not in a state that allows it), 2 bad usage,
+3 storage did not answer or the outcome of a change is unknown (read the order,
+then retry), 4 order not found, 5 the order's records cannot be read.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ import os
 import sys
 from typing import Any
 
-from core.errors import OrderError, OrderNotFound, TransitionRefused
+from core.errors import (
+    ConcurrencyConflict,
+    CorruptOrder,
+    OrderError,
+    OrderNotFound,
+    StorageUnavailable,
+    TransitionRefused,
+)
 from core.names import Names
 from core.settings import Settings
 from core.states import OrderStatus
@@ -34,6 +45,14 @@ def _context(connection: str | None) -> AppContext:
         env["AzureWebJobsStorage"] = connection
     env.setdefault("AGENT_TRANSPORT", "storage")  # the CLI never sends agent messages
     return AppContext(Settings.from_env(env), Names())
+
+
+def os_user() -> str:
+    """Who runs the CLI, for the order's history (``--as`` overrides it)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (some containers)
+        return f"uid-{os.getuid()}" if hasattr(os, "getuid") else "unknown-user"
 
 
 def _print(value: Any) -> None:
@@ -57,9 +76,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ):
         command = sub.add_parser(name, help=text)
         command.add_argument("order_id")
-        command.add_argument("--by", default=getpass.getuser(), help="who (kept in history)")
+        command.add_argument(
+            "--as",
+            "--by",
+            dest="by",
+            default=None,
+            metavar="NAME",
+            help="who, for the order's history (default: your OS user name)",
+        )
         if name == "cancel":
             command.add_argument("--reason", default="")
+    repair = sub.add_parser(
+        "repair-index", help="rebuild an order's index rows from its state (idempotent)"
+    )
+    repair.add_argument("order_id")
     alerts = sub.add_parser("alerts", help="operator alerts waiting on the queue (not removed)")
     alerts.add_argument("--peek", type=int, default=32)
     return parser.parse_args(argv)
@@ -83,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
                 page = {"orders": orders, "continuationToken": None}
             _print(page)
         elif args.command == "resubmit":
-            _print(admin.resubmit(args.order_id, args.by))
+            _print(admin.resubmit(args.order_id, args.by or os_user()))
         elif args.command == "cancel":
-            _print(admin.cancel(args.order_id, args.by, args.reason))
+            _print(admin.cancel(args.order_id, args.by or os_user(), args.reason))
+        elif args.command == "repair-index":
+            _print(admin.repair_index(args.order_id))
         elif args.command == "alerts":
             client = ctx.queues.client(ctx.names.operator_alerts)
             _print(
@@ -100,6 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     except TransitionRefused as exc:
         _print({"error": exc.message, "reason": exc.reason})
         return 1
+    except (StorageUnavailable, ConcurrencyConflict) as exc:
+        _print({"error": exc.message, "retryable": True})
+        print(exc.message, file=sys.stderr)
+        return 3
+    except CorruptOrder as exc:
+        _print({"error": exc.message})
+        return 5
     except (OrderError, ValueError) as exc:
         _print({"error": str(exc)})
         return 2

@@ -1,4 +1,4 @@
-"""Operator use cases: show, list by status, resubmit, cancel.
+"""Operator use cases: show, list by status, resubmit, cancel, repair an index.
 
 Used by the HTTP triggers (``admin/triggers.py``) and the CLI
 (``python -m admin``). Changes go through the same pure transitions and
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from core.errors import ConcurrencyConflict, OrderNotFound
+from core.errors import ConcurrencyConflict, CorruptOrder, OrderNotFound
 from core.model import Order, StepRecord
 from core.ports import Clock
 from core.states import OrderStatus, StepState
@@ -43,10 +43,18 @@ def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
                 instance=event.get("instance"),
                 completeBy=event.get("completeBy"),
             )
-        elif kind in ("succeeded", "failed", "expired"):
+        elif kind in ("succeeded", "refused", "failed", "deferred", "expired"):
+            if "outcome" in entry and kind == "succeeded":
+                # a success that came after the attempt was given up on: it wins
+                entry["before"] = entry["outcome"]
             entry.update(endedAt=event["at"], outcome=kind)
-            if event.get("error"):
-                entry["error"] = event["error"]
+            for name in ("error", "reason", "applied", "notBefore", "late"):
+                if event.get(name) is not None:
+                    entry["error" if name == "reason" else name] = event[name]
+        elif kind == "late-report":
+            entry["lateReport"] = {
+                k: event[k] for k in ("at", "outcome", "applied", "error") if k in event
+            }
     return [attempts[n] for n in sorted(attempts)]
 
 
@@ -134,15 +142,41 @@ class OrderAdmin:
         self, status: OrderStatus, page_size: int = DEFAULT_PAGE, token: str | None = None
     ) -> dict[str, Any]:
         page_size = max(1, min(page_size, MAX_PAGE))
+        # A bad token is stores.tables.InvalidContinuationToken (a ValueError): a 400.
         ids, next_token = self._store.list_by_status(status, page_size, token)
         orders = []
+        unreadable = []
         for order_id in ids:
-            order = self._store.load(order_id)
+            try:
+                order = self._store.load(order_id)
+            except CorruptOrder as exc:
+                # Listed, not hidden (the operator is the one who can repair it), and not
+                # allowed to break the page for every other order.
+                unreadable.append({"orderId": order_id, "error": exc.message})
+                continue
             # The index row moves with the status in one transaction; an order
             # that moved on since this page was read is skipped, not misreported.
             if order is not None and order.status is status:
                 orders.append(order_summary(order))
-        return {"orders": orders, "continuationToken": next_token}
+        page: dict[str, Any] = {"orders": orders, "continuationToken": next_token}
+        if unreadable:
+            page["unreadable"] = unreadable
+        return page
+
+    def repair_index(self, order_id: str) -> dict[str, Any]:
+        """Rebuild an order's index rows from its state (``TableStateStore.repair_index``)."""
+        with order_context(order_id=order_id):
+            report = self._store.repair_index(order_id)
+            if report["repaired"]:
+                METRICS.inc("index_repairs")
+                log.warning(
+                    "index of order %s repaired: removed %s, added %s, rewritten %s",
+                    order_id,
+                    report["removed"],
+                    report["added"],
+                    report["rewritten"],
+                )
+            return report
 
     def resubmit(self, order_id: str, by: str) -> dict[str, Any]:
         with order_context(order_id=order_id):

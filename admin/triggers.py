@@ -1,23 +1,55 @@
-"""The operator API (contract 3.7): HTTP routes, function-key protected in Azure."""
+"""The operator API (contract 3.7): HTTP routes, function-key protected in Azure.
+
+Every answer is JSON; every failure has an ``error`` sentence: 400 bad input, 404
+unknown order, 409 refused by the order's state, 503 the store did not answer or the
+outcome of a change is unknown (retry), 500 only for an order whose records cannot be
+read (a person must repair them).
+
+Who did it (kept in the order's history): the signed-in principal's name, but only
+where App Service authentication (Easy Auth) put it there. The platform sets
+``WEBSITE_AUTH_ENABLED=True`` when it is on, and then strips client-sent
+``X-MS-CLIENT-PRINCIPAL-*`` headers; without it any caller holding the function key
+could write any name. So otherwise the caller is recorded as ``function-key``, and a
+name sent in ``x-operator`` (or an unverified principal header) only as a claim:
+``function-key (claims: alice)``.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+from collections.abc import Callable
 from typing import Any
 
 import azure.functions as func
 
-from core.errors import OrderNotFound, TransitionRefused
+from core.errors import (
+    ConcurrencyConflict,
+    CorruptOrder,
+    OrderNotFound,
+    StorageUnavailable,
+    TransitionRefused,
+)
 from core.orders import is_valid_order_id
 from core.states import OrderStatus
 from runtime.context import app_context
+from stores.tables import InvalidContinuationToken
 
 bp = func.Blueprint()
 
+FUNCTION_KEY_CALLER = "function-key"
+MAX_NAME_CHARS = 64
+RETRY_AFTER_SECONDS = 5
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
-def _json(status: int, body: Any) -> func.HttpResponse:
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> func.HttpResponse:
     return func.HttpResponse(
-        json.dumps(body, ensure_ascii=False), status_code=status, mimetype="application/json"
+        json.dumps(body, ensure_ascii=False),
+        status_code=status,
+        mimetype="application/json",
+        headers=headers,
     )
 
 
@@ -25,12 +57,44 @@ def _error(status: int, message: str, **extra: Any) -> func.HttpResponse:
     return _json(status, {"error": message, **extra})
 
 
+def easy_auth_enabled() -> bool:
+    """Whether App Service authentication is on (the platform's own, read-only variable)."""
+    return os.environ.get("WEBSITE_AUTH_ENABLED", "").strip().lower() == "true"
+
+
+def _name(value: str | None) -> str:
+    text = _UNPRINTABLE.sub("", value or "").strip()
+    return text[:MAX_NAME_CHARS]
+
+
 def _caller(req: func.HttpRequest) -> str:
-    return (
-        req.headers.get("x-ms-client-principal-name")
-        or req.headers.get("x-operator")
-        or "operator-api"
-    )
+    principal = _name(req.headers.get("x-ms-client-principal-name"))
+    if principal and easy_auth_enabled():
+        return principal  # set by the platform, which removes any the client sent
+    claimed = principal or _name(req.headers.get("x-operator"))
+    return f"{FUNCTION_KEY_CALLER} (claims: {claimed})" if claimed else FUNCTION_KEY_CALLER
+
+
+def _answer(order_id: str | None, call: Callable[[], Any]) -> func.HttpResponse:
+    """Run an admin call; its domain errors become the status codes of contract 3.7."""
+    ids = {"orderId": order_id} if order_id else {}
+    try:
+        return _json(200, call())
+    except OrderNotFound as exc:
+        return _error(404, exc.message, **ids)
+    except TransitionRefused as exc:
+        return _error(409, exc.message, reason=exc.reason, **ids)
+    except InvalidContinuationToken as exc:
+        return _error(400, str(exc))
+    except (StorageUnavailable, ConcurrencyConflict) as exc:
+        # Includes "the outcome of the write is unknown": never reported as refused.
+        return _json(
+            503,
+            {"error": exc.message, "retryable": True, **ids},
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+    except CorruptOrder as exc:
+        return _error(500, exc.message, **ids)
 
 
 def _order_id(req: func.HttpRequest) -> str | None:
@@ -43,10 +107,7 @@ def get_order(req: func.HttpRequest) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
-    try:
-        return _json(200, app_context().admin.show(order_id))
-    except OrderNotFound as exc:
-        return _error(404, exc.message, orderId=order_id)
+    return _answer(order_id, lambda: app_context().admin.show(order_id))
 
 
 @bp.route(route="orders", methods=["GET"])
@@ -62,33 +123,23 @@ def list_orders(req: func.HttpRequest) -> func.HttpResponse:
     except ValueError:
         return _error(400, "pageSize must be a whole number (1-100)")
     token = req.params.get("continuationToken") or None
-    try:
-        return _json(200, app_context().admin.list(status, page_size, token))
-    except (ValueError, json.JSONDecodeError):
-        return _error(400, "continuationToken is not one this API returned")
+    return _answer(None, lambda: app_context().admin.list(status, page_size, token))
 
 
 def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
-    admin = app_context().admin
-    try:
-        if action == "resubmit":
-            view = admin.resubmit(order_id, _caller(req))
-        else:
-            reason = ""
-            if req.get_body():
-                try:
-                    reason = str(req.get_json().get("reason", ""))
-                except (ValueError, AttributeError):
-                    return _error(400, 'the body, if any, must be JSON like {"reason": "..."}')
-            view = admin.cancel(order_id, _caller(req), reason)
-    except OrderNotFound as exc:
-        return _error(404, exc.message, orderId=order_id)
-    except TransitionRefused as exc:
-        return _error(409, exc.message, orderId=order_id, reason=exc.reason)
-    return _json(200, view)
+    by = _caller(req)
+    if action == "resubmit":
+        return _answer(order_id, lambda: app_context().admin.resubmit(order_id, by))
+    reason = ""
+    if req.get_body():
+        try:
+            reason = str(req.get_json().get("reason", ""))
+        except (ValueError, AttributeError):
+            return _error(400, 'the body, if any, must be JSON like {"reason": "..."}')
+    return _answer(order_id, lambda: app_context().admin.cancel(order_id, by, reason))
 
 
 @bp.route(route="orders/{orderId}/resubmit", methods=["POST"])

@@ -1,17 +1,28 @@
-"""The agent: turns one request into one remote call and, in time, one reply.
+"""The agent: turns one request into one remote call and always one reply.
 
-Success or a permanent failure: reply. ``CompleteBy`` passed (before, during
-or after the call): stop, send nothing, repair nothing; the supervisor owns
-the step from then on.
+The reply says what the attempt did (contract 3.3, README "Failure model"):
+``succeeded``, ``failed`` (refused: nothing applied), ``transient`` (this order's
+failure; ``applied`` no/maybe) or ``deferred`` (not called, or the remote is down for
+everyone; ``notBefore``). A request that arrives after its deadline is not called and
+is reported as deferred, so the expiry the supervisor counted is corrected. A success
+is always reported, however late: it is evidence that the step applied.
+
+Sending the reply is retried here for a while (storage or broker trouble) rather than
+by failing the invocation, which would call the remote again.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from enum import StrEnum
+from typing import Any
 
-from agents.remote import RemoteServiceClient
-from core.errors import DeadlineExceeded, RemoteCallFailed
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
+
+from agents.remote import CallOutcome, RemoteServiceClient
+from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest
 from core.ports import AgentTransport, Clock
 from runtime import failpoints, telemetry
@@ -20,18 +31,32 @@ from runtime.metrics import METRICS
 
 log = get_logger(__name__)
 
+#: How long the agent keeps trying to hand its reply over before it gives the
+#: invocation back to the host (which redelivers the request).
+REPLY_SEND_SECONDS = 60.0
+
 
 class AgentOutcome(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    TOO_LATE = "too-late"
+    TRANSIENT = "transient"
+    DEFERRED = "deferred"
 
 
 class Agent:
-    def __init__(self, remote: RemoteServiceClient, transport: AgentTransport, clock: Clock):
+    def __init__(
+        self,
+        remote: RemoteServiceClient,
+        transport: AgentTransport,
+        clock: Clock,
+        load_order: Callable[[str], dict[str, Any]] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self._remote = remote
         self._transport = transport
         self._clock = clock
+        self._load_order = load_order
+        self._sleep = sleep
 
     def handle(self, request: AgentRequest, reply_to: str | None = None) -> AgentOutcome:
         with (
@@ -44,29 +69,56 @@ class Agent:
                 attempt=request.attempt,
             ),
         ):
-            if self._clock() >= request.complete_by:
-                METRICS.inc("agent_too_late")
-                log.warning("request arrived after its deadline; dropped")
-                return AgentOutcome.TOO_LATE
-            reply: AgentReply
-            try:
-                result = self._remote.call(request)
-            except DeadlineExceeded as exc:
-                METRICS.inc("agent_too_late")
-                log.warning("gave up at the deadline, no reply sent: %s", exc)
-                return AgentOutcome.TOO_LATE
-            except RemoteCallFailed as exc:
-                reply = request.failed(exc.message[:1000])
-            else:
-                reply = request.succeeded(result)
-            reply = replace(reply, trace=telemetry.carrier() or request.trace)
+            if request.order is None:  # too large to travel in the message
+                if self._load_order is None:
+                    raise StorageUnavailable(
+                        "the request carries no order body and this agent cannot read orders",
+                        order_id=request.order_id,
+                        step=request.step,
+                    )
+                request = request.with_order(self._load_order(request.order_id))
+            outcome = self._remote.call(request)
+            reply = replace(_reply(request, outcome), trace=telemetry.carrier() or request.trace)
             failpoints.hit("agent-after-call")
             if self._clock() >= request.complete_by:
-                METRICS.inc("agent_too_late")
-                log.warning("finished after the deadline; no reply sent (%s)", reply.outcome)
-                return AgentOutcome.TOO_LATE
-            if not self._transport.send_reply(reply, reply_to):
-                return AgentOutcome.TOO_LATE
+                METRICS.inc("agent_late_replies", outcome=reply.outcome)
+                log.warning("reporting %s after the deadline (late evidence)", reply.outcome)
+            self._send(reply, reply_to)
             METRICS.inc("agent_replies", outcome=reply.outcome)
-            log.info("replied %s", reply.outcome)
+            log.info(
+                "replied %s after %d tries%s",
+                reply.outcome,
+                outcome.tries,
+                f": {reply.error}" if reply.error else "",
+            )
             return AgentOutcome(reply.outcome)
+
+    def _send(self, reply: AgentReply, reply_to: str | None) -> None:
+        for attempt in Retrying(
+            retry=retry_if_exception_type(StorageUnavailable),
+            stop=_reply_budget_spent,
+            wait=wait_exponential_jitter(multiplier=0.5, max=5),
+            sleep=self._sleep,
+            reraise=True,
+        ):
+            with attempt:
+                self._transport.send_reply(reply, reply_to)
+
+
+def _reply_budget_spent(state: RetryCallState) -> bool:
+    # Real time, or the time the (injectable) sleep spent: with a fake sleep real time
+    # hardly passes, and a budget in real time alone would never run out.
+    spent = max(state.seconds_since_start or 0.0, state.idle_for)
+    return spent >= REPLY_SEND_SECONDS
+
+
+def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:
+    if outcome.kind == "succeeded":
+        return request.succeeded(outcome.result or {})
+    if outcome.kind == "refused":
+        return request.failed(outcome.error)
+    if outcome.kind == "transient":
+        return request.transient(outcome.error, outcome.applied)
+    return request.deferred(
+        outcome.error, outcome.not_before or request.complete_by, outcome.applied
+    )

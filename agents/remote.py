@@ -1,64 +1,106 @@
-"""A resilient client for the remote services of contract 3.4.
+"""A resilient client for the remote services of contract 3.4, and what each try did
+(contract 3.11).
 
-``POST {REMOTE_SERVICE_URL}/{path}`` with the order's JSON and the header
-``Idempotency-Key: <orderId>:<step>`` (the same on every try and every
-attempt, so the service applies the effect once however often we ask).
+``POST {base}/{path}`` with the order's JSON and ``Idempotency-Key: <orderId>:<step>``
+(the same on every try and every attempt, so the service applies the effect once
+however often it is asked).
 
-- Deadline: every try's timeout is bounded by the time left before the step's
-  ``CompleteBy`` (less a margin for the reply to travel); no try starts after it.
-- Retries (tenacity): transient failures only (408, 425, 429, 5xx, connection
-  errors, timeouts), exponential backoff with full jitter, ``Retry-After``
-  honoured (capped by the time left).
-- Circuit breaker (``circuitbreaker``), one per remote endpoint: after
-  repeated transient failures the endpoint is left alone for a while instead
-  of being hammered; an open breaker is itself a transient failure, retried
-  after it. (Not pybreaker: its ``call`` holds a lock for the whole call, so
-  one hanging request would serialize every other call to that endpoint.)
-- Permanent failures (any other 4xx) are not retried and do not trip the breaker.
+- Deadline: the agent must report before the step's ``CompleteBy``, so it stops trying
+  a margin before it (a fifth of the time it had, 0.5-5 s). Each try is bounded as a
+  whole (connect, send, and every byte of the answer) by the time left: httpx's own
+  timeouts bound each read, not the request, so tries run on a background event loop
+  under ``asyncio.timeout``.
+- Each try is classified: *applied* (2xx), *refused* (other 4xx: nothing applied,
+  not retried), *not applied* (408, 425, 429, 503, or the connection failed before the
+  request was sent), *may have applied* (other 5xx, or no answer to a request that
+  was sent). The transient ones are retried with full-jitter exponential backoff;
+  ``Retry-After`` is honoured, and one that reaches past the deadline ends the attempt
+  as a deferral (the remote is never called before the time it asked for).
+- ``agents.health``: one breaker per remote endpoint decides whether a call may go out
+  and whether a failed attempt is this order's failure (``transient``, counted) or
+  the endpoint's (``deferred``, not counted).
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import math
+import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal, TypeVar
 
 import httpx
-from circuitbreaker import CircuitBreaker
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    wait_random_exponential,
-)
 
-from core.errors import DeadlineExceeded, RemoteCallFailed
-from core.messages import AgentRequest
+from agents.health import EndpointHealth, HealthPolicy, HostActivity, Mark
+from core.messages import AgentRequest, Applied
+from core.timefmt import iso
 from runtime import telemetry
 from runtime.logs import get_logger
 from runtime.metrics import METRICS
 
 log = get_logger(__name__)
 
-TRANSIENT_STATUSES = frozenset({408, 425, 429})
+TRANSIENT_4XX = frozenset({408, 425, 429})
+#: Statuses that say the request was not processed (contract 3.11): timeout before
+#: processing, too early, throttled, unavailable.
+NOT_APPLIED_STATUSES = frozenset({408, 425, 429, 503})
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
+#: A longer Retry-After is read as this long: any wait must fit in a datetime.
+MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
+#: Exceptions raised before the request left: nothing can have been applied.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class RemotePolicy:
     max_try_seconds: float = 10.0  # no single try waits longer than this
     connect_seconds: float = 3.0
-    reply_margin_seconds: float = 0.5  # stop this long before CompleteBy: the reply must travel
+    #: Stop trying this long before CompleteBy, so the report arrives in time: a
+    #: fraction of the time the agent had, clamped.
+    reply_margin_fraction: float = 0.2
+    reply_margin_min_seconds: float = 0.5
+    reply_margin_max_seconds: float = 5.0
     backoff_initial_seconds: float = 0.2
     backoff_max_seconds: float = 5.0
-    breaker_fail_max: int = 5
-    breaker_reset_seconds: float = 10.0
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+
+    def reply_margin(self, time_left: float) -> float:
+        return min(
+            max(time_left * self.reply_margin_fraction, self.reply_margin_min_seconds),
+            self.reply_margin_max_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class Try:
+    """One HTTP try: what it did, as far as the caller can know."""
+
+    applied: Literal["yes", "no", "maybe"]
+    retryable: bool
+    error: str = ""
+    status: int | None = None
+    retry_after: float | None = None
+    result: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """How one attempt ended: the agent turns it into its reply."""
+
+    kind: Literal["succeeded", "refused", "transient", "deferred"]
+    result: dict[str, Any] | None = None
+    error: str = ""
+    applied: Applied = "no"
+    not_before: datetime | None = None
+    tries: int = 0
 
 
 def _retry_after(response: httpx.Response, now: datetime) -> float | None:
@@ -80,20 +122,22 @@ def _retry_after(response: httpx.Response, now: datetime) -> float | None:
         seconds = (when - now).total_seconds()
     if not math.isfinite(seconds):
         return None
-    return max(seconds, 0.0)
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
 
 
-def _is_transient(exc_type: type[BaseException], exc: BaseException) -> bool:
-    return isinstance(exc, RemoteCallFailed) and exc.retryable
-
-
-def classify(
-    response: httpx.Response, path: str, now: datetime | None = None
-) -> RemoteCallFailed | None:
-    """None for 2xx; otherwise the failure, transient or permanent per contract 3.4."""
+def classify(response: httpx.Response, path: str, now: datetime | None = None) -> Try:
+    """What an HTTP answer says (contracts 3.4 and 3.11)."""
     status = response.status_code
     if 200 <= status < 300:
-        return None
+        try:
+            body = response.json()
+        except ValueError:
+            return Try(
+                "yes", False, status=status, result={"status": status, "text": response.text[:1000]}
+            )
+        return Try(
+            "yes", False, status=status, result=body if isinstance(body, dict) else {"value": body}
+        )
     detail = ""
     try:
         body = response.json()
@@ -102,14 +146,32 @@ def classify(
     except ValueError:
         detail = response.text[:300]
     text = f"{path}: HTTP {status}" + (f" {detail}" if detail else "")
-    if status in TRANSIENT_STATUSES or status >= 500:
-        return RemoteCallFailed(
+    if status in TRANSIENT_4XX or status >= 500:
+        return Try(
+            "no" if status in NOT_APPLIED_STATUSES else "maybe",
+            True,
             text,
-            retryable=True,
-            status=status,
-            retry_after=_retry_after(response, now or datetime.now(UTC)),
+            status,
+            _retry_after(response, now or datetime.now(UTC)),
         )
-    return RemoteCallFailed(text, retryable=False, status=status)
+    return Try("no", False, text, status)
+
+
+class _LoopThread:
+    """One asyncio loop on a daemon thread: calls from any thread, each with a hard bound."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], bound: float) -> T:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        return future.result(timeout=bound)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
 
 
 class RemoteServiceClient:
@@ -117,144 +179,236 @@ class RemoteServiceClient:
         self,
         base_url: str,
         policy: RemotePolicy | None = None,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
     ):
         self._base_url = base_url.rstrip("/")
         self.policy = policy or RemotePolicy()
-        self._http = httpx.Client(
-            transport=transport,
-            follow_redirects=False,
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-        )
+        self._transport = transport
         self._clock = clock
         self._sleep = sleep
-        self._breakers: dict[str, CircuitBreaker] = {}
+        self._rng = rng or random.Random()
+        self._health: dict[str, EndpointHealth] = {}
+        self._host = HostActivity()  # every endpoint here shares the base URL's host
         self._lock = threading.Lock()
+        self._loop: _LoopThread | None = None
+        self._http: httpx.AsyncClient | None = None
 
-    def breaker(self, path: str) -> CircuitBreaker:
+    def health(self, path: str) -> EndpointHealth:
         with self._lock:
-            if path not in self._breakers:
-                self._breakers[path] = CircuitBreaker(
-                    failure_threshold=self.policy.breaker_fail_max,
-                    recovery_timeout=self.policy.breaker_reset_seconds,
-                    # Only the endpoint's health counts: a 4xx is about our request.
-                    expected_exception=_is_transient,
-                    name=path,
+            if path not in self._health:
+                self._health[path] = EndpointHealth(
+                    f"{self._base_url}/{path}", self.policy.health, self._host
                 )
-            return self._breakers[path]
+            return self._health[path]
 
-    def call(self, request: AgentRequest) -> dict[str, Any]:
-        """The remote call for one attempt; raises ``RemoteCallFailed`` (permanent) or
-        ``DeadlineExceeded`` (time is up: the caller sends nothing)."""
-        deadline = request.complete_by.timestamp() - self.policy.reply_margin_seconds
-        budget = deadline - self._clock().timestamp()
-        if budget <= 0:
-            raise DeadlineExceeded(
-                "no time left before the deadline", order_id=request.order_id, step=request.step
+    # --- one attempt ----------------------------------------------------------------
+
+    def call(self, request: AgentRequest) -> CallOutcome:
+        """The remote call for one attempt, tried until it succeeds, is refused, is
+        deferred, or time runs out. Never raises for what the remote does."""
+        key, path = request.idempotency_key, request.path
+        if (unsendable := _unsendable(request)) is not None:
+            # Refused here, before any admission: the endpoint was not asked, so this
+            # says nothing about its health (and must not close an open breaker).
+            return CallOutcome("refused", error=unsendable)
+        health = self.health(path)
+        now = self._clock()
+        left = (request.complete_by - now).total_seconds()
+        stop_at = request.complete_by - timedelta(seconds=self.policy.reply_margin(left))
+        tries: list[Try] = []
+        mark: Mark | None = None  # what had answered before this attempt's first failing try
+        while True:
+            now = self._clock()
+            budget = (stop_at - now).total_seconds()
+            if budget <= 0:
+                break
+            admission = health.admit(
+                key, now.timestamp(), singled_out=request.singled_out or mark is not None
             )
-
-        def out_of_time(state: RetryCallState) -> bool:
-            # On our clock (not tenacity's monotonic one): stop when the next wait would end
-            # at or after the deadline, so no try ever starts too late to reply in time.
-            return self._clock().timestamp() + (state.upcoming_sleep or 0.0) >= deadline
-
-        retrying = Retrying(
-            retry=retry_if_exception(lambda e: isinstance(e, RemoteCallFailed) and e.retryable),
-            wait=self._wait,
-            stop=out_of_time,
-            sleep=self._sleep,
-            reraise=True,
-            before_sleep=self._before_sleep,
+            if not admission.allowed:
+                METRICS.inc("breaker_deferrals")
+                when = datetime.fromtimestamp(admission.retry_at, UTC)
+                return self._deferred(
+                    f"{path}: circuit open ({admission.reason}); not calling it before {iso(when)}",
+                    when,
+                    tries,
+                )
+            # Taken before the try: a success elsewhere while this try hangs also shows the
+            # endpoint serving others.
+            before = health.mark()
+            attempt = self._try(request, min(budget, self.policy.max_try_seconds))
+            now = self._clock()
+            if attempt.applied == "yes":
+                health.record_answer(key, now.timestamp())
+                return CallOutcome("succeeded", result=attempt.result, tries=len(tries) + 1)
+            if not attempt.retryable:
+                health.record_answer(key, now.timestamp())
+                return CallOutcome("refused", error=attempt.error, tries=len(tries) + 1)
+            if mark is None:
+                mark = before
+            health.record_failure(
+                key,
+                now.timestamp(),
+                explained=request.singled_out or health.successes > mark.endpoint,
+                probe=admission.probe,
+            )
+            tries.append(attempt)
+            wait = (
+                attempt.retry_after
+                if attempt.retry_after is not None
+                else self._backoff(len(tries))
+            )
+            if now + timedelta(seconds=wait) >= stop_at:
+                if attempt.retry_after is not None:
+                    return self._deferred(
+                        f"{attempt.error}; the service asked to wait {wait:.0f} s (Retry-After), "
+                        "past the step's deadline",
+                        now + timedelta(seconds=wait),
+                        tries,
+                    )
+                break
+            METRICS.inc("remote_retries")
+            log.info(
+                "remote call failed (try %d), retrying in %.2f s: %s",
+                len(tries),
+                wait,
+                attempt.error,
+            )
+            self._sleep(wait)
+        now = self._clock()
+        if not tries:
+            return CallOutcome(
+                "deferred", error="no time left to call before the deadline", not_before=now
+            )
+        if health.blames(key, mark=mark, singled_out=request.singled_out):
+            return CallOutcome(
+                "transient", error=tries[-1].error, applied=_applied(tries), tries=len(tries)
+            )
+        return self._deferred(
+            f"{tries[-1].error}; {path} is failing for other orders too, or has served none "
+            "since: waiting for it rather than counting it against this order",
+            datetime.fromtimestamp(health.next_probe_at(now.timestamp()), UTC),
+            tries,
         )
+
+    def _deferred(self, reason: str, not_before: datetime, tries: list[Try]) -> CallOutcome:
+        return CallOutcome(
+            "deferred",
+            error=reason,
+            applied=_applied(tries),
+            not_before=not_before,
+            tries=len(tries),
+        )
+
+    def _backoff(self, failures: int) -> float:
+        """Full jitter: uniform in [0, min(max, initial * 2^(failures-1))]."""
+        high = min(
+            self.policy.backoff_max_seconds,
+            self.policy.backoff_initial_seconds * 2 ** min(failures - 1, 30),
+        )
+        return self._rng.uniform(0, high)
+
+    # --- one try --------------------------------------------------------------------
+
+    def _try(self, request: AgentRequest, timeout: float) -> Try:
         try:
-            for attempt in retrying:
-                with attempt:
-                    return self._try(request, deadline)
-        except RemoteCallFailed as exc:
-            if exc.retryable:
-                raise DeadlineExceeded(
-                    f"still failing when time ran out: {exc}",
-                    order_id=request.order_id,
-                    step=request.step,
-                ) from exc
-            raise
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _wait(self, state: RetryCallState) -> float:
-        outcome = state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        backoff = wait_random_exponential(
-            multiplier=self.policy.backoff_initial_seconds, max=self.policy.backoff_max_seconds
-        )(state)
-        if isinstance(exc, RemoteCallFailed) and exc.retry_after is not None:
-            return max(float(exc.retry_after), 0.0)
-        return float(backoff)
-
-    def _before_sleep(self, state: RetryCallState) -> None:
-        METRICS.inc("remote_retries")
-        exc = state.outcome.exception() if state.outcome is not None else None
-        log.info("remote call failed (try %d), retrying: %s", state.attempt_number, exc)
-
-    def _try(self, request: AgentRequest, deadline: float) -> dict[str, Any]:
-        left = deadline - self._clock().timestamp()
-        if left <= 0:
-            raise DeadlineExceeded(
-                "no time left for another try", order_id=request.order_id, step=request.step
-            )
-        timeout = min(left, self.policy.max_try_seconds)
-        breaker = self.breaker(request.path)
-        if breaker.opened:
-            METRICS.inc("breaker_open")
-            raise RemoteCallFailed(
-                f"{request.path}: circuit open after {breaker.failure_count} failures in a row; "
-                f"not calling it for {breaker.open_remaining:.1f} s",
-                retryable=True,
-                retry_after=max(min(float(breaker.open_remaining), left), 0.05),
-                order_id=request.order_id,
-                step=request.step,
-            )
-        with breaker:
-            return self._post(request, timeout)
-
-    def _post(self, request: AgentRequest, timeout: float) -> dict[str, Any]:
-        url = f"{self._base_url}/{request.path}"
+            body = json.dumps(request.order, allow_nan=False, separators=(",", ":"))
+        except (TypeError, ValueError) as exc:
+            return Try("no", False, f"{request.path}: the order cannot be sent as JSON ({exc})")
         # Only W3C trace context travels from the message, and never over the contract's key.
         headers = {
             k: v for k, v in (telemetry.carrier() or request.trace).items() if k in TRACE_HEADERS
         }
         headers["Idempotency-Key"] = request.idempotency_key
-        try:
-            body = json.dumps(request.order, allow_nan=False, separators=(",", ":"))
-        except (TypeError, ValueError) as exc:
-            raise RemoteCallFailed(
-                f"{request.path}: the order cannot be sent as JSON ({exc})", retryable=False
-            ) from exc
         headers["Content-Type"] = "application/json"
+        url = f"{self._base_url}/{request.path}"
+        loop = self._event_loop()
         try:
-            response = self._http.post(
-                url,
-                content=body.encode("utf-8"),
-                headers=headers,
-                timeout=httpx.Timeout(timeout, connect=min(timeout, self.policy.connect_seconds)),
+            return loop.run(
+                self._post(url, body.encode("utf-8"), headers, timeout, request.path),
+                bound=timeout + 5,
+            )
+        except TimeoutError:  # pragma: no cover - the coroutine bounds itself first
+            return Try("maybe", True, f"{request.path}: no answer within {timeout:.1f} s")
+
+    async def _post(
+        self, url: str, content: bytes, headers: dict[str, str], timeout: float, path: str
+    ) -> Try:
+        sent = False
+
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            nonlocal sent
+            if ".send_request_headers." in event:
+                sent = True
+
+        http = self._async_client()
+        try:
+            async with asyncio.timeout(timeout):
+                response = await http.post(
+                    url,
+                    content=content,
+                    headers=headers,
+                    timeout=httpx.Timeout(
+                        timeout, connect=min(timeout, self.policy.connect_seconds)
+                    ),
+                    extensions={"trace": trace},
+                )
+        except TimeoutError:
+            return Try(
+                "maybe" if sent else "no",
+                True,
+                f"{path}: no answer within {timeout:.1f} s"
+                + ("" if sent else " (the request was never sent)"),
+            )
+        except _NOT_SENT as exc:
+            return Try(
+                "no", True, f"{path}: {type(exc).__name__}: {exc} (the request was never sent)"
             )
         except httpx.TimeoutException as exc:
-            raise RemoteCallFailed(
-                f"{request.path}: no answer within {timeout:.1f} s", retryable=True
-            ) from exc
+            return Try(
+                "maybe", True, f"{path}: no answer within {timeout:.1f} s ({type(exc).__name__})"
+            )
         except httpx.TransportError as exc:
-            raise RemoteCallFailed(
-                f"{request.path}: {type(exc).__name__}: {exc}", retryable=True
-            ) from exc
-        failure = classify(response, request.path, self._clock())
-        if failure is not None:
-            raise failure
-        try:
-            body = response.json()
-        except ValueError:
-            return {"status": response.status_code, "text": response.text[:1000]}
-        return body if isinstance(body, dict) else {"value": body}
+            return Try("maybe", True, f"{path}: {type(exc).__name__}: {exc}")
+        return classify(response, path, self._clock())
+
+    def _event_loop(self) -> _LoopThread:
+        with self._lock:
+            if self._loop is None:
+                self._loop = _LoopThread(f"remote-{id(self):x}")
+            return self._loop
+
+    def _async_client(self) -> httpx.AsyncClient:
+        # Built on the loop's thread, on first use, and reused (one connection pool).
+        if self._http is None:
+            self._http = httpx.AsyncClient(
+                transport=self._transport or httpx.AsyncHTTPTransport(retries=0),
+                follow_redirects=False,
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+            )
+        return self._http
 
     def close(self) -> None:
-        self._http.close()
+        with self._lock:
+            loop, http = self._loop, self._http
+            self._loop = self._http = None
+        if loop is not None:
+            if http is not None:
+                asyncio.run_coroutine_threadsafe(http.aclose(), loop.loop).result(timeout=5)
+            loop.close()
+
+
+def _unsendable(request: AgentRequest) -> str | None:
+    """Why the order cannot be a JSON body, or None."""
+    try:
+        json.dumps(request.order, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        return f"{request.path}: the order cannot be sent as JSON ({exc})"
+    return None
+
+
+def _applied(tries: list[Try]) -> Applied:
+    return "maybe" if any(t.applied == "maybe" for t in tries) else "no"

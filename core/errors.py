@@ -91,3 +91,8 @@ class RemoteCallFailed(OrderError):
 
 class DeadlineExceeded(OrderError):
     """The step's CompleteBy passed: the agent stops and sends nothing."""
+
+
+class CorruptOrder(OrderError):
+    """An order's stored records cannot be read back (a property missing or malformed,
+    by a manual edit, a bad restore or a bug): retrying cannot help, a person must look."""

@@ -11,7 +11,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Final, Literal
 
 from core.errors import InvalidMessage
 from core.orders import ORDER_ID_RULE, describe, is_valid_order_id
@@ -19,6 +19,23 @@ from core.timefmt import iso, parse_iso
 
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _PATH = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
+
+#: What a remote call did, as far as the caller can know (contract 3.11).
+Applied = Literal["no", "maybe"]
+APPLIED_VALUES: Final = ("no", "maybe")
+#: Reply outcomes (contract 3.3 plus the two the README documents):
+#: ``succeeded`` (2xx), ``failed`` (the remote refused: a permanent 4xx, nothing applied),
+#: ``transient`` (tries failed transiently until time ran out; counts toward
+#: MAX_FAILURE_COUNT), ``deferred`` (the remote was not called, or is down for every
+#: order: not a failure of this order; the step waits until ``notBefore``).
+OUTCOMES: Final = ("succeeded", "failed", "transient", "deferred")
+#: A reply must always fit its queue (a Storage queue message is 64 KiB): a remote
+#: result larger than this is cut, with a marker, and the step still succeeds.
+MAX_RESULT_CHARS: Final = 16_000
+MAX_ERROR_CHARS: Final = 1_000
+#: An order body larger than this (UTF-8 bytes) is not copied into the agent request;
+#: the agent reads it from the state store (``orderInline: false``).
+MAX_INLINE_ORDER_BYTES: Final = 40_000
 
 
 # --- agent request and reply (contract 3.3) --------------------------------------------
@@ -61,17 +78,67 @@ class _StepMessage:
         return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
 
 
+def bounded_result(result: dict[str, Any]) -> dict[str, Any]:
+    """The result as a reply carries it: whole, or cut with a marker when it is large."""
+    text = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+    if len(text) <= MAX_RESULT_CHARS:
+        return result
+    return {
+        "truncated": True,
+        "size": len(text),
+        "preview": text[: MAX_RESULT_CHARS // 4],
+    }
+
+
 @dataclass(frozen=True)
 class AgentRequest(_StepMessage):
     path: str  # the remote service path (contract 3.4: POST {REMOTE_SERVICE_URL}/{path})
-    order: dict[str, Any] = field(default_factory=dict)  # the order's JSON, sent as the body
+    #: the order's JSON, sent as the body; None when it is too large to travel in the
+    #: request (the agent then reads it from the state store)
+    order: dict[str, Any] | None = field(default_factory=dict)
     trace: dict[str, str] = field(default_factory=dict)  # W3C trace context
+    #: An earlier attempt of this step failed while the remote served other orders: its
+    #: failures are its own, not an outage's (the agent uses this to attribute failures).
+    singled_out: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        out = {**self._head(), "path": self.path, "order": self.order}
+        out: dict[str, Any] = {**self._head(), "path": self.path}
+        if self.order is not None:
+            out["order"] = self.order
+        else:
+            out["orderInline"] = False
         if self.trace:
             out["trace"] = self.trace
+        if self.singled_out:
+            out["singledOut"] = True
         return out
+
+    def encode(self) -> str:
+        text = super().encode()
+        if self.order is not None and len(text.encode("utf-8")) > MAX_INLINE_ORDER_BYTES:
+            return AgentRequest(
+                self.order_id,
+                self.step,
+                self.attempt,
+                self.complete_by,
+                self.path,
+                None,
+                self.trace,
+                self.singled_out,
+            ).encode()
+        return text
+
+    def with_order(self, order: dict[str, Any]) -> AgentRequest:
+        return AgentRequest(
+            self.order_id,
+            self.step,
+            self.attempt,
+            self.complete_by,
+            self.path,
+            order,
+            self.trace,
+            self.singled_out,
+        )
 
     def _reply(self, outcome: str, **fields: Any) -> AgentReply:
         return AgentReply(
@@ -85,18 +152,36 @@ class AgentRequest(_StepMessage):
         )
 
     def succeeded(self, result: dict[str, Any]) -> AgentReply:
-        return self._reply("succeeded", result=result)
+        return self._reply("succeeded", result=bounded_result(result))
 
     def failed(self, error: str) -> AgentReply:
-        return self._reply("failed", error=error)
+        """The remote refused (permanent 4xx): nothing was applied."""
+        return self._reply("failed", error=error[:MAX_ERROR_CHARS], applied="no")
+
+    def transient(self, error: str, applied: Applied) -> AgentReply:
+        """Every try failed transiently until time ran out; this order's failure."""
+        return self._reply("transient", error=error[:MAX_ERROR_CHARS], applied=applied)
+
+    def deferred(self, reason: str, not_before: datetime, applied: Applied = "no") -> AgentReply:
+        """Not called (circuit open, Retry-After past the deadline, too late), or the remote
+        is down for everyone: no failure of this order; run again at ``not_before``."""
+        return self._reply(
+            "deferred", error=reason[:MAX_ERROR_CHARS], applied=applied, not_before=not_before
+        )
 
 
 @dataclass(frozen=True)
 class AgentReply(_StepMessage):
-    outcome: str  # "succeeded" | "failed"
+    outcome: str  # one of OUTCOMES
     result: dict[str, Any] | None = None
     error: str | None = None
     trace: dict[str, str] = field(default_factory=dict)
+    applied: Applied | None = None  # for failed/transient/deferred: "no" or "maybe"
+    not_before: datetime | None = None  # for deferred: the earliest time to call again
+
+    @property
+    def may_have_applied(self) -> bool:
+        return self.applied == "maybe"
 
     def to_json(self) -> dict[str, Any]:
         out = {**self._head(), "outcome": self.outcome}
@@ -104,6 +189,9 @@ class AgentReply(_StepMessage):
             out["result"] = self.result if self.result is not None else {}
         else:
             out["error"] = self.error or "unspecified failure"
+            out["applied"] = self.applied or ("no" if self.outcome == "failed" else "maybe")
+        if self.outcome == "deferred":
+            out["notBefore"] = iso(self.not_before or self.complete_by)
         if self.trace:
             out["trace"] = self.trace
         return out
@@ -115,6 +203,8 @@ def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
         value = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidMessage(f"{what} is not UTF-8 JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # huge integers, deep nesting
+        raise InvalidMessage(f"{what} cannot be decoded: {type(exc).__name__}") from None
     if not isinstance(value, dict):
         raise InvalidMessage(f"{what} must be a JSON object, got {describe(value)}")
     return value
@@ -170,12 +260,19 @@ def decode_request(raw: bytes | str) -> AgentRequest:
         raise InvalidMessage(
             f"agent request: path must be a remote path, got {path!r}", order_id=order_id, step=step
         )
-    order = value.get("order", {})
-    if not isinstance(order, dict):
-        raise InvalidMessage(
-            "agent request: order must be a JSON object", order_id=order_id, step=step
-        )
-    return AgentRequest(order_id, step, attempt, complete_by, path, order, _trace(value))
+    order: dict[str, Any] | None
+    if value.get("orderInline") is False and "order" not in value:
+        order = None
+    else:
+        order = value.get("order", {})
+        if not isinstance(order, dict):
+            raise InvalidMessage(
+                "agent request: order must be a JSON object", order_id=order_id, step=step
+            )
+    singled_out = value.get("singledOut", False) is True
+    return AgentRequest(
+        order_id, step, attempt, complete_by, path, order, _trace(value), singled_out
+    )
 
 
 def decode_reply(raw: bytes | str) -> AgentReply:
@@ -189,17 +286,50 @@ def decode_reply(raw: bytes | str) -> AgentReply:
         return AgentReply(
             order_id, step, attempt, complete_by, outcome, result=result, trace=_trace(value)
         )
-    if outcome == "failed":
+    if outcome in ("failed", "transient", "deferred"):
         error = value.get("error")
         if not isinstance(error, str) or not error:
             raise InvalidMessage(
-                "agent reply: a failed reply needs an error string", order_id=order_id, step=step
+                f"agent reply: a {outcome} reply needs an error string",
+                order_id=order_id,
+                step=step,
             )
+        # A reply without "applied" comes from an older agent: assume the worst, except
+        # for a refusal, which always meant "nothing applied".
+        applied = value.get("applied", "no" if outcome == "failed" else "maybe")
+        if applied not in APPLIED_VALUES:
+            raise InvalidMessage(
+                f"agent reply: applied must be 'no' or 'maybe', got {applied!r}",
+                order_id=order_id,
+                step=step,
+            )
+        not_before = None
+        if outcome == "deferred":
+            raw_not_before = value.get("notBefore")
+            try:
+                not_before = parse_iso(raw_not_before) if isinstance(raw_not_before, str) else None
+            except ValueError:
+                not_before = None
+            if not_before is None:
+                raise InvalidMessage(
+                    f"agent reply: a deferred reply needs notBefore, an ISO 8601 UTC time, "
+                    f"got {raw_not_before!r}",
+                    order_id=order_id,
+                    step=step,
+                )
         return AgentReply(
-            order_id, step, attempt, complete_by, outcome, error=error, trace=_trace(value)
+            order_id,
+            step,
+            attempt,
+            complete_by,
+            outcome,
+            error=error,
+            trace=_trace(value),
+            applied=applied,
+            not_before=not_before,
         )
     raise InvalidMessage(
-        f"agent reply: outcome must be 'succeeded' or 'failed', got {outcome!r}",
+        f"agent reply: outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}",
         order_id=order_id,
         step=step,
     )
@@ -214,7 +344,9 @@ def status_message(order_id: str, status: str, at: datetime, **extra: Any) -> st
     )
 
 
-def alert_message(order_id: str, step: str, reason: str, failure_count: int, at: datetime) -> str:
+def alert_message(
+    order_id: str, step: str, reason: str, failure_count: int, at: datetime, **extra: Any
+) -> str:
     return json.dumps(
         {
             "orderId": order_id,
@@ -222,6 +354,7 @@ def alert_message(order_id: str, step: str, reason: str, failure_count: int, at:
             "reason": reason,
             "failureCount": failure_count,
             "at": iso(at),
+            **extra,
         },
         separators=(",", ":"),
     )

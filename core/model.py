@@ -11,15 +11,27 @@ Invariant: at most one step record is ``Pending`` or ``Processing`` (the
 active step). Records are created when the workflow reaches them, so every
 record that exists has a meaningful state.
 
+Failure semantics (contract 3.11). Every attempt ends in one of:
+``succeeded``; ``refused`` (a permanent 4xx: nothing applied); ``failed``
+(transient failures until time ran out, counted in ``FailureCount``);
+``deferred`` (not called, or the remote down for everyone: not counted, the
+step waits); ``expired`` (no report by the deadline: counted, and it may
+have applied). Whether any try *may have applied* is remembered per attempt
+(``maybe_applied``), because the idempotency key is the same for every
+attempt: one such attempt makes a final failure ambiguous. A success is
+evidence whenever it arrives; a late report of an expired attempt corrects
+what the expiry assumed.
+
 This module is longer than most here on purpose: the whole state machine of
-an order (claim, reply, expiry, failure, unwinding, resubmit, cancel) reads
-in one place.
+an order (claim, reply, expiry, deferral, failure, unwinding, resubmit,
+cancel) reads in one place.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any, Final
 
 from core.errors import TransitionRefused
@@ -27,10 +39,22 @@ from core.messages import AgentReply, alert_message, status_message
 from core.orders import OrderMessage
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
-from core.timefmt import ensure_utc, iso
+from core.timefmt import ensure_utc, iso, parse_iso
 from core.workflows import Plan, PlannedStep
 
 MAX_HISTORY: Final = 100
+#: After an attempt's deadline, how long its last remote call may still be running
+#: somewhere (agents stop before the deadline; this covers clock skew). A compensation
+#: of a step that may have applied is not dispatched before then (it must not race it).
+IN_FLIGHT_GRACE: Final = timedelta(seconds=2)
+DEFAULT_POLICY: Final = RetryPolicy()
+
+
+class ReplyEffect(StrEnum):
+    """What applying a reply did (a reply that changes nothing raises TransitionRefused)."""
+
+    APPLIED = "applied"  # it decided the step's attempt
+    NOTED = "noted"  # late evidence: recorded (and maybe acted on), the step had moved on
 
 
 @dataclass(frozen=True)
@@ -58,6 +82,14 @@ class StepRecord:
     compensates: str | None = None
     result: dict[str, Any] | None = None
     last_error: str | None = None
+    #: Attempts in which a call may have applied (sticky: the idempotency key is the same
+    #: for every attempt, so one such attempt makes the step's failure ambiguous).
+    maybe_applied: list[int] = field(default_factory=list)
+    #: Deferrals in a row (the remote not called or down for everyone) and since when.
+    deferrals: int = 0
+    deferred_since: datetime | None = None
+    #: An attempt failed while the remote served other orders: its failures are its own.
+    singled_out: bool = False
     history: list[dict[str, Any]] = field(default_factory=list)
     history_dropped: int = 0
     etag: str | None = None
@@ -77,6 +109,30 @@ class StepRecord:
     @property
     def is_active(self) -> bool:
         return self.process_state in (StepState.PENDING, StepState.PROCESSING)
+
+    @property
+    def may_have_applied(self) -> bool:
+        return bool(self.maybe_applied)
+
+    def mark_maybe_applied(self, attempt: int) -> None:
+        if attempt not in self.maybe_applied:
+            self.maybe_applied = sorted([*self.maybe_applied, attempt])
+
+    def last_deadline(self) -> datetime:
+        """The deadline of the latest attempt (after it, none of its calls can be running)."""
+        deadlines = [
+            parse_iso(h["completeBy"])
+            for h in self.history
+            if h.get("event") == "claimed" and isinstance(h.get("completeBy"), str)
+        ]
+        return max(deadlines, default=self.complete_by)
+
+    def reset_for_retry(self) -> None:
+        self.failure_count = 0
+        self.deferrals = 0
+        self.deferred_since = None
+        self.singled_out = False
+        self.locked_by = ""
 
 
 @dataclass
@@ -180,57 +236,74 @@ class Order:
             )
         return step
 
-    def apply_reply(self, reply: AgentReply, now: datetime) -> StepRecord:
-        """Apply an agent's reply, fenced: same attempt, still Processing, deadline not passed."""
+    def apply_reply(
+        self, reply: AgentReply, now: datetime, policy: RetryPolicy = DEFAULT_POLICY
+    ) -> ReplyEffect:
+        """Apply an agent's reply.
+
+        A success is evidence whenever it arrives (late, or for an earlier attempt): it
+        completes the step unless the step is finished or its workflow is unwinding.
+        Any other reply decides only the attempt in flight (still Processing, same
+        attempt, even past its deadline); for an attempt the supervisor already
+        expired it corrects what the expiry assumed (``_late_report``).
+        """
         step = self.find(reply.step)
         if step is None:
             raise self._refuse("unknown-step", f"the order has no step {reply.step}", reply.step)
-        if step.process_state is not StepState.PROCESSING:
-            raise self._refuse(
-                "not-processing",
-                f"reply for attempt {reply.attempt} but step {step.step} is {step.process_state}",
-                step.step,
-            )
-        if step.attempt != reply.attempt:
+        if reply.attempt > step.attempt:
             raise self._refuse(
                 "stale-attempt",
-                f"reply for attempt {reply.attempt} but step {step.step} is on attempt "
+                f"reply for attempt {reply.attempt} but step {step.step} has only had "
                 f"{step.attempt}",
                 step.step,
             )
-        if now >= step.complete_by:
-            raise self._refuse(
-                "deadline-passed",
-                f"reply for attempt {reply.attempt} arrived at {iso(now)}, after the deadline "
-                f"{iso(step.complete_by)}",
-                step.step,
-            )
-        instance = step.locked_by
-        step.locked_by = ""
         if reply.outcome == "succeeded":
-            step.process_state = StepState.PROCESSED
-            step.result = reply.result
-            step.last_error = None
-            step.record(now, "succeeded", attempt=step.attempt, instance=instance)
-            self._after_success(step, now)
+            effect = self._success_evidence(step, reply, now)
+        elif step.process_state is StepState.PROCESSING and step.attempt == reply.attempt:
+            instance = step.locked_by
+            if reply.outcome == "failed":
+                step.failure_count += 1
+                step.last_error = reply.error
+                step.locked_by = ""
+                step.record(
+                    now,
+                    "refused",
+                    attempt=step.attempt,
+                    instance=instance,
+                    error=reply.error,
+                    applied="no",
+                )
+                self._fail_for_good(
+                    step, now, f"{step.step} was refused by its service: {reply.error}", False
+                )
+            elif reply.outcome == "transient":
+                self._count_failure(
+                    step,
+                    now,
+                    policy,
+                    event="failed",
+                    instance=instance,
+                    error=reply.error or "transient failure",
+                    maybe=reply.may_have_applied,
+                    singled_out=True,
+                )
+            else:
+                self._defer(step, reply, now, policy, instance)
+            effect = ReplyEffect.APPLIED
         else:
-            step.failure_count += 1
-            step.last_error = reply.error
-            step.record(now, "failed", attempt=step.attempt, instance=instance, error=reply.error)
-            self._fail_for_good(
-                step, now, f"{step.step} failed permanently: {reply.error}", ambiguous=False
-            )
+            effect = self._late_report(step, reply, now)
         self._touch(now)
-        return step
+        return effect
 
     def expire(
         self, now: datetime, policy: RetryPolicy, grace: timedelta = timedelta(0)
     ) -> StepRecord:
         """The supervisor's move on a Processing step whose CompleteBy has passed.
 
-        ``grace`` absorbs clock skew between instances: a step counts as expired
-        only once ``now`` is past ``CompleteBy + grace``. (Skew cannot break
-        correctness anyway: a late reply is fenced by its attempt number.)
+        No report came, so the attempt counts as a failure that may have applied (a
+        late report may still correct that). ``grace`` absorbs clock skew between
+        instances: a step counts as expired only once ``now`` is past ``CompleteBy +
+        grace``.
         """
         step = self.active_step()
         if step is None or step.process_state is not StepState.PROCESSING:
@@ -239,41 +312,16 @@ class Order:
             raise self._refuse(
                 "not-expired", f"step {step.step} has until {iso(step.complete_by)}", step.step
             )
-        step.failure_count += 1
-        step.record(
+        self._count_failure(
+            step,
             now,
-            "expired",
-            attempt=step.attempt,
+            policy,
+            event="expired",
             instance=step.locked_by,
-            failureCount=step.failure_count,
+            error=f"no reply within {step.timeout_seconds} s (attempt {step.attempt})",
+            maybe=True,
+            singled_out=False,
         )
-        step.locked_by = ""
-        step.last_error = f"no reply within {step.timeout_seconds} s (attempt {step.attempt})"
-        if self.cancel_requested:
-            self._fail_for_good(
-                step,
-                now,
-                f"{step.step} gave no reply after the order was cancelled "
-                f"(attempt {step.attempt}); it may or may not have been applied",
-                ambiguous=True,
-            )
-        elif policy.gives_up(step.failure_count):
-            self._fail_for_good(
-                step,
-                now,
-                f"{step.step} gave no reply in {step.failure_count} attempts of "
-                f"{step.timeout_seconds} s; it may or may not have been applied",
-                ambiguous=True,
-            )
-        else:
-            step.process_state = StepState.PENDING
-            step.complete_by = now + policy.backoff(step.failure_count, self.order_id)
-            step.record(
-                now,
-                "retry-scheduled",
-                notBefore=iso(step.complete_by),
-                failureCount=step.failure_count,
-            )
         self._touch(now)
         return step
 
@@ -284,69 +332,327 @@ class Order:
                 "not-in-error",
                 f"only an order in error can be resubmitted; this one is {self.status}",
             )
-        failed = [s for s in self.steps if s.process_state is StepState.ERROR]
-        if not failed:  # pragma: no cover - an error order always has an Error step
-            raise self._refuse("no-failed-step", "the order has no step in Error")
-        step = max(failed, key=lambda s: s.seq)
-        step.process_state = StepState.PENDING
-        step.failure_count = 0
-        step.locked_by = ""
-        step.complete_by = now
+        step = self._failed_step()
+        self._restart(step, now)
         step.record(now, "resubmitted", by=by)
         self._event(now, "resubmitted", by=by, step=step.step)
-        self._set_status(
-            OrderStatus.COMPENSATING
-            if step.kind is StepKind.COMPENSATION
-            else OrderStatus.PROCESSING,
-            now,
-        )
         self._touch(now)
         return step
 
     def cancel(self, now: datetime, by: str, reason: str = "") -> None:
         """Operator or app: stop an unfinished order and undo what it did.
 
-        A step in flight finishes first (its reply or its deadline decides
-        whether there is something to undo); then completed steps are
-        compensated in reverse order and the order ends ``cancelled``.
+        A step in flight finishes first (its reply or its deadline decides whether
+        there is something to undo); a non-compensable step that succeeds makes the
+        cancel too late. Completed steps are compensated in reverse order and the
+        order ends ``cancelled``. On an order in ``error``: a failed compensation is
+        retried (the unwinding goes on); a failed action is left as it is and the
+        completed steps are undone.
         """
         if self.status.finished:
             raise self._refuse("finished", f"the order is already {self.status}")
-        if self.status is OrderStatus.COMPENSATING or self.cancel_requested:
-            raise self._refuse("already-unwinding", "the order is already being undone")
-        if any(
-            s.kind is StepKind.COMPENSATION and s.process_state is StepState.ERROR
-            for s in self.steps
-        ):
-            raise self._refuse(
-                "compensation-failed",
-                "a compensation failed and the unwinding stopped there: resubmit the order to "
-                "retry that compensation",
-            )
+        if self.status is OrderStatus.ERROR:
+            failed = self._failed_step()
+            self.cancel_requested = True
+            self._event(now, "cancel-requested", by=by, reason=reason or None)
+            if failed.kind is StepKind.COMPENSATION:
+                self._restart(failed, now)
+                failed.record(now, "resubmitted", by=by, note="cancel: retry the unwinding")
+            else:
+                failed.record(
+                    now,
+                    "cancelled",
+                    by=by,
+                    note="left as it is ("
+                    + ("it may have been applied" if failed.may_have_applied else "not applied")
+                    + "); undoing the completed steps",
+                )
+                self._start_unwinding(now, None)
+            self._touch(now)
+            return
+        if self.cancel_requested:
+            raise self._refuse("already-cancelling", "a cancel of this order is under way")
+        if self.status is OrderStatus.COMPENSATING:
+            raise self._refuse("already-unwinding", "the order failed and is already being undone")
         self.cancel_requested = True
         self._event(now, "cancel-requested", by=by, reason=reason or None)
         step = self.active_step()
         if step is not None and step.process_state is StepState.PENDING:
-            if step.attempt == 0 or step.kind is StepKind.COMPENSATION:
-                # Never called: nothing to undo.
+            if step.attempt == 0:
                 step.process_state = StepState.COMPENSATED
                 step.record(now, "cancelled", note="never ran: nothing to undo")
                 self._start_unwinding(now, None)
             else:
-                # Called before, no reply: it may have been applied.
-                step.record(now, "cancelled", note="earlier attempts got no reply")
-                self._fail_for_good(
-                    step,
-                    now,
-                    f"{step.step} was cancelled after {step.attempt} attempt(s) without a reply; "
-                    "it may or may not have been applied",
-                    ambiguous=True,
+                self._stop_for_cancel(
+                    step, now, f"{step.step} was waiting for another attempt when cancelled"
                 )
-        elif step is None:  # an error order: undo what completed
-            self._start_unwinding(now, None)
+        # Processing: in flight; its reply or its expiry decides.
         self._touch(now)
 
+    # --- attempts (private) --------------------------------------------------------------
+
+    def _count_failure(
+        self,
+        step: StepRecord,
+        now: datetime,
+        policy: RetryPolicy,
+        *,
+        event: str,
+        instance: str,
+        error: str,
+        maybe: bool,
+        singled_out: bool,
+    ) -> None:
+        """An attempt that reached for the remote and failed: FailureCount + 1."""
+        step.failure_count += 1
+        step.deferrals, step.deferred_since = 0, None
+        if maybe:
+            step.mark_maybe_applied(step.attempt)
+        if singled_out:
+            step.singled_out = True
+        step.last_error = error
+        step.locked_by = ""
+        step.record(
+            now,
+            event,
+            attempt=step.attempt,
+            instance=instance or None,
+            error=error,
+            applied="maybe" if maybe else "no",
+            failureCount=step.failure_count,
+        )
+        if self.cancel_requested and step.kind is StepKind.ACTION:
+            self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
+        elif policy.gives_up(step.failure_count):
+            self._fail_for_good(
+                step,
+                now,
+                f"{step.step} failed in {step.failure_count} attempts (last: {error})",
+                step.may_have_applied,
+            )
+        else:
+            self._retry_at(step, now + policy.backoff(step.failure_count, self.order_id), now)
+
+    def _defer(
+        self,
+        step: StepRecord,
+        reply: AgentReply,
+        now: datetime,
+        policy: RetryPolicy,
+        instance: str,
+    ) -> None:
+        """Not called (or the remote is down for everyone): wait, without a failure."""
+        if reply.may_have_applied:
+            step.mark_maybe_applied(step.attempt)
+        step.deferrals += 1
+        if step.deferred_since is None:
+            step.deferred_since = now
+        step.last_error = reply.error
+        step.locked_by = ""
+        step.record(
+            now,
+            "deferred",
+            attempt=step.attempt,
+            instance=instance or None,
+            reason=reply.error,
+            notBefore=iso(reply.not_before) if reply.not_before else None,
+            applied=reply.applied or "no",
+        )
+        if self.cancel_requested and step.kind is StepKind.ACTION:
+            self._stop_for_cancel(step, now, f"{step.step} had not run when cancelled")
+        elif now - step.deferred_since >= policy.deferral_window:
+            waited = int((now - step.deferred_since).total_seconds())
+            self._fail_for_good(
+                step,
+                now,
+                f"{step.step} could not reach its service for {waited} s "
+                f"(the deferral window; last: {reply.error})",
+                step.may_have_applied,
+            )
+        else:
+            due = max(
+                reply.not_before or now,
+                now + policy.deferral_delay(step.deferrals, self.order_id),
+            )
+            self._retry_at(step, due, now, deferral=step.deferrals)
+
+    def _retry_at(
+        self, step: StepRecord, due: datetime, now: datetime, deferral: int | None = None
+    ) -> None:
+        step.process_state = StepState.PENDING
+        step.locked_by = ""
+        step.complete_by = due
+        step.record(
+            now,
+            "retry-scheduled",
+            notBefore=iso(due),
+            failureCount=step.failure_count,
+            deferral=deferral,
+        )
+
+    def _success_evidence(self, step: StepRecord, reply: AgentReply, now: datetime) -> ReplyEffect:
+        """A success reply, on time or not: the effect exists."""
+        state = step.process_state
+        if state is StepState.PROCESSED or state in (
+            StepState.COMPENSATING,
+            StepState.COMPENSATED,
+        ):
+            raise self._refuse(
+                "already-settled",
+                f"success for attempt {reply.attempt} but step {step.step} is {state}",
+                step.step,
+            )
+        on_time = (
+            state is StepState.PROCESSING
+            and step.attempt == reply.attempt
+            and now < step.complete_by
+        )
+        if step.is_active:
+            self._complete(step, reply, now, step.locked_by, late=not on_time)
+            return ReplyEffect.APPLIED if on_time else ReplyEffect.NOTED
+        # The step failed for good, and yet it succeeded.
+        if self.status is OrderStatus.ERROR and self._failed_step() is step:
+            # An operator was alerted about this very step: the evidence settles it.
+            self._event(now, "resolved", step=step.step, note="a success arrived after it failed")
+            self._set_status(
+                OrderStatus.COMPENSATING
+                if step.kind is StepKind.COMPENSATION
+                else OrderStatus.PROCESSING,
+                now,
+            )
+            self._complete(step, reply, now, "", late=True)
+            return ReplyEffect.NOTED
+        compensation = (
+            self.planned(step.step).compensation if step.kind is StepKind.ACTION else None
+        )
+        if self.status is OrderStatus.COMPENSATING and compensation is not None:
+            # Being undone already: it was applied after all, so it is undone too.
+            step.process_state = StepState.PROCESSED
+            step.result = reply.result
+            step.record(
+                now, "succeeded", attempt=reply.attempt, late=True, note="applied after all"
+            )
+            if self.active_step() is None:
+                self._continue_unwinding(now)
+            return ReplyEffect.NOTED
+        if any(
+            h.get("event") == "late-success" and h.get("attempt") == reply.attempt
+            for h in step.history
+        ):
+            raise self._refuse(
+                "already-settled", f"success for attempt {reply.attempt} was noted before"
+            )
+        step.record(now, "late-success", attempt=reply.attempt)
+        self._alert(
+            step,
+            f"{step.step} reported success after the order became {self.status}: its effect "
+            + (f"stands; undo it with {compensation} if needed" if compensation else "stands"),
+            now,
+        )
+        return ReplyEffect.NOTED
+
+    def _late_report(self, step: StepRecord, reply: AgentReply, now: datetime) -> ReplyEffect:
+        """A report for an attempt the supervisor expired: correct what it assumed.
+
+        The expiry counted a failure that may have applied. A report that says nothing
+        was applied removes that doubt; a deferral also gives the failure back (the
+        remote was not reached, or was down for everyone).
+        """
+        number = reply.attempt
+        expired = any(
+            h.get("event") == "expired" and h.get("attempt") == number for h in step.history
+        )
+        settled = any(
+            h.get("event") == "late-report" and h.get("attempt") == number for h in step.history
+        )
+        if not expired or settled:
+            raise self._refuse(
+                "stale-attempt",
+                f"{reply.outcome} report for attempt {number}, but step {step.step} is "
+                f"{step.process_state} on attempt {step.attempt}",
+                step.step,
+            )
+        cleared = reply.applied == "no" and number in step.maybe_applied
+        if cleared:
+            step.maybe_applied = [n for n in step.maybe_applied if n != number]
+        refunded = reply.outcome == "deferred" and step.is_active and step.failure_count > 0
+        if refunded:
+            step.failure_count -= 1
+        step.record(
+            now,
+            "late-report",
+            attempt=number,
+            outcome=reply.outcome,
+            applied=reply.applied,
+            error=reply.error,
+            refunded=True if refunded else None,
+        )
+        ambiguous_error = next(
+            (h.get("applied") for h in reversed(step.history) if h.get("event") == "error"), None
+        )
+        if (
+            cleared
+            and step.kind is StepKind.ACTION
+            and step.process_state is StepState.ERROR
+            and self.status is OrderStatus.ERROR
+            and ambiguous_error == "maybe"
+            and not step.may_have_applied
+        ):
+            # It failed for good as "may have been applied"; now it is known it was not.
+            step.record(now, "error", reason="not applied after all", applied="no")
+            self._event(now, "reclassified", step=step.step, note="not applied after all")
+            if self.cancel_requested or self.plan.compensates:
+                self._alert(
+                    step,
+                    f"update: {step.step} was not applied after all (a late report of attempt "
+                    f"{number}); undoing the completed steps",
+                    now,
+                )
+                self._start_unwinding(now, None)
+            else:
+                self._alert(
+                    step,
+                    f"update: {step.step} was not applied after all (a late report of attempt "
+                    f"{number}); it is safe to resubmit",
+                    now,
+                )
+        return ReplyEffect.NOTED
+
+    def _complete(
+        self, step: StepRecord, reply: AgentReply, now: datetime, instance: str, *, late: bool
+    ) -> None:
+        step.process_state = StepState.PROCESSED
+        step.locked_by = ""
+        step.result = reply.result
+        step.last_error = None
+        step.deferrals, step.deferred_since = 0, None
+        step.record(
+            now,
+            "succeeded",
+            attempt=reply.attempt,
+            instance=instance or None,
+            late=True if late else None,
+        )
+        self._after_success(step, now)
+
     # --- workflow progress (private) -------------------------------------------------
+
+    def _failed_step(self) -> StepRecord:
+        failed = [s for s in self.steps if s.process_state is StepState.ERROR]
+        if not failed:  # pragma: no cover - an error order always has an Error step
+            raise self._refuse("no-failed-step", "the order has no step in Error")
+        return max(failed, key=lambda s: s.seq)
+
+    def _restart(self, step: StepRecord, now: datetime) -> None:
+        step.process_state = StepState.PENDING
+        step.reset_for_retry()
+        step.complete_by = now
+        self._set_status(
+            OrderStatus.COMPENSATING
+            if step.kind is StepKind.COMPENSATION
+            else OrderStatus.PROCESSING,
+            now,
+        )
 
     def _after_success(self, step: StepRecord, now: datetime) -> None:
         if step.kind is StepKind.COMPENSATION:
@@ -357,48 +663,92 @@ class Order:
             self._continue_unwinding(now)
             return
         if self.cancel_requested:
-            self._start_unwinding(now, None)
-            return
+            if self.planned(step.step).compensation is not None:
+                self._start_unwinding(now, None)
+                return
+            # Done, and nothing can undo it: the cancel came too late.
+            self.cancel_requested = False
+            note = f"{step.step} succeeded after the cancel and cannot be undone: the order goes on"
+            step.record(now, "cancel-too-late", note=note)
+            self._event(now, "cancel-too-late", step=step.step, note=note)
         index = self.plan.index_of(step.step)
         if index + 1 < len(self.plan.steps):
             self._add_step(self.plan.steps[index + 1], StepKind.ACTION, now)
         else:
             self._set_status(OrderStatus.COMPLETED, now)
 
-    def _fail_for_good(
-        self, step: StepRecord, now: datetime, reason: str, *, ambiguous: bool
-    ) -> None:
-        """A step failed for good: Error and an alert, then unwind or wait for an operator.
+    def _stop_for_cancel(self, step: StepRecord, now: datetime, why: str) -> None:
+        """An action of a cancelled order that has not succeeded gets no further attempt."""
+        if step.may_have_applied:
+            self._fail_for_good(step, now, f"{why}; an attempt may have applied it", True)
+            return
+        step.process_state = StepState.COMPENSATED
+        step.locked_by = ""
+        step.record(now, "cancelled", note="not applied: nothing to undo")
+        self._start_unwinding(now, None)
 
-        ``ambiguous``: the remote service never answered, so its effect may
-        exist. Such a step is compensated itself when it can be; when it cannot,
-        nobody can know what happened and the order waits for an operator.
+    def _fail_for_good(self, step: StepRecord, now: datetime, reason: str, ambiguous: bool) -> None:
+        """A step will not be tried again. What happens depends on what it may have done.
+
+        Not applied (every try refused, throttled, unavailable, or never sent): the
+        workflow unwinds, or, with nothing to compensate, the step is Error with an alert
+        that says it is safe to resubmit. May have applied: it is compensated itself when
+        it can be (after its last call can no longer be running); otherwise nobody can
+        know what happened, and the order waits for an operator.
         """
         step.process_state = StepState.ERROR
         step.locked_by = ""
-        step.record(now, "error", reason=reason, failureCount=step.failure_count)
+        verdict = "it may have been applied" if ambiguous else "it was not applied"
+        step.record(
+            now,
+            "error",
+            reason=reason,
+            applied="maybe" if ambiguous else "no",
+            failureCount=step.failure_count,
+        )
         if step.kind is StepKind.COMPENSATION:
             self._alert(
-                step, f"compensation {reason}; unwinding stopped, the operator decides", now
+                step,
+                f"compensation {reason}; {verdict}. The unwinding stopped at {step.step} "
+                f"(undoing {step.compensates}): fix the cause, then resubmit the order (or "
+                "cancel it again) to retry it",
+                now,
             )
             self._set_status(OrderStatus.ERROR, now)
             return
-        planned = self.planned(step.step)
-        if ambiguous and planned.compensation is None:
-            self._alert(step, f"{reason}; it has no compensation, the operator decides", now)
+        compensation = self.planned(step.step).compensation
+        if ambiguous and compensation is not None:
+            self._start_unwinding(now, step)
+            return
+        if ambiguous:
+            advice = (
+                "it cannot be compensated, so the cancel stops here: ask its service whether "
+                "it happened, then resubmit (if it was applied, the same idempotency key "
+                "returns its result and the order completes) or cancel again to undo the "
+                "other steps"
+                if self.cancel_requested
+                else "it has no compensation: ask its service whether it happened, then "
+                "resubmit to retry it with the same idempotency key (safe either way), or "
+                "cancel to undo the completed steps"
+            )
+            self._alert(step, f"{reason}; {verdict}, and {advice}", now)
             self._set_status(OrderStatus.ERROR, now)
             return
-        if not self.plan.compensates and not self.cancel_requested:
-            self._alert(step, reason, now)
-            self._set_status(OrderStatus.ERROR, now)
+        if self.cancel_requested or self.plan.compensates:
+            self._start_unwinding(now, None)
             return
-        self._alert(step, f"{reason}; undoing the completed steps", now)
-        self._start_unwinding(now, step if ambiguous else None)
+        self._alert(
+            step, f"{reason}; {verdict}: it is safe to resubmit once the cause is fixed", now
+        )
+        self._set_status(OrderStatus.ERROR, now)
 
     def _start_unwinding(self, now: datetime, ambiguous: StepRecord | None) -> None:
         if ambiguous is not None:
             self._set_status(OrderStatus.COMPENSATING, now)
-            self._begin_compensation(ambiguous, now)
+            # Not before its last call can no longer be running (it must not race it).
+            self._begin_compensation(
+                ambiguous, now, not_before=ambiguous.last_deadline() + IN_FLIGHT_GRACE
+            )
             return
         if self._next_to_compensate() is None:
             self._finish_unwinding(now)
@@ -428,7 +778,9 @@ class Order:
             OrderStatus.CANCELLED if self.cancel_requested else OrderStatus.COMPENSATED, now
         )
 
-    def _begin_compensation(self, target: StepRecord, now: datetime) -> None:
+    def _begin_compensation(
+        self, target: StepRecord, now: datetime, not_before: datetime | None = None
+    ) -> None:
         planned = self.planned(target.step)
         assert planned.compensation is not None
         target.process_state = StepState.COMPENSATING
@@ -440,6 +792,7 @@ class Order:
             kind=StepKind.COMPENSATION,
             compensates=target.step,
             now=now,
+            due=max(now, not_before) if not_before else now,
         )
 
     def _add_step(self, planned: PlannedStep, kind: StepKind, now: datetime) -> None:
@@ -461,6 +814,7 @@ class Order:
         kind: StepKind,
         compensates: str | None,
         now: datetime,
+        due: datetime | None = None,
     ) -> None:
         if self.active_step() is not None:  # pragma: no cover - guarded by the callers
             raise AssertionError(f"order {self.order_id}: a step is already active")
@@ -473,11 +827,16 @@ class Order:
             timeout_seconds=timeout,
             process_state=StepState.PENDING,
             locked_by="",
-            complete_by=now,
+            complete_by=due or now,
             compensates=compensates,
             changed=True,
         )
-        record.record(now, "created", compensates=compensates)
+        record.record(
+            now,
+            "created",
+            compensates=compensates,
+            notBefore=iso(due) if due and due > now else None,
+        )
         self.steps.append(record)
 
     def _set_status(self, status: OrderStatus, now: datetime) -> None:

@@ -39,6 +39,14 @@ class Names:
             state_table=f"{STATE_TABLE}{tag}",
         )
 
+    def poisoned(self) -> tuple[str, ...]:
+        """The queues whose failed messages go to ``<queue>-poison`` (Storage queues; the
+        agent queues too, since malformed agent messages are quarantined there)."""
+        return (self.orders, self.order_dispatch, self.agent_requests, self.agent_replies)
+
+    def poison_queues(self) -> tuple[str, ...]:
+        return tuple(poison(q) for q in self.poisoned())
+
     def storage_queues(self) -> tuple[str, ...]:
         return (
             self.orders,
@@ -47,4 +55,14 @@ class Names:
             self.order_dispatch,
             self.agent_requests,
             self.agent_replies,
+            *self.poison_queues(),
         )
+
+    def own_queues(self) -> frozenset[str]:
+        """Every queue of this app: a ``replyTo`` may name none of them."""
+        return frozenset(self.storage_queues())
+
+
+def poison(queue: str) -> str:
+    """Where the Functions host (and quarantine) puts a queue's failed messages."""
+    return f"{queue}-poison"

@@ -20,6 +20,7 @@ REMOTE_SERVICE_URL: Final = "REMOTE_SERVICE_URL"
 STEP_TIMEOUT_SECONDS: Final = "STEP_TIMEOUT_SECONDS"
 MAX_FAILURE_COUNT: Final = "MAX_FAILURE_COUNT"
 SUPERVISOR_SCHEDULE: Final = "SUPERVISOR_SCHEDULE"
+DEFERRAL_WINDOW_SECONDS: Final = "DEFERRAL_WINDOW_SECONDS"
 
 #: Every application setting the code reads (identity-based connections add
 #: ``__``-suffixed variants of the two connection names; see ``Connection``).
@@ -31,11 +32,23 @@ APP_SETTINGS: Final = (
     STEP_TIMEOUT_SECONDS,
     MAX_FAILURE_COUNT,
     SUPERVISOR_SCHEDULE,
+    DEFERRAL_WINDOW_SECONDS,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
 DEFAULT_MAX_FAILURE_COUNT: Final = 5
 DEFAULT_SUPERVISOR_SCHEDULE: Final = "*/10 * * * * *"
+#: How long a step may keep waiting for its remote service (circuit open, Retry-After,
+#: the service down for everyone) before it fails for good; outages shorter than this
+#: are ridden out without an operator.
+DEFAULT_DEFERRAL_WINDOW_SECONDS: Final = 1800
+
+#: What the Functions host can honour (host.json; tests/unit/test_settings.py keeps
+#: these equal to it). An agent invocation lasts up to a step's timeout: it must end
+#: well inside the Service Bus lock renewal window and the function timeout.
+HOST_FUNCTION_TIMEOUT_SECONDS: Final = 600
+HOST_LOCK_RENEWAL_SECONDS: Final = 300
+MAX_STEP_TIMEOUT_SECONDS: Final = HOST_LOCK_RENEWAL_SECONDS - 30
 
 
 class SettingsError(ValueError):
@@ -113,6 +126,19 @@ def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int)
     return value
 
 
+def _step_timeout(env: Mapping[str, str]) -> int:
+    raw = env.get(STEP_TIMEOUT_SECONDS, "").strip()
+    if raw.isdigit() and int(raw) > MAX_STEP_TIMEOUT_SECONDS:
+        raise SettingsError(
+            f"{STEP_TIMEOUT_SECONDS} is {int(raw)}, but an agent invocation lasts up to a "
+            f"step's timeout and the host renews a Service Bus message lock for at most "
+            f"{HOST_LOCK_RENEWAL_SECONDS} s (host.json maxAutoLockRenewalDuration; "
+            f"functionTimeout is {HOST_FUNCTION_TIMEOUT_SECONDS} s): a longer call would be "
+            f"delivered twice. Use at most {MAX_STEP_TIMEOUT_SECONDS}."
+        )
+    return _positive_int(env, STEP_TIMEOUT_SECONDS, DEFAULT_STEP_TIMEOUT_SECONDS, 86_400)
+
+
 def _schedule(env: Mapping[str, str]) -> str:
     raw = env.get(SUPERVISOR_SCHEDULE, "").strip() or DEFAULT_SUPERVISOR_SCHEDULE
     fields = raw.split()
@@ -146,6 +172,7 @@ class Settings:
     step_timeout_seconds: int
     max_failure_count: int
     supervisor_schedule: str
+    deferral_window_seconds: int = DEFAULT_DEFERRAL_WINDOW_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -174,12 +201,12 @@ class Settings:
             service_bus=service_bus,
             transport=transport,
             remote_service_url=_url(env),
-            # A step's deadline is also its Service Bus message TTL and its lease: a day at most.
-            step_timeout_seconds=_positive_int(
-                env, STEP_TIMEOUT_SECONDS, DEFAULT_STEP_TIMEOUT_SECONDS, 86_400
-            ),
+            step_timeout_seconds=_step_timeout(env),
             max_failure_count=_positive_int(env, MAX_FAILURE_COUNT, DEFAULT_MAX_FAILURE_COUNT, 100),
             supervisor_schedule=_schedule(env),
+            deferral_window_seconds=_positive_int(
+                env, DEFERRAL_WINDOW_SECONDS, DEFAULT_DEFERRAL_WINDOW_SECONDS, 7 * 86_400
+            ),
         )
 
     def require_remote_service_url(self) -> str:

@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 _STEP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+#: A step name's longest: the Service Bus message id ``<orderId>:<step>:<attempt>`` must
+#: fit 128 characters with a 64-character order id and an attempt of up to 6 digits
+#: (64 + 1 + 48 + 1 + 6 = 120, leaving room).
+MAX_STEP_NAME: Final = 48
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,12 @@ class Workflow:
         for name in names:
             if not _STEP_NAME.fullmatch(name):
                 raise ValueError(f"workflow {self.name!r}: step name {name!r} is not kebab-case")
+            if len(name) > MAX_STEP_NAME:
+                raise ValueError(
+                    f"workflow {self.name!r}: step name {name!r} has {len(name)} characters; "
+                    f"at most {MAX_STEP_NAME}, so that the Service Bus message id "
+                    "<orderId>:<step>:<attempt> always fits its 128 characters"
+                )
 
 
 WORKFLOWS: Final[dict[str, Workflow]] = {

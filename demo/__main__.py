@@ -3,12 +3,14 @@
 Starts Azurite, the simulated remote services and two devhost instances (the
 Function App, twice, as if scaled out), submits demo orders that meet
 transient errors, throttling, dropped connections, hangs past the deadline
-and permanent failures, shows their progress live, and ends with a summary.
-Exit status 1 if any order was lost, is stuck, ended other than expected, or
-had an effect applied twice. Everything started here is stopped here, also on
-Ctrl-C.
+and permanent failures, shows their progress live; then takes the remote
+services down (503, then unreachable) while more orders arrive, brings them
+back, and ends with a summary. Exit status 1 if any order was lost, is stuck,
+ended other than expected, had an effect applied twice, or if the outage
+raised an alert or drew more than a trickle of calls. Everything started here
+is stopped here, also on Ctrl-C.
 
-    python -m demo [--copies N] [--timeout S] [--serve]
+    python -m demo [--copies N] [--timeout S] [--serve] [--no-outage]
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import signal
 import sys
 import time
 import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from rich.console import Console, Group
@@ -27,7 +31,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from core.model import Order
-from demo.scenarios import BAD_MESSAGES, Scenario, scenarios
+from core.timefmt import iso, parse_iso
+from demo.scenarios import BAD_MESSAGES, OUTAGE_PHASES, Scenario, outage_orders, scenarios
 from demo.stack import LocalStack
 from demo.verify import drain_alerts, verify
 from simulator import load_ledger
@@ -49,6 +54,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for all")
     parser.add_argument(
         "--serve", action="store_true", help="start the stack and wait for Ctrl-C; submit nothing"
+    )
+    parser.add_argument(
+        "--no-outage", dest="outage", action="store_false", help="skip the outage act"
     )
     return parser.parse_args(argv)
 
@@ -77,13 +85,15 @@ def row_for(scenario: Scenario, order: Order | None) -> list[str]:
     ]
 
 
-def render(rows: list[list[str]], elapsed: float, done: int, total: int) -> Panel:
+def render(
+    rows: list[list[str]], elapsed: float, done: int, total: int, title: str = "orders"
+) -> Panel:
     table = Table(expand=True, show_lines=False)
     for name in ("order", "scenario", "workflow", "status", "active", "steps (state x attempts)"):
         table.add_column(name, overflow="fold")
     for row in rows:
         table.add_row(*row)
-    return Panel(Group(table), title=f"orders: {done}/{total} finished, {elapsed:.0f} s")
+    return Panel(Group(table), title=f"{title}: {done}/{total} finished, {elapsed:.0f} s")
 
 
 def serve(stack: LocalStack, console: Console) -> int:
@@ -120,6 +130,10 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
             if done == len(cases) or elapsed > args.timeout:
                 break
             time.sleep(0.5)
+    outage = ride_out_an_outage(stack, console, run_id, args.timeout) if args.outage else None
+    if outage is not None:
+        cases = cases + outage.cases
+        orders.update(outage.orders)
     alerts = drain_alerts(ctx)
     rejected = ctx.queues.client(ctx.names.orders_rejected).peek_messages(max_messages=32)
     ledger = load_ledger(stack.ledger_path)
@@ -135,10 +149,14 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
         "rejectedMessages": len(rejected),
         "seconds": round(time.monotonic() - started, 1),
     }
+    if outage is not None:
+        summary["outage"] = outage.summary(alerts)
     console.print(Panel(json.dumps(summary, indent=2), title="summary"))
     for r in rejected:
         console.print(f"[dim]rejected:[/] {json.loads(r.content)['reason']}")
     problems = verdict.problems()
+    if outage is not None:
+        problems += outage.problems(alerts)
     if len(rejected) != len(BAD_MESSAGES):
         problems.append(f"{len(rejected)} messages rejected, expected {len(BAD_MESSAGES)}")
     if problems:
@@ -148,9 +166,86 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
         return 1
     console.print(
         "[green]✓ every order ended as expected; nothing lost, nothing stuck, "
-        "no effect applied twice, every error alerted.[/]"
+        "no effect applied twice, every error alerted; the outage was ridden out.[/]"
     )
     return 0
+
+
+@dataclass
+class OutageAct:
+    cases: list[Scenario]
+    orders: dict[str, Order | None]
+    calls_while_down: int
+    down_seconds: float
+    recovered_after: float  # seconds from the remote's return to the last order completed
+
+    def summary(self, alerts: list[dict[str, Any]]) -> dict[str, Any]:
+        ids = {c.order_id for c in self.cases}
+        return {
+            "orders": len(self.cases),
+            "completed": sum(
+                1 for o in self.orders.values() if o is not None and str(o.status) == "completed"
+            ),
+            "alerts": sum(1 for a in alerts if a.get("orderId") in ids),
+            "remoteDownSeconds": round(self.down_seconds, 1),
+            "remoteCallsWhileDown": self.calls_while_down,
+            "allDoneSecondsAfterReturn": round(self.recovered_after, 1),
+        }
+
+    def problems(self, alerts: list[dict[str, Any]]) -> list[str]:
+        out = []
+        ids = {c.order_id for c in self.cases}
+        if any(a.get("orderId") in ids for a in alerts):
+            out.append("the outage raised operator alerts")
+        # every order retrying on its own would be dozens of calls a second
+        if self.calls_while_down > 3 * self.down_seconds:
+            out.append(f"{self.calls_while_down} remote calls while it was down: not a trickle")
+        return out
+
+
+def ride_out_an_outage(
+    stack: LocalStack, console: Console, run_id: str, timeout: float
+) -> OutageAct:
+    """Act two: the remote services go down (503, then unreachable) and come back."""
+    cases = outage_orders(f"demo-{run_id}")
+    down = sum(float(phase["seconds"]) for phase in OUTAGE_PHASES)
+    console.print(
+        f"[bold]outage:[/] the remote services answer 503 for {OUTAGE_PHASES[0]['seconds']} s, "
+        f"then refuse connections for {OUTAGE_PHASES[1]['seconds']} s; "
+        f"{len(cases)} orders arrive meanwhile"
+    )
+    began = datetime.now(UTC)
+    stack.outage({"phases": list(OUTAGE_PHASES)})
+    for case in cases:
+        stack.submit(case.message(f"demo-status-{run_id}"))
+    ctx = stack.context
+    started = time.monotonic()
+    back_at = started + down
+    orders: dict[str, Order | None] = {}
+    finished_at = started
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        while True:
+            orders = {c.order_id: ctx.store.load(c.order_id) for c in cases}
+            done = sum(1 for o in orders.values() if o is not None and o.status.terminal)
+            elapsed = time.monotonic() - started
+            state = "DOWN" if time.monotonic() < back_at else "back"
+            live.update(
+                render(
+                    [row_for(c, orders[c.order_id]) for c in cases],
+                    elapsed,
+                    done,
+                    len(cases),
+                    title=f"outage act: remote {state}",
+                )
+            )
+            if done == len(cases) or elapsed > timeout:
+                finished_at = time.monotonic()
+                break
+            time.sleep(0.5)
+    # The simulator logs every call it answered; none arrive while it is unreachable.
+    until = began + timedelta(seconds=down)
+    calls = [c for c in stack.remote_calls(iso(began)) if parse_iso(c["at"]) < until]
+    return OutageAct(cases, orders, len(calls), down, max(finished_at - back_at, 0.0))
 
 
 def main(argv: list[str] | None = None) -> int:

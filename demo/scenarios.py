@@ -130,3 +130,35 @@ BAD_MESSAGES: tuple[str, ...] = (
     '{"orderId": "has spaces"}',
     '{"orderId": "x-1", "workflow": "teleport"}',
 )
+
+
+#: The outage act: the remote services answer 503 to everything, then refuse
+#: connections, then come back. Orders submitted into it must all complete, without an
+#: alert, and the remote must see only a trickle of probes while it is down.
+OUTAGE_PHASES: tuple[dict[str, Any], ...] = (
+    {"mode": "error", "status": 503, "seconds": 12},
+    {"mode": "unreachable", "seconds": 10},
+)
+
+
+def outage_orders(prefix: str, count: int = 12) -> list[Scenario]:
+    full = ("reserve-stock", "charge-payment", "ship")
+    out = []
+    for n in range(count):
+        if n % 3 == 2:
+            out.append(
+                Scenario(
+                    f"{prefix}-out-{n:02d}",
+                    "fulfilment, in the outage",
+                    "completed",
+                    "fulfilment",
+                    effects=full,
+                )
+            )
+        else:
+            out.append(
+                Scenario(
+                    f"{prefix}-out-{n:02d}", "in the outage", "completed", effects=("process",)
+                )
+            )
+    return out

@@ -235,6 +235,23 @@ class LocalStack:
             text = order
         self.context.queues.client(self.context.names.orders).send_message(text)
 
+    def outage(self, control: dict[str, Any]) -> dict[str, Any]:
+        """Put the simulated remote services into an outage (``POST /_outage``)."""
+        import httpx
+
+        response = httpx.post(f"{self.simulator_url}/_outage", json=control, timeout=10)
+        response.raise_for_status()
+        return response.json()  # type: ignore[no-any-return]
+
+    def remote_calls(self, since: str | None = None) -> list[dict[str, Any]]:
+        """The calls the remote services received (``GET /_calls``), oldest first."""
+        import httpx
+
+        params = {"since": since} if since else None
+        response = httpx.get(f"{self.simulator_url}/_calls", params=params, timeout=10)
+        response.raise_for_status()
+        return response.json()["calls"]  # type: ignore[no-any-return]
+
     def kill(self, index: int) -> None:
         self.hosts[index].kill()
 

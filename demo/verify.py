@@ -7,9 +7,11 @@ their queue, and the simulator's ledger of applied effects.
 Violations: an order lost or stuck; an order that ended other than expected
 (unless it ran out of attempts, which is reported apart); an effect applied
 twice, missing, in the wrong order, or left standing in a compensated order;
-an effect for a step the remote service refused; an Error without an alert;
-a reply applied for an attempt that was over (stale); a step whose history
-does not replay to its state.
+an effect for a step the system said was not applied (refused, failed for good
+with nothing applied, cancelled before it ran); an order in error without an
+alert naming its step; a report applied for an attempt that was over (a
+success is the exception: it is evidence whenever it arrives); a step whose
+history does not replay to its state.
 """
 
 from __future__ import annotations
@@ -118,32 +120,43 @@ def _deadlines(step: StepRecord) -> dict[int, datetime]:
 
 
 def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]:
-    """Replay a step's history: (stale replies applied, inconsistencies)."""
+    """Replay a step's history: (replies applied that should not have been, inconsistencies).
+
+    A report other than success decides only the attempt in flight (Processing, same
+    attempt). A success is evidence whenever it arrives (contract 3.11): one marked
+    ``late`` may be for an earlier attempt, after the deadline, or after the step had
+    failed; an on-time one must be for the attempt in flight, before its deadline.
+    """
     stale: list[str] = []
     wrong: list[str] = []
     deadlines = _deadlines(step)
     current: int | None = None  # the attempt in flight
+    claimed = 0  # the highest attempt claimed so far
     state = "Pending"
     name = f"{order.order_id}:{step.step}"
     for event in step.history:
         kind = event["event"]
+        attempt = event.get("attempt")
         if kind == "claimed":
             if state != "Pending":
                 wrong.append(f"{name}: claimed while {state}")
-            current, state = event["attempt"], "Processing"
-        elif kind in ("succeeded", "failed"):
-            attempt = event.get("attempt")
-            if state != "Processing" or attempt != current:
-                stale.append(
-                    f"{name}: {kind} for attempt {attempt} while {state} (attempt {current})"
-                )
+            current, state = attempt, "Processing"
+            claimed = max(claimed, attempt or 0)
+        elif kind == "succeeded":
+            if event.get("late"):
+                if not isinstance(attempt, int) or not 1 <= attempt <= claimed:
+                    stale.append(f"{name}: success for attempt {attempt} never claimed")
+                elif state not in ("Pending", "Processing", "Error"):
+                    stale.append(f"{name}: late success applied while {state}")
+            elif state != "Processing" or attempt != current:
+                stale.append(f"{name}: success for attempt {attempt} while {state} ({current})")
             elif current is not None and parse_iso(event["at"]) >= deadlines[current]:
-                stale.append(f"{name}: {kind} for attempt {attempt} after its deadline")
-            state, current = ("Processed" if kind == "succeeded" else "Failed"), None
-        elif kind == "expired":
-            if state != "Processing" or event.get("attempt") != current:
-                wrong.append(f"{name}: expired attempt {event.get('attempt')} while {state}")
-            state, current = "Expired", None
+                stale.append(f"{name}: on-time success for attempt {attempt} after its deadline")
+            state, current = "Processed", None
+        elif kind in ("refused", "failed", "deferred", "expired"):
+            if state != "Processing" or attempt != current:
+                stale.append(f"{name}: {kind} for attempt {attempt} while {state} ({current})")
+            state, current = "Ended", None
         elif kind in ("retry-scheduled", "resubmitted"):
             state = "Pending"
         elif kind == "error":
@@ -151,12 +164,28 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
         elif kind == "compensating":
             state = "Compensating"
         elif kind == "compensated" or (
-            kind == "cancelled" and "never ran" in str(event.get("note", ""))
+            kind == "cancelled" and "nothing to undo" in str(event.get("note", ""))
         ):
             state = "Compensated"
     if state != str(step.process_state):
         wrong.append(f"{name}: history ends {state}, record says {step.process_state}")
     return stale, wrong
+
+
+def _latest_failed(order: Order) -> StepRecord | None:
+    failed = [s for s in order.steps if s.process_state is StepState.ERROR]
+    return max(failed, key=lambda s: s.seq) if failed else None
+
+
+def said_not_applied(step: StepRecord) -> bool:
+    """The system told someone this step's effect does not exist: a refusal, a final
+    failure known to have applied nothing, or a cancel of a step that never applied."""
+    if step.process_state is StepState.ERROR:
+        errors = [h for h in step.history if h["event"] == "error"]
+        return bool(errors) and errors[-1].get("applied") == "no"
+    if step.process_state is StepState.COMPENSATED and step.kind is StepKind.ACTION:
+        return not any(h["event"] == "compensated" for h in step.history)
+    return False
 
 
 def _check_effects(
@@ -205,7 +234,7 @@ def verify(
         if expected is not None and order_id in expected:
             exhausted = max_failures is not None and any(
                 s.process_state is StepState.ERROR
-                and sum(1 for h in s.history if h["event"] == "expired") >= max_failures
+                and sum(1 for h in s.history if h["event"] in ("expired", "failed")) >= max_failures
                 for s in order.steps
             )
             if str(order.status) == expected[order_id]:
@@ -223,17 +252,15 @@ def verify(
             stale, wrong = check_history(order, step)
             verdict.stale_applied += stale
             verdict.inconsistent_history += wrong
-            if step.process_state is StepState.ERROR and (order_id, step.step) not in alerted:
-                verdict.unalerted.append(f"{order_id}:{step.step}")
-            refused = any(h["event"] == "failed" for h in step.history) and not any(
-                h["event"] == "succeeded" for h in step.history
-            )
             if (
-                step.kind is StepKind.ACTION
-                and step.process_state is StepState.ERROR
-                and refused
-                and step.step in applied
+                order.status is OrderStatus.ERROR
+                and step is _latest_failed(order)
+                and (order_id, step.step) not in alerted
             ):
+                # an order waiting for an operator: the step it waits on was alerted
+                verdict.unalerted.append(f"{order_id}:{step.step}")
+            if step.kind is StepKind.ACTION and said_not_applied(step) and step.step in applied:
+                # told "not applied" (or refused, or cancelled with nothing to undo), yet done
                 verdict.effects_after_definite_failure.append(f"{order_id}:{step.step}")
         _check_effects(order, applied, (expected_effects or {}).get(order_id), verdict)
     return verdict

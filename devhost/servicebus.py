@@ -128,6 +128,13 @@ def sdk_receiver_factory(connection: Connection, trigger: Mapping[str, Any]) -> 
 
     def open_receiver() -> Any:
         if trigger.get("queueName"):
+            queue, _, sub = str(trigger["queueName"]).partition("/")
+            if sub.lower() == "$deadletterqueue":  # the host's name for the dead-letter sub-queue
+                from azure.servicebus import ServiceBusSubQueue
+
+                return client.get_queue_receiver(
+                    queue_name=queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, **common
+                )
             return client.get_queue_receiver(queue_name=trigger["queueName"], **common)
         return client.get_subscription_receiver(
             topic_name=trigger["topicName"], subscription_name=trigger["subscriptionName"], **common

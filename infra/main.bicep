@@ -38,7 +38,8 @@ param alertEmail string
 param remoteServiceUrl string
 
 @minValue(1)
-@description('STEP_TIMEOUT_SECONDS: default deadline of a step, from claim to CompleteBy.')
+@maxValue(270)
+@description('STEP_TIMEOUT_SECONDS: default deadline of a step, from claim to CompleteBy. At most 270: an agent invocation lasts up to a step\'s timeout, and host.json renews a Service Bus message lock for 5 minutes at most (maxAutoLockRenewalDuration; functionTimeout is 10 minutes), so a longer step would be delivered twice. The app refuses more.')
 param stepTimeoutSeconds int = 30
 
 @minValue(1)
@@ -48,6 +49,11 @@ param maxFailureCount int = 5
 @minLength(11)
 @description('SUPERVISOR_SCHEDULE: NCRONTAB (six fields) of the supervisor sweep.')
 param supervisorSchedule string = '*/10 * * * * *'
+
+@minValue(1)
+@maxValue(604800)
+@description('DEFERRAL_WINDOW_SECONDS: how long a step may keep waiting for its remote service (circuit open, Retry-After, the service down for everyone) before it fails for good. Outages shorter than this end without an operator alert. At most 7 days.')
+param deferralWindowSeconds int = 1800
 
 @allowed([
   'Standard'
@@ -87,6 +93,12 @@ var storageQueueNames = [
   'orders-rejected'
   'operator-alerts'
   'order-dispatch'
+  // Poison queues: the app alerts an operator on each message that lands in one, so
+  // they exist from the start. The agent queues' poison queues are Storage queues too.
+  'orders-poison'
+  'order-dispatch-poison'
+  'agent-requests-poison'
+  'agent-replies-poison'
 ]
 var serviceBusQueueNames = [
   'agent-requests'
@@ -189,6 +201,7 @@ module functionApp 'app/function-app.bicep' = {
     stepTimeoutSeconds: stepTimeoutSeconds
     maxFailureCount: maxFailureCount
     supervisorSchedule: supervisorSchedule
+    deferralWindowSeconds: deferralWindowSeconds
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
     zoneRedundant: zoneRedundant

@@ -7,6 +7,17 @@ the reply queue, time-to-live = the time left before ``completeBy``.
 
 The SDK's sync senders are not thread-safe and the Functions worker runs sync
 functions on a thread pool: one lock per sender.
+
+Every wait on the send path is bounded (azure-servicebus 7.15.0): the client's
+retries (``retry_total``, a short exponential backoff capped by
+``retry_backoff_max``), each attempt (``try_timeout``: link acquisition, the
+CBS token, the send), the whole send (``timeout=``), and the wait for a sender's
+lock (``busy``: StorageUnavailable, never blocking a worker thread forever).
+
+Errors: too big or malformed (a ``message_id`` over 128 characters) is
+``TransportRefused`` (permanent); everything else, authentication and
+authorization included (a new role assignment takes minutes to propagate), is
+``StorageUnavailable`` (retry later).
 """
 
 from __future__ import annotations
@@ -27,11 +38,24 @@ if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
 
 log = get_logger(__name__)
+#: The whole send, retries included (the SDK's ``timeout=``).
 SEND_TIMEOUT_SECONDS = 10
+#: One attempt (the SDK's ``try_timeout``): opening the link, the token, the send.
+TRY_TIMEOUT_SECONDS = 5
+#: How long a send waits for another thread's send on the same sender.
+LOCK_TIMEOUT_SECONDS = SEND_TIMEOUT_SECONDS + TRY_TIMEOUT_SECONDS
+#: The client's retry policy: a few quick tries that fit in ``SEND_TIMEOUT_SECONDS``.
+CLIENT_OPTIONS: dict[str, Any] = {
+    "retry_total": 3,
+    "retry_backoff_factor": 0.5,
+    "retry_backoff_max": 2,
+    "retry_mode": "exponential",
+    "try_timeout": TRY_TIMEOUT_SECONDS,
+}
 
 
 class TransportRefused(OrderError):
-    """The broker refused a message for good (size, authorization): not retryable."""
+    """The message can never be sent (too big, malformed): not retryable."""
 
 
 def _properties(order_id: str, step: str, attempt: int, trace: dict[str, str]) -> dict[Any, Any]:
@@ -78,11 +102,7 @@ def client_for(connection: Connection) -> ServiceBusClient:
 
     from runtime.clients import credential
 
-    options: dict[str, Any] = {
-        "retry_total": 3,
-        "retry_backoff_factor": 0.5,
-        "retry_backoff_max": 8,
-    }
+    options = dict(CLIENT_OPTIONS)
     if connection.connection_string:
         return ServiceBusClient.from_connection_string(connection.connection_string, **options)
     if connection.fully_qualified_namespace:
@@ -104,14 +124,27 @@ class ServiceBusTransport:
         self._clock = clock
 
     def _sender(self, queue: str) -> tuple[ServiceBusSender, threading.Lock]:
-        with self._lock:
+        if not self._lock.acquire(timeout=LOCK_TIMEOUT_SECONDS):
+            raise StorageUnavailable(
+                f"Service Bus transport busy: no sender for queue {queue} "
+                f"within {LOCK_TIMEOUT_SECONDS} s"
+            )
+        try:
             if self._client is None:
                 self._client = self._client_factory()
             if queue not in self._senders:
                 self._senders[queue] = (self._client.get_queue_sender(queue), threading.Lock())
             return self._senders[queue]
+        finally:
+            self._lock.release()
 
-    def _send(self, queue: str, message: ServiceBusMessage) -> None:
+    def _discard(self, queue: str, sender: ServiceBusSender) -> None:
+        """Forget a sender the SDK shut down, so the next send opens a new one."""
+        with self._lock:
+            if queue in self._senders and self._senders[queue][0] is sender:
+                del self._senders[queue]
+
+    def _send(self, queue: str, build: Callable[[], ServiceBusMessage]) -> None:
         from azure.servicebus.exceptions import (
             MessageSizeExceededError,
             ServiceBusAuthenticationError,
@@ -120,20 +153,39 @@ class ServiceBusTransport:
         )
 
         try:
-            sender, lock = self._sender(queue)
-            with lock:
-                sender.send_messages(message, timeout=SEND_TIMEOUT_SECONDS)
-        except (
-            MessageSizeExceededError,
-            ServiceBusAuthenticationError,
-            ServiceBusAuthorizationError,
-        ) as exc:
-            # Retrying cannot help: too big, or this identity may not send here.
+            message = build()
+        except (ValueError, TypeError) as exc:  # e.g. a message_id over 128 characters
             raise TransportRefused(
-                f"Service Bus refused the message for queue {queue}: {exc}"
+                f"cannot build a Service Bus message for queue {queue}: {exc}"
             ) from exc
+        try:
+            sender, lock = self._sender(queue)
         except (ServiceBusError, ValueError, OSError) as exc:
+            raise StorageUnavailable(f"could not open Service Bus queue {queue}: {exc}") from exc
+        if not lock.acquire(timeout=LOCK_TIMEOUT_SECONDS):
+            raise StorageUnavailable(
+                f"Service Bus sender for queue {queue} busy: another send held it for more "
+                f"than {LOCK_TIMEOUT_SECONDS} s"
+            )
+        try:
+            sender.send_messages(message, timeout=SEND_TIMEOUT_SECONDS)
+        except MessageSizeExceededError as exc:  # also a ValueError: before the one below
+            raise TransportRefused(
+                f"Service Bus refused the message for queue {queue} (too large): {exc}"
+            ) from exc
+        except (ServiceBusAuthenticationError, ServiceBusAuthorizationError) as exc:
+            # Transient as far as we can tell: a new role assignment takes minutes to
+            # propagate, a token endpoint can fail for a while.
+            raise StorageUnavailable(
+                f"Service Bus did not let this identity send to queue {queue} (yet): {exc}"
+            ) from exc
+        except ValueError as exc:  # the SDK shut this sender down: use a new one next time
+            self._discard(queue, sender)
             raise StorageUnavailable(f"could not send to Service Bus queue {queue}: {exc}") from exc
+        except (ServiceBusError, OSError) as exc:
+            raise StorageUnavailable(f"could not send to Service Bus queue {queue}: {exc}") from exc
+        finally:
+            lock.release()
 
     def send_request(self, request: AgentRequest) -> bool:
         now = self._clock()
@@ -141,7 +193,8 @@ class ServiceBusTransport:
             log.warning("deadline passed before the request was sent; not sending")
             return False
         self._send(
-            self._names.agent_requests, request_message(request, self._names.agent_replies, now)
+            self._names.agent_requests,
+            lambda: request_message(request, self._names.agent_replies, now),
         )
         return True
 
@@ -150,7 +203,7 @@ class ServiceBusTransport:
         if reply.complete_by <= now:
             log.warning("deadline passed before the reply was sent; not sending")
             return False
-        self._send(reply_to or self._names.agent_replies, reply_message(reply, now))
+        self._send(reply_to or self._names.agent_replies, lambda: reply_message(reply, now))
         return True
 
     def close(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+from collections import OrderedDict
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -22,19 +23,36 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 MAX_DELAY_SECONDS = 7 * 24 * 3600  # the service's limit for an initial visibility delay
+#: Replies live long past their step's deadline: a late success still completes the step.
+REPLY_TTL_SECONDS = 3600
+
+
+#: Per-queue clients kept (least recently used dropped first): every distinct ``replyTo``
+#: is a queue, so an unbounded cache would grow with the apps' queue names.
+MAX_CACHED_CLIENTS = 256
 
 
 class StorageQueues:
-    def __init__(self, service: QueueServiceClient):
+    def __init__(self, service: QueueServiceClient, *, max_clients: int = MAX_CACHED_CLIENTS):
+        if max_clients < 1:
+            raise ValueError("max_clients must be at least 1")
         self._service = service
-        self._clients: dict[str, QueueClient] = {}
+        self._max_clients = max_clients
+        self._clients: OrderedDict[str, QueueClient] = OrderedDict()
         self._lock = threading.Lock()
 
     def client(self, queue: str) -> QueueClient:
         with self._lock:
-            if queue not in self._clients:
-                self._clients[queue] = self._service.get_queue_client(queue)
-            return self._clients[queue]
+            client = self._clients.get(queue)
+            if client is None:
+                # Clients share the service client's transport: a dropped one needs no close.
+                client = self._service.get_queue_client(queue)
+                self._clients[queue] = client
+                if len(self._clients) > self._max_clients:
+                    self._clients.popitem(last=False)
+            else:
+                self._clients.move_to_end(queue)
+            return client
 
     def ensure(self, *queues: str) -> None:
         for queue in queues:
@@ -86,9 +104,9 @@ class StorageQueueTransport:
         return True
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
-        ttl = seconds_left(reply.complete_by, self._clock())
-        if ttl == 0:
-            log.warning("deadline passed before the reply was sent; not sending")
-            return False
-        self._queues.send(reply_to or self._names.agent_replies, reply.encode(), ttl_seconds=ttl)
+        # Not bounded by the deadline: a late success is evidence (contract 3.11), and a
+        # late report corrects what the supervisor assumed.
+        self._queues.send(
+            reply_to or self._names.agent_replies, reply.encode(), ttl_seconds=REPLY_TTL_SECONDS
+        )
         return True

@@ -73,10 +73,14 @@ def credential(connection: Connection) -> TokenCredential:
 
             if (connection.credential or "").lower() == "managedidentity":
                 _credentials[key] = ManagedIdentityCredential(client_id=connection.client_id)
-            else:
+            elif connection.client_id:
                 _credentials[key] = DefaultAzureCredential(
                     managed_identity_client_id=connection.client_id
                 )
+            else:
+                # Not managed_identity_client_id=None: an explicit None turns off
+                # DefaultAzureCredential's own AZURE_CLIENT_ID fallback (azure-identity 1.27).
+                _credentials[key] = DefaultAzureCredential()
         return _credentials[key]  # type: ignore[no-any-return]
 
 

@@ -13,10 +13,12 @@ import threading
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
+from typing import Any
 
 from admin.service import OrderAdmin
 from agents.agent import Agent
 from agents.remote import RemoteServiceClient
+from core.errors import OrderNotFound
 from core.names import Names
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
@@ -25,7 +27,9 @@ from messaging.storage_queues import StorageQueues, StorageQueueTransport
 from runtime import clients, telemetry
 from scheduler.notices import NoticeSender
 from scheduler.service import Scheduler, SchedulerConfig
+from stores.kept import KeptMessages
 from stores.tables import TableStateStore
+from supervisor.poison import PoisonWatch
 from supervisor.service import Supervisor
 
 
@@ -76,7 +80,10 @@ class AppContext:
 
     @cached_property
     def retry_policy(self) -> RetryPolicy:
-        return RetryPolicy(max_failure_count=self.settings.max_failure_count)
+        return RetryPolicy(
+            max_failure_count=self.settings.max_failure_count,
+            deferral_window_seconds=self.settings.deferral_window_seconds,
+        )
 
     @cached_property
     def scheduler(self) -> Scheduler:
@@ -85,7 +92,9 @@ class AppContext:
             self.queues,
             self.transport,
             self.names,
-            SchedulerConfig(self.instance_id, self.settings.step_timeout_seconds),
+            SchedulerConfig(
+                self.instance_id, self.settings.step_timeout_seconds, self.retry_policy
+            ),
             self.clock,
         )
 
@@ -100,12 +109,23 @@ class AppContext:
         )
 
     @cached_property
+    def poison(self) -> PoisonWatch:
+        return PoisonWatch(self.queues, self.names, KeptMessages(self.store.table), self.clock)
+
+    @cached_property
     def remote(self) -> RemoteServiceClient:
         return RemoteServiceClient(self.settings.require_remote_service_url())
 
     @cached_property
     def agent(self) -> Agent:
-        return Agent(self.remote, self.transport, self.clock)
+        return Agent(self.remote, self.transport, self.clock, load_order=self._order_body)
+
+    def _order_body(self, order_id: str) -> dict[str, Any]:
+        """For an agent request too large to carry its order: read it from the state store."""
+        order = self.store.load(order_id)
+        if order is None:
+            raise OrderNotFound(f"no order {order_id} for its agent request", order_id=order_id)
+        return order.body
 
     @cached_property
     def admin(self) -> OrderAdmin:

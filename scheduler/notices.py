@@ -9,9 +9,13 @@ sweep finds the rows and sends them again: at-least-once, never lost.
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable
+from datetime import datetime
 
 from core.errors import StorageUnavailable
+from core.messages import alert_message
 from core.names import Names
 from core.ports import QueueSender
 from runtime.logs import get_logger, order_context
@@ -20,12 +24,18 @@ from stores.tables import OutboxEntry, SavedNotices, TableStateStore
 
 log = get_logger(__name__)
 
+#: How many order ids ``alert_once`` remembers (oldest forgotten first): bounded memory,
+#: and an order forgotten is at worst alerted again.
+ALERTED_MEMORY = 10_000
+
 
 class NoticeSender:
     def __init__(self, store: TableStateStore, queues: QueueSender, names: Names):
         self._store = store
         self._queues = queues
         self._names = names
+        self._alerted: OrderedDict[str, None] = OrderedDict()
+        self._alerted_lock = threading.Lock()
 
     def deliver(self, saved: SavedNotices | Iterable[OutboxEntry]) -> int:
         """Send committed notices; returns how many went out. Failures stay in the outbox."""
@@ -39,28 +49,75 @@ class NoticeSender:
                     "notice for order %s not sent yet (the sweep retries): %s", entry.order_id, exc
                 )
                 continue
+            except Exception as exc:  # noqa: BLE001 - one malformed row must not stop the rest
+                log.error(
+                    "notice %s for order %s cannot be sent (%s: %s); left in the outbox",
+                    entry.row,
+                    entry.order_id,
+                    type(exc).__name__,
+                    exc,
+                )
+                continue
             sent.append(entry)
         if sent:
             self._store.delete_outbox(sent)
         return len(sent)
 
+    def alert_now(
+        self, order_id: str, step: str, reason: str, now: datetime, failure_count: int = 0
+    ) -> None:
+        """An operator alert that no transition committed (a sweep met an order it cannot
+        handle): the same ERROR record and ``operator-alerts`` message as an outbox alert.
+        ``StorageUnavailable`` if the queue did not take it."""
+        self._log_alert(order_id, step, failure_count, reason)
+        self._queues.send(
+            self._names.operator_alerts, alert_message(order_id, step, reason, failure_count, now)
+        )
+        METRICS.inc("alerts")
+
+    def alert_once(self, order_id: str, step: str, reason: str, now: datetime) -> bool:
+        """``alert_now``, unless this sender already alerted about ``order_id``: one alert
+        per bad order per process, not one per sweep. True if it sent one."""
+        with self._alerted_lock:
+            if order_id in self._alerted:
+                self._alerted.move_to_end(order_id)
+                return False
+        self.alert_now(order_id, step, reason, now)  # remembered only once it went out
+        with self._alerted_lock:
+            self._alerted[order_id] = None
+            while len(self._alerted) > ALERTED_MEMORY:
+                self._alerted.popitem(last=False)
+        return True
+
+    @staticmethod
+    def _log_alert(order_id: object, step: object, failure_count: object, reason: object) -> None:
+        with order_context(
+            order_id=str(order_id) if order_id is not None else None,
+            step=str(step) if step is not None else None,
+        ):
+            # The alert rule in infra/ matches this text; keep it stable.
+            log.error(
+                "OPERATOR ALERT order=%s step=%s failureCount=%s: %s",
+                order_id,
+                step,
+                failure_count,
+                reason,
+                extra={
+                    "event": "operator_alert",
+                    "failureCount": failure_count,
+                    "reason": reason,
+                },
+            )
+
     def _send(self, entry: OutboxEntry) -> None:
         if entry.kind == "alert":
             alert = json.loads(entry.body)
-            with order_context(order_id=alert.get("orderId"), step=alert.get("step")):
-                # The alert rule in infra/ matches this text; keep it stable.
-                log.error(
-                    "OPERATOR ALERT order=%s step=%s failureCount=%s: %s",
-                    alert.get("orderId"),
-                    alert.get("step"),
-                    alert.get("failureCount"),
-                    alert.get("reason"),
-                    extra={
-                        "event": "operator_alert",
-                        "failureCount": alert.get("failureCount"),
-                        "reason": alert.get("reason"),
-                    },
-                )
+            self._log_alert(
+                alert.get("orderId"),
+                alert.get("step"),
+                alert.get("failureCount"),
+                alert.get("reason"),
+            )
             self._queues.send(self._names.operator_alerts, entry.body)
             METRICS.inc("alerts")
         elif entry.queue:

@@ -22,9 +22,10 @@ from core.errors import (
     TransitionRefused,
 )
 from core.messages import AgentReply, AgentRequest, rejection_message
-from core.model import Order, StepRecord
+from core.model import Order, ReplyEffect, StepRecord
 from core.names import Names
 from core.orders import decode_order
+from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock, QueueSender
 from core.states import StepState
 from core.timefmt import iso
@@ -52,6 +53,7 @@ class Outcome(StrEnum):
     NOT_DUE = "not-due"
     NOTHING_TO_DO = "nothing-to-do"
     APPLIED = "applied"
+    NOTED = "noted"  # late evidence recorded (a success that came late, a late report)
     STALE = "stale"
 
 
@@ -66,6 +68,7 @@ class SweepReport:
 class SchedulerConfig:
     instance_id: str
     step_timeout_seconds: int
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
 
 
 class Scheduler:
@@ -91,7 +94,7 @@ class Scheduler:
     def submit(self, raw: bytes) -> Outcome:
         """The submitter: validate, store order + first step in one transaction, dispatch."""
         try:
-            message = decode_order(raw)
+            message = decode_order(raw, reserved_queues=self._names.own_queues())
         except InvalidOrder as exc:
             self.reject(raw, exc.message)
             return Outcome.REJECTED
@@ -192,6 +195,7 @@ class Scheduler:
                 claimed.path,
                 order.body,
                 telemetry.carrier(),
+                singled_out=claimed.singled_out,
             )
             try:
                 self._transport.send_request(request)
@@ -211,7 +215,8 @@ class Scheduler:
     # --- replies -------------------------------------------------------------------
 
     def apply_reply(self, reply: AgentReply) -> Outcome:
-        """Apply an agent reply, fenced by state, attempt and deadline; stale ones are dropped."""
+        """Apply an agent reply (``Order.apply_reply`` says which count, and how); a reply
+        that changes nothing (a duplicate, a stale report) is logged, counted and dropped."""
         with (
             order_context(order_id=reply.order_id, step=reply.step, attempt=reply.attempt),
             telemetry.span(
@@ -230,7 +235,7 @@ class Scheduler:
                     log.warning("reply for an unknown order; dropped")
                     return Outcome.STALE
                 try:
-                    order.apply_reply(reply, self._clock())
+                    effect = order.apply_reply(reply, self._clock(), self._config.policy)
                 except TransitionRefused as refused:
                     METRICS.inc("stale_replies", reason=refused.reason)
                     log.warning("stale reply dropped (%s): %s", refused.reason, refused.message)
@@ -241,11 +246,16 @@ class Scheduler:
                     METRICS.inc("reply_conflicts")
                     continue
                 failpoints.hit("after-reply-save")
-                METRICS.inc("replies_applied", outcome=reply.outcome)
-                log.info("reply applied (%s); order is %s", reply.outcome, order.status)
+                METRICS.inc("replies_applied", outcome=reply.outcome, effect=str(effect))
+                log.info(
+                    "reply %s (%s); order is %s",
+                    "applied" if effect is ReplyEffect.APPLIED else "noted as late evidence",
+                    reply.outcome,
+                    order.status,
+                )
                 self._notices.deliver(saved)
                 self._dispatch(order)
-                return Outcome.APPLIED
+                return Outcome.APPLIED if effect is ReplyEffect.APPLIED else Outcome.NOTED
             raise ConcurrencyConflict(
                 f"order {reply.order_id} kept changing; the reply will be retried",
                 order_id=reply.order_id,
@@ -255,7 +265,12 @@ class Scheduler:
     # --- safety sweep ------------------------------------------------------------------
 
     def sweep(self) -> SweepReport:
-        """Dispatch Pending steps whose dispatch was lost; resend notices left in the outbox."""
+        """Dispatch Pending steps whose dispatch was lost; resend notices left in the outbox.
+
+        One bad row never ends the sweep: its error is counted in ``report.errors`` and
+        logged with the order id; an order that cannot be handled at all (records that
+        cannot be read, a bug) also gets ONE operator alert per process (not one per
+        sweep), and the sweep goes on with the next row."""
         report = SweepReport()
         now = self._clock()
         # Notices first: an order's older notices go out before the ones its dispatch adds.
@@ -263,13 +278,44 @@ class Scheduler:
             report.notices = self._notices.deliver(self._store.stale_outbox(now - OUTBOX_GRACE))
         except StorageUnavailable as exc:
             report.errors.append(f"outbox: {exc}")
+        except Exception as exc:  # the outbox must not keep the dispatches below from running
+            report.errors.append(f"outbox: {type(exc).__name__}: {exc}")
+            log.error("sweep: the outbox could not be delivered: %s", exc, exc_info=exc)
         for entry in self._store.due_pending(now - SWEEP_GRACE):
             try:
                 if self.dispatch(entry.order_id) is Outcome.DISPATCHED:
                     report.dispatched += 1
                     METRICS.inc("sweep_dispatches")
-            except (StorageUnavailable, ConcurrencyConflict) as exc:
-                report.errors.append(f"{entry.order_id}: {exc}")
+            except Exception as exc:  # one bad order must not stop the rest
+                report.errors.append(f"{entry.order_id}: {type(exc).__name__}: {exc}")
+                METRICS.inc("sweep_errors")
+                if isinstance(exc, (StorageUnavailable, ConcurrencyConflict)):
+                    log.warning(
+                        "sweep could not dispatch order %s (the next sweep retries): %s",
+                        entry.order_id,
+                        exc,
+                    )
+                    continue
+                reason = (
+                    f"the scheduler's sweep cannot dispatch step {entry.step} "
+                    f"({type(exc).__name__}: {exc})"[:1500]
+                    + "; it stays as it is until the order's records are repaired"
+                )
+                try:
+                    first = self._notices.alert_once(entry.order_id, entry.step, reason, now)
+                except Exception as alert_error:  # noqa: BLE001 - the next sweep alerts again
+                    first = False
+                    log.warning(
+                        "operator alert for order %s not sent (the next sweep tries again): %s",
+                        entry.order_id,
+                        alert_error,
+                    )
+                log.error(
+                    "sweep cannot dispatch order %s: %s",
+                    entry.order_id,
+                    exc,
+                    exc_info=exc if first else None,  # the traceback once, not every sweep
+                )
         if report.dispatched or report.notices or report.errors:
             log.info(
                 "sweep: %d lost dispatches sent, %d notices resent, %d errors",

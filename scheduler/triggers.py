@@ -14,6 +14,7 @@ from core.orders import is_valid_order_id
 from core.settings import AGENT_TRANSPORT, Transport
 from messaging.quarantine import quarantine
 from runtime.context import app_context
+from runtime.resilience import ride_out
 
 bp = func.Blueprint()
 STORAGE = "AzureWebJobsStorage"
@@ -21,7 +22,8 @@ STORAGE = "AzureWebJobsStorage"
 
 @bp.queue_trigger(arg_name="msg", queue_name=names.ORDERS, connection=STORAGE)
 def submit_order(msg: func.QueueMessage) -> None:
-    app_context().scheduler.submit(msg.get_body())
+    raw = msg.get_body()
+    ride_out(lambda: app_context().scheduler.submit(raw), what="submit")
 
 
 @bp.queue_trigger(arg_name="msg", queue_name=names.ORDER_DISPATCH, connection=STORAGE)
@@ -41,7 +43,7 @@ def dispatch_order(msg: func.QueueMessage) -> None:
             ctx.clock,
         )
         return
-    ctx.scheduler.dispatch(order_id)
+    ride_out(lambda: ctx.scheduler.dispatch(order_id), what="dispatch")
 
 
 def _apply_reply(raw: bytes) -> None:
@@ -51,7 +53,7 @@ def _apply_reply(raw: bytes) -> None:
     except InvalidMessage as exc:
         quarantine(ctx.queues, ctx.names.agent_replies, raw, exc.message, ctx.clock)
         return
-    ctx.scheduler.apply_reply(reply)
+    ride_out(lambda: ctx.scheduler.apply_reply(reply), what="reply")
 
 
 if os.environ.get(AGENT_TRANSPORT, Transport.SERVICE_BUS).lower() == Transport.STORAGE:

@@ -1,8 +1,10 @@
-"""Simulated remote services (contract 3.4) with fault injection and an effects ledger.
+"""Simulated remote services (contract 3.4) with fault injection, an effects ledger,
+an outage switch (error answers, then connections refused) and a call log.
 
 ``python -m simulator --port 0`` for a process; ``SimulatorServer`` for a test.
 """
 
+from simulator.calllog import CallLog
 from simulator.faults import Directive, RandomFaults, parse_directive
 from simulator.ledger import (
     double_effects,
@@ -10,15 +12,21 @@ from simulator.ledger import (
     load_ledger,
     standing_effects,
 )
+from simulator.outage import OutageError, Phase, parse_outage, parse_outage_cli
 from simulator.server import SimulatorServer
 
 __all__ = [
+    "CallLog",
     "Directive",
+    "OutageError",
+    "Phase",
     "RandomFaults",
     "SimulatorServer",
     "double_effects",
     "effects_by_order",
     "load_ledger",
     "parse_directive",
+    "parse_outage",
+    "parse_outage_cli",
     "standing_effects",
 ]

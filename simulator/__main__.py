@@ -1,6 +1,7 @@
 """``python -m simulator``: serve the simulated remote services until SIGTERM/SIGINT.
 
 Prints exactly one line, ``SIMULATOR_URL=http://127.0.0.1:<port>``, once listening.
+With ``--outage SCHEDULE`` the schedule's first phase is in force before that line.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from types import FrameType
 
 from simulator.engine import DEFAULT_COMPENSATIONS
 from simulator.faults import DEFAULT_HANG_SECONDS, RandomFaults, parse_latency
+from simulator.outage import OutageError, Phase, parse_outage_cli
 from simulator.server import SimulatorServer
 
 
@@ -29,6 +31,13 @@ def _latency(text: str) -> tuple[int, int]:
     try:
         return parse_latency(text)
     except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _outage(text: str) -> list[Phase]:
+    try:
+        return parse_outage_cli(text)
+    except OutageError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
@@ -53,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--compensation", type=_compensation, action="append", metavar="STEP=TARGET",
         help="STEP undoes TARGET (repeatable; replaces the default map "
         + ", ".join(f"{k}={v}" for k, v in DEFAULT_COMPENSATIONS.items()) + ")",
+    )  # fmt: skip
+    parser.add_argument(
+        "--outage", type=_outage, metavar="SCHEDULE",
+        help="start with an outage: phases back to back, e.g. 'error:503:20,unreachable:15' "
+        "(error:STATUS:SECONDS[:RETRY_AFTER], unreachable:SECONDS; 3600 s at most in all)",
     )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser
@@ -97,6 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"simulator: cannot listen on port {args.port}: {exc}", file=sys.stderr)
         return 2
+    if args.outage:
+        # In force before the URL is printed, so the first call meets it.
+        server.start_outage(args.outage)
     print(f"SIMULATOR_URL={server.url}", flush=True)
     if args.verbose:
         print(f"simulator: seed={seed} faults={faults}", file=sys.stderr, flush=True)

@@ -2,7 +2,9 @@
 
 Thread-safe; the HTTP server calls ``Simulator.handle`` from one thread per
 connection. The no-fault path takes a few short, uncontended locks (stats, the
-key, the ledger) and does no scan and no sleep.
+key, the ledger, the call log) and does no scan and no sleep. While the outage
+switch is on, every call is answered by it before anything else (no validation,
+no per-key call counting, nothing applied).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from simulator.calllog import CallLog, now_us
 from simulator.faults import (
     Fault,
     RandomFaults,
@@ -24,6 +27,7 @@ from simulator.faults import (
     validate_call,
 )
 from simulator.ledger import Effect, Ledger
+from simulator.outage import OutageSwitch
 
 #: compensation step -> the step whose effect it undoes.
 DEFAULT_COMPENSATIONS: Final[Mapping[str, str]] = {
@@ -98,6 +102,7 @@ class _Stats:
         self.random_faults = 0
         self.no_response = 0
         self.duplicates = 0
+        self.outage_answered = 0
 
     def begin(self, fault: Fault | None) -> None:
         with self._lock:
@@ -114,6 +119,12 @@ class _Stats:
             else:
                 self.by_status[str(outcome.status)] += 1
 
+    def outage(self, status: int) -> None:
+        with self._lock:
+            self.calls += 1
+            self.outage_answered += 1
+            self.by_status[str(status)] += 1
+
     def duplicate(self) -> None:
         with self._lock:
             self.duplicates += 1
@@ -127,6 +138,7 @@ class _Stats:
                 "byFault": dict(self.by_fault),
                 "randomFaults": self.random_faults,
                 "duplicatesSuppressed": self.duplicates,
+                "outageAnswered": self.outage_answered,
             }
 
 
@@ -139,12 +151,16 @@ class Simulator:
         random_faults: RandomFaults | None = None,
         compensations: Mapping[str, str] | None = None,
         ledger: Ledger | None = None,
+        call_log: CallLog | None = None,
+        outage: OutageSwitch | None = None,
     ) -> None:
         self._random = random_faults or RandomFaults()
         self._compensations = dict(
             DEFAULT_COMPENSATIONS if compensations is None else compensations
         )
         self.ledger = ledger or Ledger()
+        self.call_log = CallLog() if call_log is None else call_log
+        self.outage = OutageSwitch() if outage is None else outage
         self._keys: dict[str, _KeyState] = {}
         self._keys_lock = threading.Lock()
         self._stats = _Stats()
@@ -157,11 +173,18 @@ class Simulator:
 
     def handle(self, step: str, key: str | None, body: bytes) -> Outcome:
         """Serve ``POST /{step}`` with header ``Idempotency-Key: key`` and ``body``."""
+        at = now_us()
+        blocked = self.outage.current()
+        if blocked is not None:
+            self._stats.outage(blocked.status)
+            self.call_log.record(at, step, key, blocked.status, False, "outage")
+            return Outcome(blocked.status, blocked.body, blocked.headers)
         try:
             order_id, order = validate_call(step, key, body)
             directive = directive_for(step, order)
         except RequestError as exc:
             self._stats.begin(None)
+            self.call_log.record(at, step, key, 400, False, "invalid")
             return self._end(json_outcome(400, {"error": str(exc)}))
         key = f"{order_id}:{step}"
         state = self._state(key)
@@ -178,38 +201,57 @@ class Simulator:
                     state.random_faults += 1
         self._stats.begin(fault)
         call = _Call(state, order_id, step, key, call_no)
-        return self._end(self._run(call, fault, latency))
+        outcome, applied = self._run(call, fault, latency)
+        self.call_log.record(
+            at,
+            step,
+            key,
+            "dropped" if outcome.dropped else outcome.status,
+            applied,
+            None if fault is None else fault.kind,
+        )
+        return self._end(outcome)
 
-    def _run(self, call: _Call, fault: Fault | None, latency_ms: int) -> Outcome:
+    def _run(self, call: _Call, fault: Fault | None, latency_ms: int) -> tuple[Outcome, bool]:
+        """The outcome, and whether this call applied the key's effect."""
         if latency_ms and not self._sleep(latency_ms / 1000):
-            return DROP
+            return DROP, False
         if fault is None:
-            return Outcome(200, self._apply(call))
+            answer, applied = self._apply(call)
+            return Outcome(200, answer), applied
         if fault.kind == "transient":
             headers: tuple[tuple[str, str], ...] = ()
             if fault.retry_after is not None:
                 headers = (("Retry-After", str(fault.retry_after)),)
             message = f"Simulated transient failure of step {call.step!r} (call {call.number})."
-            return json_outcome(fault.status, {"error": message}, headers)
+            return json_outcome(fault.status, {"error": message}, headers), False
         if fault.kind == "permanent":
-            return json_outcome(fault.status, {"error": fault.error})
+            return json_outcome(fault.status, {"error": fault.error}), False
         # hang or drop. applyFirst: the effect happens and the answer is lost.
-        stored = self._apply(call) if fault.apply_first else None
+        stored: bytes | None = None
+        applied = False
+        if fault.apply_first:
+            stored, applied = self._apply(call)
         if fault.kind == "drop":
-            return DROP
+            return DROP, applied
         # The key's lock is not held while hanging, so a retry is served meanwhile;
         # a hang without applyFirst applies late (a slow service), deduplicated.
         if not self._sleep(fault.seconds):
-            return DROP
-        return Outcome(200, stored or self._apply(call))
+            return DROP, applied
+        if stored is None:
+            stored, applied = self._apply(call)
+        return Outcome(200, stored), applied
 
-    def _apply(self, call: _Call) -> bytes:
-        """Apply the key's effect once; every later call gets the stored answer."""
+    def _apply(self, call: _Call) -> tuple[bytes, bool]:
+        """Apply the key's effect once; every later call gets the stored answer.
+
+        Returns the answer and whether this call applied the effect.
+        """
         state, order_id, step, key = call.state, call.order_id, call.step, call.key
         with state.lock:
             if state.response is not None:
                 self._stats.duplicate()
-                return state.response
+                return state.response, False
             at = utc_now()
             response = {
                 "orderId": order_id,
@@ -226,7 +268,7 @@ class Simulator:
                 compensates=self._compensations.get(step),
             )
             state.response = json.dumps(response).encode()
-            return state.response
+            return state.response, True
 
     def _state(self, key: str) -> _KeyState:
         state = self._keys.get(key)
@@ -252,14 +294,20 @@ class Simulator:
         self._stopping.set()
 
     def reset(self) -> None:
-        """Forget keys, effects and counts (the ledger file is truncated too)."""
+        """Forget keys, effects, counts and the call log (the ledger file is truncated
+        too). The outage switch is left as it is."""
         with self._keys_lock:
             self._keys = {}
         self.ledger.clear()
         self._stats.clear()
+        self.call_log.clear()
 
     def effects(self) -> list[Effect]:
         return self.ledger.entries()
+
+    def calls(self, since: int | str | datetime | None = None) -> list[dict[str, Any]]:
+        """The call log (see ``simulator.calllog``), from ``since`` (ISO-8601) on."""
+        return self.call_log.entries(since)
 
     def stats(self) -> dict[str, Any]:
         snapshot = self._stats.snapshot()

@@ -3,13 +3,15 @@
 The state fields of contract 3.2 keep their names (``OrderID``, ``Step``,
 ``LockedBy``, ``CompleteBy``, ``ProcessState``, ``FailureCount``,
 ``Attempt``); JSON-valued properties are bounded to fit one Table string
-property (32K UTF-16 units).
+property (32K UTF-16 units), except the order's body, which is split over
+``Body``, ``Body1``, ... (an entity holds 1 MiB).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from core.model import Order, StepRecord
@@ -44,6 +46,55 @@ def _result_json(result: dict[str, Any] | None) -> str:
     return text
 
 
+BODY_PART_UNITS: Final = MAX_JSON_CHARS  # UTF-16 units per Body, Body1, Body2, ... property
+
+
+def split_utf16(text: str, limit: int) -> list[str]:
+    """``text`` in consecutive parts of at most ``limit`` UTF-16 units each, cut only between
+    code points (a character outside the BMP, two units, is never split in half)."""
+    if limit < 2:
+        raise ValueError("a part must hold at least 2 UTF-16 units (one surrogate pair)")
+    parts: list[str] = []
+    start = 0
+    while start < len(text):
+        end = min(start + limit, len(text))  # a code point is one or two units
+        excess = utf16_units(text[start:end]) - limit
+        while excess > 0:  # each code point cut removes one or two units
+            end -= (excess + 1) // 2
+            excess = utf16_units(text[start:end]) - limit
+        parts.append(text[start:end])
+        start = end
+    return parts
+
+
+def _body_properties(order: Order) -> dict[str, Any]:
+    """The body's JSON over ``Body``, ``Body1``, ``Body2``, ... (one Table string property
+    holds 32K UTF-16 units; an order can carry up to 64 KiB, and more once re-serialized).
+    ``BodyParts`` says how many there are, so a missing part is an error, not a cut body."""
+    parts = split_utf16(_dumps(order.body), BODY_PART_UNITS) or [""]
+    props: dict[str, Any] = {_body_name(n): part for n, part in enumerate(parts)}
+    props["BodyParts"] = len(parts)
+    return props
+
+
+def _body_name(n: int) -> str:
+    return "Body" if n == 0 else f"Body{n}"
+
+
+def _body_json(record: Any) -> str:
+    """Join the body's parts; a record written before bodies were split has only ``Body``."""
+    count = record.get("BodyParts")
+    if count is None:
+        return str(record["Body"])
+    missing = [_body_name(n) for n in range(int(count)) if record.get(_body_name(n)) is None]
+    if missing:
+        raise ValueError(
+            f"order record {record.get('OrderID')!r} lacks body part(s) {', '.join(missing)} "
+            f"of {int(count)}"
+        )
+    return "".join(record[_body_name(n)] for n in range(int(count)))
+
+
 def order_entity(order: Order, write_id: str) -> dict[str, Any]:
     return {
         "PartitionKey": layout.shard_of(order.order_id),
@@ -53,7 +104,7 @@ def order_entity(order: Order, write_id: str) -> dict[str, Any]:
         "Workflow": order.workflow,
         "Status": str(order.status),
         "ReplyTo": order.reply_to or "",
-        "Body": _dumps(order.body),
+        **_body_properties(order),
         "ContentHash": order.content_hash,
         "Plan": _dumps(order.plan.to_json()),
         "CancelRequested": order.cancel_requested,
@@ -89,7 +140,24 @@ def step_entity(step: StepRecord) -> dict[str, Any]:
         "LastError": (step.last_error or "")[:4000],
         "History": _bounded_history(step.history),
         "HistoryDropped": step.history_dropped,
+        # what the failure semantics need (core/model.py): always written, never None
+        "MaybeApplied": _dumps(step.maybe_applied),
+        "Deferrals": step.deferrals,
+        "DeferredSince": step.deferred_since or _NEVER,
+        "SingledOut": step.singled_out,
     }
+
+
+#: "Not deferring": a property set to None is not stored and a merge keeps the old
+#: value (FACTS.md), so an absent time is written as this sentinel.
+_NEVER: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _since(value: Any) -> datetime | None:
+    if not isinstance(value, datetime):
+        return None
+    value = ensure_utc(value)
+    return None if value <= _NEVER else value
 
 
 def parse_order(entities: Sequence[Any]) -> Order | None:
@@ -114,6 +182,10 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
             last_error=e.get("LastError") or None,
             history=json.loads(e.get("History") or "[]"),
             history_dropped=int(e.get("HistoryDropped", 0)),
+            maybe_applied=[int(n) for n in json.loads(e.get("MaybeApplied") or "[]")],
+            deferrals=int(e.get("Deferrals", 0)),
+            deferred_since=_since(e.get("DeferredSince")),
+            singled_out=bool(e.get("SingledOut", False)),
             etag=e.metadata["etag"],
         )
         for e in entities
@@ -123,7 +195,7 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
     order = Order(
         order_id=record["OrderID"],
         plan=Plan.from_json(json.loads(record["Plan"])),
-        body=json.loads(record["Body"]),
+        body=json.loads(_body_json(record)),
         content_hash=record["ContentHash"],
         reply_to=record.get("ReplyTo") or None,
         status=OrderStatus(record["Status"]),

@@ -68,6 +68,14 @@ def outbox_row(created: datetime, order_id: str, n: str) -> str:
     return f"outbox|{sortable(created)}|{order_id}|{n}"
 
 
+#: The RowKey prefixes of index rows: what ``index_rows`` writes, what a repair may delete.
+INDEX_PREFIXES: Final = ("pending|", "processing|", "status|")
+
+
+def is_index_row(row_key: str) -> bool:
+    return row_key.startswith(INDEX_PREFIXES)
+
+
 def index_rows(order: Order) -> dict[str, dict[str, str]]:
     """The index rows this order's state implies: RowKey -> extra properties."""
     rows: dict[str, dict[str, str]] = {

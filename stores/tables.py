@@ -9,7 +9,13 @@ Ambiguous writes: the SDK retries a request that timed out, and the first try
 may have applied. A conditional retry of an applied write fails with 412, so
 it can never apply twice; to tell "someone else won" from "my own first try
 won", each save stamps the order record with a fresh ``WriteId`` and, on a
-conflict, re-reads it (``resolve_conflict``).
+conflict, re-reads it (``_wrote``). When even that re-read fails, the outcome is
+unknown: ``StorageUnavailable`` says so, never a guess either way.
+
+Damaged data never blocks the rest: records that cannot be parsed are
+``CorruptOrder`` (for that order only), malformed index or outbox rows are
+skipped with an ERROR log, a save tolerates an index row that is already gone,
+and ``repair_index`` rebuilds an order's index rows from its state.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,13 +39,24 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
-from core.errors import ConcurrencyConflict, OrderAlreadyExists, StorageUnavailable
+from core.errors import (
+    ConcurrencyConflict,
+    CorruptOrder,
+    OrderAlreadyExists,
+    OrderNotFound,
+    StorageUnavailable,
+)
 from core.model import Notice, Order
 from core.states import OrderStatus
 from core.timefmt import sortable
 from stores import entities, layout, sdk_patches
 
 log = logging.getLogger(__name__)
+
+#: What reading a malformed entity raises: a missing property (KeyError), a bad value or
+#: JSON text (ValueError, json.JSONDecodeError), a property of the wrong type (TypeError,
+#: AttributeError), a number out of range (OverflowError).
+_PARSE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError)
 
 
 @dataclass(frozen=True)
@@ -98,7 +116,14 @@ class TableStateStore:
             raise StorageUnavailable(
                 f"could not read order {order_id}: {exc}", order_id=order_id
             ) from exc
-        return entities.parse_order(rows)
+        try:
+            return entities.parse_order(rows)
+        except _PARSE_ERRORS as exc:
+            raise CorruptOrder(
+                f"order {order_id}'s stored records cannot be read "
+                f"({type(exc).__name__}: {exc}); repair them by hand (see the operator's guide)",
+                order_id=order_id,
+            ) from exc
 
     def _range(
         self,
@@ -128,8 +153,23 @@ class TableStateStore:
                 for e in self._range(
                     shard, prefix + "|", high, ["RowKey", "OrderRef", "StepName"], limit
                 ):
-                    _, when, _, _ = e["RowKey"].split("|", 3)
-                    yield IndexEntry(e["OrderRef"], e["StepName"], _parse_sortable(when))
+                    try:
+                        _, when, _, _ = e["RowKey"].split("|", 3)
+                        entry = IndexEntry(
+                            str(e["OrderRef"]), str(e["StepName"]), _parse_sortable(when)
+                        )
+                    except _PARSE_ERRORS as exc:
+                        # One malformed row (a manual edit) must not end every sweep.
+                        log.error(
+                            "skipping malformed index row %s|%s (%s: %s); "
+                            "python -m admin repair-index <orderId> rebuilds an order's index",
+                            shard,
+                            e.get("RowKey"),
+                            type(exc).__name__,
+                            exc,
+                        )
+                        continue
+                    yield entry
             except AzureError as exc:
                 raise StorageUnavailable(f"could not read the {prefix} index: {exc}") from exc
 
@@ -148,7 +188,18 @@ class TableStateStore:
         for shard in layout.all_shards():
             try:
                 for e in self._range(shard, "outbox|", high, limit=limit_per_shard):
-                    yield _outbox_entry(e)
+                    try:
+                        entry = _outbox_entry(e)
+                    except _PARSE_ERRORS as exc:
+                        log.error(
+                            "skipping malformed outbox row %s|%s (%s: %s)",
+                            shard,
+                            e.get("RowKey"),
+                            type(exc).__name__,
+                            exc,
+                        )
+                        continue
+                    yield entry
             except AzureError as exc:
                 raise StorageUnavailable(f"could not read the outbox: {exc}") from exc
 
@@ -157,31 +208,40 @@ class TableStateStore:
     ) -> tuple[list[str], str | None]:
         """Order ids with a status, a page at a time across shards.
 
-        The token is ``<shard number>:<the table's own continuation token or ->``.
+        The token is ``<shard number>:<the table's own continuation token or ->``
+        (``parse_list_token`` checks it; a bad one is ``InvalidContinuationToken``).
         """
-        shard_index, table_token = 0, None
-        if token:
-            head, _, rest = token.partition(":")
-            shard_index = int(head)
-            table_token = json.loads(rest) if rest and rest != "-" else None
+        shard_index, position = parse_list_token(token) if token else (0, None)
+        table_token: Any = position  # a dict, whatever the SDK's annotation says
         shards = layout.all_shards()
         ids: list[str] = []
         low = f"status|{status}|"
         while shard_index < len(shards) and len(ids) < page_size:
-            pager: Any = self._table.query_entities(
-                "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-                parameters={"pk": shards[shard_index], "lo": low, "hi": low + layout.HIGH},
-                select=["OrderRef"],
-                results_per_page=page_size - len(ids),
-            ).by_page(continuation_token=table_token)
-            page = next(pager, None)
-            ids.extend(e["OrderRef"] for e in (page or []))
+            try:
+                pager: Any = self._table.query_entities(
+                    "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
+                    parameters={"pk": shards[shard_index], "lo": low, "hi": low + layout.HIGH},
+                    select=["OrderRef"],
+                    results_per_page=page_size - len(ids),
+                ).by_page(continuation_token=table_token)
+                page = next(pager, None)
+                ids.extend(str(e["OrderRef"]) for e in (page or []) if e.get("OrderRef"))
+            except HttpResponseError as exc:
+                if table_token is not None and exc.status_code == 400:
+                    # Well formed, but not a position the service recognises.
+                    raise InvalidContinuationToken(
+                        "continuationToken is not one this API returned (the table service "
+                        "refused its position); start again without it"
+                    ) from exc
+                raise StorageUnavailable(f"could not list {status} orders: {exc}") from exc
+            except AzureError as exc:
+                raise StorageUnavailable(f"could not list {status} orders: {exc}") from exc
             table_token = pager.continuation_token if page is not None else None
             if table_token is None:
                 shard_index += 1
         if shard_index >= len(shards):
             return ids, None
-        return ids, f"{shard_index}:{json.dumps(table_token) if table_token else '-'}"
+        return ids, format_list_token(shard_index, table_token)
 
     # --- writes --------------------------------------------------------------------
 
@@ -246,7 +306,7 @@ class TableStateStore:
                 )
             )
         try:
-            results = self._table.submit_transaction(ops)
+            results = self._submit(order.order_id, ops)
         except AzureError as exc:
             order.version -= 1
             refused = isinstance(exc, TableTransactionError) and exc.status_code in (409, 412, 404)
@@ -254,13 +314,22 @@ class TableStateStore:
             # Unanswered (the SDK does not retry a POST whose response was lost): maybe
             # applied. Either way the WriteId on the order record tells whose write stands.
             # A refused create is never ours: nothing retries it.
-            if not (creating and refused) and self._wrote(order.order_id, write_id):
+            mine = False if creating and refused else self._wrote(order.order_id, write_id)
+            if mine:
                 log.warning(
                     "order %s: a write whose answer was lost or refused had applied (write %s)",
                     order.order_id,
                     write_id,
                 )
                 return self._reload_after(order, write_id, outbox, partition)
+            if mine is None:
+                # Never guess: "not ours" would turn an applied change into a false conflict.
+                raise StorageUnavailable(
+                    f"the outcome of the write to order {order.order_id} is unknown: the store "
+                    "did not confirm it and could not be asked afterwards whether it applied; "
+                    "read the order again, and retry if it did not change",
+                    order_id=order.order_id,
+                ) from exc
             if refused:
                 raise ConcurrencyConflict(
                     f"order {order.order_id} changed while it was being updated "
@@ -279,14 +348,37 @@ class TableStateStore:
         order.outbox = []
         return SavedNotices(partition, tuple(outbox))
 
-    def _wrote(self, order_id: str, write_id: str) -> bool:
-        """After an ambiguous or refused write: did our own write apply after all?"""
+    def _submit(self, order_id: str, ops: list[Any]) -> list[Any]:
+        """``submit_transaction``, tolerating index rows that are already gone."""
+        while True:
+            try:
+                return list(self._table.submit_transaction(ops))
+            except AzureError as exc:
+                missing = _missing_index_row(exc, ops)
+                if missing is None:
+                    raise
+                # The row the stored state implies is not there (a manual repair, a restore,
+                # an older layout). The batch was refused as a whole, nothing applied: drop
+                # that delete and resubmit, or every save of this order would fail forever.
+                log.warning(
+                    "order %s: index row %s was already gone; saving without deleting it",
+                    order_id,
+                    ops[missing][1]["RowKey"],
+                )
+                del ops[missing]
+
+    def _wrote(self, order_id: str, write_id: str) -> bool | None:
+        """After an ambiguous or refused write: did our own write apply after all?
+        ``None``: cannot tell (the re-read failed too)."""
         try:
             record = self._table.get_entity(
                 layout.shard_of(order_id), layout.order_row(order_id), select=["WriteId"]
             )
-        except (ResourceNotFoundError, AzureError):
-            return False
+        except ResourceNotFoundError:
+            return False  # no order record: nothing of ours applied
+        except AzureError as exc:
+            log.warning("order %s: could not re-read its WriteId: %s", order_id, exc)
+            return None
         return bool(record.get("WriteId") == write_id)
 
     def _reload_after(
@@ -327,6 +419,106 @@ class TableStateStore:
             },
         )
 
+    # --- repair --------------------------------------------------------------------
+
+    def repair_index(self, order_id: str, attempts: int = 5) -> dict[str, Any]:
+        """Rebuild an order's index rows from its state: delete the rows its state does not
+        imply, write the ones missing. Conditional on the order record's ETag (a merge that
+        stamps a new ``WriteId``), so it cannot race a save: a save in between makes it look
+        again. Idempotent; returns what it found and did."""
+        partition = layout.shard_of(order_id)
+        for _ in range(attempts):
+            order = self.load(order_id)  # CorruptOrder: the state itself needs a person
+            if order is None:
+                raise OrderNotFound(f"no order with id {order_id!r}", order_id=order_id)
+            try:
+                found = {
+                    str(e["RowKey"]): dict(e)
+                    for e in self._table.query_entities(
+                        "PartitionKey eq @pk and OrderRef eq @id",
+                        parameters={"pk": partition, "id": order_id},
+                        select=["RowKey", "OrderRef", "StepName"],
+                    )
+                }
+            except AzureError as exc:
+                raise StorageUnavailable(
+                    f"could not read order {order_id}'s index rows: {exc}", order_id=order_id
+                ) from exc
+            existing = {k: v for k, v in found.items() if layout.is_index_row(k)}
+            wanted = layout.index_rows(order)
+            stray = sorted(existing.keys() - wanted.keys())
+            missing = sorted(wanted.keys() - existing.keys())
+            wrong = sorted(
+                k
+                for k in wanted.keys() & existing.keys()
+                if any(existing[k].get(name) != value for name, value in wanted[k].items())
+            )
+            report: dict[str, Any] = {
+                "orderId": order_id,
+                "status": str(order.status),
+                "removed": stray,
+                "added": missing,
+                "rewritten": wrong,
+                "kept": sorted((wanted.keys() & existing.keys()) - set(wrong)),
+                "repaired": bool(stray or missing or wrong),
+            }
+            if not report["repaired"]:
+                return report
+            changes: list[Any] = [
+                ("delete", {"PartitionKey": partition, "RowKey": k}) for k in stray
+            ]
+            changes += [
+                (
+                    "upsert",
+                    {"PartitionKey": partition, "RowKey": k, **wanted[k]},
+                    {"mode": UpdateMode.REPLACE},
+                )
+                for k in missing + wrong
+            ]
+            try:
+                etag = order.etag
+                for start in range(0, len(changes), 99):  # 100 operations per transaction
+                    guard = (
+                        "update",
+                        {
+                            "PartitionKey": partition,
+                            "RowKey": layout.order_row(order_id),
+                            "WriteId": uuid.uuid4().hex,
+                        },
+                        {
+                            "mode": UpdateMode.MERGE,
+                            "etag": etag,
+                            "match_condition": MatchConditions.IfNotModified,
+                        },
+                    )
+                    results = self._table.submit_transaction([guard, *changes[start : start + 99]])
+                    etag = results[0]["etag"]
+            except TableTransactionError as exc:
+                if exc.status_code in (404, 409, 412):
+                    log.info("order %s changed during the index repair; looking again", order_id)
+                    continue
+                raise StorageUnavailable(
+                    f"index repair of order {order_id} failed: {exc}", order_id=order_id
+                ) from exc
+            except AzureError as exc:
+                raise StorageUnavailable(
+                    f"index repair of order {order_id} may not have completed ({exc}); "
+                    "run it again (it is idempotent)",
+                    order_id=order_id,
+                ) from exc
+            log.warning(
+                "order %s: index repaired (removed %s, added %s, rewritten %s)",
+                order_id,
+                stray,
+                missing,
+                wrong,
+            )
+            return report
+        raise ConcurrencyConflict(
+            f"order {order_id} kept changing during the index repair; run it again",
+            order_id=order_id,
+        )
+
     def delete_outbox(self, saved: SavedNotices | list[OutboxEntry]) -> None:
         entries = saved.entries if isinstance(saved, SavedNotices) else tuple(saved)
         for entry in entries:
@@ -334,8 +526,89 @@ class TableStateStore:
                 self._table.delete_entity(entry.partition, entry.row)
             except ResourceNotFoundError:
                 pass  # someone else (the sweep, or our own retried call) delivered it
-            except HttpResponseError as exc:
-                log.warning("could not delete outbox row %s: %s", entry.row, exc)
+            except AzureError as exc:  # refused, or no answer at all (connection lost)
+                # The notice went out; the row stays, and the sweep sends it again later
+                # (at-least-once). Never an error for the caller: its work is done.
+                log.warning("could not delete outbox row %s (the sweep will): %s", entry.row, exc)
+
+
+class InvalidContinuationToken(ValueError):
+    """A ``continuationToken`` this API did not hand out (forged, cut or mangled)."""
+
+
+#: A position inside one shard: the table service's own NextPartitionKey/NextRowKey,
+#: opaque text (on Azure an encoded form such as ``1!12!c2hh...``). Printable ASCII only.
+_TABLE_POSITION = re.compile(r"[!-~]{1,1024}")
+_LIST_TOKEN = re.compile(r"(0|[1-9][0-9]*):(.+)", re.DOTALL)
+MAX_TOKEN_CHARS = 2200
+
+
+def format_list_token(shard_index: int, table_token: dict[str, Any] | None) -> str:
+    return f"{shard_index}:{json.dumps(table_token, separators=(',', ':')) if table_token else '-'}"
+
+
+def parse_list_token(token: str) -> tuple[int, dict[str, str | None] | None]:
+    """The one place a ``continuationToken`` is checked: ``(shard index, table position)``,
+    or ``InvalidContinuationToken`` with a sentence for the caller."""
+
+    def bad(why: str) -> InvalidContinuationToken:
+        return InvalidContinuationToken(
+            f"continuationToken is not one this API returned ({why}); "
+            "start again without it to get the first page"
+        )
+
+    if not isinstance(token, str):
+        raise bad("not text")
+    if len(token) > MAX_TOKEN_CHARS:
+        raise bad(f"{len(token)} characters, at most {MAX_TOKEN_CHARS}")
+    match = _LIST_TOKEN.fullmatch(token)
+    if match is None or len(match[1]) > 3:
+        raise bad("expected <shard>:<position>")
+    shard_index = int(match[1])
+    if shard_index >= layout.SHARDS:
+        raise bad(f"shard {shard_index} does not exist: there are {layout.SHARDS}, from 0")
+    rest = match[2]
+    if rest == "-":
+        return shard_index, None
+
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len({k for k, _ in pairs}) != len(pairs):
+            raise ValueError("a key is repeated")
+        return dict(pairs)
+
+    try:
+        value = json.loads(rest, object_pairs_hook=no_repeats)
+    except (ValueError, RecursionError) as exc:
+        raise bad("its position is not valid JSON") from exc
+    if not isinstance(value, dict) or set(value) != {"PartitionKey", "RowKey"}:
+        raise bad('its position must be {"PartitionKey": ..., "RowKey": ...}')
+    position: dict[str, str | None] = {}
+    for key in ("PartitionKey", "RowKey"):
+        part = value[key]
+        if part is not None and not (isinstance(part, str) and _TABLE_POSITION.fullmatch(part)):
+            raise bad(f"its {key} must be 1-1024 printable ASCII characters")
+        position[key] = part
+    if position["PartitionKey"] is None and position["RowKey"] is None:
+        raise bad("its position is empty")
+    return shard_index, position
+
+
+def _missing_index_row(exc: AzureError, ops: list[Any]) -> int | None:
+    """The position of the index-row delete a transaction failed on with 404, if that is why.
+
+    Azure and Azurite answer a refused batch with the failing operation's position in the
+    message (``"2:The specified resource does not exist."``), which azure-data-tables 12.7
+    exposes as ``TableTransactionError.index`` (0 when it cannot tell: never an index delete).
+    """
+    if not isinstance(exc, TableTransactionError) or exc.status_code != 404:
+        return None
+    index = getattr(exc, "index", None)
+    if not isinstance(index, int) or not 0 < index < len(ops):
+        return None
+    op = ops[index]
+    if op[0] != "delete" or not layout.is_index_row(str(op[1].get("RowKey", ""))):
+        return None
+    return index
 
 
 def _outbox_entry(e: dict[str, Any]) -> OutboxEntry:
@@ -353,4 +626,12 @@ def _parse_sortable(text: str) -> datetime:
     return datetime.strptime(text, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
 
 
-__all__ = ["IndexEntry", "Notice", "OutboxEntry", "SavedNotices", "TableStateStore"]
+__all__ = [
+    "IndexEntry",
+    "InvalidContinuationToken",
+    "Notice",
+    "OutboxEntry",
+    "SavedNotices",
+    "TableStateStore",
+    "parse_list_token",
+]

@@ -60,15 +60,46 @@ class Supervisor:
         self._grace = grace
 
     def run(self) -> SupervisionReport:
+        """Recover every expired step. One bad order never ends the run: its error is
+        counted in ``report.errors`` and logged with the order id; an order that cannot be
+        handled at all (records that cannot be read, a bug) also gets ONE operator alert per
+        process (not one per run), and the run goes on with the next row."""
         report = SupervisionReport()
         now = self._clock()
         for entry in self._store.expired_processing(now - self._grace):
             report.examined += 1
             try:
                 self.recover(entry.order_id, report)
-            except StorageUnavailable as exc:
-                report.errors.append(f"{entry.order_id}: {exc}")
-                log.warning("supervisor could not recover order %s: %s", entry.order_id, exc)
+            except Exception as exc:  # one bad order must not stop the rest
+                report.errors.append(f"{entry.order_id}: {type(exc).__name__}: {exc}")
+                METRICS.inc("supervisor_errors")
+                if isinstance(exc, (StorageUnavailable, ConcurrencyConflict)):
+                    log.warning(
+                        "supervisor could not recover order %s (the next run retries): %s",
+                        entry.order_id,
+                        exc,
+                    )
+                    continue
+                reason = (
+                    f"the supervisor cannot recover step {entry.step} "
+                    f"({type(exc).__name__}: {exc})"[:1500]
+                    + "; it stays as it is until the order's records are repaired"
+                )
+                try:
+                    first = self._notices.alert_once(entry.order_id, entry.step, reason, now)
+                except Exception as alert_error:  # noqa: BLE001 - the next run alerts again
+                    first = False
+                    log.warning(
+                        "operator alert for order %s not sent (the next run tries again): %s",
+                        entry.order_id,
+                        alert_error,
+                    )
+                log.error(
+                    "supervisor cannot recover order %s: %s",
+                    entry.order_id,
+                    exc,
+                    exc_info=exc if first else None,  # the traceback once, not every run
+                )
         if report.examined:
             log.info(
                 "supervisor: %d expired, %d retried, %d failed for good, %d conflicts",

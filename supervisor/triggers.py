@@ -1,12 +1,22 @@
-"""The supervisor's blueprint: one timer trigger on SUPERVISOR_SCHEDULE."""
+"""The supervisor's blueprint: the deadline sweep on SUPERVISOR_SCHEDULE, and one trigger
+per poison queue (and, on Service Bus, per dead-letter sub-queue) that turns every
+message given up on into an operator alert (``supervisor/poison.py``)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import azure.functions as func
 
+from core import names
+from core.settings import AGENT_TRANSPORT, Transport
 from runtime.context import app_context
+from supervisor.poison import Poisoned
 
 bp = func.Blueprint()
+STORAGE = "AzureWebJobsStorage"
+SERVICE_BUS = "ServiceBusConnection"
 
 
 @bp.timer_trigger(
@@ -14,3 +24,44 @@ bp = func.Blueprint()
 )
 def supervise(timer: func.TimerRequest) -> None:
     app_context().supervisor.run()
+
+
+def _poison_queue_trigger(queue: str) -> None:
+    def handler(msg: func.QueueMessage) -> None:
+        app_context().poison.alert(Poisoned(queue, msg.get_body(), msg.dequeue_count))
+
+    _register(handler, f"alert_{queue.replace('-', '_')}", queue, queue_trigger=True)
+
+
+def _dead_letter_trigger(queue: str) -> None:
+    path = f"{queue}/$DeadLetterQueue"
+
+    def handler(msg: func.ServiceBusMessage) -> None:
+        props = msg.application_properties or {}
+        reason = props.get("DeadLetterReason") or getattr(msg, "dead_letter_reason", None)
+        detail = props.get("DeadLetterErrorDescription") or getattr(
+            msg, "dead_letter_error_description", None
+        )
+        why = " - ".join(str(x) for x in (reason, detail) if x) or None
+        app_context().poison.alert(Poisoned(path, msg.get_body(), msg.delivery_count, why))
+
+    _register(handler, f"alert_{queue.replace('-', '_')}_dead_letters", path, queue_trigger=False)
+
+
+def _register(handler: Callable[..., None], name: str, queue: str, *, queue_trigger: bool) -> None:
+    handler.__name__ = handler.__qualname__ = name
+    if queue_trigger:
+        trigger = bp.queue_trigger(arg_name="msg", queue_name=queue, connection=STORAGE)
+    else:
+        trigger = bp.service_bus_queue_trigger(
+            arg_name="msg", queue_name=queue, connection=SERVICE_BUS
+        )
+    bp.function_name(name=name)(trigger(handler))
+
+
+for _queue in names.Names().poison_queues():
+    _poison_queue_trigger(_queue)
+
+if os.environ.get(AGENT_TRANSPORT, Transport.SERVICE_BUS).lower() != Transport.STORAGE:
+    for _queue in (names.AGENT_REQUESTS, names.AGENT_REPLIES):
+        _dead_letter_trigger(_queue)

@@ -23,9 +23,17 @@ param serviceBusFullyQualifiedNamespace string
 param appInsightsName string
 
 param remoteServiceUrl string
+
+@minValue(1)
+@maxValue(270)
 param stepTimeoutSeconds int
+
 param maxFailureCount int
 param supervisorSchedule string
+
+@minValue(1)
+@maxValue(604800)
+param deferralWindowSeconds int
 
 @allowed([
   512
@@ -76,6 +84,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   // checkov:skip=CKV_AZURE_212: Scale from zero is the design (alwaysReady is empty): a minimum instance count is an always-ready baseline billed around the clock, and queued work simply waits out a cold start.
   // checkov:skip=CKV_AZURE_213: The Flex Consumption plan does not support the App Service health check; the platform replaces unhealthy instances itself.
   name: name
+  // checkov:skip=CKV_AZURE_78: Flex Consumption rejects siteConfig.ftpsState (ARM BadRequest 51021, Azure/azure-cli#31414); FTP and basic-auth publishing are turned off by the ftp and scm basicPublishingCredentialsPolicies resources in the same file instead.
   location: location
   // azd finds the app to deploy the `orders` service to by this tag.
   tags: union(tags, {
@@ -136,7 +145,8 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
     siteConfig: {
       minTlsVersion: '1.2'
       scmMinTlsVersion: '1.2'
-      ftpsState: 'Disabled'
+      // No ftpsState: Flex Consumption rejects it (BadRequest 51021). FTP and basic-auth
+      // publishing are off through the two policies at the end of this file.
       http20Enabled: true
       appSettings: [
         // Host storage and the app's own table/queue clients: identity-based.
@@ -184,6 +194,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'SUPERVISOR_SCHEDULE'
           value: supervisorSchedule
+        }
+        {
+          name: 'DEFERRAL_WINDOW_SECONDS'
+          value: string(deferralWindowSeconds)
         }
         // Telemetry: the connection string names the component; ingestion is
         // authorised by the identity's Entra token, not by the key in it.

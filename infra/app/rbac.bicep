@@ -1,5 +1,7 @@
-// Every role assignment of the deployment, least privilege, data-plane roles
-// only. The built-in role ids, with their names, are in roles.json.
+// Every role assignment of the deployment, least privilege, data roles only
+// (Service Bus Data Owner, on the two agent queues, is the one that also carries
+// management rights: see appQueueOwner). The built-in role ids, with their names,
+// are in roles.json.
 //
 // App identity (principalType ServicePrincipal):
 //   storage account  Storage Blob Data Owner         host leases/locks, deployment package
@@ -7,6 +9,8 @@
 //                    Storage Table Data Contributor  OrderState, host diagnostic-event tables
 //   each agent queue Azure Service Bus Data Sender   scheduler sends requests, agents replies
 //                    Azure Service Bus Data Receiver agents take requests, scheduler replies
+//                                                    (and the queue's $DeadLetterQueue)
+//                    Azure Service Bus Data Owner    the scale controller reads queue length
 //   App Insights     Monitoring Metrics Publisher    Entra-authenticated telemetry ingestion
 // Alerts identity:
 //   workspace        Log Analytics Reader            the operator alert rule's query
@@ -109,6 +113,24 @@ resource appReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
       principalId: appPrincipalId
       principalType: 'ServicePrincipal'
       roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Azure Service Bus Data Receiver'])
+    }
+  }
+]
+
+/* Target-based scaling reads each queue's runtime properties (active and dead-letter
+   counts), which needs the Manage right; with Send and Listen only, the scale controller
+   logs "unauthorized access" and falls back to incremental scaling, one instance at a
+   time (Azure/Azure-Functions#2379). Data Owner is the only built-in Service Bus role with
+   Manage, so it is granted here on the two agent queues only, never on the namespace.
+   docs/deployment.md says what it allows there. */
+resource appQueueOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+  for i in range(0, length(serviceBusQueueNames)): {
+    name: guid(agentQueues[i].id, appPrincipalId, roles['Azure Service Bus Data Owner'])
+    scope: agentQueues[i]
+    properties: {
+      principalId: appPrincipalId
+      principalType: 'ServicePrincipal'
+      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Azure Service Bus Data Owner'])
     }
   }
 ]

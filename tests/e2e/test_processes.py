@@ -186,7 +186,7 @@ def test_operator_api_finds_explains_and_resubmits_over_http(stack: LocalStack) 
     assert shown.status_code == 200
     step = shown.json()["steps"][0]
     assert step["ProcessState"] == "Error" and "422" in step["lastError"]
-    assert step["attempts"][0]["outcome"] == "failed"
+    assert step["attempts"][0]["outcome"] == "refused"
     missing = httpx.get(f"{base}/api/orders/nope-404", timeout=10)
     assert missing.status_code == 404 and "nope-404" in missing.json()["error"]
     bad = httpx.get(f"{base}/api/orders", params={"status": "weird"}, timeout=10)
@@ -214,4 +214,4 @@ def test_operator_api_finds_explains_and_resubmits_over_http(stack: LocalStack) 
         for a in httpx.get(f"{base}/api/orders/{order_id}", timeout=10).json()["steps"][0][
             "attempts"
         ]
-    ] == ["failed", "failed"]
+    ] == ["refused", "refused"]

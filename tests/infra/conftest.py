@@ -2,16 +2,19 @@
 
 They run in their own venv (`make iac-check`: .venv-iac, requirements-iac.txt),
 because checkov's pins clash with the app's. In any other venv, where checkov
-and pycep are absent, this folder is left out of collection instead of
-failing on imports.
+and pycep are absent, every test here is reported as SKIPPED with the reason
+(never silently left out of collection). `make iac-check` sets
+INFRA_CHECKS_REQUIRED=1: there, a missing tool is an error, not a skip.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,9 +22,26 @@ import pytest
 from tests.infra.bicep import INFRA
 
 CHECKOV_TIMEOUT_S = 300
+HERE = Path(__file__).resolve().parent
+#: Set by `make iac-check`: the tools must be there, so their absence fails the run.
+REQUIRED_ENV = "INFRA_CHECKS_REQUIRED"
+MISSING = [name for name in ("checkov", "pycep", "yaml") if importlib.util.find_spec(name) is None]
+SKIP_REASON = f"needs {', '.join(MISSING)}, installed only in .venv-iac: run `make iac-check`"
 
-if not all(importlib.util.find_spec(name) for name in ("checkov", "pycep", "yaml")):
-    collect_ignore_glob = ["test_*.py"]
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Without the infra tools, mark this folder's tests skipped, with the reason."""
+    if not MISSING:
+        return
+    if os.environ.get(REQUIRED_ENV):
+        raise pytest.UsageError(
+            f"{REQUIRED_ENV} is set but {', '.join(MISSING)} cannot be imported with "
+            f"{sys.executable}: reinstall the infra venv (rm -rf .venv-iac; make iac-check)"
+        )
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if item.path.resolve().is_relative_to(HERE):
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

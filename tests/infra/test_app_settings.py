@@ -117,3 +117,28 @@ def test_parameter_defaults_match_the_code_defaults() -> None:
     assert params["stepTimeoutSeconds"]["default"] == settings.DEFAULT_STEP_TIMEOUT_SECONDS
     assert params["maxFailureCount"]["default"] == settings.DEFAULT_MAX_FAILURE_COUNT
     assert params["supervisorSchedule"]["default"] == settings.DEFAULT_SUPERVISOR_SCHEDULE
+    assert params["deferralWindowSeconds"]["default"] == settings.DEFAULT_DEFERRAL_WINDOW_SECONDS
+
+
+def _bounds(param: dict[str, Any]) -> dict[str, Any]:
+    return {
+        d["type"]: d["argument"]
+        for d in param.get("decorators", [])
+        if d["type"] in {"min_value", "max_value"}
+    }
+
+
+def test_step_timeout_cannot_exceed_what_the_host_honours() -> None:
+    """The code refuses STEP_TIMEOUT_SECONDS above MAX_STEP_TIMEOUT_SECONDS (host.json lock
+    renewal and function timeout): a deployment must not be able to set more."""
+    for path in (MAIN, INFRA / "app" / "function-app.bicep"):
+        param = parse(path)["parameters"]["stepTimeoutSeconds"]
+        assert _bounds(param) == {"min_value": 1, "max_value": settings.MAX_STEP_TIMEOUT_SECONDS}, (
+            f"{rel(path)}: stepTimeoutSeconds bounds"
+        )
+
+
+def test_deferral_window_bounds_match_the_code() -> None:
+    for path in (MAIN, INFRA / "app" / "function-app.bicep"):
+        param = parse(path)["parameters"]["deferralWindowSeconds"]
+        assert _bounds(param) == {"min_value": 1, "max_value": 7 * 86_400}, rel(path)

@@ -87,14 +87,8 @@ def test_transport_is_tls12_and_nothing_is_public_by_default() -> None:
     site = _only(app / "function-app.bicep", "Microsoft.Web/sites")["properties"]
     assert site["httpsOnly"] is True
     assert site["siteConfig"]["minTlsVersion"] == "1.2"
-    assert site["siteConfig"]["ftpsState"] == "Disabled"
-    publishing = resources_of_type(
-        parse(app / "function-app.bicep"), "Microsoft.Web/sites/basicPublishingCredentialsPolicies"
-    )
-    assert {body(p)["name"]: body(p)["properties"]["allow"] for p in publishing.values()} == {
-        "ftp": False,
-        "scm": False,
-    }
+    # FTP: off through the publishing-credentials policies (test_flex_consumption); Flex
+    # Consumption refuses siteConfig.ftpsState.
 
 
 def test_function_app_uses_only_its_user_assigned_identity() -> None:

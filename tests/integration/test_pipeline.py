@@ -245,13 +245,16 @@ def test_late_reply_after_the_supervisor_reset_is_dropped(
     request = decode_request(request_text)
     clock.advance(35)
     ctx.supervisor.run()  # attempt 1 expired; back to Pending
+    # Attempt 1's success comes after its deadline: evidence that the step applied, so it
+    # completes the step (contract 3.11) instead of being thrown away.
     late = request.succeeded({"late": True})
-    assert ctx.scheduler.apply_reply(late) is Outcome.STALE
-    pump(ctx)  # the re-dispatch claims attempt 2 and runs it for real
-    assert ctx.scheduler.apply_reply(late) is Outcome.STALE  # attempt 1 is still stale
+    assert ctx.scheduler.apply_reply(late) is Outcome.NOTED
+    assert ctx.scheduler.apply_reply(late) is Outcome.STALE  # once is enough
+    pump(ctx)  # the supervisor's re-dispatch finds nothing left to run
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.COMPLETED
-    assert order.steps[0].attempt == 2 and order.steps[0].result != {"late": True}
+    assert order.steps[0].attempt == 1 and order.steps[0].result == {"late": True}
+    assert order.steps[0].maybe_applied == [1]  # the expiry's doubt stays on record
 
 
 def test_duplicate_reply_applies_once(ctx: AppContext, tag: str) -> None:
@@ -329,8 +332,8 @@ def test_failed_ship_compensates_in_reverse_order(
     ]
     statuses = [m["status"] for m in drain_json(ctx, f"st-{tag}")]
     assert statuses == ["received", "processing", "compensating", "compensated"]
-    [alert] = drain_json(ctx, ctx.names.operator_alerts)
-    assert alert["step"] == "ship"
+    # Undone without anyone's help: the app hears "compensated", no operator is paged.
+    assert drain_json(ctx, ctx.names.operator_alerts) == []
 
 
 def test_operator_resubmits_an_error_order(
@@ -355,7 +358,8 @@ def test_operator_resubmits_an_error_order(
     # Still permanent at the simulator: back to error, with both attempts in the history.
     shown = ctx.admin.show(failing)
     assert shown["status"] == "error"
-    assert [a["outcome"] for a in shown["steps"][0]["attempts"]] == ["failed", "failed"]
+    assert [a["outcome"] for a in shown["steps"][0]["attempts"]] == ["refused", "refused"]
+    assert all(a["applied"] == "no" for a in shown["steps"][0]["attempts"])
     assert any(
         h["event"] == "resubmitted" and h["by"] == "alice" for h in shown["steps"][0]["history"]
     )

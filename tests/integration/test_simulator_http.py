@@ -6,6 +6,7 @@ import os
 import queue
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -353,3 +354,47 @@ def test_cli_refuses_bad_rates() -> None:
     )
     assert result.returncode == 2
     assert "rates" in result.stderr
+
+
+def test_cli_starts_with_an_outage_schedule() -> None:
+    process, url = start_cli("--outage", "error:503:2,unreachable:1")
+    port = int(url.rsplit(":", 1)[1])
+
+    def refused() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                return False
+        except ConnectionRefusedError:
+            return True
+
+    try:
+        with httpx.Client(base_url=url, timeout=5) as http:
+            # The first phase is in force before the URL is printed.
+            assert post(http, "o-cli", "process").status_code == 503
+            assert http.get("/_outage").json()["next"] == [{"mode": "unreachable", "seconds": 1.0}]
+        wait_until(refused, timeout=5)
+        wait_until(lambda: not refused(), timeout=5)
+        with httpx.Client(base_url=url, timeout=5) as http:
+            assert post(http, "o-cli", "process").status_code == 200
+            stats = http.get("/_stats").json()
+        assert (stats["outageAnswered"], stats["unreachablePhases"], stats["effects"]) == (1, 1, 1)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=5) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+
+
+def test_cli_refuses_a_bad_outage_schedule() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "simulator", "--outage", "unreachable:0"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=15,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 2
+    assert "--outage" in result.stderr and "> 0" in result.stderr

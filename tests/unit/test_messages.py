@@ -19,7 +19,7 @@ from core.messages import (
     rejection_message,
     status_message,
 )
-from core.orders import MAX_ORDER_DATA_CHARS, decode_order
+from core.orders import MAX_MESSAGE_CHARS, MAX_NESTING, decode_order
 
 T0 = datetime(2026, 11, 22, 10, 15, 30, 123000, tzinfo=UTC)  # millisecond precision: iso() keeps ms
 T0_TEXT = "2026-11-22T10:15:30.123Z"
@@ -121,25 +121,50 @@ def test_content_hash_differs_for_different_content(other: str) -> None:
     assert decode_order(other).content_hash != base.content_hash
 
 
-def test_data_at_exactly_the_size_limit_is_accepted_and_one_more_character_is_not() -> None:
-    empty = decode_order('{"orderId":"o-1","d":""}')
-    pad = MAX_ORDER_DATA_CHARS - len(empty.data_json)
+def test_a_message_as_long_as_a_queue_message_can_be_is_accepted_and_a_longer_one_is_not() -> None:
+    # Contract 3.1: whatever the queue can carry (64 KiB) is accepted, however large its
+    # business data; only a text no queue message can hold is refused.
+    pad = MAX_MESSAGE_CHARS - len('{"orderId":"o-1","d":""}')
 
-    at_limit = decode_order(json.dumps({"orderId": "o-1", "d": "x" * pad}))
-    over = rejection(json.dumps({"orderId": "o-1", "d": "x" * (pad + 1)}))
+    at_limit = decode_order(json.dumps({"orderId": "o-1", "d": "x" * pad}, separators=(",", ":")))
+    over = rejection(json.dumps({"orderId": "o-1", "d": "x" * (pad + 1)}, separators=(",", ":")))
 
-    assert len(at_limit.data_json) == MAX_ORDER_DATA_CHARS
+    assert len(at_limit.data_json) == MAX_MESSAGE_CHARS
     assert str(over) == (
-        "the order is 30,001 characters of JSON; the limit is 30,000 (it is kept in one Table "
-        "Storage property): keep large documents elsewhere and send a reference"
+        "the message is 65,537 characters; a Storage queue message holds at most 65,536: keep "
+        "large documents elsewhere and send a reference"
     )
-    assert over.order_id == "o-1"
+
+
+def test_a_60_kb_order_with_characters_outside_the_bmp_is_accepted() -> None:
+    body = {"orderId": "o-1", "notes": ["line \U0001f600 n\u00b0" + str(n) for n in range(4_000)]}
+
+    message = decode_order(json.dumps(body, separators=(",", ":"), ensure_ascii=False))
+
+    assert message.body == body
+    assert 60_000 < len(message.data_json) <= MAX_MESSAGE_CHARS
+
+
+def test_numbers_that_grow_when_re_serialized_still_fit_at_the_queue_limit() -> None:
+    # 1e15 is stored as 1000000000000000.0: the stored JSON is ~3.8x the message.
+    count = (MAX_MESSAGE_CHARS - 40) // 5
+    raw = '{"orderId":"o-1","a":[' + ",".join(["1e15"] * count) + "]}"
+
+    message = decode_order(raw)
+
+    assert len(raw) <= MAX_MESSAGE_CHARS
+    assert len(message.data_json) > 3 * MAX_MESSAGE_CHARS
 
 
 # --- decode_order: rejections ------------------------------------------------------------
 
 _JSON_OBJECT = "send the order as a JSON object"
 _BAD_ID = f"orderId must be {ORDER_ID_RULE} (it becomes a Table Storage key); got "
+_LONE = (
+    "the message has a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape without its pair) in {}; "
+    "that is not a Unicode character: send the character itself, or both halves of its "
+    "surrogate pair"
+)
 
 REJECTIONS: list[tuple[str, bytes | str, str]] = [
     (
@@ -213,6 +238,86 @@ REJECTIONS: list[tuple[str, bytes | str, str]] = [
         "orderId must be a string, got a number; "
         "workflow: unknown workflow 'express'; known workflows: fulfilment, order",
     ),
+    # What the JSON parser itself meets: never an exception other than InvalidOrder.
+    ("lone-high-surrogate", '{"orderId":"a","x":"\\ud800"}', _LONE.format("the value at x")),
+    ("lone-low-surrogate", '{"orderId":"a","x":"ok \\udc00"}', _LONE.format("the value at x")),
+    (
+        "lone-surrogate-key",
+        '{"orderId":"a","\\ud800":1}',
+        _LONE.format("a key of the object at the top"),
+    ),
+    ("lone-surrogate-order-id", '{"orderId":"\\ud800"}', _LONE.format("the value at orderId")),
+    (
+        "lone-surrogate-nested",
+        '{"orderId":"a","l":[1,{"b c":["\\udfff"]}]}',
+        _LONE.format('the value at l[1]["b c"][0]'),
+    ),
+    (
+        "reversed-surrogate-pair",
+        '{"orderId":"a","x":"\\ude00\\ud83d"}',
+        _LONE.format("the value at x"),
+    ),
+    (
+        "integer-4301-digits",
+        '{"orderId":"a","n":' + "9" * 4_301 + "}",
+        "the message contains an integer of 4,301 digits; the limit is 4,300 digits: send very "
+        "large numbers as strings",
+    ),
+    (
+        "negative-integer-5000-digits",
+        '{"orderId":"a","n":-' + "1" * 5_000 + "}",
+        "the message contains an integer of 5,000 digits; the limit is 4,300 digits: send very "
+        "large numbers as strings",
+    ),
+    (
+        "nested-65-arrays",
+        '{"orderId":"a","n":' + "[" * 64 + "]" * 64 + "}",
+        f"the message nests arrays and objects more than {MAX_NESTING} levels deep; flatten the "
+        f"order's data to at most {MAX_NESTING} levels",
+    ),
+    (
+        "nested-100000-arrays",
+        '{"orderId":"a","n":' + "[" * 30_000 + "]" * 30_000 + "}",
+        f"the message nests arrays and objects more than {MAX_NESTING} levels deep; flatten the "
+        f"order's data to at most {MAX_NESTING} levels",
+    ),
+    (
+        "nested-objects",
+        '{"orderId":"a","n":' + '{"k":' * 2_000 + "1" + "}" * 2_000 + "}",
+        f"the message nests arrays and objects more than {MAX_NESTING} levels deep; flatten the "
+        f"order's data to at most {MAX_NESTING} levels",
+    ),
+    (
+        "float-overflow",
+        '{"orderId":"a","n":1e400}',
+        "the message contains the number 1e400, which is too large for a 64-bit floating-point "
+        "number (beyond about 1.8e308): send it as a string, or send a smaller number",
+    ),
+    (
+        "negative-float-overflow",
+        '{"orderId":"a","n":-1e400}',
+        "the message contains the number -1e400, which is too large for a 64-bit floating-point "
+        "number (beyond about 1.8e308): send it as a string, or send a smaller number",
+    ),
+    (
+        "huge-exponent",
+        '{"orderId":"a","n":1.5E+' + "9" * 50 + "}",
+        "the message contains the number 1.5E+" + "9" * 32 + "..., which is too large for a "
+        "64-bit floating-point number (beyond about 1.8e308): send it as a string, or send a "
+        "smaller number",
+    ),
+    (
+        "base64-of-deep-json",
+        base64.b64encode(b"[" * 5_000 + b"]" * 5_000).decode(),
+        "the message is base64-encoded JSON; the orders queue takes the JSON text as it is "
+        "(message encoding 'none'): send the plain JSON",
+    ),
+    (
+        "reply-to-operator-alerts",
+        order_text(replyTo="operator-alerts"),
+        "replyTo 'operator-alerts' is one of this app's own queues, which take only the app's "
+        "own messages; name a queue of your application for status messages",
+    ),
 ]
 
 
@@ -255,8 +360,10 @@ def test_non_json_number_literals_are_rejected(literal: str) -> None:
     rejection('{"orderId":"o-1","price":' + literal + "}")
 
 
-def test_size_limit_counts_utf16_units_as_table_storage_does() -> None:
-    rejection(json.dumps({"orderId": "o-1", "d": "\U0001f600" * 20_000}, ensure_ascii=False))
+def test_characters_outside_the_bmp_are_not_a_reason_to_refuse() -> None:
+    body = {"orderId": "o-1", "d": "\U0001f600" * 20_000}  # 40,000 UTF-16 units
+
+    assert decode_order(json.dumps(body, ensure_ascii=False)).body == body
 
 
 # --- agent requests and replies (contract 3.3) ----------------------------------------------
@@ -499,7 +606,7 @@ def test_reply_rejects_an_unknown_outcome(outcome: object) -> None:
 
     shown = None if outcome is _MISSING else outcome
     assert str(info.value) == (
-        f"agent reply: outcome must be 'succeeded' or 'failed', got {shown!r}"
+        f"agent reply: outcome must be one of succeeded, failed, transient, deferred, got {shown!r}"
     )
 
 

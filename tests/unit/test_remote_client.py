@@ -1,14 +1,23 @@
-"""The resilient remote client (contract 3.4) and the agent, on httpx.MockTransport and a fake clock.
+"""The resilient remote client (contracts 3.4 and 3.11) and the agent (3.3), on
+httpx.MockTransport and a fake clock.
 
-Nothing here sleeps or opens a socket: the fake ``sleep`` advances the fake clock.
+Nothing here sleeps for real: the fake ``sleep`` advances the fake clock. The only real
+waits are the tests of the whole-try bound (a local server that trickles its answer or
+never speaks, and async handlers that never answer), each bounded well under a second.
+The breaker and the attribution of failures are in ``test_endpoint_health.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -16,16 +25,18 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.agent import Agent, AgentOutcome
-from agents.remote import RemotePolicy, RemoteServiceClient
-from core.errors import DeadlineExceeded, RemoteCallFailed
-from core.messages import AgentReply, AgentRequest
+from agents.agent import REPLY_SEND_SECONDS, Agent, AgentOutcome
+from agents.remote import CallOutcome, RemotePolicy, RemoteServiceClient, Try, classify
+from core.errors import StorageUnavailable
+from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, decode_reply
+from core.timefmt import iso
 
 T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 BASE = "http://remote.test/api"
 ORDER = {"orderId": "o-1", "qty": 2, "note": "Zoë"}
-TRANSIENT_STATUSES = [408, 425, 429, 500, 502, 503, 504]
-PERMANENT_STATUSES = [400, 401, 403, 404, 409, 422]
+KEY = "o-1:process"
+#: A Storage queue message is at most 64 KiB.
+QUEUE_MESSAGE_BYTES = 64 * 1024
 
 
 class FakeClock:
@@ -34,6 +45,8 @@ class FakeClock:
     def __init__(self, start: datetime = T0):
         self.now = start
         self.sleeps: list[float] = []
+        #: Called after every sleep: how a test runs something "meanwhile".
+        self.on_sleep: list[Callable[[], None]] = []
 
     def __call__(self) -> datetime:
         return self.now
@@ -41,12 +54,30 @@ class FakeClock:
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
 
+    def at(self, seconds: float) -> None:
+        """Set the clock to T0 + ``seconds``."""
+        self.now = T0 + timedelta(seconds=seconds)
+
     def sleep(self, seconds: float) -> None:
         # As strict as time.sleep, so a bad wait fails here as it would in production.
         if not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"sleep length must be a non-negative number, got {seconds!r}")
         self.sleeps.append(seconds)
         self.advance(seconds)
+        for hook in list(self.on_sleep):
+            hook()
+
+
+class MaxRng(random.Random):
+    """Full jitter at its ceiling: every backoff is the longest allowed (deterministic)."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.bounds: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.bounds.append((a, b))
+        return b
 
 
 @dataclass
@@ -55,6 +86,7 @@ class Seen:
     url: str
     body: Any
     idempotency_key: str | None
+    headers: dict[str, str]
     timeout: dict[str, float]
     at: datetime
 
@@ -62,31 +94,43 @@ class Seen:
 Step = httpx.Response | type[Exception] | Callable[[httpx.Request], httpx.Response]
 
 
+@dataclass
 class Remote:
-    """A scripted remote service: one entry per try, the last one repeats."""
+    """A scripted remote service: one entry per try, the last one repeats; ``by_key``
+    gives some idempotency keys (orders) their own script."""
 
-    def __init__(self, clock: FakeClock, *script: Step):
-        self.clock = clock
-        self.script = list(script)
-        self.seen: list[Seen] = []
+    clock: FakeClock
+    script: list[Step]
+    by_key: dict[str, list[Step]] = field(default_factory=dict)
+    seen: list[Seen] = field(default_factory=list)
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
+        key = request.headers.get("Idempotency-Key")
         self.seen.append(
             Seen(
                 request.method,
                 str(request.url),
                 json.loads(request.content),
-                request.headers.get("Idempotency-Key"),
+                key,
+                dict(request.headers),
                 dict(request.extensions["timeout"]),
                 self.clock(),
             )
         )
-        step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        script = self.by_key.get(key or "", self.script)
+        step = script.pop(0) if len(script) > 1 else script[0]
         if isinstance(step, type):
             raise step("simulated", request=request)  # type: ignore[call-arg]
         if callable(step) and not isinstance(step, httpx.Response):
             return step(request)
         return step
+
+    def calls(self, key: str | None = None) -> list[Seen]:
+        return [s for s in self.seen if key is None or s.idempotency_key == key]
+
+
+def remote(clock: FakeClock, *script: Step, **by_key: list[Step]) -> Remote:
+    return Remote(clock, list(script), dict(by_key))
 
 
 def ok(body: Any = None) -> httpx.Response:
@@ -98,10 +142,15 @@ def status(code: int, error: str = "busy", **headers: str) -> httpx.Response:
 
 
 def make_request(
-    seconds_left: float = 30, *, path: str = "process", step: str = "process", **changes: Any
+    seconds_left: float = 30,
+    *,
+    path: str = "process",
+    step: str = "process",
+    order_id: str = "o-1",
+    **changes: Any,
 ) -> AgentRequest:
     fields: dict[str, Any] = {
-        "order_id": "o-1",
+        "order_id": order_id,
         "step": step,
         "attempt": 1,
         "complete_by": T0 + timedelta(seconds=seconds_left),
@@ -112,43 +161,67 @@ def make_request(
     return AgentRequest(**fields)
 
 
+_CLIENTS: list[RemoteServiceClient] = []
+
+
 def make_client(
-    remote: Remote, base: str = BASE, **policy: Any
+    remote: Remote,
+    base: str = BASE,
+    *,
+    rng: random.Random | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    **policy: Any,
 ) -> tuple[RemoteServiceClient, FakeClock]:
     client = RemoteServiceClient(
         base,
         RemotePolicy(**policy),
-        transport=httpx.MockTransport(remote),
+        transport=transport or httpx.MockTransport(remote),
         clock=remote.clock,
         sleep=remote.clock.sleep,
+        rng=rng,
     )
+    _CLIENTS.append(client)
     return client, remote.clock
+
+
+def close_clients() -> None:
+    while _CLIENTS:
+        _CLIENTS.pop().close()
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    close_clients()
 
 
 # --- the request on the wire ------------------------------------------------------------
 
 
 def test_success_posts_the_order_with_the_idempotency_key_and_returns_the_json() -> None:
-    remote = Remote(FakeClock(), ok({"reservation": "r-1", "lines": [1, 2]}))
-    client, clock = make_client(remote, base=BASE + "/")
+    r = remote(FakeClock(), ok({"reservation": "r-1", "lines": [1, 2]}))
+    client, clock = make_client(r, base=BASE + "/")
 
-    result = client.call(make_request())
+    outcome = client.call(make_request())
 
-    assert result == {"reservation": "r-1", "lines": [1, 2]}
-    assert [(s.method, s.url, s.body, s.idempotency_key) for s in remote.seen] == [
-        ("POST", "http://remote.test/api/process", ORDER, "o-1:process")
+    assert outcome == CallOutcome(
+        "succeeded", result={"reservation": "r-1", "lines": [1, 2]}, tries=1
+    )
+    assert [(s.method, s.url, s.body, s.idempotency_key) for s in r.seen] == [
+        ("POST", "http://remote.test/api/process", ORDER, KEY)
     ]
+    assert r.seen[0].headers["content-type"] == "application/json"
     assert clock.sleeps == []
 
 
 def test_the_path_names_the_remote_service() -> None:
-    remote = Remote(FakeClock(), ok())
-    client, _ = make_client(remote)
+    r = remote(FakeClock(), ok())
+    client, _ = make_client(r)
 
     client.call(make_request(path="stock/reserve", step="reserve-stock"))
 
-    assert remote.seen[0].url == "http://remote.test/api/stock/reserve"
-    assert remote.seen[0].idempotency_key == "o-1:reserve-stock"
+    assert r.seen[0].url == "http://remote.test/api/stock/reserve"
+    assert r.seen[0].idempotency_key == "o-1:reserve-stock"
 
 
 @pytest.mark.parametrize(
@@ -160,33 +233,164 @@ def test_the_path_names_the_remote_service() -> None:
     ],
 )
 def test_any_2xx_is_success(response: httpx.Response, expected: dict[str, Any]) -> None:
-    client, _ = make_client(Remote(FakeClock(), response))
+    client, _ = make_client(remote(FakeClock(), response))
 
-    assert client.call(make_request()) == expected
+    outcome = client.call(make_request())
+
+    assert (outcome.kind, outcome.result) == ("succeeded", expected)
 
 
 def test_the_same_idempotency_key_on_every_try_and_every_attempt() -> None:
-    remote = Remote(FakeClock(), status(503), status(502), ok())
-    client, _ = make_client(remote)
+    r = remote(FakeClock(), status(503), status(502), ok())
+    client, clock = make_client(r)
 
-    client.call(make_request(attempt=1))
-    remote.script = [status(500), ok()]
-    client.call(make_request(attempt=7))
+    assert client.call(make_request(attempt=1)).kind == "succeeded"
+    r.script = [status(500), ok()]
+    assert client.call(
+        make_request(attempt=7, complete_by=clock.now + timedelta(seconds=30))
+    ).kind == ("succeeded")
 
-    assert [s.idempotency_key for s in remote.seen] == ["o-1:process"] * 5
-    assert all(s.body == ORDER for s in remote.seen)
+    assert [s.idempotency_key for s in r.seen] == [KEY] * 5
+    assert all(s.body == ORDER for s in r.seen)
 
 
-# --- transient and permanent failures --------------------------------------------------------
+def test_trace_context_travels_but_cannot_replace_the_idempotency_key() -> None:
+    r = remote(FakeClock(), ok())
+    client, _ = make_client(r)
+    trace = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "congo=t61rcWkgMzE",
+        "Idempotency-Key": "x",
+        "idempotency-key": "y",
+        "Authorization": "Bearer stolen",
+    }
+
+    client.call(make_request(trace=trace))
+
+    headers = r.seen[0].headers
+    assert headers["idempotency-key"] == KEY
+    assert headers["traceparent"] == trace["traceparent"]
+    assert headers["tracestate"] == trace["tracestate"]
+    assert "authorization" not in headers
 
 
-@pytest.mark.parametrize("code", TRANSIENT_STATUSES)
+def test_an_unsendable_body_is_refused_without_calling_the_remote() -> None:
+    r = remote(FakeClock(), ok())
+    client, _ = make_client(r)
+    poisoned = make_request(order={"orderId": "o-1", "price": float("nan")})
+
+    for _ in range(3):
+        outcome = client.call(poisoned)
+        assert outcome.kind == "refused"
+        assert outcome.applied == "no"
+        assert "cannot be sent as JSON" in outcome.error
+
+    assert r.seen == []
+    assert client.call(make_request()).kind == "succeeded"
+
+
+# --- what each try did (contract 3.11) -----------------------------------------------------
+
+
+def one_try(step: Step, timeout: float = 5.0) -> Try:
+    client, _ = make_client(remote(FakeClock(), step))
+    return client._try(make_request(), timeout)
+
+
+@pytest.mark.parametrize(
+    ("code", "applied", "retryable"),
+    [
+        (200, "yes", False),
+        (201, "yes", False),
+        (204, "yes", False),
+        (299, "yes", False),
+        # answered "not processed": nothing applied, try again
+        (408, "no", True),
+        (425, "no", True),
+        (429, "no", True),
+        (503, "no", True),
+        # other 5xx: the service may have done the work before failing
+        (500, "maybe", True),
+        (501, "maybe", True),
+        (502, "maybe", True),
+        (504, "maybe", True),
+        (507, "maybe", True),
+        (599, "maybe", True),
+        # other 4xx: refused, nothing applied, asking again cannot help
+        (400, "no", False),
+        (401, "no", False),
+        (403, "no", False),
+        (404, "no", False),
+        (409, "no", False),
+        (410, "no", False),
+        (413, "no", False),
+        (422, "no", False),
+        (451, "no", False),
+    ],
+)
+def test_every_status_is_classified(code: int, applied: str, retryable: bool) -> None:
+    attempt = one_try(status(code, error="why"))
+
+    assert (attempt.applied, attempt.retryable, attempt.status) == (applied, retryable, code)
+    assert classify(status(code, error="why"), "process", T0).applied == applied
+    if applied != "yes":
+        assert attempt.error == f"process: HTTP {code} why"
+
+
+@pytest.mark.parametrize(
+    ("error", "applied"),
+    [
+        # the request never left: nothing applied
+        (httpx.ConnectError, "no"),
+        (httpx.ConnectTimeout, "no"),
+        (httpx.PoolTimeout, "no"),
+        # sent, and the answer never came or the connection broke: may have applied
+        (httpx.ReadTimeout, "maybe"),
+        (httpx.WriteTimeout, "maybe"),
+        (httpx.ReadError, "maybe"),
+        (httpx.WriteError, "maybe"),
+        (httpx.RemoteProtocolError, "maybe"),
+        (httpx.LocalProtocolError, "maybe"),
+    ],
+)
+def test_every_transport_error_is_classified(error: type[Exception], applied: str) -> None:
+    attempt = one_try(error)
+
+    assert (attempt.applied, attempt.retryable, attempt.status) == (applied, True, None)
+    assert attempt.error.startswith("process: ")
+
+
+@pytest.mark.parametrize(
+    ("script", "applied"),
+    [
+        ([status(503)], "no"),
+        ([status(408), status(425), status(429), httpx.ConnectError, httpx.ConnectTimeout], "no"),
+        ([status(503), status(500), status(503)], "maybe"),
+        ([httpx.ConnectError, httpx.ReadTimeout, status(429)], "maybe"),
+        ([httpx.PoolTimeout, httpx.RemoteProtocolError, httpx.ConnectError], "maybe"),
+        ([status(502)], "maybe"),
+    ],
+)
+def test_the_attempt_may_have_applied_if_any_try_may_have(script: list[Step], applied: str) -> None:
+    r = remote(FakeClock(), *script)
+    client, _ = make_client(r, rng=MaxRng())
+
+    outcome = client.call(make_request(seconds_left=30))
+
+    assert outcome.kind == "deferred"  # a lone order: see test_endpoint_health.py
+    assert outcome.tries == len(r.seen) >= len(script)
+    assert outcome.applied == applied
+
+
+@pytest.mark.parametrize("code", [408, 425, 429, 500, 502, 503, 504])
 def test_transient_statuses_are_retried(code: int) -> None:
-    remote = Remote(FakeClock(), status(code), status(code), ok({"done": 1}))
-    client, clock = make_client(remote)
+    r = remote(FakeClock(), status(code), status(code), ok({"done": 1}))
+    client, clock = make_client(r)
 
-    assert client.call(make_request()) == {"done": 1}
-    assert len(remote.seen) == 3
+    outcome = client.call(make_request())
+
+    assert (outcome.kind, outcome.result, outcome.tries) == ("succeeded", {"done": 1}, 3)
+    assert len(r.seen) == 3
     assert len(clock.sleeps) == 2
 
 
@@ -195,58 +399,227 @@ def test_transient_statuses_are_retried(code: int) -> None:
     [httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ConnectTimeout],
 )
 def test_connection_errors_and_timeouts_are_retried(error: type[Exception]) -> None:
-    remote = Remote(FakeClock(), error, ok({"done": 1}))
-    client, clock = make_client(remote)
+    r = remote(FakeClock(), error, ok({"done": 1}))
+    client, clock = make_client(r)
 
-    assert client.call(make_request()) == {"done": 1}
-    assert len(remote.seen) == 2
+    assert client.call(make_request()).result == {"done": 1}
+    assert len(r.seen) == 2
     assert len(clock.sleeps) == 1
 
 
-@pytest.mark.parametrize("code", PERMANENT_STATUSES)
-def test_other_4xx_are_permanent_and_not_retried(code: int) -> None:
-    remote = Remote(FakeClock(), status(code, error="out of stock"), ok())
-    client, clock = make_client(remote)
+@pytest.mark.parametrize("code", [400, 401, 403, 404, 409, 422])
+def test_other_4xx_are_refused_and_not_retried(code: int) -> None:
+    r = remote(FakeClock(), status(code, error="out of stock"), ok())
+    client, clock = make_client(r)
 
-    with pytest.raises(RemoteCallFailed) as info:
-        client.call(make_request())
+    outcome = client.call(make_request())
 
-    assert info.value.retryable is False
-    assert info.value.status == code
-    assert str(info.value) == f"process: HTTP {code} out of stock"
-    assert len(remote.seen) == 1
+    assert outcome == CallOutcome(
+        "refused", error=f"process: HTTP {code} out of stock", applied="no", tries=1
+    )
+    assert len(r.seen) == 1
     assert clock.sleeps == []
 
 
-def test_a_permanent_failure_without_json_carries_the_text() -> None:
-    remote = Remote(FakeClock(), httpx.Response(400, text="sku missing"))
-    client, _ = make_client(remote)
+def test_a_refusal_without_json_carries_the_text() -> None:
+    client, _ = make_client(remote(FakeClock(), httpx.Response(400, text="sku missing")))
 
-    with pytest.raises(RemoteCallFailed, match=r"^process: HTTP 400 sku missing$"):
-        client.call(make_request())
+    assert client.call(make_request()).error == "process: HTTP 400 sku missing"
 
 
-# --- waits ------------------------------------------------------------------------------
+# --- the whole-try bound: real waits, sub-second -------------------------------------------
+
+
+class LocalServer:
+    """A real HTTP server on 127.0.0.1 that misbehaves in one of two ways.
+
+    ``trickle``: reads the request, answers the status line and headers at once, then one
+    body byte every ``gap`` seconds, forever (so no single read ever times out).
+    ``silent``: accepts the connection and never sends a byte (for https: the TLS
+    handshake never completes, so the request is never sent).
+    """
+
+    def __init__(self, mode: str, gap: float = 0.02):
+        self.mode = mode
+        self.gap = gap
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.bytes_sent = 0
+        self.requests = 0
+        self._threads: list[threading.Thread] = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def _accept(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            if self.mode == "silent":
+                self.stop.wait()
+                return
+            conn.settimeout(2)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            self.requests += 1
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 10000000\r\n\r\n"
+            )
+            while not self.stop.is_set():
+                try:
+                    conn.sendall(b" ")
+                except OSError:
+                    return
+                self.bytes_sent += 1
+                time.sleep(self.gap)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        self._accepting.join(timeout=2)
+        for thread in self._threads:
+            thread.join(timeout=2)
+
+
+@pytest.fixture
+def trickling() -> Iterator[LocalServer]:
+    server = LocalServer("trickle")
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[LocalServer]:
+    server = LocalServer("silent")
+    yield server
+    server.close()
+
+
+def real_client(base: str, clock: FakeClock, **policy: Any) -> RemoteServiceClient:
+    client = RemoteServiceClient(
+        base, RemotePolicy(**policy), clock=clock, sleep=clock.sleep, rng=MaxRng()
+    )
+    _CLIENTS.append(client)
+    return client
+
+
+def test_a_trickling_answer_is_cut_at_the_time_left_as_a_whole(trickling: LocalServer) -> None:
+    client = real_client(f"http://127.0.0.1:{trickling.port}", FakeClock())
+    started = time.monotonic()
+
+    attempt = client._try(make_request(), 0.4)
+
+    elapsed = time.monotonic() - started
+    # Bytes kept coming every 20 ms, far within any per-read timeout: only a bound on the
+    # whole try ends it, and at the time it was given.
+    assert 0.38 <= elapsed < 1.2
+    assert trickling.bytes_sent >= 5
+    assert attempt.applied == "maybe"  # the request was sent: the service may have acted
+    assert attempt.retryable
+    assert "no answer within 0.4 s" in attempt.error
+    assert "never sent" not in attempt.error
+
+
+def test_each_try_of_a_trickling_answer_ends_with_the_time_left(trickling: LocalServer) -> None:
+    clock = FakeClock()
+    client = real_client(f"http://127.0.0.1:{trickling.port}", clock)
+    # 1 s left: the agent stops 0.5 s before it. Try 1 gets 0.5 s, the fake backoff
+    # (0.2 s, at its ceiling) leaves try 2 with 0.3 s, and the next wait (0.4 s) runs out.
+    started = time.monotonic()
+
+    outcome = client.call(make_request(seconds_left=1))
+
+    elapsed = time.monotonic() - started
+    assert trickling.requests == 2
+    assert outcome.tries == 2
+    assert 0.75 <= elapsed < 1.8
+    assert outcome.kind == "deferred"  # a lone order: not counted (test_endpoint_health.py)
+    assert outcome.applied == "maybe"
+
+
+def test_a_connection_that_never_completes_applied_nothing(silent: LocalServer) -> None:
+    # https to a server that never speaks: TCP connects, the TLS handshake never ends, and
+    # the HTTP request is never sent.
+    client = real_client(f"https://127.0.0.1:{silent.port}", FakeClock())
+    started = time.monotonic()
+
+    attempt = client._try(make_request(), 0.4)
+
+    assert time.monotonic() - started < 1.2
+    assert (attempt.applied, attempt.retryable) == ("no", True)
+    assert "never sent" in attempt.error
+
+
+def test_a_request_sent_to_a_server_that_never_answers_may_have_applied(
+    silent: LocalServer,
+) -> None:
+    client = real_client(f"http://127.0.0.1:{silent.port}", FakeClock())
+    started = time.monotonic()
+
+    attempt = client._try(make_request(), 0.4)
+
+    assert time.monotonic() - started < 1.2
+    assert (attempt.applied, attempt.retryable) == ("maybe", True)
+
+
+@pytest.mark.parametrize(("sends", "applied"), [(False, "no"), (True, "maybe")])
+def test_no_answer_is_applied_no_only_if_the_request_never_left(sends: bool, applied: str) -> None:
+    # An async handler that never answers and raises nothing: only the whole-try bound
+    # ends it. Whether the request counts as sent is what the transport's trace says
+    # (httpcore reports "http11.send_request_headers.started" when it starts sending).
+    async def hang(request: httpx.Request) -> httpx.Response:
+        if sends:
+            trace = request.extensions["trace"]
+            await trace("http11.send_request_headers.started", {"request": request})
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    client, _ = make_client(remote(FakeClock(), ok()), transport=httpx.MockTransport(hang))
+    started = time.monotonic()
+
+    attempt = client._try(make_request(), 0.3)
+
+    assert time.monotonic() - started < 1.0
+    assert (attempt.applied, attempt.retryable) == (applied, True)
+    assert ("never sent" in attempt.error) is not sends
+
+
+# --- Retry-After ------------------------------------------------------------------------------
 
 
 def test_retry_after_seconds_is_the_next_wait() -> None:
-    remote = Remote(FakeClock(), status(429, **{"Retry-After": "7"}), ok())
-    client, clock = make_client(remote)
+    r = remote(FakeClock(), status(429, **{"Retry-After": "7"}), ok())
+    client, clock = make_client(r)
 
-    client.call(make_request())
+    assert client.call(make_request()).kind == "succeeded"
 
     assert clock.sleeps == [7.0]
-    assert remote.seen[1].at == T0 + timedelta(seconds=7)
+    assert r.seen[1].at == T0 + timedelta(seconds=7)
 
 
 def test_retry_after_http_date_is_the_next_wait() -> None:
-    # _retry_after reads the wall clock for dates, so this test's clock is the wall clock.
     start = datetime.now(UTC)
     retry_at = format_datetime(start + timedelta(seconds=10), usegmt=True)
-    remote = Remote(FakeClock(start), status(503, **{"Retry-After": retry_at}), ok())
-    client, clock = make_client(remote)
+    r = remote(FakeClock(start), status(503, **{"Retry-After": retry_at}), ok())
+    client, clock = make_client(r)
 
-    client.call(make_request(seconds_left=30, complete_by=start + timedelta(seconds=30)))
+    client.call(make_request(complete_by=start + timedelta(seconds=30)))
 
     assert len(clock.sleeps) == 1
     assert 8.5 < clock.sleeps[0] <= 10.0  # the date has whole seconds
@@ -254,44 +627,114 @@ def test_retry_after_http_date_is_the_next_wait() -> None:
 
 def test_retry_after_http_date_is_measured_with_the_clients_clock() -> None:
     retry_at = format_datetime(T0 + timedelta(seconds=7), usegmt=True)
-    remote = Remote(FakeClock(), status(503, **{"Retry-After": retry_at}), ok())
-    client, clock = make_client(remote)
+    r = remote(FakeClock(), status(503, **{"Retry-After": retry_at}), ok())
+    client, clock = make_client(r)
 
-    assert client.call(make_request()) == {"ok": True}
+    assert client.call(make_request()).kind == "succeeded"
     assert clock.sleeps == [7.0]
 
 
-@pytest.mark.parametrize("value", ["nan", "soon", "Wed, 32 Foo 2030 25:00:00 GMT"])
+@pytest.mark.parametrize("value", ["nan", "inf", "soon", "", "Wed, 32 Foo 2030 25:00:00 GMT"])
 def test_an_unparsable_retry_after_is_ignored(value: str) -> None:
-    remote = Remote(FakeClock(), status(503, **{"Retry-After": value}), ok())
-    client, _ = make_client(remote)
+    r = remote(FakeClock(), status(503, **{"Retry-After": value}), ok())
+    client, clock = make_client(r, backoff_initial_seconds=0.2)
 
-    assert client.call(make_request()) == {"ok": True}
+    assert client.call(make_request()).kind == "succeeded"
+    assert len(clock.sleeps) == 1
+    assert clock.sleeps[0] <= 0.2  # the usual backoff
 
 
-def test_retry_after_beyond_the_deadline_gives_up_without_waiting() -> None:
-    remote = Remote(FakeClock(), status(503, **{"Retry-After": "120"}), ok())
-    client, clock = make_client(remote)
+@pytest.mark.parametrize(
+    "value", ["-5", "0", format_datetime(T0 - timedelta(hours=1), usegmt=True)]
+)
+def test_a_retry_after_in_the_past_means_now(value: str) -> None:
+    r = remote(FakeClock(), status(503, **{"Retry-After": value}), ok())
+    client, clock = make_client(r)
 
-    with pytest.raises(DeadlineExceeded) as info:
-        client.call(make_request(seconds_left=30))
+    assert client.call(make_request()).kind == "succeeded"
+    assert clock.sleeps == [0.0]
 
+
+@pytest.mark.parametrize("code", [503, 429, 500])
+def test_retry_after_beyond_the_stop_time_defers_without_calling_again(code: int) -> None:
+    r = remote(FakeClock(), status(code, **{"Retry-After": "120"}), ok())
+    client, clock = make_client(r)
+
+    outcome = client.call(make_request(seconds_left=30))
+
+    assert outcome.kind == "deferred"
+    assert outcome.not_before == T0 + timedelta(seconds=120)
+    assert outcome.applied == ("maybe" if code == 500 else "no")
+    assert "Retry-After" in outcome.error
+    assert len(r.seen) == 1
     assert clock.sleeps == []
-    assert len(remote.seen) == 1
-    assert isinstance(info.value.__cause__, RemoteCallFailed)
-    assert info.value.__cause__.status == 503
+
+
+def test_retry_after_on_a_later_try_counts_from_that_try() -> None:
+    r = remote(FakeClock(), status(503), status(503, **{"Retry-After": "60"}), ok())
+    client, _ = make_client(r, rng=MaxRng())
+
+    outcome = client.call(make_request(seconds_left=30))
+
+    assert outcome.kind == "deferred"
+    assert outcome.not_before == r.seen[1].at + timedelta(seconds=60)
+    assert r.seen[1].at == T0 + timedelta(seconds=0.2)
+    assert len(r.seen) == 2
+
+
+def test_a_retry_after_just_past_the_stop_time_defers_too() -> None:
+    # 30 s left: the agent stops at 25 s; a wait to 25 s exactly does not fit.
+    r = remote(FakeClock(), status(503, **{"Retry-After": "25"}), ok())
+    client, _ = make_client(r)
+
+    outcome = client.call(make_request(seconds_left=30))
+
+    assert (outcome.kind, outcome.not_before, len(r.seen)) == (
+        "deferred",
+        T0 + timedelta(seconds=25),
+        1,
+    )
+
+
+@pytest.mark.parametrize("value", ["99999999999999", "1e300", "Fri, 31 Dec 9999 23:59:59 GMT"])
+def test_an_absurd_retry_after_does_not_break_the_client(value: str) -> None:
+    r = remote(FakeClock(), status(503, **{"Retry-After": value}))
+    client, _ = make_client(r)
+
+    outcome = client.call(make_request(seconds_left=30))
+
+    assert outcome.kind == "deferred"
+    assert outcome.not_before is not None
+    assert outcome.not_before > T0 + timedelta(minutes=10)
+    assert len(r.seen) == 1
+
+
+def test_no_wait_ends_after_the_stop_time() -> None:
+    r = remote(FakeClock(), status(503, **{"Retry-After": "2"}))
+    client, clock = make_client(r)
+    request = make_request(seconds_left=5)  # stops at 4 s
+
+    outcome = client.call(request)
+
+    assert outcome.kind == "deferred"
+    assert clock.now <= request.complete_by - timedelta(seconds=1)
+    assert [s.at for s in r.seen] == [T0, T0 + timedelta(seconds=2)]
+
+
+# --- backoff ------------------------------------------------------------------------------
 
 
 def test_backoff_waits_grow_are_capped_and_jittered() -> None:
-    remote = Remote(FakeClock(), status(503))
+    r = remote(FakeClock(), status(503))
     client, clock = make_client(
-        remote, backoff_initial_seconds=0.2, backoff_max_seconds=2.0, breaker_fail_max=10_000
+        r, rng=random.Random(7), backoff_initial_seconds=0.2, backoff_max_seconds=2.0
     )
     runs: list[list[float]] = []
     for _ in range(100):
-        remote.script = [status(503)] * 6 + [ok()]
+        r.script = [status(503)] * 6 + [ok()]
         clock.sleeps.clear()
-        client.call(make_request(complete_by=clock.now + timedelta(seconds=60)))
+        outcome = client.call(make_request(complete_by=clock.now + timedelta(seconds=60)))
+        assert outcome.kind == "succeeded"
         runs.append(list(clock.sleeps))
 
     by_try = list(zip(*runs, strict=True))
@@ -305,275 +748,358 @@ def test_backoff_waits_grow_are_capped_and_jittered() -> None:
     assert means[0] < means[2] < means[4]
 
 
-# --- the deadline -------------------------------------------------------------------------
+def test_backoff_is_full_jitter_drawn_from_the_injected_rng() -> None:
+    rng = MaxRng()
+    r = remote(FakeClock(), *([status(503)] * 7), ok())
+    client, clock = make_client(r, rng=rng, backoff_initial_seconds=0.25, backoff_max_seconds=3)
+
+    assert client.call(make_request(seconds_left=60)).kind == "succeeded"
+
+    assert rng.bounds == [(0, 0.25), (0, 0.5), (0, 1.0), (0, 2.0), (0, 3), (0, 3), (0, 3)]
+    assert clock.sleeps == [0.25, 0.5, 1.0, 2.0, 3, 3, 3]
 
 
-def test_no_try_starts_after_the_deadline_less_the_reply_margin() -> None:
-    remote = Remote(FakeClock(), status(503))
-    client, _ = make_client(
-        remote, reply_margin_seconds=0.5, backoff_initial_seconds=0.5, breaker_fail_max=10_000
-    )
-    request = make_request(seconds_left=5)
-
-    with pytest.raises(DeadlineExceeded):
-        client.call(request)
-
-    last_start = request.complete_by - timedelta(seconds=0.5)
-    assert len(remote.seen) >= 3
-    assert all(s.at < last_start for s in remote.seen)
+# --- the stop time -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("code", [503, 429])
-def test_time_running_out_on_transient_failures_raises_deadline_exceeded(code: int) -> None:
-    remote = Remote(FakeClock(), status(code))
-    client, _ = make_client(remote)
-
-    with pytest.raises(DeadlineExceeded) as info:
-        client.call(make_request(seconds_left=3))
-
-    assert not isinstance(info.value, RemoteCallFailed)
-    assert (info.value.order_id, info.value.step) == ("o-1", "process")
+@pytest.mark.parametrize(
+    ("left", "margin"), [(100, 5.0), (25, 5.0), (10, 2.0), (1, 0.5), (-3, 0.5)]
+)
+def test_the_reply_margin_is_a_fifth_of_the_time_left_clamped(left: float, margin: float) -> None:
+    assert RemotePolicy().reply_margin(left) == pytest.approx(margin)
 
 
-def test_connection_errors_until_the_deadline_raise_deadline_exceeded() -> None:
-    remote = Remote(FakeClock(), httpx.ConnectError)
-    client, _ = make_client(remote, breaker_fail_max=10_000)
+def test_no_try_starts_after_the_stop_time() -> None:
+    r = remote(FakeClock(), status(503))
+    client, _ = make_client(r, backoff_initial_seconds=0.5)
+    request = make_request(seconds_left=5)  # stops at 4 s
 
-    with pytest.raises(DeadlineExceeded):
-        client.call(make_request(seconds_left=3))
+    outcome = client.call(request)
+
+    assert outcome.kind == "deferred"
+    assert outcome.tries == len(r.seen) >= 3
+    assert all(s.at < T0 + timedelta(seconds=4) for s in r.seen)
 
 
-@pytest.mark.parametrize("seconds_left", [-5, 0, 0.5, 0.2])
+@pytest.mark.parametrize("seconds_left", [-3600, -5, 0, 0.5, 0.2])
 def test_no_call_at_all_when_no_time_is_left(seconds_left: float) -> None:
-    remote = Remote(FakeClock(), ok())
-    client, _ = make_client(remote, reply_margin_seconds=0.5)
+    r = remote(FakeClock(), ok())
+    client, clock = make_client(r)
 
-    with pytest.raises(DeadlineExceeded, match="no time left before the deadline"):
-        client.call(make_request(seconds_left=seconds_left))
+    outcome = client.call(make_request(seconds_left=seconds_left))
 
-    assert remote.seen == []
+    assert outcome.kind == "deferred"
+    assert (outcome.tries, outcome.applied, outcome.not_before) == (0, "no", clock.now)
+    assert "no time left" in outcome.error
+    assert r.seen == []
 
 
 @pytest.mark.parametrize(
     ("seconds_left", "read", "connect"),
-    [(30, 10.0, 3.0), (4, 3.5, 3.0), (2, 1.5, 1.5)],
+    [(30, 10.0, 3.0), (4, 3.2, 3.0), (2, 1.5, 1.5)],
 )
 def test_the_try_timeout_is_bounded_by_the_time_left(
     seconds_left: float, read: float, connect: float
 ) -> None:
-    remote = Remote(FakeClock(), ok())
-    client, _ = make_client(remote, max_try_seconds=10, connect_seconds=3, reply_margin_seconds=0.5)
+    r = remote(FakeClock(), ok())
+    client, _ = make_client(r, max_try_seconds=10, connect_seconds=3)
 
     client.call(make_request(seconds_left=seconds_left))
 
-    assert remote.seen[0].timeout == {
-        "connect": connect,
-        "read": read,
-        "write": read,
-        "pool": read,
-    }
+    assert r.seen[0].timeout == pytest.approx(
+        {"connect": connect, "read": read, "write": read, "pool": read}
+    )
 
 
-def test_every_retry_timeout_fits_in_the_time_left_at_that_try() -> None:
-    remote = Remote(FakeClock(), httpx.ReadTimeout)
-    client, _ = make_client(remote, reply_margin_seconds=0.5, breaker_fail_max=10_000)
+def test_every_try_timeout_fits_in_the_time_left_at_that_try() -> None:
+    r = remote(FakeClock(), httpx.ReadTimeout)
+    client, _ = make_client(r)
     request = make_request(seconds_left=8)
+    stop = request.complete_by - timedelta(seconds=1.6)
 
-    with pytest.raises(DeadlineExceeded):
-        client.call(request)
+    assert client.call(request).kind == "deferred"
 
-    deadline = request.complete_by - timedelta(seconds=0.5)
-    assert len(remote.seen) >= 3
-    for seen in remote.seen:
-        left = (deadline - seen.at).total_seconds()
+    assert len(r.seen) >= 3
+    for seen in r.seen:
+        left = (stop - seen.at).total_seconds()
         assert 0 < max(seen.timeout.values()) <= left + 1e-6
-
-
-def test_no_wait_ends_after_the_deadline() -> None:
-    remote = Remote(FakeClock(), status(503, **{"Retry-After": "2"}))
-    client, clock = make_client(remote, reply_margin_seconds=0.5, breaker_fail_max=10_000)
-    request = make_request(seconds_left=3)
-
-    with pytest.raises(DeadlineExceeded):
-        client.call(request)
-
-    assert clock.now <= request.complete_by - timedelta(seconds=0.5)
-
-
-# --- circuit breaker ------------------------------------------------------------------------
-
-
-def test_breaker_opens_after_fail_max_transient_failures_and_spares_the_endpoint() -> None:
-    remote = Remote(FakeClock(), status(503))
-    client, clock = make_client(remote, breaker_fail_max=3)
-
-    with pytest.raises(DeadlineExceeded):
-        client.call(make_request(seconds_left=30))
-    assert len(remote.seen) == 3
-    assert client.breaker("process").state == "open"
-
-    remote.script = [ok()]
-    with pytest.raises(DeadlineExceeded):
-        client.call(make_request(complete_by=clock.now + timedelta(seconds=10)))
-    assert len(remote.seen) == 3  # nothing reached the transport while open
-
-    client.breaker("process").reset()  # what the recovery timeout leads to
-    assert client.call(make_request(complete_by=clock.now + timedelta(seconds=10))) == {"ok": True}
-    assert len(remote.seen) == 4
-
-
-def test_breaker_does_not_open_on_permanent_failures() -> None:
-    remote = Remote(FakeClock(), status(404, error="no such order"))
-    client, _ = make_client(remote, breaker_fail_max=3)
-
-    for _ in range(6):
-        with pytest.raises(RemoteCallFailed) as info:
-            client.call(make_request())
-        assert info.value.retryable is False
-
-    assert len(remote.seen) == 6
-    assert client.breaker("process").state == "closed"
-
-
-def test_breakers_are_per_path() -> None:
-    remote = Remote(FakeClock(), status(503))
-    client, clock = make_client(remote, breaker_fail_max=2)
-    with pytest.raises(DeadlineExceeded):
-        client.call(make_request(seconds_left=5))
-    assert client.breaker("process").state == "open"
-
-    remote.script = [ok({"shipped": True})]
-    request = make_request(path="ship", step="ship", complete_by=clock.now + timedelta(seconds=10))
-
-    assert client.call(request) == {"shipped": True}
-    assert remote.seen[-1].url == "http://remote.test/api/ship"
-    assert client.breaker("ship").state == "closed"
-
-
-def test_an_unsendable_body_is_a_permanent_failure() -> None:
-    remote = Remote(FakeClock(), ok())
-    client, _ = make_client(remote, breaker_fail_max=3)
-    poisoned = make_request(order={"orderId": "o-1", "price": float("nan")})
-
-    for _ in range(3):
-        with pytest.raises(RemoteCallFailed) as info:
-            client.call(poisoned)
-        assert info.value.retryable is False
-
-    assert client.call(make_request()) == {"ok": True}
-
-
-def test_trace_context_cannot_replace_the_idempotency_key() -> None:
-    remote = Remote(FakeClock(), ok())
-    client, _ = make_client(remote)
-
-    client.call(make_request(trace={"traceparent": "00-abc-def-01", "Idempotency-Key": "x"}))
-
-    assert remote.seen[0].idempotency_key == "o-1:process"
 
 
 # --- the agent ----------------------------------------------------------------------------
 
 
 class RecordingTransport:
-    def __init__(self, accept: bool = True):
-        self.accept = accept
+    """The reply queue: ``failures`` sends raise StorageUnavailable first."""
+
+    def __init__(self, failures: int = 0):
+        self.failures = failures
+        self.sends = 0
         self.replies: list[tuple[AgentReply, str | None]] = []
-        self.requests: list[AgentRequest] = []
 
     def send_request(self, request: AgentRequest) -> bool:
-        self.requests.append(request)
-        return self.accept
+        raise AssertionError("an agent sends no requests")
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
+        self.sends += 1
+        if self.sends <= self.failures:
+            raise StorageUnavailable("queue busy")
         self.replies.append((reply, reply_to))
-        return self.accept
+        return True
 
 
-def make_agent(*script: Step, accept: bool = True) -> tuple[Agent, Remote, RecordingTransport]:
-    remote = Remote(FakeClock(), *script)
-    client, clock = make_client(remote)
-    transport = RecordingTransport(accept)
-    return Agent(client, transport, clock), remote, transport
+class StubRemote:
+    """A remote client that returns a given outcome (after ``takes`` fake seconds)."""
+
+    def __init__(self, clock: FakeClock, outcome: CallOutcome, takes: float = 0):
+        self.clock = clock
+        self.outcome = outcome
+        self.takes = takes
+        self.requests: list[AgentRequest] = []
+
+    def call(self, request: AgentRequest) -> CallOutcome:
+        self.requests.append(request)
+        self.clock.advance(self.takes)
+        return self.outcome
 
 
-def test_agent_success_sends_one_succeeded_reply() -> None:
-    agent, _, transport = make_agent(status(503), ok({"reservation": "r-1"}))
+def make_agent(
+    *script: Step, failures: int = 0, **kw: Any
+) -> tuple[Agent, Remote, RecordingTransport]:
+    r = remote(FakeClock(), *script)
+    client, clock = make_client(r)
+    transport = RecordingTransport(failures)
+    return Agent(client, transport, clock, sleep=clock.sleep, **kw), r, transport
+
+
+@pytest.mark.parametrize(
+    ("outcome", "expected"),
+    [
+        (
+            CallOutcome("succeeded", result={"reservation": "r-1"}, tries=2),
+            {"outcome": "succeeded", "result": {"reservation": "r-1"}},
+        ),
+        (
+            CallOutcome("refused", error="process: HTTP 409 out of stock", tries=1),
+            {"outcome": "failed", "error": "process: HTTP 409 out of stock", "applied": "no"},
+        ),
+        (
+            CallOutcome("transient", error="process: HTTP 500", applied="maybe", tries=4),
+            {"outcome": "transient", "error": "process: HTTP 500", "applied": "maybe"},
+        ),
+        (
+            CallOutcome("transient", error="process: HTTP 503", applied="no", tries=4),
+            {"outcome": "transient", "error": "process: HTTP 503", "applied": "no"},
+        ),
+        (
+            CallOutcome(
+                "deferred",
+                error="circuit open",
+                applied="no",
+                not_before=T0 + timedelta(seconds=7),
+            ),
+            {
+                "outcome": "deferred",
+                "error": "circuit open",
+                "applied": "no",
+                "notBefore": iso(T0 + timedelta(seconds=7)),
+            },
+        ),
+        (
+            CallOutcome(
+                "deferred",
+                error="down for everyone",
+                applied="maybe",
+                not_before=T0 + timedelta(seconds=90),
+            ),
+            {
+                "outcome": "deferred",
+                "error": "down for everyone",
+                "applied": "maybe",
+                "notBefore": iso(T0 + timedelta(seconds=90)),
+            },
+        ),
+    ],
+)
+def test_the_agent_sends_exactly_one_reply_per_outcome(
+    outcome: CallOutcome, expected: dict[str, Any]
+) -> None:
+    clock = FakeClock()
+    transport = RecordingTransport()
+    agent = Agent(StubRemote(clock, outcome), transport, clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    request = make_request(attempt=3)
+
+    assert agent.handle(request, reply_to="agent-replies-x") == expected["outcome"]
+
+    ((reply, reply_to),) = transport.replies
+    assert reply_to == "agent-replies-x"
+    sent = json.loads(reply.encode())
+    head = {
+        "orderId": "o-1",
+        "step": "process",
+        "attempt": 3,
+        "idempotencyKey": KEY,
+        "completeBy": iso(request.complete_by),
+    }
+    assert sent == {**head, **expected}
+    assert decode_reply(reply.encode()) == reply
+
+
+def test_the_agent_end_to_end_success() -> None:
+    agent, r, transport = make_agent(status(503), ok({"reservation": "r-1"}))
     request = make_request()
 
     assert agent.handle(request, reply_to="agent-replies-x") is AgentOutcome.SUCCEEDED
+
     assert transport.replies == [(request.succeeded({"reservation": "r-1"}), "agent-replies-x")]
+    assert len(r.seen) == 2
 
 
-def test_agent_permanent_failure_sends_one_failed_reply_with_the_error() -> None:
-    agent, remote, transport = make_agent(status(409, error="out of stock"))
-    request = make_request()
+def test_the_agent_end_to_end_refusal_with_a_bounded_error() -> None:
+    agent, r, transport = make_agent(status(422, error="x" * 5000))
 
-    assert agent.handle(request) is AgentOutcome.FAILED
-    assert transport.replies == [(request.failed("process: HTTP 409 out of stock"), None)]
-    assert len(remote.seen) == 1
-
-
-def test_agent_failed_reply_error_is_bounded() -> None:
-    agent, _, transport = make_agent(status(422, error="x" * 5000))
-
-    agent.handle(make_request())
+    assert agent.handle(make_request()) is AgentOutcome.FAILED
 
     ((reply, _),) = transport.replies
+    assert (reply.outcome, reply.applied) == ("failed", "no")
     assert reply.error is not None
     assert len(reply.error) == 1000
     assert reply.error.startswith("process: HTTP 422 xxx")
+    assert len(r.seen) == 1
 
 
-@pytest.mark.parametrize("seconds_left", [0, -1, -3600])
-def test_agent_drops_a_request_already_past_its_deadline(seconds_left: float) -> None:
-    agent, remote, transport = make_agent(ok())
-
-    assert agent.handle(make_request(seconds_left=seconds_left)) is AgentOutcome.TOO_LATE
-    assert remote.seen == []
-    assert transport.replies == []
-
-
-def test_agent_sends_nothing_when_the_call_finishes_after_the_deadline() -> None:
+def test_the_agent_reports_a_success_that_arrives_after_the_deadline() -> None:
     clock = FakeClock()
 
     def slow(request: httpx.Request) -> httpx.Response:
-        clock.advance(31)
-        return ok()
+        clock.advance(31)  # the answer comes after CompleteBy
+        return ok({"late": True})
 
-    remote = Remote(clock, slow)
-    client, _ = make_client(remote)
+    r = remote(clock, slow)
+    client, _ = make_client(r)
     transport = RecordingTransport()
+    request = make_request(30)
 
-    assert Agent(client, transport, clock).handle(make_request(30)) is AgentOutcome.TOO_LATE
-    assert len(remote.seen) == 1
-    assert transport.replies == []
+    assert Agent(client, transport, clock).handle(request) is AgentOutcome.SUCCEEDED
+
+    assert clock.now > request.complete_by
+    assert transport.replies == [(request.succeeded({"late": True}), None)]
 
 
-def test_agent_sends_nothing_when_a_permanent_failure_comes_after_the_deadline() -> None:
+@pytest.mark.parametrize("kind", ["refused", "transient", "deferred"])
+def test_the_agent_reports_any_outcome_that_comes_after_the_deadline(kind: str) -> None:
     clock = FakeClock()
-
-    def slow_refusal(request: httpx.Request) -> httpx.Response:
-        clock.advance(30)
-        return status(400, error="bad")
-
-    client, _ = make_client(Remote(clock, slow_refusal))
+    outcome = CallOutcome(kind, error="e", applied="no", not_before=T0)  # type: ignore[arg-type]
     transport = RecordingTransport()
+    agent = Agent(StubRemote(clock, outcome, takes=45), transport, clock)  # type: ignore[arg-type]
 
-    assert Agent(client, transport, clock).handle(make_request(30)) is AgentOutcome.TOO_LATE
-    assert transport.replies == []
+    agent.handle(make_request(30))
 
-
-def test_agent_sends_nothing_when_time_runs_out_on_transient_failures() -> None:
-    agent, remote, transport = make_agent(status(503))
-
-    assert agent.handle(make_request(seconds_left=4)) is AgentOutcome.TOO_LATE
-    assert len(remote.seen) >= 2
-    assert transport.replies == []
-
-
-def test_agent_reports_too_late_when_the_transport_refuses_the_reply() -> None:
-    agent, _, transport = make_agent(ok(), accept=False)
-
-    assert agent.handle(make_request()) is AgentOutcome.TOO_LATE
     assert len(transport.replies) == 1
+
+
+@pytest.mark.parametrize("seconds_left", [0, -1, -3600])
+def test_a_request_past_its_deadline_is_not_called_and_replied_deferred(
+    seconds_left: float,
+) -> None:
+    agent, r, transport = make_agent(ok())
+
+    assert agent.handle(make_request(seconds_left=seconds_left)) is AgentOutcome.DEFERRED
+
+    assert r.seen == []
+    ((reply, _),) = transport.replies
+    assert (reply.outcome, reply.applied, reply.not_before) == ("deferred", "no", T0)
+
+
+def test_the_agent_loads_an_order_body_that_did_not_travel_inline() -> None:
+    loaded: list[str] = []
+    big = {"orderId": "o-1", "lines": ["x" * 100] * 500}
+
+    def load_order(order_id: str) -> dict[str, Any]:
+        loaded.append(order_id)
+        return big
+
+    agent, r, transport = make_agent(ok(), load_order=load_order)
+
+    assert agent.handle(make_request(order=None)) is AgentOutcome.SUCCEEDED
+
+    assert loaded == ["o-1"]
+    assert [s.body for s in r.seen] == [big]
+    assert len(transport.replies) == 1
+
+
+def test_an_inline_order_body_is_not_loaded() -> None:
+    def load_order(order_id: str) -> dict[str, Any]:
+        raise AssertionError("not needed")
+
+    agent, r, _ = make_agent(ok(), load_order=load_order)
+
+    assert agent.handle(make_request()) is AgentOutcome.SUCCEEDED
+    assert r.seen[0].body == ORDER
+
+
+def test_an_agent_that_cannot_load_orders_calls_nothing_and_fails_the_invocation() -> None:
+    agent, r, transport = make_agent(ok())
+
+    with pytest.raises(StorageUnavailable, match="no order body"):
+        agent.handle(make_request(order=None))
+
+    assert r.seen == []
+    assert transport.replies == []
+
+
+def test_the_reply_send_is_retried_on_storage_trouble() -> None:
+    agent, r, transport = make_agent(ok(), failures=3)
+    request = make_request()
+
+    assert agent.handle(request) is AgentOutcome.SUCCEEDED
+
+    assert transport.sends == 4
+    assert transport.replies == [(request.succeeded({"ok": True}), None)]
+    assert len(r.seen) == 1  # the remote is not called again
+    assert len(r.clock.sleeps) == 3  # through the injected sleep
+
+
+@pytest.mark.timeout(20)
+def test_the_reply_send_gives_up_after_its_budget() -> None:
+    agent, r, transport = make_agent(ok(), failures=10**9)
+    started = time.monotonic()
+
+    with pytest.raises(StorageUnavailable):
+        agent.handle(make_request())
+
+    # The budget is measured in the time the injected sleep spends, not in real time.
+    assert time.monotonic() - started < 5
+    slept = sum(r.clock.sleeps)
+    assert REPLY_SEND_SECONDS - 5 <= slept <= REPLY_SEND_SECONDS + 5
+    assert 5 < transport.sends < 100
+    assert len(r.seen) == 1
+
+
+def test_a_large_result_is_cut_and_the_reply_still_fits_its_queue() -> None:
+    big = {"items": [{"sku": f"s-{i}", "text": "ü€😀" * 40} for i in range(2000)]}
+    agent, _, transport = make_agent(ok(big))
+
+    assert agent.handle(make_request()) is AgentOutcome.SUCCEEDED
+
+    ((reply, _),) = transport.replies
+    assert reply.result is not None
+    assert reply.result["truncated"] is True
+    assert reply.result["size"] > MAX_RESULT_CHARS
+    assert len(reply.encode().encode("utf-8")) < QUEUE_MESSAGE_BYTES
+
+
+def test_the_largest_uncut_result_still_fits_its_queue() -> None:
+    # Just under the cut, in 4-byte characters: the worst case for the reply's size.
+    worst = {"t": "😀" * (MAX_RESULT_CHARS - 10)}
+    assert len(json.dumps(worst, ensure_ascii=False, separators=(",", ":"))) <= MAX_RESULT_CHARS
+    trace = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "vendor=" + "x" * 500,
+    }
+    agent, _, transport = make_agent(ok(worst))
+
+    agent.handle(make_request(order_id="o-" + "9" * 62, trace=trace))
+
+    ((reply, _),) = transport.replies
+    assert reply.result == worst
+    assert len(reply.encode().encode("utf-8")) < QUEUE_MESSAGE_BYTES

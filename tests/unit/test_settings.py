@@ -35,6 +35,7 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "STEP_TIMEOUT_SECONDS",
         "MAX_FAILURE_COUNT",
         "SUPERVISOR_SCHEDULE",
+        "DEFERRAL_WINDOW_SECONDS",
     )
 
 
@@ -203,6 +204,9 @@ def test_invalid_whole_numbers_name_the_setting(name: str, raw: str, expected: s
     message = error(AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", **{name: raw})
 
     maximum = {"STEP_TIMEOUT_SECONDS": 86400, "MAX_FAILURE_COUNT": 100}[name]
+    if name == "STEP_TIMEOUT_SECONDS" and raw == "100000":
+        assert "Use at most 270" in message and "maxAutoLockRenewalDuration" in message
+        return
     assert message == expected.format(name=name, max=maximum)
 
 
@@ -279,3 +283,43 @@ def test_remote_service_url_scheme_is_case_insensitive() -> None:
     assert settings(
         AGENT_TRANSPORT="storage", REMOTE_SERVICE_URL="HTTPS://remote.example/"
     ).remote_service_url == ("HTTPS://remote.example")
+
+
+def test_a_step_timeout_the_host_cannot_honour_is_refused_with_the_reason() -> None:
+    from core.settings import MAX_STEP_TIMEOUT_SECONDS
+
+    message = error(
+        AzureWebJobsStorage=STORAGE_CS,
+        AGENT_TRANSPORT="storage",
+        STEP_TIMEOUT_SECONDS=str(MAX_STEP_TIMEOUT_SECONDS + 1),
+    )
+    assert "maxAutoLockRenewalDuration" in message and "functionTimeout" in message
+    ok = settings(AGENT_TRANSPORT="storage", STEP_TIMEOUT_SECONDS=str(MAX_STEP_TIMEOUT_SECONDS))
+    assert ok.step_timeout_seconds == MAX_STEP_TIMEOUT_SECONDS
+
+
+def test_the_host_limits_in_the_code_are_the_ones_in_host_json() -> None:
+    import json
+    from pathlib import Path
+
+    from core.settings import HOST_FUNCTION_TIMEOUT_SECONDS, HOST_LOCK_RENEWAL_SECONDS
+
+    def seconds(text: str) -> int:
+        h, m, s = (int(x) for x in text.split(":"))
+        return h * 3600 + m * 60 + s
+
+    host = json.loads((Path(__file__).parents[2] / "host.json").read_text())
+    assert seconds(host["functionTimeout"]) == HOST_FUNCTION_TIMEOUT_SECONDS
+    renewal = host["extensions"]["serviceBus"]["maxAutoLockRenewalDuration"]
+    assert seconds(renewal) == HOST_LOCK_RENEWAL_SECONDS
+
+
+def test_the_deferral_window_is_a_setting_with_a_production_default() -> None:
+    assert settings(AGENT_TRANSPORT="storage").deferral_window_seconds == 1800
+    assert (
+        settings(AGENT_TRANSPORT="storage", DEFERRAL_WINDOW_SECONDS="60").deferral_window_seconds
+        == 60
+    )
+    assert "DEFERRAL_WINDOW_SECONDS" in error(
+        AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", DEFERRAL_WINDOW_SECONDS="soon"
+    )

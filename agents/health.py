@@ -1,0 +1,213 @@
+"""What an agent knows of its remote endpoint's health: a circuit breaker that protects
+the remote without punishing the orders (contract 3.11).
+
+Two questions, answered from this instance's own calls:
+
+1. *May this call go out now?* While the endpoint looks down (the breaker is open) only
+   a trickle of probes does: one at a time, at a growing interval (2, 4, 8, 10 s), and
+   orders already known to fail on their own wait behind fresh ones, so a few bad
+   orders cannot hold the probe slot while healthy orders wait.
+2. *Whose failure is it?* A transient failure counts against an order only when the
+   remote is known to serve others: another order succeeded on this endpoint after
+   this one first failed; or, with no other order failing here, another endpoint of
+   the same host answered meanwhile, or this order was singled out before
+   (``AgentRequest.singled_out``). Anything else looks like an outage: the attempt is a
+   deferral and the order's ``FailureCount`` does not grow. With no other traffic at
+   all there is no evidence either way, and the order waits, deferred, at most for the
+   deferral window (``DEFERRAL_WINDOW_SECONDS``) before it fails for good.
+
+The breaker opens when ``trip_keys`` different orders fail, with no success in
+between, without being explained (a failure is explained when the order is known to
+fail on its own). So a handful of always-failing orders, among healthy traffic, never
+opens it; a real outage opens it within three orders.
+
+State is per process (per Functions instance), like Polly's or resilience4j's
+breakers: sharing it would cost a storage round trip per call. With N instances the
+remote sees up to N probes per interval.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from runtime.logs import get_logger
+from runtime.metrics import METRICS
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    trip_keys: int = 3  # distinct orders failing, unexplained, with no success between
+    probe_interval_seconds: float = 2.0  # the first wait before probing an open endpoint
+    probe_interval_max_seconds: float = 10.0
+    probe_timeout_seconds: float = 15.0  # a probe not back by then frees the slot
+
+
+@dataclass(frozen=True)
+class Mark:
+    """Counters read before an attempt's first failing try: what answered since then?"""
+
+    endpoint: int
+    host: int
+
+
+class HostActivity:
+    """Answers from any endpoint of one base URL (the agents share one by default)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._answers = 0
+        self._last_answer_at: float | None = None
+
+    def note(self, now: float) -> None:
+        with self._lock:
+            self._answers += 1
+            self._last_answer_at = now
+
+    @property
+    def answers(self) -> int:
+        with self._lock:
+            return self._answers
+
+    @property
+    def last_answer_at(self) -> float | None:
+        with self._lock:
+            return self._last_answer_at
+
+
+@dataclass(frozen=True)
+class Admission:
+    allowed: bool
+    probe: bool = False
+    retry_at: float = 0.0  # when not allowed: the earliest time a call may go (epoch s)
+    reason: str = ""
+
+
+class EndpointHealth:
+    """One remote endpoint, seen from this process. Times are epoch seconds."""
+
+    def __init__(
+        self, name: str, policy: HealthPolicy | None = None, host: HostActivity | None = None
+    ):
+        self.name = name
+        self.policy = policy or HealthPolicy()
+        self.host = host or HostActivity()
+        self._lock = threading.Lock()
+        self._successes = 0
+        self._last_success_at: float | None = None
+        self._failing: set[str] = set()  # unexplained failures since the last success
+        self._open = False
+        self._open_until = 0.0
+        self._interval = self.policy.probe_interval_seconds
+        self._probe: tuple[str, float] | None = None  # the key probing, and since when
+
+    # --- queries --------------------------------------------------------------------
+
+    @property
+    def successes(self) -> int:
+        """Answers from the endpoint so far (a counter: compare two readings)."""
+        with self._lock:
+            return self._successes
+
+    @property
+    def is_open(self) -> bool:
+        with self._lock:
+            return self._open
+
+    def admit(self, key: str, now: float, *, singled_out: bool = False) -> Admission:
+        """May a call for ``key`` go out at ``now``?"""
+        with self._lock:
+            if not self._open:
+                return Admission(True)
+            if self._probe is not None:
+                prober, since = self._probe
+                if now < since + self.policy.probe_timeout_seconds:
+                    return Admission(
+                        False,
+                        retry_at=max(self._open_until, now + self._interval),
+                        reason=f"a probe for {prober} is in flight",
+                    )
+                self._probe = None  # that probe never came back: free the slot
+            if now < self._open_until:
+                return Admission(False, retry_at=self._open_until, reason="waiting to probe")
+            if singled_out and now < self._open_until + self._interval:
+                # Fresh orders probe first: an order known to fail on its own proves little.
+                return Admission(
+                    False,
+                    retry_at=self._open_until + self._interval,
+                    reason="orders that fail on their own probe last",
+                )
+            self._probe = (key, now)
+            return Admission(True, probe=True, reason="probe")
+
+    def mark(self) -> Mark:
+        with self._lock:
+            return Mark(self._successes, self.host.answers)
+
+    def blames(self, key: str, *, mark: Mark | None, singled_out: bool) -> bool:
+        """Is a failed attempt of ``key`` its own failure (rather than the endpoint's)?
+
+        ``mark``: the counters read before this attempt's first failing try.
+        """
+        with self._lock:
+            if self._open:
+                return False
+            if mark is not None and self._successes > mark.endpoint:
+                return True  # this endpoint served someone else meanwhile
+            if self._failing - {key}:
+                return False  # others fail here too: that looks like the endpoint
+            if mark is not None and self.host.answers > mark.host:
+                return True  # the host serves its other endpoints, and only this fails
+            return singled_out and (
+                self._last_success_at is not None or self.host.last_answer_at is not None
+            )
+
+    def next_probe_at(self, now: float) -> float:
+        with self._lock:
+            return max(self._open_until, now) if self._open else now
+
+    # --- what calls found -------------------------------------------------------------
+
+    def record_answer(self, key: str, now: float) -> None:
+        """The endpoint answered (2xx, or a permanent 4xx about the request): it is up."""
+        with self._lock:
+            self._successes += 1
+            self._last_success_at = now
+            self.host.note(now)
+            self._failing.clear()
+            self._probe = None
+            if self._open:
+                self._open = False
+                self._interval = self.policy.probe_interval_seconds
+                log.warning("circuit for %s closed: %s got through", self.name, key)
+                METRICS.inc("breaker_closed")
+
+    def record_failure(self, key: str, now: float, *, explained: bool, probe: bool) -> None:
+        """A transient failure (5xx, 408/425/429, connection error, timeout)."""
+        with self._lock:
+            if probe or (self._probe is not None and self._probe[0] == key):
+                # A failed probe lengthens the wait before the next one: 2 s after the
+                # trip, then 4, 8, 10, 10...
+                self._probe = None
+                self._open = True
+                self._interval = min(self._interval * 2, self.policy.probe_interval_max_seconds)
+                self._open_until = now + self._interval
+                return
+            if self._open:
+                return  # admitted before it opened
+            if not explained:
+                self._failing.add(key)
+            if len(self._failing) >= self.policy.trip_keys:
+                self._open = True
+                self._open_until = now + self._interval
+                log.warning(
+                    "circuit for %s opened: %d orders failed with no success between; "
+                    "probing every %.0f-%.0f s",
+                    self.name,
+                    len(self._failing),
+                    self.policy.probe_interval_seconds,
+                    self.policy.probe_interval_max_seconds,
+                )
+                METRICS.inc("breaker_opened")

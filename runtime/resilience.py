@@ -1,0 +1,71 @@
+"""Riding out storage and broker trouble inside an invocation.
+
+A failed invocation is not free: on a Storage queue it spends one of the
+``maxDequeueCount`` (5) deliveries, and the next comes after ``visibilityTimeout``;
+on Service Bus the host abandons the message and it is back at once, so five
+failures in a few seconds dead-letter it. Either way a storage outage of a minute
+would move good orders to a poison queue. So the triggers retry the work here, with
+growing waits, while the failure is one that waiting can cure (``StorageUnavailable``,
+``ConcurrencyConflict``), for up to ``RIDE_OUT_SECONDS``; only then does the host get
+the failure back. Every use case behind a trigger is idempotent (conditional writes,
+fenced replies), so running it again is safe.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Final, TypeVar
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from core.errors import ConcurrencyConflict, StorageUnavailable
+from runtime.logs import get_logger
+from runtime.metrics import METRICS
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+
+#: Two minutes of trouble inside one invocation; with maxDequeueCount 5 that is about
+#: ten minutes before a message is given up on. (ORDERS_RIDE_OUT_SECONDS: tests only.)
+RIDE_OUT_SECONDS: Final = float(os.environ.get("ORDERS_RIDE_OUT_SECONDS", "120"))
+
+
+def ride_out(
+    work: Callable[[], T],
+    *,
+    what: str,
+    seconds: float | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run ``work``; while it fails with a retryable storage error, wait and run it again."""
+
+    def note(state: RetryCallState) -> None:
+        METRICS.inc("ride_out_retries", what=what)
+        error = state.outcome.exception() if state.outcome is not None else None
+        log.warning(
+            "%s failed (try %d), retrying within the invocation: %s",
+            what,
+            state.attempt_number,
+            error,
+        )
+
+    for attempt in Retrying(
+        retry=retry_if_exception_type((StorageUnavailable, ConcurrencyConflict)),
+        stop=stop_after_delay(RIDE_OUT_SECONDS if seconds is None else seconds),
+        wait=wait_exponential_jitter(multiplier=0.5, max=10),
+        sleep=sleep,
+        before_sleep=note,
+        reraise=True,
+    ):
+        with attempt:
+            return work()
+    raise AssertionError("unreachable")  # pragma: no cover

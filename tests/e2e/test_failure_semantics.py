@@ -1,0 +1,143 @@
+"""Contract 3.11 end to end, in real processes: a few always-failing orders among many
+healthy ones, and a remote outage (503, then unreachable, then back).
+
+Checked from outside only: the orders in the table, the alerts on their queue, the
+simulator's ledger of applied effects and its log of the calls it received.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from core.timefmt import iso, parse_iso
+from demo.stack import LocalStack
+from demo.verify import drain_alerts, verify
+from simulator import effects_by_order, load_ledger
+from tests.e2e.test_processes import log_tail, wait_terminal
+
+pytestmark = pytest.mark.timeout(300)
+
+#: As in the report that found the problem: 3 s steps, 3 failures at most.
+SETTINGS = {
+    "STEP_TIMEOUT_SECONDS": "3",
+    "MAX_FAILURE_COUNT": "3",
+    "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
+}
+DEAD = {"fail": "transient", "times": 100000, "status": 503}
+
+
+@pytest.fixture
+def one_host() -> Iterator[LocalStack]:
+    with LocalStack(devhosts=1, settings=SETTINGS) as stack:
+        yield stack
+
+
+@pytest.fixture
+def two_hosts() -> Iterator[LocalStack]:
+    with LocalStack(devhosts=2, settings=SETTINGS) as stack:
+        yield stack
+
+
+def test_a_few_dead_orders_never_hurt_the_healthy_ones(one_host: LocalStack) -> None:
+    stack = one_host
+    healthy = [f"ok-{n:02d}" for n in range(38)]
+    dead = [f"dead-{n}" for n in range(5)]
+    dead_ship = ["dead-ship-0", "dead-ship-1"]
+    for n, order_id in enumerate(healthy):
+        body: dict[str, object] = {"orderId": order_id, "amount": n}
+        if n % 4 == 0:
+            body["workflow"] = "fulfilment"
+        stack.submit(body)
+        if n % 8 == 0 and n // 8 < len(dead):
+            stack.submit({"orderId": dead[n // 8], "simulate": {"process": DEAD}})
+        if n in (10, 22):
+            stack.submit(
+                {
+                    "orderId": dead_ship[n // 20],
+                    "workflow": "fulfilment",
+                    "simulate": {"ship": DEAD},
+                }
+            )
+    everyone = healthy + dead + dead_ship
+    orders = wait_terminal(stack, everyone, 150)
+    alerts = drain_alerts(stack.context)
+    ledger = load_ledger(stack.ledger_path)
+    expected = {
+        **dict.fromkeys(healthy, "completed"),
+        **dict.fromkeys(dead, "error"),
+        **dict.fromkeys(dead_ship, "compensated"),
+    }
+    verdict = verify(dict(orders), ledger, alerts, expected=expected)
+    assert verdict.ok and verdict.as_expected == len(everyone), (
+        verdict.problems(),
+        log_tail(stack),
+    )
+    # Not one alert about a healthy order; one per dead one, telling the truth.
+    alerted = [a["orderId"] for a in alerts]
+    assert sorted(alerted) == sorted(dead), alerts
+    for alert in alerts:
+        assert "was not applied" in alert["reason"] and "safe to resubmit" in alert["reason"]
+        assert "may" not in alert["reason"], alert
+    # 503 means nothing was shipped: the fulfilment orders unwound completely.
+    by_order = effects_by_order(ledger)
+    for order_id in dead_ship:
+        assert by_order[order_id] == [
+            "reserve-stock",
+            "charge-payment",
+            "refund-payment",
+            "release-stock",
+        ]
+    for order_id in healthy:
+        assert all(s.failure_count == 0 for s in orders[order_id].steps), order_id
+
+
+def test_an_outage_of_the_remote_is_ridden_out_without_anyone(two_hosts: LocalStack) -> None:
+    stack = two_hosts
+    down_for = {"error": 15.0, "unreachable": 10.0}
+    began = datetime.now(UTC)
+    stack.outage(
+        {
+            "phases": [
+                {"mode": "error", "status": 503, "seconds": down_for["error"]},
+                {"mode": "unreachable", "seconds": down_for["unreachable"]},
+            ]
+        }
+    )
+    order_ids = []
+    for n in range(24):
+        order_id = f"outage-{n:02d}"
+        body: dict[str, object] = {"orderId": order_id}
+        if n % 4 == 3:
+            body["workflow"] = "fulfilment"
+        stack.submit(body)
+        order_ids.append(order_id)
+    back_at = began + timedelta(seconds=sum(down_for.values()))
+    orders = wait_terminal(stack, order_ids, 150)
+    finished = max(o.updated_at for o in orders.values())
+    alerts = drain_alerts(stack.context)
+    ledger = load_ledger(stack.ledger_path)
+    verdict = verify(dict(orders), ledger, alerts, expected=dict.fromkeys(order_ids, "completed"))
+    assert verdict.ok and verdict.as_expected == len(order_ids), (
+        verdict.problems(),
+        log_tail(stack),
+    )
+    assert alerts == []
+    for order in orders.values():
+        assert all(s.failure_count == 0 for s in order.steps), order.order_id
+        assert not any(h["event"] == "compensating" for s in order.steps for h in s.history)
+    # Back within seconds of the remote's return, not at some backoff cap.
+    assert (finished - back_at).total_seconds() < 40, finished - back_at
+    # While it answered 503, after the first seconds (each order in flight tries once
+    # before the breakers open), the remote saw a trickle of probes, not 24 orders'
+    # retries (those would be several calls a second).
+    calls = stack.remote_calls(iso(began))
+    settled = began + timedelta(seconds=4)
+    error_end = began + timedelta(seconds=down_for["error"])
+    trickle = [c for c in calls if settled <= parse_iso(c["at"]) < error_end]
+    rate = len(trickle) / (error_end - settled).total_seconds()
+    # Without the breakers, 24 orders retrying with backoff up to 5 s would make about 10
+    # calls a second; with them it is a probe per endpoint and instance every 2-10 s.
+    assert rate <= 2.5, (len(trickle), rate)

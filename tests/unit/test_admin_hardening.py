@@ -1,0 +1,416 @@
+"""The operator API's edges: continuation tokens, who the caller is, and honest errors.
+
+The HTTP functions are called directly with ``azure.functions.HttpRequest`` on a
+stub context (no storage): a bad token is refused before any I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import azure.functions as func
+import pytest
+
+from admin import __main__ as cli
+from admin import triggers
+from admin.service import OrderAdmin
+from core.errors import (
+    ConcurrencyConflict,
+    CorruptOrder,
+    OrderNotFound,
+    StorageUnavailable,
+    TransitionRefused,
+)
+from core.names import Names
+from runtime.context import reset_app_context
+from scheduler.notices import NoticeSender
+from stores import layout
+from stores.tables import (
+    InvalidContinuationToken,
+    TableStateStore,
+    format_list_token,
+    parse_list_token,
+)
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+
+BAD_TOKENS = [
+    "-17:-",  # a negative shard (used to re-read shards, or IndexError: a 500)
+    "-1:-",
+    "16:-",  # past the last shard
+    "99:-",
+    "1000:-",
+    "03:-",  # not the canonical number
+    "+3:-",
+    " 3:-",
+    "3 :-",
+    "٣:-",  # a digit, but not an ASCII one
+    "3",
+    "3:",
+    ":-",
+    "-",
+    "abc",
+    "3:--",
+    "3:- ",
+    "3:{",
+    "3:null",
+    "3:[]",
+    "3:1",
+    '3:"x"',
+    "3:{}",
+    '3:{"PartitionKey": "a"}',
+    '3:{"PartitionKey": "a", "RowKey": "b", "Extra": 1}',
+    '3:{"PartitionKey": 1, "RowKey": "b"}',  # a non-string value
+    '3:{"PartitionKey": "a", "RowKey": ["b"]}',
+    '3:{"PartitionKey": null, "RowKey": null}',
+    '3:{"PartitionKey": "a", "RowKey": ""}',
+    '3:{"PartitionKey": "a b", "RowKey": "c"}',  # not printable ASCII without spaces
+    '3:{"PartitionKey": "a", "RowKey": "caf\\u00e9"}',
+    '3:{"PartitionKey": "a", "RowKey": "\\ud800"}',  # a lone surrogate
+    '3:{"PartitionKey": "a", "RowKey": "b\\u0000"}',
+    '3:{"PartitionKey": "a", "PartitionKey": "a", "RowKey": "b"}',  # a repeated key
+    '3:{"PartitionKey": "a", "RowKey": "' + "x" * 1025 + '"}',
+    "3:" + "[" * 5000,  # deep nesting
+    "3:" + "[" * 1000 + "]" * 1000,
+    "3:" + "x" * 5000,  # too long
+    "3:NaN",
+]
+
+
+@pytest.mark.parametrize("token", BAD_TOKENS)
+def test_the_parser_refuses_every_bad_token(token: str) -> None:
+    with pytest.raises(InvalidContinuationToken, match="continuationToken is not one"):
+        parse_list_token(token)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        format_list_token(0, None),
+        format_list_token(15, None),
+        format_list_token(7, {"PartitionKey": "shard-07", "RowKey": "status|error|o-9"}),
+        format_list_token(3, {"PartitionKey": "1!12!c2hhcmQtMDM-", "RowKey": "1!24!c3RhdHVz-"}),
+        format_list_token(3, {"PartitionKey": "shard-03", "RowKey": None}),
+        '3:{"PartitionKey": "shard-03", "RowKey": "status|error|o-1"}',  # spaced JSON
+    ],
+)
+def test_the_parser_accepts_what_the_store_hands_out(token: str) -> None:
+    shard, position = parse_list_token(token)
+    assert 0 <= shard < layout.SHARDS
+    assert format_list_token(shard, position) == format_list_token(*parse_list_token(token))
+
+
+# --- through the HTTP function ------------------------------------------------------------
+
+
+class StubAdmin:
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def _do(self, name: str, *args: Any) -> dict[str, Any]:
+        self.calls.append((name, args))
+        if self.error is not None:
+            raise self.error
+        return {"orderId": args[0], "status": "processing"}
+
+    def show(self, order_id: str) -> dict[str, Any]:
+        return self._do("show", order_id)
+
+    def resubmit(self, order_id: str, by: str) -> dict[str, Any]:
+        return self._do("resubmit", order_id, by)
+
+    def cancel(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
+        return self._do("cancel", order_id, by, reason)
+
+
+class StubContext:
+    def __init__(self, admin: Any) -> None:
+        self.admin = admin
+
+
+class NoTable:
+    """A table that must never be reached: a bad token is refused first."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the table was used ({name}) for a request that is refused")
+
+
+def real_admin() -> OrderAdmin:
+    store = TableStateStore(NoTable())  # type: ignore[arg-type]
+    return OrderAdmin(store, NoticeSender(store, None, Names()), lambda _: None, lambda: T0)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def context() -> Iterator[StubContext]:
+    stub = StubContext(StubAdmin())
+    reset_app_context(stub)  # type: ignore[arg-type]
+    try:
+        yield stub
+    finally:
+        reset_app_context(None)
+
+
+def get(url: str, params: dict[str, str]) -> func.HttpRequest:
+    return func.HttpRequest("GET", url, params=params, body=b"")
+
+
+def post(
+    order_id: str, action: str, headers: dict[str, str] | None = None, body: bytes = b""
+) -> func.HttpRequest:
+    return func.HttpRequest(
+        "POST",
+        f"/api/orders/{order_id}/{action}",
+        headers=headers or {},
+        route_params={"orderId": order_id},
+        body=body,
+    )
+
+
+def answer(response: func.HttpResponse) -> tuple[int, dict[str, Any]]:
+    assert response.mimetype == "application/json"
+    return response.status_code, json.loads(response.get_body())
+
+
+@pytest.mark.parametrize("token", BAD_TOKENS)
+def test_every_bad_token_is_a_400_with_a_json_error(context: StubContext, token: str) -> None:
+    context.admin = real_admin()
+
+    status, body = answer(
+        triggers.list_orders(get("/api/orders", {"status": "error", "continuationToken": token}))
+    )
+
+    assert status == 400
+    assert "continuationToken" in body["error"]
+
+
+@pytest.mark.parametrize(
+    ("params", "fragment"),
+    [
+        ({"status": "nope"}, "status"),
+        ({}, "status"),
+        ({"status": "error", "pageSize": "ten"}, "pageSize"),
+        ({"status": "error", "pageSize": "9" * 5000}, "pageSize"),
+    ],
+)
+def test_bad_query_strings_are_400s(
+    context: StubContext, params: dict[str, str], fragment: str
+) -> None:
+    context.admin = real_admin()
+
+    status, body = answer(triggers.list_orders(get("/api/orders", params)))
+
+    assert status == 400 and fragment in body["error"]
+
+
+# --- who did it ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("auth", "headers", "expected"),
+    [
+        (None, {}, "function-key"),
+        (None, {"x-operator": "alice"}, "function-key (claims: alice)"),
+        (None, {"x-ms-client-principal-name": "mallory"}, "function-key (claims: mallory)"),
+        ("False", {"x-ms-client-principal-name": "mallory"}, "function-key (claims: mallory)"),
+        ("True", {"x-ms-client-principal-name": "alice@contoso.com"}, "alice@contoso.com"),
+        ("true", {"x-ms-client-principal-name": "alice@contoso.com"}, "alice@contoso.com"),
+        # Easy Auth on, but no signed-in principal (a function-key call): x-operator is a claim.
+        ("True", {"x-operator": "bob"}, "function-key (claims: bob)"),
+        ("True", {"x-operator": "bob", "x-ms-client-principal-name": "alice"}, "alice"),
+        (None, {"x-operator": "  \u2028 eve\n\x00  "}, "function-key (claims: eve)"),
+        (None, {"x-operator": "x" * 500}, f"function-key (claims: {'x' * 64})"),
+        (None, {"x-operator": "\n\t"}, "function-key"),
+    ],
+)
+def test_the_caller_is_whoever_the_platform_vouches_for(
+    context: StubContext,
+    monkeypatch: pytest.MonkeyPatch,
+    auth: str | None,
+    headers: dict[str, str],
+    expected: str,
+) -> None:
+    if auth is None:
+        monkeypatch.delenv("WEBSITE_AUTH_ENABLED", raising=False)
+    else:
+        monkeypatch.setenv("WEBSITE_AUTH_ENABLED", auth)
+
+    triggers.resubmit_order(post("o-1", "resubmit", headers))
+    triggers.cancel_order(post("o-1", "cancel", headers, b'{"reason": "duplicate"}'))
+
+    assert context.admin.calls == [
+        ("resubmit", ("o-1", expected)),
+        ("cancel", ("o-1", expected, "duplicate")),
+    ]
+
+
+# --- honest errors --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (OrderNotFound("no order with id 'o-1'", order_id="o-1"), 404),
+        (TransitionRefused("not-in-error", "order o-1 is not in error"), 409),
+        (
+            StorageUnavailable(
+                "the outcome of the write to order o-1 is unknown: ... retry if it did not change"
+            ),
+            503,
+        ),
+        (ConcurrencyConflict("order o-1 kept changing; try again"), 503),
+        (CorruptOrder("order o-1's stored records cannot be read", order_id="o-1"), 500),
+    ],
+)
+def test_domain_errors_have_their_status_and_a_json_error(
+    context: StubContext, error: Exception, status: int
+) -> None:
+    context.admin = StubAdmin(error)
+
+    for request, handler in (
+        (post("o-1", "resubmit"), triggers.resubmit_order),
+        (post("o-1", "cancel"), triggers.cancel_order),
+        (post("o-1", "show"), triggers.get_order),
+    ):
+        code, body = answer(handler(request))
+        assert (code, body["error"], body["orderId"]) == (status, str(error), "o-1")
+
+
+def test_an_unknown_outcome_is_503_with_retry_after(context: StubContext) -> None:
+    context.admin = StubAdmin(StorageUnavailable("the outcome of the write is unknown"))
+
+    response = triggers.resubmit_order(post("o-1", "resubmit"))
+
+    assert response.status_code == 503
+    assert response.headers["Retry-After"].isdigit()
+    assert json.loads(response.get_body())["retryable"] is True
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cli_admin(monkeypatch: pytest.MonkeyPatch) -> StubAdmin:
+    admin = StubAdmin()
+    monkeypatch.setattr(cli, "_context", lambda connection: StubContext(admin))
+    return admin
+
+
+def test_the_cli_records_the_os_user_or_as(
+    cli_admin: StubAdmin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("getpass.getuser", lambda: "carol")
+
+    assert cli.main(["resubmit", "o-1"]) == 0
+    assert cli.main(["resubmit", "o-1", "--as", "dave"]) == 0
+    assert cli.main(["cancel", "o-1", "--by", "erin", "--reason", "dup"]) == 0
+
+    assert cli_admin.calls == [
+        ("resubmit", ("o-1", "carol")),
+        ("resubmit", ("o-1", "dave")),
+        ("cancel", ("o-1", "erin", "dup")),
+    ]
+
+
+def test_the_cli_survives_a_user_without_a_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    def nameless() -> str:
+        raise KeyError("getpwuid(): uid not found: 1234")
+
+    monkeypatch.setattr("getpass.getuser", nameless)
+
+    assert cli.os_user().startswith(("uid-", "unknown-user"))
+
+
+def test_the_cli_exits_non_zero_with_the_sentence_when_the_outcome_is_unknown(
+    cli_admin: StubAdmin, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sentence = "the outcome of the write to order o-1 is unknown: read the order, then retry"
+    cli_admin.error = StorageUnavailable(sentence)
+
+    code = cli.main(["resubmit", "o-1", "--as", "dave"])
+
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert json.loads(out)["error"] == sentence
+    assert sentence in err
+
+
+def test_the_cli_refuses_a_bad_token_as_bad_usage(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(cli, "_context", lambda connection: StubContext(real_admin()))
+
+    code = cli.main(["list", "--status", "error", "--token=-17:-"])
+
+    assert code == 2
+    assert "continuationToken" in json.loads(capsys.readouterr().out)["error"]
+
+
+# --- one alert per bad order per process --------------------------------------------------------
+
+
+class Queues:
+    def __init__(self, fail: bool = False) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.fail = fail
+
+    def send(self, queue: str, body: str, delay_seconds: float = 0) -> None:
+        if self.fail:
+            raise StorageUnavailable("queue down")
+        self.sent.append((queue, body))
+
+
+def test_alert_once_alerts_once_and_forgets_the_oldest(monkeypatch: pytest.MonkeyPatch) -> None:
+    from scheduler import notices
+
+    monkeypatch.setattr(notices, "ALERTED_MEMORY", 3)
+    queues = Queues()
+    sender = NoticeSender(None, queues, Names())  # type: ignore[arg-type]
+
+    sent = [sender.alert_once(f"o-{n}", "process", "corrupt", T0) for n in (1, 1, 2, 3, 4, 1)]
+
+    assert sent == [True, False, True, True, True, True]  # o-1 was forgotten after o-4
+    assert [json.loads(body)["orderId"] for _, body in queues.sent] == [
+        "o-1",
+        "o-2",
+        "o-3",
+        "o-4",
+        "o-1",
+    ]
+    queue, body = queues.sent[0]
+    assert queue == "operator-alerts"
+    assert json.loads(body) == {
+        "orderId": "o-1",
+        "step": "process",
+        "reason": "corrupt",
+        "failureCount": 0,
+        "at": "2026-11-22T10:00:00.000Z",
+    }
+
+
+def test_an_alert_that_did_not_go_out_is_tried_again() -> None:
+    queues = Queues(fail=True)
+    sender = NoticeSender(None, queues, Names())  # type: ignore[arg-type]
+
+    with pytest.raises(StorageUnavailable):
+        sender.alert_once("o-1", "process", "corrupt", T0)
+    queues.fail = False
+
+    assert sender.alert_once("o-1", "process", "corrupt", T0) is True
+    assert len(queues.sent) == 1
+
+
+def test_alert_now_logs_the_operator_alert_record(caplog: pytest.LogCaptureFixture) -> None:
+    sender = NoticeSender(None, Queues(), Names())  # type: ignore[arg-type]
+
+    with caplog.at_level("ERROR"):
+        sender.alert_now("o-1", "process", "cannot be read", T0)
+
+    [record] = [r for r in caplog.records if "OPERATOR ALERT" in r.getMessage()]
+    assert record.getMessage().startswith(
+        "OPERATOR ALERT order=o-1 step=process failureCount=0: cannot be read"
+    )
+    assert record.levelname == "ERROR"

@@ -1,0 +1,419 @@
+"""Contract 3.11 on the pure model, with a fake clock: what a try did decides what the
+step does and what the operator is told."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import pytest
+
+from core.errors import TransitionRefused
+from core.messages import AgentReply
+from core.model import Order, ReplyEffect
+from core.policy import RetryPolicy
+from core.states import OrderStatus, StepState
+from tests.unit.test_model import T0, alerts, new_order, reply, states, statuses
+
+POLICY = RetryPolicy(max_failure_count=3, soft_threshold=1, deferral_window_seconds=600)
+
+
+def attempt(order: Order, now: datetime, outcome: str, **kw: object) -> ReplyEffect:
+    """Claim the active step at ``now`` and apply one reply a second later."""
+    order.claim("i-1", now)
+    return order.apply_reply(reply(order, outcome, **kw), now + timedelta(seconds=1), POLICY)  # type: ignore[arg-type]
+
+
+def fail_until_given_up(order: Order, applied: list[str], now: datetime = T0) -> datetime:
+    """One transient report per attempt with the given 'applied' values; returns the time."""
+    for value in applied:
+        step = order.active_step()
+        assert step is not None
+        now = max(now, step.complete_by)
+        attempt(order, now, "transient", error="HTTP 503", applied=value)
+        now += timedelta(seconds=2)
+    return now
+
+
+def reach(order: Order, step: str, now: datetime = T0) -> datetime:
+    """Succeed every step before ``step``."""
+    while (active := order.active_step()) is not None and active.step != step:
+        attempt(order, max(now, active.complete_by), "succeeded")
+        now += timedelta(seconds=2)
+    return now
+
+
+# --- definite vs ambiguous ---------------------------------------------------------------
+
+
+def test_all_tries_not_applied_is_a_definite_failure_safe_to_resubmit() -> None:
+    order = new_order()
+    fail_until_given_up(order, ["no", "no", "no"])
+    [step] = order.steps
+    assert step.process_state is StepState.ERROR and step.failure_count == 3
+    assert order.status is OrderStatus.ERROR
+    [alert] = alerts(order)
+    assert "was not applied" in alert["reason"] and "safe to resubmit" in alert["reason"]
+    assert "may" not in alert["reason"]
+
+
+def test_one_attempt_that_may_have_applied_makes_it_ambiguous() -> None:
+    order = new_order()
+    fail_until_given_up(order, ["no", "maybe", "no"])
+    [alert] = alerts(order)
+    assert "may have been applied" in alert["reason"]
+    assert order.steps[0].maybe_applied == [2]
+
+
+def test_ship_refused_by_503_every_time_unwinds_to_compensated() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    fail_until_given_up(order, ["no", "no", "no"], now)
+    now += timedelta(seconds=30)
+    for name in ("refund-payment", "release-stock"):
+        step = order.active_step()
+        assert step is not None and step.step == name
+        attempt(order, max(now, step.complete_by), "succeeded")
+    assert order.status is OrderStatus.COMPENSATED
+    assert alerts(order) == []  # handled without people
+    assert states(order) == [
+        ("reserve-stock", "Compensated"),
+        ("charge-payment", "Compensated"),
+        ("ship", "Error"),
+        ("refund-payment", "Processed"),
+        ("release-stock", "Processed"),
+    ]
+
+
+def test_ambiguous_ship_waits_for_the_operator() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    fail_until_given_up(order, ["maybe", "no", "no"], now)
+    assert order.status is OrderStatus.ERROR
+    [alert] = alerts(order)
+    assert alert["step"] == "ship" and "may have been applied" in alert["reason"]
+
+
+# --- deferral --------------------------------------------------------------------------
+
+
+def test_a_deferral_is_no_failure_and_waits_for_the_time_asked() -> None:
+    order = new_order()
+    order.claim("i", T0)
+    asked = T0 + timedelta(seconds=90)  # Retry-After well past the step's deadline
+    order.apply_reply(
+        reply(order, "deferred", error="Retry-After 90 s", not_before=asked),
+        T0 + timedelta(seconds=1),
+        POLICY,
+    )
+    [step] = order.steps
+    assert step.process_state is StepState.PENDING
+    assert step.failure_count == 0 and step.deferrals == 1
+    assert step.complete_by >= asked
+    with pytest.raises(TransitionRefused) as early:
+        order.claim("i", asked - timedelta(seconds=1))
+    assert early.value.reason == "not-due"
+    order.claim("i", step.complete_by)
+    assert step.attempt == 2
+
+
+def test_deferrals_grow_capped_and_end_at_the_window_as_a_definite_failure() -> None:
+    order = new_order()
+    now = T0
+    delays = []
+    while order.status is not OrderStatus.ERROR:
+        step = order.active_step()
+        assert step is not None
+        now = max(now, step.complete_by)
+        attempt(order, now, "deferred", error="circuit open", not_before=now)
+        if step.process_state is StepState.PENDING:
+            delays.append((step.complete_by - (now + timedelta(seconds=1))).total_seconds())
+        assert step.failure_count == 0
+        assert len(delays) < 200
+    assert delays[:4] == sorted(delays[:4]) and delays[0] < 1.5
+    assert max(delays) <= POLICY.max_deferral_seconds
+    total = (now - T0).total_seconds()
+    assert 600 <= total <= 600 + POLICY.max_deferral_seconds + 2
+    [alert] = alerts(order)
+    assert "could not reach its service" in alert["reason"]
+    assert "was not applied" in alert["reason"]
+
+
+def test_a_counted_failure_ends_the_deferral_streak() -> None:
+    order = new_order()
+    attempt(order, T0, "deferred", error="open", not_before=T0)
+    step = order.steps[0]
+    assert step.deferred_since is not None
+    attempt(order, step.complete_by, "transient", error="503", applied="no")
+    assert (step.deferrals, step.deferred_since, step.failure_count) == (0, None, 1)
+
+
+# --- late reports correct what an expiry assumed ----------------------------------------
+
+
+def test_a_late_not_applied_report_clears_the_doubt_of_an_expiry() -> None:
+    order = new_order()
+    order.claim("i", T0)
+    order.expire(T0 + timedelta(seconds=31), POLICY)
+    step = order.steps[0]
+    assert step.maybe_applied == [1] and step.failure_count == 1
+    effect = order.apply_reply(
+        reply(order, "transient", attempt=1, error="503", applied="no"),
+        T0 + timedelta(seconds=32),
+        POLICY,
+    )
+    assert effect is ReplyEffect.NOTED
+    assert step.maybe_applied == [] and step.failure_count == 1
+    with pytest.raises(TransitionRefused):  # a second copy changes nothing
+        order.apply_reply(
+            reply(order, "transient", attempt=1, error="503", applied="no"),
+            T0 + timedelta(seconds=33),
+            POLICY,
+        )
+
+
+def test_a_late_deferral_gives_back_the_failure_the_expiry_counted() -> None:
+    order = new_order()
+    order.claim("i", T0)
+    order.expire(T0 + timedelta(seconds=31), POLICY)
+    order.claim("i", T0 + timedelta(seconds=31))
+    step = order.steps[0]
+    order.apply_reply(
+        reply(order, "deferred", attempt=1, error="open", not_before=T0),
+        T0 + timedelta(seconds=32),
+        POLICY,
+    )
+    assert step.failure_count == 0 and step.maybe_applied == []
+    assert step.process_state is StepState.PROCESSING and step.attempt == 2
+
+
+def test_a_late_report_turns_an_ambiguous_error_into_a_definite_one() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    fail_until_given_up(order, ["no", "no"], now)
+    ship = order.active_step()
+    assert ship is not None
+    now = max(now + timedelta(seconds=10), ship.complete_by)
+    order.claim("i", now)
+    order.expire(now + timedelta(seconds=31), POLICY)  # the third attempt's report was slow
+    assert order.status is OrderStatus.ERROR
+    assert "may have been applied" in alerts(order)[-1]["reason"]
+    order.apply_reply(
+        reply(order, "transient", step="ship", attempt=3, error="503", applied="no"),
+        now + timedelta(seconds=32),
+        POLICY,
+    )
+    assert order.status is OrderStatus.COMPENSATING
+    assert "not applied after all" in alerts(order)[-1]["reason"]
+    assert order.active_step().step == "refund-payment"  # type: ignore[union-attr]
+
+
+# --- a success is evidence, whenever it arrives -------------------------------------------
+
+
+def test_a_late_success_resolves_an_order_waiting_for_the_operator() -> None:
+    order = new_order()
+    now = T0
+    for _ in range(3):
+        step = order.claim("i", max(now, order.steps[0].complete_by))
+        now = step.complete_by + timedelta(seconds=3)
+        order.expire(now, POLICY)
+    assert order.status is OrderStatus.ERROR
+    effect = order.apply_reply(reply(order, step="process", attempt=2), now, POLICY)
+    assert effect is ReplyEffect.NOTED
+    assert order.status is OrderStatus.COMPLETED
+    assert statuses(order)[-2:] == ["processing", "completed"]
+    assert any(e["event"] == "resolved" for e in order.history)
+
+
+def test_a_late_success_of_a_step_being_undone_gets_it_undone_too() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    fail_until_given_up(order, ["no", "no", "no"], now)  # definite: charge not compensated
+    assert order.status is OrderStatus.COMPENSATING
+    assert order.active_step().step == "release-stock"  # type: ignore[union-attr]
+    order.apply_reply(
+        reply(order, step="charge-payment", attempt=2), now + timedelta(seconds=20), POLICY
+    )
+    charge = order.find("charge-payment")
+    assert charge is not None and charge.process_state is StepState.PROCESSED
+    release = order.active_step()
+    assert release is not None
+    attempt(order, max(now, release.complete_by) + timedelta(seconds=30), "succeeded")
+    refund = order.active_step()
+    assert refund is not None and refund.step == "refund-payment"
+    attempt(order, refund.complete_by + timedelta(seconds=31), "succeeded")
+    assert order.status is OrderStatus.COMPENSATED
+    assert charge.process_state is StepState.COMPENSATED
+
+
+# --- cancel -------------------------------------------------------------------------------
+
+
+def test_cancel_too_late_for_ship_lets_the_order_complete() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    order.claim("i", now)
+    order.cancel(now + timedelta(seconds=1), "app", "changed mind")
+    order.apply_reply(reply(order), now + timedelta(seconds=2), POLICY)
+    assert order.status is OrderStatus.COMPLETED
+    assert states(order) == [
+        ("reserve-stock", "Processed"),
+        ("charge-payment", "Processed"),
+        ("ship", "Processed"),
+    ]
+    assert any(e["event"] == "cancel-too-late" for e in order.history)
+    assert not order.cancel_requested
+
+
+def test_cancel_with_ship_unanswered_asks_the_operator_who_can_cancel_again() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    ship = order.claim("i", now)
+    order.cancel(now + timedelta(seconds=1), "app")
+    order.expire(ship.complete_by + timedelta(seconds=3), POLICY)
+    assert order.status is OrderStatus.ERROR and ship.process_state is StepState.ERROR
+    [alert] = alerts(order)
+    assert "may have been applied" in alert["reason"] and "cancel again" in alert["reason"]
+    order.cancel(now + timedelta(minutes=5), "operator", "carrier says nothing shipped")
+    assert order.status is OrderStatus.COMPENSATING
+    later = now + timedelta(minutes=6)
+    for _ in range(2):
+        step = order.active_step()
+        assert step is not None
+        attempt(order, max(later, step.complete_by), "succeeded")
+    assert order.status is OrderStatus.CANCELLED
+    assert [s for s, _ in states(order)][-2:] == ["refund-payment", "release-stock"]
+
+
+def test_cancel_with_ship_unanswered_then_resubmit_finds_it_applied() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    ship = order.claim("i", now)
+    order.cancel(now + timedelta(seconds=1), "app")
+    order.expire(ship.complete_by + timedelta(seconds=3), POLICY)
+    order.resubmit(now + timedelta(minutes=5), "operator")
+    attempt(order, now + timedelta(minutes=5), "succeeded")  # the key's stored answer
+    assert order.status is OrderStatus.COMPLETED
+
+
+def test_cancel_during_a_compensable_step_that_fails_transiently_undoes_the_rest() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    order.claim("i", now)
+    order.cancel(now + timedelta(seconds=1), "app")
+    order.apply_reply(
+        reply(order, "transient", error="503", applied="no"), now + timedelta(seconds=2), POLICY
+    )
+    charge = order.find("charge-payment")
+    assert charge is not None and charge.process_state is StepState.COMPENSATED
+    release = order.active_step()
+    assert release is not None and release.step == "release-stock"
+    attempt(order, now + timedelta(seconds=3), "succeeded")
+    assert order.status is OrderStatus.CANCELLED
+
+
+def test_compensations_under_a_cancel_get_retries_and_supervision() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    attempt(order, now, "succeeded")
+    ship = order.active_step()
+    assert ship is not None and ship.step == "ship"
+    order.cancel(now + timedelta(seconds=5), "app")
+    refund = order.active_step()
+    assert refund is not None and refund.step == "refund-payment"
+    claimed = order.claim("i", now + timedelta(seconds=5))
+    order.expire(claimed.complete_by + timedelta(seconds=3), POLICY)  # one missed deadline
+    assert refund.process_state is StepState.PENDING and refund.failure_count == 1
+    assert order.status is OrderStatus.COMPENSATING
+    attempt(order, refund.complete_by, "succeeded")
+    release = order.active_step()
+    assert release is not None
+    attempt(order, release.complete_by, "succeeded")
+    assert order.status is OrderStatus.CANCELLED
+
+
+def test_cancel_of_a_step_that_may_have_applied_compensates_it() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    charge = order.claim("i", now)
+    order.expire(charge.complete_by + timedelta(seconds=3), POLICY)  # Pending, maybe applied
+    order.cancel(charge.complete_by + timedelta(seconds=4), "app")
+    assert charge.process_state is StepState.COMPENSATING
+    refund = order.active_step()
+    assert refund is not None and refund.step == "refund-payment"
+
+
+def test_cancel_of_a_step_deferred_so_far_needs_no_undo() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    attempt(order, now, "deferred", error="open", not_before=now)
+    order.cancel(now + timedelta(seconds=2), "app")
+    charge = order.find("charge-payment")
+    assert charge is not None and charge.process_state is StepState.COMPENSATED
+    assert order.active_step().step == "release-stock"  # type: ignore[union-attr]
+
+
+def test_a_second_cancel_of_an_order_whose_compensation_failed_retries_it() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    order.claim("i", now)
+    order.cancel(now + timedelta(seconds=1), "app")
+    order.apply_reply(reply(order, "failed"), now + timedelta(seconds=2), POLICY)  # refused
+    refund = order.active_step()
+    assert refund is not None
+    attempt(order, refund.complete_by, "failed")  # refund refused: unwinding stops
+    assert order.status is OrderStatus.ERROR
+    order.cancel(now + timedelta(minutes=1), "operator")
+    assert order.status is OrderStatus.COMPENSATING and refund.process_state is StepState.PENDING
+    for _ in range(2):
+        step = order.active_step()
+        assert step is not None
+        attempt(order, max(now + timedelta(minutes=1), step.complete_by), "succeeded")
+    assert order.status is OrderStatus.CANCELLED
+
+
+def test_reply_json_round_trip_of_every_outcome() -> None:
+    from core.messages import decode_reply
+
+    order = new_order()
+    order.claim("i", T0)
+    for outcome in ("succeeded", "failed", "transient", "deferred"):
+        original = reply(order, outcome, not_before=T0 + timedelta(seconds=5))
+        decoded = decode_reply(original.encode())
+        assert decoded.outcome == outcome
+        assert decoded.applied == original.applied
+        if outcome == "deferred":
+            assert decoded.not_before == T0 + timedelta(seconds=5)
+        body = json.loads(original.encode())
+        assert ("applied" in body) is (outcome != "succeeded")
+
+
+def test_an_old_agents_failed_reply_without_applied_still_means_refused() -> None:
+    from core.messages import decode_reply
+
+    legacy = {
+        "orderId": "o-1",
+        "step": "process",
+        "attempt": 1,
+        "idempotencyKey": "o-1:process",
+        "completeBy": "2026-11-22T10:00:30.000Z",
+        "outcome": "failed",
+        "error": "declined",
+    }
+    assert decode_reply(json.dumps(legacy)).applied == "no"
+    legacy["outcome"] = "transient"
+    assert decode_reply(json.dumps(legacy)).applied == "maybe"
+
+
+def test_reply_from_an_unknown_outcome_is_refused_by_the_decoder() -> None:
+    from core.errors import InvalidMessage
+    from core.messages import decode_reply
+
+    body = AgentReply("o-1", "process", 1, T0, "deferred", error="x", applied="no").to_json()
+    del body["notBefore"]
+    with pytest.raises(InvalidMessage, match="notBefore"):
+        decode_reply(json.dumps(body))
+    body["outcome"] = "maybe-later"
+    with pytest.raises(InvalidMessage, match="outcome must be one of"):
+        decode_reply(json.dumps(body))
