@@ -6,6 +6,9 @@
     python -m admin cancel ORDER_ID [--reason TEXT] [--as NAME]
     python -m admin repair-index ORDER_ID
     python -m admin alerts [--peek N]
+    python -m admin kept [list] [--limit N]
+    python -m admin kept [show] ROW
+    python -m admin kept delete ROW
 
 Storage comes from ``AzureWebJobsStorage`` (connection string) or
 ``AzureWebJobsStorage__accountName`` (your az login / managed identity), or
@@ -13,7 +16,14 @@ Storage comes from ``AzureWebJobsStorage`` (connection string) or
 user name, or by ``--as NAME`` (``--by`` is the same). Output is JSON. Exit status:
 0 done, 1 refused (the order is not in a state that allows it), 2 bad usage,
 3 storage did not answer or the outcome of a change is unknown (read the order,
-then retry), 4 order not found, 5 the order's records cannot be read.
+then retry), 4 order (or kept message) not found, 5 the order's records cannot be read.
+
+``kept``: messages too large to ride inside their alert (poison and dead-letter queues)
+or their record (``orders-rejected``, quarantine in ``<queue>-poison``) are kept in the
+state table; the alert or record names one by its ``keptAs`` row key. ``kept`` lists
+them (oldest first, with a preview); ``kept show ROW`` (or ``kept ROW``) prints one
+whole (``text``: the message exactly; its base64 when ``encoding`` is ``base64``: it
+was not UTF-8); ``kept delete ROW`` removes one once dealt with.
 """
 
 from __future__ import annotations
@@ -36,7 +46,9 @@ from core.errors import (
 from core.names import Names
 from core.settings import Settings
 from core.states import OrderStatus
+from core.timefmt import iso
 from runtime.context import AppContext
+from stores.kept import KeptMessages
 
 
 def _context(connection: str | None) -> AppContext:
@@ -92,7 +104,72 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     repair.add_argument("order_id")
     alerts = sub.add_parser("alerts", help="operator alerts waiting on the queue (not removed)")
     alerts.add_argument("--peek", type=int, default=32)
-    return parser.parse_args(argv)
+    kept = sub.add_parser(
+        "kept", help="messages kept because they were too large for their alert or record"
+    )
+    kept.add_argument(
+        "words",
+        nargs="*",
+        metavar="[list | show ROW | delete ROW | ROW]",
+        help="list them (the default), show one whole (ROW alone shows it too), delete one; "
+        "ROW is the keptAs of the alert or record",
+    )
+    kept.add_argument("--limit", type=int, default=100, help="list at most this many")
+    args = parser.parse_args(argv)
+    if args.command == "kept":
+        words = list(args.words)
+        if not words or words == ["list"]:
+            args.kept_command, args.row = "list", None
+        elif len(words) == 2 and words[0] in ("show", "delete"):
+            args.kept_command, args.row = words
+        elif len(words) == 1 and words[0] not in ("show", "delete"):
+            args.kept_command, args.row = "show", words[0]
+        else:
+            kept.error("use: kept [list] | kept show ROW | kept delete ROW | kept ROW")
+    return args
+
+
+def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
+    kept = KeptMessages(ctx.store.table)
+    if args.kept_command == "list":
+        _print(
+            [
+                {
+                    "keptAs": k.row,
+                    "queue": k.queue,
+                    "reason": k.reason,
+                    "at": iso(k.at),
+                    "encoding": k.encoding,
+                    "length": k.length,
+                    "preview": k.preview,
+                }
+                for k in kept.list(max(args.limit, 1))
+            ]
+        )
+        return 0
+    if args.kept_command == "show":
+        message = kept.get(args.row)
+        if message is None:
+            _print({"error": f"no kept message {args.row}"})
+            return 4
+        _print(
+            {
+                "keptAs": message.row,
+                "queue": message.queue,
+                "reason": message.reason,
+                "at": iso(message.at),
+                "encoding": message.encoding,
+                "length": message.length,
+                "truncated": message.truncated,
+                "text": message.text,
+            }
+        )
+        return 0
+    if not kept.delete(args.row):
+        _print({"error": f"no kept message {args.row}"})
+        return 4
+    _print({"deleted": args.row})
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
                     for m in client.peek_messages(max_messages=min(args.peek, 32))
                 ]
             )
+        elif args.command == "kept":
+            return _kept(ctx, args)
     except OrderNotFound as exc:
         _print({"error": exc.message})
         return 4

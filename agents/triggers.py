@@ -25,7 +25,9 @@ def _handle(raw: bytes, reply_to: str | None) -> None:
     try:
         request = decode_request(raw)
     except InvalidMessage as exc:
-        quarantine(ctx.queues, ctx.names.agent_requests, raw, exc.message, ctx.clock)
+        quarantine(
+            ctx.queues, ctx.names.agent_requests, raw, exc.message, ctx.clock, keeper=ctx.kept
+        )
         return
     ctx.agent.handle(request, reply_to)
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from core.errors import InvalidMessage
-from core.orders import ORDER_ID_RULE, describe, is_valid_order_id
+from core.orders import ORDER_ID_RULE, describe, is_valid_order_id, strict_json
 from core.timefmt import iso, parse_iso
 
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -75,12 +75,20 @@ class _StepMessage:
         raise NotImplementedError
 
     def encode(self) -> str:
-        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+        # ASCII: a character outside it is an escape, never a byte sequence that a lone
+        # surrogate could make unencodable.
+        return json.dumps(self.to_json(), separators=(",", ":"))
 
 
 def bounded_result(result: dict[str, Any]) -> dict[str, Any]:
-    """The result as a reply carries it: whole, or cut with a marker when it is large."""
-    text = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+    """The result as a reply carries it: whole, or cut with a marker when it is large, or
+    replaced by a marker when the remote's JSON is something replies cannot carry (NaN,
+    a lone surrogate, nesting too deep). The step still succeeds either way."""
+    text = json.dumps(result, separators=(",", ":"))  # ASCII: its length is its size
+    try:
+        strict_json(text)
+    except ValueError as exc:
+        return {"unreadable": True, "reason": str(exc), "preview": text[:2_000]}
     if len(text) <= MAX_RESULT_CHARS:
         return result
     return {
@@ -200,11 +208,12 @@ class AgentReply(_StepMessage):
 def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
-        value = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InvalidMessage(f"{what} is not UTF-8 JSON: {exc}") from None
-    except (ValueError, RecursionError) as exc:  # huge integers, deep nesting
-        raise InvalidMessage(f"{what} cannot be decoded: {type(exc).__name__}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidMessage(f"{what} is not UTF-8: {exc}") from None
+    try:
+        value = strict_json(text)  # never raises anything but ValueError
+    except ValueError as exc:
+        raise InvalidMessage(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidMessage(f"{what} must be a JSON object, got {describe(value)}")
     return value
@@ -245,11 +254,20 @@ def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
     return order_id, step, attempt, complete_by
 
 
+#: W3C trace context only, bounded: it rides in every message and header.
+_TRACE_KEYS: Final = ("traceparent", "tracestate")
+_MAX_TRACE_CHARS: Final = 512
+
+
 def _trace(value: dict[str, Any]) -> dict[str, str]:
     trace = value.get("trace")
-    if isinstance(trace, dict):
-        return {str(k): str(v) for k, v in trace.items() if isinstance(v, str)}
-    return {}
+    if not isinstance(trace, dict):
+        return {}
+    return {
+        k: v
+        for k, v in trace.items()
+        if k in _TRACE_KEYS and isinstance(v, str) and len(v) <= _MAX_TRACE_CHARS
+    }
 
 
 def decode_request(raw: bytes | str) -> AgentRequest:
@@ -360,9 +378,31 @@ def alert_message(
     )
 
 
-def rejection_message(reason: str, original: str, at: datetime, **extra: str) -> str:
-    return json.dumps(
-        {"reason": reason, "message": original, "at": iso(at), **extra},
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+def rejection_message(
+    reason: str,
+    original: str,
+    at: datetime,
+    *,
+    kept_as: str | None = None,
+    **extra: str,
+) -> str:
+    """A rejection (``orders-rejected``) or quarantine (``<queue>-poison``) record:
+    ``{"reason", "message", "at"}`` with ``message`` the original text unchanged, plus
+    ``extra`` (``queue``, ``messageBase64``, ...).
+
+    A record must fit a Storage queue message (64 KiB of UTF-8), and quoting a message
+    near that size makes it larger. So the caller measures the record; when it is too
+    large, it keeps the original elsewhere (``stores/kept.py``) and passes ``kept_as``, its
+    key: the record then carries ``messagePreview`` (the first 2,000 characters) and
+    ``keptAs`` instead of ``message``, and a reason cut at 2,000 characters; ``reason``
+    and ``at`` are always there.
+    """
+    body: dict[str, Any] = {"reason": reason, "message": original, "at": iso(at), **extra}
+    if kept_as is not None:
+        cut = 2_000  # characters of the preview and of the reason: the record stays small
+        del body["message"]
+        if len(reason) > cut:
+            body["reason"] = reason[:cut] + "\u2026"
+        body["messagePreview"] = original[:cut]
+        body["keptAs"] = kept_as
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False)

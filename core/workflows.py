@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from core.settings import MAX_STEP_TIMEOUT_SECONDS
+
 _STEP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 #: A step name's longest: the Service Bus message id ``<orderId>:<step>:<attempt>`` must
 #: fit 128 characters with a 64-character order id and an attempt of up to 6 digits
@@ -67,6 +69,18 @@ class Workflow:
                     f"workflow {self.name!r}: step name {name!r} has {len(name)} characters; "
                     f"at most {MAX_STEP_NAME}, so that the Service Bus message id "
                     "<orderId>:<step>:<attempt> always fits its 128 characters"
+                )
+        timeouts = [(s.name, s.timeout_seconds) for s in self.steps] + [
+            (s.compensation.step, s.compensation.timeout_seconds)
+            for s in self.steps
+            if s.compensation
+        ]
+        for name, timeout in timeouts:
+            if timeout is not None and not 1 <= timeout <= MAX_STEP_TIMEOUT_SECONDS:
+                raise ValueError(
+                    f"workflow {self.name!r}: step {name!r} has a timeout of {timeout} s; it "
+                    f"must be 1-{MAX_STEP_TIMEOUT_SECONDS} s, what the host can honour (an "
+                    "agent invocation lasts up to it; see core/settings.py)"
                 )
 
 

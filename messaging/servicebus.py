@@ -32,6 +32,7 @@ from core.messages import AgentReply, AgentRequest
 from core.names import Names
 from core.ports import Clock
 from core.settings import Connection, SettingsError
+from messaging.storage_queues import REPLY_TTL_SECONDS
 from runtime.logs import get_logger
 
 if TYPE_CHECKING:
@@ -85,9 +86,15 @@ def reply_message(reply: AgentReply, now: datetime) -> ServiceBusMessage:
 
     return ServiceBusMessage(
         reply.encode(),
-        message_id=reply.message_id,
+        # A success keeps the attempt's id; any other report adds its outcome, so that
+        # duplicate detection can never drop a success as a copy of an earlier failure
+        # report for the same attempt (a redelivered request runs twice).
+        message_id=reply.message_id
+        if reply.outcome == "succeeded"
+        else f"{reply.message_id}:{reply.outcome}",
         correlation_id=reply.message_id,  # = the request's message_id
-        time_to_live=max(reply.complete_by - now, timedelta(seconds=1)),
+        # Not the time left: a late success is still evidence (contract 3.11).
+        time_to_live=timedelta(seconds=REPLY_TTL_SECONDS),
         content_type="application/json",
         subject=reply.step,
         application_properties={
@@ -199,10 +206,9 @@ class ServiceBusTransport:
         return True
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
+        # Sent however late: a late success completes the step, a late report corrects
+        # what the supervisor assumed (contract 3.11).
         now = self._clock()
-        if reply.complete_by <= now:
-            log.warning("deadline passed before the reply was sent; not sending")
-            return False
         self._send(reply_to or self._names.agent_replies, lambda: reply_message(reply, now))
         return True
 

@@ -109,8 +109,12 @@ class AppContext:
         )
 
     @cached_property
+    def kept(self) -> KeptMessages:
+        return KeptMessages(self.store.table)
+
+    @cached_property
     def poison(self) -> PoisonWatch:
-        return PoisonWatch(self.queues, self.names, KeptMessages(self.store.table), self.clock)
+        return PoisonWatch(self.queues, self.names, self.kept, self.clock)
 
     @cached_property
     def remote(self) -> RemoteServiceClient:

@@ -137,14 +137,39 @@ class Scheduler:
         return Outcome.DUPLICATE
 
     def reject(self, raw: bytes, reason: str) -> None:
+        """Send ``{"reason", "message", "at"}`` to orders-rejected (contract 3.1), with the
+        original text unchanged (and ``messageBase64``, its exact bytes, if not UTF-8).
+
+        A record too large for a Storage queue message (measured as UTF-8, with margin:
+        ``stores.kept.MAX_RECORD_BYTES``), which a message near 64 KiB makes once quoted,
+        would fail to send and turn a rejection into retries and a poison message. Then
+        the original (its exact bytes as base64, if not UTF-8) is kept in the state table
+        (``stores/kept.py``, ``python -m admin kept show``) and the record carries
+        ``messagePreview`` and ``keptAs`` instead of ``message``.
+        """
+        from stores.kept import KeptMessages, fits_a_queue_message
+
+        now = self._clock()
         extra: dict[str, str] = {}
+        exact: str | None = None
         try:
             original = raw.decode("utf-8")
         except UnicodeDecodeError:
             original = raw.decode("utf-8", errors="replace")
             # The exact bytes, since the text had to replace some.
-            extra["messageBase64"] = base64.b64encode(raw).decode("ascii")
-        body = rejection_message(reason, original, self._clock(), **extra)
+            exact = base64.b64encode(raw).decode("ascii")
+            extra["messageBase64"] = exact
+        body = rejection_message(reason, original, now, **extra)
+        if not fits_a_queue_message(body):
+            kept_as = KeptMessages(self._store.table).keep(
+                self._names.orders_rejected,
+                original if exact is None else exact,
+                reason,
+                now,
+                encoding="text" if exact is None else "base64",
+            )
+            body = rejection_message(reason, original, now, kept_as=kept_as)
+            log.info("rejected message kept as %s (too large for its record)", kept_as)
         self._queues.send(self._names.orders_rejected, body)
         METRICS.inc("orders_rejected")
         log.error("order message rejected: %s", reason, extra={"event": "order_rejected"})

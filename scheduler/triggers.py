@@ -41,6 +41,7 @@ def dispatch_order(msg: func.QueueMessage) -> None:
             raw,
             'a dispatch message must be {"orderId": "<id>"}',
             ctx.clock,
+            keeper=ctx.kept,
         )
         return
     ride_out(lambda: ctx.scheduler.dispatch(order_id), what="dispatch")
@@ -51,7 +52,9 @@ def _apply_reply(raw: bytes) -> None:
     try:
         reply = decode_reply(raw)
     except InvalidMessage as exc:
-        quarantine(ctx.queues, ctx.names.agent_replies, raw, exc.message, ctx.clock)
+        quarantine(
+            ctx.queues, ctx.names.agent_replies, raw, exc.message, ctx.clock, keeper=ctx.kept
+        )
         return
     ride_out(lambda: ctx.scheduler.apply_reply(reply), what="reply")
 

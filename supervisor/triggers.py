@@ -12,6 +12,7 @@ import azure.functions as func
 from core import names
 from core.settings import AGENT_TRANSPORT, Transport
 from runtime.context import app_context
+from runtime.resilience import ride_out
 from supervisor.poison import Poisoned
 
 bp = func.Blueprint()
@@ -28,7 +29,13 @@ def supervise(timer: func.TimerRequest) -> None:
 
 def _poison_queue_trigger(queue: str) -> None:
     def handler(msg: func.QueueMessage) -> None:
-        app_context().poison.alert(Poisoned(queue, msg.get_body(), msg.dequeue_count))
+        # The copy on the poison queue has its own dequeue count (1 on its first
+        # delivery), not the failures that put it there: say nothing rather than 1.
+        body = msg.get_body()
+        ride_out(
+            lambda: app_context().poison.alert(Poisoned(queue, body, None)),
+            what="poison alert",
+        )
 
     _register(handler, f"alert_{queue.replace('-', '_')}", queue, queue_trigger=True)
 
@@ -43,7 +50,11 @@ def _dead_letter_trigger(queue: str) -> None:
             msg, "dead_letter_error_description", None
         )
         why = " - ".join(str(x) for x in (reason, detail) if x) or None
-        app_context().poison.alert(Poisoned(path, msg.get_body(), msg.delivery_count, why))
+        body, deliveries = msg.get_body(), msg.delivery_count
+        ride_out(
+            lambda: app_context().poison.alert(Poisoned(path, body, deliveries, why)),
+            what="dead-letter alert",
+        )
 
     _register(handler, f"alert_{queue.replace('-', '_')}_dead_letters", path, queue_trigger=False)
 

@@ -98,3 +98,18 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+_FUNCTIONS: dict[str, Callable[..., Any]] = {}
+
+
+def app_function(name: str) -> Callable[..., Any]:
+    """A function of ``function_app`` by name, as the worker calls it. The app lists its
+    functions only once per process (FACTS.md), so every test shares this one list."""
+    if not _FUNCTIONS:
+        import function_app
+
+        _FUNCTIONS.update(
+            {f.get_function_name(): f.get_user_function() for f in function_app.app.get_functions()}
+        )
+    return _FUNCTIONS[name]

@@ -8,7 +8,11 @@
   remote call);
 - every instance runs the supervisor's timer, so several supervisors race;
 - a meddler steals agent replies and puts each back twice, delayed, so replies
-  arrive duplicated, out of order, and some after their step was reset.
+  arrive duplicated, out of order, and some after their step was reset;
+- a third of the way in, every remote service goes down (``LocalStack.outage``):
+  503 to every call for a while, then connections refused, while all of the
+  above goes on. Orders must ride it out (contract 3.11): same final statuses,
+  and only a trickle of probe calls reaches the remote while it is down.
 
 Then the chaos stops, every order gets time to finish, and only system-wide
 invariants are checked (``invariants.py``).
@@ -18,13 +22,17 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from demo.stack import LocalStack
+from core.model import Order
+from core.timefmt import parse_iso
+from demo.stack import Devhost, LocalStack
 from demo.verify import Verdict, drain_alerts, load_orders, verify
 from simulator import load_ledger
 
@@ -40,6 +48,14 @@ class ChaosPlan:
     kill_every: tuple[float, float] = (2.0, 4.0)
     settle_seconds: float = 150
     seed: int = 20261122
+    #: When the outage starts, as a fraction of ``chaos_seconds``; None: no outage.
+    outage_at: float | None = 1 / 3
+    keep_workdir: bool = False  # keep the stack's logs, table and ledger after the run
+
+    def outage_phases(self) -> tuple[float, float]:
+        """(seconds of 503, seconds unreachable): 8 + 6 s, scaled up for longer runs."""
+        scale = max(1.0, self.chaos_seconds / 40)
+        return round(8 * scale, 1), round(6 * scale, 1)
 
 
 def make_orders(plan: ChaosPlan, rng: random.Random) -> dict[str, tuple[dict[str, Any], str]]:
@@ -97,11 +113,147 @@ class ReplyMeddler(threading.Thread):
             self._halt.wait(0.7)
 
 
+@dataclass(frozen=True)
+class Outage:
+    """The outage window of a run (every remote service down), and what the remote saw."""
+
+    error_seconds: float  # every call answered 503
+    unreachable_seconds: float  # then connections refused
+    before: datetime  # wall clock just before the switch was asked
+    after: datetime  # wall clock once the 503 phase was in force
+    mono: float  # time.monotonic() at ``after``
+    offset: float  # seconds into the chaos phase
+
+    #: The first seconds of the 503 phase are left out of the rate: every instance's
+    #: breakers are still tripping (3 orders must fail on an endpoint first).
+    SETTLING = 3.0
+
+    @classmethod
+    def start(cls, stack: LocalStack, plan: ChaosPlan, chaos_started: float) -> Outage:
+        error_seconds, unreachable_seconds = plan.outage_phases()
+        before = datetime.now(UTC)
+        stack.outage(
+            {
+                "phases": [
+                    {"mode": "error", "status": 503, "seconds": error_seconds},
+                    {"mode": "unreachable", "seconds": unreachable_seconds},
+                ]
+            }
+        )
+        mono = time.monotonic()
+        return cls(
+            error_seconds,
+            unreachable_seconds,
+            before,
+            datetime.now(UTC),
+            mono,
+            round(mono - chaos_started, 1),
+        )
+
+    def call_bound(self, instances: int, starts: int) -> int:
+        """The most calls the remote may receive in the 503 phase after ``SETTLING``.
+
+        Contract 3.11: while the remote is down it sees a trickle of probes, not every
+        order's retries. Every process has one breaker per endpoint path (``agents.health``)
+        and there are E = 6 paths (process, reserve-stock, charge-payment, ship, and the
+        compensations refund-payment, release-stock). In a window of W seconds:
+
+        - probes: an open breaker lets one call through at a time, the next no sooner
+          than 2 s after the last one failed (then 4, 8, 10 s): at most W / 2 per path
+          per instance, so E * instances * W / 2 (9 calls/s for 3 instances);
+        - slack for attempts admitted just before a breaker opened: a breaker opens
+          once three different orders have failed on it; until then the attempts it
+          admitted retry (full-jitter backoff from 0.2 s), and those in flight when it
+          opens land just after. A devhost runs at most C = 24 agent attempts at once
+          (batchSize 16 + newBatchThreshold 8, host.json): allow C calls per process
+          (re)started in the window (a fresh process starts with closed breakers), plus
+          C for breakers of the running processes that trip late (an endpoint with
+          fewer than 3 failing orders on an instance has not opened: those 1-2 orders
+          retry until their deadline). The probe term is itself generous (the interval
+          grows 2, 4, 8, 10 s: about 3 probes per path in 12 s, not 6), and its unused
+          part absorbs a fresh process whose trips cost more than C.
+
+        bound = E * instances * W / 2 + C * (starts + 1). For the short run (W = 5 s,
+        3 instances, 1 restart in the window): 45 + 48 = 93 calls, 18.6/s. Without the
+        breakers, 3 instances each running C attempts, each retrying with full-jitter
+        backoff (0.2 s doubling, ~6 tries in the ~3.2 s before a 4 s deadline, then
+        redispatched), would send about 3 * 24 * 2 = 144 calls/s while at least 72
+        orders wait (100+/s with the ~60 in flight at the short run's outage): the
+        bound is several times below that.
+        """
+        endpoints, concurrency = 6, 24
+        window = self.error_seconds - self.SETTLING
+        return int(endpoints * instances * window / 2 + concurrency * (starts + 1))
+
+    def summary(
+        self, stack: LocalStack, starts: list[float], final: dict[str, Order | None]
+    ) -> dict[str, Any]:
+        calls = stack.remote_calls(self.before.isoformat())
+        at = [(parse_iso(c["at"]), c) for c in calls]
+        error_end = self.after + timedelta(seconds=self.error_seconds)
+        end = error_end + timedelta(seconds=self.unreachable_seconds)
+        settled = self.after + timedelta(seconds=self.SETTLING)
+        during = [c for t, c in at if t < error_end]
+        late = [c for t, c in at if settled <= t < error_end]
+        window = self.error_seconds - self.SETTLING
+        first_ok = next(
+            (t for t, c in at if t >= end and c["answer"] == 200 and c["fault"] is None), None
+        )
+        active = {
+            order.order_id
+            for order in final.values()
+            if order is not None
+            for step in order.steps
+            for h in step.history
+            if self.before <= parse_iso(h["at"]) <= end
+        }
+        restarts = sum(
+            1 for s in starts if self.mono + self.SETTLING <= s < self.mono + self.error_seconds
+        )
+        return {
+            "startedAt": self.after.isoformat(timespec="milliseconds"),
+            "startSecond": self.offset,
+            "errorSeconds": self.error_seconds,
+            "unreachableSeconds": self.unreachable_seconds,
+            "ordersActive": len(active),
+            "callsDuring503": len(during),
+            "outageAnswered": sum(1 for c in calls if c["fault"] == "outage"),
+            "callsAfterSettling": len(late),
+            "callsPerSecondAfterSettling": round(len(late) / window, 2),
+            "callsAfterSettlingByStep": dict(Counter(c["step"] for c in late)),
+            "processStartsAfterSettling": restarts,
+            "callBoundAfterSettling": self.call_bound(stack.devhosts, restarts),
+            "callsWhileUnreachable": sum(1 for t, _ in at if error_end <= t < end),
+            "firstSuccessAfterEndSeconds": (
+                round((first_ok - end).total_seconds(), 1) if first_ok else None
+            ),
+        }
+
+
+def bring_up(host: Devhost) -> int:
+    """Start ``host``; returns how many times its own failpoints killed it on the way up.
+
+    A fresh process serves its triggers before it prints its HTTP address, and with
+    failpoints armed it may SIGKILL itself in between (a batch of claims at 3% each):
+    that is one more kill, not a failed run; start it again.
+    """
+    for kills in range(20):
+        try:
+            host.start()
+            return kills
+        except RuntimeError:
+            if host.process is None or host.process.returncode != -signal.SIGKILL:
+                raise
+            host.kill()  # already dead: close its pipe and log
+    raise RuntimeError(f"devhost {host.index} killed itself 20 times while starting")
+
+
 def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
     rng = random.Random(plan.seed)
     failpoints = ["", "after-claim:0.03,agent-after-call:0.03", "after-reply-save:0.03"]
     stack = LocalStack(
         devhosts=plan.devhosts,
+        keep_workdir=plan.keep_workdir,
         settings={
             "STEP_TIMEOUT_SECONDS": str(STEP_TIMEOUT),
             "MAX_FAILURE_COUNT": str(MAX_FAILURES),
@@ -132,6 +284,8 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
     orders = make_orders(plan, rng)
     stop = threading.Event()
     kills = 0
+    starts: list[float] = []  # when a process was (re)started during the chaos (monotonic)
+    outage: Outage | None = None
     timings: dict[str, Any] = {}
     with stack:
         meddler = ReplyMeddler(stack, rng, stop)
@@ -146,15 +300,23 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
                 _, (message, _) = pending.pop()
                 stack.submit(message)
             now = time.monotonic()
+            outage_due = plan.outage_at is not None and (
+                now - started >= plan.chaos_seconds * plan.outage_at
+            )
+            if outage is None and outage_due:
+                outage = Outage.start(stack, plan, started)
             if now >= next_kill:
-                victim = rng.randrange(plan.devhosts)
-                stack.restart(victim)  # SIGKILL, then a fresh process at once
-                kills += 1
+                victim = stack.hosts[rng.randrange(plan.devhosts)]
+                victim.kill()  # SIGKILL, then a fresh process at once
+                again = bring_up(victim)
+                kills += 1 + again
+                starts += [time.monotonic()] * (1 + again)
                 next_kill = now + rng.uniform(*plan.kill_every)
             for host in stack.hosts:  # failpoints kill too: bring them back
                 if not host.alive:
-                    host.start()
-                    kills += 1
+                    again = bring_up(host)
+                    kills += 1 + again
+                    starts += [time.monotonic()] * (1 + again)
             time.sleep(0.5)
         for _, (message, _) in pending:  # whatever is left, before the settle phase
             stack.submit(message)
@@ -186,8 +348,9 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         timings["outboxDrainedAfterSeconds"] = round(
             time.monotonic() - started - timings["totalSeconds"], 1
         )
+        final = load_orders(stack.context, ids)
         verdict = verify(
-            load_orders(stack.context, ids),
+            final,
             load_ledger(stack.ledger_path),
             drain_alerts(stack.context),
             expected={o: e for o, (_, e) in orders.items()},
@@ -199,6 +362,10 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             duplicatedReplies=meddler.duplicated,
             rejected=len(rejected.peek_messages(max_messages=32)),
         )
+        if plan.keep_workdir:
+            timings["workdir"] = str(stack.workdir)
+        if outage is not None:
+            timings["outage"] = outage.summary(stack, starts, final)
     return verdict, timings
 
 
@@ -209,9 +376,17 @@ def main() -> int:
     parser.add_argument("--orders", type=int, default=400)
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--no-outage", action="store_true", help="run without the outage window")
+    parser.add_argument("--keep", action="store_true", help="keep the stack's workdir (logs)")
     args = parser.parse_args()
     report, timings = run_chaos(
-        ChaosPlan(orders=args.orders, chaos_seconds=args.seconds, seed=args.seed)
+        ChaosPlan(
+            orders=args.orders,
+            chaos_seconds=args.seconds,
+            seed=args.seed,
+            outage_at=None if args.no_outage else ChaosPlan.outage_at,
+            keep_workdir=args.keep,
+        )
     )
     print(json.dumps({**report.as_json(), **timings, "seed": args.seed}, indent=2))
     for name, items in report.violations().items():

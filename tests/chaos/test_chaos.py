@@ -1,4 +1,4 @@
-"""The chaos suite: only system-wide invariants, after real crashes and faults.
+"""The chaos suite: only system-wide invariants, after real crashes, faults and an outage.
 
 `make test` runs the short form; `make chaos` also runs the long one.
 """
@@ -23,6 +23,12 @@ def _run(plan: ChaosPlan) -> None:
     assert timings["kills"] >= 3, "the run must actually kill processes"
     assert timings["duplicatedReplies"] > 0, "the run must actually duplicate replies"
     assert timings["rejected"] == 0
+    outage = timings["outage"]
+    # The outage happened: the remote's outage switch answered calls 503 ...
+    assert outage["outageAnswered"] > 0, "the run must actually take the remote down"
+    # ... and, its breakers open, the instances sent only a trickle of probes
+    # (the bound and its derivation: runner.Outage.call_bound).
+    assert outage["callsAfterSettling"] <= outage["callBoundAfterSettling"], outage
 
 
 @pytest.mark.timeout(420)

@@ -417,3 +417,47 @@ def test_reply_from_an_unknown_outcome_is_refused_by_the_decoder() -> None:
     body["outcome"] = "maybe-later"
     with pytest.raises(InvalidMessage, match="outcome must be one of"):
         decode_reply(json.dumps(body))
+
+
+DEEP: object = []
+for _ in range(80):
+    DEEP = [DEEP]
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"x": float("nan")},
+        {"x": "\ud800"},  # a lone surrogate, as JSON "\ud800" from the remote decodes to
+        {"x": DEEP},
+    ],
+)
+def test_a_success_whose_result_replies_cannot_carry_is_still_a_success(
+    result: dict[str, object],
+) -> None:
+    from core.messages import AgentRequest, decode_reply
+
+    request = AgentRequest("o-1", "process", 1, T0 + timedelta(seconds=30), "process", {})
+    reply = request.succeeded(result)
+    decoded = decode_reply(reply.encode())  # the scheduler can read it: no quarantine
+    assert decoded.outcome == "succeeded"
+    assert decoded.result is not None and decoded.result["unreadable"] is True
+
+
+def test_a_large_result_is_cut_with_a_marker_and_the_reply_fits_a_queue_message() -> None:
+    from core.messages import AgentRequest, decode_reply
+
+    request = AgentRequest("o-1", "process", 1, T0 + timedelta(seconds=30), "process", {})
+    reply = request.succeeded({"blob": "é" * 200_000})
+    encoded = reply.encode()
+    assert len(encoded.encode("utf-8")) < 64 * 1024
+    decoded = decode_reply(encoded)
+    assert decoded.result is not None and decoded.result["truncated"] is True
+
+
+def test_a_workflow_step_timeout_the_host_cannot_honour_is_refused_at_start_up() -> None:
+    from core.workflows import StepSpec, Workflow
+
+    with pytest.raises(ValueError, match="what the host can honour"):
+        Workflow("slow", (StepSpec("wait", timeout_seconds=600),))
+    Workflow("ok", (StepSpec("wait", timeout_seconds=270),))

@@ -563,8 +563,8 @@ def test_request_and_reply_reject_bad_common_fields(
 @pytest.mark.parametrize(
     ("raw", "detail"),
     [
-        ("not json", "is not UTF-8 JSON"),
-        (b"\xff\xfe", "is not UTF-8 JSON"),
+        ("not json", "is not valid JSON"),
+        (b"\xff\xfe", "is not UTF-8"),
         ("[]", "must be a JSON object, got an array"),
         ('"o-1"', "must be a JSON object, got a string"),
         ("null", "must be a JSON object, got null"),

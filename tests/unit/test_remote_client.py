@@ -1089,9 +1089,10 @@ def test_a_large_result_is_cut_and_the_reply_still_fits_its_queue() -> None:
 
 
 def test_the_largest_uncut_result_still_fits_its_queue() -> None:
-    # Just under the cut, in 4-byte characters: the worst case for the reply's size.
-    worst = {"t": "😀" * (MAX_RESULT_CHARS - 10)}
-    assert len(json.dumps(worst, ensure_ascii=False, separators=(",", ":"))) <= MAX_RESULT_CHARS
+    # Just under the cut, in characters outside the BMP (12 ASCII bytes each as escapes):
+    # the worst case for the reply's size.
+    worst = {"t": "😀" * ((MAX_RESULT_CHARS - 20) // 12)}
+    assert len(json.dumps(worst, separators=(",", ":"))) <= MAX_RESULT_CHARS
     trace = {
         "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
         "tracestate": "vendor=" + "x" * 500,

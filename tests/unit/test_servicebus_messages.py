@@ -18,6 +18,7 @@ from core.errors import StorageUnavailable
 from core.messages import AgentRequest, decode_reply, decode_request
 from core.names import Names
 from messaging.servicebus import ServiceBusTransport, reply_message, request_message
+from messaging.storage_queues import REPLY_TTL_SECONDS
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
@@ -71,7 +72,9 @@ def test_reply_message_correlates_with_its_request() -> None:
 
     assert message.correlation_id == request_message(request, "agent-replies", T0).message_id
     assert message.correlation_id == "o-1:reserve-stock:3"
-    assert message.time_to_live == timedelta(seconds=6)
+    assert message.message_id == "o-1:reserve-stock:3"
+    # A reply outlives the deadline: a late success is still evidence (contract 3.11).
+    assert message.time_to_live == timedelta(seconds=REPLY_TTL_SECONDS)
     assert message.content_type == "application/json"
     assert decode_reply(body_of(message)) == reply
     assert message.application_properties == {
@@ -91,6 +94,9 @@ def test_failed_reply_message_carries_its_outcome() -> None:
     assert decode_reply(body_of(message)).error == "reserve-stock: HTTP 409 out of stock"
     assert message.application_properties is not None
     assert message.application_properties["outcome"] == "failed"
+    # never a duplicate of the attempt's success, which keeps the plain id
+    assert message.message_id == "o-1:reserve-stock:3:failed"
+    assert message.correlation_id == "o-1:reserve-stock:3"
 
 
 @pytest.mark.parametrize(("seconds_left", "ttl"), [(42.5, 42), (1.9, 1)])
@@ -101,7 +107,6 @@ def test_fractional_time_left_is_floored_so_the_message_never_outlives_complete_
     request = make_request(seconds_left=seconds_left)
 
     assert request_message(request, "agent-replies", T0).time_to_live == timedelta(seconds=ttl)
-    assert reply_message(request.succeeded({}), T0).time_to_live == timedelta(seconds=ttl)
 
 
 @pytest.mark.parametrize("seconds_left", [0.3, 0, -60])
@@ -109,7 +114,9 @@ def test_time_to_live_is_at_least_one_second(seconds_left: float) -> None:
     request = make_request(seconds_left=seconds_left)
 
     assert request_message(request, "agent-replies", T0).time_to_live == timedelta(seconds=1)
-    assert reply_message(request.succeeded({}), T0).time_to_live == timedelta(seconds=1)
+    assert reply_message(request.succeeded({}), T0).time_to_live == timedelta(
+        seconds=REPLY_TTL_SECONDS
+    )
 
 
 def test_each_attempt_is_a_new_message_id() -> None:
@@ -274,14 +281,14 @@ def test_reply_goes_to_agent_replies_or_the_given_queue(
 
 
 @pytest.mark.parametrize("seconds_left", [0, -1])
-def test_nothing_is_sent_past_the_deadline(
+def test_no_request_is_sent_past_the_deadline_but_replies_are(
     factory: Factory, transport: ServiceBusTransport, seconds_left: float
 ) -> None:
     request = make_request(seconds_left=seconds_left)
 
     assert transport.send_request(request) is False
-    assert transport.send_reply(request.succeeded({})) is False
     assert factory.clients == []  # not even a connection
+    assert transport.send_reply(request.succeeded({})) is True  # late evidence still goes
 
 
 def test_the_client_is_built_once_and_each_sender_once(
