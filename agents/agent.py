@@ -28,6 +28,7 @@ from core.ports import AgentTransport, Clock
 from runtime import failpoints, telemetry
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
+from runtime.resilience import ride_out
 
 log = get_logger(__name__)
 
@@ -76,7 +77,11 @@ class Agent:
                         order_id=request.order_id,
                         step=request.step,
                     )
-                request = request.with_order(self._load_order(request.order_id))
+                load, order_id = self._load_order, request.order_id
+                # Before any call, so waiting out a storage outage here is safe.
+                request = request.with_order(
+                    ride_out(lambda: load(order_id), what="order load", sleep=self._sleep)
+                )
             outcome = self._remote.call(request)
             reply = replace(_reply(request, outcome), trace=telemetry.carrier() or request.trace)
             failpoints.hit("agent-after-call")
@@ -116,7 +121,7 @@ def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:
     if outcome.kind == "succeeded":
         return request.succeeded(outcome.result or {})
     if outcome.kind == "refused":
-        return request.failed(outcome.error)
+        return request.failed(outcome.error, outcome.applied)
     if outcome.kind == "transient":
         return request.transient(outcome.error, outcome.applied)
     return request.deferred(

@@ -187,7 +187,7 @@ class EndpointHealth:
     def record_failure(self, key: str, now: float, *, explained: bool, probe: bool) -> None:
         """A transient failure (5xx, 408/425/429, connection error, timeout)."""
         with self._lock:
-            if probe or (self._probe is not None and self._probe[0] == key):
+            if self._open and (probe or (self._probe is not None and self._probe[0] == key)):
                 # A failed probe lengthens the wait before the next one: 2 s after the
                 # trip, then 4, 8, 10, 10...
                 self._probe = None

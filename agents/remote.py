@@ -68,6 +68,8 @@ class RemotePolicy:
     reply_margin_fraction: float = 0.2
     reply_margin_min_seconds: float = 0.5
     reply_margin_max_seconds: float = 5.0
+    #: No try starts with less time than this before the stop time (see ``call``).
+    min_try_seconds: float = 1.0
     backoff_initial_seconds: float = 0.2
     backoff_max_seconds: float = 5.0
     health: HealthPolicy = field(default_factory=HealthPolicy)
@@ -131,7 +133,7 @@ def classify(response: httpx.Response, path: str, now: datetime | None = None) -
     if 200 <= status < 300:
         try:
             body = response.json()
-        except ValueError:
+        except Exception:  # noqa: BLE001 - whatever the remote sent: it still succeeded
             return Try(
                 "yes", False, status=status, result={"status": status, "text": response.text[:1000]}
             )
@@ -142,8 +144,8 @@ def classify(response: httpx.Response, path: str, now: datetime | None = None) -
     try:
         body = response.json()
         if isinstance(body, dict):
-            detail = str(body.get("error") or body.get("message") or "")
-    except ValueError:
+            detail = str(body.get("error") or body.get("message") or "")[:300]
+    except Exception:  # noqa: BLE001 - not JSON, too deep, not text: show what it is
         detail = response.text[:300]
     text = f"{path}: HTTP {status}" + (f" {detail}" if detail else "")
     if status in TRANSIENT_4XX or status >= 500:
@@ -167,11 +169,17 @@ class _LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T], bound: float) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return future.result(timeout=bound)
+        try:
+            return future.result(timeout=bound)
+        except TimeoutError:
+            future.cancel()  # the call must not outlive its attempt
+            raise
 
     def close(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()
 
 
 class RemoteServiceClient:
@@ -223,7 +231,9 @@ class RemoteServiceClient:
         while True:
             now = self._clock()
             budget = (stop_at - now).total_seconds()
-            if budget <= 0:
+            if budget <= 0 or budget < self.policy.min_try_seconds:
+                # Too little time for an answer: a try cut this short would only turn a
+                # call into "may have applied". Not starting it is honest: not applied.
                 break
             admission = health.admit(
                 key, now.timestamp(), singled_out=request.singled_out or mark is not None
@@ -246,7 +256,10 @@ class RemoteServiceClient:
                 return CallOutcome("succeeded", result=attempt.result, tries=len(tries) + 1)
             if not attempt.retryable:
                 health.record_answer(key, now.timestamp())
-                return CallOutcome("refused", error=attempt.error, tries=len(tries) + 1)
+                # Refused now; an earlier try of this attempt may still have applied.
+                return CallOutcome(
+                    "refused", error=attempt.error, applied=_applied(tries), tries=len(tries) + 1
+                )
             if mark is None:
                 mark = before
             health.record_failure(
@@ -261,7 +274,8 @@ class RemoteServiceClient:
                 if attempt.retry_after is not None
                 else self._backoff(len(tries))
             )
-            if now + timedelta(seconds=wait) >= stop_at:
+            left_after_wait = (stop_at - now).total_seconds() - wait
+            if left_after_wait <= 0 or left_after_wait < self.policy.min_try_seconds:
                 if attempt.retry_after is not None:
                     return self._deferred(
                         f"{attempt.error}; the service asked to wait {wait:.0f} s (Retry-After), "
@@ -324,19 +338,25 @@ class RemoteServiceClient:
         }
         headers["Idempotency-Key"] = request.idempotency_key
         headers["Content-Type"] = "application/json"
+        # No compressed answers: a body that fails to decompress would hide the status.
+        headers["Accept-Encoding"] = "identity"
         url = f"{self._base_url}/{request.path}"
         loop = self._event_loop()
         try:
-            return loop.run(
+            answer = loop.run(
                 self._post(url, body.encode("utf-8"), headers, timeout, request.path),
                 bound=timeout + 5,
             )
         except TimeoutError:  # pragma: no cover - the coroutine bounds itself first
             return Try("maybe", True, f"{request.path}: no answer within {timeout:.1f} s")
+        if isinstance(answer, Try):
+            return answer
+        # Parsed here, on the caller's thread: a large body must not stall the shared loop.
+        return classify(answer, request.path, self._clock())
 
     async def _post(
         self, url: str, content: bytes, headers: dict[str, str], timeout: float, path: str
-    ) -> Try:
+    ) -> Try | httpx.Response:
         sent = False
 
         async def trace(event: str, info: dict[str, Any]) -> None:
@@ -373,7 +393,9 @@ class RemoteServiceClient:
             )
         except httpx.TransportError as exc:
             return Try("maybe", True, f"{path}: {type(exc).__name__}: {exc}")
-        return classify(response, path, self._clock())
+        except httpx.RequestError as exc:  # e.g. a body that cannot be decoded
+            return Try("maybe" if sent else "no", True, f"{path}: {type(exc).__name__}: {exc}")
+        return response
 
     def _event_loop(self) -> _LoopThread:
         with self._lock:

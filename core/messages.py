@@ -162,9 +162,10 @@ class AgentRequest(_StepMessage):
     def succeeded(self, result: dict[str, Any]) -> AgentReply:
         return self._reply("succeeded", result=bounded_result(result))
 
-    def failed(self, error: str) -> AgentReply:
-        """The remote refused (permanent 4xx): nothing was applied."""
-        return self._reply("failed", error=error[:MAX_ERROR_CHARS], applied="no")
+    def failed(self, error: str, applied: Applied = "no") -> AgentReply:
+        """The remote refused (permanent 4xx): nothing was applied by that try (``applied``
+        says "maybe" when an earlier try of the same attempt may have)."""
+        return self._reply("failed", error=error[:MAX_ERROR_CHARS], applied=applied)
 
     def transient(self, error: str, applied: Applied) -> AgentReply:
         """Every try failed transiently until time ran out; this order's failure."""
@@ -257,6 +258,7 @@ def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
 #: W3C trace context only, bounded: it rides in every message and header.
 _TRACE_KEYS: Final = ("traceparent", "tracestate")
 _MAX_TRACE_CHARS: Final = 512
+_TRACE_VALUE: Final = re.compile(r"[\x20-\x7e]*")  # printable ASCII: it becomes a header
 
 
 def _trace(value: dict[str, Any]) -> dict[str, str]:
@@ -266,7 +268,10 @@ def _trace(value: dict[str, Any]) -> dict[str, str]:
     return {
         k: v
         for k, v in trace.items()
-        if k in _TRACE_KEYS and isinstance(v, str) and len(v) <= _MAX_TRACE_CHARS
+        if k in _TRACE_KEYS
+        and isinstance(v, str)
+        and len(v) <= _MAX_TRACE_CHARS
+        and _TRACE_VALUE.fullmatch(v)
     }
 
 
@@ -282,10 +287,13 @@ def decode_request(raw: bytes | str) -> AgentRequest:
     if value.get("orderInline") is False and "order" not in value:
         order = None
     else:
-        order = value.get("order", {})
+        # Never a default: the remote would be called with an empty body under the real key.
+        order = value.get("order")
         if not isinstance(order, dict):
             raise InvalidMessage(
-                "agent request: order must be a JSON object", order_id=order_id, step=step
+                "agent request: order must be a JSON object (or orderInline: false)",
+                order_id=order_id,
+                step=step,
             )
     singled_out = value.get("singledOut", False) is True
     return AgentRequest(

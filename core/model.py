@@ -265,16 +265,22 @@ class Order:
                 step.failure_count += 1
                 step.last_error = reply.error
                 step.locked_by = ""
+                if reply.may_have_applied:  # an earlier try of this attempt may have
+                    step.mark_maybe_applied(step.attempt)
                 step.record(
                     now,
                     "refused",
                     attempt=step.attempt,
                     instance=instance,
                     error=reply.error,
-                    applied="no",
+                    applied=reply.applied or "no",
                 )
+                # Refused now; but if any attempt may have applied, nobody can tell.
                 self._fail_for_good(
-                    step, now, f"{step.step} was refused by its service: {reply.error}", False
+                    step,
+                    now,
+                    f"{step.step} was refused by its service: {reply.error}",
+                    step.may_have_applied,
                 )
             elif reply.outcome == "transient":
                 self._count_failure(
@@ -291,7 +297,7 @@ class Order:
                 self._defer(step, reply, now, policy, instance)
             effect = ReplyEffect.APPLIED
         else:
-            effect = self._late_report(step, reply, now)
+            effect = self._late_report(step, reply, now, policy)
         self._touch(now)
         return effect
 
@@ -333,6 +339,11 @@ class Order:
                 f"only an order in error can be resubmitted; this one is {self.status}",
             )
         step = self._failed_step()
+        if self.cancel_requested and step.kind is StepKind.ACTION:
+            # The operator sends the step back to work: the order is to go on, not to be
+            # undone (cancel it again for that). Its attempts get the usual retries.
+            self.cancel_requested = False
+            self._event(now, "cancel-withdrawn", by=by, step=step.step)
         self._restart(step, now)
         step.record(now, "resubmitted", by=by)
         self._event(now, "resubmitted", by=by, step=step.step)
@@ -493,9 +504,13 @@ class Order:
     def _success_evidence(self, step: StepRecord, reply: AgentReply, now: datetime) -> ReplyEffect:
         """A success reply, on time or not: the effect exists."""
         state = step.process_state
-        if state is StepState.PROCESSED or state in (
-            StepState.COMPENSATING,
-            StepState.COMPENSATED,
+        undone = state is StepState.COMPENSATED and any(
+            h.get("event") == "compensated" for h in step.history
+        )
+        if (
+            state in (StepState.PROCESSED, StepState.COMPENSATING)
+            or undone
+            or (state is StepState.COMPENSATED and step.kind is StepKind.COMPENSATION)
         ):
             raise self._refuse(
                 "already-settled",
@@ -551,12 +566,16 @@ class Order:
         )
         return ReplyEffect.NOTED
 
-    def _late_report(self, step: StepRecord, reply: AgentReply, now: datetime) -> ReplyEffect:
+    def _late_report(
+        self, step: StepRecord, reply: AgentReply, now: datetime, policy: RetryPolicy
+    ) -> ReplyEffect:
         """A report for an attempt the supervisor expired: correct what it assumed.
 
         The expiry counted a failure that may have applied. A report that says nothing
         was applied removes that doubt; a deferral also gives the failure back (the
-        remote was not reached, or was down for everyone).
+        remote was not reached, or was down for everyone), and its ``notBefore`` holds.
+        Where the expiry was what made the step fail for good, the correction reaches
+        that decision too.
         """
         number = reply.attempt
         expired = any(
@@ -575,7 +594,14 @@ class Order:
         cleared = reply.applied == "no" and number in step.maybe_applied
         if cleared:
             step.maybe_applied = [n for n in step.maybe_applied if n != number]
-        refunded = reply.outcome == "deferred" and step.is_active and step.failure_count > 0
+        deferred = reply.outcome == "deferred"
+        waiting = (  # failed for good on this attempt's expiry, and an operator was told
+            step.process_state is StepState.ERROR
+            and self.status is OrderStatus.ERROR
+            and self._failed_step() is step
+            and self._decided_by_expiry(step, number)
+        )
+        refunded = deferred and step.failure_count > 0 and (step.is_active or waiting)
         if refunded:
             step.failure_count -= 1
         step.record(
@@ -587,17 +613,35 @@ class Order:
             error=reply.error,
             refunded=True if refunded else None,
         )
-        ambiguous_error = next(
-            (h.get("applied") for h in reversed(step.history) if h.get("event") == "error"), None
-        )
-        if (
-            cleared
-            and step.kind is StepKind.ACTION
-            and step.process_state is StepState.ERROR
-            and self.status is OrderStatus.ERROR
-            and ambiguous_error == "maybe"
-            and not step.may_have_applied
-        ):
+        if deferred and step.process_state is StepState.PENDING and reply.not_before:
+            if reply.not_before > step.complete_by:  # not before the time it asked for
+                self._retry_at(step, reply.not_before, now)
+            return ReplyEffect.NOTED
+        if not waiting or step.kind is not StepKind.ACTION:
+            return ReplyEffect.NOTED
+        if deferred and not self.cancel_requested:
+            # The attempt that "failed" was never a failure: the step goes back to work.
+            self._event(now, "resolved", step=step.step, note="a deferral, not a failure")
+            self._set_status(OrderStatus.PROCESSING, now)
+            step.deferrals += 1
+            step.deferred_since = step.deferred_since or now
+            self._retry_at(
+                step,
+                max(
+                    reply.not_before or now,
+                    now + policy.deferral_delay(step.deferrals, self.order_id),
+                ),
+                now,
+                deferral=step.deferrals,
+            )
+            self._alert(
+                step,
+                f"update: {step.step} was not failing: attempt {number} was deferred "
+                f"({reply.error}); it is back to work",
+                now,
+            )
+            return ReplyEffect.NOTED
+        if cleared and not step.may_have_applied:
             # It failed for good as "may have been applied"; now it is known it was not.
             step.record(now, "error", reason="not applied after all", applied="no")
             self._event(now, "reclassified", step=step.step, note="not applied after all")
@@ -617,6 +661,31 @@ class Order:
                     now,
                 )
         return ReplyEffect.NOTED
+
+    @staticmethod
+    def _decided_by_expiry(step: StepRecord, attempt: int) -> bool:
+        """Whether the step's latest final failure came from the expiry of ``attempt`` (and
+        no operator action — a resubmit, a cancel that left it as it is — came after)."""
+        last_error = max(
+            (i for i, h in enumerate(step.history) if h.get("event") == "error"), default=-1
+        )
+        expiry = max(
+            (
+                i
+                for i, h in enumerate(step.history)
+                if h.get("event") == "expired" and h.get("attempt") == attempt
+            ),
+            default=-1,
+        )
+        if not 0 <= expiry < last_error:
+            return False
+        between = step.history[expiry + 1 : last_error]
+        after = step.history[last_error + 1 :]
+        return (
+            not any(h.get("event") == "claimed" for h in between)
+            and not any(h.get("event") in ("resubmitted", "cancelled") for h in after)
+            and step.history[last_error].get("applied") == "maybe"
+        )
 
     def _complete(
         self, step: StepRecord, reply: AgentReply, now: datetime, instance: str, *, late: bool

@@ -133,12 +133,17 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
     current: int | None = None  # the attempt in flight
     claimed = 0  # the highest attempt claimed so far
     state = "Pending"
+    if step.history_dropped:
+        # The middle of a long history was dropped: replay from its next claim on.
+        state, claimed = "Unknown", max(h.get("attempt") or 0 for h in step.history)
     name = f"{order.order_id}:{step.step}"
     for event in step.history:
         kind = event["event"]
         attempt = event.get("attempt")
+        if state == "Unknown" and kind != "claimed":
+            continue
         if kind == "claimed":
-            if state != "Pending":
+            if state not in ("Pending", "Unknown"):
                 wrong.append(f"{name}: claimed while {state}")
             current, state = attempt, "Processing"
             claimed = max(claimed, attempt or 0)
@@ -192,6 +197,15 @@ def _check_effects(
     order: Order, applied: list[str], wanted: tuple[str, ...] | None, verdict: Verdict
 ) -> None:
     order_id = order.order_id
+    if order.status.finished:
+        # nothing left half undone: no step still being compensated, no failed compensation
+        for step in order.steps:
+            if step.process_state is StepState.COMPENSATING or (
+                step.kind is StepKind.COMPENSATION and step.process_state is not StepState.PROCESSED
+            ):
+                verdict.wrong_effects.append(
+                    f"{order_id}:{step.step} is {step.process_state} in a {order.status} order"
+                )
     if wanted is not None:
         if tuple(applied) != wanted:
             verdict.wrong_effects.append(f"{order_id}: {applied}, expected {list(wanted)}")
@@ -200,7 +214,7 @@ def _check_effects(
         plan = [p.name for p in order.plan.steps]
         if applied != plan:
             verdict.wrong_effects.append(f"{order_id}: {applied}, expected {plan}")
-    elif order.status is OrderStatus.COMPENSATED:
+    elif order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
         for step in order.steps:
             compensation = (
                 order.planned(step.step).compensation if step.kind is StepKind.ACTION else None

@@ -148,6 +148,7 @@ module serviceBus 'app/servicebus.bicep' = {
     tags: tags
     skuName: serviceBusSku
     queueNames: serviceBusQueueNames
+    requestQueueName: serviceBusQueueNames[0]
   }
 }
 

@@ -18,6 +18,9 @@ param skuName string
 @description('The agent queues (core.names.AGENT_REQUESTS, core.names.AGENT_REPLIES).')
 param queueNames array
 
+@description('The agent request queue (core.names.AGENT_REQUESTS): its messages expire unrecorded.')
+param requestQueueName string
+
 // One messaging unit when Premium; Standard has no capacity setting.
 var skus = {
   Standard: {
@@ -78,12 +81,13 @@ resource queues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [
       // (contract 3.3); this default only bounds a message sent without one.
       // Keep it above STEP_TIMEOUT_SECONDS.
       defaultMessageTimeToLive: 'PT1H'
-      /* A request nobody picked up before its deadline is moved to the
-         dead-letter queue instead of vanishing, so the DeadletteredMessages
-         alert tells an operator that agents are down or far behind. The step
-         itself is already being retried by the supervisor; the dead-lettered
-         copy is evidence, to inspect and purge. */
-      deadLetteringOnMessageExpiration: true
+      /* A reply lives an hour (a late success still completes its step); one
+         nobody applied by then is dead-lettered, which raises an operator
+         alert (the app's dead-letter trigger). A request expires at its step's
+         deadline, when the supervisor already owns the step: dead-lettering
+         it would page an operator for every request a busy agent pool did not
+         reach in time, so it is dropped. */
+      deadLetteringOnMessageExpiration: queueName != requestQueueName
       enableBatchedOperations: true
       requiresSession: false
       maxSizeInMegabytes: 1024

@@ -6,6 +6,8 @@ reply queues live on Service Bus and every other queue is a Storage queue.
 
 from __future__ import annotations
 
+import json
+
 from core import names
 from tests.infra.bicep import INFRA, MAIN, body, parse, resources_of_type
 
@@ -66,5 +68,10 @@ def test_service_bus_queues_detect_duplicates_and_dead_letter() -> None:
     props = body(queues)["properties"]
     assert props["requiresDuplicateDetection"] is True
     assert props["duplicateDetectionHistoryTimeWindow"]
-    assert props["deadLetteringOnMessageExpiration"] is True
+    # replies that expire unapplied are dead-lettered (an alert); expired requests are not
+    # (the supervisor owns their steps; an alert each would page for a busy agent pool)
+    rule = json.dumps(props["deadLetteringOnMessageExpiration"])
+    assert "queueName" in rule and "requestQueueName" in rule, rule
+    assert _var("serviceBusQueueNames")[0] == names.AGENT_REQUESTS
+    assert _module_params("serviceBus")["requestQueueName"] is not None
     assert props["lockDuration"] and props["maxDeliveryCount"] >= 1

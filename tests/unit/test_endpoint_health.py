@@ -607,3 +607,13 @@ def test_a_two_minute_outage_is_a_trickle_and_counts_against_no_order() -> None:
     after = [s.at for s in r.seen if s.at >= outage_end]
     assert min(after) - outage_end <= timedelta(seconds=10)  # back within one interval
     assert len(after) == 30  # then one call each
+
+
+def test_a_probe_failing_after_another_order_closed_the_breaker_does_not_reopen_it() -> None:
+    health = tripped(EndpointHealth("e"))
+    probe = health.admit("p", S0 + 10)
+    assert probe.probe
+    health.record_answer("other", S0 + 11)  # a call admitted before it opened succeeds
+    assert not health.is_open
+    health.record_failure("p", S0 + 12, explained=False, probe=True)
+    assert not health.is_open  # one order's failure: not three without a success between

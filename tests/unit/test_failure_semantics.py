@@ -461,3 +461,132 @@ def test_a_workflow_step_timeout_the_host_cannot_honour_is_refused_at_start_up()
     with pytest.raises(ValueError, match="what the host can honour"):
         Workflow("slow", (StepSpec("wait", timeout_seconds=600),))
     Workflow("ok", (StepSpec("wait", timeout_seconds=270),))
+
+
+# --- found in review: each would fail without its fix --------------------------------------
+
+
+def test_a_refusal_after_an_attempt_that_may_have_applied_is_ambiguous() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    charge = order.claim("i", now)
+    order.expire(charge.complete_by + timedelta(seconds=3), POLICY)  # may have applied
+    order.claim("i", charge.complete_by + timedelta(seconds=3))
+    order.apply_reply(
+        reply(order, "failed", error="409 in progress"), now + timedelta(seconds=40), POLICY
+    )
+    # compensated itself, not skipped as "not applied"
+    assert charge.process_state is StepState.COMPENSATING
+    assert order.active_step().step == "refund-payment"  # type: ignore[union-attr]
+
+
+def test_a_refusal_after_a_try_that_may_have_applied_in_the_same_attempt_is_ambiguous() -> None:
+    order = new_order()
+    order.claim("i", T0)
+    order.apply_reply(
+        reply(order, "failed", error="409 after a 500", applied="maybe"),
+        T0 + timedelta(seconds=1),
+        POLICY,
+    )
+    assert order.steps[0].maybe_applied == [1]
+    assert "may have been applied" in alerts(order)[-1]["reason"]
+
+
+def test_a_late_deferral_takes_back_the_expiry_that_failed_the_step() -> None:
+    order = new_order()
+    fail_until_given_up(order, ["no", "no"])
+    step = order.steps[0]
+    now = step.complete_by
+    order.claim("i", now)
+    order.expire(now + timedelta(seconds=33), POLICY)  # the deferral report was slow
+    assert order.status is OrderStatus.ERROR and step.failure_count == 3
+    order.apply_reply(
+        reply(order, "deferred", step="process", attempt=3, error="circuit open", not_before=now),
+        now + timedelta(seconds=34),
+        POLICY,
+    )
+    assert order.status is OrderStatus.PROCESSING
+    assert step.process_state is StepState.PENDING and step.failure_count == 2
+    assert "back to work" in alerts(order)[-1]["reason"]
+
+
+def test_a_late_report_does_not_skip_a_compensation_that_failed_after_it() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    fail_until_given_up(order, ["no", "no"], now)
+    ship = order.active_step()
+    assert ship is not None
+    later = ship.complete_by
+    order.claim("i", later)
+    order.expire(later + timedelta(seconds=33), POLICY)  # ambiguous: order error
+    order.cancel(later + timedelta(seconds=40), "operator")  # leave ship, undo the rest
+    refund = order.active_step()
+    assert refund is not None and refund.step == "refund-payment"
+    attempt(order, later + timedelta(seconds=41), "failed")  # refund refused: error again
+    assert order.status is OrderStatus.ERROR
+    order.apply_reply(
+        reply(order, "transient", step="ship", attempt=3, error="503", applied="no"),
+        later + timedelta(seconds=50),
+        POLICY,
+    )
+    assert order.status is OrderStatus.ERROR  # still waiting on the refund
+    assert refund.process_state is StepState.ERROR
+
+
+def test_resubmitting_a_step_after_a_cancel_gives_it_the_usual_retries() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    ship = order.claim("i", now)
+    order.cancel(now + timedelta(seconds=1), "app")
+    order.expire(ship.complete_by + timedelta(seconds=3), POLICY)
+    assert order.status is OrderStatus.ERROR
+    order.resubmit(now + timedelta(minutes=5), "operator")
+    assert not order.cancel_requested
+    attempt(order, now + timedelta(minutes=5), "deferred", error="open", not_before=now)
+    assert order.status is OrderStatus.PROCESSING and ship.failure_count == 0
+    attempt(order, ship.complete_by, "succeeded")
+    assert order.status is OrderStatus.COMPLETED
+
+
+def test_a_success_for_a_step_cancelled_as_not_applied_gets_it_undone() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    attempt(order, now, "transient", error="503", applied="no")
+    charge = order.find("charge-payment")
+    assert charge is not None
+    order.claim("i", charge.complete_by)
+    order.cancel(charge.complete_by + timedelta(seconds=1), "app")
+    order.apply_reply(
+        reply(order, "transient", error="503", applied="no"),
+        charge.complete_by + timedelta(seconds=2),
+        POLICY,
+    )
+    assert charge.process_state is StepState.COMPENSATED  # "not applied: nothing to undo"
+    assert order.status is OrderStatus.COMPENSATING  # releasing the stock
+    # a redelivered copy of attempt 1 succeeded after all
+    order.apply_reply(
+        reply(order, step="charge-payment", attempt=1), now + timedelta(seconds=90), POLICY
+    )
+    assert charge.process_state is StepState.PROCESSED  # so it will be refunded
+    for _ in range(3):
+        step = order.active_step()
+        if step is None:
+            break
+        attempt(order, max(now + timedelta(seconds=100), step.complete_by), "succeeded")
+    assert order.status is OrderStatus.CANCELLED
+    assert charge.process_state is StepState.COMPENSATED
+    assert order.find("refund-payment") is not None
+
+
+def test_a_late_deferral_keeps_the_time_the_remote_asked_for() -> None:
+    order = new_order()
+    order.claim("i", T0)
+    order.expire(T0 + timedelta(seconds=33), POLICY)  # back to Pending, due at once
+    asked = T0 + timedelta(seconds=150)
+    order.apply_reply(
+        reply(order, "deferred", attempt=1, error="Retry-After 120", not_before=asked),
+        T0 + timedelta(seconds=34),
+        POLICY,
+    )
+    step = order.steps[0]
+    assert step.complete_by >= asked and step.failure_count == 0

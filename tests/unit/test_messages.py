@@ -410,13 +410,29 @@ def test_request_round_trips(as_bytes: bool) -> None:
 
 def test_request_without_path_uses_the_step_as_path() -> None:
     value = json.loads(make_request().encode())
-    del value["path"], value["order"], value["trace"]
+    del value["path"], value["trace"]
 
     decoded = decode_request(json.dumps(value))
 
     assert decoded.path == "reserve-stock"
-    assert decoded.order == {}
     assert decoded.trace == {}
+
+
+def test_a_request_without_its_order_is_refused_not_sent_empty() -> None:
+    # The remote would be called with {} under the order's real idempotency key.
+    value = json.loads(make_request().encode())
+    del value["order"]
+    with pytest.raises(InvalidMessage, match="order must be a JSON object"):
+        decode_request(json.dumps(value))
+    value["orderInline"] = False  # by reference: the agent reads it from the state table
+    assert decode_request(json.dumps(value)).order is None
+
+
+@pytest.mark.parametrize("bad", ["00-\u00e9-x", "a\nb", "x" * 600])
+def test_a_trace_value_that_cannot_be_a_header_is_dropped(bad: str) -> None:
+    value = json.loads(make_request().encode())
+    value["trace"] = {"traceparent": bad, "other": "x"}
+    assert decode_request(json.dumps(value)).trace == {}
 
 
 def test_complete_by_with_an_offset_is_read_as_utc() -> None:

@@ -174,7 +174,7 @@ def make_client(
 ) -> tuple[RemoteServiceClient, FakeClock]:
     client = RemoteServiceClient(
         base,
-        RemotePolicy(**policy),
+        RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
         transport=transport or httpx.MockTransport(remote),
         clock=remote.clock,
         sleep=remote.clock.sleep,
@@ -513,7 +513,11 @@ def silent() -> Iterator[LocalServer]:
 
 def real_client(base: str, clock: FakeClock, **policy: Any) -> RemoteServiceClient:
     client = RemoteServiceClient(
-        base, RemotePolicy(**policy), clock=clock, sleep=clock.sleep, rng=MaxRng()
+        base,
+        RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
+        clock=clock,
+        sleep=clock.sleep,
+        rng=MaxRng(),
     )
     _CLIENTS.append(client)
     return client
@@ -962,7 +966,7 @@ def test_the_agent_end_to_end_refusal_with_a_bounded_error() -> None:
     ((reply, _),) = transport.replies
     assert (reply.outcome, reply.applied) == ("failed", "no")
     assert reply.error is not None
-    assert len(reply.error) == 1000
+    assert len(reply.error) <= 1000  # the detail is cut at 300 characters, the error at 1000
     assert reply.error.startswith("process: HTTP 422 xxx")
     assert len(r.seen) == 1
 
@@ -1104,3 +1108,45 @@ def test_the_largest_uncut_result_still_fits_its_queue() -> None:
     ((reply, _),) = transport.replies
     assert reply.result == worst
     assert len(reply.encode().encode("utf-8")) < QUEUE_MESSAGE_BYTES
+
+
+def test_no_try_starts_too_short_to_be_answered() -> None:
+    """A try cut after a few milliseconds would turn a call into "may have applied":
+    with less than ``min_try_seconds`` left, the agent does not start one."""
+    r = remote(FakeClock(), status(503))
+    client, _ = make_client(r, min_try_seconds=1.0, rng=MaxRng())
+    # 3 s left, 0.6 s margin: try 1; wait 0.2 s; try 2 needs 1 s: 2.4 - 0.2 >= 1, go;
+    # each 503 answers at once on the fake clock, so tries go on until < 1 s would be left.
+    outcome = client.call(make_request(seconds_left=3))
+    assert outcome.applied == "no"
+    stop_at = T0 + timedelta(seconds=3 - 0.6)
+    assert len(r.seen) >= 2
+    assert all(stop_at - seen.at >= timedelta(seconds=1) for seen in r.seen)
+    late = make_request(seconds_left=1.2)  # margin 0.5 s: only 0.7 s to try in
+    before = len(r.seen)
+    outcome = client.call(late)
+    assert len(r.seen) == before  # not called
+    assert outcome.kind == "deferred" and outcome.applied == "no"
+
+
+def test_a_2xx_whose_body_cannot_be_parsed_is_still_a_success() -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000  # RecursionError in json
+    r = remote(FakeClock(), httpx.Response(200, content=deep))
+    client, _ = make_client(r)
+    outcome = client.call(make_request())
+    assert outcome.kind == "succeeded" and outcome.result is not None
+    assert outcome.result["status"] == 200
+
+
+def test_a_refusal_after_a_try_that_may_have_applied_says_maybe() -> None:
+    r = remote(FakeClock(), status(500), status(409, error="in progress"))
+    client, _ = make_client(r)
+    outcome = client.call(make_request())
+    assert (outcome.kind, outcome.applied) == ("refused", "maybe")
+
+
+def test_compressed_answers_are_not_asked_for() -> None:
+    r = remote(FakeClock(), ok())
+    client, _ = make_client(r)
+    client.call(make_request())
+    assert r.seen[0].headers["accept-encoding"] == "identity"
