@@ -242,10 +242,7 @@ def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
             step=step,
         )
     raw_deadline = value.get("completeBy")
-    try:
-        complete_by = parse_iso(raw_deadline) if isinstance(raw_deadline, str) else None
-    except ValueError:
-        complete_by = None
+    complete_by = _utc_time(raw_deadline)
     if complete_by is None:
         raise InvalidMessage(
             f"{what}: completeBy must be an ISO 8601 UTC time, got {raw_deadline!r}",
@@ -259,6 +256,14 @@ def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
 _TRACE_KEYS: Final = ("traceparent", "tracestate")
 _MAX_TRACE_CHARS: Final = 512
 _TRACE_VALUE: Final = re.compile(r"[\x20-\x7e]*")  # printable ASCII: it becomes a header
+
+
+def _utc_time(raw: object) -> datetime | None:
+    """An ISO 8601 time with an offset, as UTC; None if it is anything else."""
+    try:
+        return parse_iso(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
 
 
 def _trace(value: dict[str, Any]) -> dict[str, str]:
@@ -332,10 +337,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
         not_before = None
         if outcome == "deferred":
             raw_not_before = value.get("notBefore")
-            try:
-                not_before = parse_iso(raw_not_before) if isinstance(raw_not_before, str) else None
-            except ValueError:
-                not_before = None
+            not_before = _utc_time(raw_not_before)
             if not_before is None:
                 raise InvalidMessage(
                     f"agent reply: a deferred reply needs notBefore, an ISO 8601 UTC time, "

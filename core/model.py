@@ -275,12 +275,15 @@ class Order:
                     error=reply.error,
                     applied=reply.applied or "no",
                 )
-                # Refused now; but if any attempt may have applied, nobody can tell.
+                # A refusal of the key says the service holds no effect for it (it would
+                # answer with the stored result otherwise), so it settles the doubt of
+                # earlier attempts; not that of a try in this same attempt, whose call
+                # may still be running at the service ("in progress").
                 self._fail_for_good(
                     step,
                     now,
                     f"{step.step} was refused by its service: {reply.error}",
-                    step.may_have_applied,
+                    reply.may_have_applied,
                 )
             elif reply.outcome == "transient":
                 self._count_failure(

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from datetime import datetime
 
-from core.errors import StorageUnavailable
+from core.errors import ConcurrencyConflict, StorageUnavailable
 from core.messages import alert_message
 from core.names import Names
 from core.ports import QueueSender
@@ -88,6 +88,38 @@ class NoticeSender:
             while len(self._alerted) > ALERTED_MEMORY:
                 self._alerted.popitem(last=False)
         return True
+
+    def contain_failure(
+        self, order_id: str, step: str, exc: Exception, now: datetime, *, who: str
+    ) -> None:
+        """A sweep (``who``) could not handle one order: storage trouble and lost races are
+        retried by the next run; anything else (records that cannot be read, a bug) gets
+        one operator alert per order per process and its traceback logged once."""
+        if isinstance(exc, StorageUnavailable | ConcurrencyConflict):
+            log.warning(
+                "%s could not handle order %s (the next run retries): %s", who, order_id, exc
+            )
+            return
+        reason = (
+            f"the {who} cannot handle step {step} ({type(exc).__name__}: {exc})"[:1500]
+            + "; it stays as it is until the order's records are repaired"
+        )
+        try:
+            first = self.alert_once(order_id, step, reason, now)
+        except Exception as alert_error:  # noqa: BLE001 - the next run alerts again
+            first = False
+            log.warning(
+                "operator alert for order %s not sent (the next run tries again): %s",
+                order_id,
+                alert_error,
+            )
+        log.error(
+            "%s cannot handle order %s: %s",
+            who,
+            order_id,
+            exc,
+            exc_info=exc if first else None,  # the traceback once, not every run
+        )
 
     @staticmethod
     def _log_alert(order_id: object, step: object, failure_count: object, reason: object) -> None:

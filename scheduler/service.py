@@ -311,35 +311,11 @@ class Scheduler:
                 if self.dispatch(entry.order_id) is Outcome.DISPATCHED:
                     report.dispatched += 1
                     METRICS.inc("sweep_dispatches")
-            except Exception as exc:  # one bad order must not stop the rest
+            except Exception as exc:  # noqa: BLE001 - one bad order must not stop the rest
                 report.errors.append(f"{entry.order_id}: {type(exc).__name__}: {exc}")
                 METRICS.inc("sweep_errors")
-                if isinstance(exc, (StorageUnavailable, ConcurrencyConflict)):
-                    log.warning(
-                        "sweep could not dispatch order %s (the next sweep retries): %s",
-                        entry.order_id,
-                        exc,
-                    )
-                    continue
-                reason = (
-                    f"the scheduler's sweep cannot dispatch step {entry.step} "
-                    f"({type(exc).__name__}: {exc})"[:1500]
-                    + "; it stays as it is until the order's records are repaired"
-                )
-                try:
-                    first = self._notices.alert_once(entry.order_id, entry.step, reason, now)
-                except Exception as alert_error:  # noqa: BLE001 - the next sweep alerts again
-                    first = False
-                    log.warning(
-                        "operator alert for order %s not sent (the next sweep tries again): %s",
-                        entry.order_id,
-                        alert_error,
-                    )
-                log.error(
-                    "sweep cannot dispatch order %s: %s",
-                    entry.order_id,
-                    exc,
-                    exc_info=exc if first else None,  # the traceback once, not every sweep
+                self._notices.contain_failure(
+                    entry.order_id, entry.step, exc, now, who="scheduler's sweep"
                 )
         if report.dispatched or report.notices or report.errors:
             log.info(

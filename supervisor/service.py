@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from core.errors import ConcurrencyConflict, StorageUnavailable, TransitionRefused
+from core.errors import ConcurrencyConflict, TransitionRefused
 from core.model import Order
 from core.policy import RetryPolicy
 from core.ports import Clock
@@ -70,35 +70,11 @@ class Supervisor:
             report.examined += 1
             try:
                 self.recover(entry.order_id, report)
-            except Exception as exc:  # one bad order must not stop the rest
+            except Exception as exc:  # noqa: BLE001 - one bad order must not stop the rest
                 report.errors.append(f"{entry.order_id}: {type(exc).__name__}: {exc}")
                 METRICS.inc("supervisor_errors")
-                if isinstance(exc, (StorageUnavailable, ConcurrencyConflict)):
-                    log.warning(
-                        "supervisor could not recover order %s (the next run retries): %s",
-                        entry.order_id,
-                        exc,
-                    )
-                    continue
-                reason = (
-                    f"the supervisor cannot recover step {entry.step} "
-                    f"({type(exc).__name__}: {exc})"[:1500]
-                    + "; it stays as it is until the order's records are repaired"
-                )
-                try:
-                    first = self._notices.alert_once(entry.order_id, entry.step, reason, now)
-                except Exception as alert_error:  # noqa: BLE001 - the next run alerts again
-                    first = False
-                    log.warning(
-                        "operator alert for order %s not sent (the next run tries again): %s",
-                        entry.order_id,
-                        alert_error,
-                    )
-                log.error(
-                    "supervisor cannot recover order %s: %s",
-                    entry.order_id,
-                    exc,
-                    exc_info=exc if first else None,  # the traceback once, not every run
+                self._notices.contain_failure(
+                    entry.order_id, entry.step, exc, now, who="supervisor"
                 )
         if report.examined:
             log.info(

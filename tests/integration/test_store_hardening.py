@@ -158,7 +158,7 @@ def test_the_supervisor_recovers_the_rest_and_alerts_once_about_a_corrupt_order(
     assert (alert["orderId"], alert["step"]) == (bad, "process")
     assert "cannot be read" in alert["reason"]
     assert len(alert_records(caplog, bad)) == 1
-    assert sum(bad in r.getMessage() and "cannot recover" in r.getMessage() for r in caplog.records)
+    assert sum(bad in r.getMessage() and "cannot handle" in r.getMessage() for r in caplog.records)
     assert sum(r.exc_info is not None for r in caplog.records if bad in r.getMessage()) == 1
 
 

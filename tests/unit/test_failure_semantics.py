@@ -466,18 +466,18 @@ def test_a_workflow_step_timeout_the_host_cannot_honour_is_refused_at_start_up()
 # --- found in review: each would fail without its fix --------------------------------------
 
 
-def test_a_refusal_after_an_attempt_that_may_have_applied_is_ambiguous() -> None:
+def test_a_refusal_of_the_key_settles_the_doubt_of_an_earlier_attempt() -> None:
+    """The service would answer an applied key with its stored result: a refusal of the
+    key in a later attempt says nothing was applied (the chaos suite's permanent-ship
+    orders, whose earlier attempts expired when their agents were killed)."""
     order = new_order("fulfilment")
-    now = reach(order, "charge-payment")
-    charge = order.claim("i", now)
-    order.expire(charge.complete_by + timedelta(seconds=3), POLICY)  # may have applied
-    order.claim("i", charge.complete_by + timedelta(seconds=3))
-    order.apply_reply(
-        reply(order, "failed", error="409 in progress"), now + timedelta(seconds=40), POLICY
-    )
-    # compensated itself, not skipped as "not applied"
-    assert charge.process_state is StepState.COMPENSATING
-    assert order.active_step().step == "refund-payment"  # type: ignore[union-attr]
+    now = reach(order, "ship")
+    ship = order.claim("i", now)
+    order.expire(ship.complete_by + timedelta(seconds=3), POLICY)  # may have applied
+    order.claim("i", ship.complete_by + timedelta(seconds=3))
+    order.apply_reply(reply(order, "failed", error="422"), now + timedelta(seconds=40), POLICY)
+    assert order.status is OrderStatus.COMPENSATING  # unwinding: not "ask the operator"
+    assert alerts(order) == []
 
 
 def test_a_refusal_after_a_try_that_may_have_applied_in_the_same_attempt_is_ambiguous() -> None:
