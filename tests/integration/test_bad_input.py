@@ -94,12 +94,6 @@ def own_queue(raw: bytes, ctx: AppContext) -> bytes:
     return raw
 
 
-@pytest.fixture(scope="module")
-def simulator() -> Iterator[SimulatorServer]:
-    with SimulatorServer() as sim:
-        yield sim
-
-
 @pytest.fixture
 def ctx(storage_connection: str, tag: str, simulator: SimulatorServer) -> Iterator[AppContext]:
     context = make_context(storage_connection, tag, remote_url=simulator.url)

@@ -4,10 +4,7 @@ remote client, driven in-process (``pump`` plays the Functions host)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import timedelta
-
-import pytest
 
 from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepState
@@ -15,27 +12,7 @@ from core.timefmt import parse_iso
 from runtime.context import AppContext
 from simulator import SimulatorServer, effects_by_order
 from tests.integration.test_pipeline import pump, status_of, submit
-from tests.support import FakeClock, drain, drain_json, make_context
-
-
-@pytest.fixture(scope="module")
-def simulator() -> Iterator[SimulatorServer]:
-    with SimulatorServer() as sim:
-        yield sim
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def ctx(
-    storage_connection: str, tag: str, simulator: SimulatorServer, clock: FakeClock
-) -> AppContext:
-    return make_context(
-        storage_connection, tag, remote_url=simulator.url, clock=clock, max_failures=3, timeout=30
-    )
+from tests.support import FakeClock, drain, drain_json
 
 
 def test_retry_after_past_the_deadline_defers_without_a_failure(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,27 +18,7 @@ from core.states import OrderStatus, StepState
 from runtime.context import AppContext
 from scheduler.service import Outcome
 from simulator import SimulatorServer, effects_by_order
-from tests.support import FakeClock, drain, drain_json, make_context
-
-
-@pytest.fixture(scope="module")
-def simulator() -> Iterator[SimulatorServer]:
-    with SimulatorServer() as sim:
-        yield sim
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def ctx(
-    storage_connection: str, tag: str, simulator: SimulatorServer, clock: FakeClock
-) -> AppContext:
-    return make_context(
-        storage_connection, tag, remote_url=simulator.url, clock=clock, max_failures=3, timeout=30
-    )
+from tests.support import FakeClock, drain, drain_json
 
 
 def submit(ctx: AppContext, body: dict[str, Any] | str | bytes) -> Outcome:

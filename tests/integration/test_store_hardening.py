@@ -49,11 +49,6 @@ from tests.support import FakeClock, drain, drain_json, make_context
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
 def ctx(storage_connection: str, tag: str, clock: FakeClock) -> AppContext:
     return make_context(storage_connection, tag, clock=clock, max_failures=3, timeout=30)
 

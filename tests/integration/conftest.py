@@ -1,0 +1,32 @@
+"""Fixtures shared by the integration tests: a simulator per module, a settable clock, and
+the pipeline's context on both (modules that need another ``ctx`` define their own)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from runtime.context import AppContext
+from simulator import SimulatorServer
+from tests.support import FakeClock, make_context
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[SimulatorServer]:
+    with SimulatorServer() as sim:
+        yield sim
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def ctx(
+    storage_connection: str, tag: str, simulator: SimulatorServer, clock: FakeClock
+) -> AppContext:
+    return make_context(
+        storage_connection, tag, remote_url=simulator.url, clock=clock, max_failures=3, timeout=30
+    )
