@@ -167,15 +167,8 @@ class OrderAdmin:
         """Rebuild an order's index rows from its state (``TableStateStore.repair_index``)."""
         with order_context(order_id=order_id):
             report = self._store.repair_index(order_id)
-            if report["repaired"]:
+            if report["repaired"]:  # the store logs what it changed
                 METRICS.inc("index_repairs")
-                log.warning(
-                    "index of order %s repaired: removed %s, added %s, rewritten %s",
-                    order_id,
-                    report["removed"],
-                    report["added"],
-                    report["rewritten"],
-                )
             return report
 
     def resubmit(self, order_id: str, by: str) -> dict[str, Any]:

@@ -19,8 +19,6 @@ from dataclasses import replace
 from enum import StrEnum
 from typing import Any
 
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
-
 from agents.remote import CallOutcome, RemoteServiceClient
 from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest
@@ -99,22 +97,13 @@ class Agent:
             return AgentOutcome(reply.outcome)
 
     def _send(self, reply: AgentReply, reply_to: str | None) -> None:
-        for attempt in Retrying(
-            retry=retry_if_exception_type(StorageUnavailable),
-            stop=_reply_budget_spent,
-            wait=wait_exponential_jitter(multiplier=0.5, max=5),
+        ride_out(
+            lambda: self._transport.send_reply(reply, reply_to),
+            what="reply send",
+            seconds=REPLY_SEND_SECONDS,
+            max_wait=5,  # a reply is small and late evidence is still evidence: try often
             sleep=self._sleep,
-            reraise=True,
-        ):
-            with attempt:
-                self._transport.send_reply(reply, reply_to)
-
-
-def _reply_budget_spent(state: RetryCallState) -> bool:
-    # Real time, or the time the (injectable) sleep spent: with a fake sleep real time
-    # hardly passes, and a budget in real time alone would never run out.
-    spent = max(state.seconds_since_start or 0.0, state.idle_for)
-    return spent >= REPLY_SEND_SECONDS
+        )
 
 
 def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:

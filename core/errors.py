@@ -70,29 +70,6 @@ class StorageUnavailable(OrderError):
     retryable = True
 
 
-class RemoteCallFailed(OrderError):
-    """A remote service call failed; ``retryable`` tells transient from permanent."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        retryable: bool,
-        status: int | None = None,
-        retry_after: float | None = None,
-        order_id: str | None = None,
-        step: str | None = None,
-    ):
-        super().__init__(message, order_id=order_id, step=step)
-        self.retryable = retryable
-        self.status = status
-        self.retry_after = retry_after
-
-
-class DeadlineExceeded(OrderError):
-    """The step's CompleteBy passed: the agent stops and sends nothing."""
-
-
 class CorruptOrder(OrderError):
     """An order's stored records cannot be read back (a property missing or malformed,
     by a manual edit, a bad restore or a bug): retrying cannot help, a person must look."""

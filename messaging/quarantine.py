@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime
 
 from core.messages import rejection_message
 from core.ports import Clock, QueueSender
@@ -33,6 +34,44 @@ from stores.kept import Keeper, fits_a_queue_message
 log = get_logger(__name__)
 
 
+def record_of(
+    raw: bytes,
+    reason: str,
+    now: datetime,
+    *,
+    keeper: Keeper | None,
+    kept_in: str,
+    name_the_order: bool = False,
+    **extra: str,
+) -> tuple[str, str | None]:
+    """The record that reports a message given up on (a rejected order, a quarantined agent
+    message): ``{"reason", "message", "at"}`` plus ``extra``, and ``messageBase64`` (the
+    exact bytes) when the text is not UTF-8. When that record would not fit a queue
+    message and a ``keeper`` is given, the original is kept (under ``kept_in``) and the
+    record carries ``messagePreview`` and ``keptAs`` instead (and, with
+    ``name_the_order``, the ``orderId``/``step`` the message names). Returns the record
+    and the kept copy's key, if any."""
+    exact: str | None = None
+    try:
+        text = raw.decode("utf-8")
+        body = rejection_message(reason, text, now, **extra)
+    except UnicodeDecodeError:
+        text = raw.decode("utf-8", errors="replace")
+        exact = base64.b64encode(raw).decode("ascii")  # the exact bytes
+        body = rejection_message(reason, text, now, **extra, messageBase64=exact)
+    if keeper is None or fits_a_queue_message(body):
+        return body, None
+    kept_as = keeper.keep(
+        kept_in,
+        text if exact is None else exact,
+        reason,
+        now,
+        encoding="text" if exact is None else "base64",
+    )
+    about = _about(text) if name_the_order else {}
+    return rejection_message(reason, text, now, kept_as=kept_as, **extra, **about), kept_as
+
+
 def quarantine(
     queues: QueueSender,
     queue: str,
@@ -41,27 +80,16 @@ def quarantine(
     clock: Clock,
     keeper: Keeper | None = None,
 ) -> None:
-    now = clock()
     poison_queue = f"{queue}-poison"
-    extra = {"queue": queue}
-    exact: str | None = None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        text = raw.decode("utf-8", errors="replace")
-        exact = base64.b64encode(raw).decode("ascii")  # the exact bytes
-        extra["messageBase64"] = exact
-    body = rejection_message(reason, text, now, **extra)
-    kept_as = None
-    if keeper is not None and not fits_a_queue_message(body):
-        kept_as = keeper.keep(
-            poison_queue,
-            text if exact is None else exact,
-            reason,
-            now,
-            encoding="text" if exact is None else "base64",
-        )
-        body = rejection_message(reason, text, now, kept_as=kept_as, queue=queue, **_about(text))
+    body, kept_as = record_of(
+        raw,
+        reason,
+        clock(),
+        keeper=keeper,
+        kept_in=poison_queue,
+        name_the_order=True,
+        queue=queue,
+    )
     queues.send(poison_queue, body)
     METRICS.inc("quarantined", queue=queue)
     log.error(

@@ -66,3 +66,31 @@ def get_logger(name: str) -> OrderLogger:
     if not any(isinstance(f, OrderContextFilter) for f in logger.filters):
         logger.addFilter(OrderContextFilter())
     return OrderLogger(logger, {})
+
+
+def log_operator_alert(
+    log: OrderLogger,
+    order_id: object,
+    step: object,
+    failure_count: object,
+    reason: object,
+    **extra: Any,
+) -> None:
+    """The ERROR record of an operator alert. The alert rule in infra/ matches its text:
+    keep it stable. Every alert (outbox, sweep, poison) writes it through here."""
+    with order_context(
+        order_id=str(order_id) if order_id else None, step=str(step) if step else None
+    ):
+        log.error(
+            "OPERATOR ALERT order=%s step=%s failureCount=%s: %s",
+            order_id,
+            step,
+            failure_count,
+            reason,
+            extra={
+                "event": "operator_alert",
+                "failureCount": failure_count,
+                "reason": reason,
+                **extra,
+            },
+        )

@@ -22,7 +22,6 @@ from tenacity import (
     RetryCallState,
     Retrying,
     retry_if_exception_type,
-    stop_after_delay,
     wait_exponential_jitter,
 )
 
@@ -44,6 +43,7 @@ def ride_out(
     *,
     what: str,
     seconds: float | None = None,
+    max_wait: float = 10,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """Run ``work``; while it fails with a retryable storage error, wait and run it again."""
@@ -58,10 +58,17 @@ def ride_out(
             error,
         )
 
+    budget = RIDE_OUT_SECONDS if seconds is None else seconds
+
+    def spent(state: RetryCallState) -> bool:
+        # Real time, or the time the (injectable) sleep spent: with a fake sleep real time
+        # hardly passes, and a budget in real time alone would never run out.
+        return max(state.seconds_since_start or 0.0, state.idle_for) >= budget
+
     for attempt in Retrying(
         retry=retry_if_exception_type((StorageUnavailable, ConcurrencyConflict)),
-        stop=stop_after_delay(RIDE_OUT_SECONDS if seconds is None else seconds),
-        wait=wait_exponential_jitter(multiplier=0.5, max=10),
+        stop=spent,
+        wait=wait_exponential_jitter(multiplier=0.5, max=max_wait),
         sleep=sleep,
         before_sleep=note,
         reraise=True,

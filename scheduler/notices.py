@@ -18,7 +18,7 @@ from core.errors import ConcurrencyConflict, StorageUnavailable
 from core.messages import alert_message
 from core.names import Names
 from core.ports import QueueSender
-from runtime.logs import get_logger, order_context
+from runtime.logs import get_logger, log_operator_alert
 from runtime.metrics import METRICS
 from stores.tables import OutboxEntry, SavedNotices, TableStateStore
 
@@ -69,7 +69,7 @@ class NoticeSender:
         """An operator alert that no transition committed (a sweep met an order it cannot
         handle): the same ERROR record and ``operator-alerts`` message as an outbox alert.
         ``StorageUnavailable`` if the queue did not take it."""
-        self._log_alert(order_id, step, failure_count, reason)
+        log_operator_alert(log, order_id, step, failure_count, reason)
         self._queues.send(
             self._names.operator_alerts, alert_message(order_id, step, reason, failure_count, now)
         )
@@ -121,30 +121,11 @@ class NoticeSender:
             exc_info=exc if first else None,  # the traceback once, not every run
         )
 
-    @staticmethod
-    def _log_alert(order_id: object, step: object, failure_count: object, reason: object) -> None:
-        with order_context(
-            order_id=str(order_id) if order_id is not None else None,
-            step=str(step) if step is not None else None,
-        ):
-            # The alert rule in infra/ matches this text; keep it stable.
-            log.error(
-                "OPERATOR ALERT order=%s step=%s failureCount=%s: %s",
-                order_id,
-                step,
-                failure_count,
-                reason,
-                extra={
-                    "event": "operator_alert",
-                    "failureCount": failure_count,
-                    "reason": reason,
-                },
-            )
-
     def _send(self, entry: OutboxEntry) -> None:
         if entry.kind == "alert":
             alert = json.loads(entry.body)
-            self._log_alert(
+            log_operator_alert(
+                log,
                 alert.get("orderId"),
                 alert.get("step"),
                 alert.get("failureCount"),

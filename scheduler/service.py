@@ -8,7 +8,6 @@ moves on: the winner sends the request).
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass, field
 from datetime import timedelta
 from enum import StrEnum
@@ -21,7 +20,7 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
-from core.messages import AgentReply, AgentRequest, rejection_message
+from core.messages import AgentReply, AgentRequest
 from core.model import Order, ReplyEffect, StepRecord
 from core.names import Names
 from core.orders import decode_order
@@ -30,10 +29,12 @@ from core.ports import AgentTransport, Clock, QueueSender
 from core.states import StepState
 from core.timefmt import iso
 from core.workflows import WORKFLOWS, Plan
+from messaging.quarantine import record_of
 from runtime import failpoints, telemetry
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
 from scheduler.notices import NoticeSender
+from stores.kept import KeptMessages
 from stores.tables import TableStateStore
 
 log = get_logger(__name__)
@@ -147,28 +148,14 @@ class Scheduler:
         (``stores/kept.py``, ``python -m admin kept show``) and the record carries
         ``messagePreview`` and ``keptAs`` instead of ``message``.
         """
-        from stores.kept import KeptMessages, fits_a_queue_message
-
-        now = self._clock()
-        extra: dict[str, str] = {}
-        exact: str | None = None
-        try:
-            original = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            original = raw.decode("utf-8", errors="replace")
-            # The exact bytes, since the text had to replace some.
-            exact = base64.b64encode(raw).decode("ascii")
-            extra["messageBase64"] = exact
-        body = rejection_message(reason, original, now, **extra)
-        if not fits_a_queue_message(body):
-            kept_as = KeptMessages(self._store.table).keep(
-                self._names.orders_rejected,
-                original if exact is None else exact,
-                reason,
-                now,
-                encoding="text" if exact is None else "base64",
-            )
-            body = rejection_message(reason, original, now, kept_as=kept_as)
+        body, kept_as = record_of(
+            raw,
+            reason,
+            self._clock(),
+            keeper=KeptMessages(self._store.table),
+            kept_in=self._names.orders_rejected,
+        )
+        if kept_as:
             log.info("rejected message kept as %s (too large for its record)", kept_as)
         self._queues.send(self._names.orders_rejected, body)
         METRICS.inc("orders_rejected")

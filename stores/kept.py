@@ -32,8 +32,8 @@ from azure.core.exceptions import AzureError, ResourceNotFoundError
 from azure.data.tables import TableClient
 
 from core.errors import StorageUnavailable
-from core.orders import utf16_units
 from core.timefmt import sortable
+from stores.entities import split_utf16
 
 PARTITION: Final = "kept"
 PART_UNITS: Final = 30_000
@@ -97,21 +97,6 @@ class KeptSummary:
     preview: str
 
 
-def _split(text: str) -> list[str]:
-    """Consecutive parts of at most PART_UNITS UTF-16 units, cut between code points."""
-    parts: list[str] = []
-    start = 0
-    while start < len(text):
-        end = min(start + PART_UNITS, len(text))
-        # A code point is 1 or 2 units: dropping ceil(excess / 2) of them never drops more
-        # than needed, so this ends in a few passes, not one per character.
-        while (excess := utf16_units(text[start:end]) - PART_UNITS) > 0:
-            end -= (excess + 1) // 2
-        parts.append(text[start:end])
-        start = end
-    return parts or [""]
-
-
 def _name(n: int) -> str:
     return "Text" if n == 0 else f"Text{n}"
 
@@ -134,7 +119,7 @@ class KeptMessages:
         """Store ``text`` (from ``queue``, given up on for ``reason``); returns its row key,
         ``<time>-<queue>-<random>``, which the record or alert quotes."""
         row = f"{sortable(at)}-{_slug(queue)}-{uuid.uuid4().hex[:12]}"
-        parts = _split(text)
+        parts = split_utf16(text, PART_UNITS) or [""]
         truncated = len(parts) > MAX_PARTS
         parts = parts[:MAX_PARTS]
         entity: dict[str, Any] = {

@@ -25,10 +25,10 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -52,6 +52,8 @@ from core.timefmt import sortable
 from stores import entities, layout, sdk_patches
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: What reading a malformed entity raises: a missing property (KeyError), a bad value or
 #: JSON text (ValueError, json.JSONDecodeError), a property of the wrong type (TypeError,
@@ -150,26 +152,15 @@ class TableStateStore:
         high = f"{prefix}|{sortable(until)}" + ("|" + layout.HIGH if inclusive else "")
         for shard in layout.all_shards():
             try:
-                for e in self._range(
+                rows = self._range(
                     shard, prefix + "|", high, ["RowKey", "OrderRef", "StepName"], limit
-                ):
-                    try:
-                        _, when, _, _ = e["RowKey"].split("|", 3)
-                        entry = IndexEntry(
-                            str(e["OrderRef"]), str(e["StepName"]), _parse_sortable(when)
-                        )
-                    except _PARSE_ERRORS as exc:
-                        # One malformed row (a manual edit) must not end every sweep.
-                        log.error(
-                            "skipping malformed index row %s|%s (%s: %s); "
-                            "python -m admin repair-index <orderId> rebuilds an order's index",
-                            shard,
-                            e.get("RowKey"),
-                            type(exc).__name__,
-                            exc,
-                        )
-                        continue
-                    yield entry
+                )
+                yield from _well_formed(
+                    rows,
+                    _index_entry,
+                    f"index row in {shard} (python -m admin repair-index <orderId> rebuilds "
+                    "an order's index)",
+                )
             except AzureError as exc:
                 raise StorageUnavailable(f"could not read the {prefix} index: {exc}") from exc
 
@@ -187,19 +178,8 @@ class TableStateStore:
         high = f"outbox|{sortable(before)}"
         for shard in layout.all_shards():
             try:
-                for e in self._range(shard, "outbox|", high, limit=limit_per_shard):
-                    try:
-                        entry = _outbox_entry(e)
-                    except _PARSE_ERRORS as exc:
-                        log.error(
-                            "skipping malformed outbox row %s|%s (%s: %s)",
-                            shard,
-                            e.get("RowKey"),
-                            type(exc).__name__,
-                            exc,
-                        )
-                        continue
-                    yield entry
+                rows = self._range(shard, "outbox|", high, limit=limit_per_shard)
+                yield from _well_formed(rows, _outbox_entry, f"outbox row in {shard}")
             except AzureError as exc:
                 raise StorageUnavailable(f"could not read the outbox: {exc}") from exc
 
@@ -609,6 +589,27 @@ def _missing_index_row(exc: AzureError, ops: list[Any]) -> int | None:
     if op[0] != "delete" or not layout.is_index_row(str(op[1].get("RowKey", ""))):
         return None
     return index
+
+
+def _well_formed(
+    rows: Iterator[dict[str, Any]], parse: Callable[[dict[str, Any]], T], what: str
+) -> Iterator[T]:
+    """``parse`` of each row; a malformed one (a manual edit) is skipped with an ERROR log
+    rather than ending every sweep."""
+    for e in rows:
+        try:
+            entry = parse(e)
+        except _PARSE_ERRORS as exc:
+            log.error(
+                "skipping malformed %s: %s (%s: %s)", what, e.get("RowKey"), type(exc).__name__, exc
+            )
+            continue
+        yield entry
+
+
+def _index_entry(e: dict[str, Any]) -> IndexEntry:
+    _, when, _, _ = e["RowKey"].split("|", 3)
+    return IndexEntry(str(e["OrderRef"]), str(e["StepName"]), _parse_sortable(when))
 
 
 def _outbox_entry(e: dict[str, Any]) -> OutboxEntry:

@@ -31,7 +31,7 @@ from core.messages import alert_message
 from core.names import Names, poison
 from core.orders import is_valid_order_id
 from core.ports import Clock, QueueSender
-from runtime.logs import get_logger, order_context
+from runtime.logs import get_logger, log_operator_alert
 from runtime.metrics import METRICS
 from stores.kept import PREVIEW_CHARS, Keeper, fits_a_queue_message, is_kept_row
 
@@ -124,16 +124,9 @@ class PoisonWatch:
                 preview = preview[: len(preview) // 2]
                 body = body_with({"messagePreview": preview, "keptAs": kept_as}, hint)
         alert: dict[str, Any] = json.loads(body)
-        with order_context(order_id=original.order_id or None, step=original.step or None):
-            # The alert rule in infra/ matches this text; keep it stable.
-            log.error(
-                "OPERATOR ALERT order=%s step=%s failureCount=%s: %s",
-                original.order_id,
-                original.step,
-                failures,
-                alert["reason"],
-                extra={"event": "operator_alert", "reason": alert["reason"], "queue": source},
-            )
+        log_operator_alert(
+            log, original.order_id, original.step, failures, alert["reason"], queue=source
+        )
         self._queues.send(self._names.operator_alerts, body)
         METRICS.inc("poison_alerts", queue=source)
         return alert
