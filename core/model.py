@@ -598,12 +598,13 @@ class Order:
         if cleared:
             step.maybe_applied = [n for n in step.maybe_applied if n != number]
         deferred = reply.outcome == "deferred"
-        waiting = (  # failed for good on this attempt's expiry, and an operator was told
+        in_doubt = (  # failed for good as "may have been applied", and an operator was told
             step.process_state is StepState.ERROR
             and self.status is OrderStatus.ERROR
             and self._failed_step() is step
-            and self._decided_by_expiry(step, number)
+            and self._waiting_in_doubt(step)
         )
+        waiting = in_doubt and self._decided_by_expiry(step, number)  # ... by this expiry
         refunded = deferred and step.failure_count > 0 and (step.is_active or waiting)
         if refunded:
             step.failure_count -= 1
@@ -620,9 +621,9 @@ class Order:
             if reply.not_before > step.complete_by:  # not before the time it asked for
                 self._retry_at(step, reply.not_before, now)
             return ReplyEffect.NOTED
-        if not waiting or step.kind is not StepKind.ACTION:
+        if not in_doubt or step.kind is not StepKind.ACTION:
             return ReplyEffect.NOTED
-        if deferred and not self.cancel_requested:
+        if waiting and deferred and not self.cancel_requested:
             # The attempt that "failed" was never a failure: the step goes back to work.
             self._event(now, "resolved", step=step.step, note="a deferral, not a failure")
             self._set_status(OrderStatus.PROCESSING, now)
@@ -645,7 +646,8 @@ class Order:
             )
             return ReplyEffect.NOTED
         if cleared and not step.may_have_applied:
-            # It failed for good as "may have been applied"; now it is known it was not.
+            # It failed for good as "may have been applied" (this expiry, or an earlier one
+            # whose report came after a later attempt gave up); now it is known it was not.
             step.record(now, "error", reason="not applied after all", applied="no")
             self._event(now, "reclassified", step=step.step, note="not applied after all")
             if self.cancel_requested or self.plan.compensates:
@@ -664,6 +666,22 @@ class Order:
                     now,
                 )
         return ReplyEffect.NOTED
+
+    @staticmethod
+    def _waiting_in_doubt(step: StepRecord) -> bool:
+        """Whether the step's latest final failure was "may have been applied" and no
+        operator action (a resubmit, a cancel that left it as it is) came after it."""
+        last_error = max(
+            (i for i, h in enumerate(step.history) if h.get("event") == "error"), default=-1
+        )
+        return (
+            last_error >= 0
+            and step.history[last_error].get("applied") == "maybe"
+            and not any(
+                h.get("event") in ("resubmitted", "cancelled")
+                for h in step.history[last_error + 1 :]
+            )
+        )
 
     @staticmethod
     def _decided_by_expiry(step: StepRecord, attempt: int) -> bool:

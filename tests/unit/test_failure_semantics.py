@@ -590,3 +590,41 @@ def test_a_late_deferral_keeps_the_time_the_remote_asked_for() -> None:
     )
     step = order.steps[0]
     assert step.complete_by >= asked and step.failure_count == 0
+
+
+def test_a_late_report_of_an_earlier_expiry_corrects_the_verdict_of_a_later_attempt() -> None:
+    """Attempt 1 expires (its report is slow); attempts 2 and 3 get 503 and the step gives
+    up as "may have been applied" because of attempt 1; then attempt 1's report says it
+    was not applied either: the operator is told it is safe to resubmit after all."""
+    order = new_order()
+    step = order.steps[0]
+    order.claim("i", T0)
+    now = step.complete_by + timedelta(seconds=1)
+    order.expire(now, POLICY)
+    assert step.maybe_applied == [1]
+    now = fail_until_given_up(order, ["no", "no"], now)
+    assert order.status is OrderStatus.ERROR
+    assert "may have been applied" in alerts(order)[-1]["reason"]
+    order.apply_reply(
+        reply(order, "transient", step="process", attempt=1, error="HTTP 503", applied="no"),
+        now,
+        POLICY,
+    )
+    assert step.maybe_applied == [] and order.status is OrderStatus.ERROR
+    assert step.failure_count == 3  # a counted failure all the same: nothing to give back
+    last = alerts(order)[-1]["reason"]
+    assert "not applied after all" in last and "safe to resubmit" in last
+    # An operator's resubmit after the "may" alert keeps the late report from speaking up.
+    other = new_order()
+    other.claim("i", T0)
+    later = other.steps[0].complete_by + timedelta(seconds=1)
+    other.expire(later, POLICY)
+    later = fail_until_given_up(other, ["no", "no"], later)
+    other.resubmit(later, "ops")
+    told = len(alerts(other))
+    other.apply_reply(
+        reply(other, "transient", step="process", attempt=1, error="HTTP 503", applied="no"),
+        later + timedelta(seconds=1),
+        POLICY,
+    )
+    assert len(alerts(other)) == told and other.status is OrderStatus.PROCESSING
