@@ -5,8 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: run test deps lint typecheck unit integration e2e iac-check index-check chaos \
-	chaos-short bench \
+.PHONY: run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
+	index-check chaos chaos-short bench \
 	clean start test-servicebus
 
 $(BIN)/.ok: requirements.txt requirements-dev.txt
@@ -28,8 +28,9 @@ run: deps
 start: deps
 	$(BIN)/python -m demo --serve
 
-## make test: lint, types, unit, integration (Azurite), e2e (processes), chaos (short), infra
-test: deps lint typecheck unit integration e2e chaos-short iac-check index-check
+## make test: lint, types, unit, integration (Azurite), e2e (processes), browser (the console
+## in Chromium), chaos (short), infra
+test: deps lint typecheck unit integration e2e browser chaos-short iac-check index-check
 
 lint: deps
 	$(BIN)/ruff check .
@@ -46,6 +47,34 @@ integration: deps
 
 e2e: deps
 	$(PYTEST) tests/e2e -q
+
+## make browser: the operator console in headless Chromium (Selenium), against the app in processes
+browser: deps browser-deps
+	$(PYTEST) tests/browser -q
+
+## make browser-deps: Debian's chromium and chromium-driver, installed only when missing
+browser-deps:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; \
+	elif sudo -n true 2>/dev/null; then sudo="sudo -n"; \
+	else \
+	  echo "browser-deps FAILED: /usr/bin/chromium or /usr/bin/chromedriver is missing, and" \
+	       "installing them needs root or passwordless sudo. Run: sudo apt-get install" \
+	       "chromium chromium-driver" >&2; \
+	  exit 1; \
+	fi; \
+	if ! command -v apt-get >/dev/null; then \
+	  echo "browser-deps FAILED: no apt-get here; install Chromium and its driver as" \
+	       "/usr/bin/chromium and /usr/bin/chromedriver" >&2; \
+	  exit 1; \
+	fi; \
+	$$sudo apt-get update -q && \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  echo "browser-deps FAILED: apt-get did not provide /usr/bin/chromium and" \
+	       "/usr/bin/chromedriver (see its output above)" >&2; \
+	  exit 1; \
+	fi
 
 chaos-short: deps
 	$(PYTEST) tests/chaos -q -m "not long"

@@ -9,10 +9,17 @@ storage access.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import builtins
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from core.errors import ConcurrencyConflict, CorruptOrder, OrderNotFound
+from core.errors import (
+    ConcurrencyConflict,
+    CorruptOrder,
+    OrderNotFound,
+    StorageUnavailable,
+    TransitionRefused,
+)
 from core.model import Order, StepRecord
 from core.ports import Clock
 from core.states import OrderStatus, StepState
@@ -20,12 +27,16 @@ from core.timefmt import iso
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
 from scheduler.notices import NoticeSender
+from stores.listing import ListFilter
 from stores.tables import TableStateStore
 
 log = get_logger(__name__)
 
 MAX_PAGE = 100
 DEFAULT_PAGE = 50
+#: A bulk action changes at most this many orders (one after the other, each its own save).
+MAX_BULK = 500
+BULK_ACTIONS = ("resubmit", "cancel")
 
 
 def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
@@ -139,11 +150,17 @@ class OrderAdmin:
         return order_view(self.get(order_id))
 
     def list(
-        self, status: OrderStatus, page_size: int = DEFAULT_PAGE, token: str | None = None
+        self,
+        status: OrderStatus | ListFilter,
+        page_size: int = DEFAULT_PAGE,
+        token: str | None = None,
     ) -> dict[str, Any]:
+        """A page of orders with a status (and filter), newest first."""
+        where = status if isinstance(status, ListFilter) else ListFilter(status)
+        status = where.status
         page_size = max(1, min(page_size, MAX_PAGE))
-        # A bad token is stores.tables.InvalidContinuationToken (a ValueError): a 400.
-        ids, next_token = self._store.list_by_status(status, page_size, token)
+        # A bad token is stores.listing.InvalidContinuationToken (a ValueError): a 400.
+        ids, next_token = self._store.list_by_status(where, page_size, token)
         orders = []
         unreadable = []
         for order_id in ids:
@@ -163,6 +180,53 @@ class OrderAdmin:
             page["unreadable"] = unreadable
         return page
 
+    def counts(self, where: ListFilter | None = None) -> dict[str, int]:
+        """Orders per status (with the workflow and time filter of ``where``), each counted
+        to ``COUNT_CAP`` at most."""
+        return {
+            str(status): self._store.count_by_status(
+                ListFilter(
+                    status,
+                    where.workflow if where else None,
+                    where.created_from if where else None,
+                    where.created_to if where else None,
+                )
+            )
+            for status in OrderStatus
+        }
+
+    def bulk_targets(self, where: ListFilter, limit: int = MAX_BULK) -> builtins.list[str]:
+        """The ids of the orders a bulk action over ``where`` would be tried on (a dry run:
+        nothing changes), newest first, ``limit`` at most."""
+        ids: builtins.list[str] = []
+        token: str | None = None
+        while len(ids) < limit:
+            page, token = self._store.list_by_status(where, min(MAX_PAGE, limit - len(ids)), token)
+            ids.extend(page)
+            if token is None:
+                break
+        return ids[:limit]
+
+    def bulk(self, action: str, order_ids: Iterable[str], by: str, reason: str) -> dict[str, Any]:
+        """``resubmit`` or ``cancel`` each order; one refusal never stops the others."""
+        if action not in BULK_ACTIONS:
+            raise ValueError(f"action must be one of {', '.join(BULK_ACTIONS)}")
+        done: builtins.list[str] = []
+        refused: builtins.list[dict[str, str]] = []
+        for order_id in order_ids:
+            try:
+                if action == "resubmit":
+                    self.resubmit(order_id, by, reason)
+                else:
+                    self.cancel(order_id, by, reason)
+                done.append(order_id)
+            except (TransitionRefused, OrderNotFound, ConcurrencyConflict) as exc:
+                refused.append({"orderId": order_id, "reason": exc.message})
+            except (StorageUnavailable, CorruptOrder) as exc:
+                refused.append({"orderId": order_id, "reason": f"not changed: {exc.message}"})
+        log.warning("bulk %s by %s: %d done, %d refused", action, by, len(done), len(refused))
+        return {"action": action, "done": done, "refused": refused}
+
     def repair_index(self, order_id: str) -> dict[str, Any]:
         """Rebuild an order's index rows from its state (``TableStateStore.repair_index``)."""
         with order_context(order_id=order_id):
@@ -171,10 +235,10 @@ class OrderAdmin:
                 METRICS.inc("index_repairs")
             return report
 
-    def resubmit(self, order_id: str, by: str) -> dict[str, Any]:
+    def resubmit(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
         with order_context(order_id=order_id):
             return self._change(
-                order_id, lambda o: o.resubmit(self._clock(), by), "resubmitted", by
+                order_id, lambda o: o.resubmit(self._clock(), by, reason), "resubmitted", by
             )
 
     def cancel(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 
 import azure.functions as func
 
+from admin.query import parse_filter, parse_page_size
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -32,14 +33,14 @@ from core.errors import (
     TransitionRefused,
 )
 from core.orders import is_valid_order_id
-from core.states import OrderStatus
 from runtime.context import app_context
-from stores.tables import InvalidContinuationToken
+from stores.listing import InvalidContinuationToken
 
 bp = func.Blueprint()
 
 FUNCTION_KEY_CALLER = "function-key"
 MAX_NAME_CHARS = 64
+MAX_REASON_CHARS = 500
 RETRY_AFTER_SECONDS = 5
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
@@ -67,7 +68,7 @@ def _name(value: str | None) -> str:
     return text[:MAX_NAME_CHARS]
 
 
-def _caller(req: func.HttpRequest) -> str:
+def caller(req: func.HttpRequest) -> str:
     principal = _name(req.headers.get("x-ms-client-principal-name"))
     if principal and easy_auth_enabled():
         return principal  # set by the platform, which removes any the client sent
@@ -112,33 +113,30 @@ def get_order(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="orders", methods=["GET"])
 def list_orders(req: func.HttpRequest) -> func.HttpResponse:
-    raw = req.params.get("status", "")
+    """``?status=`` (required), ``workflow``, ``from``, ``to``, ``pageSize``,
+    ``continuationToken``: newest first (``admin.query``)."""
     try:
-        status = OrderStatus(raw)
-    except ValueError:
-        valid = ", ".join(s.value for s in OrderStatus)
-        return _error(400, f"give ?status= one of: {valid} (got {raw!r})")
-    try:
-        page_size = int(req.params.get("pageSize", "50"))
-    except ValueError:
-        return _error(400, "pageSize must be a whole number (1-100)")
+        where = parse_filter(req.params)
+        page_size = parse_page_size(req.params.get("pageSize"))
+    except ValueError as exc:
+        return _error(400, str(exc))
     token = req.params.get("continuationToken") or None
-    return _answer(None, lambda: app_context().admin.list(status, page_size, token))
+    return _answer(None, lambda: app_context().admin.list(where, page_size, token))
 
 
 def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
-    by = _caller(req)
-    if action == "resubmit":
-        return _answer(order_id, lambda: app_context().admin.resubmit(order_id, by))
+    by = caller(req)
     reason = ""
     if req.get_body():
         try:
-            reason = str(req.get_json().get("reason", ""))
+            reason = str(req.get_json().get("reason", ""))[:MAX_REASON_CHARS]
         except (ValueError, AttributeError):
             return _error(400, 'the body, if any, must be JSON like {"reason": "..."}')
+    if action == "resubmit":
+        return _answer(order_id, lambda: app_context().admin.resubmit(order_id, by, reason))
     return _answer(order_id, lambda: app_context().admin.cancel(order_id, by, reason))
 
 

@@ -334,7 +334,7 @@ class Order:
         self._touch(now)
         return step
 
-    def resubmit(self, now: datetime, by: str) -> StepRecord:
+    def resubmit(self, now: datetime, by: str, reason: str = "") -> StepRecord:
         """Operator: put an ``error`` order back to work at the step that failed."""
         if self.status is not OrderStatus.ERROR:
             raise self._refuse(
@@ -348,8 +348,9 @@ class Order:
             self.cancel_requested = False
             self._event(now, "cancel-withdrawn", by=by, step=step.step)
         self._restart(step, now)
-        step.record(now, "resubmitted", by=by)
-        self._event(now, "resubmitted", by=by, step=step.step)
+        why = reason or None
+        step.record(now, "resubmitted", by=by, reason=why)
+        self._event(now, "resubmitted", by=by, step=step.step, reason=why)
         self._touch(now)
         return step
 
@@ -943,6 +944,7 @@ class Order:
             )
 
     def _alert(self, step: StepRecord, reason: str, now: datetime) -> None:
+        self._event(now, "alerted", step=step.step, reason=reason)
         self.outbox.append(
             Notice(
                 "alert", alert_message(self.order_id, step.step, reason, step.failure_count, now)

@@ -21,6 +21,7 @@ STEP_TIMEOUT_SECONDS: Final = "STEP_TIMEOUT_SECONDS"
 MAX_FAILURE_COUNT: Final = "MAX_FAILURE_COUNT"
 SUPERVISOR_SCHEDULE: Final = "SUPERVISOR_SCHEDULE"
 DEFERRAL_WINDOW_SECONDS: Final = "DEFERRAL_WINDOW_SECONDS"
+CONSOLE_READ_ONLY: Final = "CONSOLE_READ_ONLY"
 
 #: Every application setting the code reads (identity-based connections add
 #: ``__``-suffixed variants of the two connection names; see ``Connection``).
@@ -33,6 +34,7 @@ APP_SETTINGS: Final = (
     MAX_FAILURE_COUNT,
     SUPERVISOR_SCHEDULE,
     DEFERRAL_WINDOW_SECONDS,
+    CONSOLE_READ_ONLY,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -126,6 +128,15 @@ def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int)
     return value
 
 
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "false", "0", "no"):
+        return False
+    if raw in ("true", "1", "yes"):
+        return True
+    raise SettingsError(f"{name} must be true or false, got {raw!r}")
+
+
 def _step_timeout(env: Mapping[str, str]) -> int:
     raw = env.get(STEP_TIMEOUT_SECONDS, "").strip()
     if raw.isdigit() and int(raw) > MAX_STEP_TIMEOUT_SECONDS:
@@ -173,6 +184,7 @@ class Settings:
     max_failure_count: int
     supervisor_schedule: str
     deferral_window_seconds: int = DEFAULT_DEFERRAL_WINDOW_SECONDS
+    console_read_only: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -207,6 +219,7 @@ class Settings:
             deferral_window_seconds=_positive_int(
                 env, DEFERRAL_WINDOW_SECONDS, DEFAULT_DEFERRAL_WINDOW_SECONDS, 7 * 86_400
             ),
+            console_read_only=_flag(env, CONSOLE_READ_ONLY),
         )
 
     def require_remote_service_url(self) -> str:

@@ -100,11 +100,27 @@ def serve(stack: LocalStack, console: Console) -> int:
     console.print(f"AzureWebJobsStorage={stack.connection_string}")
     console.print(f"REMOTE_SERVICE_URL={stack.simulator_url}")
     console.print(f"operator API: {stack.http_url}/api/orders?status=error")
+    console.print(f"[bold]operator console: {stack.http_url}/api/console[/]")
     console.print("Ctrl-C stops everything.")
     while all(h.alive for h in stack.hosts):
         time.sleep(0.5)
     console.print("[red]a devhost exited; see its log in[/]", stack.workdir)
     return 1
+
+
+def keep_console_up(stack: LocalStack, console: Console, code: int) -> int:
+    """After the demo, on a terminal: leave the stack up so a person can open the console
+    on the orders it just ran (Ctrl-C stops); in a script, end at once."""
+    console.print(f"[bold]operator console: {stack.http_url}/api/console[/]")
+    if not sys.stdin.isatty():
+        return code
+    console.print("The stack stays up so you can open it; Ctrl-C stops everything.")
+    try:
+        while all(h.alive for h in stack.hosts):
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        console.print("stopping everything")
+    return code  # the demo's verdict, whenever the person stops it
 
 
 def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
@@ -270,9 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stack.start()
         console.print(
-            f"up: operator API at {stack.http_url}/api/orders/<orderId>; logs in {stack.workdir}"
+            f"up: console at {stack.http_url}/api/console, operator API at "
+            f"{stack.http_url}/api/orders/<orderId>; logs in {stack.workdir}"
         )
-        code = serve(stack, console) if args.serve else run(stack, args, console)
+        if args.serve:
+            code = serve(stack, console)
+        else:
+            code = run(stack, args, console)
+            code = keep_console_up(stack, console, code)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; stopping everything[/]")
         code = 130

@@ -55,6 +55,16 @@ param supervisorSchedule string = '*/10 * * * * *'
 @description('DEFERRAL_WINDOW_SECONDS: how long a step may keep waiting for its remote service (circuit open, Retry-After, the service down for everyone) before it fails for good. Outages shorter than this end without an operator alert. At most 7 days.')
 param deferralWindowSeconds int = 1800
 
+@description('CONSOLE_READ_ONLY: when true the operator console (GET /api/console) only shows orders; it hides every action and the app refuses them. False lets an operator holding the function key act from it.')
+param consoleReadOnly bool = false
+
+@maxLength(36)
+@description('Client id of the Microsoft Entra app registration that signs operators in to the app (App Service authentication, "Easy Auth"), in front of the console and the operator API. Empty (the default) turns sign-in off: the function key alone guards them. See infra/app/auth.bicep for what the registration needs.')
+param authClientId string = ''
+
+@description('Tenant of that app registration; empty means the deployment\'s tenant.')
+param authTenantId string = tenant().tenantId
+
 @allowed([
   'Standard'
   'Premium'
@@ -79,6 +89,8 @@ param maximumInstanceCount int = 40
 param zoneRedundant bool = false
 
 var abbrs = loadJsonContent('abbreviations.json')
+// azd passes an unset AZURE_AUTH_TENANT_ID as '' rather than leaving the default.
+var signInTenantId = empty(authTenantId) ? tenant().tenantId : authTenantId
 var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
 var tags = {
   'azd-env-name': environmentName
@@ -203,9 +215,23 @@ module functionApp 'app/function-app.bicep' = {
     maxFailureCount: maxFailureCount
     supervisorSchedule: supervisorSchedule
     deferralWindowSeconds: deferralWindowSeconds
+    consoleReadOnly: consoleReadOnly
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
     zoneRedundant: zoneRedundant
+  }
+}
+
+// Sign-in with Microsoft Entra ID (App Service authentication) in front of the
+// console and the operator API, only when an app registration is given; the
+// function key stays required as well (app/auth.bicep says what it needs).
+module auth 'app/auth.bicep' = if (!empty(authClientId)) {
+  name: 'function-app-auth'
+  scope: rg
+  params: {
+    functionAppName: functionApp.outputs.name
+    clientId: authClientId
+    tenantId: signInTenantId
   }
 }
 
@@ -235,6 +261,9 @@ output AZURE_TENANT_ID string = tenant().tenantId
 output AZURE_RESOURCE_GROUP string = rg.name
 output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
 output AZURE_FUNCTION_APP_URL string = 'https://${functionApp.outputs.defaultHostName}'
+// The operator console; like the operator API it needs the function key (?code=).
+output CONSOLE_URL string = functionApp.outputs.consoleUrl
+output CONSOLE_SIGN_IN_ENABLED bool = !empty(authClientId)
 output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName

@@ -9,7 +9,7 @@ cost grows with the work in flight, not with history):
     order|<id>|step|<seq>|<step>           one state record per step (contract 3.2)
     pending|<due>|<id>|<step>              the active step, Pending, may run at <due>
     processing|<completeBy>|<id>|<step>    the active step, Processing, deadline <completeBy>
-    status|<status>|<id>                   every order, by status (operator API)
+    status|<status>|<newest>|<id>          every order, by status, newest first (listing.py)
     outbox|<createdAt>|<id>|<n>            notices committed but maybe not yet sent
 
 Index rows move with the state in the same partition transaction. Their
@@ -25,7 +25,7 @@ from typing import Final
 
 from core.model import Order
 from core.states import StepState
-from core.timefmt import sortable
+from core.timefmt import ensure_utc, sortable
 
 SHARDS: Final = 16  # changing this re-homes every order: a migration, not a setting
 HIGH: Final = "~"  # sorts after every character used in keys
@@ -60,8 +60,22 @@ def processing_row(deadline: datetime, order_id: str, step: str) -> str:
     return f"processing|{sortable(deadline)}|{order_id}|{step}"
 
 
-def status_row(status: str, order_id: str) -> str:
-    return f"status|{status}|{order_id}"
+def status_prefix(status: str) -> str:
+    return f"status|{status}|"
+
+
+#: ``newest_first`` counts milliseconds down from here (13 digits until the year 2286).
+_NEWEST_FIRST_BASE: Final = 10**13 - 1
+
+
+def newest_first(at: datetime) -> str:
+    """A fixed-width key part that sorts later times first (to the millisecond)."""
+    millis = int(ensure_utc(at).timestamp() * 1000)
+    return f"{_NEWEST_FIRST_BASE - millis:013d}"
+
+
+def status_row(status: str, order_id: str, created_at: datetime) -> str:
+    return f"{status_prefix(status)}{newest_first(created_at)}|{order_id}"
 
 
 def outbox_row(created: datetime, order_id: str, n: str) -> str:
@@ -79,7 +93,10 @@ def is_index_row(row_key: str) -> bool:
 def index_rows(order: Order) -> dict[str, dict[str, str]]:
     """The index rows this order's state implies: RowKey -> extra properties."""
     rows: dict[str, dict[str, str]] = {
-        status_row(str(order.status), order.order_id): {"OrderRef": order.order_id},
+        status_row(str(order.status), order.order_id, order.created_at): {
+            "OrderRef": order.order_id,
+            "Workflow": order.workflow,
+        },
     }
     if order.status.terminal:
         return rows

@@ -21,9 +21,7 @@ and ``repair_index`` rebuilds an order's index rows from its state.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,7 +31,6 @@ from typing import Any, TypeVar
 from azure.core import MatchConditions
 from azure.core.exceptions import (
     AzureError,
-    HttpResponseError,
     ResourceExistsError,
     ResourceNotFoundError,
 )
@@ -49,7 +46,8 @@ from core.errors import (
 from core.model import Notice, Order
 from core.states import OrderStatus
 from core.timefmt import sortable
-from stores import entities, layout, sdk_patches
+from stores import entities, layout, listing, sdk_patches
+from stores.listing import InvalidContinuationToken, ListFilter
 
 log = logging.getLogger(__name__)
 
@@ -184,44 +182,17 @@ class TableStateStore:
                 raise StorageUnavailable(f"could not read the outbox: {exc}") from exc
 
     def list_by_status(
-        self, status: OrderStatus, page_size: int, token: str | None
+        self, where: ListFilter | OrderStatus, page_size: int, token: str | None
     ) -> tuple[list[str], str | None]:
-        """Order ids with a status, a page at a time across shards.
+        """Order ids by status (and filter), newest first, a page at a time
+        (``stores.listing``; a bad token is ``InvalidContinuationToken``)."""
+        if isinstance(where, OrderStatus):
+            where = ListFilter(where)
+        return listing.list_page(self._table, where, page_size, token)
 
-        The token is ``<shard number>:<the table's own continuation token or ->``
-        (``parse_list_token`` checks it; a bad one is ``InvalidContinuationToken``).
-        """
-        shard_index, position = parse_list_token(token) if token else (0, None)
-        table_token: Any = position  # a dict, whatever the SDK's annotation says
-        shards = layout.all_shards()
-        ids: list[str] = []
-        low = f"status|{status}|"
-        while shard_index < len(shards) and len(ids) < page_size:
-            try:
-                pager: Any = self._table.query_entities(
-                    "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi",
-                    parameters={"pk": shards[shard_index], "lo": low, "hi": low + layout.HIGH},
-                    select=["OrderRef"],
-                    results_per_page=page_size - len(ids),
-                ).by_page(continuation_token=table_token)
-                page = next(pager, None)
-                ids.extend(str(e["OrderRef"]) for e in (page or []) if e.get("OrderRef"))
-            except HttpResponseError as exc:
-                if table_token is not None and exc.status_code == 400:
-                    # Well formed, but not a position the service recognises.
-                    raise InvalidContinuationToken(
-                        "continuationToken is not one this API returned (the table service "
-                        "refused its position); start again without it"
-                    ) from exc
-                raise StorageUnavailable(f"could not list {status} orders: {exc}") from exc
-            except AzureError as exc:
-                raise StorageUnavailable(f"could not list {status} orders: {exc}") from exc
-            table_token = pager.continuation_token if page is not None else None
-            if table_token is None:
-                shard_index += 1
-        if shard_index >= len(shards):
-            return ids, None
-        return ids, format_list_token(shard_index, table_token)
+    def count_by_status(self, where: ListFilter, cap: int = listing.COUNT_CAP) -> int:
+        """How many orders match, to ``cap`` at most."""
+        return listing.count(self._table, where, cap)
 
     # --- writes --------------------------------------------------------------------
 
@@ -417,7 +388,7 @@ class TableStateStore:
                     for e in self._table.query_entities(
                         "PartitionKey eq @pk and OrderRef eq @id",
                         parameters={"pk": partition, "id": order_id},
-                        select=["RowKey", "OrderRef", "StepName"],
+                        select=["RowKey", "OrderRef", "StepName", "Workflow"],
                     )
                 }
             except AzureError as exc:
@@ -512,67 +483,6 @@ class TableStateStore:
                 log.warning("could not delete outbox row %s (the sweep will): %s", entry.row, exc)
 
 
-class InvalidContinuationToken(ValueError):
-    """A ``continuationToken`` this API did not hand out (forged, cut or mangled)."""
-
-
-#: A position inside one shard: the table service's own NextPartitionKey/NextRowKey,
-#: opaque text (on Azure an encoded form such as ``1!12!c2hh...``). Printable ASCII only.
-_TABLE_POSITION = re.compile(r"[!-~]{1,1024}")
-_LIST_TOKEN = re.compile(r"(0|[1-9][0-9]*):(.+)", re.DOTALL)
-MAX_TOKEN_CHARS = 2200
-
-
-def format_list_token(shard_index: int, table_token: dict[str, Any] | None) -> str:
-    return f"{shard_index}:{json.dumps(table_token, separators=(',', ':')) if table_token else '-'}"
-
-
-def parse_list_token(token: str) -> tuple[int, dict[str, str | None] | None]:
-    """The one place a ``continuationToken`` is checked: ``(shard index, table position)``,
-    or ``InvalidContinuationToken`` with a sentence for the caller."""
-
-    def bad(why: str) -> InvalidContinuationToken:
-        return InvalidContinuationToken(
-            f"continuationToken is not one this API returned ({why}); "
-            "start again without it to get the first page"
-        )
-
-    if not isinstance(token, str):
-        raise bad("not text")
-    if len(token) > MAX_TOKEN_CHARS:
-        raise bad(f"{len(token)} characters, at most {MAX_TOKEN_CHARS}")
-    match = _LIST_TOKEN.fullmatch(token)
-    if match is None or len(match[1]) > 3:
-        raise bad("expected <shard>:<position>")
-    shard_index = int(match[1])
-    if shard_index >= layout.SHARDS:
-        raise bad(f"shard {shard_index} does not exist: there are {layout.SHARDS}, from 0")
-    rest = match[2]
-    if rest == "-":
-        return shard_index, None
-
-    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        if len({k for k, _ in pairs}) != len(pairs):
-            raise ValueError("a key is repeated")
-        return dict(pairs)
-
-    try:
-        value = json.loads(rest, object_pairs_hook=no_repeats)
-    except (ValueError, RecursionError) as exc:
-        raise bad("its position is not valid JSON") from exc
-    if not isinstance(value, dict) or set(value) != {"PartitionKey", "RowKey"}:
-        raise bad('its position must be {"PartitionKey": ..., "RowKey": ...}')
-    position: dict[str, str | None] = {}
-    for key in ("PartitionKey", "RowKey"):
-        part = value[key]
-        if part is not None and not (isinstance(part, str) and _TABLE_POSITION.fullmatch(part)):
-            raise bad(f"its {key} must be 1-1024 printable ASCII characters")
-        position[key] = part
-    if position["PartitionKey"] is None and position["RowKey"] is None:
-        raise bad("its position is empty")
-    return shard_index, position
-
-
 def _missing_index_row(exc: AzureError, ops: list[Any]) -> int | None:
     """The position of the index-row delete a transaction failed on with 404, if that is why.
 
@@ -630,9 +540,9 @@ def _parse_sortable(text: str) -> datetime:
 __all__ = [
     "IndexEntry",
     "InvalidContinuationToken",
+    "ListFilter",
     "Notice",
     "OutboxEntry",
     "SavedNotices",
     "TableStateStore",
-    "parse_list_token",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -14,7 +14,7 @@ from azure.storage.queue import QueueClient
 
 from core.names import Names
 from core.settings import Settings
-from runtime.context import AppContext
+from runtime.context import AppContext, reset_app_context
 
 T = TypeVar("T")
 
@@ -113,3 +113,12 @@ def app_function(name: str) -> Callable[..., Any]:
             {f.get_function_name(): f.get_user_function() for f in function_app.app.get_functions()}
         )
     return _FUNCTIONS[name]
+
+
+def installed(storage_connection: str, tag: str) -> Iterator[AppContext]:
+    """A context of its own (no simulator, wall clock), installed as the process's app
+    context for the triggers under test, and removed afterwards (for a fixture)."""
+    context = make_context(storage_connection, tag)
+    reset_app_context(context)
+    yield context
+    reset_app_context(None)

@@ -35,6 +35,9 @@ param supervisorSchedule string
 @maxValue(604800)
 param deferralWindowSeconds int
 
+@description('CONSOLE_READ_ONLY: the console shows orders but offers and accepts no action.')
+param consoleReadOnly bool
+
 @allowed([
   512
   2048
@@ -199,6 +202,11 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           name: 'DEFERRAL_WINDOW_SECONDS'
           value: string(deferralWindowSeconds)
         }
+        {
+          // Written out: string() of a bool gives 'True'/'False'.
+          name: 'CONSOLE_READ_ONLY'
+          value: consoleReadOnly ? 'true' : 'false'
+        }
         // Telemetry: the connection string names the component; ingestion is
         // authorised by the identity's Entra token, not by the key in it.
         {
@@ -235,3 +243,5 @@ resource scmPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2
 output name string = site.name
 output id string = site.id
 output defaultHostName string = site.properties.defaultHostName
+// The operator console (console/); it needs the function key (?code=) like the API.
+output consoleUrl string = 'https://${site.properties.defaultHostName}/api/console'

@@ -45,7 +45,7 @@ def test_module_parameters_match_the_module(owner: Path) -> None:
         target = module_path(owner, module)
         assert target.is_file(), f"{rel(owner)}: module {symbol} -> missing {target}"
         declared = parse(target).get("parameters", {})
-        given = set(module["config"].get("params", {}))
+        given = set(body(module).get("params", {}))  # through an `if` or a loop
         unknown = given - set(declared)
         assert not unknown, f"{rel(owner)}: module {symbol} gets undeclared params {unknown}"
         required = {name for name, p in declared.items() if p.get("default") is None}

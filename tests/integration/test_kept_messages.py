@@ -22,9 +22,9 @@ from admin.__main__ import main
 from core.names import Names
 from core.settings import Settings
 from messaging.quarantine import quarantine
-from runtime.context import AppContext, reset_app_context
+from runtime.context import AppContext
 from stores.kept import MAX_RECORD_BYTES, PREVIEW_CHARS, KeptMessages
-from tests.support import app_function, drain, drain_json, make_context
+from tests.support import app_function, drain, drain_json, installed
 
 EMOJI = "\U0001f600"
 QUEUE_LIMIT = 65_536
@@ -32,10 +32,7 @@ QUEUE_LIMIT = 65_536
 
 @pytest.fixture
 def ctx(storage_connection: str, tag: str) -> Iterator[AppContext]:
-    context = make_context(storage_connection, tag)
-    reset_app_context(context)
-    yield context
-    reset_app_context(None)
+    yield from installed(storage_connection, tag)
 
 
 def call(name: str, body: bytes) -> None:

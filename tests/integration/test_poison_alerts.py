@@ -27,9 +27,9 @@ from azure.storage.queue import QueueClient
 os.environ.setdefault("AGENT_TRANSPORT", "storage")
 
 from core.names import Names
-from runtime.context import AppContext, reset_app_context
+from runtime.context import AppContext
 from stores.kept import MAX_RECORD_BYTES, PREVIEW_CHARS, KeptMessages
-from tests.support import app_function, drain, drain_json, make_context
+from tests.support import app_function, drain, drain_json, installed, make_context
 
 ROOT = Path(__file__).resolve().parents[2]
 EMOJI = "\U0001f600"
@@ -37,10 +37,7 @@ EMOJI = "\U0001f600"
 
 @pytest.fixture
 def ctx(storage_connection: str, tag: str) -> Iterator[AppContext]:
-    context = make_context(storage_connection, tag)
-    reset_app_context(context)
-    yield context
-    reset_app_context(None)
+    yield from installed(storage_connection, tag)
 
 
 def function(name: str) -> Callable[..., Any]:

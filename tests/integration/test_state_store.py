@@ -53,7 +53,7 @@ def test_create_writes_order_step_and_index_rows_in_one_partition(store: TableSt
             "order|o-create|order",
             "order|o-create|step|000|process",
             f"pending|{T0.strftime('%Y%m%dT%H%M%S.%fZ')}|o-create|process",
-            "status|pending|o-create",
+            layout.status_row("pending", "o-create", T0),
             saved.entries[0].row,
         ]
     )
@@ -205,7 +205,8 @@ def test_index_rows_follow_the_state_and_leave_when_finished(store: TableStateSt
     store.save(order)
     keys = rows(store, "o-idx")
     assert not any(k.startswith(("pending|", "processing|")) for k in keys)
-    assert "status|completed|o-idx" in keys and "status|processing|o-idx" not in keys
+    assert layout.status_row("completed", "o-idx", order.created_at) in keys
+    assert not any(k.startswith("status|processing|") for k in keys)
 
 
 def test_supervisor_and_late_reply_racing_on_one_step_exactly_one_wins(

@@ -259,7 +259,9 @@ def test_a_save_succeeds_when_the_processing_row_was_deleted_by_hand(
 
     final = ctx.store.load(order_id)
     assert final is not None and final.status is OrderStatus.COMPLETED
-    assert index_rows(ctx.store, order_id) == [f"status|completed|{order_id}"]
+    assert index_rows(ctx.store, order_id) == [
+        layout.status_row("completed", order_id, final.created_at)
+    ]
 
 
 def test_a_save_succeeds_when_every_row_it_would_delete_is_gone(ctx: AppContext, tag: str) -> None:
@@ -372,7 +374,11 @@ def test_repair_cannot_race_a_save(
 
     assert interleaved == ["save"]
     assert report["status"] == "completed" and report["removed"] == [stray]
-    assert index_rows(ctx.store, order_id) == [f"status|completed|{order_id}"]
+    final = ctx.store.load(order_id)
+    assert final is not None
+    assert index_rows(ctx.store, order_id) == [
+        layout.status_row("completed", order_id, final.created_at)
+    ]
 
 
 def test_repair_of_an_unknown_order_is_not_found(ctx: AppContext, tag: str) -> None:

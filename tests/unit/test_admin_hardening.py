@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import azure.functions as func
@@ -28,12 +28,8 @@ from core.names import Names
 from runtime.context import reset_app_context
 from scheduler.notices import NoticeSender
 from stores import layout
-from stores.tables import (
-    InvalidContinuationToken,
-    TableStateStore,
-    format_list_token,
-    parse_list_token,
-)
+from stores.listing import format_token, parse_token
+from stores.tables import InvalidContinuationToken, TableStateStore
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -77,30 +73,46 @@ BAD_TOKENS = [
     "3:" + "[" * 1000 + "]" * 1000,
     "3:" + "x" * 5000,  # too long
     "3:NaN",
+    # the newest-first key part: 13 digits, a bar, an order id (or ~ and an order id)
+    "123|o-1",
+    "00000000000001|o-1",
+    "0000000000000|",
+    "0000000000000|o 1",
+    "0000000000000|o-1|x",
+    "0000000000000|" + "x" * 65,
+    "٣" * 13 + "|o-1",
+    "~",
+    "~o 1",
+    "~o-1\n",
+    "o-1",
+    "status|error|0000000000000|o-1",
 ]
 
 
 @pytest.mark.parametrize("token", BAD_TOKENS)
 def test_the_parser_refuses_every_bad_token(token: str) -> None:
     with pytest.raises(InvalidContinuationToken, match="continuationToken is not one"):
-        parse_list_token(token)
+        parse_token(token)
 
 
 @pytest.mark.parametrize(
-    "token",
+    ("key_part", "token"),
     [
-        format_list_token(0, None),
-        format_list_token(15, None),
-        format_list_token(7, {"PartitionKey": "shard-07", "RowKey": "status|error|o-9"}),
-        format_list_token(3, {"PartitionKey": "1!12!c2hhcmQtMDM-", "RowKey": "1!24!c3RhdHVz-"}),
-        format_list_token(3, {"PartitionKey": "shard-03", "RowKey": None}),
-        '3:{"PartitionKey": "shard-03", "RowKey": "status|error|o-1"}',  # spaced JSON
+        (f"{layout.newest_first(T0)}|o-9", f"{layout.newest_first(T0)}|o-9"),
+        ("0000000000000|A_z-0", "0000000000000|A_z-0"),
+        ("o-1", "~o-1"),  # a row from before the time part
+        ("123", "~123"),
     ],
 )
-def test_the_parser_accepts_what_the_store_hands_out(token: str) -> None:
-    shard, position = parse_list_token(token)
-    assert 0 <= shard < layout.SHARDS
-    assert format_list_token(shard, position) == format_list_token(*parse_list_token(token))
+def test_the_parser_accepts_what_the_store_hands_out(key_part: str, token: str) -> None:
+    assert format_token(key_part) == token
+    assert parse_token(token) == key_part
+
+
+def test_newest_first_keys_sort_later_times_first() -> None:
+    times = [T0 + timedelta(milliseconds=n) for n in (0, 1, 999, 86_400_000)]
+    keys = [layout.newest_first(t) for t in times]
+    assert keys == sorted(keys, reverse=True) and len(set(map(len, keys))) == 1
 
 
 # --- through the HTTP function ------------------------------------------------------------
@@ -120,7 +132,7 @@ class StubAdmin:
     def show(self, order_id: str) -> dict[str, Any]:
         return self._do("show", order_id)
 
-    def resubmit(self, order_id: str, by: str) -> dict[str, Any]:
+    def resubmit(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
         return self._do("resubmit", order_id, by)
 
     def cancel(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:

@@ -158,6 +158,11 @@ def test_shards_are_in_range_and_roughly_uniform() -> None:
     assert all(0.8 * expected <= c <= 1.2 * expected for c in counts.values()), counts
 
 
+#: What the status row of a sample order carries besides its key.
+STATUS_PROPS = {"OrderRef": "o-1", "Workflow": "order"}
+FULFILMENT_PROPS = {"OrderRef": "o-1", "Workflow": "fulfilment"}
+
+
 def test_row_keys() -> None:
     due = datetime(2026, 11, 22, 10, 0, 30, 500000, tzinfo=UTC)
 
@@ -167,7 +172,9 @@ def test_row_keys() -> None:
     assert layout.processing_row(due, "o-1", "ship") == (
         "processing|20261122T100030.500000Z|o-1|ship"
     )
-    assert layout.status_row("error", "o-1") == "status|error|o-1"
+    # newest first: 10**13 - 1 minus the milliseconds since 1970
+    millis = int(due.timestamp() * 1000)
+    assert layout.status_row("error", "o-1", due) == f"status|error|{10**13 - 1 - millis}|o-1"
     assert layout.outbox_row(due, "o-1", "3") == "outbox|20261122T100030.500000Z|o-1|3"
 
 
@@ -225,7 +232,7 @@ def test_new_order_is_pending_and_due_now() -> None:
     order = accept()
 
     assert layout.index_rows(order) == {
-        "status|pending|o-1": {"OrderRef": "o-1"},
+        layout.status_row("pending", "o-1", T0): STATUS_PROPS,
         "pending|20261122T100000.000000Z|o-1|process": {"OrderRef": "o-1", "StepName": "process"},
     }
 
@@ -235,7 +242,7 @@ def test_claimed_order_is_indexed_by_its_deadline() -> None:
     order.claim("instance-a", T0 + timedelta(seconds=1))
 
     assert layout.index_rows(order) == {
-        "status|processing|o-1": {"OrderRef": "o-1"},
+        layout.status_row("processing", "o-1", T0): STATUS_PROPS,
         "processing|20261122T100031.000000Z|o-1|process": {
             "OrderRef": "o-1",
             "StepName": "process",
@@ -248,7 +255,7 @@ def test_completed_order_leaves_the_sweep_ranges() -> None:
     order.claim("instance-a", T0)
     reply(order, "succeeded", T0 + timedelta(seconds=5))
 
-    assert layout.index_rows(order) == {"status|completed|o-1": {"OrderRef": "o-1"}}
+    assert layout.index_rows(order) == {layout.status_row("completed", "o-1", T0): STATUS_PROPS}
 
 
 def test_expired_step_is_pending_again_at_its_backoff_time() -> None:
@@ -258,7 +265,7 @@ def test_expired_step_is_pending_again_at_its_backoff_time() -> None:
     order.expire(now, POLICY)  # first failure: within the soft threshold, due at once
 
     assert layout.index_rows(order) == {
-        "status|processing|o-1": {"OrderRef": "o-1"},
+        layout.status_row("processing", "o-1", T0): STATUS_PROPS,
         "pending|20261122T100031.000000Z|o-1|process": {"OrderRef": "o-1", "StepName": "process"},
     }
 
@@ -269,7 +276,7 @@ def test_expired_step_is_pending_again_at_its_backoff_time() -> None:
 
     assert due > later
     assert layout.index_rows(order) == {
-        "status|processing|o-1": {"OrderRef": "o-1"},
+        layout.status_row("processing", "o-1", T0): STATUS_PROPS,
         layout.pending_row(due, "o-1", "process"): {"OrderRef": "o-1", "StepName": "process"},
     }
 
@@ -283,7 +290,7 @@ def test_order_in_error_has_only_its_status_row() -> None:
         now += timedelta(seconds=31)
         order.expire(now, POLICY)
 
-    assert layout.index_rows(order) == {"status|error|o-1": {"OrderRef": "o-1"}}
+    assert layout.index_rows(order) == {layout.status_row("error", "o-1", T0): STATUS_PROPS}
 
 
 def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a_step() -> None:
@@ -292,7 +299,7 @@ def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a
     reply(order, "succeeded", T0 + timedelta(seconds=1))
 
     assert layout.index_rows(order) == {
-        "status|processing|o-1": {"OrderRef": "o-1"},
+        layout.status_row("processing", "o-1", T0): FULFILMENT_PROPS,
         "pending|20261122T100001.000000Z|o-1|charge-payment": {
             "OrderRef": "o-1",
             "StepName": "charge-payment",
@@ -303,7 +310,7 @@ def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a
     reply(order, "failed", T0 + timedelta(seconds=3))
 
     assert layout.index_rows(order) == {
-        "status|compensating|o-1": {"OrderRef": "o-1"},
+        layout.status_row("compensating", "o-1", T0): FULFILMENT_PROPS,
         "pending|20261122T100003.000000Z|o-1|release-stock": {
             "OrderRef": "o-1",
             "StepName": "release-stock",

@@ -36,6 +36,7 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "MAX_FAILURE_COUNT",
         "SUPERVISOR_SCHEDULE",
         "DEFERRAL_WINDOW_SECONDS",
+        "CONSOLE_READ_ONLY",
     )
 
 
@@ -323,3 +324,33 @@ def test_the_deferral_window_is_a_setting_with_a_production_default() -> None:
     assert "DEFERRAL_WINDOW_SECONDS" in error(
         AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", DEFERRAL_WINDOW_SECONDS="soon"
     )
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("true", True),
+        ("TRUE", True),
+        (" True ", True),
+        ("1", True),
+        ("yes", True),
+        ("false", False),
+        ("False", False),
+        ("0", False),
+        ("no", False),
+        ("", False),
+        ("  ", False),
+    ],
+)
+def test_console_read_only_is_a_flag_off_by_default(raw: str, expected: bool) -> None:
+    assert settings(AGENT_TRANSPORT="storage").console_read_only is False
+    assert settings(AGENT_TRANSPORT="storage", CONSOLE_READ_ONLY=raw).console_read_only is expected
+
+
+@pytest.mark.parametrize("raw", ["on", "off", "2", "y", "enabled", "tru"])
+def test_an_unknown_console_read_only_value_is_refused_naming_the_setting(raw: str) -> None:
+    message = error(
+        AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", CONSOLE_READ_ONLY=raw
+    )
+
+    assert message == f"CONSOLE_READ_ONLY must be true or false, got {raw.lower()!r}"

@@ -1,0 +1,66 @@
+"""The list filter as the query string states it, for the operator API and the console.
+
+``status`` (required by the API; the console defaults it), ``workflow``, ``from`` and
+``to`` (creation time, UTC: ``2026-11-22``, ``2026-11-22T10:00``, or with an offset),
+``pageSize`` and ``continuationToken``. Every bad value is a ``ValueError`` whose text
+tells the caller what to send instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+
+from core.states import OrderStatus
+from stores.listing import ListFilter
+
+MAX_PAGE = 100
+
+
+def parse_status(raw: str) -> OrderStatus:
+    try:
+        return OrderStatus(raw)
+    except ValueError:
+        valid = ", ".join(s.value for s in OrderStatus)
+        raise ValueError(f"give ?status= one of: {valid} (got {raw!r})") from None
+
+
+def parse_time(name: str, raw: str, *, end: bool = False) -> datetime | None:
+    """A date or a date and time; naive means UTC. A bare date as ``to`` includes that day."""
+    text = raw.strip()
+    if not text:
+        return None
+    try:
+        value = datetime.fromisoformat(text.replace(" ", "T"))
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a date or a time like 2026-11-22 or 2026-11-22T10:30 (UTC), "
+            f"got {raw[:40]!r}"
+        ) from None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    if end and len(text) == 10:  # "to 2026-11-22" means to the end of that day
+        value += timedelta(days=1)
+    return value.astimezone(UTC)
+
+
+def parse_filter(params: Mapping[str, str], default_status: str | None = None) -> ListFilter:
+    status = parse_status(params.get("status") or default_status or "")
+    workflow = (params.get("workflow") or "").strip() or None
+    try:
+        return ListFilter(
+            status,
+            workflow,
+            parse_time("from", params.get("from", "")),
+            parse_time("to", params.get("to", ""), end=True),
+        )
+    except ValueError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def parse_page_size(raw: str | None, default: int = 50) -> int:
+    if raw is None or raw == "":
+        return default
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 6:
+        raise ValueError(f"pageSize must be a whole number (1-{MAX_PAGE})")
+    return max(1, min(int(raw), MAX_PAGE))  # as many as asked, within the bounds

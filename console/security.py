@@ -1,0 +1,76 @@
+"""What keeps the console's actions from being forged, and its pages from running input.
+
+- Never anonymous: the routes take the same function key as the operator API (in Azure
+  the browser carries it as ``?code=``, which every link and form the page makes keeps);
+  App Service authentication (Entra ID) may stand in front as well (infra/, README).
+- Actions are POSTs that need a CSRF token: a random value in a ``SameSite=Strict``,
+  ``HttpOnly`` cookie that must equal the form's ``csrf`` field (double submit: a page on
+  another site can neither read the cookie nor make the browser send it). A browser's
+  ``Origin`` and ``Sec-Fetch-Site`` headers, when sent, must say "same origin".
+- Pages are Jinja2 templates with autoescaping on, and every answer sends a
+  Content-Security-Policy that allows only the app's own scripts, styles and images.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+import secrets
+from http.cookies import CookieError, SimpleCookie
+from typing import Final
+from urllib.parse import urlsplit
+
+COOKIE: Final = "console_csrf"
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{32,64}")
+
+HEADERS: Final = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",  # the function key must not leak in a Referer
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+}
+
+
+def cookie_token(cookie_header: str | None) -> str | None:
+    """The CSRF token the browser holds, if it holds a well-formed one."""
+    if not cookie_header:
+        return None
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(cookie_header)
+    except CookieError:
+        return None
+    morsel = jar.get(COOKIE)
+    return morsel.value if morsel is not None and _TOKEN.fullmatch(morsel.value) else None
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def set_cookie(token: str, secure: bool) -> str:
+    return f"{COOKIE}={token}; Path=/; SameSite=Strict; HttpOnly" + ("; Secure" if secure else "")
+
+
+def forged(
+    cookie_header: str | None,
+    form_token: str | None,
+    origin: str | None,
+    fetch_site: str | None,
+    host: str,
+) -> str | None:
+    """Why a POST must be refused as possibly cross-site, or None when it is not."""
+    if fetch_site and fetch_site.lower() not in ("same-origin", "none"):
+        return f"the browser says this request came from another site ({fetch_site})"
+    # "null" is what a browser sends from a page whose Referrer-Policy is no-referrer (as
+    # the console's): not evidence either way; the token decides.
+    if origin and origin != "null" and urlsplit(origin).netloc.lower() != host.lower():
+        return "the request came from another origin"
+    held = cookie_token(cookie_header)
+    if held is None or not form_token or not hmac.compare_digest(held, form_token):
+        return "the form's security token is missing or stale: reload the page and try again"
+    return None

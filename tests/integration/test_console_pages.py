@@ -1,0 +1,230 @@
+"""The console's pages and actions through its HTTP functions, on real Azurite (the
+browser tests in tests/browser drive the same pages in Chromium)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import azure.functions as func
+import pytest
+
+from console import security
+from console import triggers as console
+from core.messages import alert_message
+from core.states import OrderStatus
+from runtime.context import AppContext, reset_app_context
+from tests.integration.test_listing import T0, accept, fail
+from tests.support import installed
+
+BASE = "http://h:7071/api/console"
+HOSTILE = "<script>window.__pwned=1</script><img src=x onerror=alert(1)>"
+
+
+@pytest.fixture
+def ctx(storage_connection: str, tag: str) -> Iterator[AppContext]:
+    yield from installed(storage_connection, tag)
+
+
+def read_only(ctx: AppContext) -> None:
+    settings = dataclasses.replace(ctx.settings, console_read_only=True)
+    reset_app_context(dataclasses.replace(ctx, settings=settings))
+
+
+def get(path: str, params: dict[str, str] | None = None, **route: str) -> func.HttpResponse:
+    return _call("GET", path, params or {}, b"", route, {})
+
+
+def _call(
+    method: str,
+    path: str,
+    params: dict[str, str],
+    body: bytes,
+    route: dict[str, str],
+    headers: dict[str, str],
+) -> func.HttpResponse:
+    request = func.HttpRequest(
+        method, f"{BASE}{path}", params=params, route_params=route, body=body, headers=headers
+    )
+    handler = {
+        ("GET", ""): console.console_list,
+        ("GET", "/lookup"): console.console_lookup,
+        ("GET", "/alerts"): console.console_alerts,
+        ("GET", "/orders"): console.console_order,
+        ("GET", "/confirm"): console.console_confirm,
+        ("POST", "/resubmit"): console.console_resubmit,
+        ("POST", "/cancel"): console.console_cancel,
+        ("POST", "/bulk/preview"): console.console_bulk_preview,
+        ("POST", "/bulk/run"): console.console_bulk_run,
+    }
+    key = path if not path.startswith("/orders/") else "/" + path.rsplit("/", 1)[-1]
+    if path.startswith("/orders/") and path.count("/") == 2:
+        key = "/orders"
+    return handler[(method, key)](request)  # type: ignore[no-any-return]
+
+
+def post(path: str, form: dict[str, str], token: str | None, **route: str) -> func.HttpResponse:
+    headers = {"host": "h:7071", "content-type": "application/x-www-form-urlencoded"}
+    if token:
+        headers["cookie"] = f"{security.COOKIE}={token}"
+    return _call("POST", path, {}, urlencode(form).encode(), route, headers)
+
+
+def html(response: func.HttpResponse) -> str:
+    assert response.mimetype == "text/html", response.get_body()[:300]
+    return response.get_body().decode()
+
+
+def ids_listed(page: str) -> list[str]:
+    return re.findall(r'class="order-row" data-order-id="([^"]+)"', page)
+
+
+def seed(ctx: AppContext, n: int, failing: int, **extra: Any) -> list[str]:
+    ids = []
+    for i in range(n):
+        order = accept(f"p-{i}", T0 + timedelta(seconds=i))
+        order.body.update(extra)
+        ctx.store.create(order)
+        ids.append(order.order_id)
+    for order_id in ids[:failing]:
+        fail(ctx, order_id)
+    return ids
+
+
+def test_the_list_shows_the_status_in_its_url_newest_first_with_counts(ctx: AppContext) -> None:
+    seed(ctx, 5, failing=3)
+    response = get("")  # no status: the orders that need an operator
+    page = html(response)
+    assert response.status_code == 200
+    assert ids_listed(page) == ["p-2", "p-1", "p-0"]
+    assert re.search(r'data-status="error"[^>]*>error <span>3</span>', page)
+    assert re.search(r'data-status="pending"[^>]*>pending <span>2</span>', page)
+    assert 'href="/api/console/orders/p-2"' in page
+    assert ids_listed(html(get("", {"status": "pending"}))) == ["p-4", "p-3"]
+    assert ids_listed(html(get("", {"status": "error", "workflow": "fulfilment"}))) == []
+    assert "Set-Cookie" in response.headers and "SameSite=Strict" in response.headers["Set-Cookie"]
+    assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+
+
+def test_paging_follows_the_token_and_keeps_the_filter_and_the_key(ctx: AppContext) -> None:
+    seed(ctx, 3, failing=3)
+    first = html(get("", {"status": "error", "pageSize": "2", "code": "k3y"}))
+    assert ids_listed(first) == ["p-2", "p-1"]
+    link = re.search(r'id="next-page" href="([^"]+)"', first)
+    assert link is not None
+    query = {k: v[0] for k, v in parse_qs(urlsplit(link[1].replace("&amp;", "&")).query).items()}
+    assert query["code"] == "k3y" and query["status"] == "error" and query["pageSize"] == "2"
+    assert ids_listed(html(get("", query))) == ["p-0"]
+    assert get("", {"page": "not-a-token"}).status_code == 400
+    assert get("", {"status": "nope"}).status_code == 400
+    assert get("", {"from": "yesterday"}).status_code == 400
+
+
+def test_the_detail_escapes_what_the_order_carries(ctx: AppContext) -> None:
+    seed(ctx, 1, failing=1, note=HOSTILE)
+    page = html(get("/orders/p-0", orderId="p-0"))
+    assert "<script>window" not in page and "<img src=x" not in page
+    assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page
+    assert 'id="resubmit-form"' in page and 'id="cancel-form"' in page
+    assert re.search(r'<rect class="attempt expired', page)
+    assert "Step process failed for good" in page
+    assert get("/orders/nope", orderId="nope").status_code == 404
+    assert get("/orders/a b", orderId="a b").status_code == 400
+
+
+def test_resubmit_needs_a_confirmation_a_reason_and_the_token(ctx: AppContext) -> None:
+    seed(ctx, 1, failing=1)
+    token = security.new_token()
+    confirm = get("/orders/p-0/confirm", {"action": "resubmit", "reason": "fixed"}, orderId="p-0")
+    assert 'id="confirm-form"' in html(confirm)
+    assert ctx.store.load("p-0").status is OrderStatus.ERROR  # type: ignore[union-attr]
+
+    forged = post("/orders/p-0/resubmit", {"reason": "x", "csrf": token}, None, orderId="p-0")
+    assert forged.status_code == 403
+    other = post(
+        "/orders/p-0/resubmit", {"reason": "x", "csrf": token}, security.new_token(), orderId="p-0"
+    )
+    assert other.status_code == 403
+    no_reason = post("/orders/p-0/resubmit", {"csrf": token}, token, orderId="p-0")
+    assert no_reason.status_code == 303 and "reason" in no_reason.headers["Location"]
+    assert ctx.store.load("p-0").status is OrderStatus.ERROR  # type: ignore[union-attr]
+
+    done = post(
+        "/orders/p-0/resubmit", {"reason": "remote fixed", "csrf": token}, token, orderId="p-0"
+    )
+    assert done.status_code == 303
+    assert done.headers["Location"].startswith("/api/console/orders/p-0?message=Resubmitted")
+    order = ctx.store.load("p-0")
+    assert order is not None and order.status is OrderStatus.PROCESSING
+    [event] = [h for h in order.history if h["event"] == "resubmitted"]
+    assert event["reason"] == "remote fixed" and event["by"] == "function-key"
+
+    again = post("/orders/p-0/resubmit", {"reason": "again", "csrf": token}, token, orderId="p-0")
+    assert again.status_code == 409 and "only an order in error" in html(again)
+
+
+def test_bulk_preview_changes_nothing_and_the_run_does_what_it_showed(ctx: AppContext) -> None:
+    seed(ctx, 4, failing=3)
+    token = security.new_token()
+    form = {"status": "error", "action": "cancel", "reason": "customer gone", "csrf": token}
+    preview = html(post("/bulk/preview", form, token))
+    assert re.search(r'id="bulk-count">3<', preview)
+    assert ctx.admin.counts()["error"] == 3
+    ids = re.search(r'name="ids" value="([^"]+)"', preview)
+    assert ids is not None and ids[1] == "p-2,p-1,p-0"
+
+    result = html(post("/bulk/run", {**form, "ids": ids[1]}, token))
+    assert re.search(r'id="bulk-done">3<', result) and re.search(r'id="bulk-refused">0<', result)
+    for order_id in ("p-0", "p-1", "p-2"):
+        order = ctx.store.load(order_id)
+        assert order is not None and order.status is OrderStatus.CANCELLED
+        assert any(h.get("reason") == "customer gone" for h in order.history)
+    assert post("/bulk/run", {**form, "ids": "p-3"}, None).status_code == 403
+
+
+def test_read_only_hides_every_action_and_refuses_every_post(ctx: AppContext) -> None:
+    seed(ctx, 1, failing=1)
+    read_only(ctx)
+    token = security.new_token()
+    listing = html(get(""))
+    detail = html(get("/orders/p-0", orderId="p-0"))
+    assert 'id="read-only"' in listing and 'id="bulk"' not in listing
+    assert 'id="resubmit-form"' not in detail and 'id="cancel-form"' not in detail
+    refused = post("/orders/p-0/resubmit", {"reason": "x", "csrf": token}, token, orderId="p-0")
+    assert refused.status_code == 403
+    form = {"status": "error", "action": "cancel", "reason": "x", "csrf": token, "ids": "p-0"}
+    assert post("/bulk/run", form, token).status_code == 403
+    assert ctx.store.load("p-0").status is OrderStatus.ERROR  # type: ignore[union-attr]
+
+
+def test_lookup_opens_an_order_or_says_there_is_none(ctx: AppContext) -> None:
+    seed(ctx, 1, failing=0)
+    found = get("/lookup", {"orderId": "p-0", "code": "k"})
+    assert (
+        found.status_code == 303 and found.headers["Location"] == "/api/console/orders/p-0?code=k"
+    )
+    missing = get("/lookup", {"orderId": "nope"})
+    assert "no+order+with+id" in missing.headers["Location"]
+
+
+def test_the_alerts_page_shows_waiting_alerts_and_rejected_messages(ctx: AppContext) -> None:
+    seed(ctx, 1, failing=1)
+    alerts = ctx.queues.client(ctx.names.operator_alerts)
+    alerts.send_message(alert_message("p-0", "process", f"it failed {HOSTILE}", 1, T0))
+    rejected = ctx.queues.client(ctx.names.orders_rejected)
+    rejected.send_message(json.dumps({"reason": "orderId is missing", "message": "{}"}))
+
+    page = html(get("/alerts"))
+
+    assert re.search(r'class="alert-row" data-order-id="p-0"', page)
+    assert "it failed &lt;script&gt;" in page and "<script>window" not in page
+    assert re.search(r'class="rejected-row">\s*<td class="queue">[^<]*orders-rejected', page)
+    assert "orderId is missing" in page
+    assert re.search(r'id="attention"', page) and 'data-order-id="p-0"' in page
+    # peeked, not taken
+    assert alerts.get_queue_properties().approximate_message_count == 1
