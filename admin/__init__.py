@@ -1,1 +1,1 @@
-"""The operator's tools: the HTTP API of contract 3.7 and the same operations as a CLI."""
+"""The operator's tools: the HTTP API of docs/contracts.md §3.7 and the same operations as a CLI."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
+from core.ports import ListFilter
 from core.states import OrderStatus
-from stores.listing import ListFilter
 
 MAX_PAGE = 100
 

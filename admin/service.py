@@ -21,14 +21,13 @@ from core.errors import (
     TransitionRefused,
 )
 from core.model import Order, StepRecord
-from core.ports import Clock
+from core.ports import Clock, ListFilter, StateStore
 from core.states import OrderStatus, StepState
 from core.timefmt import iso
+from core.unit_of_work import Dispatcher, OrderChanges
+from messaging.outbox import NoticeSender
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
-from scheduler.notices import NoticeSender
-from stores.listing import ListFilter
-from stores.tables import TableStateStore
 
 log = get_logger(__name__)
 
@@ -72,7 +71,7 @@ def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
 def step_view(step: StepRecord) -> dict[str, Any]:
     return {
         "step": step.step,
-        # the state fields of contract 3.2, named as in the table
+        # the state fields of docs/contracts.md §3.2, named as in the table
         "OrderID": step.order_id,
         "Step": step.step,
         "kind": str(step.kind),
@@ -129,15 +128,12 @@ def order_summary(order: Order) -> dict[str, Any]:
 
 class OrderAdmin:
     def __init__(
-        self,
-        store: TableStateStore,
-        notices: NoticeSender,
-        schedule_dispatch: Callable[[str], None],
-        clock: Clock,
+        self, store: StateStore, notices: NoticeSender, dispatch: Dispatcher, clock: Clock
     ):
+        """``dispatch`` queues an order whose step is Pending (a resubmitted step, a
+        compensation a cancel starts) for the scheduler, which claims it."""
         self._store = store
-        self._notices = notices
-        self._schedule_dispatch = schedule_dispatch
+        self._changes = OrderChanges(store, notices, dispatch)
         self._clock = clock
 
     def get(self, order_id: str) -> Order:
@@ -250,18 +246,16 @@ class OrderAdmin:
     def _change(
         self, order_id: str, change: Callable[[Order], object], what: str, by: str
     ) -> dict[str, Any]:
-        for _ in range(5):
-            order = self.get(order_id)
-            change(order)  # TransitionRefused propagates: the caller explains it
-            try:
-                saved = self._store.save(order)
-            except ConcurrencyConflict:
-                continue
+        def done(order: Order, _: object) -> None:
             METRICS.inc(f"orders_{what}")
             log.warning("order %s by %s; status now %s", what, by, order.status)
-            self._notices.deliver(saved)
-            active = order.active_step()
-            if active is not None and active.process_state is StepState.PENDING:
-                self._schedule_dispatch(order_id)
-            return order_view(order)
-        raise ConcurrencyConflict(f"order {order_id} kept changing; try again", order_id=order_id)
+
+        try:
+            changed = self._changes.change(order_id, change, after_save=done)
+        except ConcurrencyConflict as exc:
+            raise ConcurrencyConflict(
+                f"order {order_id} kept changing; try again", order_id=order_id
+            ) from exc
+        if changed is None:
+            raise OrderNotFound(f"no order with id {order_id!r}", order_id=order_id)
+        return order_view(changed.order)

@@ -1,4 +1,4 @@
-"""The operator API (contract 3.7): HTTP routes, function-key protected in Azure.
+"""The operator API (docs/contracts.md §3.7): HTTP routes, function-key protected in Azure.
 
 Every answer is JSON; every failure has an ``error`` sentence: 400 bad input, 404
 unknown order, 409 refused by the order's state, 503 the store did not answer or the
@@ -28,13 +28,13 @@ from admin.query import parse_filter, parse_page_size
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
+    InvalidContinuationToken,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
 )
 from core.orders import is_valid_order_id
 from runtime.context import app_context
-from stores.listing import InvalidContinuationToken
 
 bp = func.Blueprint()
 
@@ -77,7 +77,7 @@ def caller(req: func.HttpRequest) -> str:
 
 
 def _answer(order_id: str | None, call: Callable[[], Any]) -> func.HttpResponse:
-    """Run an admin call; its domain errors become the status codes of contract 3.7."""
+    """Run an admin call; its domain errors become the status codes of docs/contracts.md §3.7."""
     ids = {"orderId": order_id} if order_id else {}
     try:
         return _json(200, call())

@@ -1,6 +1,6 @@
 """The agent: turns one request into one remote call and always one reply.
 
-The reply says what the attempt did (contract 3.3, README "Failure model"):
+The reply says what the attempt did (docs/contracts.md §3.3, README "Failure model"):
 ``succeeded``, ``failed`` (refused: nothing applied), ``transient`` (this order's
 failure; ``applied`` no/maybe) or ``deferred`` (not called, or the remote is down for
 everyone; ``notBefore``). A request that arrives after its deadline is not called and
@@ -16,12 +16,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from enum import StrEnum
 from typing import Any
 
 from agents.remote import CallOutcome, RemoteServiceClient
 from core.errors import StorageUnavailable
-from core.messages import AgentReply, AgentRequest
+from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.ports import AgentTransport, Clock
 from runtime import failpoints, telemetry
 from runtime.logs import get_logger, order_context
@@ -33,13 +32,6 @@ log = get_logger(__name__)
 #: How long the agent keeps trying to hand its reply over before it gives the
 #: invocation back to the host (which redelivers the request).
 REPLY_SEND_SECONDS = 60.0
-
-
-class AgentOutcome(StrEnum):
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    TRANSIENT = "transient"
-    DEFERRED = "deferred"
 
 
 class Agent:
@@ -57,7 +49,7 @@ class Agent:
         self._load_order = load_order
         self._sleep = sleep
 
-    def handle(self, request: AgentRequest, reply_to: str | None = None) -> AgentOutcome:
+    def handle(self, request: AgentRequest, reply_to: str | None = None) -> ReplyOutcome:
         with (
             order_context(order_id=request.order_id, step=request.step, attempt=request.attempt),
             telemetry.span(
@@ -94,7 +86,7 @@ class Agent:
                 outcome.tries,
                 f": {reply.error}" if reply.error else "",
             )
-            return AgentOutcome(reply.outcome)
+            return reply.outcome
 
     def _send(self, reply: AgentReply, reply_to: str | None) -> None:
         ride_out(

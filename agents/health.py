@@ -1,5 +1,5 @@
 """What an agent knows of its remote endpoint's health: a circuit breaker that protects
-the remote without punishing the orders (contract 3.11).
+the remote without punishing the orders (docs/contracts.md §3.11).
 
 Two questions, answered from this instance's own calls:
 

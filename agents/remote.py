@@ -1,5 +1,8 @@
-"""A resilient client for the remote services of contract 3.4, and what each try did
-(contract 3.11).
+"""A resilient client for the remote services of docs/contracts.md §3.4, and what each try did
+(docs/contracts.md §3.11).
+
+(Over 400 lines: the classification of a try, its deadline and the retry loop decide
+together what an attempt reports; endpoint health is already its own module.)
 
 ``POST {base}/{path}`` with the order's JSON and ``Idempotency-Key: <orderId>:<step>``
 (the same on every try and every attempt, so the service applies the effect once
@@ -47,7 +50,7 @@ from runtime.metrics import METRICS
 log = get_logger(__name__)
 
 TRANSIENT_4XX = frozenset({408, 425, 429})
-#: Statuses that say the request was not processed (contract 3.11): timeout before
+#: Statuses that say the request was not processed (docs/contracts.md §3.11): timeout before
 #: processing, too early, throttled, unavailable.
 NOT_APPLIED_STATUSES = frozenset({408, 425, 429, 503})
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
@@ -128,7 +131,7 @@ def _retry_after(response: httpx.Response, now: datetime) -> float | None:
 
 
 def classify(response: httpx.Response, path: str, now: datetime | None = None) -> Try:
-    """What an HTTP answer says (contracts 3.4 and 3.11)."""
+    """What an HTTP answer says (docs/contracts.md §3.4 and §3.11)."""
     status = response.status_code
     if 200 <= status < 300:
         try:

@@ -13,7 +13,7 @@ import azure.functions as func
 from core import names
 from core.errors import InvalidMessage
 from core.messages import decode_request
-from core.settings import AGENT_TRANSPORT, Transport
+from core.settings import Transport, transport_from_env
 from messaging.quarantine import quarantine
 from runtime.context import app_context
 
@@ -32,7 +32,7 @@ def _handle(raw: bytes, reply_to: str | None) -> None:
     ctx.agent.handle(request, reply_to)
 
 
-if os.environ.get(AGENT_TRANSPORT, Transport.SERVICE_BUS).lower() == Transport.STORAGE:
+if transport_from_env(os.environ) is Transport.STORAGE:
 
     @bp.queue_trigger(
         arg_name="msg", queue_name=names.AGENT_REQUESTS, connection="AzureWebJobsStorage"

@@ -9,14 +9,9 @@ page structure is described in ``docs/console-dom.md``; the protection in
 
 from __future__ import annotations
 
-import json
 import mimetypes
-from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from functools import cache
-from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import azure.functions as func
 
@@ -24,129 +19,19 @@ from admin.query import parse_filter, parse_page_size
 from admin.service import BULK_ACTIONS, MAX_BULK, order_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from console import inbox, security, views
+from console.pages import ASSETS, Page, filters_of, form_of, guard, trouble
 from core.errors import (
-    ConcurrencyConflict,
-    CorruptOrder,
+    InvalidContinuationToken,
     OrderNotFound,
-    StorageUnavailable,
     TransitionRefused,
 )
 from core.orders import is_valid_order_id
+from core.ports import ListFilter
 from core.states import OrderStatus
-from core.workflows import WORKFLOWS
 from runtime.context import app_context
-from stores.listing import COUNT_CAP, InvalidContinuationToken, ListFilter
+from stores.listing import COUNT_CAP
 
 bp = func.Blueprint()
-
-HERE = Path(__file__).parent
-ASSETS = {p.name: p for p in (HERE / "assets").iterdir() if p.is_file()}
-#: What the list keeps in its URL (and carries into every link and form).
-FILTER_KEYS = ("status", "workflow", "from", "to", "pageSize", "refresh")
-DEFAULT_STATUS = "error"
-
-
-@cache
-def _templates() -> Any:
-    import jinja2  # only when a page is first drawn: the other functions never pay for it
-
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(HERE / "templates"),
-        autoescape=True,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
-    return env
-
-
-class Page:
-    """One request's view of the console: its base path, the key to carry, its token."""
-
-    def __init__(self, req: func.HttpRequest):
-        self.req = req
-        path = urlsplit(req.url).path
-        self.root = path[: path.index("/console") + len("/console")] if "/console" in path else ""
-        self.code = req.params.get("code") or ""
-        held = security.cookie_token(req.headers.get("cookie"))
-        self.csrf = held or security.new_token()
-        self.new_cookie = held is None
-        self.read_only = app_context().settings.console_read_only
-
-    def url(self, path: str = "", params: Mapping[str, Any] | None = None) -> str:
-        query = {k: str(v) for k, v in (params or {}).items() if v not in (None, "")}
-        if self.code:
-            query["code"] = self.code
-        return f"{self.root}{path}" + (f"?{urlencode(query)}" if query else "")
-
-    def render(self, template: str, status: int = 200, **context: Any) -> func.HttpResponse:
-        body = (
-            _templates()
-            .get_template(template)
-            .render(
-                page=self,
-                statuses=[s.value for s in OrderStatus],
-                workflows=sorted(WORKFLOWS),
-                message=context.pop("message", None) or self.req.params.get("message"),
-                failed=context.pop("failed", False) or self.req.params.get("failed") == "1",
-                **context,
-            )
-        )
-        headers = dict(security.HEADERS)
-        if self.new_cookie:
-            secure = urlsplit(self.req.url).scheme == "https"
-            headers["Set-Cookie"] = security.set_cookie(self.csrf, secure)
-        return func.HttpResponse(
-            body, status_code=status, mimetype="text/html", charset="utf-8", headers=headers
-        )
-
-    def redirect(self, path: str, params: Mapping[str, Any]) -> func.HttpResponse:
-        headers = {**security.HEADERS, "Location": self.url(path, params)}
-        return func.HttpResponse(status_code=303, headers=headers)
-
-
-def _form(req: func.HttpRequest) -> dict[str, str]:
-    body = req.get_body() or b""
-    if len(body) > 64_000:
-        return {}
-    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
-
-
-def _guard(page: Page, form: Mapping[str, str]) -> func.HttpResponse | None:
-    """A refusal for a POST that is read-only or may be forged; None lets it through."""
-    if page.read_only:
-        return page.render(
-            "message.html", 403, message="The console is read-only here.", failed=True
-        )
-    why = security.forged(
-        page.req.headers.get("cookie"),
-        form.get("csrf"),
-        page.req.headers.get("origin"),
-        page.req.headers.get("sec-fetch-site"),
-        page.req.headers.get("host") or urlsplit(page.req.url).netloc,
-    )
-    if why is not None:
-        return page.render("message.html", 403, message=f"Refused: {why}.", failed=True)
-    return None
-
-
-def _trouble(page: Page, call: Callable[[], func.HttpResponse]) -> func.HttpResponse:
-    """The store's troubles as pages a person can act on."""
-    try:
-        return call()
-    except (StorageUnavailable, ConcurrencyConflict) as exc:
-        return page.render(
-            "message.html", 503, message=f"Try again in a moment: {exc.message}", failed=True
-        )
-    except CorruptOrder as exc:
-        return page.render("message.html", 500, message=exc.message, failed=True)
-
-
-def _filters(params: Mapping[str, str]) -> dict[str, str]:
-    kept = {k: params.get(k, "") for k in FILTER_KEYS}
-    kept["status"] = kept["status"] or DEFAULT_STATUS
-    return kept
-
 
 # --- list ---------------------------------------------------------------------------------
 
@@ -154,7 +39,7 @@ def _filters(params: Mapping[str, str]) -> dict[str, str]:
 @bp.route(route="console", methods=["GET"])
 def console_list(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
-    filters = _filters(req.params)
+    filters = filters_of(req.params)
     try:
         where = parse_filter(filters)
         page_size = parse_page_size(filters["pageSize"])
@@ -181,7 +66,7 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
             actions=BULK_ACTIONS,
         )
 
-    return _trouble(page, show)
+    return trouble(page, show)
 
 
 @bp.route(route="console/lookup", methods=["GET"])
@@ -198,7 +83,7 @@ def console_lookup(req: func.HttpRequest) -> func.HttpResponse:
             return page.redirect("", {"message": f"no order with id {order_id!r}", "failed": 1})
         return page.redirect(f"/orders/{order_id}", {})
 
-    return _trouble(page, find)
+    return trouble(page, find)
 
 
 # --- detail and actions -------------------------------------------------------------------
@@ -238,7 +123,7 @@ def console_order(req: func.HttpRequest) -> func.HttpResponse:
         except OrderNotFound as exc:
             return page.render("message.html", 404, message=exc.message, failed=True)
 
-    return _trouble(page, show)
+    return trouble(page, show)
 
 
 @bp.route(route="console/orders/{orderId}/confirm", methods=["GET"])
@@ -265,7 +150,7 @@ def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
             "confirm.html", order=order, action=action, reason=reason, why=views.why(order)
         )
 
-    return _trouble(page, show)
+    return trouble(page, show)
 
 
 def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
@@ -273,8 +158,8 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
         return page.render("message.html", 400, message="Not an order id.", failed=True)
-    form = _form(req)
-    refused = _guard(page, form)
+    form = form_of(req)
+    refused = guard(page, form)
     if refused is not None:
         return refused
     reason = form.get("reason", "").strip()[:MAX_REASON_CHARS]
@@ -299,7 +184,7 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
             return _detail(page, order_id, 409, message=f"Refused: {exc.message}", failed=True)
         return page.redirect(f"/orders/{order_id}", {"message": done})
 
-    return _trouble(page, change)
+    return trouble(page, change)
 
 
 @bp.route(route="console/orders/{orderId}/resubmit", methods=["POST"])
@@ -316,11 +201,11 @@ def console_cancel(req: func.HttpRequest) -> func.HttpResponse:
 
 
 def _bulk_form(page: Page) -> tuple[dict[str, str], ListFilter, str, str] | func.HttpResponse:
-    form = _form(page.req)
-    refused = _guard(page, form)
+    form = form_of(page.req)
+    refused = guard(page, form)
     if refused is not None:
         return refused
-    filters = _filters(form)
+    filters = filters_of(form)
     action = form.get("action", "")
     reason = form.get("reason", "").strip()[:MAX_REASON_CHARS]
     try:
@@ -355,7 +240,7 @@ def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
             max_bulk=MAX_BULK,
         )
 
-    return _trouble(page, preview)
+    return trouble(page, preview)
 
 
 @bp.route(route="console/bulk/run", methods=["POST"])
@@ -371,7 +256,7 @@ def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
         result = app_context().admin.bulk(action, ids, caller(req), reason)
         return page.render("bulk_result.html", filters=filters, result=result)
 
-    return _trouble(page, run)
+    return trouble(page, run)
 
 
 # --- alerts and assets ---------------------------------------------------------------------
@@ -392,7 +277,7 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
             attention=attention["orders"],
         )
 
-    return _trouble(page, show)
+    return trouble(page, show)
 
 
 @bp.route(route="console/assets/{name}", methods=["GET"])

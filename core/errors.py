@@ -39,6 +39,10 @@ class OrderNotFound(OrderError):
     pass
 
 
+class InvalidContinuationToken(ValueError):
+    """A ``continuationToken`` the store did not hand out (forged, cut or mangled): a 400."""
+
+
 class OrderAlreadyExists(OrderError):
     """Raised by the store when creating an order whose id is taken."""
 

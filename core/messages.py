@@ -1,5 +1,7 @@
-"""Message formats of contract 3 besides the order itself (``core/orders.py``):
+"""Message formats of docs/contracts.md besides the order itself (``core/orders.py``):
 agent requests and replies, status notifications, operator alerts, rejections.
+
+(Over 400 lines: each format's encoder and its never-trusting decoder sit together.)
 
 Decoding never trusts its input: every failure is an ``InvalidMessage`` whose
 text says what is wrong.
@@ -11,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Final, Literal
 
 from core.errors import InvalidMessage
@@ -20,15 +23,22 @@ from core.timefmt import iso, parse_iso
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _PATH = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
 
-#: What a remote call did, as far as the caller can know (contract 3.11).
+#: What a remote call did, as far as the caller can know (docs/contracts.md §3.11).
 Applied = Literal["no", "maybe"]
 APPLIED_VALUES: Final = ("no", "maybe")
-#: Reply outcomes (contract 3.3 plus the two the README documents):
-#: ``succeeded`` (2xx), ``failed`` (the remote refused: a permanent 4xx, nothing applied),
-#: ``transient`` (tries failed transiently until time ran out; counts toward
-#: MAX_FAILURE_COUNT), ``deferred`` (the remote was not called, or is down for every
-#: order: not a failure of this order; the step waits until ``notBefore``).
-OUTCOMES: Final = ("succeeded", "failed", "transient", "deferred")
+
+
+class ReplyOutcome(StrEnum):
+    """How an attempt ended, as its agent reports it (docs/contracts.md §3.3 plus the two the README
+    documents)."""
+
+    SUCCEEDED = "succeeded"  # 2xx
+    FAILED = "failed"  # the remote refused: a permanent 4xx, nothing applied
+    TRANSIENT = "transient"  # tries failed transiently until time ran out; counted
+    DEFERRED = "deferred"  # not called, or down for every order: waits until notBefore
+
+
+OUTCOMES: Final = tuple(o.value for o in ReplyOutcome)
 #: A reply must always fit its queue (a Storage queue message is 64 KiB): a remote
 #: result larger than this is cut, with a marker, and the step still succeeds.
 MAX_RESULT_CHARS: Final = 16_000
@@ -38,7 +48,7 @@ MAX_ERROR_CHARS: Final = 1_000
 MAX_INLINE_ORDER_BYTES: Final = 40_000
 
 
-# --- agent request and reply (contract 3.3) --------------------------------------------
+# --- agent request and reply (docs/contracts.md §3.3) --------------------------------------------
 
 
 def idempotency_key(order_id: str, step: str) -> str:
@@ -47,7 +57,7 @@ def idempotency_key(order_id: str, step: str) -> str:
 
 @dataclass(frozen=True)
 class _StepMessage:
-    """What every agent message says about the attempt it belongs to (contract 3.3)."""
+    """What every agent message says about the attempt it belongs to (docs/contracts.md §3.3)."""
 
     order_id: str
     step: str
@@ -100,7 +110,7 @@ def bounded_result(result: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class AgentRequest(_StepMessage):
-    path: str  # the remote service path (contract 3.4: POST {REMOTE_SERVICE_URL}/{path})
+    path: str  # the remote service path (docs/contracts.md §3.4: POST {REMOTE_SERVICE_URL}/{path})
     #: the order's JSON, sent as the body; None when it is too large to travel in the
     #: request (the agent then reads it from the state store)
     order: dict[str, Any] | None = field(default_factory=dict)
@@ -148,7 +158,7 @@ class AgentRequest(_StepMessage):
             self.singled_out,
         )
 
-    def _reply(self, outcome: str, **fields: Any) -> AgentReply:
+    def _reply(self, outcome: ReplyOutcome, **fields: Any) -> AgentReply:
         return AgentReply(
             self.order_id,
             self.step,
@@ -160,33 +170,40 @@ class AgentRequest(_StepMessage):
         )
 
     def succeeded(self, result: dict[str, Any]) -> AgentReply:
-        return self._reply("succeeded", result=bounded_result(result))
+        return self._reply(ReplyOutcome.SUCCEEDED, result=bounded_result(result))
 
     def failed(self, error: str, applied: Applied = "no") -> AgentReply:
         """The remote refused (permanent 4xx): nothing was applied by that try (``applied``
         says "maybe" when an earlier try of the same attempt may have)."""
-        return self._reply("failed", error=error[:MAX_ERROR_CHARS], applied=applied)
+        return self._reply(ReplyOutcome.FAILED, error=error[:MAX_ERROR_CHARS], applied=applied)
 
     def transient(self, error: str, applied: Applied) -> AgentReply:
         """Every try failed transiently until time ran out; this order's failure."""
-        return self._reply("transient", error=error[:MAX_ERROR_CHARS], applied=applied)
+        return self._reply(ReplyOutcome.TRANSIENT, error=error[:MAX_ERROR_CHARS], applied=applied)
 
     def deferred(self, reason: str, not_before: datetime, applied: Applied = "no") -> AgentReply:
         """Not called (circuit open, Retry-After past the deadline, too late), or the remote
         is down for everyone: no failure of this order; run again at ``not_before``."""
         return self._reply(
-            "deferred", error=reason[:MAX_ERROR_CHARS], applied=applied, not_before=not_before
+            ReplyOutcome.DEFERRED,
+            error=reason[:MAX_ERROR_CHARS],
+            applied=applied,
+            not_before=not_before,
         )
 
 
 @dataclass(frozen=True)
 class AgentReply(_StepMessage):
-    outcome: str  # one of OUTCOMES
+    outcome: ReplyOutcome
     result: dict[str, Any] | None = None
     error: str | None = None
     trace: dict[str, str] = field(default_factory=dict)
     applied: Applied | None = None  # for failed/transient/deferred: "no" or "maybe"
     not_before: datetime | None = None  # for deferred: the earliest time to call again
+
+    def __post_init__(self) -> None:
+        # One type however it was built (ValueError for an outcome that does not exist).
+        object.__setattr__(self, "outcome", ReplyOutcome(self.outcome))
 
     @property
     def may_have_applied(self) -> bool:
@@ -315,7 +332,13 @@ def decode_reply(raw: bytes | str) -> AgentReply:
         if not isinstance(result, dict):
             result = {"value": result}
         return AgentReply(
-            order_id, step, attempt, complete_by, outcome, result=result, trace=_trace(value)
+            order_id,
+            step,
+            attempt,
+            complete_by,
+            ReplyOutcome.SUCCEEDED,
+            result=result,
+            trace=_trace(value),
         )
     if outcome in ("failed", "transient", "deferred"):
         error = value.get("error")
@@ -350,7 +373,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             step,
             attempt,
             complete_by,
-            outcome,
+            ReplyOutcome(outcome),
             error=error,
             trace=_trace(value),
             applied=applied,
@@ -363,7 +386,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
     )
 
 
-# --- notifications, alerts, rejections (contract 3.1, 3.5) ---------------------------
+# --- notifications, alerts, rejections (docs/contracts.md §3.1, 3.5) ---------------------------
 
 
 def status_message(order_id: str, status: str, at: datetime, **extra: Any) -> str:

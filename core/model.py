@@ -1,5 +1,9 @@
 """The order aggregate: one order record and one state record per step.
 
+(Why one module of ~1,000 lines: it is one state machine; its transitions call each
+other — a reply can end a step, start an unwinding and alert — and split across
+modules each part would need the others' private state. The tests read it as one.)
+
 All of an order's records live in one Table partition and change together in
 one conditional transaction, so the aggregate is the unit of consistency. The
 transitions below are pure: they take ``now``, change the records in memory,
@@ -11,7 +15,7 @@ Invariant: at most one step record is ``Pending`` or ``Processing`` (the
 active step). Records are created when the workflow reaches them, so every
 record that exists has a meaningful state.
 
-Failure semantics (contract 3.11). Every attempt ends in one of:
+Failure semantics (docs/contracts.md §3.11). Every attempt ends in one of:
 ``succeeded``; ``refused`` (a permanent 4xx: nothing applied); ``failed``
 (transient failures until time ran out, counted in ``FailureCount``);
 ``deferred`` (not called, or the remote down for everyone: not counted, the
@@ -105,6 +109,13 @@ class StepRecord:
             self.history = self.history[:1] + self.history[1 + drop :]
             self.history_dropped += drop
         self.changed = True
+
+    @property
+    def not_before(self) -> datetime:
+        """For a Pending step: the time it may run. The state record keeps it in
+        ``CompleteBy`` (docs/contracts.md §3.2 has one time field: the deadline while Processing,
+        the earliest start while Pending)."""
+        return self.complete_by
 
     @property
     def is_active(self) -> bool:

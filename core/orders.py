@@ -1,9 +1,9 @@
-"""The order message (contract 3.1): decoding and validation.
+"""The order message (docs/contracts.md §3.1): decoding and validation.
 
 Decoding never trusts its input: every failure is an ``InvalidOrder`` whose
 text is a sentence the sender can act on; it is what goes to
 ``orders-rejected``. Nothing the parser meets escapes as another exception
-(contract 3.1): lone surrogates, integers beyond Python's digit limit,
+(docs/contracts.md §3.1): lone surrogates, integers beyond Python's digit limit,
 nesting deeper than ``MAX_NESTING``, numbers too large for a float (``1e400``)
 and text longer than a queue message are all rejections with a reason.
 Control characters (NUL included) inside JSON strings are valid JSON and are
@@ -325,7 +325,7 @@ def utf16_units(text: str) -> int:
 def decode_order(
     raw: bytes | str, *, reserved_queues: Collection[str] | None = None
 ) -> OrderMessage:
-    """Decode and validate an order message (contract 3.1) or raise ``InvalidOrder``.
+    """Decode and validate an order message (docs/contracts.md §3.1) or raise ``InvalidOrder``.
 
     ``reserved_queues``: the app's own queue names, which ``replyTo`` may not name
     (default: ``Names().own_queues()``; pass the deployment's ``Names``).

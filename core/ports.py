@@ -1,11 +1,125 @@
-"""The ports the services depend on; adapters live in stores/ and messaging/."""
+"""The ports the services depend on; adapters live in stores/ and messaging/.
+
+``StateStore`` has two adapters that pass one contract suite
+(``tests/integration/test_store_contract.py``): ``stores.tables.TableStateStore`` (Azure
+Table Storage) and ``stores.memory.InMemoryStateStore`` (for unit tests of the services).
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.messages import AgentReply, AgentRequest
+from core.model import Order
+from core.states import OrderStatus
+
+_WORKFLOW = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """A row of a sweep's index: the order's active step and its due time (Pending) or
+    deadline (Processing)."""
+
+    order_id: str
+    step: str
+    at: datetime
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    """A notice committed with a transition and not yet sent (transactional outbox)."""
+
+    partition: str
+    row: str
+    kind: str
+    queue: str | None
+    body: str
+    order_id: str
+
+
+@dataclass(frozen=True)
+class SavedNotices:
+    """Notices committed with a save: send them, then ``delete_outbox`` them."""
+
+    partition: str
+    entries: tuple[OutboxEntry, ...]
+
+
+@dataclass(frozen=True)
+class ListFilter:
+    """What a listing keeps: one status, optionally one workflow and a creation-time range
+    (``created_from`` inclusive, ``created_to`` exclusive)."""
+
+    status: OrderStatus
+    workflow: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if self.workflow is not None and not _WORKFLOW.fullmatch(self.workflow):
+            raise ValueError("workflow must be 1-64 characters of A-Z a-z 0-9 - _")
+        for name in ("created_from", "created_to"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise ValueError(f"{name} must carry a time zone")
+        if self.created_from and self.created_to and self.created_from >= self.created_to:
+            raise ValueError("the time range is empty: 'from' must be before 'to'")
+
+    def with_status(self, status: OrderStatus) -> ListFilter:
+        return ListFilter(status, self.workflow, self.created_from, self.created_to)
+
+    def matches(self, order: Order) -> bool:
+        return (
+            order.status is self.status
+            and (self.workflow is None or order.workflow == self.workflow)
+            and (self.created_from is None or order.created_at >= self.created_from)
+            and (self.created_to is None or order.created_at < self.created_to)
+        )
+
+
+class StateStore(Protocol):
+    """Where orders live. Every write is atomic for one order and conditional on what was
+    read (``ConcurrencyConflict`` if another writer came first); ``create`` refuses an id
+    that exists (``OrderAlreadyExists``); a store that cannot answer raises
+    ``StorageUnavailable``, records that cannot be read ``CorruptOrder``."""
+
+    def load(self, order_id: str) -> Order | None: ...
+
+    def create(self, order: Order) -> SavedNotices: ...
+
+    def save(self, order: Order) -> SavedNotices: ...
+
+    def due_pending(self, now: datetime, limit_per_shard: int = 500) -> Iterator[IndexEntry]:
+        """Active Pending steps that may run at ``now``."""
+        ...
+
+    def expired_processing(
+        self, before: datetime, limit_per_shard: int = 500
+    ) -> Iterator[IndexEntry]:
+        """Processing steps whose CompleteBy is before ``before``."""
+        ...
+
+    def stale_outbox(self, before: datetime, limit_per_shard: int = 200) -> Iterator[OutboxEntry]:
+        """Notices committed before ``before`` and still not sent."""
+        ...
+
+    def delete_outbox(self, saved: SavedNotices | list[OutboxEntry]) -> None: ...
+
+    def list_by_status(
+        self, where: ListFilter | OrderStatus, page_size: int, token: str | None
+    ) -> tuple[list[str], str | None]:
+        """Order ids matching, newest first, a page at a time (``InvalidContinuationToken``
+        for a token this store did not hand out)."""
+        ...
+
+    def count_by_status(self, where: ListFilter, cap: int = 1000) -> int: ...
+
+    def repair_index(self, order_id: str, attempts: int = 5) -> dict[str, Any]: ...
 
 
 class Clock(Protocol):

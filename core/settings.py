@@ -1,6 +1,6 @@
 """Typed settings, read once from the environment (app settings in Azure).
 
-The names are contract 3.6 of the architecture; ``infra/`` emits exactly
+The names are docs/contracts.md §3.6 of the architecture; ``infra/`` emits exactly
 these, and ``tests/infra`` checks that the two sets agree.
 """
 
@@ -92,7 +92,7 @@ _PARTS = (
 )
 
 
-def _connection(env: Mapping[str, str], name: str) -> Connection | None:
+def connection(env: Mapping[str, str], name: str) -> Connection | None:
     # The Functions host reads these suffixes case-insensitively; so do we.
     canonical = {part.lower(): part for part in _PARTS}
     prefix = name.lower() + "__"
@@ -126,6 +126,18 @@ def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int)
     if not 1 <= value <= maximum:
         raise SettingsError(f"{name} must be from 1 to {maximum}, got {value}")
     return value
+
+
+def transport_from_env(env: Mapping[str, str]) -> Transport:
+    """``AGENT_TRANSPORT``, parsed as ``Settings`` does; also read alone, when
+    ``function_app.py`` is indexed, to decide which trigger types the agent queues get."""
+    raw = env.get(AGENT_TRANSPORT, "").strip().lower() or Transport.SERVICE_BUS
+    try:
+        return Transport(raw)
+    except ValueError:
+        raise SettingsError(
+            f"{AGENT_TRANSPORT} must be 'servicebus' or 'storage', got {raw!r}"
+        ) from None
 
 
 def _flag(env: Mapping[str, str], name: str) -> bool:
@@ -188,20 +200,14 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
-        storage = _connection(env, STORAGE)
+        storage = connection(env, STORAGE)
         if storage is None:
             raise SettingsError(
                 f"{STORAGE} is not set: give a storage connection string, or "
                 f"{STORAGE}__accountName for identity-based access"
             )
-        raw_transport = env.get(AGENT_TRANSPORT, "").strip().lower() or Transport.SERVICE_BUS
-        try:
-            transport = Transport(raw_transport)
-        except ValueError:
-            raise SettingsError(
-                f"{AGENT_TRANSPORT} must be 'servicebus' or 'storage', got {raw_transport!r}"
-            ) from None
-        service_bus = _connection(env, SERVICE_BUS)
+        transport = transport_from_env(env)
+        service_bus = connection(env, SERVICE_BUS)
         if transport is Transport.SERVICE_BUS and service_bus is None:
             raise SettingsError(
                 f"{AGENT_TRANSPORT} is 'servicebus' (the default) but {SERVICE_BUS} is not set: "

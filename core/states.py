@@ -1,4 +1,4 @@
-"""Step states (contract 3.2) and order statuses (contract 3.7)."""
+"""Step states (docs/contracts.md §3.2) and order statuses (docs/contracts.md §3.7)."""
 
 from __future__ import annotations
 

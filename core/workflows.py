@@ -1,4 +1,4 @@
-"""Workflows: named, ordered steps, declared here and nowhere else (contract 3.8).
+"""Workflows: named, ordered steps, declared here and nowhere else (docs/contracts.md §3.8).
 
 Adding a workflow is a few lines in ``WORKFLOWS``: a name, its steps in order,
 and for each step its agent (the remote service path), its timeout and,

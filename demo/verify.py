@@ -123,7 +123,7 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
     """Replay a step's history: (replies applied that should not have been, inconsistencies).
 
     A report other than success decides only the attempt in flight (Processing, same
-    attempt). A success is evidence whenever it arrives (contract 3.11): one marked
+    attempt). A success is evidence whenever it arrives (docs/contracts.md §3.11): one marked
     ``late`` may be for an earlier attempt, after the deadline, or after the step had
     failed; an on-time one must be for the attempt in flight, before its deadline.
     """

@@ -1,13 +1,14 @@
 """``python -m devhost``: run every function of a v2-model ``function_app.py`` locally.
 
     python -m devhost [--app function_app] [--http-port 7071] [--only fn1,fn2]
-                      [--exclude fn3] [--instance-id ID] [--settings local.settings.json]
-                      [--verbose]
+                      [--exclude fn3] [--instance-id ID] [--verbose]
 
-Run it from the app folder (the one with ``function_app.py`` and ``host.json``), with
-``AzureWebJobsStorage`` naming the storage (Azurite or Azure). SIGINT/SIGTERM stop it:
-polling and serving stop, running invocations get up to 10 s, then it exits 0.
-Exit code 2: the configuration cannot run (the message says which function and setting).
+Run it from the app folder (the one with ``function_app.py`` and ``host.json``), with the
+app settings in the environment (``AzureWebJobsStorage``: the storage, Azurite or Azure;
+local.settings.json is not read). It prints a line per function, ``DEVHOST_HTTP=<url>``
+when it serves HTTP routes, then ``DEVHOST_READY``. SIGINT/SIGTERM stop it: polling and
+serving stop, running invocations get up to 10 s, then it exits 0. Exit code 2: the
+configuration cannot run (the message says which function and setting).
 """
 
 from __future__ import annotations
@@ -16,19 +17,15 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
-from types import FrameType
+from typing import Any
 
 from devhost import app_loader
 from devhost.host import DevHost
-from devhost.settings import (
-    ConfigError,
-    default_instance_id,
-    load_host_json,
-    load_local_settings,
-)
+from devhost.settings import ConfigError, load_host_json
 
 log = logging.getLogger("devhost")
 SHUTDOWN_GRACE_SECONDS = 10.0
@@ -44,13 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default="", help="comma-separated functions to run")
     parser.add_argument("--exclude", default="", help="comma-separated functions to skip")
     parser.add_argument("--instance-id", default=None, help="exported as DEVHOST_INSTANCE_ID")
-    parser.add_argument("--settings", default=None, help="default: local.settings.json if any")
     parser.add_argument("--verbose", action="store_true", help="log successes at DEBUG")
     return parser.parse_args(argv)
-
-
-def _names(text: str) -> set[str]:
-    return {name.strip() for name in text.split(",") if name.strip()}
 
 
 def configure_logging(verbose: bool) -> None:
@@ -60,28 +52,25 @@ def configure_logging(verbose: bool) -> None:
         format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s",
     )
     logging.getLogger("devhost").setLevel(logging.DEBUG if verbose else logging.INFO)
-    # The SDKs log every request at INFO; only their warnings matter here.
-    logging.getLogger("azure").setLevel(logging.WARNING)
-    logging.getLogger("uamqp").setLevel(logging.WARNING)
+    # The SDKs and werkzeug log every request at INFO; only their warnings matter here.
+    for name in ("azure", "uamqp", "werkzeug"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def build(args: argparse.Namespace) -> DevHost:
-    """Load settings and the app, check every function, build what runs them."""
+    """Load the app, check every function, build what runs them."""
     root = os.getcwd()
-    settings = Path(args.settings) if args.settings else Path(root, "local.settings.json")
-    if args.settings and not settings.exists():
-        raise ConfigError(f"settings file {settings} does not exist")
-    if settings.exists():
-        added = load_local_settings(settings, os.environ)
-        log.info("settings: %d value(s) from %s", len(added), settings)
-    os.environ["DEVHOST_INSTANCE_ID"] = args.instance_id or default_instance_id()
-    host_json = load_host_json(Path(root, "host.json"), os.environ)
-    module = app_loader.load_module(args.app, root)
-    app = app_loader.find_app(module)
-    functions = app_loader.select(app.get_functions(), _names(args.only), _names(args.exclude))
+    default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
+    os.environ["DEVHOST_INSTANCE_ID"] = args.instance_id or default_id
+    app = app_loader.find_app(app_loader.load_module(args.app, root))
+    only, exclude = (
+        {n.strip() for n in text.split(",") if n.strip()} for text in (args.only, args.exclude)
+    )
+    functions = app_loader.select(app.get_functions(), only, exclude)
     if not functions:
         raise ConfigError("no functions selected")
-    specs = app_loader.build_specs(functions, os.environ, app_loader.app_directory(module))
+    specs = app_loader.build_specs(functions, os.environ)
+    host_json = load_host_json(Path(root, "host.json"))
     return DevHost.build(specs, host_json, os.environ, args.http_port)
 
 
@@ -95,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop = threading.Event()
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_signal(signum: int, frame: Any) -> None:
         if stop.is_set():  # a second Ctrl-C: no more waiting
             _exit(1)
         log.info("%s: stopping", signal.Signals(signum).name)
@@ -111,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"DEVHOST_READY instance={os.environ['DEVHOST_INSTANCE_ID']}", flush=True)
     while not stop.wait(0.5):
         pass
-    busy = devhost.busy()
-    if busy:
-        log.info("waiting up to %.0f s for %d running invocation(s)", SHUTDOWN_GRACE_SECONDS, busy)
+    if devhost.busy():
+        log.info(
+            "waiting up to %.0f s for %d invocation(s)", SHUTDOWN_GRACE_SECONDS, devhost.busy()
+        )
     if not devhost.stop(SHUTDOWN_GRACE_SECONDS):
         log.warning(
             "%d invocation(s) still running after %.0f s; exiting anyway: their queue messages "

@@ -1,10 +1,9 @@
 """Find the functions a v2-model ``function_app.py`` declares, from their bindings.
 
-The host's own indexing is mirrored: the module holds exactly one ``FunctionApp``
-(any ``FunctionRegister``), ``app.get_functions()`` lists its functions once, and each
-function's binding JSON (what deploys) decides how devhost runs it. Anything devhost
-cannot run as Azure would is refused up front, with the function and binding named,
-rather than silently skipped.
+The host's own indexing is mirrored: the module holds exactly one ``FunctionApp``,
+``app.get_functions()`` lists its functions, and each function's binding JSON (what
+deploys) decides how devhost runs it. Anything devhost cannot run as Azure would is
+refused up front, with the function and binding named, rather than silently skipped.
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import os
 import sys
-import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
@@ -29,8 +26,6 @@ TIMER = "timerTrigger"
 HTTP = "httpTrigger"
 SERVICE_BUS = "serviceBusTrigger"
 SUPPORTED_TRIGGERS = (QUEUE, TIMER, HTTP, SERVICE_BUS)
-#: The parameter name the Python worker fills with the invocation context.
-CONTEXT_PARAMETER = "context"
 
 
 class UnsupportedFunction(ConfigError):
@@ -45,10 +40,6 @@ class FunctionSpec:
     trigger_type: str
     trigger: Mapping[str, Any]
     func: Callable[..., Any]
-    directory: str
-    wants_context: bool = False
-    #: Name of the HTTP output binding (``$return`` or a parameter) for HTTP triggers.
-    http_output: str | None = None
 
     @property
     def trigger_arg(self) -> str:
@@ -73,11 +64,11 @@ def load_module(module_name: str, root: str) -> ModuleType:
 def find_app(module: ModuleType) -> func.FunctionRegister:
     """The module's single FunctionApp (the Python worker refuses zero or several)."""
     apps = [value for value in vars(module).values() if isinstance(value, func.FunctionRegister)]
-    if not apps:
-        raise ConfigError(f"module {module.__name__!r} defines no azure.functions.FunctionApp")
-    if len(apps) > 1:
+    if len(apps) != 1:
         raise ConfigError(
-            f"module {module.__name__!r} defines {len(apps)} FunctionApp objects; "
+            f"module {module.__name__!r} defines no azure.functions.FunctionApp"
+            if not apps
+            else f"module {module.__name__!r} defines {len(apps)} FunctionApp objects; "
             "the Functions host accepts exactly one"
         )
     return apps[0]
@@ -102,13 +93,13 @@ def select(
 
 
 def build_specs(
-    functions: Iterable[func.Function], environ: Mapping[str, str], directory: str
+    functions: Iterable[func.Function], environ: Mapping[str, str]
 ) -> list[FunctionSpec]:
     """A :class:`FunctionSpec` per function; raises on the first one devhost cannot run."""
-    return [build_spec(fn, environ, directory) for fn in functions]
+    return [build_spec(fn, environ) for fn in functions]
 
 
-def build_spec(fn: func.Function, environ: Mapping[str, str], directory: str) -> FunctionSpec:
+def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
     name = str(fn.get_function_name())
     # The JSON text, not get_dict_repr(): that one holds enums rather than what deploys.
     bindings: list[dict[str, Any]] = json.loads(fn.get_function_json())["bindings"]
@@ -116,100 +107,37 @@ def build_spec(fn: func.Function, environ: Mapping[str, str], directory: str) ->
     if len(triggers) != 1:
         raise UnsupportedFunction(f"function {name!r} has {len(triggers)} triggers; expected one")
     trigger = triggers[0]
-    trigger_type = str(trigger["type"])
-    if trigger_type not in SUPPORTED_TRIGGERS:
+    kind = str(trigger["type"])
+    if kind not in SUPPORTED_TRIGGERS:
         raise UnsupportedFunction(
-            f"function {name!r}: trigger binding {trigger.get('name')!r} of type "
-            f"{trigger_type!r} is not supported by devhost "
-            f"(supported: {', '.join(SUPPORTED_TRIGGERS)}); exclude it with --exclude {name}"
+            f"function {name!r}: trigger binding {trigger.get('name')!r} of type {kind!r} is "
+            f"not supported by devhost (supported: {', '.join(SUPPORTED_TRIGGERS)}); "
+            f"exclude it with --exclude {name}"
         )
-    http_output = None
     for binding in bindings:
-        if binding is trigger:
-            continue
-        if trigger_type == HTTP and binding.get("type") == "http" and _is_out(binding):
-            http_output = str(binding["name"])
+        if binding is trigger or (kind == HTTP and binding.get("name") == "$return"):
             continue
         raise UnsupportedFunction(
             f"function {name!r}: binding {binding.get('name')!r} of type {binding.get('type')!r} "
             f"(direction {binding.get('direction')}) is not supported by devhost; it runs only "
-            "queue, timer, HTTP and Service Bus triggers (plus the HTTP response), so use the SDK "
-            f"in the function instead, or exclude it with --exclude {name}"
+            "queue, timer, HTTP and Service Bus triggers (the HTTP response returned), so use "
+            f"the SDK in the function instead, or exclude it with --exclude {name}"
         )
-    if trigger_type == SERVICE_BUS:
-        _check_service_bus(name, trigger)
+    if kind == SERVICE_BUS and (
+        trigger.get("isSessionsEnabled")
+        or str(trigger.get("cardinality", "one")).lower() == "many"
+        or not trigger.get("queueName")
+    ):
+        raise UnsupportedFunction(
+            f"function {name!r}: devhost runs Service Bus queue triggers, one message per "
+            "invocation (no topics, isSessionsEnabled or cardinality 'many')"
+        )
     user_function = fn.get_user_function()
-    wants_context = _check_parameters(name, user_function, bindings)
-    _check_annotation(name, user_function, trigger)
+    parameters = list(inspect.signature(user_function).parameters)
+    if parameters != [trigger["name"]]:
+        raise UnsupportedFunction(
+            f"function {name!r}: its parameters ({', '.join(parameters)}) must be just the "
+            f"trigger's {trigger['name']!r}"
+        )
     resolved = resolve_binding(trigger, environ, f"function {name!r} binding {trigger['name']!r}")
-    return FunctionSpec(
-        name=name,
-        trigger_type=trigger_type,
-        trigger=resolved,
-        func=user_function,
-        directory=directory,
-        wants_context=wants_context,
-        http_output=http_output,
-    )
-
-
-def _is_out(binding: Mapping[str, Any]) -> bool:
-    return str(binding.get("direction", "")).upper() == "OUT"
-
-
-def _check_service_bus(name: str, trigger: Mapping[str, Any]) -> None:
-    if trigger.get("isSessionsEnabled"):
-        raise UnsupportedFunction(
-            f"function {name!r}: binding {trigger['name']!r} has isSessionsEnabled; "
-            "devhost does not run session receivers"
-        )
-    if str(trigger.get("cardinality", "one")).lower() == "many":
-        raise UnsupportedFunction(
-            f"function {name!r}: binding {trigger['name']!r} has cardinality 'many'; "
-            "devhost delivers one message per invocation"
-        )
-
-
-def _check_parameters(
-    name: str, user_function: Callable[..., Any], bindings: list[dict[str, Any]]
-) -> bool:
-    """Every parameter is bound and every bound name is a parameter, as the worker checks."""
-    parameters = set(inspect.signature(user_function).parameters)
-    bound = {str(b["name"]) for b in bindings if b.get("name") != "$return"}
-    unbound = sorted(parameters - bound - {CONTEXT_PARAMETER})
-    if unbound:
-        raise UnsupportedFunction(
-            f"function {name!r}: parameter(s) {', '.join(unbound)} have no binding"
-        )
-    missing = sorted(bound - parameters)
-    if missing:
-        raise UnsupportedFunction(
-            f"function {name!r}: binding(s) {', '.join(missing)} have no parameter"
-        )
-    return CONTEXT_PARAMETER in parameters
-
-
-def _check_annotation(
-    name: str, user_function: Callable[..., Any], trigger: Mapping[str, Any]
-) -> None:
-    """The trigger parameter's annotation must fit what the trigger passes, as the worker
-    checks (with the library's own converters): e.g. a queue trigger takes a QueueMessage."""
-    try:
-        hints = typing.get_type_hints(user_function)
-    except Exception:  # noqa: BLE001 - unresolvable annotations: the worker decides, not us
-        return
-    annotation = hints.get(str(trigger["name"]))
-    converter = func.get_binding_registry().get(str(trigger["type"]))
-    if annotation is None or converter is None or not isinstance(annotation, type):
-        return
-    if not converter.check_input_type_annotation(annotation):
-        raise UnsupportedFunction(
-            f"function {name!r}: parameter {trigger['name']!r} is annotated "
-            f"{annotation.__name__}, which a {trigger['type']} cannot pass (the Functions "
-            "worker refuses this function too)"
-        )
-
-
-def app_directory(module: ModuleType) -> str:
-    path = getattr(module, "__file__", None)
-    return os.path.dirname(os.path.abspath(path)) if path else os.getcwd()
+    return FunctionSpec(name, kind, resolved, user_function)

@@ -1,15 +1,15 @@
 """Start and stop a private Azurite (Storage emulator) for local runs, tests and benchmarks.
 
-Azurite runs from the project's pinned npm package (``node_modules/.bin/azurite``),
-on 127.0.0.1, on free ports chosen at start, persisting to a fresh temporary
-folder. Disk persistence on purpose: ``--inMemoryPersistence`` freezes under
-steady queue traffic (see the README's design notes).
+Azurite runs from the project's pinned npm package (``node_modules/.bin/azurite``), on
+127.0.0.1, on free ports chosen at start, persisting to a fresh temporary folder. Disk
+persistence on purpose: ``--inMemoryPersistence`` freezes under steady queue traffic (see
+the README's design notes).
 
     with Azurite.start() as azurite:
         os.environ["AzureWebJobsStorage"] = azurite.connection_string
 
-``python -m devhost.azurite`` runs one until interrupted and prints its
-connection string on the first line of standard output.
+``python -m devhost.azurite`` runs one until interrupted and prints its connection string
+on the first line of standard output.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
+from typing import IO, Any
 
 from devhost.processes import stop_group
 
@@ -33,6 +34,7 @@ ACCOUNT_KEY = (
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 ROOT = Path(__file__).resolve().parent.parent
+SERVICES = ("blob", "queue", "table")
 
 
 class AzuriteError(RuntimeError):
@@ -45,68 +47,48 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _azurite_binary() -> str:
-    local = ROOT / "node_modules" / ".bin" / "azurite"
-    if local.exists():
-        return str(local)
-    found = shutil.which("azurite")
-    if found:
-        return found
-    raise AzuriteError(
-        "Azurite is not installed: run `npm ci` in the repository root "
-        "(make run and make test do it for you)."
-    )
-
-
-def connection_string(blob_port: int, queue_port: int, table_port: int) -> str:
-    base = "http://127.0.0.1"
-    return (
-        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
-        f"BlobEndpoint={base}:{blob_port}/{ACCOUNT};"
-        f"QueueEndpoint={base}:{queue_port}/{ACCOUNT};"
-        f"TableEndpoint={base}:{table_port}/{ACCOUNT};"
-    )
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 @dataclass
 class Azurite:
     process: subprocess.Popen[bytes]
     location: Path
-    blob_port: int
-    queue_port: int
-    table_port: int
-    _log: object = field(default=None, repr=False)
+    ports: dict[str, int]  # by service: blob, queue, table
+    _log: IO[bytes] | None = None
 
     @property
     def connection_string(self) -> str:
-        return connection_string(self.blob_port, self.queue_port, self.table_port)
+        endpoints = "".join(
+            f"{kind.capitalize()}Endpoint=http://127.0.0.1:{port}/{ACCOUNT};"
+            for kind, port in self.ports.items()
+        )
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+            f"{endpoints}"
+        )
 
     @classmethod
     def start(cls, timeout: float = 30.0, location: Path | None = None) -> Azurite:
-        binary = _azurite_binary()
+        binary = ROOT / "node_modules" / ".bin" / "azurite"
+        found = str(binary) if binary.exists() else shutil.which("azurite")
+        if not found:
+            raise AzuriteError(
+                "Azurite is not installed: run `npm ci` in the repository root "
+                "(make run and make test do it for you)."
+            )
         where = location or Path(tempfile.mkdtemp(prefix="azurite-"))
-        ports = [_free_port() for _ in range(3)]
+        ports = {kind: _free_port() for kind in SERVICES}
+        args = [found, "--silent", "--disableTelemetry", "--skipApiVersionCheck"]
+        args += ["--location", str(where)]
+        for kind, port in ports.items():
+            args += [f"--{kind}Host", "127.0.0.1", f"--{kind}Port", str(port)]
         log = open(where / "azurite.log", "ab")  # noqa: SIM115 - closed in stop()
-        args = [
-            binary,
-            "--silent",
-            "--disableTelemetry",
-            "--skipApiVersionCheck",
-            "--location",
-            str(where),
-            "--blobHost",
-            "127.0.0.1",
-            "--blobPort",
-            str(ports[0]),
-            "--queueHost",
-            "127.0.0.1",
-            "--queuePort",
-            str(ports[1]),
-            "--tableHost",
-            "127.0.0.1",
-            "--tablePort",
-            str(ports[2]),
-        ]
         process = subprocess.Popen(
             args,
             stdout=log,
@@ -114,7 +96,7 @@ class Azurite:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        azurite = cls(process, where, ports[0], ports[1], ports[2], _log=log)
+        azurite = cls(process, where, ports, log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -122,7 +104,7 @@ class Azurite:
                 raise AzuriteError(
                     f"Azurite exited with code {process.returncode}; see {where / 'azurite.log'}"
                 )
-            if all(_accepts(port) for port in ports):
+            if all(_accepts(port) for port in ports.values()):
                 return azurite
             time.sleep(0.1)
         azurite.stop()
@@ -132,44 +114,26 @@ class Azurite:
         # Its own session (start_new_session): the group goes, node's children too.
         stop_group(self.process)
         if self._log is not None:
-            self._log.close()  # type: ignore[attr-defined]
+            self._log.close()
             self._log = None
 
     def __enter__(self) -> Azurite:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def main() -> int:
     azurite = Azurite.start()
     print(azurite.connection_string, flush=True)
     print(f"azurite pid {azurite.process.pid}, data in {azurite.location}", file=sys.stderr)
-    stop = False
-
-    def _stop(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     try:
-        while not stop and azurite.process.poll() is None:
-            time.sleep(0.2)
+        while not stop.wait(0.2) and azurite.process.poll() is None:
+            pass
     finally:
         azurite.stop()
         shutil.rmtree(azurite.location, ignore_errors=True)

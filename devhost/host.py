@@ -1,19 +1,21 @@
-"""Turn function specs into running listeners, timers and an HTTP server, and stop them."""
+"""Turn function specs into running listeners, timers and an HTTP server, and stop them.
+
+Connections are read and clients built as the app does it (``core.settings``,
+``runtime.clients``, ``messaging.servicebus``), with one Storage client per connection.
+"""
 
 from __future__ import annotations
 
-import logging
-import re
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.settings import connection as read_connection
 from devhost import app_loader as loader
 from devhost.app_loader import FunctionSpec
-from devhost.clients import Clients, service_bus_connection
-from devhost.http import ALL_METHODS, DevhostHttpServer, Router, routes_for
+from devhost.http import HttpServer, route_path
 from devhost.invoke import Invoker
 from devhost.queues import POISON_SUFFIX, QueueListener, StorageQueue
 from devhost.servicebus import ServiceBusListener, sdk_receiver_factory
@@ -25,18 +27,7 @@ from devhost.settings import (
     route_prefix,
 )
 from devhost.timers import TimerRunner, parse_schedule
-
-log = logging.getLogger("devhost")
-_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
-
-
-def check_queue_name(function: str, name: str) -> None:
-    if not _QUEUE_NAME.match(name) or len(name) + len(POISON_SUFFIX) > 63:
-        raise ConfigError(
-            f"function {function!r}: {name!r} is not a usable Storage queue name "
-            f"(3-{63 - len(POISON_SUFFIX)} lowercase letters, digits and single hyphens, so "
-            f"that '{name}{POISON_SUFFIX}' fits too)"
-        )
+from runtime import clients
 
 
 @dataclass
@@ -44,12 +35,13 @@ class DevHost:
     """Everything one devhost process runs. Build with :meth:`build`, then :meth:`start`."""
 
     invoker: Invoker
-    clients: Clients
-    lines: list[str] = field(default_factory=list)
+    environ: Mapping[str, str]
+    lines: list[str] = field(default_factory=list)  # what runs, printed at start
     queues: list[QueueListener] = field(default_factory=list)
     timers: list[TimerRunner] = field(default_factory=list)
     service_bus: list[ServiceBusListener] = field(default_factory=list)
-    http: DevhostHttpServer | None = None
+    http: HttpServer | None = None
+    queue_services: dict[str, Any] = field(default_factory=dict)  # by connection setting
 
     @classmethod
     def build(
@@ -60,85 +52,84 @@ class DevHost:
         http_port: int,
     ) -> DevHost:
         """Check every function's configuration and build (not start) what runs it."""
-        devhost = cls(Invoker(), Clients(environ))
-        queue_options = QueueOptions.from_host_json(host_json)
+        devhost = cls(Invoker(), environ)
+        queue_options: QueueOptions | None = None  # read only if there is a queue trigger
         lease = LeaseOptions.from_env(environ)
         bus_options = ServiceBusOptions.from_host_json(host_json)
-        http_specs = []
         for spec in specs:
             if spec.trigger_type == loader.QUEUE:
+                queue_options = queue_options or QueueOptions.from_host_json(host_json)
                 devhost._add_queue(spec, queue_options, lease)
             elif spec.trigger_type == loader.TIMER:
                 where = f"function {spec.name!r} schedule"
-                runner = TimerRunner(
-                    spec,
-                    parse_schedule(str(spec.trigger.get("schedule", "")), where),
-                    devhost.invoker,
-                    run_on_startup=bool(spec.trigger.get("runOnStartup", False)),
-                )
+                schedule = parse_schedule(str(spec.trigger.get("schedule", "")), where)
+                startup = bool(spec.trigger.get("runOnStartup", False))
+                runner = TimerRunner(spec, schedule, devhost.invoker, run_on_startup=startup)
                 devhost.timers.append(runner)
                 devhost._line(spec, runner.describe())
             elif spec.trigger_type == loader.SERVICE_BUS:
-                devhost._add_service_bus(spec, environ, bus_options)
-            else:
-                http_specs.append(spec)
-        if http_specs:
-            devhost._add_http(http_specs, route_prefix(host_json), http_port)
+                devhost._add_service_bus(spec, bus_options)
+        http = [spec for spec in specs if spec.trigger_type == loader.HTTP]
+        if http:
+            devhost._add_http(http, route_prefix(host_json), http_port)
         return devhost
 
     def _line(self, spec: FunctionSpec, text: str) -> None:
         self.lines.append(f"devhost: {spec.name}: {spec.trigger_type} {text}")
 
+    def queue_service(self, setting: str) -> Any:
+        """The process's QueueServiceClient for a connection setting, built on first use."""
+        if setting not in self.queue_services:
+            connection = read_connection(self.environ, setting)
+            if connection is None:
+                raise ConfigError(
+                    f"Storage connection {setting!r} is not configured: set {setting} to a "
+                    f"connection string, or {setting}__accountName / {setting}__queueServiceUri "
+                    "for an identity-based connection"
+                )
+            try:
+                self.queue_services[setting] = clients.queue_service(connection)
+            except ValueError as error:
+                raise ConfigError(f"setting {setting}: not usable for Storage ({error})") from error
+        return self.queue_services[setting]
+
     def _add_queue(self, spec: FunctionSpec, options: QueueOptions, lease: LeaseOptions) -> None:
         name = str(spec.trigger.get("queueName", ""))
-        check_queue_name(spec.name, name)
-        connection = str(spec.trigger.get("connection") or "AzureWebJobsStorage")
-        service = self.clients.queue_service(connection)
-        listener = QueueListener(
-            spec,
-            StorageQueue(service.get_queue_client(name)),
-            StorageQueue(service.get_queue_client(name + POISON_SUFFIX)),
-            options,
-            lease,
-            self.invoker,
+        service = self.queue_service(str(spec.trigger.get("connection") or "AzureWebJobsStorage"))
+        queue, poison = (
+            StorageQueue(service.get_queue_client(n)) for n in (name, name + POISON_SUFFIX)
         )
+        listener = QueueListener(spec, queue, poison, options, lease, self.invoker)
         self.queues.append(listener)
         self._line(spec, listener.describe())
 
-    def _add_service_bus(
-        self, spec: FunctionSpec, environ: Mapping[str, str], options: ServiceBusOptions
-    ) -> None:
+    def _add_service_bus(self, spec: FunctionSpec, options: ServiceBusOptions) -> None:
         setting = str(spec.trigger.get("connection") or "AzureWebJobsServiceBus")
-        connection = service_bus_connection(environ, setting)
-        if connection is None:
+        connection = read_connection(self.environ, setting)
+        if not (
+            connection and (connection.connection_string or connection.fully_qualified_namespace)
+        ):
             self._line(
                 spec,
                 f"SKIPPED: neither {setting} nor {setting}__fullyQualifiedNamespace is set, so "
                 "there is no namespace to receive from",
             )
             return
-        listener = ServiceBusListener(
-            spec, sdk_receiver_factory(connection, spec.trigger), self.invoker, options
-        )
+        try:
+            receiver = sdk_receiver_factory(connection, str(spec.trigger["queueName"]))
+        except ValueError as error:
+            raise ConfigError(f"setting {setting}: not usable for Service Bus ({error})") from error
+        listener = ServiceBusListener(spec, receiver, self.invoker, options)
         self.service_bus.append(listener)
         self._line(spec, listener.describe())
 
     def _add_http(self, specs: list[FunctionSpec], prefix: str, port: int) -> None:
-        routes = routes_for(specs, prefix)
-        self.http = DevhostHttpServer(port, Router(routes), self.invoker)
-        for route in routes:
-            assert route.spec is not None
-            methods = (
-                "any method"
-                if route.methods == frozenset(ALL_METHODS)
-                else ",".join(sorted(route.methods))
-            )
-            path = "/".join(p for p in (prefix, route.template.strip("/")) if p)
-            auth = route.spec.trigger.get("authLevel", "FUNCTION")
-            self._line(
-                route.spec,
-                f"{methods} {self.http.base_url}/{path} (authLevel {auth} not enforced locally)",
-            )
+        self.http = HttpServer(port, specs, prefix, self.invoker)
+        for spec in specs:
+            methods = ",".join(sorted(spec.trigger.get("methods") or [])) or "any method"
+            auth = spec.trigger.get("authLevel", "FUNCTION")
+            url = f"{self.http.base_url}/{route_path(spec, prefix)}"
+            self._line(spec, f"{methods} {url} (authLevel {auth} not enforced locally)")
 
     def start(self, stop: threading.Event) -> None:
         for queue in self.queues:
@@ -164,13 +155,11 @@ class DevHost:
         for bus in self.service_bus:
             bus.shutdown()
         if settled:  # otherwise running functions may still renew leases through these clients
-            self.clients.close()
+            for service in self.queue_services.values():
+                service.close()
         return settled
 
     def busy(self) -> int:
         """Invocations running plus messages not yet settled."""
-        return (
-            self.invoker.running
-            + sum(queue.in_flight for queue in self.queues)
-            + sum(bus.in_flight for bus in self.service_bus)
-        )
+        queues = sum(queue.in_flight for queue in self.queues)
+        return self.invoker.running + queues + sum(bus.in_flight for bus in self.service_bus)

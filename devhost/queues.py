@@ -15,34 +15,32 @@ devhost with it:
 
 Where devhost differs: the host leases a message for 10 minutes and renews it; devhost
 leases it for at most 30 s and renews it every 10 s while the function runs (contract 3.9),
-so a message held by a killed process is back within 30 s. With ``messageEncoding:
-base64`` a message that is not base64 counts as a failed invocation (retried, then
-poisoned); the host's extension 5.x moves it to poison at once.
+so a message held by a killed process is back within 30 s.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.functions.queue import QueueMessage as FunctionsQueueMessage
 
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
-from devhost.settings import MIN_POLL_SECONDS, LeaseOptions, QueueOptions
+from devhost.settings import LeaseOptions, QueueOptions
 
 log = logging.getLogger("devhost.queues")
 POISON_SUFFIX = "-poison"
+#: Shortest idle poll; the delay doubles while a queue stays empty, up to maxPollingInterval.
+MIN_POLL_SECONDS = 0.05
 
 
 class LeaseLost(Exception):
@@ -50,30 +48,19 @@ class LeaseLost(Exception):
     the message or queue is gone)."""
 
 
-class ReceivedMessage(Protocol):
-    id: str
-    content: Any
-    dequeue_count: int | None
-    pop_receipt: str | None
-    inserted_on: Any
-    expires_on: Any
-    next_visible_on: Any
-
-
-class QueuePort(Protocol):
-    """The queue operations the listener needs (the SDK adapter below, or a fake in tests)."""
-
-    name: str
-
-    def create_if_missing(self) -> None: ...
-    def receive(self, count: int, visibility_seconds: int) -> list[Any]: ...
-    def delete(self, message_id: str, pop_receipt: str) -> None: ...
-    def set_visibility(self, message_id: str, pop_receipt: str, seconds: float) -> str: ...
-    def send(self, content: str) -> None: ...
+@contextlib.contextmanager
+def _lease_errors(message_id: str) -> Iterator[None]:
+    try:
+        yield
+    except HttpResponseError as error:
+        if isinstance(error, ResourceNotFoundError) or error.status_code == 400:
+            raise LeaseLost(f"message {message_id}: {error}") from error
+        raise
 
 
 class StorageQueue:
-    """:class:`QueuePort` over an ``azure.storage.queue.QueueClient`` (no encode policies)."""
+    """The queue operations a listener uses, over an ``azure.storage.queue.QueueClient`` (tests
+    pass a fake with the same methods)."""
 
     def __init__(self, client: Any) -> None:
         self._client = client
@@ -109,61 +96,6 @@ class StorageQueue:
             self._client.send_message(content)
 
 
-class _lease_errors:
-    def __init__(self, message_id: str) -> None:
-        self._message_id = message_id
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, error: BaseException | None, tb: Any) -> None:
-        if isinstance(error, ResourceNotFoundError) or (
-            isinstance(error, HttpResponseError) and error.status_code == 400
-        ):
-            raise LeaseLost(f"message {self._message_id}: {error}") from error
-
-
-def decode_body(content: Any, encoding: str) -> bytes:
-    """The message body as the function gets it; ``ValueError`` if base64 is expected but absent.
-
-    Decoded here, not by the SDK: its TextBase64DecodePolicy fails on a bad message after the
-    message was dequeued (see FACTS.md).
-    """
-    raw = content.encode("utf-8") if isinstance(content, str) else bytes(content or b"")
-    if encoding == "none":
-        return raw
-    try:
-        return base64.b64decode(raw, validate=True)
-    except binascii.Error as error:
-        raise ValueError(
-            f"the message is not base64 ({error}) but messageEncoding is base64"
-        ) from error
-
-
-def poison_on_receive(dequeue_count: int, max_dequeue_count: int) -> bool:
-    """The host's BeginProcessingMessage: past the limit already, so earlier holders died."""
-    return dequeue_count > max_dequeue_count
-
-
-def poison_after_failure(dequeue_count: int, max_dequeue_count: int) -> bool:
-    """The host's CompleteProcessingMessage for a failure: poison at the limit, else retry."""
-    return dequeue_count >= max_dequeue_count
-
-
-def functions_message(message: Any, body: bytes) -> FunctionsQueueMessage:
-    build: Any = FunctionsQueueMessage  # its __init__ is untyped
-    result: FunctionsQueueMessage = build(
-        id=message.id,
-        body=body,
-        dequeue_count=message.dequeue_count,
-        expiration_time=message.expires_on,
-        insertion_time=message.inserted_on,
-        time_next_visible=message.next_visible_on,
-        pop_receipt=message.pop_receipt,
-    )
-    return result
-
-
 @dataclass(eq=False)  # identity: the same message may be held twice after a lost lease
 class Lease:
     message_id: str
@@ -179,36 +111,32 @@ class QueueListener:
     def __init__(
         self,
         spec: FunctionSpec,
-        queue: QueuePort,
-        poison: QueuePort,
+        queue: StorageQueue,
+        poison: StorageQueue,
         options: QueueOptions,
         lease: LeaseOptions,
         invoker: Invoker,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.spec = spec
-        self.queue = queue
-        self.poison = poison
-        self.options = options
-        self.lease_options = lease
-        self.invoker = invoker
-        self._clock = clock
+        self.spec, self.queue, self.poison, self.invoker = spec, queue, poison, invoker
+        self.options, self.lease_options, self._clock = options, lease, clock
         self._leases: set[Lease] = set()
         self._receiving = False  # between a receive and the dispatch of what it returned
         self._ready = False  # the trigger queue exists (or we may not create it)
         self._changed = threading.Condition()
-        self._pool = ThreadPoolExecutor(
-            max_workers=options.max_concurrency, thread_name_prefix=f"devhost-{spec.name}"
-        )
+        self._pool = ThreadPoolExecutor(options.max_concurrency, f"devhost-{spec.name}")
 
     def describe(self) -> str:
         o = self.options
         return (
             f"queue {self.queue.name!r} (poison {self.poison.name!r}; batchSize {o.batch_size}, "
             f"newBatchThreshold {o.new_batch_threshold}, maxDequeueCount {o.max_dequeue_count}, "
-            f"visibilityTimeout {o.visibility_timeout:g} s, encoding {o.message_encoding}, "
+            f"visibilityTimeout {o.visibility_timeout:g} s, "
             f"lease {self.lease_options.lease_seconds} s)"
         )
+
+    def _warn(self, text: str, *args: Any, level: int = logging.WARNING) -> None:
+        log.log(level, f"function %s: {text}", self.spec.name, *args)
 
     @property
     def in_flight(self) -> int:
@@ -216,34 +144,30 @@ class QueueListener:
         with self._changed:
             return len(self._leases) + int(self._receiving)
 
-    def start(self, stop: threading.Event) -> list[threading.Thread]:
-        threads = [
-            threading.Thread(target=self.poll, args=(stop,), name=f"poll-{self.spec.name}"),
-            threading.Thread(target=self.renew_loop, args=(stop,), name=f"renew-{self.spec.name}"),
-        ]
-        for thread in threads:
-            thread.daemon = True  # a broken storage endpoint must not hold the process open
-            thread.start()
-        return threads
+    def start(self, stop: threading.Event) -> None:
+        # Daemon threads: a broken storage endpoint must not hold the process open.
+        name = self.spec.name
+        threading.Thread(target=self.poll, args=(stop,), name=f"poll-{name}", daemon=True).start()
+        threading.Thread(
+            target=self.renew_loop, args=(stop,), name=f"renew-{name}", daemon=True
+        ).start()
 
     # --- polling ---------------------------------------------------------------------------
 
     def poll(self, stop: threading.Event) -> None:
-        delay = MIN_POLL_SECONDS
-        failing = False
+        delay, failing = MIN_POLL_SECONDS, False
         while self._wait_for_capacity(stop):
             try:
                 found = self._poll_once(stop)
             except Exception as error:  # noqa: BLE001 - keep polling through any storage error
                 if isinstance(error, ResourceNotFoundError):
                     self._ready = False  # the queue was deleted: create it again
-                (log.debug if failing else log.warning)(
-                    "function %s: cannot read queue %s: %s", self.spec.name, self.queue.name, error
-                )
+                level = logging.DEBUG if failing else logging.WARNING
+                self._warn("cannot read queue %s: %s", self.queue.name, error, level=level)
                 failing, found = True, False
             else:
                 if failing:
-                    log.info("function %s: queue %s answers again", self.spec.name, self.queue.name)
+                    self._warn("queue %s answers again", self.queue.name, level=logging.INFO)
                 failing = False
             finally:
                 with self._changed:
@@ -257,28 +181,21 @@ class QueueListener:
     def _poll_once(self, stop: threading.Event) -> bool:
         """One receive, and the dispatch of what it returned; True if there was something."""
         if not self._ready:
-            self._ready = self._ensure_queue()
+            # Create the trigger queue if missing, as the host does. Without the right to
+            # create queues (403) poll anyway: the queue may exist.
+            try:
+                self.queue.create_if_missing()
+            except HttpResponseError as error:
+                if error.status_code != 403:
+                    raise
+                self._warn("may not create queue %s; polling it anyway", self.queue.name)
+            self._ready = True
         with self._changed:
             self._receiving = True
         messages = self.queue.receive(self.options.batch_size, self.lease_options.lease_seconds)
         for message in messages:
             self.dispatch(message, stop)
         return bool(messages)
-
-    def _ensure_queue(self) -> bool:
-        """Create the trigger queue if missing, as the host does. Without the right to create
-        queues (403) poll anyway: the queue may exist."""
-        try:
-            self.queue.create_if_missing()
-        except HttpResponseError as error:
-            if error.status_code != 403:
-                raise
-            log.warning(
-                "function %s: not allowed to create queue %s; polling it anyway",
-                self.spec.name,
-                self.queue.name,
-            )
-        return True
 
     def _wait_for_capacity(self, stop: threading.Event) -> bool:
         with self._changed:
@@ -288,50 +205,50 @@ class QueueListener:
 
     def dispatch(self, message: Any, stop: threading.Event | None = None) -> None:
         count = int(message.dequeue_count or 1)
-        if poison_on_receive(count, self.options.max_dequeue_count):
-            log.warning(
-                "function %s: message %s was dequeued %d times (maxDequeueCount %d) without "
-                "finishing; moving it to %s without running it",
-                self.spec.name,
+        # The host's BeginProcessingMessage: past the limit already, so earlier holders died.
+        if count > self.options.max_dequeue_count:
+            self._warn(
+                "message %s was dequeued %d times (maxDequeueCount %d) without finishing; "
+                "moving it to %s without running it",
                 message.id,
                 count,
                 self.options.max_dequeue_count,
                 self.poison.name,
             )
             self._guarded(message.id, lambda: self._move_to_poison(message, message.pop_receipt))
-            return
-        if stop is not None and stop.is_set():
+        elif stop is not None and stop.is_set():
             # Shutting down: hand it straight back rather than leave it leased.
             self._guarded(
-                message.id,
-                lambda: self.queue.set_visibility(message.id, message.pop_receipt, 0),
+                message.id, lambda: self.queue.set_visibility(message.id, message.pop_receipt, 0)
             )
-            return
-        lease = Lease(message.id, message.pop_receipt, self._clock())
-        with self._changed:
-            self._leases.add(lease)
-        self._pool.submit(self.process, message, lease)
+        else:
+            lease = Lease(message.id, message.pop_receipt, self._clock())
+            with self._changed:
+                self._leases.add(lease)
+            self._pool.submit(self.process, message, lease)
 
     # --- one message -----------------------------------------------------------------------
 
     def process(self, message: Any, lease: Lease) -> None:
         try:
-            succeeded = self._run(message)
+            content = message.content
+            build: Any = FunctionsQueueMessage  # its __init__ is untyped
+            trigger = build(
+                id=message.id,
+                body=content.encode("utf-8") if isinstance(content, str) else bytes(content or b""),
+                dequeue_count=message.dequeue_count,
+                expiration_time=message.expires_on,
+                insertion_time=message.inserted_on,
+                time_next_visible=message.next_visible_on,
+                pop_receipt=message.pop_receipt,
+            )
+            detail = f"message {message.id}, dequeue count {message.dequeue_count}"
+            succeeded = self.invoker.call(self.spec, trigger, detail=detail).succeeded
             self._guarded(message.id, lambda: self._settle(message, lease, succeeded))
         finally:
             with self._changed:
                 self._leases.discard(lease)
                 self._changed.notify_all()
-
-    def _run(self, message: Any) -> bool:
-        try:
-            body = decode_body(message.content, self.options.message_encoding)
-        except ValueError as error:
-            log.error("function %s failed: message %s: %s", self.spec.name, message.id, error)
-            return False
-        detail = f"message {message.id}, dequeue count {message.dequeue_count}"
-        outcome = self.invoker.call(self.spec, functions_message(message, body), detail=detail)
-        return outcome.succeeded
 
     def _settle(self, message: Any, lease: Lease, succeeded: bool) -> None:
         with lease.lock:  # no renewal may swap the pop receipt under us
@@ -339,10 +256,9 @@ class QueueListener:
             count = int(message.dequeue_count or 1)
             if succeeded:
                 self.queue.delete(message.id, lease.pop_receipt)
-            elif poison_after_failure(count, self.options.max_dequeue_count):
-                log.warning(
-                    "function %s: message %s failed %d times (maxDequeueCount %d); moving it to %s",
-                    self.spec.name,
+            elif count >= self.options.max_dequeue_count:  # the host's CompleteProcessingMessage
+                self._warn(
+                    "message %s failed %d times (maxDequeueCount %d); moving it to %s",
                     message.id,
                     count,
                     self.options.max_dequeue_count,
@@ -350,9 +266,8 @@ class QueueListener:
                 )
                 self._move_to_poison(message, lease.pop_receipt)
             else:
-                self.queue.set_visibility(
-                    message.id, lease.pop_receipt, self.options.visibility_timeout
-                )
+                visibility = self.options.visibility_timeout
+                self.queue.set_visibility(message.id, lease.pop_receipt, visibility)
 
     def _move_to_poison(self, message: Any, pop_receipt: str) -> None:
         content = message.content
@@ -363,10 +278,9 @@ class QueueListener:
         try:
             action()
         except LeaseLost as error:
-            log.warning(
-                "function %s: lost the lease on message %s before settling it (%s); "
-                "whoever holds it now decides its fate",
-                self.spec.name,
+            self._warn(
+                "lost the lease on message %s before settling it (%s); whoever holds it now "
+                "decides its fate",
                 message_id,
                 error,
             )
@@ -401,22 +315,13 @@ class QueueListener:
                         lease.message_id, lease.pop_receipt, self.lease_options.lease_seconds
                     )
                     lease.renewed_at = self._clock()
-                    log.debug("function %s: renewed message %s", self.spec.name, lease.message_id)
-                except LeaseLost as error:
-                    lease.renewed_at = self._clock()
-                    log.warning(
-                        "function %s: cannot renew message %s: %s",
-                        self.spec.name,
-                        lease.message_id,
-                        error,
-                    )
+                    self._warn("renewed message %s", lease.message_id, level=logging.DEBUG)
                 except Exception as error:  # noqa: BLE001 - retried on the next pass
-                    log.warning(
-                        "function %s: renewing message %s failed, will retry: %s",
-                        self.spec.name,
-                        lease.message_id,
-                        error,
-                    )
+                    lost = isinstance(error, LeaseLost)
+                    if lost:  # no use retrying at once: someone else holds it
+                        lease.renewed_at = self._clock()
+                    what = "cannot renew" if lost else "will retry renewing"
+                    self._warn("%s message %s: %s", what, lease.message_id, error)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False)

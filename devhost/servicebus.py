@@ -1,15 +1,15 @@
-"""Service Bus triggers: a PEEK_LOCK receiver loop per function, when the connection is set.
+"""Service Bus queue triggers: a PEEK_LOCK receiver loop per function, when configured.
 
 Each loop receives up to ``maxConcurrentCalls`` messages, keeps their locks alive with an
 ``AutoLockRenewer`` (up to ``maxAutoLockRenewalDuration``), runs them in a pool, then
 completes the ones that succeeded and abandons the others; Service Bus itself
-dead-letters a message past the entity's max delivery count, as in Azure. Unlike the
-host, a batch is finished before the next receive, and messages are always settled by
-devhost (``autoCompleteMessages: false`` is not honoured: there are no SDK-type bindings).
+dead-letters a message past the queue's max delivery count, as in Azure. Unlike the host,
+a batch is finished before the next receive. ``<queue>/$DeadLetterQueue`` reads the
+dead-letter sub-queue, as in Azure.
 
-Everything that talks to the broker runs in daemon threads, and closing is bounded, so
-a namespace that never answers cannot hold up shutdown. The SDK-facing part is small
-(:func:`sdk_receiver_factory`); the rest works on any receiver with the same four
+Everything that talks to the broker runs in daemon threads, and closing is bounded, so a
+namespace that never answers cannot hold up shutdown. Only :func:`sdk_receiver_factory`
+and :func:`sdk_renewer` touch the SDK; the rest works on any receiver with the same four
 methods, which is how it is tested without a broker.
 """
 
@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 from azure.functions.servicebus import ServiceBusMessage as FunctionsServiceBusMessage
 
+from core.settings import Connection
 from devhost.app_loader import FunctionSpec
-from devhost.clients import Connection, service_bus_client
 from devhost.invoke import Invoker
 from devhost.settings import ServiceBusOptions
 
@@ -32,41 +32,31 @@ log = logging.getLogger("devhost.servicebus")
 #: Longest a receive call waits for a message, so the loop sees a stop request in time.
 MAX_WAIT_SECONDS = 5.0
 CLOSE_TIMEOUT_SECONDS = 5.0
-
-
-class Receiver(Protocol):
-    def receive_messages(
-        self, max_message_count: int | None = ..., max_wait_time: float | None = ...
-    ) -> list[Any]: ...
-    def complete_message(self, message: Any) -> None: ...
-    def abandon_message(self, message: Any) -> None: ...
-    def close(self) -> None: ...
+#: ``azure.functions.ServiceBusMessage`` arguments taken as is from the SDK message, and
+#: those taken from an attribute of another name.
+# fmt: off
+_SAME = (
+    "content_type", "correlation_id", "dead_letter_error_description", "dead_letter_reason",
+    "dead_letter_source", "delivery_count", "enqueued_sequence_number", "enqueued_time_utc",
+    "expires_at_utc", "partition_key", "reply_to", "reply_to_session_id",
+    "scheduled_enqueue_time_utc", "sequence_number", "session_id", "subject", "time_to_live",
+    "to",
+)
+# fmt: on
+_RENAMED = {"label": "subject", "locked_until": "locked_until_utc"}
 
 
 def message_body(body: Any) -> bytes:
-    """The body as bytes: the SDK gives bytes, an iterable of data sections, or a value."""
+    """The body as bytes: the SDK gives the data sections of a message as an iterable."""
     if body is None:
         return b""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    if isinstance(body, Mapping | int | float | bool):
-        return str(body).encode("utf-8")
-    sections = list(body)
-    if all(isinstance(s, bytes | bytearray | memoryview) for s in sections):
-        return b"".join(bytes(s) for s in sections)
-    return str(sections).encode("utf-8")
+    if isinstance(body, bytes | bytearray | memoryview | str):
+        return body.encode("utf-8") if isinstance(body, str) else bytes(body)
+    return b"".join(bytes(section) for section in body)
 
 
 def _text(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else value
-
-
-def properties(message: Any) -> dict[str, Any]:
-    """Application properties with text keys and values (the SDK may hand back bytes)."""
-    raw = getattr(message, "application_properties", None) or {}
-    return {str(_text(key)): _text(value) for key, value in raw.items()}
 
 
 def functions_message(message: Any) -> FunctionsServiceBusMessage:
@@ -75,72 +65,40 @@ def functions_message(message: Any) -> FunctionsServiceBusMessage:
     def get(name: str) -> Any:
         return _text(getattr(message, name, None))
 
-    state = get("state")
-    lock_token = get("lock_token")
-    props = properties(message)
+    raw = getattr(message, "application_properties", None) or {}
+    # Text keys and values: the SDK may hand back bytes.
+    props = {str(_text(key)): _text(value) for key, value in raw.items()}
+    state, lock_token = get("state"), get("lock_token")
     return FunctionsServiceBusMessage(
         body=message_body(getattr(message, "body", None)),
         trigger_metadata=None,
         application_properties=props,
         user_properties=dict(props),
-        content_type=get("content_type"),
-        correlation_id=get("correlation_id"),
-        dead_letter_error_description=get("dead_letter_error_description"),
-        dead_letter_reason=get("dead_letter_reason"),
-        dead_letter_source=get("dead_letter_source"),
-        delivery_count=get("delivery_count"),
-        enqueued_sequence_number=get("enqueued_sequence_number"),
-        enqueued_time_utc=get("enqueued_time_utc"),
-        expires_at_utc=get("expires_at_utc"),
-        label=get("subject"),
-        locked_until=get("locked_until_utc"),
         lock_token=None if lock_token is None else str(lock_token),
         message_id=get("message_id") or "",
-        partition_key=get("partition_key"),
-        reply_to=get("reply_to"),
-        reply_to_session_id=get("reply_to_session_id"),
-        scheduled_enqueue_time_utc=get("scheduled_enqueue_time_utc"),
-        sequence_number=get("sequence_number"),
-        session_id=get("session_id"),
         state=None if state is None else int(state),
-        subject=get("subject"),
-        time_to_live=get("time_to_live"),
-        to=get("to"),
+        **{name: get(name) for name in _SAME},
+        **{argument: get(attribute) for argument, attribute in _RENAMED.items()},
     )
 
 
-def entity(trigger: Mapping[str, Any]) -> str:
-    if trigger.get("queueName"):
-        return f"queue {trigger['queueName']!r}"
-    return f"topic {trigger.get('topicName')!r} subscription {trigger.get('subscriptionName')!r}"
+def sdk_receiver_factory(connection: Connection, queue_name: str) -> Callable[[], Any]:
+    """Opens a PEEK_LOCK receiver on the queue; one client per function, reused."""
+    from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
 
+    from messaging.servicebus import client_for
 
-def sdk_receiver_factory(connection: Connection, trigger: Mapping[str, Any]) -> Callable[[], Any]:
-    """Opens a PEEK_LOCK receiver on the trigger's entity; one client per function, reused."""
-    from azure.servicebus import ServiceBusReceiveMode
-
-    client = service_bus_client(connection)  # builds no connection until first used
-    common: dict[str, Any] = {
+    client = client_for(connection)  # the app's own client; it connects when first used
+    queue, _, sub = queue_name.partition("/")
+    options: dict[str, Any] = {
+        "queue_name": queue if sub.lower() == "$deadletterqueue" else queue_name,
         "receive_mode": ServiceBusReceiveMode.PEEK_LOCK,
         "prefetch_count": 0,
         "max_wait_time": MAX_WAIT_SECONDS,
     }
-
-    def open_receiver() -> Any:
-        if trigger.get("queueName"):
-            queue, _, sub = str(trigger["queueName"]).partition("/")
-            if sub.lower() == "$deadletterqueue":  # the host's name for the dead-letter sub-queue
-                from azure.servicebus import ServiceBusSubQueue
-
-                return client.get_queue_receiver(
-                    queue_name=queue, sub_queue=ServiceBusSubQueue.DEAD_LETTER, **common
-                )
-            return client.get_queue_receiver(queue_name=trigger["queueName"], **common)
-        return client.get_subscription_receiver(
-            topic_name=trigger["topicName"], subscription_name=trigger["subscriptionName"], **common
-        )
-
-    return open_receiver
+    if sub.lower() == "$deadletterqueue":  # the host's name for the dead-letter sub-queue
+        options["sub_queue"] = ServiceBusSubQueue.DEAD_LETTER
+    return lambda: client.get_queue_receiver(**options)
 
 
 def sdk_renewer(options: ServiceBusOptions) -> Any:
@@ -168,7 +126,7 @@ class ServiceBusListener:
     def __init__(
         self,
         spec: FunctionSpec,
-        open_receiver: Callable[[], Receiver],
+        open_receiver: Callable[[], Any],
         invoker: Invoker,
         options: ServiceBusOptions,
         renewer_factory: Callable[[], Any] | None = None,
@@ -184,8 +142,9 @@ class ServiceBusListener:
         self.in_flight = 0  # messages received and not yet settled (read by shutdown)
 
     def describe(self) -> str:
+        trigger = self.spec.trigger
         return (
-            f"{entity(self.spec.trigger)} (connection {self.spec.trigger.get('connection')}; "
+            f"queue {trigger['queueName']!r} (connection {trigger.get('connection')}; "
             f"PEEK_LOCK, maxConcurrentCalls {self.options.max_concurrent_calls})"
         )
 
@@ -214,9 +173,9 @@ class ServiceBusListener:
                             self.handle_batch(receiver, renewer, messages)
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
                     log.warning(
-                        "function %s: Service Bus %s failed: %s; retrying in %.0f s",
+                        "function %s: Service Bus queue %s failed: %s; retrying in %.0f s",
                         self.spec.name,
-                        entity(self.spec.trigger),
+                        self.spec.trigger["queueName"],
                         error,
                         backoff,
                     )
@@ -231,25 +190,21 @@ class ServiceBusListener:
             except Exception as error:  # noqa: BLE001 - closing is best effort
                 log.debug("closing the lock renewer failed: %s", error)
 
-    def handle_batch(self, receiver: Receiver, renewer: Any, messages: list[Any]) -> None:
+    def handle_batch(self, receiver: Any, renewer: Any, messages: list[Any]) -> None:
         self.in_flight = len(messages)
         try:
-            self._run_batch(receiver, renewer, messages)
+            for message in messages:
+                try:
+                    renewal = self.options.max_auto_lock_renewal
+                    renewer.register(receiver, message, max_lock_renewal_duration=renewal)
+                except Exception as error:  # noqa: BLE001 - it still runs; its lock may lapse
+                    log.warning("function %s: cannot renew locks: %s", self.spec.name, error)
+            runs = [(message, self._pool.submit(self.run_one, message)) for message in messages]
+            # Settled here, on the receiving thread: an SDK receiver is not thread-safe.
+            for message, run in runs:
+                self.settle(receiver, message, run.result())
         finally:
             self.in_flight = 0
-
-    def _run_batch(self, receiver: Receiver, renewer: Any, messages: list[Any]) -> None:
-        for message in messages:
-            try:
-                renewer.register(
-                    receiver, message, max_lock_renewal_duration=self.options.max_auto_lock_renewal
-                )
-            except Exception as error:  # noqa: BLE001 - the message still runs, lock may lapse
-                log.warning("function %s: cannot renew locks: %s", self.spec.name, error)
-        runs = [(message, self._pool.submit(self.run_one, message)) for message in messages]
-        # Settled here, on the receiving thread: an SDK receiver is not thread-safe.
-        for message, run in runs:
-            self.settle(receiver, message, run.result())
 
     def run_one(self, message: Any) -> bool:
         detail = (
@@ -258,7 +213,7 @@ class ServiceBusListener:
         )
         return self.invoker.call(self.spec, functions_message(message), detail=detail).succeeded
 
-    def settle(self, receiver: Receiver, message: Any, succeeded: bool) -> None:
+    def settle(self, receiver: Any, message: Any, succeeded: bool) -> None:
         try:
             if succeeded:
                 receiver.complete_message(message)

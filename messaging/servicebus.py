@@ -93,7 +93,7 @@ def reply_message(reply: AgentReply, now: datetime) -> ServiceBusMessage:
         if reply.outcome == "succeeded"
         else f"{reply.message_id}:{reply.outcome}",
         correlation_id=reply.message_id,  # = the request's message_id
-        # Not the time left: a late success is still evidence (contract 3.11).
+        # Not the time left: a late success is still evidence (docs/contracts.md §3.11).
         time_to_live=timedelta(seconds=REPLY_TTL_SECONDS),
         content_type="application/json",
         subject=reply.step,
@@ -207,7 +207,7 @@ class ServiceBusTransport:
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
         # Sent however late: a late success completes the step, a late report corrects
-        # what the supervisor assumed (contract 3.11).
+        # what the supervisor assumed (docs/contracts.md §3.11).
         now = self._clock()
         self._send(reply_to or self._names.agent_replies, lambda: reply_message(reply, now))
         return True

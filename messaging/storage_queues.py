@@ -104,7 +104,7 @@ class StorageQueueTransport:
         return True
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
-        # Not bounded by the deadline: a late success is evidence (contract 3.11), and a
+        # Not bounded by the deadline: a late success is evidence (docs/contracts.md §3.11), and a
         # late report corrects what the supervisor assumed.
         self._queues.send(
             reply_to or self._names.agent_replies, reply.encode(), ttl_seconds=REPLY_TTL_SECONDS

@@ -23,9 +23,10 @@ from core.names import Names
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
 from core.settings import Settings, Transport
+from messaging.dispatch import DispatchQueue
+from messaging.outbox import NoticeSender
 from messaging.storage_queues import StorageQueues, StorageQueueTransport
 from runtime import clients, telemetry
-from scheduler.notices import NoticeSender
 from scheduler.service import Scheduler, SchedulerConfig
 from stores.kept import KeptMessages
 from stores.tables import TableStateStore
@@ -96,16 +97,21 @@ class AppContext:
                 self.instance_id, self.settings.step_timeout_seconds, self.retry_policy
             ),
             self.clock,
+            self.kept,
         )
+
+    @cached_property
+    def notices(self) -> NoticeSender:
+        return NoticeSender(self.store, self.queues, self.names)
+
+    @cached_property
+    def dispatch_queue(self) -> DispatchQueue:
+        return DispatchQueue(self.queues, self.names, self.clock)
 
     @cached_property
     def supervisor(self) -> Supervisor:
         return Supervisor(
-            self.store,
-            NoticeSender(self.store, self.queues, self.names),
-            self.scheduler,
-            self.retry_policy,
-            self.clock,
+            self.store, self.notices, self.dispatch_queue, self.retry_policy, self.clock
         )
 
     @cached_property
@@ -118,7 +124,7 @@ class AppContext:
 
     @cached_property
     def remote(self) -> RemoteServiceClient:
-        return RemoteServiceClient(self.settings.require_remote_service_url())
+        return RemoteServiceClient(self.settings.require_remote_service_url(), clock=self.clock)
 
     @cached_property
     def agent(self) -> Agent:
@@ -133,12 +139,7 @@ class AppContext:
 
     @cached_property
     def admin(self) -> OrderAdmin:
-        return OrderAdmin(
-            self.store,
-            NoticeSender(self.store, self.queues, self.names),
-            self.scheduler.schedule_dispatch,
-            self.clock,
-        )
+        return OrderAdmin(self.store, self.notices, self.dispatch_queue, self.clock)
 
     def provision(self) -> None:
         """Create the table and queues if missing (local runs; Bicep creates them in Azure)."""

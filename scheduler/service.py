@@ -25,28 +25,30 @@ from core.model import Order, ReplyEffect, StepRecord
 from core.names import Names
 from core.orders import decode_order
 from core.policy import RetryPolicy
-from core.ports import AgentTransport, Clock, QueueSender
+from core.ports import AgentTransport, Clock, QueueSender, StateStore
 from core.states import StepState
 from core.timefmt import iso
+from core.unit_of_work import OrderChanges
 from core.workflows import WORKFLOWS, Plan
+from messaging.dispatch import DispatchQueue
+from messaging.outbox import NoticeSender
 from messaging.quarantine import record_of
 from runtime import failpoints, telemetry
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
-from scheduler.notices import NoticeSender
-from stores.kept import KeptMessages
-from stores.tables import TableStateStore
+from stores.kept import Keeper
 
 log = get_logger(__name__)
 
-CONFLICT_RETRIES = 5
 #: A Pending step the in-process dispatch should have claimed by now; older
 #: ones were lost (a process died between save and claim) and the sweep takes them.
 SWEEP_GRACE = timedelta(seconds=10)
 OUTBOX_GRACE = timedelta(seconds=30)
 
 
-class Outcome(StrEnum):
+class Handled(StrEnum):
+    """What a scheduler use case did with the message it was given."""
+
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     REJECTED = "rejected"
@@ -75,12 +77,13 @@ class SchedulerConfig:
 class Scheduler:
     def __init__(
         self,
-        store: TableStateStore,
+        store: StateStore,
         queues: QueueSender,
         transport: AgentTransport,
         names: Names,
         config: SchedulerConfig,
         clock: Clock,
+        keeper: Keeper,
     ):
         self._store = store
         self._queues = queues
@@ -88,17 +91,20 @@ class Scheduler:
         self._names = names
         self._config = config
         self._clock = clock
+        self._keeper = keeper
         self._notices = NoticeSender(store, queues, names)
+        self._later = DispatchQueue(queues, names, clock)
+        self._changes = OrderChanges(store, self._notices, self._dispatch_now)
 
     # --- submit --------------------------------------------------------------------
 
-    def submit(self, raw: bytes) -> Outcome:
+    def submit(self, raw: bytes) -> Handled:
         """The submitter: validate, store order + first step in one transaction, dispatch."""
         try:
             message = decode_order(raw, reserved_queues=self._names.own_queues())
         except InvalidOrder as exc:
             self.reject(raw, exc.message)
-            return Outcome.REJECTED
+            return Handled.REJECTED
         with (
             order_context(order_id=message.order_id),
             telemetry.span("order.submit", orderId=message.order_id, workflow=message.workflow),
@@ -113,11 +119,10 @@ class Scheduler:
             METRICS.inc("orders_accepted")
             log.info("order accepted (workflow %s)", message.workflow)
             failpoints.hit("after-submit-save")
-            self._notices.deliver(saved)
-            self._dispatch(order)
-            return Outcome.ACCEPTED
+            self._changes.created(order, saved)
+            return Handled.ACCEPTED
 
-    def _duplicate(self, raw: bytes, order_id: str, content_hash: str) -> Outcome:
+    def _duplicate(self, raw: bytes, order_id: str, content_hash: str) -> Handled:
         existing = self._store.load(order_id)
         if existing is None:  # pragma: no cover - it existed a moment ago; let the host retry
             raise StorageUnavailable(f"order {order_id} vanished", order_id=order_id)
@@ -128,18 +133,18 @@ class Scheduler:
                 "with different content; an order id names one order: use a new orderId for a "
                 "new order",
             )
-            return Outcome.REJECTED
+            return Handled.REJECTED
         METRICS.inc("duplicate_orders")
         log.info(
             "duplicate delivery of order %s: nothing to do (status %s)", order_id, existing.status
         )
         # The first delivery may have died between its write and its dispatch.
         self._dispatch(existing)
-        return Outcome.DUPLICATE
+        return Handled.DUPLICATE
 
     def reject(self, raw: bytes, reason: str) -> None:
-        """Send ``{"reason", "message", "at"}`` to orders-rejected (contract 3.1), with the
-        original text unchanged (and ``messageBase64``, its exact bytes, if not UTF-8).
+        """Send ``{"reason", "message", "at"}`` to orders-rejected (docs/contracts.md §3.1),
+        with the original text unchanged (and ``messageBase64``, its exact bytes, if not UTF-8).
 
         A record too large for a Storage queue message (measured as UTF-8, with margin:
         ``stores.kept.MAX_RECORD_BYTES``), which a message near 64 KiB makes once quoted,
@@ -149,11 +154,7 @@ class Scheduler:
         ``messagePreview`` and ``keptAs`` instead of ``message``.
         """
         body, kept_as = record_of(
-            raw,
-            reason,
-            self._clock(),
-            keeper=KeptMessages(self._store.table),
-            kept_in=self._names.orders_rejected,
+            raw, reason, self._clock(), keeper=self._keeper, kept_in=self._names.orders_rejected
         )
         if kept_as:
             log.info("rejected message kept as %s (too large for its record)", kept_as)
@@ -163,42 +164,58 @@ class Scheduler:
 
     # --- dispatch ------------------------------------------------------------------
 
-    def dispatch(self, order_id: str) -> Outcome:
+    def dispatch(self, order_id: str) -> Handled:
         """Claim the order's active step if it is due, and send the agent request."""
         with order_context(order_id=order_id):
             order = self._store.load(order_id)
             if order is None:
                 log.warning("dispatch for an unknown order; dropped")
-                return Outcome.NOTHING_TO_DO
+                return Handled.NOTHING_TO_DO
             return self._dispatch(order)
 
-    def _dispatch(self, order: Order) -> Outcome:
+    def _dispatch_now(self, order: Order) -> None:
+        self._dispatch(order)
+
+    def _dispatch(self, order: Order) -> Handled:
         step = order.active_step()
         if step is None or step.process_state is not StepState.PENDING or order.status.terminal:
-            return Outcome.NOTHING_TO_DO
+            return Handled.NOTHING_TO_DO
         with telemetry.span("order.dispatch", order.trace, orderId=order.order_id, step=step.step):
             return self._dispatch_in_span(order, step)
 
-    def _dispatch_in_span(self, order: Order, step: StepRecord) -> Outcome:
+    def _dispatch_in_span(self, order: Order, step: StepRecord) -> Handled:
         now = self._clock()
-        if step.complete_by > now:
-            self.schedule_dispatch(order.order_id, (step.complete_by - now).total_seconds())
-            return Outcome.NOT_DUE
+        if step.not_before > now:
+            self._later(order)
+            return Handled.NOT_DUE
+
+        def claimed_now(changed: Order, claimed: StepRecord) -> None:
+            METRICS.inc("claims")
+            failpoints.hit("after-claim")
+            log.info(
+                "claimed; deadline %s",
+                iso(claimed.complete_by),
+                extra={"step": claimed.step, "attempt": claimed.attempt},
+            )
+
         try:
-            claimed = order.claim(self._config.instance_id, now)
+            changed = self._changes.change(
+                order.order_id,
+                lambda o: o.claim(self._config.instance_id, now),
+                attempts=1,  # a claim that lost moves on: the winner sends the request
+                loaded=order,
+                after_save=claimed_now,
+            )
         except TransitionRefused:
-            return Outcome.NOTHING_TO_DO
-        try:
-            saved = self._store.save(order)
+            return Handled.NOTHING_TO_DO
         except ConcurrencyConflict:
             METRICS.inc("claim_conflicts")
-            log.info("claim lost to another instance", extra={"step": claimed.step})
-            return Outcome.NOTHING_TO_DO
-        METRICS.inc("claims")
-        failpoints.hit("after-claim")
+            log.info("claim lost to another instance", extra={"step": step.step})
+            return Handled.NOTHING_TO_DO
+        if changed is None:
+            return Handled.NOTHING_TO_DO
+        claimed = changed.result
         with order_context(step=claimed.step, attempt=claimed.attempt):
-            log.info("claimed; deadline %s", iso(claimed.complete_by))
-            self._notices.deliver(saved)
             request = AgentRequest(
                 order.order_id,
                 claimed.step,
@@ -217,16 +234,11 @@ class Scheduler:
                 log.error(
                     "agent request not sent (the supervisor will retry at the deadline): %s", exc
                 )
-        return Outcome.DISPATCHED
-
-    def schedule_dispatch(self, order_id: str, delay_seconds: float = 0) -> None:
-        self._queues.send(
-            self._names.order_dispatch, f'{{"orderId":"{order_id}"}}', delay_seconds=delay_seconds
-        )
+        return Handled.DISPATCHED
 
     # --- replies -------------------------------------------------------------------
 
-    def apply_reply(self, reply: AgentReply) -> Outcome:
+    def apply_reply(self, reply: AgentReply) -> Handled:
         """Apply an agent reply (``Order.apply_reply`` says which count, and how); a reply
         that changes nothing (a duplicate, a stale report) is logged, counted and dropped."""
         with (
@@ -240,23 +252,8 @@ class Scheduler:
                 outcome=reply.outcome,
             ),
         ):
-            for _ in range(CONFLICT_RETRIES):
-                order = self._store.load(reply.order_id)
-                if order is None:
-                    METRICS.inc("stale_replies")
-                    log.warning("reply for an unknown order; dropped")
-                    return Outcome.STALE
-                try:
-                    effect = order.apply_reply(reply, self._clock(), self._config.policy)
-                except TransitionRefused as refused:
-                    METRICS.inc("stale_replies", reason=refused.reason)
-                    log.warning("stale reply dropped (%s): %s", refused.reason, refused.message)
-                    return Outcome.STALE
-                try:
-                    saved = self._store.save(order)
-                except ConcurrencyConflict:
-                    METRICS.inc("reply_conflicts")
-                    continue
+
+            def applied(order: Order, effect: ReplyEffect) -> None:
                 failpoints.hit("after-reply-save")
                 METRICS.inc("replies_applied", outcome=reply.outcome, effect=str(effect))
                 log.info(
@@ -265,14 +262,29 @@ class Scheduler:
                     reply.outcome,
                     order.status,
                 )
-                self._notices.deliver(saved)
-                self._dispatch(order)
-                return Outcome.APPLIED if effect is ReplyEffect.APPLIED else Outcome.NOTED
-            raise ConcurrencyConflict(
-                f"order {reply.order_id} kept changing; the reply will be retried",
-                order_id=reply.order_id,
-                step=reply.step,
-            )
+
+            try:
+                changed = self._changes.change(
+                    reply.order_id,
+                    lambda o: o.apply_reply(reply, self._clock(), self._config.policy),
+                    after_save=applied,
+                )
+            except TransitionRefused as refused:
+                METRICS.inc("stale_replies", reason=refused.reason)
+                log.warning("stale reply dropped (%s): %s", refused.reason, refused.message)
+                return Handled.STALE
+            except ConcurrencyConflict as exc:
+                METRICS.inc("reply_conflicts")
+                raise ConcurrencyConflict(
+                    f"order {reply.order_id} kept changing; the reply will be retried",
+                    order_id=reply.order_id,
+                    step=reply.step,
+                ) from exc
+            if changed is None:
+                METRICS.inc("stale_replies")
+                log.warning("reply for an unknown order; dropped")
+                return Handled.STALE
+            return Handled.APPLIED if changed.result is ReplyEffect.APPLIED else Handled.NOTED
 
     # --- safety sweep ------------------------------------------------------------------
 
@@ -295,7 +307,7 @@ class Scheduler:
             log.error("sweep: the outbox could not be delivered: %s", exc, exc_info=exc)
         for entry in self._store.due_pending(now - SWEEP_GRACE):
             try:
-                if self.dispatch(entry.order_id) is Outcome.DISPATCHED:
+                if self.dispatch(entry.order_id) is Handled.DISPATCHED:
                     report.dispatched += 1
                     METRICS.inc("sweep_dispatches")
             except Exception as exc:  # noqa: BLE001 - one bad order must not stop the rest

@@ -11,7 +11,7 @@ from core import names
 from core.errors import InvalidMessage
 from core.messages import decode_reply
 from core.orders import is_valid_order_id
-from core.settings import AGENT_TRANSPORT, Transport
+from core.settings import Transport, transport_from_env
 from messaging.quarantine import quarantine
 from runtime.context import app_context
 from runtime.resilience import ride_out
@@ -59,7 +59,7 @@ def _apply_reply(raw: bytes) -> None:
     ride_out(lambda: ctx.scheduler.apply_reply(reply), what="reply")
 
 
-if os.environ.get(AGENT_TRANSPORT, Transport.SERVICE_BUS).lower() == Transport.STORAGE:
+if transport_from_env(os.environ) is Transport.STORAGE:
 
     @bp.queue_trigger(arg_name="msg", queue_name=names.AGENT_REPLIES, connection=STORAGE)
     def handle_agent_reply(msg: func.QueueMessage) -> None:

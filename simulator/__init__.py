@@ -1,4 +1,4 @@
-"""Simulated remote services (contract 3.4) with fault injection, an effects ledger,
+"""Simulated remote services (docs/contracts.md §3.4) with fault injection, an effects ledger,
 an outage switch (error answers, then connections refused) and a call log.
 
 ``python -m simulator --port 0`` for a process; ``SimulatorServer`` for a test.

@@ -37,7 +37,7 @@ DEFAULT_COMPENSATIONS: Final[Mapping[str, str]] = {
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class Answer:
     """An HTTP answer, or ``status == 0``: close the connection without one."""
 
     status: int
@@ -49,14 +49,14 @@ class Outcome:
         return self.status == 0
 
 
-DROP: Final = Outcome(0)
+DROP: Final = Answer(0)
 
 
-def json_outcome(status: int, payload: Any, headers: tuple[tuple[str, str], ...] = ()) -> Outcome:
-    return Outcome(status, json.dumps(payload).encode(), headers)
+def json_answer(status: int, payload: Any, headers: tuple[tuple[str, str], ...] = ()) -> Answer:
+    return Answer(status, json.dumps(payload).encode(), headers)
 
 
-def utc_now() -> str:
+def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
@@ -112,7 +112,7 @@ class _Stats:
                 if fault.random:
                     self.random_faults += 1
 
-    def end(self, outcome: Outcome) -> None:
+    def end(self, outcome: Answer) -> None:
         with self._lock:
             if outcome.dropped:
                 self.no_response += 1
@@ -171,21 +171,21 @@ class Simulator:
     def compensations(self) -> dict[str, str]:
         return dict(self._compensations)
 
-    def handle(self, step: str, key: str | None, body: bytes) -> Outcome:
+    def handle(self, step: str, key: str | None, body: bytes) -> Answer:
         """Serve ``POST /{step}`` with header ``Idempotency-Key: key`` and ``body``."""
         at = now_us()
         blocked = self.outage.current()
         if blocked is not None:
             self._stats.outage(blocked.status)
             self.call_log.record(at, step, key, blocked.status, False, "outage")
-            return Outcome(blocked.status, blocked.body, blocked.headers)
+            return Answer(blocked.status, blocked.body, blocked.headers)
         try:
             order_id, order = validate_call(step, key, body)
             directive = directive_for(step, order)
         except RequestError as exc:
             self._stats.begin(None)
             self.call_log.record(at, step, key, 400, False, "invalid")
-            return self._end(json_outcome(400, {"error": str(exc)}))
+            return self._end(json_answer(400, {"error": str(exc)}))
         key = f"{order_id}:{step}"
         state = self._state(key)
         fault: Fault | None = None
@@ -212,21 +212,21 @@ class Simulator:
         )
         return self._end(outcome)
 
-    def _run(self, call: _Call, fault: Fault | None, latency_ms: int) -> tuple[Outcome, bool]:
+    def _run(self, call: _Call, fault: Fault | None, latency_ms: int) -> tuple[Answer, bool]:
         """The outcome, and whether this call applied the key's effect."""
         if latency_ms and not self._sleep(latency_ms / 1000):
             return DROP, False
         if fault is None:
             answer, applied = self._apply(call)
-            return Outcome(200, answer), applied
+            return Answer(200, answer), applied
         if fault.kind == "transient":
             headers: tuple[tuple[str, str], ...] = ()
             if fault.retry_after is not None:
                 headers = (("Retry-After", str(fault.retry_after)),)
             message = f"Simulated transient failure of step {call.step!r} (call {call.number})."
-            return json_outcome(fault.status, {"error": message}, headers), False
+            return json_answer(fault.status, {"error": message}, headers), False
         if fault.kind == "permanent":
-            return json_outcome(fault.status, {"error": fault.error}), False
+            return json_answer(fault.status, {"error": fault.error}), False
         # hang or drop. applyFirst: the effect happens and the answer is lost.
         stored: bytes | None = None
         applied = False
@@ -240,7 +240,7 @@ class Simulator:
             return DROP, applied
         if stored is None:
             stored, applied = self._apply(call)
-        return Outcome(200, stored), applied
+        return Answer(200, stored), applied
 
     def _apply(self, call: _Call) -> tuple[bytes, bool]:
         """Apply the key's effect once; every later call gets the stored answer.
@@ -252,7 +252,7 @@ class Simulator:
             if state.response is not None:
                 self._stats.duplicate()
                 return state.response, False
-            at = utc_now()
+            at = now_iso()
             response = {
                 "orderId": order_id,
                 "step": step,
@@ -281,7 +281,7 @@ class Simulator:
         """Sleep unless stopping; False if the server stopped meanwhile."""
         return not self._stopping.wait(seconds) if seconds > 0 else not self.stopping
 
-    def _end(self, outcome: Outcome) -> Outcome:
+    def _end(self, outcome: Answer) -> Answer:
         self._stats.end(outcome)
         return outcome
 

@@ -1,7 +1,7 @@
 """Request validation and fault directives. Pure: no I/O, no clock, no threads.
 
 A call is ``POST /{step}`` with the order as body and ``Idempotency-Key:
-<orderId>:<step>`` (contract 3.4). An order may carry ``"simulate": {step:
+<orderId>:<step>`` (docs/contracts.md §3.4). An order may carry ``"simulate": {step:
 directive}``; a directive is a string shorthand or an object:
 
     "transient[:N]"  {"fail": "transient", "times": N, "status": 503, "retryAfter": S}
@@ -27,7 +27,7 @@ STEP_PATTERN: Final = re.compile(r"[a-z0-9-]+")
 DEFAULT_TRANSIENT_STATUS: Final = 503
 DEFAULT_PERMANENT_STATUS: Final = 422
 DEFAULT_HANG_SECONDS: Final = 3600.0
-#: Statuses contract 3.4 calls transient among the 4xx; a permanent fault may not use them.
+#: The 4xx statuses docs/contracts.md §3.4 calls transient: a permanent fault may not use them.
 TRANSIENT_4XX: Final = frozenset({408, 425, 429})
 
 _COMMON_FIELDS: Final = frozenset({"fail", "latencyMs"})

@@ -1,11 +1,14 @@
 """HTTP front of the simulator: a stdlib ThreadingHTTPServer bound to 127.0.0.1.
 
+(Over 400 lines: the outage phases need the raw socket — refusing connections,
+cutting open ones, listening again on the same port — which a framework hides.)
+
     with SimulatorServer(faults=RandomFaults(transient_rate=0.1), ledger_path=p) as sim:
         httpx.post(f"{sim.url}/process", json=order, headers={"Idempotency-Key": ...})
         sim.effects(); sim.stats(); sim.calls(since=...)
         sim.start_outage([Phase.error(20, status=503), Phase.unreachable(15)])
 
-Endpoints: ``POST /{step}`` (contract 3.4), ``GET /_health``, ``GET /_ledger``,
+Endpoints: ``POST /{step}`` (docs/contracts.md §3.4), ``GET /_health``, ``GET /_ledger``,
 ``GET /_stats``, ``GET /_calls[?since=ISO]``, ``GET|POST /_outage``, ``POST /_reset``.
 HTTP/1.1 keep-alive, one write per answer, no request logging unless ``verbose``.
 
@@ -32,7 +35,7 @@ from typing import Any, Final
 from urllib.parse import unquote
 
 from simulator.calllog import DEFAULT_CALL_LOG_SIZE, CallLog
-from simulator.engine import Outcome, Simulator, json_outcome
+from simulator.engine import Answer, Simulator, json_answer
 from simulator.faults import STEP_PATTERN, RandomFaults
 from simulator.ledger import Effect, Ledger
 from simulator.outage import (
@@ -118,14 +121,14 @@ class _Handler(BaseHTTPRequestHandler):
         simulator = self.server.simulator
         if path == "/_reset":
             simulator.reset()
-            self._send(json_outcome(200, {"reset": True}))
+            self._send(json_answer(200, {"reset": True}))
             return
         if path == "/_outage":
             self._post_outage(body)
             return
         step = path[1:]
         if not path.startswith("/") or not STEP_PATTERN.fullmatch(step):
-            self._send(json_outcome(404, {"error": f"No step at {path!r}; POST /<step>."}))
+            self._send(json_answer(404, {"error": f"No step at {path!r}; POST /<step>."}))
             return
         self._send(simulator.handle(step, self.headers.get("Idempotency-Key"), body))
 
@@ -133,23 +136,23 @@ class _Handler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         simulator = self.server.simulator
         if path == "/_health":
-            self._send(json_outcome(200, {"status": "ok"}))
+            self._send(json_answer(200, {"status": "ok"}))
         elif path == "/_ledger":
-            self._send(json_outcome(200, {"effects": simulator.effects()}))
+            self._send(json_answer(200, {"effects": simulator.effects()}))
         elif path == "/_stats":
-            self._send(json_outcome(200, self.server.owner.stats()))
+            self._send(json_answer(200, self.server.owner.stats()))
         elif path == "/_calls":
             self._get_calls(query)
         elif path == "/_outage":
-            self._send(json_outcome(200, self.server.owner.outage_status()))
+            self._send(json_answer(200, self.server.owner.outage_status()))
         else:
-            self._send(json_outcome(404, {"error": f"Nothing at {path!r}."}))
+            self._send(json_answer(404, {"error": f"Nothing at {path!r}."}))
 
     def _post_outage(self, body: bytes) -> None:
         try:
             phases = parse_outage_body(body)
         except OutageError as exc:
-            self._send(json_outcome(400, {"error": str(exc)}))
+            self._send(json_answer(400, {"error": str(exc)}))
             return
         owner = self.server.owner
         if phases and phases[0].mode == "unreachable":
@@ -160,9 +163,9 @@ class _Handler(BaseHTTPRequestHandler):
             status = owner.start_outage(phases, keep=self.connection)
         except RuntimeError as exc:  # the server is stopping
             self.close_connection = True
-            self._send(json_outcome(503, {"error": str(exc)}))
+            self._send(json_answer(503, {"error": str(exc)}))
             return
-        self._send(json_outcome(200, status))
+        self._send(json_answer(200, status))
 
     def _get_calls(self, query: str) -> None:
         params: dict[str, str] = {}
@@ -173,16 +176,16 @@ class _Handler(BaseHTTPRequestHandler):
         unknown = sorted(set(params) - {"since"})
         if unknown:
             message = f"Unknown parameter(s) {', '.join(unknown)}; GET /_calls?since=<ISO time>."
-            self._send(json_outcome(400, {"error": message}))
+            self._send(json_answer(400, {"error": message}))
             return
         log = self.server.simulator.call_log
         try:
             calls = log.entries(params.get("since"))
         except ValueError as exc:
-            self._send(json_outcome(400, {"error": str(exc)}))
+            self._send(json_answer(400, {"error": str(exc)}))
             return
         self._send(
-            json_outcome(200, {"calls": calls, "evicted": log.evicted, "capacity": log.capacity})
+            json_answer(200, {"calls": calls, "evicted": log.evicted, "capacity": log.capacity})
         )
 
     def _read_body(self) -> bytes | None:
@@ -201,11 +204,11 @@ class _Handler(BaseHTTPRequestHandler):
                     status, error = 413, f"The body must be at most {MAX_BODY_BYTES} bytes."
         if error:
             self.close_connection = True
-            self._send(json_outcome(status, {"error": error}))
+            self._send(json_answer(status, {"error": error}))
             return None
         return self.rfile.read(length) if length else b""
 
-    def _send(self, outcome: Outcome) -> None:
+    def _send(self, outcome: Answer) -> None:
         if outcome.dropped:
             # No status line, no bytes: the client sees the connection close.
             self.close_connection = True

@@ -1,6 +1,6 @@
 """Order aggregate <-> Table entities (the property names of the OrderState table).
 
-The state fields of contract 3.2 keep their names (``OrderID``, ``Step``,
+The state fields of docs/contracts.md §3.2 keep their names (``OrderID``, ``Step``,
 ``LockedBy``, ``CompleteBy``, ``ProcessState``, ``FailureCount``,
 ``Attempt``); JSON-valued properties are bounded to fit one Table string
 property (32K UTF-16 units), except the order's body, which is split over
@@ -10,16 +10,22 @@ property (32K UTF-16 units), except the order's body, which is split over
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+from core.errors import CorruptOrder
 from core.model import Order, StepRecord
 from core.orders import utf16_units
+from core.ports import IndexEntry, OutboxEntry
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import ensure_utc
 from core.workflows import Plan
 from stores import layout
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 MAX_JSON_CHARS: Final = 30_000  # a Table string property holds 32K UTF-16 units
 MAX_RESULT_CHARS: Final = 8_000
@@ -122,7 +128,7 @@ def step_entity(step: StepRecord) -> dict[str, Any]:
         "PartitionKey": layout.shard_of(step.order_id),
         "RowKey": layout.step_row(step.order_id, step.seq, step.step),
         "Kind": "step",
-        # contract 3.2: always written, so a merge can never keep an old value
+        # docs/contracts.md §3.2: always written, so a merge can never keep an old value
         "OrderID": step.order_id,
         "Step": step.step,
         "LockedBy": step.locked_by,
@@ -149,7 +155,7 @@ def step_entity(step: StepRecord) -> dict[str, Any]:
 
 
 #: "Not deferring": a property set to None is not stored and a merge keeps the old
-#: value (FACTS.md), so an absent time is written as this sentinel.
+#: value (docs/contracts.md#fact-none-not-stored), so an absent time is written as this sentinel.
 _NEVER: Final = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -211,3 +217,58 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
     order.store_meta["index"] = layout.index_rows(order)
     order.store_meta["write_id"] = record.get("WriteId", "")
     return order
+
+
+#: What reading a malformed entity raises: a missing property (KeyError), a bad value or
+#: JSON text (ValueError, json.JSONDecodeError), a property of the wrong type (TypeError,
+#: AttributeError), a number out of range (OverflowError).
+PARSE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError)
+
+
+def well_formed(
+    rows: Iterator[dict[str, Any]], parse: Callable[[dict[str, Any]], T], what: str
+) -> Iterator[T]:
+    """``parse`` of each row; a malformed one (a manual edit) is skipped with an ERROR log
+    rather than ending every sweep."""
+    for e in rows:
+        try:
+            entry = parse(e)
+        except PARSE_ERRORS as exc:
+            log.error(
+                "skipping malformed %s: %s (%s: %s)", what, e.get("RowKey"), type(exc).__name__, exc
+            )
+            continue
+        yield entry
+
+
+def index_entry(e: dict[str, Any]) -> IndexEntry:
+    _, when, _, _ = e["RowKey"].split("|", 3)
+    return IndexEntry(str(e["OrderRef"]), str(e["StepName"]), parse_sortable(when))
+
+
+def outbox_entry(e: dict[str, Any]) -> OutboxEntry:
+    return OutboxEntry(
+        e["PartitionKey"],
+        e["RowKey"],
+        e["NoticeKind"],
+        e.get("Queue") or None,
+        e["Body"],
+        e["OrderRef"],
+    )
+
+
+def parse_sortable(text: str) -> datetime:
+    return datetime.strptime(text, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
+
+
+def parse_stored(order_id: str, rows: Sequence[Any]) -> Order | None:
+    """``parse_order`` of an order's rows as a store read them; records that cannot be
+    read are ``CorruptOrder`` (for that order only: a person must repair them)."""
+    try:
+        return parse_order(rows)
+    except PARSE_ERRORS as exc:
+        raise CorruptOrder(
+            f"order {order_id}'s stored records cannot be read "
+            f"({type(exc).__name__}: {exc}); repair them by hand (see the operator's guide)",
+            order_id=order_id,
+        ) from exc

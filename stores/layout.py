@@ -6,7 +6,7 @@ whole aggregate. Beside them, index rows that sweeps read as ranges (their
 cost grows with the work in flight, not with history):
 
     order|<id>|order                       the order record
-    order|<id>|step|<seq>|<step>           one state record per step (contract 3.2)
+    order|<id>|step|<seq>|<step>           one state record per step (docs/contracts.md §3.2)
     pending|<due>|<id>|<step>              the active step, Pending, may run at <due>
     processing|<completeBy>|<id>|<step>    the active step, Processing, deadline <completeBy>
     status|<status>|<newest>|<id>          every order, by status, newest first (listing.py)

@@ -1,5 +1,9 @@
 """The order state store on Azure Table Storage.
 
+(Over 400 lines because the reads, the conditional writes, the ambiguous-write
+resolution and the index repair share the same transaction rules; listing and the
+record layout are already their own modules.)
+
 Every write is one entity group transaction in the order's partition, with
 If-Match on the ETag of every record it changes (never an upsert, which skips
 the check). The domain sees ``ConcurrencyConflict`` / ``OrderAlreadyExists``,
@@ -23,9 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 from azure.core import MatchConditions
@@ -38,53 +40,22 @@ from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from core.errors import (
     ConcurrencyConflict,
-    CorruptOrder,
     OrderAlreadyExists,
     OrderNotFound,
     StorageUnavailable,
 )
-from core.model import Notice, Order
+from core.model import Order
+from core.ports import ListFilter, OutboxEntry, SavedNotices
 from core.states import OrderStatus
-from core.timefmt import sortable
-from stores import entities, layout, listing, sdk_patches
-from stores.listing import InvalidContinuationToken, ListFilter
+from stores import entities, layout, listing, sdk_patches, writes
+from stores.sweeps import SweepReads
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: What reading a malformed entity raises: a missing property (KeyError), a bad value or
-#: JSON text (ValueError, json.JSONDecodeError), a property of the wrong type (TypeError,
-#: AttributeError), a number out of range (OverflowError).
-_PARSE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError)
 
-
-@dataclass(frozen=True)
-class IndexEntry:
-    order_id: str
-    step: str
-    at: datetime  # due time (pending) or deadline (processing)
-
-
-@dataclass(frozen=True)
-class OutboxEntry:
-    partition: str
-    row: str
-    kind: str
-    queue: str | None
-    body: str
-    order_id: str
-
-
-@dataclass(frozen=True)
-class SavedNotices:
-    """Notices committed with a save: send them, then ``delete_outbox`` them."""
-
-    partition: str
-    entries: tuple[OutboxEntry, ...]
-
-
-class TableStateStore:
+class TableStateStore(SweepReads):
     def __init__(self, table: TableClient):
         sdk_patches.apply()
         self._table = table
@@ -116,14 +87,7 @@ class TableStateStore:
             raise StorageUnavailable(
                 f"could not read order {order_id}: {exc}", order_id=order_id
             ) from exc
-        try:
-            return entities.parse_order(rows)
-        except _PARSE_ERRORS as exc:
-            raise CorruptOrder(
-                f"order {order_id}'s stored records cannot be read "
-                f"({type(exc).__name__}: {exc}); repair them by hand (see the operator's guide)",
-                order_id=order_id,
-            ) from exc
+        return entities.parse_stored(order_id, rows)
 
     def _range(
         self,
@@ -144,43 +108,6 @@ class TableStateStore:
                 return
             yield entity
 
-    def _index(
-        self, prefix: str, until: datetime, limit: int, *, inclusive: bool
-    ) -> Iterator[IndexEntry]:
-        high = f"{prefix}|{sortable(until)}" + ("|" + layout.HIGH if inclusive else "")
-        for shard in layout.all_shards():
-            try:
-                rows = self._range(
-                    shard, prefix + "|", high, ["RowKey", "OrderRef", "StepName"], limit
-                )
-                yield from _well_formed(
-                    rows,
-                    _index_entry,
-                    f"index row in {shard} (python -m admin repair-index <orderId> rebuilds "
-                    "an order's index)",
-                )
-            except AzureError as exc:
-                raise StorageUnavailable(f"could not read the {prefix} index: {exc}") from exc
-
-    def due_pending(self, now: datetime, limit_per_shard: int = 500) -> Iterator[IndexEntry]:
-        """Active Pending steps that may run at ``now`` (lost dispatches, backoffs over)."""
-        return self._index("pending", now, limit_per_shard, inclusive=True)
-
-    def expired_processing(
-        self, before: datetime, limit_per_shard: int = 500
-    ) -> Iterator[IndexEntry]:
-        """Processing steps whose CompleteBy is before ``before``."""
-        return self._index("processing", before, limit_per_shard, inclusive=False)
-
-    def stale_outbox(self, before: datetime, limit_per_shard: int = 200) -> Iterator[OutboxEntry]:
-        high = f"outbox|{sortable(before)}"
-        for shard in layout.all_shards():
-            try:
-                rows = self._range(shard, "outbox|", high, limit=limit_per_shard)
-                yield from _well_formed(rows, _outbox_entry, f"outbox row in {shard}")
-            except AzureError as exc:
-                raise StorageUnavailable(f"could not read the outbox: {exc}") from exc
-
     def list_by_status(
         self, where: ListFilter | OrderStatus, page_size: int, token: str | None
     ) -> tuple[list[str], str | None]:
@@ -188,11 +115,11 @@ class TableStateStore:
         (``stores.listing``; a bad token is ``InvalidContinuationToken``)."""
         if isinstance(where, OrderStatus):
             where = ListFilter(where)
-        return listing.list_page(self._table, where, page_size, token)
+        return listing.list_page(listing.table_rows(self._table), where, page_size, token)
 
     def count_by_status(self, where: ListFilter, cap: int = listing.COUNT_CAP) -> int:
         """How many orders match, to ``cap`` at most."""
-        return listing.count(self._table, where, cap)
+        return listing.count(listing.table_rows(self._table), where, cap)
 
     # --- writes --------------------------------------------------------------------
 
@@ -211,51 +138,16 @@ class TableStateStore:
         return self._commit(order, creating=False)
 
     def _commit(self, order: Order, *, creating: bool) -> SavedNotices:
-        partition = layout.shard_of(order.order_id)
         write_id = uuid.uuid4().hex
         order.version += 1
-        ops: list[tuple[str, dict[str, Any], dict[str, Any]] | tuple[str, dict[str, Any]]] = []
-        ops.append(self._write_op(entities.order_entity(order, write_id), order.etag, creating))
-        changed = [s for s in order.steps if s.changed or s.etag is None]
-        for step in changed:
-            ops.append(self._write_op(entities.step_entity(step), step.etag, False))
-        before: dict[str, dict[str, str]] = order.store_meta.get("index", {})
-        after = layout.index_rows(order)
-        for row in before.keys() - after.keys():
-            ops.append(("delete", {"PartitionKey": partition, "RowKey": row}))
-        for row in after.keys() - before.keys():
-            ops.append(
-                (
-                    "upsert",
-                    {"PartitionKey": partition, "RowKey": row, **after[row]},
-                    {"mode": UpdateMode.REPLACE},
-                )
-            )
-        outbox = [
-            OutboxEntry(
-                partition,
-                layout.outbox_row(order.updated_at, order.order_id, f"{order.version}-{n}"),
-                notice.kind,
-                notice.queue,
-                notice.body,
-                order.order_id,
-            )
-            for n, notice in enumerate(order.outbox)
-        ]
-        for entry in outbox:
-            ops.append(
-                (
-                    "create",
-                    {
-                        "PartitionKey": partition,
-                        "RowKey": entry.row,
-                        "OrderRef": order.order_id,
-                        "NoticeKind": entry.kind,
-                        "Queue": entry.queue or "",
-                        "Body": entry.body,
-                    },
-                )
-            )
+        try:
+            commit = writes.plan_commit(order, write_id, creating=creating)
+        except BaseException:
+            order.version -= 1
+            raise
+        ops = commit.ops
+        partition = commit.partition
+        outbox = list(commit.outbox)
         try:
             results = self._submit(order.order_id, ops)
         except AzureError as exc:
@@ -290,20 +182,18 @@ class TableStateStore:
             raise StorageUnavailable(
                 f"transaction for order {order.order_id} failed: {exc}", order_id=order.order_id
             ) from exc
-        order.etag = results[0]["etag"]
-        for step, result in zip(changed, results[1 : 1 + len(changed)], strict=True):
-            step.etag = result["etag"]
-            step.changed = False
-        order.store_meta["index"] = after
-        order.store_meta["write_id"] = write_id
-        order.outbox = []
-        return SavedNotices(partition, tuple(outbox))
+        except BaseException:  # not the store's answer (a transport bug): nothing to adopt
+            order.version -= 1
+            raise
+        etags = {op.row: r["etag"] for op, r in zip(ops, results, strict=True) if r.get("etag")}
+        return writes.adopt(order, commit, etags)
 
-    def _submit(self, order_id: str, ops: list[Any]) -> list[Any]:
-        """``submit_transaction``, tolerating index rows that are already gone."""
+    def _submit(self, order_id: str, ops: list[writes.Op]) -> list[Any]:
+        """``submit_transaction``, tolerating index rows that are already gone (a missing
+        one is dropped from ``ops``, in place)."""
         while True:
             try:
-                return list(self._table.submit_transaction(ops))
+                return list(self._table.submit_transaction([_sdk(op) for op in ops]))
             except AzureError as exc:
                 missing = _missing_index_row(exc, ops)
                 if missing is None:
@@ -314,7 +204,7 @@ class TableStateStore:
                 log.warning(
                     "order %s: index row %s was already gone; saving without deleting it",
                     order_id,
-                    ops[missing][1]["RowKey"],
+                    ops[missing].row,
                 )
                 del ops[missing]
 
@@ -352,24 +242,6 @@ class TableStateStore:
         order.outbox = []
         return SavedNotices(partition, tuple(outbox))
 
-    @staticmethod
-    def _write_op(
-        entity: dict[str, Any], etag: str | None, creating: bool
-    ) -> tuple[str, dict[str, Any], dict[str, Any]] | tuple[str, dict[str, Any]]:
-        if etag is None:
-            return ("create", entity)
-        if creating:  # pragma: no cover - a new order has no ETags
-            raise AssertionError("creating an order that was loaded")
-        return (
-            "update",
-            entity,
-            {
-                "mode": UpdateMode.REPLACE,
-                "etag": etag,
-                "match_condition": MatchConditions.IfNotModified,
-            },
-        )
-
     # --- repair --------------------------------------------------------------------
 
     def repair_index(self, order_id: str, attempts: int = 5) -> dict[str, Any]:
@@ -388,61 +260,22 @@ class TableStateStore:
                     for e in self._table.query_entities(
                         "PartitionKey eq @pk and OrderRef eq @id",
                         parameters={"pk": partition, "id": order_id},
-                        select=["RowKey", "OrderRef", "StepName", "Workflow"],
+                        select=writes.INDEX_FIELDS,
                     )
                 }
             except AzureError as exc:
                 raise StorageUnavailable(
                     f"could not read order {order_id}'s index rows: {exc}", order_id=order_id
                 ) from exc
-            existing = {k: v for k, v in found.items() if layout.is_index_row(k)}
-            wanted = layout.index_rows(order)
-            stray = sorted(existing.keys() - wanted.keys())
-            missing = sorted(wanted.keys() - existing.keys())
-            wrong = sorted(
-                k
-                for k in wanted.keys() & existing.keys()
-                if any(existing[k].get(name) != value for name, value in wanted[k].items())
-            )
-            report: dict[str, Any] = {
-                "orderId": order_id,
-                "status": str(order.status),
-                "removed": stray,
-                "added": missing,
-                "rewritten": wrong,
-                "kept": sorted((wanted.keys() & existing.keys()) - set(wrong)),
-                "repaired": bool(stray or missing or wrong),
-            }
+            report, changes = writes.plan_repair(order, found)
             if not report["repaired"]:
                 return report
-            changes: list[Any] = [
-                ("delete", {"PartitionKey": partition, "RowKey": k}) for k in stray
-            ]
-            changes += [
-                (
-                    "upsert",
-                    {"PartitionKey": partition, "RowKey": k, **wanted[k]},
-                    {"mode": UpdateMode.REPLACE},
-                )
-                for k in missing + wrong
-            ]
             try:
                 etag = order.etag
                 for start in range(0, len(changes), 99):  # 100 operations per transaction
-                    guard = (
-                        "update",
-                        {
-                            "PartitionKey": partition,
-                            "RowKey": layout.order_row(order_id),
-                            "WriteId": uuid.uuid4().hex,
-                        },
-                        {
-                            "mode": UpdateMode.MERGE,
-                            "etag": etag,
-                            "match_condition": MatchConditions.IfNotModified,
-                        },
-                    )
-                    results = self._table.submit_transaction([guard, *changes[start : start + 99]])
+                    guard = writes.repair_guard(order_id, etag, uuid.uuid4().hex)
+                    batch = [guard, *changes[start : start + 99]]
+                    results = self._table.submit_transaction([_sdk(op) for op in batch])
                     etag = results[0]["etag"]
             except TableTransactionError as exc:
                 if exc.status_code in (404, 409, 412):
@@ -460,9 +293,9 @@ class TableStateStore:
             log.warning(
                 "order %s: index repaired (removed %s, added %s, rewritten %s)",
                 order_id,
-                stray,
-                missing,
-                wrong,
+                report["removed"],
+                report["added"],
+                report["rewritten"],
             )
             return report
         raise ConcurrencyConflict(
@@ -483,7 +316,7 @@ class TableStateStore:
                 log.warning("could not delete outbox row %s (the sweep will): %s", entry.row, exc)
 
 
-def _missing_index_row(exc: AzureError, ops: list[Any]) -> int | None:
+def _missing_index_row(exc: AzureError, ops: list[writes.Op]) -> int | None:
     """The position of the index-row delete a transaction failed on with 404, if that is why.
 
     Azure and Azurite answer a refused batch with the failing operation's position in the
@@ -496,53 +329,22 @@ def _missing_index_row(exc: AzureError, ops: list[Any]) -> int | None:
     if not isinstance(index, int) or not 0 < index < len(ops):
         return None
     op = ops[index]
-    if op[0] != "delete" or not layout.is_index_row(str(op[1].get("RowKey", ""))):
+    if op.kind != "delete" or not layout.is_index_row(op.row):
         return None
     return index
 
 
-def _well_formed(
-    rows: Iterator[dict[str, Any]], parse: Callable[[dict[str, Any]], T], what: str
-) -> Iterator[T]:
-    """``parse`` of each row; a malformed one (a manual edit) is skipped with an ERROR log
-    rather than ending every sweep."""
-    for e in rows:
-        try:
-            entry = parse(e)
-        except _PARSE_ERRORS as exc:
-            log.error(
-                "skipping malformed %s: %s (%s: %s)", what, e.get("RowKey"), type(exc).__name__, exc
-            )
-            continue
-        yield entry
-
-
-def _index_entry(e: dict[str, Any]) -> IndexEntry:
-    _, when, _, _ = e["RowKey"].split("|", 3)
-    return IndexEntry(str(e["OrderRef"]), str(e["StepName"]), _parse_sortable(when))
-
-
-def _outbox_entry(e: dict[str, Any]) -> OutboxEntry:
-    return OutboxEntry(
-        e["PartitionKey"],
-        e["RowKey"],
-        e["NoticeKind"],
-        e.get("Queue") or None,
-        e["Body"],
-        e["OrderRef"],
+def _sdk(op: writes.Op) -> tuple[Any, ...]:
+    """An operation as ``TableClient.submit_transaction`` takes it."""
+    if op.kind == "delete":
+        return ("delete", op.entity)
+    if op.kind == "create":
+        return ("create", op.entity)
+    if op.kind == "upsert":
+        return ("upsert", op.entity, {"mode": UpdateMode.REPLACE})
+    mode = UpdateMode.REPLACE if op.kind == "update" else UpdateMode.MERGE
+    return (
+        "update",
+        op.entity,
+        {"mode": mode, "etag": op.etag, "match_condition": MatchConditions.IfNotModified},
     )
-
-
-def _parse_sortable(text: str) -> datetime:
-    return datetime.strptime(text, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)
-
-
-__all__ = [
-    "IndexEntry",
-    "InvalidContinuationToken",
-    "ListFilter",
-    "Notice",
-    "OutboxEntry",
-    "SavedNotices",
-    "TableStateStore",
-]

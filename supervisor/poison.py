@@ -1,5 +1,5 @@
 """Every message that ends in a poison or dead-letter queue raises an operator alert
-(contract 3.11), and is kept.
+(docs/contracts.md §3.11), and is kept.
 
 The Functions host moves a Storage queue message to ``<queue>-poison`` after
 ``maxDequeueCount`` failed deliveries; malformed agent messages are quarantined there

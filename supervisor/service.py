@@ -17,15 +17,14 @@ from datetime import timedelta
 from core.errors import ConcurrencyConflict, TransitionRefused
 from core.model import Order
 from core.policy import RetryPolicy
-from core.ports import Clock
+from core.ports import Clock, StateStore
 from core.states import StepState
 from core.timefmt import iso
+from core.unit_of_work import Dispatcher, OrderChanges
+from messaging.outbox import NoticeSender
 from runtime import telemetry
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
-from scheduler.notices import NoticeSender
-from scheduler.service import Scheduler
-from stores.tables import TableStateStore
 
 log = get_logger(__name__)
 
@@ -45,16 +44,18 @@ class SupervisionReport:
 class Supervisor:
     def __init__(
         self,
-        store: TableStateStore,
+        store: StateStore,
         notices: NoticeSender,
-        scheduler: Scheduler,
+        dispatch: Dispatcher,
         policy: RetryPolicy,
         clock: Clock,
         grace: timedelta = SKEW_GRACE,
     ):
+        """``dispatch`` queues an order whose step is Pending again (a retry after its
+        backoff, a compensation to run) for the time it may run: the scheduler claims it."""
         self._store = store
         self._notices = notices
-        self._scheduler = scheduler
+        self._changes = OrderChanges(store, notices, dispatch)
         self._policy = policy
         self._clock = clock
         self._grace = grace
@@ -95,34 +96,33 @@ class Supervisor:
                 self._recover(order, report)
 
     def _recover(self, order: Order, report: SupervisionReport) -> None:
-        order_id = order.order_id
         now = self._clock()
         try:
-            step = order.expire(now, self._policy, self._grace)
+            changed = self._changes.change(
+                order.order_id,
+                lambda o: o.expire(now, self._policy, self._grace),
+                attempts=1,  # a reply or another supervisor moved it: theirs is the decision
+                loaded=order,
+            )
         except TransitionRefused:
             return  # a reply or another supervisor got there first
-        try:
-            saved = self._store.save(order)
         except ConcurrencyConflict:
             report.conflicts += 1
             METRICS.inc("supervisor_conflicts")
             return
-        self._notices.deliver(saved)
+        if changed is None:
+            return
+        step = changed.result
         with order_context(step=step.step, attempt=step.attempt):
             if step.process_state is StepState.PENDING:
                 report.retried += 1
                 METRICS.inc("retries")
-                delay = max((step.complete_by - now).total_seconds(), 0)
                 log.warning(
                     "deadline passed (failure %d of %d); retry at %s",
                     step.failure_count,
                     self._policy.max_failure_count,
-                    iso(step.complete_by),
+                    iso(step.not_before),
                 )
-                self._scheduler.schedule_dispatch(order_id, delay)
             else:
                 report.failed += 1
                 METRICS.inc("steps_failed")
-                active = order.active_step()
-                if active is not None and active.process_state is StepState.PENDING:
-                    self._scheduler.schedule_dispatch(order_id)  # a compensation to run

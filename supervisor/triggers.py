@@ -10,7 +10,7 @@ from collections.abc import Callable
 import azure.functions as func
 
 from core import names
-from core.settings import AGENT_TRANSPORT, Transport
+from core.settings import Transport, transport_from_env
 from runtime.context import app_context
 from runtime.resilience import ride_out
 from supervisor.poison import Poisoned
@@ -73,6 +73,6 @@ def _register(handler: Callable[..., None], name: str, queue: str, *, queue_trig
 for _queue in names.Names().poison_queues():
     _poison_queue_trigger(_queue)
 
-if os.environ.get(AGENT_TRANSPORT, Transport.SERVICE_BUS).lower() != Transport.STORAGE:
+if transport_from_env(os.environ) is not Transport.STORAGE:
     for _queue in (names.AGENT_REQUESTS, names.AGENT_REPLIES):
         _dead_letter_trigger(_queue)

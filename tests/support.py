@@ -105,7 +105,7 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {}
 
 def app_function(name: str) -> Callable[..., Any]:
     """A function of ``function_app`` by name, as the worker calls it. The app lists its
-    functions only once per process (FACTS.md), so every test shares this one list."""
+    functions only once per process (docs/contracts.md#fact-get-functions-once), so every test shares this one list."""
     if not _FUNCTIONS:
         import function_app
 

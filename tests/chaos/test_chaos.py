@@ -20,6 +20,13 @@ def _run(plan: ChaosPlan) -> None:
     assert not report.violations(), json.dumps(
         {k: v[:10] for k, v in report.violations().items()}, indent=2
     )
+    # Every order ended as its scenario expected, or ran out of attempts (MAX_FAILURES on
+    # one step; demo.verify reports those apart, not as "unexpected") ...
+    assert report.as_expected + len(report.exhausted) == report.orders == plan.orders, summary
+    # ... and running out is rare (the bound and its reason: runner.exhausted_bound) and,
+    # attempt by attempt, explained by the faults this run injected (runner.explain_exhausted).
+    assert len(report.exhausted) <= timings["exhaustedBound"], timings["exhausted"]
+    assert not timings["exhaustedUnexplained"], timings["exhausted"]
     assert timings["kills"] >= 3, "the run must actually kill processes"
     assert timings["duplicatedReplies"] > 0, "the run must actually duplicate replies"
     assert timings["rejected"] == 0

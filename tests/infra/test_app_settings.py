@@ -1,6 +1,6 @@
 """(c) The app settings Bicep emits are exactly the settings the code reads.
 
-core.settings.APP_SETTINGS names them (contract 3.6). A connection name may
+core.settings.APP_SETTINGS names them (docs/contracts.md §3.6). A connection name may
 appear as its identity-based `<Name>__<part>` variants instead of itself; the
 two Application Insights settings are read by the platform, not the code.
 """

@@ -63,7 +63,7 @@ ORDER_CATALOGUE: list[tuple[str, bytes, str]] = [
     ("NaN", b'{"orderId":"n1","price":NaN}', "NaN"),
     ("Infinity", b'{"orderId":"n2","price":Infinity}', "Infinity"),
     ("repeated key", b'{"orderId":"d1","qty":1,"qty":2}', "repeats the key 'qty'"),
-    # Large orders are accepted (contract 3.1: anything the queue can carry); a text longer
+    # Large orders are accepted (docs/contracts.md §3.1: anything the queue can carry); a text longer
     # than a queue message cannot arrive, so it has no entry here (tests/unit covers it).
     # What the JSON parser itself meets: a rejection with a reason, never a poison message.
     ("lone surrogate in a value", b'{"orderId":"s1","x":"\\ud800"}', "lone UTF-16 surrogate"),

@@ -7,15 +7,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.errors import TransitionRefused
+from core.errors import InvalidContinuationToken, TransitionRefused
 from core.model import Order
 from core.orders import decode_order
 from core.policy import RetryPolicy
+from core.ports import ListFilter
 from core.states import OrderStatus
 from core.workflows import WORKFLOWS, Plan
 from runtime.context import AppContext
 from stores import layout
-from stores.listing import InvalidContinuationToken, ListFilter
 from tests.support import make_context
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""Large orders on real Azurite (contract 3.1): whatever the queue can carry is accepted,
+"""Large orders on real Azurite (docs/contracts.md §3.1): whatever the queue can carry is accepted,
 stored across several Table properties and read back exactly as sent."""
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ import pytest
 from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepState
 from runtime.context import AppContext
-from scheduler.service import Outcome
+from scheduler.service import Handled
 from simulator import SimulatorServer, effects_by_order
 from tests.support import FakeClock, drain, drain_json
 
 
-def submit(ctx: AppContext, body: dict[str, Any] | str | bytes) -> Outcome:
+def submit(ctx: AppContext, body: dict[str, Any] | str | bytes) -> Handled:
     raw = (
         body
         if isinstance(body, bytes)
@@ -64,7 +64,7 @@ def status_of(ctx: AppContext, order_id: str) -> OrderStatus:
 def test_submit_stores_claims_and_sends_the_agent_request(ctx: AppContext, tag: str) -> None:
     order_id = f"{tag}-a"
     reply_to = f"st-{tag}"
-    assert submit(ctx, {"orderId": order_id, "replyTo": reply_to, "sku": "X"}) is Outcome.ACCEPTED
+    assert submit(ctx, {"orderId": order_id, "replyTo": reply_to, "sku": "X"}) is Handled.ACCEPTED
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.PROCESSING
     [step] = order.steps
@@ -100,10 +100,10 @@ def test_duplicate_delivery_is_a_no_op_and_other_content_is_rejected(
 ) -> None:
     order_id = f"{tag}-dup"
     body = {"orderId": order_id, "sku": "A", "qty": 1}
-    assert submit(ctx, body) is Outcome.ACCEPTED
+    assert submit(ctx, body) is Handled.ACCEPTED
     # Same content, other key order and spacing: the same order.
-    assert submit(ctx, f'{{ "qty": 1, "sku": "A", "orderId": "{order_id}" }}') is Outcome.DUPLICATE
-    assert submit(ctx, {**body, "qty": 2}) is Outcome.REJECTED
+    assert submit(ctx, f'{{ "qty": 1, "sku": "A", "orderId": "{order_id}" }}') is Handled.DUPLICATE
+    assert submit(ctx, {**body, "qty": 2}) is Handled.REJECTED
     [rejected] = drain_json(ctx, ctx.names.orders_rejected)
     assert "already exists" in rejected["reason"] and "different content" in rejected["reason"]
     assert json.loads(rejected["message"])["qty"] == 2
@@ -131,7 +131,7 @@ def test_bad_messages_are_rejected_with_a_reason_and_kept(
     ctx: AppContext, raw: bytes, reason_part: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.ERROR):
-        assert submit(ctx, raw) is Outcome.REJECTED
+        assert submit(ctx, raw) is Handled.REJECTED
     [rejected] = drain_json(ctx, ctx.names.orders_rejected)
     assert reason_part in rejected["reason"]
     assert rejected["at"].endswith("Z")
@@ -185,7 +185,7 @@ def test_supervisor_retries_expired_steps_then_gives_up(
         )
         clock.now = max(clock.now, step.complete_by)  # let any backoff pass
         [dispatch] = drain_json(ctx, ctx.names.order_dispatch)  # the supervisor re-dispatched
-        assert ctx.scheduler.dispatch(dispatch["orderId"]) is Outcome.DISPATCHED
+        assert ctx.scheduler.dispatch(dispatch["orderId"]) is Handled.DISPATCHED
         assert len(drain(ctx, ctx.names.agent_requests)) == 1  # and again no reply
     clock.advance(35)
     report = ctx.supervisor.run()
@@ -225,10 +225,10 @@ def test_late_reply_after_the_supervisor_reset_is_dropped(
     clock.advance(35)
     ctx.supervisor.run()  # attempt 1 expired; back to Pending
     # Attempt 1's success comes after its deadline: evidence that the step applied, so it
-    # completes the step (contract 3.11) instead of being thrown away.
+    # completes the step (docs/contracts.md §3.11) instead of being thrown away.
     late = request.succeeded({"late": True})
-    assert ctx.scheduler.apply_reply(late) is Outcome.NOTED
-    assert ctx.scheduler.apply_reply(late) is Outcome.STALE  # once is enough
+    assert ctx.scheduler.apply_reply(late) is Handled.NOTED
+    assert ctx.scheduler.apply_reply(late) is Handled.STALE  # once is enough
     pump(ctx)  # the supervisor's re-dispatch finds nothing left to run
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.COMPLETED
@@ -241,8 +241,8 @@ def test_duplicate_reply_applies_once(ctx: AppContext, tag: str) -> None:
     submit(ctx, {"orderId": order_id})
     [text] = drain(ctx, ctx.names.agent_requests)
     reply = decode_request(text).succeeded({"n": 1})
-    assert ctx.scheduler.apply_reply(reply) is Outcome.APPLIED
-    assert ctx.scheduler.apply_reply(reply) is Outcome.STALE
+    assert ctx.scheduler.apply_reply(reply) is Handled.APPLIED
+    assert ctx.scheduler.apply_reply(reply) is Handled.STALE
 
 
 # --- safety nets --------------------------------------------------------------------------

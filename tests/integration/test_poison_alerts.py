@@ -1,4 +1,4 @@
-"""Every message given up on raises one operator alert (contract 3.11), through the real
+"""Every message given up on raises one operator alert (docs/contracts.md §3.11), through the real
 functions of function_app.py on Azurite: one queue trigger per ``<queue>-poison`` queue
 and, on Service Bus, one trigger per dead-letter sub-queue.
 

@@ -11,7 +11,7 @@ import pytest
 from azure.data.tables import TableClient
 
 from core.errors import ConcurrencyConflict, OrderAlreadyExists, TransitionRefused
-from core.messages import AgentReply
+from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
 from core.orders import decode_order
 from core.policy import RetryPolicy
@@ -200,7 +200,8 @@ def test_index_rows_follow_the_state_and_leave_when_finished(store: TableStateSt
     assert [(e.step, e.at) for e in expired] == [("process", step.complete_by)]
     assert not [e for e in store.expired_processing(step.complete_by) if e.order_id == "o-idx"]
     order.apply_reply(
-        AgentReply("o-idx", "process", 1, T0, "succeeded", {"ok": 1}), T0 + timedelta(seconds=1)
+        AgentReply("o-idx", "process", 1, T0, ReplyOutcome.SUCCEEDED, {"ok": 1}),
+        T0 + timedelta(seconds=1),
     )
     store.save(order)
     keys = rows(store, "o-idx")
@@ -224,7 +225,7 @@ def test_supervisor_and_late_reply_racing_on_one_step_exactly_one_wins(
         by_reply, by_supervisor = store.load(order_id), store.load(order_id)
         assert by_reply is not None and by_supervisor is not None
         by_reply.apply_reply(
-            AgentReply(order_id, "process", 1, T0, "succeeded", {}),
+            AgentReply(order_id, "process", 1, T0, ReplyOutcome.SUCCEEDED, {}),
             step.complete_by - timedelta(seconds=1),
         )
         by_supervisor.expire(step.complete_by + timedelta(seconds=5), RetryPolicy())
@@ -262,16 +263,88 @@ def test_list_by_status_pages_across_shards(store: TableStateStore) -> None:
     assert pages == 3
 
 
-def test_a_refused_transition_leaves_the_store_untouched(store: TableStateStore) -> None:
-    store.create(accept("o-refused"))
-    order = store.load("o-refused")
-    assert order is not None
-    with pytest.raises(TransitionRefused):
-        order.resubmit(T0, "op")
-    assert not any(s.changed for s in order.steps if s.etag)
+def test_a_refused_transition_leaves_the_store_untouched(storage_connection: str, tag: str) -> None:
+    """Through the operator's path (load, transition, save): a refused resubmit or cancel
+    writes nothing. Every row of the order (records, index rows, outbox) keeps its ETag and
+    its content, no notice is queued, and the order read back is the one stored before."""
+    ctx = make_context(storage_connection, tag)
+    store = ctx.store
+    status_queue = f"status-{tag}"  # the order's replyTo, this test's own
+    store.create(accept("o-refused", replyTo=status_queue))
+    done = accept("o-done")
+    done.claim("i", T0)
+    done.apply_reply(
+        AgentReply("o-done", "process", 1, T0, "succeeded", {}), T0 + timedelta(seconds=1)
+    )
+    store.create(done)  # completed: nothing left to cancel
+    ctx.queues.ensure(status_queue)
+
+    def snapshot(order_id: str) -> dict[str, tuple[str, dict[str, object]]]:
+        pk = layout.shard_of(order_id)
+        return {
+            e["RowKey"]: (e.metadata["etag"], dict(e))
+            for e in store.table.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
+            if order_id in e["RowKey"]
+        }
+
+    def queued() -> int:
+        return sum(
+            len(ctx.queues.client(q).peek_messages(max_messages=32))
+            for q in (status_queue, ctx.names.operator_alerts)
+        )
+
+    before = {o: snapshot(o) for o in ("o-refused", "o-done")}
+    notices_before = queued()
+    assert before["o-refused"] and before["o-done"]
+
+    with pytest.raises(TransitionRefused) as not_in_error:
+        ctx.admin.resubmit("o-refused", "op")  # a pending order is not in error
+    with pytest.raises(TransitionRefused) as finished:
+        ctx.admin.cancel("o-done", "op")
+
+    assert (not_in_error.value.reason, finished.value.reason) == ("not-in-error", "finished")
+    assert {o: snapshot(o) for o in ("o-refused", "o-done")} == before
+    assert queued() == notices_before
+    reread = store.load("o-refused")
+    assert reread is not None
+    assert reread.status is OrderStatus.PENDING
+    assert [(s.process_state, s.attempt) for s in reread.steps] == [(StepState.PENDING, 0)]
 
 
 def test_clock_is_only_what_the_caller_passes(storage_connection: str, tag: str) -> None:
+    """Every time the services act on comes from the clock the context was given, never the
+    wall clock. The clock is set hours in the past (T0): by the wall clock the step's
+    deadline would be long gone, so the agent request would not be sent (its time-to-live
+    would be 0) and the supervisor would expire the step at once."""
+    from core.timefmt import iso, parse_iso
+
     clock = FakeClock(T0)
-    ctx = make_context(storage_connection, tag, clock=clock)
-    assert ctx.clock() == T0
+    ctx = make_context(storage_connection, tag, clock=clock, timeout=30)
+    assert str(ctx.scheduler.submit(json.dumps({"orderId": "o-clock"}).encode())) == "accepted"
+    ctx.scheduler.dispatch("o-clock")  # nothing to do if the submit dispatched already
+
+    order = ctx.store.load("o-clock")
+    assert order is not None
+    [step] = order.steps
+    assert order.created_at == T0
+    assert step.process_state is StepState.PROCESSING
+    assert step.complete_by == T0 + timedelta(seconds=30)
+    [claim] = [h for h in step.history if h["event"] == "claimed"]
+    assert parse_iso(claim["at"]) == T0
+    requests = ctx.queues.client(ctx.names.agent_requests).peek_messages(max_messages=32)
+    assert [json.loads(r.content)["completeBy"] for r in requests] == [
+        iso(T0 + timedelta(seconds=30))
+    ]
+
+    clock.advance(5)  # before the deadline on the given clock
+    ctx.supervisor.run()
+    again = ctx.store.load("o-clock")
+    assert again is not None and again.steps[0].process_state is StepState.PROCESSING
+
+    expired_at = clock.advance(30)  # past the deadline and the supervisor's skew grace
+    ctx.supervisor.run()
+    after = ctx.store.load("o-clock")
+    assert after is not None
+    [expiry] = [h for h in after.steps[0].history if h["event"] == "expired"]
+    assert parse_iso(expiry["at"]) == expired_at
+    assert (after.steps[0].process_state, after.steps[0].failure_count) == (StepState.PENDING, 1)

@@ -27,7 +27,7 @@ from core.states import OrderStatus
 from messaging.storage_queues import StorageQueues
 from runtime.clients import retry_options
 from runtime.context import AppContext
-from scheduler.service import Outcome
+from scheduler.service import Handled
 from stores.tables import TableStateStore
 from tests.support import FakeClock, drain, make_context
 
@@ -114,9 +114,9 @@ def test_5xx_from_tables_and_queues_are_retried(
     adapter.add(is_query, "503")
     adapter.add(is_queue_send, "503", "500")
     order_id = f"{tag}-5xx"
-    assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Outcome.ACCEPTED
+    assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Handled.ACCEPTED
     [request] = drain(ctx, ctx.names.agent_requests)
-    assert ctx.scheduler.apply_reply(decode_request(request).succeeded({})) is Outcome.APPLIED
+    assert ctx.scheduler.apply_reply(decode_request(request).succeeded({})) is Handled.APPLIED
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.COMPLETED
     assert len(adapter.injected) == 5
@@ -130,7 +130,7 @@ def test_a_lost_response_to_a_claim_is_resolved_by_rereading(
     # The claim's transaction applies, its answer is lost; the SDK retries it with the
     # same If-Match, gets 412, and the store sees its own WriteId: the claim is ours.
     adapter.add(lambda r: is_batch(r) and b"Processing" in (r.body or b""), "lose")
-    assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Outcome.ACCEPTED
+    assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Handled.ACCEPTED
     assert any(i.startswith("lose") for i in adapter.injected)
     order = ctx.store.load(order_id)
     assert order is not None
@@ -149,7 +149,7 @@ def test_a_lost_response_to_a_reply_applies_it_once(
     [request] = drain(ctx, ctx.names.agent_requests)
     adapter.add(is_batch, "lose")
     assert ctx.scheduler.apply_reply(decode_request(request).succeeded({"n": 1})) is (
-        Outcome.APPLIED
+        Handled.APPLIED
     )
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.COMPLETED
@@ -166,7 +166,7 @@ def test_a_lost_response_to_the_submit_transaction_still_dispatches(
     # The create applied; the SDK's retry gets 409; the submitter treats it as a duplicate
     # delivery of the same content, and dispatches.
     outcome = ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
-    assert outcome in (Outcome.ACCEPTED, Outcome.DUPLICATE)
+    assert outcome in (Handled.ACCEPTED, Handled.DUPLICATE)
     sent = [json.loads(t) for t in drain(ctx, ctx.names.agent_requests)]
     assert [r["orderId"] for r in sent] == [order_id]
 
@@ -180,7 +180,7 @@ def test_a_duplicated_queue_message_is_harmless(
     texts = drain(ctx, ctx.names.agent_requests)
     assert len(texts) == 2 and texts[0] == texts[1]
     outcomes = [ctx.scheduler.apply_reply(decode_request(t).succeeded({})) for t in texts]
-    assert outcomes == [Outcome.APPLIED, Outcome.STALE]
+    assert outcomes == [Handled.APPLIED, Handled.STALE]
 
 
 def test_clock_skew_between_instances_does_not_break_fencing(
@@ -203,13 +203,13 @@ def test_clock_skew_between_instances_does_not_break_fencing(
     supervisor_clock.advance(1)
     assert supervisor.supervisor.run().retried == 1
     # The agent's success, in time by the scheduler's clock, arrives for an attempt the
-    # fast supervisor reset: still evidence, so it completes the step (contract 3.11).
+    # fast supervisor reset: still evidence, so it completes the step (docs/contracts.md §3.11).
     reply = decode_request(request).succeeded({"late": True})
-    assert scheduler.scheduler.apply_reply(reply) is Outcome.NOTED
+    assert scheduler.scheduler.apply_reply(reply) is Handled.NOTED
     # The re-dispatch finds nothing to run: the step never runs twice at once.
     [dispatch] = drain(scheduler, scheduler.names.order_dispatch)
     scheduler_clock.advance(5)
-    assert scheduler.scheduler.dispatch(json.loads(dispatch)["orderId"]) is Outcome.NOTHING_TO_DO
+    assert scheduler.scheduler.dispatch(json.loads(dispatch)["orderId"]) is Handled.NOTHING_TO_DO
     assert not drain(scheduler, scheduler.names.agent_requests)
     order = scheduler.store.load(order_id)
     assert order is not None and order.status is OrderStatus.COMPLETED

@@ -1,4 +1,4 @@
-"""A storage outage delays orders; it does not poison them (contract 3.11).
+"""A storage outage delays orders; it does not poison them (docs/contracts.md §3.11).
 
 Every table request answers 503 for a while, under the SDK (its own retries run as in
 production). The triggers ride it out inside the invocation (``runtime/resilience``)

@@ -29,11 +29,12 @@ from azure.data.tables import TableServiceClient, UpdateMode
 
 from admin import triggers
 from admin.__main__ import main
-from core.errors import CorruptOrder, StorageUnavailable
-from core.messages import AgentReply, decode_request
+from core.errors import CorruptOrder, InvalidContinuationToken, StorageUnavailable
+from core.messages import AgentReply, ReplyOutcome, decode_request
 from core.model import Order
 from core.names import Names
 from core.orders import decode_order
+from core.ports import OutboxEntry
 from core.settings import Settings
 from core.states import OrderStatus, StepState
 from core.timefmt import sortable
@@ -41,9 +42,9 @@ from core.workflows import WORKFLOWS, Plan
 from messaging.storage_queues import StorageQueues
 from runtime.clients import retry_options
 from runtime.context import AppContext, reset_app_context
-from scheduler.service import Outcome
+from scheduler.service import Handled
 from stores import layout
-from stores.tables import InvalidContinuationToken, OutboxEntry, TableStateStore
+from stores.tables import TableStateStore
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport, is_batch
 from tests.support import FakeClock, drain, drain_json, make_context
 
@@ -92,7 +93,7 @@ def corrupt(store: TableStateStore, order_id: str, **properties: Any) -> None:
 
 
 def submit(ctx: AppContext, order_id: str) -> None:
-    assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Outcome.ACCEPTED
+    assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Handled.ACCEPTED
 
 
 def accepted(order_id: str, ctx: AppContext) -> Order:
@@ -252,7 +253,9 @@ def test_a_save_succeeds_when_the_processing_row_was_deleted_by_hand(
     step = order.steps[0]
 
     order.apply_reply(
-        AgentReply(order_id, "process", step.attempt, step.complete_by, "succeeded", {"ok": 1}),
+        AgentReply(
+            order_id, "process", step.attempt, step.complete_by, ReplyOutcome.SUCCEEDED, {"ok": 1}
+        ),
         ctx.clock(),
     )
     ctx.store.save(order)
@@ -362,7 +365,9 @@ def test_repair_cannot_race_a_save(
             assert order is not None
             step = order.steps[0]
             order.apply_reply(
-                AgentReply(order_id, "process", step.attempt, step.complete_by, "succeeded", {}),
+                AgentReply(
+                    order_id, "process", step.attempt, step.complete_by, ReplyOutcome.SUCCEEDED, {}
+                ),
                 ctx.clock(),
             )
             ctx.store.save(order)

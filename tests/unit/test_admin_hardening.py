@@ -20,16 +20,17 @@ from admin.service import OrderAdmin
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
+    InvalidContinuationToken,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
 )
 from core.names import Names
+from messaging.outbox import NoticeSender
 from runtime.context import reset_app_context
-from scheduler.notices import NoticeSender
 from stores import layout
 from stores.listing import format_token, parse_token
-from stores.tables import InvalidContinuationToken, TableStateStore
+from stores.tables import TableStateStore
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -376,7 +377,7 @@ class Queues:
 
 
 def test_alert_once_alerts_once_and_forgets_the_oldest(monkeypatch: pytest.MonkeyPatch) -> None:
-    from scheduler import notices
+    from messaging import outbox as notices
 
     monkeypatch.setattr(notices, "ALERTED_MEMORY", 3)
     queues = Queues()

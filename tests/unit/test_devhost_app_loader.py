@@ -15,7 +15,7 @@ ENV = {"ORDERS_QUEUE": "orders-x", "SWEEP": "*/10 * * * * *"}
 
 
 def specs_of(app: func.FunctionApp, environ: dict[str, str] | None = None) -> list[FunctionSpec]:
-    return build_specs(app.get_functions(), ENV if environ is None else environ, "/app")
+    return build_specs(app.get_functions(), ENV if environ is None else environ)
 
 
 def test_every_supported_trigger_is_found_from_its_bindings() -> None:
@@ -25,14 +25,16 @@ def test_every_supported_trigger_is_found_from_its_bindings() -> None:
     def submit(msg: func.QueueMessage) -> None: ...
 
     @app.timer_trigger(schedule="%SWEEP%", arg_name="timer", run_on_startup=True)
-    def sweep(timer: func.TimerRequest, context: func.Context) -> None: ...
+    def sweep(timer: func.TimerRequest) -> None: ...
 
     @app.route(route="orders/{orderId}", methods=["GET"])
     def get_order(req: func.HttpRequest) -> func.HttpResponse:
         return func.HttpResponse("")
 
-    @app.service_bus_topic_trigger(
-        arg_name="m", topic_name="t", subscription_name="s", connection="ServiceBusConnection"
+    @app.service_bus_queue_trigger(
+        arg_name="m",
+        queue_name="%ORDERS_QUEUE%/$DeadLetterQueue",
+        connection="ServiceBusConnection",
     )
     def on_bus(m: func.ServiceBusMessage) -> None: ...
 
@@ -40,15 +42,11 @@ def test_every_supported_trigger_is_found_from_its_bindings() -> None:
     assert by_name["submit"].trigger_type == "queueTrigger"
     assert by_name["submit"].trigger["queueName"] == "orders-x"
     assert by_name["submit"].trigger_arg == "msg"
-    assert by_name["submit"].wants_context is False
     assert by_name["sweep"].trigger["schedule"] == "*/10 * * * * *"
     assert by_name["sweep"].trigger["runOnStartup"] is True
-    assert by_name["sweep"].wants_context is True
     assert by_name["get_order"].trigger_type == "httpTrigger"
-    assert by_name["get_order"].http_output == "$return"
     assert by_name["get_order"].trigger["methods"] == ["GET"]
-    assert by_name["on_bus"].trigger["topicName"] == "t"
-    assert by_name["on_bus"].directory == "/app"
+    assert by_name["on_bus"].trigger["queueName"] == "orders-x/$DeadLetterQueue"
 
 
 def test_an_output_binding_is_refused_naming_function_and_binding() -> None:
@@ -77,16 +75,31 @@ def test_an_unsupported_trigger_is_refused() -> None:
         specs_of(app)
 
 
-def test_service_bus_sessions_and_batches_are_refused() -> None:
-    app = func.FunctionApp()
+def test_service_bus_sessions_batches_and_topics_are_refused() -> None:
+    sessions = func.FunctionApp()
 
-    @app.service_bus_queue_trigger(
+    @sessions.service_bus_queue_trigger(
         arg_name="m", queue_name="q", connection="C", is_sessions_enabled=True
     )
-    def sessions(m: func.ServiceBusMessage) -> None: ...
+    def with_sessions(m: func.ServiceBusMessage) -> None: ...
 
-    with pytest.raises(UnsupportedFunction, match="isSessionsEnabled"):
-        specs_of(app)
+    batches = func.FunctionApp()
+
+    @batches.service_bus_queue_trigger(
+        arg_name="m", queue_name="q", connection="C", cardinality=func.Cardinality.MANY
+    )
+    def in_batches(m: list[func.ServiceBusMessage]) -> None: ...
+
+    topics = func.FunctionApp()
+
+    @topics.service_bus_topic_trigger(
+        arg_name="m", topic_name="t", subscription_name="s", connection="C"
+    )
+    def on_topic(m: func.ServiceBusMessage) -> None: ...
+
+    for app in (sessions, batches, topics):
+        with pytest.raises(UnsupportedFunction, match="Service Bus queue triggers"):
+            specs_of(app)
 
 
 def test_a_parameter_without_binding_is_refused() -> None:
@@ -97,6 +110,24 @@ def test_a_parameter_without_binding_is_refused() -> None:
 
     with pytest.raises(UnsupportedFunction, match="extra"):
         specs_of(app)
+
+
+def test_the_context_parameter_and_output_parameters_are_refused() -> None:
+    with_context = func.FunctionApp()
+
+    @with_context.queue_trigger(arg_name="msg", queue_name="q1", connection="AzureWebJobsStorage")
+    def handler(msg: func.QueueMessage, context: func.Context) -> None: ...
+
+    with pytest.raises(UnsupportedFunction, match="context"):
+        specs_of(with_context)
+
+    out_param = func.FunctionApp()
+
+    @out_param.route(route="r", binding_arg_name="res")
+    def answer(req: func.HttpRequest, res: func.Out[func.HttpResponse]) -> None: ...
+
+    with pytest.raises(UnsupportedFunction, match="'res'"):
+        specs_of(out_param)
 
 
 def test_a_missing_setting_in_a_binding_names_the_setting() -> None:
@@ -155,13 +186,3 @@ def test_blueprint_functions_are_found_through_the_app() -> None:
     app = func.FunctionApp()
     app.register_functions(blueprint)
     assert [spec.name for spec in specs_of(app)] == ["from_blueprint"]
-
-
-def test_a_trigger_annotation_that_does_not_fit_is_refused() -> None:
-    app = func.FunctionApp()
-
-    @app.queue_trigger(arg_name="msg", queue_name="q1", connection="AzureWebJobsStorage")
-    def handler(msg: func.HttpRequest) -> None: ...
-
-    with pytest.raises(UnsupportedFunction, match=r"'msg' is annotated HttpRequest"):
-        specs_of(app)

@@ -1,138 +1,113 @@
-"""devhost HTTP: route templates, method filtering, responses, and a server in-process."""
+"""devhost HTTP: routes as werkzeug rules, and the server in-process over real sockets."""
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
+import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import azure.functions as func
+import httpx
 import pytest
 
 from devhost.app_loader import FunctionSpec
-from devhost.http import (
-    DevhostHttpServer,
-    MethodNotAllowed,
-    Router,
-    compile_route,
-    to_response,
-)
+from devhost.http import HttpServer, url_map
 from devhost.invoke import Invoker
-
-ITEMS = "items/{category:alpha}/{id:int?}"
-
-
-@pytest.mark.parametrize(
-    ("template", "path", "params"),
-    [
-        ("orders/{orderId}", "/api/orders/o-1", {"orderId": "o-1"}),
-        ("orders/{orderId}", "/api/ORDERS/o-1", {"orderId": "o-1"}),
-        ("orders/{orderId}", "/api/orders/o-1/", {"orderId": "o-1"}),
-        ("orders/{orderId}", "/api/orders/a%20b", {"orderId": "a b"}),
-        ("orders/{orderId}", "/api/orders", None),
-        ("orders/{orderId}", "/api/orders/a/b", None),
-        ("orders/{orderId}", "/orders/o-1", None),
-        (ITEMS, "/api/items/books/42", {"category": "books", "id": "42"}),
-        (ITEMS, "/api/items/books", {"category": "books"}),
-        (ITEMS, "/api/items/123/42", None),
-        (ITEMS, "/api/items/books/x", None),
-        ("files/{*rest}", "/api/files/a/b/c.txt", {"rest": "a/b/c.txt"}),
-        ("v/{n:int:min(1)}", "/api/v/7", {"n": "7"}),
-        ("v/{n:regex(^a$)}", "/api/v/anything", {"n": "anything"}),
-        ("page/{n=1}", "/api/page", {"n": "1"}),
-        ("file.{ext}", "/api/file.json", {"ext": "json"}),
-    ],
-)
-def test_route_templates(template: str, path: str, params: dict[str, str] | None) -> None:
-    assert compile_route(template, "api").match(path) == params
-
-
-def test_empty_route_prefix() -> None:
-    route = compile_route("orders/{id}", "")
-    assert route.match("/orders/1") == {"id": "1"}
-    assert route.match("/api/orders/1") is None
-
-
-def test_literal_routes_win_over_parameters_and_methods_filter() -> None:
-    router = Router(
-        [
-            compile_route("orders/{orderId}", "api", ["GET"]),
-            compile_route("orders/search", "api", ["GET"]),
-            compile_route("orders/{orderId}/resubmit", "api", ["POST"]),
-        ]
-    )
-    found = router.match("GET", "/api/orders/search")
-    assert found is not None
-    assert found[0].template == "orders/search"
-    found = router.match("get", "/api/orders/o-1")
-    assert found is not None
-    assert found[1] == {"orderId": "o-1"}
-    with pytest.raises(MethodNotAllowed) as error:
-        router.match("GET", "/api/orders/o-1/resubmit")
-    assert error.value.allowed == ["POST"]
-    assert router.match("GET", "/api/nothing") is None
-
-
-def test_routes_without_methods_take_every_method() -> None:
-    router = Router([compile_route("any", "api", None)])
-    for method in ("GET", "POST", "DELETE", "PATCH"):
-        assert router.match(method, "/api/any") is not None
-
-
-def test_responses_are_encoded_as_the_worker_does() -> None:
-    status, headers, body = to_response(func.HttpResponse("hi", status_code=202))
-    assert (status, body) == (202, b"hi")
-    assert ("Content-Type", "text/plain; charset=utf-8") in headers
-    status, headers, body = to_response(
-        func.HttpResponse(b"{}", mimetype="application/json", headers={"X-A": "1"})
-    )
-    assert ("Content-Type", "application/json") in headers
-    assert ("X-A", "1") in headers
-    assert to_response("text")[0] == 200
-    assert to_response(None) == (204, [], b"")
-    with pytest.raises(TypeError):
-        to_response({"not": "a response"})
+from devhost.settings import ConfigError
 
 
 def http_spec(
-    name: str,
-    handler: Callable[..., Any],
-    route: str,
-    methods: list[str] | None,
-    output: str = "$return",
+    name: str, handler: Callable[..., Any], route: str | None, methods: list[str] | None
 ) -> FunctionSpec:
     trigger: dict[str, Any] = {"type": "httpTrigger", "name": "req", "route": route}
     if methods:
         trigger["methods"] = methods
-    return FunctionSpec(name, "httpTrigger", trigger, handler, "/app", http_output=output)
+    return FunctionSpec(name, "httpTrigger", trigger, handler)
+
+
+def nothing(req: func.HttpRequest) -> func.HttpResponse:
+    return func.HttpResponse("")
+
+
+def match(specs: list[FunctionSpec], path: str, method: str = "GET", prefix: str = "api") -> Any:
+    return url_map(specs, prefix).bind("localhost").match(path, method=method)
+
+
+@pytest.mark.parametrize(
+    ("path", "found"),
+    [
+        ("/api/orders/o-1", ("get_order", {"orderId": "o-1"})),
+        ("/api/orders/o-1/", ("get_order", {"orderId": "o-1"})),
+        ("/api/orders/search", ("search", {})),  # a literal wins over a parameter
+        ("/api/console/orders/o-1/confirm", ("confirm", {"orderId": "o-1"})),
+        ("/api/console/assets/app.css", ("asset", {"name": "app.css"})),
+        ("/api/console", ("console", {})),
+        ("/api/console/", ("console", {})),
+    ],
+)
+def test_the_apps_route_shapes(path: str, found: tuple[str, dict[str, str]]) -> None:
+    specs = [
+        http_spec("get_order", nothing, "orders/{orderId}", ["GET"]),
+        http_spec("search", nothing, "orders/search", ["GET"]),
+        http_spec("confirm", nothing, "console/orders/{orderId}/confirm", ["GET"]),
+        http_spec("asset", nothing, "console/assets/{name}", ["GET"]),
+        http_spec("console", nothing, "console", ["GET"]),
+    ]
+    assert match(specs, path) == found
+
+
+def test_the_function_name_is_the_default_route_and_the_prefix_may_be_empty() -> None:
+    assert match([http_spec("hello", nothing, None, None)], "/api/hello") == ("hello", {})
+    spec = http_spec("get", nothing, "orders/{id}", None)
+    assert match([spec], "/orders/1", prefix="") == ("get", {"id": "1"})
+
+
+@pytest.mark.parametrize("route", ["items/{id:int}", "items/{id?}", "files/{*rest}", "p/{n=1}"])
+def test_routes_devhost_does_not_serve_are_refused(route: str) -> None:
+    with pytest.raises(ConfigError, match="'items_or_files'"):
+        url_map([http_spec("items_or_files", nothing, route, None)], "api")
 
 
 @pytest.fixture
-def server() -> Iterator[DevhostHttpServer]:
+def server() -> Iterator[HttpServer]:
     def get_order(req: func.HttpRequest) -> func.HttpResponse:
-        body = {"route": dict(req.route_params), "query": dict(req.params), "url": req.url}
+        body = {
+            "route": dict(req.route_params),
+            "query": dict(req.params),
+            "url": req.url,
+            "host": req.headers.get("host"),
+            "cookie": req.headers.get("cookie"),
+        }
         return func.HttpResponse(json.dumps(body), mimetype="application/json")
 
     async def create(req: func.HttpRequest) -> func.HttpResponse:
         return func.HttpResponse(req.get_body(), status_code=201)
 
-    def out_param(req: func.HttpRequest, res: func.Out[func.HttpResponse]) -> None:
-        res.set(func.HttpResponse("via out", status_code=200))
+    def page(req: func.HttpRequest) -> func.HttpResponse:
+        headers = {"Set-Cookie": "console_csrf=t; HttpOnly", "X-Frame-Options": "DENY"}
+        return func.HttpResponse(
+            "<p>hi</p>", mimetype="text/html", charset="utf-8", headers=headers
+        )
+
+    def moved(req: func.HttpRequest) -> func.HttpResponse:
+        return func.HttpResponse(status_code=303, headers={"Location": "/api/console?done=1"})
 
     def fails(req: func.HttpRequest) -> func.HttpResponse:
         raise RuntimeError("no")
 
+    def wrong(req: func.HttpRequest) -> dict[str, str]:
+        return {"not": "a response"}
+
     specs = [
         http_spec("get_order", get_order, "orders/{orderId}", ["GET"]),
         http_spec("create", create, "orders", ["POST"]),
-        http_spec("out_param", out_param, "out", None, output="res"),
+        http_spec("page", page, "console", ["GET"]),
+        http_spec("moved", moved, "console/orders/{orderId}/cancel", ["POST"]),
         http_spec("fails", fails, "fails", None),
+        http_spec("wrong", wrong, "wrong", None),
     ]
-    from devhost.http import routes_for
-
-    srv = DevhostHttpServer(0, Router(routes_for(specs, "api")), Invoker())
+    srv = HttpServer(0, specs, "api", Invoker())
     srv.start()
     try:
         yield srv
@@ -140,32 +115,60 @@ def server() -> Iterator[DevhostHttpServer]:
         srv.stop()
 
 
-def fetch(url: str, method: str = "GET", data: bytes | None = None) -> tuple[int, bytes, Any]:
-    request = urllib.request.Request(url, data=data, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status, response.read(), response.headers
-    except urllib.error.HTTPError as error:
-        return error.code, error.read(), error.headers
-
-
-def test_server_calls_functions_and_maps_errors(server: DevhostHttpServer) -> None:
+def test_functions_get_the_request(server: HttpServer) -> None:
     base = server.base_url
-    status, body, _ = fetch(f"{base}/api/orders/o-7?verbose=1")
-    assert status == 200
-    assert json.loads(body) == {
-        "route": {"orderId": "o-7"},
+    response = httpx.get(f"{base}/api/orders/a%20b?verbose=1", headers={"Cookie": "c=1"})
+    assert response.status_code == 200
+    assert response.json() == {
+        "route": {"orderId": "a b"},
         "query": {"verbose": "1"},
-        "url": f"{base}/api/orders/o-7?verbose=1",
+        "url": f"{base}/api/orders/a%20b?verbose=1",
+        "host": base.removeprefix("http://"),
+        "cookie": "c=1",
     }
-    assert fetch(f"{base}/api/orders", "POST", b"payload")[:2] == (201, b"payload")
-    assert fetch(f"{base}/api/out")[:2] == (200, b"via out")
-    status, body, headers = fetch(f"{base}/api/orders/o-7", "DELETE")
-    assert status == 405
-    assert headers["Allow"] == "GET"
-    status, body, _ = fetch(f"{base}/api/missing")
-    assert status == 404
-    assert "no function" in json.loads(body)["error"]
-    status, body, _ = fetch(f"{base}/api/fails")
-    assert status == 500
-    assert "RuntimeError" in json.loads(body)["error"]
+    created = httpx.post(f"{base}/api/orders", content=b"payload")
+    assert (created.status_code, created.content) == (201, b"payload")
+
+
+def test_a_chunked_body_arrives_whole(server: HttpServer) -> None:
+    chunks = iter([b"first,", b"second"])  # an iterator: httpx sends it chunked
+    response = httpx.post(f"{server.base_url}/api/orders", content=chunks)
+    assert (response.status_code, response.content) == (201, b"first,second")
+
+
+def test_response_headers_html_and_redirects(server: HttpServer) -> None:
+    response = httpx.get(f"{server.base_url}/api/console")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/html; charset=utf-8"
+    assert response.headers["set-cookie"] == "console_csrf=t; HttpOnly"
+    assert response.headers["x-frame-options"] == "DENY"
+    assert response.text == "<p>hi</p>"
+    moved = httpx.post(f"{server.base_url}/api/console/orders/o-1/cancel")
+    assert moved.status_code == 303
+    assert moved.headers["location"] == "/api/console?done=1"
+
+
+def test_errors_are_json(server: HttpServer) -> None:
+    base = server.base_url
+    response = httpx.delete(f"{base}/api/orders/o-7")
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, HEAD"
+    assert "DELETE is not allowed" in response.json()["error"]
+    response = httpx.get(f"{base}/api/missing")
+    assert response.status_code == 404
+    assert "no function serves GET /api/missing" in response.json()["error"]
+    response = httpx.get(f"{base}/api/fails")
+    assert response.status_code == 500
+    assert "RuntimeError: no" in response.json()["error"]
+    response = httpx.get(f"{base}/api/wrong")
+    assert response.status_code == 500
+    assert "must return an HttpResponse" in response.json()["error"]
+
+
+def test_a_busy_port_is_a_config_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match="--http-port 0"):
+            HttpServer(port, [http_spec("x", nothing, "x", None)], "api", Invoker())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,13 +10,7 @@ import pytest
 
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
-from devhost.queues import (
-    LeaseLost,
-    QueueListener,
-    decode_body,
-    poison_after_failure,
-    poison_on_receive,
-)
+from devhost.queues import LeaseLost, QueueListener
 from devhost.settings import LeaseOptions, QueueOptions
 
 
@@ -77,11 +70,11 @@ class Clock:
 
 
 def listener(
-    handler: Any, encoding: str = "none", max_dequeue: int = 3, clock: Clock | None = None
+    handler: Any, max_dequeue: int = 3, clock: Clock | None = None
 ) -> tuple[QueueListener, FakeQueue, FakeQueue]:
-    spec = FunctionSpec("handle", "queueTrigger", {"name": "msg", "queueName": "q"}, handler, "/")
+    spec = FunctionSpec("handle", "queueTrigger", {"name": "msg", "queueName": "q"}, handler)
     queue, poison = FakeQueue("q"), FakeQueue("q-poison")
-    options = QueueOptions(encoding, 4, 2, 1.0, 7.0, max_dequeue)
+    options = QueueOptions(4, 2, 1.0, 7.0, max_dequeue)
     built = QueueListener(
         spec, queue, poison, options, LeaseOptions(30, 10.0), Invoker(), clock=clock or Clock()
     )
@@ -104,24 +97,12 @@ def run(built: QueueListener, message: Message) -> None:
     built._pool.shutdown(wait=True)
 
 
-def test_decode_body() -> None:
-    assert decode_body("héllo", "none") == "héllo".encode()
-    assert decode_body(base64.b64encode(b"\x00\x01").decode(), "base64") == b"\x00\x01"
-    with pytest.raises(ValueError, match="not base64"):
-        decode_body("{not base64}", "base64")
-
-
-def test_poison_rules_are_the_hosts() -> None:
-    assert [poison_on_receive(n, 5) for n in (1, 5, 6)] == [False, False, True]
-    assert [poison_after_failure(n, 5) for n in (1, 4, 5, 6)] == [False, False, True, True]
-
-
 def test_success_deletes_and_passes_the_message() -> None:
     seen: list[Any] = []
     built, queue, poison = listener(recorder(seen))
-    run(built, Message("m1", "hello", dequeue_count=2))
+    run(built, Message("m1", "héllo {not base64}", dequeue_count=2))
     assert queue.calls == [("delete", "m1", "pop-0")]
-    assert seen[0].get_body() == b"hello"
+    assert seen[0].get_body() == "héllo {not base64}".encode()  # as stored
     assert seen[0].id == "m1"
     assert seen[0].dequeue_count == 2
     assert poison.sent == []
@@ -146,6 +127,15 @@ def test_failure_at_the_limit_moves_the_original_text_to_poison() -> None:
     assert queue.calls == [("delete", "m1", "pop-0")]
 
 
+def test_a_message_at_the_limit_still_runs() -> None:
+    ran: list[Any] = []
+    built, queue, poison = listener(recorder(ran))
+    run(built, Message("m1", "last chance", dequeue_count=3))
+    assert [m.dequeue_count for m in ran] == [3]
+    assert queue.calls == [("delete", "m1", "pop-0")]
+    assert poison.sent == []
+
+
 def test_a_message_past_the_limit_is_poisoned_without_running() -> None:
     ran: list[Any] = []
     built, queue, poison = listener(recorder(ran))
@@ -153,17 +143,6 @@ def test_a_message_past_the_limit_is_poisoned_without_running() -> None:
     assert ran == []
     assert poison.sent == ["abandoned"]
     assert queue.calls == [("delete", "m1", "pop-0")]
-
-
-def test_bad_base64_is_a_failed_invocation() -> None:
-    ran: list[Any] = []
-    built, queue, _ = listener(recorder(ran), encoding="base64")
-    run(built, Message("m1", "not*base64", dequeue_count=1))
-    assert ran == []
-    assert queue.calls == [("visibility", "m1", 7.0)]
-    built, queue, _ = listener(recorder(ran), encoding="base64")
-    run(built, Message("m2", base64.b64encode(b"ok").decode()))
-    assert ran[0].get_body() == b"ok"
 
 
 def test_async_functions_run() -> None:

@@ -13,7 +13,6 @@ import azure.functions as func
 import pytest
 
 from devhost.app_loader import FunctionSpec
-from devhost.clients import service_bus_connection
 from devhost.host import DevHost
 from devhost.invoke import Invoker
 from devhost.servicebus import (
@@ -124,7 +123,7 @@ def spec(handler: Any) -> FunctionSpec:
         "queueName": "agent-requests",
         "connection": "ServiceBusConnection",
     }
-    return FunctionSpec("agent", "serviceBusTrigger", trigger, handler, "/app")
+    return FunctionSpec("agent", "serviceBusTrigger", trigger, handler)
 
 
 def handler(message: func.ServiceBusMessage) -> None:
@@ -212,19 +211,29 @@ def test_closing_a_hung_receiver_is_bounded() -> None:
 
 
 def test_not_configured_means_skipped_with_a_reason() -> None:
-    assert service_bus_connection({}, "ServiceBusConnection") is None
+    only_client_id = {"ServiceBusConnection__clientId": "00000000-0000-0000-0000-000000000000"}
+    for environ in ({}, only_client_id):
+        devhost = DevHost.build([spec(handler)], {}, environ, http_port=0)
+        assert devhost.service_bus == []
+        assert "SKIPPED" in devhost.lines[0]
+        assert "ServiceBusConnection__fullyQualifiedNamespace" in devhost.lines[0]
+
+
+def test_a_configured_namespace_gets_a_listener_with_the_apps_client() -> None:
     namespace = {"ServiceBusConnection__fullyQualifiedNamespace": "ns.servicebus.windows.net"}
-    connection = service_bus_connection(namespace, "ServiceBusConnection")
-    assert connection is not None and connection.endpoint == "ns.servicebus.windows.net"
-    devhost = DevHost.build([spec(handler)], {}, {}, http_port=0)
-    assert devhost.service_bus == []
-    assert "SKIPPED" in devhost.lines[0]
-    assert "ServiceBusConnection__fullyQualifiedNamespace" in devhost.lines[0]
+    devhost = DevHost.build([spec(handler)], {}, namespace, http_port=0)
+    assert len(devhost.service_bus) == 1
+    assert "queue 'agent-requests'" in devhost.lines[0]
+
+
+def test_a_bad_connection_string_is_a_config_error() -> None:
+    from devhost.settings import ConfigError
+
+    with pytest.raises(ConfigError, match="ServiceBusConnection"):
+        DevHost.build([spec(handler)], {}, {"ServiceBusConnection": "nonsense"}, http_port=0)
 
 
 def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
-    from devhost.clients import Clients
-
     never = threading.Event()
 
     class Silent(FakeReceiver):
@@ -234,7 +243,7 @@ def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
             never.wait(30)  # ignores max_wait_time, as a hung connection would
             return []
 
-    devhost = DevHost(Invoker(), Clients({}))
+    devhost = DevHost(Invoker(), {})
     devhost.service_bus.append(
         ServiceBusListener(
             spec(handler),

@@ -1,8 +1,7 @@
-"""devhost settings: local.settings.json, %NAME% expressions, host.json options."""
+"""devhost settings: %NAME% expressions, host.json options, lease settings."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -13,82 +12,43 @@ from devhost.settings import (
     QueueOptions,
     ServiceBusOptions,
     load_host_json,
-    load_local_settings,
     parse_timespan,
     resolve_binding,
-    resolve_expressions,
     route_prefix,
 )
 
 
-def test_local_settings_add_only_missing_names(tmp_path: Path) -> None:
-    path = tmp_path / "local.settings.json"
-    values = {"A": "from-file", "B": "from-file", "N": 3, "T": True}
-    path.write_text(json.dumps({"IsEncrypted": False, "Values": values}))
-    environ = {"A": "from-env"}
-    added = load_local_settings(path, environ)
-    assert environ == {"A": "from-env", "B": "from-file", "N": "3", "T": "true"}
-    assert sorted(added) == ["B", "N", "T"]
+def test_binding_expressions_resolve_from_the_environment() -> None:
+    binding = {"type": "queueTrigger", "name": "%N%", "queueName": "%Q%-x-%R%", "n": 3}
+    resolved = resolve_binding(binding, {"Q": "orders", "R": "1"}, "f")
+    assert resolved == {**binding, "queueName": "orders-x-1"}  # name, type left alone
 
 
-def test_local_settings_unreadable_is_a_clear_error(tmp_path: Path) -> None:
-    path = tmp_path / "local.settings.json"
-    path.write_text("{not json")
-    with pytest.raises(ConfigError, match="cannot read settings file"):
-        load_local_settings(path, {})
-
-
-def test_expressions_resolve_from_the_environment() -> None:
-    assert resolve_expressions("%Q%-x-%R%", {"Q": "orders", "R": "1"}, "here") == "orders-x-1"
-    assert resolve_expressions("plain", {}, "here") == "plain"
-
-
-def test_missing_setting_names_the_setting_and_the_place() -> None:
+def test_a_missing_setting_names_the_setting_and_the_place() -> None:
     with pytest.raises(ConfigError) as error:
-        resolve_expressions("%AgentRequestQueue%", {}, "function 'agent' property 'queueName'")
+        resolve_binding({"queueName": "%AgentRequestQueue%"}, {}, "function 'agent'")
     message = str(error.value)
     assert "AgentRequestQueue" in message
-    assert "function 'agent'" in message
-
-
-def test_binding_resolution_leaves_name_and_type_alone() -> None:
-    binding = {"type": "queueTrigger", "name": "msg", "queueName": "%Q%", "direction": "IN"}
-    resolved = resolve_binding(binding, {"Q": "orders"}, "f")
-    assert resolved == {**binding, "queueName": "orders"}
+    assert "function 'agent' property 'queueName'" in message
 
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [
-        ("00:00:30", 30),
-        ("00:01:00", 60),
-        ("01:00:00", 3600),
-        ("00:00:00.500", 0.5),
-        ("1.00:00:00", 86400),
-        ("00:05", 300),
-    ],
+    [("00:00:30", 30), ("01:00:00", 3600), ("00:00:00.500", 0.5), ("1.00:00:00", 86400)],
 )
 def test_timespans(text: str, seconds: float) -> None:
-    assert parse_timespan(text, "x") == seconds
-
-
-def test_timespan_numbers_only_where_the_host_takes_them() -> None:
-    assert parse_timespan(2000, "maxPollingInterval", 0.001) == 2.0
-    assert parse_timespan("2000", "maxPollingInterval", 0.001) == 2.0
-    with pytest.raises(ConfigError, match="visibilityTimeout"):
-        parse_timespan(30, "visibilityTimeout")
+    assert parse_timespan(text) == seconds
 
 
 def test_queue_defaults_are_the_hosts() -> None:
-    options = QueueOptions.from_host_json({})
-    assert options == QueueOptions("base64", 16, 8, 60.0, 0.0, 5)
+    options = QueueOptions.from_host_json({"extensions": {"queues": {"messageEncoding": "none"}}})
+    assert options == QueueOptions(16, 8, 60.0, 0.0, 5)
     assert options.max_concurrency == 24
 
 
 def test_queue_options_from_the_project_host_json() -> None:
-    host = load_host_json(Path(__file__).parents[2] / "host.json", {})
+    host = load_host_json(Path(__file__).parents[2] / "host.json")
     options = QueueOptions.from_host_json(host)
-    assert options.message_encoding == "none"
     assert options.batch_size == 16
     assert options.new_batch_threshold == 8
     assert options.max_polling_interval == 2.0
@@ -97,41 +57,31 @@ def test_queue_options_from_the_project_host_json() -> None:
 
 
 def test_new_batch_threshold_defaults_to_half_the_batch() -> None:
-    options = QueueOptions.from_host_json({"extensions": {"queues": {"batchSize": 6}}})
-    assert options.new_batch_threshold == 3
-
-
-def test_host_json_keys_are_case_insensitive() -> None:
-    host = {"Extensions": {"Queues": {"MessageEncoding": "None", "BATCHSIZE": 4}}}
-    options = QueueOptions.from_host_json(host)
-    assert (options.message_encoding, options.batch_size) == ("none", 4)
-
-
-def test_environment_overrides_host_json(tmp_path: Path) -> None:
-    path = tmp_path / "host.json"
-    path.write_text(json.dumps({"extensions": {"queues": {"batchSize": 16}}}))
-    environ = {
-        "AzureFunctionsJobHost__extensions__queues__batchSize": "2",
-        "AzureFunctionsJobHost__extensions__http__routePrefix": "",
-    }
-    host = load_host_json(path, environ)
-    assert QueueOptions.from_host_json(host).batch_size == 2
-    assert route_prefix(host) == ""
+    queues = {"messageEncoding": "none", "batchSize": 6}
+    assert QueueOptions.from_host_json({"extensions": {"queues": queues}}).new_batch_threshold == 3
 
 
 @pytest.mark.parametrize(
     ("queues", "message"),
     [
-        ({"batchSize": 64}, "batchSize"),
-        ({"messageEncoding": "utf8"}, "messageEncoding"),
-        ({"maxPollingInterval": "00:00:00.010"}, "maxPollingInterval"),
-        ({"visibilityTimeout": "soon"}, "visibilityTimeout"),
-        ({"maxDequeueCount": "five"}, "maxDequeueCount"),
+        ({}, "messageEncoding"),  # the host's default, base64, is not decoded
+        ({"messageEncoding": "base64"}, "messageEncoding"),
+        ({"messageEncoding": "none", "batchSize": 0}, "batchSize"),
+        ({"messageEncoding": "none", "maxPollingInterval": "00:00:00.010"}, "maxPollingInterval"),
+        ({"messageEncoding": "none", "visibilityTimeout": "soon"}, "visibilityTimeout"),
+        ({"messageEncoding": "none", "maxDequeueCount": "five"}, "maxDequeueCount"),
     ],
 )
 def test_bad_queue_options_name_the_option(queues: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         QueueOptions.from_host_json({"extensions": {"queues": queues}})
+
+
+def test_unreadable_host_json_is_a_clear_error(tmp_path: Path) -> None:
+    assert load_host_json(tmp_path / "host.json") == {}
+    (tmp_path / "host.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_host_json(tmp_path / "host.json")
 
 
 def test_route_prefix() -> None:
@@ -167,5 +117,7 @@ def test_service_bus_options() -> None:
             "serviceBus": {"maxConcurrentCalls": 4, "maxAutoLockRenewalDuration": "00:01:00"}
         }
     }
-    assert ServiceBusOptions.from_host_json(host) == ServiceBusOptions(4, 60.0, True)
-    assert ServiceBusOptions.from_host_json({}) == ServiceBusOptions(16, 300.0, True)
+    assert ServiceBusOptions.from_host_json(host) == ServiceBusOptions(4, 60.0)
+    assert ServiceBusOptions.from_host_json({}) == ServiceBusOptions(16, 300.0)
+    project = load_host_json(Path(__file__).parents[2] / "host.json")
+    assert ServiceBusOptions.from_host_json(project) == ServiceBusOptions(16, 300.0)

@@ -1,4 +1,4 @@
-"""devhost timers: NCRONTAB next times and the one-at-a-time rule."""
+"""devhost timers: NCRONTAB next times, what a tick passes, and ticks missed while running."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
 from devhost.settings import ConfigError
-from devhost.timers import IntervalSchedule, TimerRunner, parse_schedule
+from devhost.timers import TimerRunner, parse_schedule
 
 T0 = datetime(2026, 1, 1, 0, 0, 3, tzinfo=UTC)  # a Thursday
 
@@ -57,13 +57,9 @@ def test_day_and_weekday_both_must_match_as_in_ncrontab() -> None:
     assert nexts("0 0 0 13 * 5", 2) == [at(2026, 2, 13), at(2026, 3, 13)]
 
 
-def test_timespan_schedules() -> None:
-    schedule = parse_schedule("00:00:05")
-    assert isinstance(schedule, IntervalSchedule)
-    assert schedule.next_after(T0) == T0 + timedelta(seconds=5)
-
-
-@pytest.mark.parametrize("expression", ["* * * * *", "*/10 * * * * * *", "61 * * * * *", "x"])
+@pytest.mark.parametrize(
+    "expression", ["* * * * *", "*/10 * * * * * *", "61 * * * * *", "x", "00:00:05"]
+)
 def test_bad_schedules_are_refused(expression: str) -> None:
     with pytest.raises(ConfigError, match="schedule"):
         parse_schedule(expression, "function 'tick' schedule")
@@ -71,33 +67,45 @@ def test_bad_schedules_are_refused(expression: str) -> None:
 
 def spec(handler: Any) -> FunctionSpec:
     trigger = {"type": "timerTrigger", "name": "timer", "schedule": "*/1 * * * * *"}
-    return FunctionSpec("tick", "timerTrigger", trigger, handler, "/app")
+    return FunctionSpec("tick", "timerTrigger", trigger, handler)
 
 
-def test_a_tick_is_skipped_while_the_previous_one_runs(caplog: pytest.LogCaptureFixture) -> None:
-    release = threading.Event()
+def test_a_tick_passes_past_due_and_the_schedule_status() -> None:
     calls: list[Any] = []
 
     def handler(timer: Any) -> None:
         calls.append(timer)
-        release.wait(5)
 
-    invoker = Invoker()
-    runner = TimerRunner(spec(handler), parse_schedule("*/1 * * * * *"), invoker)
-    assert runner.fire(T0, past_due=False) is True
-    assert runner.fire(T0 + timedelta(seconds=1), past_due=True) is False
-    assert "skipped" in caplog.text
-    release.set()
-    assert invoker.wait_idle(5)
-    for _ in range(50):  # the lock is released just after the invocation ends
-        if runner.fire(T0 + timedelta(seconds=2), past_due=True):
-            break
-        release.wait(0.01)
-    else:
-        pytest.fail("the timer never became free again")
-    assert invoker.wait_idle(5)
+    runner = TimerRunner(spec(handler), parse_schedule("*/1 * * * * *"), Invoker())
+    runner.fire(T0, past_due=False)
+    runner.fire(T0 + timedelta(seconds=1), past_due=True)
     assert [c.past_due for c in calls] == [False, True]
+    assert calls[0].schedule_status["Last"] is None
     assert calls[1].schedule_status["Last"] == T0.isoformat()
+    assert calls[1].schedule_status["Next"] == (T0 + timedelta(seconds=2)).isoformat()
+
+
+def test_ticks_that_pass_while_the_function_runs_are_skipped() -> None:
+    clock = [T0]
+    seen: list[tuple[datetime, bool]] = []
+
+    class Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            clock[0] += timedelta(seconds=timeout or 0)
+            return self.is_set()
+
+    stop = Stop()
+
+    def handler(timer: Any) -> None:
+        seen.append((clock[0], timer.past_due))
+        clock[0] += timedelta(seconds=3.5)  # runs through three ticks
+        if len(seen) == 2:
+            stop.set()
+
+    schedule = parse_schedule("*/1 * * * * *")
+    TimerRunner(spec(handler), schedule, Invoker(), now=lambda: clock[0]).run(stop)
+    # The first tick at T0 + 1 s ends at T0 + 4.5 s: the next is T0 + 5 s, not a catch-up.
+    assert seen == [(T0 + timedelta(seconds=1), False), (T0 + timedelta(seconds=5), False)]
 
 
 def test_runner_fires_on_schedule_and_on_startup() -> None:

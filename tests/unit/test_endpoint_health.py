@@ -1,5 +1,5 @@
 """The endpoint's health (``agents.health``): whose failure a failed attempt is, and the
-circuit breaker that keeps an outage down to a trickle of probes (contract 3.11).
+circuit breaker that keeps an outage down to a trickle of probes (docs/contracts.md §3.11).
 
 First the ``EndpointHealth`` object on its own (times are epoch seconds), then through
 ``RemoteServiceClient.call`` on httpx.MockTransport and a fake clock, counting what

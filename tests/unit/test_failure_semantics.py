@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from core.errors import TransitionRefused
-from core.messages import AgentReply
+from core.messages import AgentReply, ReplyOutcome
 from core.model import Order, ReplyEffect
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
@@ -410,7 +410,9 @@ def test_reply_from_an_unknown_outcome_is_refused_by_the_decoder() -> None:
     from core.errors import InvalidMessage
     from core.messages import decode_reply
 
-    body = AgentReply("o-1", "process", 1, T0, "deferred", error="x", applied="no").to_json()
+    body = AgentReply(
+        "o-1", "process", 1, T0, ReplyOutcome.DEFERRED, error="x", applied="no"
+    ).to_json()
     del body["notBefore"]
     with pytest.raises(InvalidMessage, match="notBefore"):
         decode_reply(json.dumps(body))

@@ -1,4 +1,4 @@
-"""Message formats of contract 3: order messages, agent requests and replies, notices."""
+"""Message formats of docs/contracts.md: order messages, agent requests and replies, notices."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from core.errors import InvalidMessage, InvalidOrder
 from core.messages import (
     AgentReply,
     AgentRequest,
+    ReplyOutcome,
     alert_message,
     decode_reply,
     decode_request,
@@ -348,16 +349,28 @@ def test_order_id_object_is_described_as_an_object() -> None:
 
 @pytest.mark.parametrize("order_id", ["o-1\n", "a" * 64 + "\n"])
 def test_order_id_with_a_trailing_newline_is_rejected(order_id: str) -> None:
-    rejection(json.dumps({"orderId": order_id}))
+    # "$" in a regular expression matches before a final newline: the rule must not.
+    error = rejection(json.dumps({"orderId": order_id}))
+
+    assert str(error) == _BAD_ID + f"{order_id!r} ({len(order_id)} characters)"
+    assert error.order_id is None
 
 
 def test_reply_to_with_a_trailing_newline_is_rejected() -> None:
-    rejection(order_text(replyTo="app-status\n"))
+    error = rejection(order_text(replyTo="app-status\n"))
+
+    assert str(error) == f"{REPLY_TO_RULE}; got 'app-status\\n'"
+    assert error.order_id == "o-1"
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
 def test_non_json_number_literals_are_rejected(literal: str) -> None:
-    rejection('{"orderId":"o-1","price":' + literal + "}")
+    error = rejection('{"orderId":"o-1","price":' + literal + "}")
+
+    assert str(error) == (
+        f"the message contains {literal}, which is not a JSON number (RFC 8259): send numbers "
+        "that JSON can carry, or null"
+    )
 
 
 def test_characters_outside_the_bmp_are_not_a_reason_to_refuse() -> None:
@@ -366,7 +379,7 @@ def test_characters_outside_the_bmp_are_not_a_reason_to_refuse() -> None:
     assert decode_order(json.dumps(body, ensure_ascii=False)).body == body
 
 
-# --- agent requests and replies (contract 3.3) ----------------------------------------------
+# --- agent requests and replies (docs/contracts.md §3.3) ----------------------------------------------
 
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
 
@@ -602,17 +615,22 @@ def test_invalid_request_error_names_the_order_and_step() -> None:
         decode_request(_changed("request", attempt=0))
 
     assert (info.value.order_id, info.value.step) == ("o-1", "reserve-stock")
+    assert str(info.value) == "agent request: attempt must be a whole number >= 1, got 0"
 
 
 @pytest.mark.parametrize("path", ["Stock", "/stock", "stock/", "../x", 5])
 def test_request_rejects_a_bad_remote_path(path: object) -> None:
-    with pytest.raises(InvalidMessage, match="path must be a remote path"):
+    with pytest.raises(InvalidMessage) as info:
         decode_request(_changed("request", path=path))
+
+    assert str(info.value) == f"agent request: path must be a remote path, got {path!r}"
 
 
 def test_request_rejects_an_order_that_is_not_an_object() -> None:
-    with pytest.raises(InvalidMessage, match="order must be a JSON object"):
+    with pytest.raises(InvalidMessage) as info:
         decode_request(_changed("request", order=[1]))
+
+    assert str(info.value) == ("agent request: order must be a JSON object (or orderInline: false)")
 
 
 @pytest.mark.parametrize("outcome", ["ok", "SUCCEEDED", None, _MISSING])
@@ -634,7 +652,7 @@ def test_failed_reply_needs_an_error_string(error: object) -> None:
     assert str(info.value) == "agent reply: a failed reply needs an error string"
 
 
-# --- notices (contracts 3.1 and 3.5) -----------------------------------------------------
+# --- notices (docs/contracts.md §3.1 and §3.5) -----------------------------------------------------
 
 
 def test_status_message_has_exactly_the_contract_fields() -> None:
@@ -675,8 +693,8 @@ def test_notices_refuse_naive_times() -> None:
 
 
 def test_agent_reply_defaults_fill_result_or_error() -> None:
-    succeeded = AgentReply("o-1", "ship", 1, T0, "succeeded")
-    failed = AgentReply("o-1", "ship", 1, T0, "failed")
+    succeeded = AgentReply("o-1", "ship", 1, T0, ReplyOutcome.SUCCEEDED)
+    failed = AgentReply("o-1", "ship", 1, T0, ReplyOutcome.FAILED)
 
     assert json.loads(succeeded.encode())["result"] == {}
     assert json.loads(failed.encode())["error"] == "unspecified failure"

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.errors import TransitionRefused
-from core.messages import AgentReply
+from core.messages import AgentReply, ReplyOutcome
 from core.model import IN_FLIGHT_GRACE, Order, ReplyEffect
 from core.orders import decode_order
 from core.policy import RetryPolicy
@@ -50,12 +50,15 @@ def reply(
         number,
         T0,
         outcome,
-        result={"ok": True} if outcome == "succeeded" else None,
-        error=None if outcome == "succeeded" else error,
-        applied=(applied or ("no" if outcome in ("failed", "deferred") else "maybe"))
-        if outcome != "succeeded"
+        result={"ok": True} if outcome == ReplyOutcome.SUCCEEDED else None,
+        error=None if outcome == ReplyOutcome.SUCCEEDED else error,
+        applied=(
+            applied
+            or ("no" if outcome in (ReplyOutcome.FAILED, ReplyOutcome.DEFERRED) else "maybe")
+        )
+        if outcome != ReplyOutcome.SUCCEEDED
         else None,
-        not_before=not_before if outcome == "deferred" else None,
+        not_before=not_before if outcome == ReplyOutcome.DEFERRED else None,
     )
 
 
@@ -113,11 +116,13 @@ def test_success_reply_completes_the_order() -> None:
     ("tamper", "reason"),
     [
         (
-            lambda o, r: AgentReply(r.order_id, r.step, r.attempt + 1, T0, "succeeded", {}),
+            lambda o, r: AgentReply(
+                r.order_id, r.step, r.attempt + 1, T0, ReplyOutcome.SUCCEEDED, {}
+            ),
             "stale-attempt",
         ),
         (
-            lambda o, r: AgentReply(r.order_id, "nope", r.attempt, T0, "succeeded", {}),
+            lambda o, r: AgentReply(r.order_id, "nope", r.attempt, T0, ReplyOutcome.SUCCEEDED, {}),
             "unknown-step",
         ),
     ],
@@ -479,11 +484,13 @@ def test_random_histories_keep_the_invariants(seed: int) -> None:
                             number,
                             T0,
                             outcome,
-                            result={} if outcome == "succeeded" else None,
-                            error=None if outcome == "succeeded" else "no",
-                            applied=None if outcome == "succeeded" else rng.choice(["no", "maybe"]),
+                            result={} if outcome == ReplyOutcome.SUCCEEDED else None,
+                            error=None if outcome == ReplyOutcome.SUCCEEDED else "no",
+                            applied=None
+                            if outcome == ReplyOutcome.SUCCEEDED
+                            else rng.choice(["no", "maybe"]),
                             not_before=now + timedelta(seconds=rng.choice([0, 3, 90]))
-                            if outcome == "deferred"
+                            if outcome == ReplyOutcome.DEFERRED
                             else None,
                         ),
                         now,

@@ -1,4 +1,4 @@
-"""The order decoder against hostile input (contract 3.1), the order body split over Table
+"""The order decoder against hostile input (docs/contracts.md §3.1), the order body split over Table
 properties, and the bounded cache of queue clients.
 
 The fuzz tests use a seeded generator and a bounded count (hypothesis is not installed):

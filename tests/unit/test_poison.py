@@ -426,7 +426,8 @@ class FakeStore:
 
 def scheduler(queues: FakeQueues, store: FakeStore) -> Scheduler:
     fake: Any = store
-    return Scheduler(fake, queues, fake, NAMES, SchedulerConfig("test", 30), clock)
+    keeper = KeptMessages(store.table)  # type: ignore[arg-type]
+    return Scheduler(fake, queues, fake, NAMES, SchedulerConfig("test", 30), clock, keeper)
 
 
 def test_a_rejection_that_fits_is_unchanged(queues: FakeQueues) -> None:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from core.messages import AgentReply
+from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
 from core.orders import decode_order
 from core.policy import RetryPolicy
@@ -221,8 +221,8 @@ def reply(order: Order, outcome: str, now: datetime) -> None:
             step.attempt,
             step.complete_by,
             outcome,
-            result={"ok": True} if outcome == "succeeded" else None,
-            error="declined" if outcome == "failed" else None,
+            result={"ok": True} if outcome == ReplyOutcome.SUCCEEDED else None,
+            error="declined" if outcome == ReplyOutcome.FAILED else None,
         ),
         now,
     )

@@ -1,4 +1,4 @@
-"""The resilient remote client (contracts 3.4 and 3.11) and the agent (3.3), on
+"""The resilient remote client (docs/contracts.md §3.4 and §3.11) and the agent (3.3), on
 httpx.MockTransport and a fake clock.
 
 Nothing here sleeps for real: the fake ``sleep`` advances the fake clock. The only real
@@ -25,10 +25,10 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.agent import REPLY_SEND_SECONDS, Agent, AgentOutcome
+from agents.agent import REPLY_SEND_SECONDS, Agent
 from agents.remote import CallOutcome, RemotePolicy, RemoteServiceClient, Try, classify
 from core.errors import StorageUnavailable
-from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, decode_reply
+from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome, decode_reply
 from core.timefmt import iso
 
 T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -289,7 +289,7 @@ def test_an_unsendable_body_is_refused_without_calling_the_remote() -> None:
     assert client.call(make_request()).kind == "succeeded"
 
 
-# --- what each try did (contract 3.11) -----------------------------------------------------
+# --- what each try did (docs/contracts.md §3.11) -----------------------------------------------------
 
 
 def one_try(step: Step, timeout: float = 5.0) -> Try:
@@ -952,7 +952,7 @@ def test_the_agent_end_to_end_success() -> None:
     agent, r, transport = make_agent(status(503), ok({"reservation": "r-1"}))
     request = make_request()
 
-    assert agent.handle(request, reply_to="agent-replies-x") is AgentOutcome.SUCCEEDED
+    assert agent.handle(request, reply_to="agent-replies-x") is ReplyOutcome.SUCCEEDED
 
     assert transport.replies == [(request.succeeded({"reservation": "r-1"}), "agent-replies-x")]
     assert len(r.seen) == 2
@@ -961,7 +961,7 @@ def test_the_agent_end_to_end_success() -> None:
 def test_the_agent_end_to_end_refusal_with_a_bounded_error() -> None:
     agent, r, transport = make_agent(status(422, error="x" * 5000))
 
-    assert agent.handle(make_request()) is AgentOutcome.FAILED
+    assert agent.handle(make_request()) is ReplyOutcome.FAILED
 
     ((reply, _),) = transport.replies
     assert (reply.outcome, reply.applied) == ("failed", "no")
@@ -983,7 +983,7 @@ def test_the_agent_reports_a_success_that_arrives_after_the_deadline() -> None:
     transport = RecordingTransport()
     request = make_request(30)
 
-    assert Agent(client, transport, clock).handle(request) is AgentOutcome.SUCCEEDED
+    assert Agent(client, transport, clock).handle(request) is ReplyOutcome.SUCCEEDED
 
     assert clock.now > request.complete_by
     assert transport.replies == [(request.succeeded({"late": True}), None)]
@@ -1007,7 +1007,7 @@ def test_a_request_past_its_deadline_is_not_called_and_replied_deferred(
 ) -> None:
     agent, r, transport = make_agent(ok())
 
-    assert agent.handle(make_request(seconds_left=seconds_left)) is AgentOutcome.DEFERRED
+    assert agent.handle(make_request(seconds_left=seconds_left)) is ReplyOutcome.DEFERRED
 
     assert r.seen == []
     ((reply, _),) = transport.replies
@@ -1024,7 +1024,7 @@ def test_the_agent_loads_an_order_body_that_did_not_travel_inline() -> None:
 
     agent, r, transport = make_agent(ok(), load_order=load_order)
 
-    assert agent.handle(make_request(order=None)) is AgentOutcome.SUCCEEDED
+    assert agent.handle(make_request(order=None)) is ReplyOutcome.SUCCEEDED
 
     assert loaded == ["o-1"]
     assert [s.body for s in r.seen] == [big]
@@ -1037,7 +1037,7 @@ def test_an_inline_order_body_is_not_loaded() -> None:
 
     agent, r, _ = make_agent(ok(), load_order=load_order)
 
-    assert agent.handle(make_request()) is AgentOutcome.SUCCEEDED
+    assert agent.handle(make_request()) is ReplyOutcome.SUCCEEDED
     assert r.seen[0].body == ORDER
 
 
@@ -1055,7 +1055,7 @@ def test_the_reply_send_is_retried_on_storage_trouble() -> None:
     agent, r, transport = make_agent(ok(), failures=3)
     request = make_request()
 
-    assert agent.handle(request) is AgentOutcome.SUCCEEDED
+    assert agent.handle(request) is ReplyOutcome.SUCCEEDED
 
     assert transport.sends == 4
     assert transport.replies == [(request.succeeded({"ok": True}), None)]
@@ -1083,7 +1083,7 @@ def test_a_large_result_is_cut_and_the_reply_still_fits_its_queue() -> None:
     big = {"items": [{"sku": f"s-{i}", "text": "ü€😀" * 40} for i in range(2000)]}
     agent, _, transport = make_agent(ok(big))
 
-    assert agent.handle(make_request()) is AgentOutcome.SUCCEEDED
+    assert agent.handle(make_request()) is ReplyOutcome.SUCCEEDED
 
     ((reply, _),) = transport.replies
     assert reply.result is not None

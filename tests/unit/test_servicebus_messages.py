@@ -1,4 +1,4 @@
-"""Service Bus messages of contract 3.3 and the transport, with a fake client (no network)."""
+"""Service Bus messages of docs/contracts.md §3.3 and the transport, with a fake client (no network)."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_reply_message_correlates_with_its_request() -> None:
     assert message.correlation_id == request_message(request, "agent-replies", T0).message_id
     assert message.correlation_id == "o-1:reserve-stock:3"
     assert message.message_id == "o-1:reserve-stock:3"
-    # A reply outlives the deadline: a late success is still evidence (contract 3.11).
+    # A reply outlives the deadline: a late success is still evidence (docs/contracts.md §3.11).
     assert message.time_to_live == timedelta(seconds=REPLY_TTL_SECONDS)
     assert message.content_type == "application/json"
     assert decode_reply(body_of(message)) == reply

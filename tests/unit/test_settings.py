@@ -1,4 +1,4 @@
-"""Typed settings of contract 3.6: defaults, parsing, and errors that name the setting."""
+"""Typed settings of docs/contracts.md §3.6: defaults, parsing, and errors that name the setting."""
 
 from __future__ import annotations
 

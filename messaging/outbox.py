@@ -17,10 +17,9 @@ from datetime import datetime
 from core.errors import ConcurrencyConflict, StorageUnavailable
 from core.messages import alert_message
 from core.names import Names
-from core.ports import QueueSender
+from core.ports import OutboxEntry, QueueSender, SavedNotices, StateStore
 from runtime.logs import get_logger, log_operator_alert
 from runtime.metrics import METRICS
-from stores.tables import OutboxEntry, SavedNotices, TableStateStore
 
 log = get_logger(__name__)
 
@@ -30,7 +29,7 @@ ALERTED_MEMORY = 10_000
 
 
 class NoticeSender:
-    def __init__(self, store: TableStateStore, queues: QueueSender, names: Names):
+    def __init__(self, store: StateStore, queues: QueueSender, names: Names):
         self._store = store
         self._queues = queues
         self._names = names

@@ -1,0 +1,102 @@
+"""The one write path every use case takes: load → decide → save → notices → next step.
+
+A use case (submit aside, which creates) names an order and a decision (a pure
+transition of ``core.model.Order``); ``OrderChanges.change`` loads the order, applies
+the decision, saves it with If-Match on what it read, and, when another writer came
+first (``ConcurrencyConflict``), reloads and decides again, up to ``attempts`` times.
+Then it delivers the notices the save committed (the transactional outbox) and hands an
+order whose active step is Pending to the ``Dispatcher``: the scheduler claims it in
+process, the supervisor and the operator queue it for when it is due.
+
+Decisions that the order refuses raise ``TransitionRefused`` (nothing is saved); an
+order that does not exist is ``None``. Only ports are used: no Azure import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from core.errors import ConcurrencyConflict
+from core.model import Order
+from core.ports import SavedNotices, StateStore
+from core.states import StepState
+
+T = TypeVar("T")
+
+#: How often a decision is retried when other writers keep moving the order first.
+CONFLICT_ATTEMPTS = 5
+
+
+class Notices(Protocol):
+    """Sends the notices a save committed, then removes them from the outbox."""
+
+    def deliver(self, saved: SavedNotices) -> int: ...
+
+
+class Dispatcher(Protocol):
+    """What happens to an order whose active step is Pending after a change."""
+
+    def __call__(self, order: Order) -> None: ...
+
+
+@dataclass(frozen=True)
+class Changed(Generic[T]):
+    order: Order
+    result: T
+    saved: SavedNotices
+
+
+class OrderChanges:
+    def __init__(self, store: StateStore, notices: Notices, dispatch: Dispatcher):
+        self._store = store
+        self._notices = notices
+        self._dispatch = dispatch
+
+    def change(
+        self,
+        order_id: str,
+        decide: Callable[[Order], T],
+        *,
+        attempts: int = CONFLICT_ATTEMPTS,
+        loaded: Order | None = None,
+        after_save: Callable[[Order, T], None] | None = None,
+    ) -> Changed[T] | None:
+        """Apply ``decide`` to the order and commit it; None if there is no such order.
+
+        ``attempts`` = 1 for a decision that must not be retried when it loses a race (a
+        claim: the winner does the work); then ``ConcurrencyConflict`` is raised at once.
+        ``loaded`` is an order already read, used for the first attempt. ``after_save``
+        runs between the save and the notices (logging, metrics, failpoints).
+        """
+        for attempt in range(attempts):
+            order = loaded if attempt == 0 and loaded is not None else self._store.load(order_id)
+            if order is None:
+                return None
+            result = decide(order)  # TransitionRefused propagates: nothing to save
+            try:
+                saved = self._store.save(order)
+            except ConcurrencyConflict:
+                if attempt + 1 >= attempts:
+                    raise
+                continue
+            if after_save is not None:
+                after_save(order, result)
+            self._notices.deliver(saved)
+            active = order.active_step()
+            if (
+                active is not None
+                and active.process_state is StepState.PENDING
+                and not order.status.terminal
+            ):
+                self._dispatch(order)
+            return Changed(order, result, saved)
+        raise ConcurrencyConflict(  # attempts < 1
+            f"order {order_id} was not changed (no attempt allowed)", order_id=order_id
+        )
+
+    def created(self, order: Order, saved: SavedNotices) -> None:
+        """After a ``create``: the same notices and dispatch as after a change."""
+        self._notices.deliver(saved)
+        self._dispatch(order)

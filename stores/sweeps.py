@@ -1,0 +1,75 @@
+"""The reads the sweeps make, the same on every store: index and outbox ranges up to a
+time, shard by shard, skipping (and logging) a malformed row instead of stopping.
+
+A store provides ``_range(shard, low, high, select, limit)`` (its rows with RowKey in
+``[low, high)``, in key order) and may hook ``_before_read(method)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from datetime import datetime
+from typing import Any
+
+from azure.core.exceptions import AzureError
+
+from core.errors import StorageUnavailable
+from core.ports import IndexEntry, OutboxEntry
+from core.timefmt import sortable
+from stores import entities, layout
+
+
+class SweepReads:
+    def _range(
+        self,
+        shard: str,
+        low: str,
+        high: str,
+        select: list[str] | None = None,
+        limit: int | None = None,
+    ) -> Iterable[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _before_read(self, method: str) -> None:
+        """Called before each read (the in-memory store injects faults here)."""
+
+    def due_pending(self, now: datetime, limit_per_shard: int = 500) -> Iterator[IndexEntry]:
+        """Active Pending steps that may run at ``now`` (due at or before it)."""
+        self._before_read("due_pending")
+        return self._index("pending", now, limit_per_shard, inclusive=True)
+
+    def expired_processing(
+        self, before: datetime, limit_per_shard: int = 500
+    ) -> Iterator[IndexEntry]:
+        """Processing steps whose CompleteBy is before ``before`` (strictly)."""
+        self._before_read("expired_processing")
+        return self._index("processing", before, limit_per_shard, inclusive=False)
+
+    def stale_outbox(self, before: datetime, limit_per_shard: int = 200) -> Iterator[OutboxEntry]:
+        """Notices committed before ``before`` and not yet sent (and deleted)."""
+        self._before_read("stale_outbox")
+        high = f"outbox|{sortable(before)}"
+        for shard in layout.all_shards():
+            try:
+                rows = iter(self._range(shard, "outbox|", high, limit=limit_per_shard))
+                what = f"outbox row in {shard}"
+                yield from entities.well_formed(rows, entities.outbox_entry, what)
+            except AzureError as exc:
+                raise StorageUnavailable(f"could not read the outbox: {exc}") from exc
+
+    def _index(
+        self, prefix: str, until: datetime, limit: int, *, inclusive: bool
+    ) -> Iterator[IndexEntry]:
+        high = f"{prefix}|{sortable(until)}" + ("|" + layout.HIGH if inclusive else "")
+        for shard in layout.all_shards():
+            try:
+                select = ["RowKey", "OrderRef", "StepName"]
+                rows = iter(self._range(shard, prefix + "|", high, select, limit))
+                yield from entities.well_formed(
+                    rows,
+                    entities.index_entry,
+                    f"index row in {shard} (python -m admin repair-index <orderId> rebuilds "
+                    "an order's index)",
+                )
+            except AzureError as exc:
+                raise StorageUnavailable(f"could not read the {prefix} index: {exc}") from exc

@@ -1,0 +1,113 @@
+"""The chaos run's bounds on orders that ran out of attempts, on orders built with the
+real state machine (no processes: these run in a second)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from core.model import Order
+from core.policy import RetryPolicy
+from core.states import OrderStatus
+from core.timefmt import iso
+from tests.chaos.runner import (
+    DEATH_NOTICE_SLACK,
+    MAX_FAILURES,
+    RANDOM_FAULTS_PER_KEY,
+    Deaths,
+    exhausted_bound,
+    explain_exhausted,
+)
+from tests.unit.test_model import T0, new_order
+
+POLICY = RetryPolicy(max_failure_count=MAX_FAILURES, soft_threshold=1, base_backoff_seconds=2)
+
+
+def run_out(order_id: str) -> tuple[Order, list[tuple[datetime, datetime]]]:
+    """An order whose every attempt expired, each claimed by a different process life
+    (``devhost-0-<n>-100``): error after MAX_FAILURES. Returns it and each attempt's
+    (claimed, expired) times."""
+    order = new_order(orderId=order_id)
+    now = T0
+    windows = []
+    for n in range(1, MAX_FAILURES + 1):
+        step = order.claim(f"devhost-0-{n}-100", now)
+        claimed = now
+        now += timedelta(seconds=40)
+        order.expire(now, POLICY)
+        windows.append((claimed, now))
+        now = max(now, step.complete_by) + timedelta(seconds=1)
+    assert order.status is OrderStatus.ERROR
+    return order, windows
+
+
+def call(order_id: str, at: datetime, fault: str | None) -> dict[str, Any]:
+    return {
+        "at": iso(at),
+        "step": "process",
+        "idempotencyKey": f"{order_id}:process",
+        "answer": 503,
+        "applied": False,
+        "fault": fault,
+    }
+
+
+def test_every_failed_attempt_is_put_down_to_a_fault_of_the_run_or_reported() -> None:
+    order, windows = run_out("tired")
+    second = timedelta(seconds=1)
+    calls = [
+        call("tired", windows[0][0] + second, "hang"),
+        call("tired", windows[1][0] + second, "transient"),
+        call("tired", windows[5][0] + second, "outage"),  # the outage explains nothing
+        call("other", windows[6][0] + second, "hang"),  # another key's fault neither
+    ]
+    held = {("tired", "process", 3): 6.0, ("tired", "process", 99): 1.0}
+    deaths = Deaths(
+        [
+            (windows[3][0] + second, "devhost-0-4"),  # attempt 4's claimer
+            (windows[4][1] + DEATH_NOTICE_SLACK, "devhost-2-9"),  # noticed just after 5
+            (windows[5][0] - second, "devhost-1-3"),  # before attempt 6 began
+        ]
+    )
+
+    explained = explain_exhausted({"tired": order}, ["tired"], calls, deaths, held)
+
+    assert explained == {
+        "tired": {
+            "step": "process",
+            "failures": MAX_FAILURES,
+            "randomFaultsOnKey": 2,
+            "causes": {
+                "random fault": 2,
+                "reply held back": 1,
+                "claimer died": 1,
+                "a process died": 1,
+            },
+            "unexplained": [6, 7, 8],
+        }
+    }
+
+
+def test_an_order_whose_failures_all_had_a_cause_is_explained() -> None:
+    order, windows = run_out("tired")
+    deaths = Deaths([(claimed + timedelta(seconds=2), "devhost-1-1") for claimed, _ in windows])
+
+    [entry] = explain_exhausted({"tired": order}, ["tired"], [], deaths, {}).values()
+
+    assert entry["unexplained"] == [] and entry["causes"] == {"a process died": MAX_FAILURES}
+
+
+def test_an_order_reported_exhausted_without_such_a_step_is_unexplained() -> None:
+    order = new_order(orderId="fine")
+
+    explained = explain_exhausted({"fine": order, "gone": None}, ["fine", "gone"], [], Deaths(), {})
+
+    assert explained == {
+        "fine": {"unexplained": ["no step ran out of attempts"]},
+        "gone": {"unexplained": ["no step ran out of attempts"]},
+    }
+
+
+def test_random_faults_alone_never_exhaust_a_step_and_the_bound_is_small() -> None:
+    assert RANDOM_FAULTS_PER_KEY < MAX_FAILURES
+    assert exhausted_bound(120) == 1 and exhausted_bound(400) == 4

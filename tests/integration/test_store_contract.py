@@ -1,0 +1,527 @@
+"""The ``StateStore`` contract, one suite run on both adapters: ``TableStateStore`` on
+Azurite and ``InMemoryStateStore``. What passes here may be relied on of either, so the
+services' unit tests on the in-memory store say something about Azure.
+
+A few tests damage or add rows below the store (a stray row, a manual edit, an index
+row gone): ``Raw`` does that the same way on both.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from azure.data.tables import UpdateMode
+
+from core.errors import (
+    ConcurrencyConflict,
+    CorruptOrder,
+    InvalidContinuationToken,
+    OrderAlreadyExists,
+    OrderNotFound,
+    StorageUnavailable,
+)
+from core.messages import AgentReply
+from core.model import Order
+from core.orders import decode_order, utf16_units
+from core.policy import RetryPolicy
+from core.ports import IndexEntry, ListFilter, StateStore
+from core.states import OrderStatus, StepState
+from core.workflows import WORKFLOWS, Plan
+from stores import entities, layout
+from stores.memory import InMemoryStateStore
+from stores.tables import TableStateStore
+from tests.support import make_context
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+US = timedelta(microseconds=1)
+
+
+def accept(order_id: str, workflow: str = "order", at: datetime = T0, **extra: Any) -> Order:
+    message = decode_order(
+        json.dumps({"orderId": order_id, "workflow": workflow, **extra}, ensure_ascii=False)
+    )
+    return Order.accept(message, Plan.of(WORKFLOWS[workflow], 30), at)
+
+
+def succeeded(order: Order, result: dict[str, Any] | None = None) -> AgentReply:
+    step = order.active_step()
+    assert step is not None
+    return AgentReply(
+        order.order_id, step.step, step.attempt, step.complete_by, "succeeded", result or {}
+    )
+
+
+@dataclass
+class Raw:
+    """Rows below the store, on either adapter."""
+
+    store: StateStore
+
+    def rows(self, order_id: str) -> dict[str, dict[str, Any]]:
+        """Every row of the order's partition that names it, by RowKey."""
+        shard = layout.shard_of(order_id)
+        if isinstance(self.store, TableStateStore):
+            found: Any = self.store.table.query_entities(
+                "PartitionKey eq @pk", parameters={"pk": shard}
+            )
+        else:
+            assert isinstance(self.store, InMemoryStateStore)
+            found = self.store.rows(shard)
+        return {e["RowKey"]: dict(e) for e in found if f"|{order_id}|" in e["RowKey"] + "|"}
+
+    def put(self, entity: dict[str, Any]) -> None:
+        if isinstance(self.store, TableStateStore):
+            self.store.table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        else:
+            assert isinstance(self.store, InMemoryStateStore)
+            self.store.put_row(entity)
+
+    def delete(self, order_id: str, row: str) -> None:
+        if isinstance(self.store, TableStateStore):
+            self.store.table.delete_entity(layout.shard_of(order_id), row)
+        else:
+            assert isinstance(self.store, InMemoryStateStore)
+            self.store.delete_row(layout.shard_of(order_id), row)
+
+
+@pytest.fixture(params=["table", "memory"])
+def store(request: pytest.FixtureRequest) -> StateStore:
+    if request.param == "memory":
+        return InMemoryStateStore()
+    connection = request.getfixturevalue("storage_connection")
+    return make_context(connection, request.getfixturevalue("tag")).store
+
+
+@pytest.fixture
+def raw(store: StateStore) -> Raw:
+    return Raw(store)
+
+
+def loaded(store: StateStore, order_id: str) -> Order:
+    order = store.load(order_id)
+    assert order is not None
+    return order
+
+
+def mine(entries: Iterator[IndexEntry], order_id: str) -> list[tuple[str, datetime]]:
+    return [(e.step, e.at) for e in entries if e.order_id == order_id]
+
+
+# --- round trips ---------------------------------------------------------------------------
+
+
+def test_create_then_load_gives_back_the_same_order(store: StateStore) -> None:
+    order = accept("o-rt", "fulfilment", replyTo="app-q", sku="A-1", qty=2)
+    saved = store.create(order)
+
+    [notice] = saved.entries
+    assert (notice.kind, notice.queue, notice.order_id) == ("status", "app-q", "o-rt")
+    assert json.loads(notice.body)["status"] == "received"
+    assert saved.partition == layout.shard_of("o-rt") == notice.partition
+    # the object is left as stored: ETags, version, index, outbox handed over
+    assert order.etag and order.steps[0].etag and not order.steps[0].changed
+    assert order.version == 1 and order.outbox == []
+    fresh = loaded(store, "o-rt")
+    assert fresh == order  # every field, ETags and store_meta included
+    assert fresh.body == {
+        "orderId": "o-rt",
+        "workflow": "fulfilment",
+        "replyTo": "app-q",
+        "sku": "A-1",
+        "qty": 2,
+    }
+    assert [(s.step, s.process_state, s.complete_by) for s in fresh.steps] == [
+        ("reserve-stock", StepState.PENDING, T0)
+    ]
+    assert [h["event"] for h in fresh.history] == ["received"]
+    assert store.load("o-unknown") is None
+
+
+def test_a_transition_round_trips_every_field_of_the_step(store: StateStore) -> None:
+    order = accept("o-fields", replyTo="app-q")
+    store.create(order)
+    order.claim("instance-1", T0)
+    store.save(order)
+    reply = AgentReply(
+        "o-fields", "process", 1, T0, "transient", error="HTTP 503 é😀", applied="maybe"
+    )
+    order.apply_reply(reply, T0 + timedelta(seconds=1, microseconds=7), RetryPolicy())
+    store.save(order)
+    step = order.steps[0]
+    assert step.maybe_applied == [1] and step.singled_out and step.failure_count == 1
+    fresh = loaded(store, "o-fields")
+    assert fresh == order
+    assert fresh.version == 3 and fresh.steps[0].last_error == "HTTP 503 é😀"
+    # and a success with a result, on the copy just loaded
+    fresh.claim("instance-2", T0 + timedelta(seconds=2))
+    store.save(fresh)
+    fresh.apply_reply(succeeded(fresh, {"ok": 1, "ids": ["a", "é"]}), T0 + timedelta(seconds=3))
+    store.save(fresh)
+    final = loaded(store, "o-fields")
+    assert final == fresh and final.status is OrderStatus.COMPLETED
+    assert final.steps[0].result == {"ok": 1, "ids": ["a", "é"]}
+
+
+def test_a_60_kb_body_round_trips_over_several_properties(store: StateStore, raw: Raw) -> None:
+    notes = "é😀" * 7_000 + "x" * 18_000  # 60,000 bytes of UTF-8, 39,000 UTF-16 units
+    order = accept("o-big", notes=notes)
+    assert utf16_units(json.dumps(order.body, ensure_ascii=False)) > entities.BODY_PART_UNITS
+    store.create(order)
+    record = raw.rows("o-big")[layout.order_row("o-big")]
+    assert record["BodyParts"] == 2 and "Body1" in record
+    fresh = loaded(store, "o-big")
+    assert fresh.body["notes"] == notes and fresh == order
+    fresh.claim("i", T0)
+    store.save(fresh)
+    assert loaded(store, "o-big").body["notes"] == notes
+
+
+def test_a_record_over_the_services_limits_is_refused_whole(
+    store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parts too large for one string property (32K UTF-16 units): the store refuses the write.
+    monkeypatch.setattr(entities, "BODY_PART_UNITS", 40_000)
+    order = accept("o-huge", notes="y" * 39_000)
+    with pytest.raises(StorageUnavailable):
+        store.create(order)
+    assert store.load("o-huge") is None
+    assert order.version == 0 and order.etag is None
+    assert not mine(store.due_pending(T0), "o-huge")
+
+
+def test_records_that_cannot_be_read_are_a_corrupt_order(store: StateStore, raw: Raw) -> None:
+    store.create(accept("o-bad"))
+    store.create(accept("o-good"))
+    record = raw.rows("o-bad")[layout.order_row("o-bad")]
+    del record["Plan"]  # a manual edit gone wrong
+    raw.put(record)
+    with pytest.raises(CorruptOrder) as caught:
+        store.load("o-bad")
+    assert caught.value.order_id == "o-bad"
+    assert loaded(store, "o-good").order_id == "o-good"  # the others still read
+
+
+# --- create ---------------------------------------------------------------------------------
+
+
+def test_a_second_create_of_an_id_is_refused_and_changes_nothing(store: StateStore) -> None:
+    store.create(accept("o-twice", sku="first", replyTo="app-q"))
+    again = accept("o-twice", at=T0 + timedelta(seconds=5), sku="second", replyTo="app-q")
+    with pytest.raises(OrderAlreadyExists) as caught:
+        store.create(again)
+    assert caught.value.order_id == "o-twice"
+    assert again.version == 0 and again.etag is None and len(again.outbox) == 1
+    stored = loaded(store, "o-twice")
+    assert stored.body["sku"] == "first" and stored.version == 1
+    # its notice was not committed either
+    assert [e.row for e in store.stale_outbox(T0 + timedelta(minutes=1))] == [
+        layout.outbox_row(T0, "o-twice", "1-0")
+    ]
+
+
+def test_create_is_all_or_nothing_when_any_of_its_rows_exists(store: StateStore, raw: Raw) -> None:
+    stray = layout.step_row("o-atomic", 0, "process")
+    raw.put({"PartitionKey": layout.shard_of("o-atomic"), "RowKey": stray, "Note": "stray"})
+    with pytest.raises(OrderAlreadyExists):
+        store.create(accept("o-atomic", replyTo="app-q"))
+    assert list(raw.rows("o-atomic")) == [stray]
+    assert store.load("o-atomic") is None
+    assert not mine(store.due_pending(T0), "o-atomic")
+    assert store.list_by_status(OrderStatus.PENDING, 10, None) == ([], None)
+
+
+# --- conditional saves ----------------------------------------------------------------------
+
+
+def test_a_lost_update_is_a_conflict_and_writes_nothing(store: StateStore) -> None:
+    store.create(accept("o-race", replyTo="app-q"))
+    first, second = loaded(store, "o-race"), loaded(store, "o-race")
+    first.claim("a", T0)
+    store.save(first)
+    second.claim("b", T0 + timedelta(seconds=1))  # another deadline, another outbox row
+    with pytest.raises(ConcurrencyConflict) as caught:
+        store.save(second)
+    assert caught.value.order_id == "o-race"
+    assert second.version == 1 and len(second.outbox) == 1  # left as it was
+    now = loaded(store, "o-race")
+    assert now == first and now.steps[0].locked_by == "a"
+    assert mine(store.expired_processing(T0 + timedelta(hours=1)), "o-race") == [
+        ("process", T0 + timedelta(seconds=30))
+    ]
+    assert [e.row.rsplit("|", 1)[1] for e in store.stale_outbox(T0 + timedelta(hours=1))] == [
+        "1-0",
+        "2-0",
+    ]
+    # the winner's object saves again as on any store
+    first.apply_reply(succeeded(first), T0 + timedelta(seconds=2))
+    store.save(first)
+    assert loaded(store, "o-race").status is OrderStatus.COMPLETED
+
+
+def test_saving_an_unchanged_stale_copy_is_a_conflict(store: StateStore) -> None:
+    store.create(accept("o-stale"))
+    stale = loaded(store, "o-stale")
+    current = loaded(store, "o-stale")
+    current.claim("a", T0)
+    store.save(current)
+    with pytest.raises(ConcurrencyConflict):
+        store.save(stale)  # the order record is always written with If-Match
+    store.save(current)  # no change: still its own ETag's write
+    assert loaded(store, "o-stale") == current
+
+
+def test_a_changed_step_record_is_written_only_if_unchanged_since_loaded(
+    store: StateStore, raw: Raw
+) -> None:
+    store.create(accept("o-step"))
+    order = loaded(store, "o-step")
+    row = layout.step_row("o-step", 0, "process")
+    raw.put(raw.rows("o-step")[row])  # the same values, written again: a new ETag
+    order.claim("a", T0)
+    with pytest.raises(ConcurrencyConflict):
+        store.save(order)
+    assert loaded(store, "o-step").steps[0].process_state is StepState.PENDING
+
+
+def test_a_new_step_record_that_exists_already_is_a_conflict(store: StateStore, raw: Raw) -> None:
+    store.create(accept("o-next", "fulfilment"))
+    order = loaded(store, "o-next")
+    order.claim("a", T0)
+    store.save(order)
+    racing = layout.step_row("o-next", 1, "charge-payment")
+    raw.put({"PartitionKey": layout.shard_of("o-next"), "RowKey": racing, "Note": "racer"})
+    order.apply_reply(succeeded(order), T0 + timedelta(seconds=1))  # adds charge-payment
+    with pytest.raises(ConcurrencyConflict):
+        store.save(order)
+    raw.delete("o-next", racing)
+    stored = loaded(store, "o-next")
+    assert [s.step for s in stored.steps] == ["reserve-stock"]
+    assert stored.steps[0].process_state is StepState.PROCESSING
+
+
+def test_concurrent_claims_in_threads_have_exactly_one_winner(store: StateStore) -> None:
+    store.create(accept("o-threads"))
+    copies = [loaded(store, "o-threads") for _ in range(6)]
+    barrier = threading.Barrier(len(copies))
+    wins: list[str] = []
+
+    def claim(n: int) -> None:
+        copies[n].claim(f"t-{n}", T0)
+        barrier.wait(timeout=30)
+        try:
+            store.save(copies[n])
+            wins.append(f"t-{n}")
+        except ConcurrencyConflict:
+            pass
+
+    threads = [threading.Thread(target=claim, args=(n,)) for n in range(len(copies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(wins) == 1
+    final = loaded(store, "o-threads")
+    assert final.steps[0].locked_by == wins[0] and final.steps[0].attempt == 1
+
+
+# --- index ------------------------------------------------------------------------------------
+
+
+def test_the_index_follows_every_transition(store: StateStore) -> None:
+    policy = RetryPolicy(max_failure_count=3, soft_threshold=0)
+    store.create(accept("o-idx"))
+    # Pending, due at T0: due at T0 (inclusive), not a microsecond before
+    assert mine(store.due_pending(T0), "o-idx") == [("process", T0)]
+    assert mine(store.due_pending(T0 - US), "o-idx") == []
+    assert mine(store.expired_processing(T0 + timedelta(days=1)), "o-idx") == []
+
+    order = loaded(store, "o-idx")
+    deadline = order.claim("a", T0).complete_by
+    store.save(order)
+    assert mine(store.due_pending(T0 + timedelta(days=1)), "o-idx") == []
+    # Processing: expired strictly after its deadline
+    assert mine(store.expired_processing(deadline), "o-idx") == []
+    assert mine(store.expired_processing(deadline + US), "o-idx") == [("process", deadline)]
+
+    order.expire(deadline + timedelta(seconds=5), policy)  # back to Pending, with a backoff
+    store.save(order)
+    due = order.steps[0].complete_by
+    assert due > deadline + timedelta(seconds=5)
+    assert mine(store.expired_processing(deadline + timedelta(days=1)), "o-idx") == []
+    assert mine(store.due_pending(due - US), "o-idx") == []
+    assert mine(store.due_pending(due), "o-idx") == [("process", due)]
+
+    order.claim("b", due)
+    store.save(order)
+    order.apply_reply(succeeded(order), due + timedelta(seconds=1))
+    store.save(order)
+    assert mine(store.due_pending(due + timedelta(days=1)), "o-idx") == []
+    assert mine(store.expired_processing(due + timedelta(days=1)), "o-idx") == []
+    assert store.list_by_status(OrderStatus.COMPLETED, 10, None) == (["o-idx"], None)
+    for status in (OrderStatus.PENDING, OrderStatus.PROCESSING):
+        assert store.list_by_status(status, 10, None) == ([], None)
+
+
+def test_a_save_goes_on_when_an_index_row_is_already_gone(store: StateStore, raw: Raw) -> None:
+    store.create(accept("o-gone"))
+    order = loaded(store, "o-gone")
+    raw.delete("o-gone", layout.pending_row(T0, "o-gone", "process"))
+    order.claim("a", T0)
+    store.save(order)
+    assert mine(store.expired_processing(T0 + timedelta(minutes=1)), "o-gone") == [
+        ("process", T0 + timedelta(seconds=30))
+    ]
+    assert loaded(store, "o-gone") == order
+
+
+def test_repair_index_rebuilds_what_the_state_implies(store: StateStore, raw: Raw) -> None:
+    store.create(accept("o-fix"))
+    pending = layout.pending_row(T0, "o-fix", "process")
+    status = layout.status_row("pending", "o-fix", T0)
+    clean = store.repair_index("o-fix")
+    assert clean["repaired"] is False and clean["kept"] == sorted([pending, status])
+
+    before = loaded(store, "o-fix")
+    stray = layout.processing_row(T0, "o-fix", "process")
+    raw.delete("o-fix", pending)
+    shard = layout.shard_of("o-fix")
+    raw.put({"PartitionKey": shard, "RowKey": stray, "OrderRef": "o-fix", "StepName": "process"})
+    raw.put({"PartitionKey": shard, "RowKey": status, "OrderRef": "o-fix", "Workflow": "other"})
+    assert mine(store.due_pending(T0), "o-fix") == []
+
+    report = store.repair_index("o-fix")
+    assert report == {
+        "orderId": "o-fix",
+        "status": "pending",
+        "removed": [stray],
+        "added": [pending],
+        "rewritten": [status],
+        "kept": [],
+        "repaired": True,
+    }
+    assert mine(store.due_pending(T0), "o-fix") == [("process", T0)]
+    assert mine(store.expired_processing(T0 + timedelta(days=1)), "o-fix") == []
+    assert store.repair_index("o-fix")["repaired"] is False
+    # the repair is conditional on the order record: a copy read before it is stale
+    before.claim("a", T0)
+    with pytest.raises(ConcurrencyConflict):
+        store.save(before)
+    with pytest.raises(OrderNotFound):
+        store.repair_index("o-nobody")
+
+
+# --- outbox -------------------------------------------------------------------------------
+
+
+def test_notices_are_committed_with_their_transition(store: StateStore) -> None:
+    order = accept("o-out", replyTo="app-q")
+    created = store.create(order)
+    # stale_outbox: committed strictly before ``before``
+    assert list(store.stale_outbox(T0)) == []
+    assert list(store.stale_outbox(T0 + US)) == list(created.entries)
+
+    order.claim("a", T0 + timedelta(seconds=1))
+    order.expire(T0 + timedelta(seconds=40), RetryPolicy(max_failure_count=1))
+    assert order.status is OrderStatus.ERROR
+    failed = store.save(order)
+    kinds = [(e.kind, e.queue) for e in failed.entries]
+    assert kinds == [("status", "app-q"), ("alert", None), ("status", "app-q")]
+    assert [json.loads(e.body).get("status") for e in failed.entries] == [
+        "processing",
+        None,
+        "error",
+    ]
+    alert = json.loads(failed.entries[1].body)
+    assert alert["orderId"] == "o-out" and alert["step"] == "process"
+    assert alert["failureCount"] == 1
+    assert len({e.row for e in failed.entries}) == 3
+    assert list(store.stale_outbox(T0 + timedelta(minutes=5))) == [
+        *created.entries,
+        *failed.entries,
+    ]
+
+    store.delete_outbox(created)
+    store.delete_outbox([failed.entries[1]])
+    store.delete_outbox(created)  # gone already: nothing to do, no error
+    left = list(store.stale_outbox(T0 + timedelta(minutes=5)))
+    assert left == [failed.entries[0], failed.entries[2]]
+    store.delete_outbox(failed)
+    assert list(store.stale_outbox(T0 + timedelta(minutes=5))) == []
+    assert loaded(store, "o-out") == order  # deleting notices does not touch the order
+
+
+# --- listing ----------------------------------------------------------------------------------
+
+
+def all_pages(store: StateStore, where: ListFilter, size: int) -> list[list[str]]:
+    pages: list[list[str]] = []
+    token: str | None = None
+    for _ in range(100):
+        ids, token = store.list_by_status(where, size, token)
+        assert len(ids) <= size
+        pages.append(ids)
+        if token is None:
+            return pages
+        assert isinstance(token, str) and token
+    raise AssertionError("the pages never ended")
+
+
+def test_listing_is_newest_first_paged_filtered_and_counted(store: StateStore) -> None:
+    ids = [f"n-{i:02d}" for i in range(30)]  # a second apart: n-29 is the newest
+    for i, order_id in enumerate(ids):
+        workflow = "fulfilment" if i % 3 == 0 else "order"
+        store.create(accept(order_id, workflow, at=T0 + timedelta(seconds=i)))
+    assert len({layout.shard_of(i) for i in ids}) > 8  # spread over the shards
+
+    pending = ListFilter(OrderStatus.PENDING)
+    pages = all_pages(store, pending, 7)
+    assert [i for p in pages for i in p] == list(reversed(ids))
+    assert [len(p) for p in pages[:4]] == [7, 7, 7, 7]
+    assert pages[4] == ["n-01", "n-00"] and pages[5:] in ([], [[]])
+    assert all_pages(store, pending, 100) == [list(reversed(ids))]
+
+    fulfilment = ListFilter(OrderStatus.PENDING, workflow="fulfilment")
+    assert [i for p in all_pages(store, fulfilment, 4) for i in p] == [
+        f"n-{i:02d}" for i in (27, 24, 21, 18, 15, 12, 9, 6, 3, 0)
+    ]
+    window = ListFilter(  # from inclusive, to exclusive
+        OrderStatus.PENDING,
+        created_from=T0 + timedelta(seconds=10),
+        created_to=T0 + timedelta(seconds=14),
+    )
+    assert [i for p in all_pages(store, window, 3) for i in p] == ["n-13", "n-12", "n-11", "n-10"]
+    both = ListFilter(OrderStatus.PENDING, "fulfilment", window.created_from, window.created_to)
+    assert all_pages(store, both, 10) == [["n-12"]]
+
+    assert store.count_by_status(pending) == 30
+    assert store.count_by_status(pending, cap=11) == 11
+    assert store.count_by_status(fulfilment) == 10
+    assert store.count_by_status(window) == 4
+    assert store.count_by_status(ListFilter(OrderStatus.ERROR)) == 0
+
+    # a status change moves the order from one listing to the other
+    order = loaded(store, "n-20")
+    order.claim("i", T0 + timedelta(minutes=1))
+    store.save(order)
+    assert "n-20" not in [i for p in all_pages(store, pending, 50) for i in p]
+    assert store.list_by_status(OrderStatus.PROCESSING, 5, None) == (["n-20"], None)
+    assert store.count_by_status(pending) == 29
+
+
+def test_a_token_the_store_never_made_is_refused(store: StateStore) -> None:
+    for i in range(3):
+        store.create(accept(f"t-{i}", at=T0 + timedelta(seconds=i)))
+    ids, token = store.list_by_status(OrderStatus.PENDING, 2, None)
+    assert ids == ["t-2", "t-1"] and token is not None
+    assert store.list_by_status(OrderStatus.PENDING, 2, token) == (["t-0"], None)
+    for bad in ("status|pending|x", "", "12|t-0", token + "|", "x" * 300):
+        with pytest.raises(InvalidContinuationToken):
+            store.list_by_status(OrderStatus.PENDING, 2, bad)
+    # well formed but pointing past everything: an empty page, not an error
+    assert store.list_by_status(OrderStatus.PENDING, 2, "9999999999999|zz") == ([], None)

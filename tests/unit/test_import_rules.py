@@ -1,0 +1,80 @@
+"""The architecture's import rules, checked on the source (every import, also those
+inside functions):
+
+- ``core`` imports nothing of the app, and no Azure SDK: only ``core``, the standard
+  library and pydantic (validation, no I/O);
+- ``agents`` never import ``stores`` (an agent knows the remote, not the state);
+- no role imports another: the scheduler, the agents, the supervisor and the operator
+  (``admin`` and its console) meet only in ``core`` ports, ``messaging`` and ``stores``
+  adapters, and the composition root (``runtime.context``), which wires them.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ("core", "stores", "messaging", "runtime", "scheduler", "agents", "supervisor", "admin")
+ROLES = {"scheduler": "scheduler", "agents": "agents", "supervisor": "supervisor"}
+ROLES |= {"admin": "operator", "console": "operator"}
+#: Third-party packages core may use (typed, no I/O).
+CORE_MAY_IMPORT = frozenset({"pydantic"})
+
+
+def imports_of(path: Path) -> set[str]:
+    """The top-level package of every module ``path`` imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def modules(package: str) -> list[Path]:
+    found = sorted((ROOT / package).rglob("*.py"))
+    assert found, f"no modules in {package}/"
+    return found
+
+
+def local_packages() -> set[str]:
+    return {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} | {"function_app"}
+
+
+@pytest.mark.parametrize("path", modules("core"), ids=lambda p: p.name)
+def test_core_imports_only_core_the_standard_library_and_pydantic(path: Path) -> None:
+    allowed = {"core", "__future__"} | set(sys.stdlib_module_names) | CORE_MAY_IMPORT
+    assert imports_of(path) - allowed == set()
+
+
+@pytest.mark.parametrize("path", modules("agents"), ids=lambda p: p.name)
+def test_agents_never_import_stores(path: Path) -> None:
+    assert "stores" not in imports_of(path)
+
+
+@pytest.mark.parametrize(
+    "path", [p for package in ROLES for p in modules(package)], ids=lambda p: str(p.parent.name)
+)
+def test_no_role_imports_another(path: Path) -> None:
+    mine = ROLES[path.relative_to(ROOT).parts[0]]
+    others = {package for package, role in ROLES.items() if role != mine}
+    assert imports_of(path) & others == set(), f"{path.relative_to(ROOT)} reaches into a role"
+
+
+def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f():\n    from scheduler.service import Scheduler\n    import stores.tables\n"
+    )
+    assert imports_of(sample) == {"scheduler", "stores"}
+
+
+def test_every_app_package_is_covered_by_a_rule() -> None:
+    ruled = set(ROLES) | {"core", "stores", "messaging", "runtime"}
+    assert set(APP) <= ruled <= local_packages()

@@ -1,0 +1,455 @@
+"""The scheduler, the supervisor and the operator's admin on the in-memory state store and a
+fake clock: no Azurite, no queues, no remote; milliseconds a test.
+
+The store passes the same contract suite as the Table store
+(``tests/integration/test_store_contract.py``); the queues and the agent transport
+here only record what they are given.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from admin.service import OrderAdmin
+from core.errors import ConcurrencyConflict, StorageUnavailable, TransitionRefused
+from core.messages import AgentReply, AgentRequest
+from core.model import Order
+from core.names import Names
+from core.orders import decode_order
+from core.policy import RetryPolicy
+from core.ports import StateStore
+from core.states import OrderStatus, StepState
+from core.unit_of_work import CONFLICT_ATTEMPTS
+from core.workflows import WORKFLOWS, Plan
+from messaging.dispatch import DispatchQueue
+from messaging.outbox import NoticeSender
+from scheduler.service import OUTBOX_GRACE, SWEEP_GRACE, Handled, Scheduler, SchedulerConfig
+from stores.memory import InMemoryStateStore
+from supervisor.service import SKEW_GRACE, Supervisor
+from tests.support import FakeClock
+
+T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
+TIMEOUT = 30
+
+
+@dataclass
+class Sent:
+    queue: str
+    body: str
+    delay_seconds: float = 0
+
+
+class RecordingQueues:
+    """``QueueSender``: keeps every message."""
+
+    def __init__(self) -> None:
+        self.sent: list[Sent] = []
+
+    def send(
+        self, queue: str, body: str, *, delay_seconds: float = 0, ttl_seconds: int | None = None
+    ) -> None:
+        self.sent.append(Sent(queue, body, delay_seconds))
+
+    def on(self, queue: str) -> list[dict[str, Any]]:
+        return [json.loads(s.body) for s in self.sent if s.queue == queue]
+
+
+class RecordingTransport:
+    """``AgentTransport``: keeps every request and reply."""
+
+    def __init__(self) -> None:
+        self.requests: list[AgentRequest] = []
+        self.replies: list[AgentReply] = []
+
+    def send_request(self, request: AgentRequest) -> bool:
+        self.requests.append(request)
+        return True
+
+    def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
+        self.replies.append(reply)
+        return True
+
+
+class RecordingKeeper:
+    """``stores.kept.Keeper``: keeps a message too large for its rejection record."""
+
+    def __init__(self) -> None:
+        self.kept: list[tuple[str, str]] = []
+
+    def keep(
+        self, queue: str, text: str, reason: str, at: datetime, *, encoding: str = "text"
+    ) -> str:
+        self.kept.append((queue, text))
+        return f"kept|{len(self.kept)}"
+
+
+@dataclass
+class Services:
+    store: InMemoryStateStore
+    clock: FakeClock
+    queues: RecordingQueues
+    transport: RecordingTransport
+    keeper: RecordingKeeper
+    names: Names
+    scheduler: Scheduler
+    supervisor: Supervisor
+    admin: OrderAdmin
+
+
+def build(
+    *,
+    store: StateStore | None = None,
+    like: Services | None = None,
+    instance: str = "scheduler-1",
+    max_failures: int = 3,
+) -> Services:
+    """Every service on one store, clock, set of queues and transport (``like``'s, to build a
+    second instance beside it; ``store`` to put something in front of the store). The one
+    place the services are wired, as in ``runtime/context.py``."""
+    memory = like.store if like else InMemoryStateStore()
+    clock = like.clock if like else FakeClock(T0)
+    queues = like.queues if like else RecordingQueues()
+    transport = like.transport if like else RecordingTransport()
+    keeper = like.keeper if like else RecordingKeeper()
+    names = Names()
+    policy = RetryPolicy(max_failure_count=max_failures)
+    used: Any = store or memory
+    notices = NoticeSender(used, queues, names)
+    later = DispatchQueue(queues, names, clock)
+    config = SchedulerConfig(instance, TIMEOUT, policy)
+    return Services(
+        store=memory,
+        clock=clock,
+        queues=queues,
+        transport=transport,
+        keeper=keeper,
+        names=names,
+        scheduler=Scheduler(used, queues, transport, names, config, clock, keeper),
+        supervisor=Supervisor(used, notices, later, policy, clock),
+        admin=OrderAdmin(used, notices, later, clock),
+    )
+
+
+@pytest.fixture
+def s() -> Services:
+    return build()
+
+
+def submit(s: Services, order_id: str, **extra: Any) -> Handled:
+    body = {"orderId": order_id, "replyTo": "app-status", **extra}
+    return s.scheduler.submit(json.dumps(body).encode())
+
+
+def reply_to(request: AgentRequest, outcome: str = "succeeded", **kw: Any) -> AgentReply:
+    if outcome == "succeeded":
+        kw.setdefault("result", {"ok": True})
+    return AgentReply(
+        request.order_id, request.step, request.attempt, request.complete_by, outcome, **kw
+    )
+
+
+def stored(s: Services, order_id: str) -> Order:
+    order = s.store.load(order_id)
+    assert order is not None
+    return order
+
+
+def statuses(s: Services, queue: str = "app-status") -> list[str]:
+    return [m["status"] for m in s.queues.on(queue)]
+
+
+def dispatches(s: Services) -> list[str]:
+    return [m["orderId"] for m in s.queues.on(s.names.order_dispatch)]
+
+
+def expire(s: Services) -> Any:
+    """Move the clock past the active attempt's deadline (and the skew grace); supervise."""
+    s.clock.advance(TIMEOUT + SKEW_GRACE.total_seconds() + 1)
+    return s.supervisor.run()
+
+
+# --- the happy path ----------------------------------------------------------------------
+
+
+def test_submit_stores_claims_and_sends_the_agent_request(s: Services) -> None:
+    assert submit(s, "o-1", sku="X") is Handled.ACCEPTED
+
+    [request] = s.transport.requests
+    assert (request.order_id, request.step, request.attempt) == ("o-1", "process", 1)
+    assert request.complete_by == T0 + timedelta(seconds=TIMEOUT)
+    assert request.order is not None and request.order["sku"] == "X"
+    order = stored(s, "o-1")
+    assert order.status is OrderStatus.PROCESSING
+    assert order.steps[0].locked_by == "scheduler-1" and order.steps[0].attempt == 1
+    assert statuses(s) == ["received", "processing"]
+    # delivered notices leave the outbox
+    assert list(s.store.stale_outbox(T0 + timedelta(days=1))) == []
+
+
+def test_a_success_reply_completes_the_order(s: Services) -> None:
+    submit(s, "o-ok")
+    [request] = s.transport.requests
+    s.clock.advance(3)
+
+    assert s.scheduler.apply_reply(reply_to(request, result={"id": 7})) is Handled.APPLIED
+
+    order = stored(s, "o-ok")
+    assert order.status is OrderStatus.COMPLETED
+    assert order.steps[0].process_state is StepState.PROCESSED
+    assert order.steps[0].result == {"id": 7}
+    assert statuses(s) == ["received", "processing", "completed"]
+    assert list(s.store.expired_processing(T0 + timedelta(days=1))) == []
+    assert list(s.store.due_pending(T0 + timedelta(days=1))) == []
+    # the same reply again changes nothing
+    assert s.scheduler.apply_reply(reply_to(request)) is not Handled.APPLIED
+    assert stored(s, "o-ok") == order and len(s.transport.requests) == 1
+
+
+def test_a_workflow_runs_step_after_step(s: Services) -> None:
+    submit(s, "o-flow", workflow="fulfilment")
+    for _ in range(3):
+        s.scheduler.apply_reply(reply_to(s.transport.requests[-1]))
+    steps = [(r.step, r.attempt) for r in s.transport.requests]
+    assert steps == [("reserve-stock", 1), ("charge-payment", 1), ("ship", 1)]
+    assert stored(s, "o-flow").status is OrderStatus.COMPLETED
+
+
+# --- the supervisor -----------------------------------------------------------------------
+
+
+def test_expiry_retries_then_fails_for_good_with_an_operator_alert(s: Services) -> None:
+    submit(s, "o-slow")
+    for attempt in (1, 2):
+        report = expire(s)
+        assert (report.examined, report.retried, report.failed) == (1, 1, 0)
+        assert dispatches(s) == ["o-slow"] * attempt  # a re-dispatch, due at once
+        assert s.scheduler.dispatch("o-slow") is Handled.DISPATCHED
+        assert s.transport.requests[-1].attempt == attempt + 1
+    assert s.queues.on(s.names.operator_alerts) == []
+
+    report = expire(s)
+
+    assert (report.examined, report.retried, report.failed) == (1, 0, 1)
+    order = stored(s, "o-slow")
+    assert order.status is OrderStatus.ERROR
+    assert order.steps[0].process_state is StepState.ERROR
+    assert order.steps[0].failure_count == 3
+    [alert] = s.queues.on(s.names.operator_alerts)
+    assert (alert["orderId"], alert["step"], alert["failureCount"]) == ("o-slow", "process", 3)
+    assert "may have been applied" in alert["reason"]
+    assert statuses(s)[-1] == "error"
+    assert len(s.transport.requests) == 3
+    # nothing left to supervise
+    assert expire(s).examined == 0
+
+
+def test_the_supervisor_leaves_a_step_alone_until_its_deadline_and_grace(s: Services) -> None:
+    submit(s, "o-wait")
+    s.clock.advance(TIMEOUT + SKEW_GRACE.total_seconds() - 0.5)
+    assert s.supervisor.run().examined == 0
+    s.clock.advance(1)
+    assert s.supervisor.run().retried == 1
+
+
+def test_a_late_success_after_the_expiry_still_completes(s: Services) -> None:
+    submit(s, "o-late")
+    [first] = s.transport.requests
+    expire(s)
+    assert s.scheduler.apply_reply(reply_to(first)) is Handled.NOTED
+    assert stored(s, "o-late").status is OrderStatus.COMPLETED
+
+
+# --- the operator -------------------------------------------------------------------------
+
+
+def test_resubmit_puts_a_failed_order_back_to_work(s: Services) -> None:
+    submit(s, "o-again")
+    for _ in range(2):
+        expire(s)
+        s.scheduler.dispatch("o-again")
+    expire(s)
+    assert stored(s, "o-again").status is OrderStatus.ERROR
+
+    s.clock.advance(60)
+    view = s.admin.resubmit("o-again", "ops (test)", "fixed the remote")
+
+    assert view["status"] == "processing"
+    assert dispatches(s)[-1] == "o-again"
+    assert s.scheduler.dispatch("o-again") is Handled.DISPATCHED
+    request = s.transport.requests[-1]
+    assert request.attempt == 4 and request.complete_by == s.clock() + timedelta(seconds=30)
+    s.scheduler.apply_reply(reply_to(request))
+    order = stored(s, "o-again")
+    assert order.status is OrderStatus.COMPLETED
+    assert [h["by"] for h in order.history if h["event"] == "resubmitted"] == ["ops (test)"]
+    with pytest.raises(TransitionRefused):
+        s.admin.resubmit("o-again", "ops")
+
+
+def test_listing_and_counts_through_the_admin(s: Services) -> None:
+    for n in range(5):
+        submit(s, f"o-l{n}")
+        s.clock.advance(1)
+    s.scheduler.apply_reply(reply_to(s.transport.requests[2]))
+    page = s.admin.list(OrderStatus.PROCESSING, page_size=3)
+    assert [o["orderId"] for o in page["orders"]] == ["o-l4", "o-l3", "o-l1"]
+    assert page["continuationToken"] is not None
+    rest = s.admin.list(OrderStatus.PROCESSING, page_size=3, token=page["continuationToken"])
+    assert [o["orderId"] for o in rest["orders"]] == ["o-l0"]
+    counts = s.admin.counts()
+    assert (counts["processing"], counts["completed"], counts["pending"]) == (4, 1, 0)
+
+
+# --- races, duplicates, outages -----------------------------------------------------------
+
+
+class SaveHook:
+    """A store that runs ``before`` once, just before its next save (another instance
+    moving the order in between this one's read and its write)."""
+
+    def __init__(self, store: InMemoryStateStore, before: Any) -> None:
+        self._store = store
+        self._before = before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def save(self, order: Order) -> Any:
+        before, self._before = self._before, None
+        if before is not None:
+            before()
+        return self._store.save(order)
+
+
+def test_two_schedulers_claiming_one_step_have_one_winner() -> None:
+    first = build(instance="scheduler-1")
+    order = Order.accept(
+        decode_order(json.dumps({"orderId": "o-race"})), Plan.of(WORKFLOWS["order"], 30), T0
+    )
+    first.store.create(order)  # stored, and its dispatch lost
+    outcomes: list[Handled] = []
+    second = build(
+        like=first,
+        instance="scheduler-2",
+        store=SaveHook(first.store, lambda: outcomes.append(first.scheduler.dispatch("o-race"))),
+    )
+
+    outcomes.append(second.scheduler.dispatch("o-race"))
+
+    assert outcomes == [Handled.DISPATCHED, Handled.NOTHING_TO_DO]  # first's, then second's
+    [request] = first.transport.requests
+    assert request.attempt == 1
+    assert stored(first, "o-race").steps[0].locked_by == "scheduler-1"
+
+
+def test_a_reply_racing_the_supervisor_is_applied_on_a_fresh_read(s: Services) -> None:
+    submit(s, "o-both")
+    [request] = s.transport.requests
+    s.clock.advance(TIMEOUT + SKEW_GRACE.total_seconds() + 1)
+    racing = build(like=s, store=SaveHook(s.store, s.supervisor.run))
+
+    # the supervisor expires the attempt between the reply's read and its write; the
+    # reply's save conflicts, it reads again, and the success still counts
+    assert racing.scheduler.apply_reply(reply_to(request)) is Handled.NOTED
+    order = stored(s, "o-both")
+    assert order.status is OrderStatus.COMPLETED
+    events = [h["event"] for h in order.steps[0].history]
+    assert "expired" in events and events[-1] == "succeeded"
+
+
+def test_a_duplicate_submit_stores_and_dispatches_once(s: Services) -> None:
+    assert submit(s, "o-dup", sku="A") is Handled.ACCEPTED
+    assert submit(s, "o-dup", sku="A") is Handled.DUPLICATE
+    assert len(s.transport.requests) == 1
+    assert stored(s, "o-dup").version == 2  # created, claimed: nothing more
+    assert statuses(s) == ["received", "processing"]
+
+
+def test_the_same_id_with_other_content_is_rejected(s: Services) -> None:
+    submit(s, "o-same", sku="A")
+    assert submit(s, "o-same", sku="B") is Handled.REJECTED
+    [record] = s.queues.on(s.names.orders_rejected)
+    assert "already exists" in record["reason"] and '"sku": "B"' in record["message"]
+    assert stored(s, "o-same").body["sku"] == "A" and len(s.transport.requests) == 1
+
+
+def test_a_duplicate_of_an_order_whose_dispatch_was_lost_dispatches_it(s: Services) -> None:
+    s.store.fail_next(1, only=["save"])  # the claim after the create fails
+    with pytest.raises(StorageUnavailable):
+        submit(s, "o-lost")
+    assert stored(s, "o-lost").status is OrderStatus.PENDING and s.transport.requests == []
+    assert submit(s, "o-lost") is Handled.DUPLICATE  # the queue's redelivery
+    assert [r.order_id for r in s.transport.requests] == ["o-lost"]
+
+
+def test_a_store_outage_surfaces_as_storage_unavailable_and_changes_nothing(
+    s: Services,
+) -> None:
+    s.store.fail_next(1, only=["create"])
+    with pytest.raises(StorageUnavailable):
+        submit(s, "o-down")
+    assert s.store.load("o-down") is None and s.queues.sent == []
+    assert submit(s, "o-down") is Handled.ACCEPTED  # the host's retry
+
+    [request] = s.transport.requests
+    s.store.fail_next(1)
+    with pytest.raises(StorageUnavailable):
+        s.scheduler.apply_reply(reply_to(request))
+    assert stored(s, "o-down").status is OrderStatus.PROCESSING
+    s.store.fail_next(1, only=["save"])
+    with pytest.raises(StorageUnavailable):
+        s.scheduler.apply_reply(reply_to(request))
+    assert stored(s, "o-down").status is OrderStatus.PROCESSING
+    assert s.scheduler.apply_reply(reply_to(request)) is Handled.APPLIED
+
+
+def test_the_supervisor_rides_out_an_outage(s: Services) -> None:
+    submit(s, "o-sup")
+    s.clock.advance(TIMEOUT + SKEW_GRACE.total_seconds() + 1)
+    s.store.fail_next(1, only=["expired_processing"])
+    with pytest.raises(StorageUnavailable):
+        s.supervisor.run()
+    s.store.fail_next(1, only=["save"])
+    report = s.supervisor.run()
+    assert report.examined == 1 and report.retried == 0
+    assert "StorageUnavailable" in report.errors[0]
+    assert s.queues.on(s.names.operator_alerts) == []  # the next run retries: no alert
+    assert s.supervisor.run().retried == 1
+
+
+def test_notices_not_cleared_from_the_outbox_are_resent_by_the_sweep(s: Services) -> None:
+    s.store.fail_next(1, only=["delete_outbox"])
+    submit(s, "o-again-notice")
+    assert statuses(s) == ["received", "processing"]  # sent; "received"'s row stays
+    assert s.scheduler.sweep().notices == 0  # not stale yet
+    s.clock.advance(OUTBOX_GRACE.total_seconds() + 1)
+    report = s.scheduler.sweep()
+    assert report.notices == 1 and report.errors == []
+    assert statuses(s) == ["received", "processing", "received"]  # at least once
+    assert s.scheduler.sweep().notices == 0
+
+
+def test_the_sweep_dispatches_a_step_whose_dispatch_was_lost(s: Services) -> None:
+    s.store.fail_next(1, only=["save"])
+    with pytest.raises(StorageUnavailable):
+        submit(s, "o-swept")
+    assert s.scheduler.sweep().dispatched == 0  # within the grace: the dispatch may come
+    s.clock.advance(SWEEP_GRACE.total_seconds() + 1)
+    assert s.scheduler.sweep().dispatched == 1
+    assert [(r.order_id, r.attempt) for r in s.transport.requests] == [("o-swept", 1)]
+
+
+def test_a_conflict_that_never_ends_is_reported(s: Services) -> None:
+    submit(s, "o-busy")
+    [request] = s.transport.requests
+    busy = ConcurrencyConflict("busy", order_id="o-busy")
+    s.store.fail_next(CONFLICT_ATTEMPTS, busy, only=["save"])
+    with pytest.raises(ConcurrencyConflict):
+        s.scheduler.apply_reply(reply_to(request))
+    assert stored(s, "o-busy").status is OrderStatus.PROCESSING
+    assert s.scheduler.apply_reply(reply_to(request)) is Handled.APPLIED  # once it settles
