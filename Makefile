@@ -7,7 +7,7 @@ PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
 .PHONY: run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
 	index-check chaos chaos-short bench \
-	clean start test-servicebus
+	clean start test-servicebus localbus
 
 $(BIN)/.ok: requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -20,17 +20,21 @@ node_modules/.ok: package.json package-lock.json
 
 deps: $(BIN)/.ok node_modules/.ok
 
+# TRANSPORT=servicebus: the agent queues on localbus, the local Service Bus double
+TRANSPORT ?= storage
+
 ## make run: Azurite + simulator + two devhost instances + demo orders, live, then a summary
+## (make run TRANSPORT=servicebus: the agent queues on localbus, through the real SDK)
 run: deps
-	$(BIN)/python -m demo
+	$(BIN)/python -m demo --transport $(TRANSPORT)
 
 ## make start: the app on Azurite and the simulator, until Ctrl-C (no demo orders)
 start: deps
-	$(BIN)/python -m demo --serve
+	$(BIN)/python -m demo --serve --transport $(TRANSPORT)
 
 ## make test: lint, types, unit, integration (Azurite), e2e (processes), browser (the console
 ## in Chromium), chaos (short), infra
-test: deps lint typecheck unit integration e2e browser chaos-short iac-check index-check
+test: deps lint typecheck unit integration localbus e2e browser chaos-short iac-check index-check
 
 lint: deps
 	$(BIN)/ruff check .
@@ -44,6 +48,11 @@ unit: deps
 
 integration: deps
 	$(PYTEST) tests/integration -q
+
+## make localbus: the Service Bus contract tests against localbus (the local double), and
+## devhost's Service Bus listener on it (a real namespace instead: make test-servicebus)
+localbus: deps
+	$(PYTEST) tests/localbus -q
 
 e2e: deps
 	$(PYTEST) tests/e2e -q
@@ -115,7 +124,7 @@ iac-check: .venv-iac/.ok
 ## (SERVICEBUS_TEST_CONNECTION=<namespace>.servicebus.windows.net or a connection string)
 test-servicebus: deps
 	@test -n "$$SERVICEBUS_TEST_CONNECTION" || { echo "set SERVICEBUS_TEST_CONNECTION (see README)"; exit 2; }
-	$(PYTEST) tests/integration/test_servicebus_live.py -q -m servicebus
+	$(PYTEST) tests/localbus/test_contract.py tests/integration/test_servicebus_live.py -q -m servicebus
 
 bench: deps
 	$(BIN)/python -m bench.pipeline

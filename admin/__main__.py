@@ -9,6 +9,8 @@
     python -m admin kept [list] [--limit N]
     python -m admin kept [show] ROW
     python -m admin kept delete ROW
+    python -m admin workflows
+    python -m admin agents-json [--write]
 
 Storage comes from ``AzureWebJobsStorage`` (connection string) or
 ``AzureWebJobsStorage__accountName`` (your az login / managed identity), or
@@ -24,6 +26,14 @@ state table; the alert or record names one by its ``keptAs`` row key. ``kept`` l
 them (oldest first, with a preview); ``kept show ROW`` (or ``kept ROW``) prints one
 whole (``text``: the message exactly; its base64 when ``encoding`` is ``base64``: it
 was not UTF-8); ``kept delete ROW`` removes one once dealt with.
+
+``workflows`` and ``agents-json`` read only the declarations (``declarations/``, or the
+module ``ORDERS_DECLARATIONS`` names), never storage. ``workflows`` prints the workflows
+and agents as ``GET /api/workflows`` does. ``agents-json`` prints ``infra/agents.json``,
+the agents as Bicep deploys them (one Service Bus request queue, its Storage poison
+queue, role assignments and app settings each); ``--write`` also writes it. Run
+``python -m admin agents-json --write`` after changing an agent, and commit the file:
+``tests/unit/test_agents_json.py`` fails while it is out of date.
 """
 
 from __future__ import annotations
@@ -33,8 +43,11 @@ import getpass
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
 
+from core import workflows
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -43,12 +56,95 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
-from core.names import Names
+from core.names import Names, poison
 from core.settings import Settings
 from core.states import OrderStatus
 from core.timefmt import iso
 from runtime.context import AppContext
 from stores.kept import KeptMessages
+
+#: Where ``agents-json --write`` writes; ``infra/main.bicep`` reads it (loadJsonContent).
+AGENTS_JSON: Final = Path(__file__).resolve().parents[1] / "infra" / "agents.json"
+AGENTS_JSON_COMMAND: Final = "python -m admin agents-json --write"
+
+
+def agents_json(agents: Mapping[str, workflows.Agent] | None = None) -> dict[str, Any]:
+    """``infra/agents.json``: each declared agent (by name) as Bicep deploys it.
+
+    ``queue``: its Service Bus request queue; ``poisonQueue``: the Storage queue where its
+    malformed messages are quarantined; ``urlSetting``: the app setting of its base URL
+    (http agents; null for python ones); ``apiKeySetting``: the setting holding its key
+    (ApiKey agents, else null); ``scope``: its Entra ID scope (EntraToken agents, else
+    null). Every agent has every key, so Bicep reads them without checking.
+    """
+    declared = workflows.AGENTS if agents is None else agents
+    names = Names()
+    entries = []
+    for name in sorted(declared):
+        agent = declared[name]
+        queue = names.agent_queue(agent.name)
+        auth = agent.auth
+        entries.append(
+            {
+                "name": agent.name,
+                "queue": queue,
+                "poisonQueue": poison(queue),
+                "kind": agent.kind,
+                "auth": auth.kind,
+                "urlSetting": agent.url_setting if agent.kind == "http" else None,
+                "apiKeySetting": (
+                    agent.api_key_setting if isinstance(auth, workflows.ApiKey) else None
+                ),
+                "scope": auth.scope if isinstance(auth, workflows.EntraToken) else None,
+            }
+        )
+    return {
+        "$comment": (
+            "Generated from the agent declarations (declarations/) by "
+            f"`{AGENTS_JSON_COMMAND}`: never edit it by hand, regenerate it. "
+            "infra/main.bicep reads it to create each agent's Service Bus request queue, "
+            "its Storage poison queue, the app identity's roles on the queue and the "
+            "agent's app settings (docs/deployment.md, 'Agents')."
+        ),
+        "agents": entries,
+    }
+
+
+def agents_json_text(agents: Mapping[str, workflows.Agent] | None = None) -> str:
+    """``agents_json`` exactly as the file holds it."""
+    return json.dumps(agents_json(agents), indent=2, ensure_ascii=False) + "\n"
+
+
+def workflows_json() -> dict[str, Any]:
+    """The workflows and agents as declared, in the shape of ``GET /api/workflows``."""
+    return {
+        "workflows": [workflows.WORKFLOWS[n].describe() for n in sorted(workflows.WORKFLOWS)],
+        "agents": [workflows.AGENTS[n].describe() for n in sorted(workflows.AGENTS)],
+    }
+
+
+def _declarations_command(args: argparse.Namespace) -> int:
+    """``workflows`` and ``agents-json``: the declarations only, no storage."""
+    try:
+        if args.command == "workflows":
+            _print(workflows_json())
+            return 0
+        text = agents_json_text()
+    except workflows.DeclarationError as exc:
+        _print({"error": str(exc)})
+        return 2
+    print(text, end="")
+    source = os.environ.get(workflows.DECLARATIONS_SETTING, "").strip()
+    if source and source != workflows.DEFAULT_DECLARATIONS:
+        print(
+            f"note: from {workflows.DECLARATIONS_SETTING}={source}, not the deployed "
+            f"{workflows.DEFAULT_DECLARATIONS}/",
+            file=sys.stderr,
+        )
+    if args.write:
+        AGENTS_JSON.write_text(text, encoding="utf-8")
+        print(f"wrote {AGENTS_JSON}", file=sys.stderr)
+    return 0
 
 
 def _context(connection: str | None) -> AppContext:
@@ -115,6 +211,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "ROW is the keptAs of the alert or record",
     )
     kept.add_argument("--limit", type=int, default=100, help="list at most this many")
+    submit = sub.add_parser(
+        "submit", help="post an order message (JSON) to the orders queue, as an app does"
+    )
+    submit.add_argument("order_json", metavar="JSON", help='e.g. \'{"orderId": "o-1"}\'')
+    sub.add_parser("workflows", help="the declared workflows and agents (GET /api/workflows)")
+    agents = sub.add_parser(
+        "agents-json",
+        help="infra/agents.json (the agents for Bicep), generated from the declarations",
+    )
+    agents.add_argument(
+        "--write", action="store_true", help=f"also write it to {AGENTS_JSON.name} in infra/"
+    )
     args = parser.parse_args(argv)
     if args.command == "kept":
         words = list(args.words)
@@ -174,6 +282,8 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.command in ("workflows", "agents-json"):
+        return _declarations_command(args)
     try:
         ctx = _context(args.connection)
         admin = ctx.admin
@@ -205,6 +315,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         elif args.command == "kept":
             return _kept(ctx, args)
+        elif args.command == "submit":
+            body = json.loads(args.order_json)  # not JSON: a ValueError, exit 2
+            if not isinstance(body, dict):
+                raise ValueError("an order message is a JSON object")
+            ctx.queues.client(ctx.names.orders).send_message(json.dumps(body))
+            _print({"submitted": body.get("orderId"), "queue": ctx.names.orders})
     except OrderNotFound as exc:
         _print({"error": exc.message})
         return 4

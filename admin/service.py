@@ -68,9 +68,10 @@ def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
     return [attempts[n] for n in sorted(attempts)]
 
 
-def step_view(step: StepRecord) -> dict[str, Any]:
+def step_view(step: StepRecord, agent: str | None = None) -> dict[str, Any]:
     return {
         "step": step.step,
+        "agent": agent,
         # the state fields of docs/contracts.md §3.2, named as in the table
         "OrderID": step.order_id,
         "Step": step.step,
@@ -100,11 +101,18 @@ def order_view(order: Order) -> dict[str, Any]:
         "createdAt": iso(order.created_at),
         "updatedAt": iso(order.updated_at),
         "cancelRequested": order.cancel_requested,
-        "steps": [step_view(s) for s in order.steps],
+        "steps": [step_view(s, _agent(order, s.step)) for s in order.steps],
         "notStarted": [p.name for p in order.plan.steps if p.name not in reached],
         "history": order.history,
         "order": order.body,
     }
+
+
+def _agent(order: Order, step: str) -> str | None:
+    try:
+        return order.plan.agent_of(step)
+    except KeyError:  # pragma: no cover - every record is a step of its plan
+        return None
 
 
 def order_summary(order: Order) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from core.errors import (
     TransitionRefused,
 )
 from core.orders import is_valid_order_id
+from core.workflows import AGENTS, WORKFLOWS
 from runtime.context import app_context
 
 bp = func.Blueprint()
@@ -148,3 +149,16 @@ def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="orders/{orderId}/cancel", methods=["POST"])
 def cancel_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "cancel")
+
+
+@bp.route(route="workflows", methods=["GET"])
+def list_workflows(req: func.HttpRequest) -> func.HttpResponse:
+    """The workflows and agents as deployed (docs/contracts.md §3.8)."""
+    return _json(200, workflows_view())
+
+
+def workflows_view() -> dict[str, Any]:
+    return {
+        "workflows": [WORKFLOWS[name].describe() for name in sorted(WORKFLOWS)],
+        "agents": [AGENTS[name].describe() for name in sorted(AGENTS)],
+    }

@@ -22,6 +22,14 @@ however often it is asked).
 - ``agents.health``: one breaker per remote endpoint decides whether a call may go out
   and whether a failed attempt is this order's failure (``transient``, counted) or
   the endpoint's (``deferred``, not counted).
+- ``agents.auth``: the credentials of each try (API key, Entra token), got inside the
+  try (none to be had: applied nothing, not sent); a 401 with a token gets a fresh one
+  and sends again, once.
+- ``agents.limits``: at most ``concurrency`` attempts at once; one that gets no slot
+  while a try could still start is ``deferred``, not called.
+
+Other kinds of agent (``agents.python``) subclass this client and replace ``_try``:
+the loop, the breaker and the classification stay one copy.
 """
 
 from __future__ import annotations
@@ -34,13 +42,15 @@ import random
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, TypeVar
 
 import httpx
 
+from agents.auth import CredentialError, NoHeaders, RequestAuth
 from agents.health import EndpointHealth, HealthPolicy, HostActivity, Mark
+from agents.limits import CallSlots
 from core.messages import AgentRequest, Applied
 from core.timefmt import iso
 from runtime import telemetry
@@ -194,8 +204,14 @@ class RemoteServiceClient:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         sleep: Callable[[float], None] = time.sleep,
         rng: random.Random | None = None,
+        *,
+        auth: RequestAuth | None = None,
+        concurrency: int | None = None,
     ):
         self._base_url = base_url.rstrip("/")
+        self.auth: RequestAuth = auth or NoHeaders()
+        #: None: no limit of its own (the host's concurrency limits it).
+        self.slots = CallSlots(concurrency) if concurrency is not None else None
         self.policy = policy or RemotePolicy()
         self._transport = transport
         self._clock = clock
@@ -220,15 +236,38 @@ class RemoteServiceClient:
     def call(self, request: AgentRequest) -> CallOutcome:
         """The remote call for one attempt, tried until it succeeds, is refused, is
         deferred, or time runs out. Never raises for what the remote does."""
-        key, path = request.idempotency_key, request.path
+        path = request.path
         if (unsendable := _unsendable(request)) is not None:
             # Refused here, before any admission: the endpoint was not asked, so this
             # says nothing about its health (and must not close an open breaker).
             return CallOutcome("refused", error=unsendable)
-        health = self.health(path)
         now = self._clock()
         left = (request.complete_by - now).total_seconds()
         stop_at = request.complete_by - timedelta(seconds=self.policy.reply_margin(left))
+        if self.slots is None:
+            return self._attempt(request, stop_at)
+        # A slot must come while a try could still start (see the loop's first test).
+        wait = (stop_at - now).total_seconds() - self.policy.min_try_seconds
+        slot = self.slots.take(wait)
+        if slot is None:
+            METRICS.inc("agent_busy_deferrals")
+            return CallOutcome(
+                "deferred",
+                error=f"{path}: all {self.slots.limit} call slots of this agent on this "
+                f"instance stayed busy for {max(wait, 0):.1f} s, until too little time was "
+                "left for a call; not called (concurrency limit)",
+                not_before=self._clock(),
+            )
+        self.slots.current = slot
+        try:
+            return self._attempt(request, stop_at)
+        finally:
+            self.slots.current = None
+            slot.release()
+
+    def _attempt(self, request: AgentRequest, stop_at: datetime) -> CallOutcome:
+        key, path = request.idempotency_key, request.path
+        health = self.health(path)
         tries: list[Try] = []
         mark: Mark | None = None  # what had answered before this attempt's first failing try
         while True:
@@ -343,19 +382,57 @@ class RemoteServiceClient:
         headers["Content-Type"] = "application/json"
         # No compressed answers: a body that fails to decompress would hide the status.
         headers["Accept-Encoding"] = "identity"
-        url = f"{self._base_url}/{request.path}"
-        loop = self._event_loop()
+        path, content = request.path, body.encode("utf-8")
+        started = time.monotonic()  # the try's timeout bounds it whole, credentials included
+
+        def left() -> float:
+            return timeout - (time.monotonic() - started)
+
         try:
-            answer = loop.run(
-                self._post(url, body.encode("utf-8"), headers, timeout, request.path),
-                bound=timeout + 5,
-            )
-        except TimeoutError:  # pragma: no cover - the coroutine bounds itself first
-            return Try("maybe", True, f"{request.path}: no answer within {timeout:.1f} s")
+            credentials = self.auth.headers(timeout)
+        except CredentialError as exc:
+            return Try("no", True, f"{path}: {exc}; the request was not sent")
+        answer = self._send(path, content, headers, credentials, left() if credentials else timeout)
+        if isinstance(answer, httpx.Response) and answer.status_code == 401:
+            # A stale or revoked token: one fresh token, one more send, in this try.
+            try:
+                if self.auth.refresh(answer.headers.get("WWW-Authenticate"), left()):
+                    credentials = self.auth.headers(left())
+                    answer = self._send(path, content, headers, credentials, left())
+            except CredentialError as exc:
+                return Try("no", True, f"{path}: HTTP 401, and no fresh token to send again: {exc}")
         if isinstance(answer, Try):
             return answer
         # Parsed here, on the caller's thread: a large body must not stall the shared loop.
-        return classify(answer, request.path, self._clock())
+        outcome = classify(answer, path, self._clock())
+        if answer.status_code in (401, 403) and not isinstance(self.auth, NoHeaders):
+            outcome = replace(
+                outcome,
+                error=f"{outcome.error} (the remote refused this agent's credentials)",
+            )
+        return outcome
+
+    def _send(
+        self,
+        path: str,
+        content: bytes,
+        headers: dict[str, str],
+        credentials: dict[str, str],
+        timeout: float,
+    ) -> Try | httpx.Response:
+        # Credentials never replace the contract's headers (the key, the body's type).
+        own = {k.lower() for k in headers}
+        headers = {**{k: v for k, v in credentials.items() if k.lower() not in own}, **headers}
+        if timeout <= 0:
+            return Try("no", True, f"{path}: no time left to send (the request was never sent)")
+        loop = self._event_loop()
+        try:
+            return loop.run(
+                self._post(f"{self._base_url}/{path}", content, headers, timeout, path),
+                bound=timeout + 5,
+            )
+        except TimeoutError:  # pragma: no cover - the coroutine bounds itself first
+            return Try("maybe", True, f"{path}: no answer within {timeout:.1f} s")
 
     async def _post(
         self, url: str, content: bytes, headers: dict[str, str], timeout: float, path: str
@@ -417,6 +494,7 @@ class RemoteServiceClient:
         return self._http
 
     def close(self) -> None:
+        self.auth.close()
         with self._lock:
             loop, http = self._loop, self._http
             self._loop = self._http = None

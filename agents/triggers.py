@@ -1,12 +1,17 @@
-"""The agents' blueprint: one trigger on the agent request queue.
+"""The agents' blueprint: one function per declared agent, on its own request queue.
 
-Every remote service has its own agent object (client, circuit breaker) in
-``Agent``; requests name their remote path, so one queue serves them all.
+``run_agent_<agent>`` is triggered by ``agent-requests-<agent>`` (a Service Bus queue, or
+a Storage queue with ``AGENT_TRANSPORT=storage``), so a slow or failing service never
+holds up another's requests, and each function scales and is throttled on its own.
+The agents come from the declarations (``declarations/``, ``core.workflows.AGENTS``),
+read when this module is indexed. ``run_agent`` serves ``agent-requests``, where
+requests of orders accepted before agents existed may still wait.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import azure.functions as func
 
@@ -14,36 +19,54 @@ from core import names
 from core.errors import InvalidMessage
 from core.messages import decode_request
 from core.settings import Transport, transport_from_env
+from core.workflows import AGENTS
 from messaging.quarantine import quarantine
 from runtime.context import app_context
 
 bp = func.Blueprint()
+STORAGE = transport_from_env(os.environ) is Transport.STORAGE
 
 
-def _handle(raw: bytes, reply_to: str | None) -> None:
+def _handle(raw: bytes, reply_to: str | None, agent: str | None) -> None:
     ctx = app_context()
     try:
         request = decode_request(raw)
     except InvalidMessage as exc:
-        quarantine(
-            ctx.queues, ctx.names.agent_requests, raw, exc.message, ctx.clock, keeper=ctx.kept
-        )
+        queue = ctx.names.agent_queue(agent)
+        quarantine(ctx.queues, queue, raw, exc.message, ctx.clock, keeper=ctx.kept)
         return
-    ctx.agent.handle(request, reply_to)
+    ctx.agent_for(agent).handle(request, reply_to)
 
 
-if transport_from_env(os.environ) is Transport.STORAGE:
+def _register(function_name: str, queue: str, agent: str | None) -> None:
+    """One trigger on ``queue`` named ``function_name`` (the worker needs distinct names
+    and a real function object per trigger)."""
+    if STORAGE:
 
-    @bp.queue_trigger(
-        arg_name="msg", queue_name=names.AGENT_REQUESTS, connection="AzureWebJobsStorage"
-    )
-    def run_agent(msg: func.QueueMessage) -> None:
-        _handle(msg.get_body(), None)
+        def on_queue(msg: func.QueueMessage) -> None:
+            _handle(msg.get_body(), None, agent)
 
-else:
+        handler: Callable[..., None] = on_queue
+        handler.__name__ = handler.__qualname__ = function_name
+        bp.function_name(function_name)(
+            bp.queue_trigger(arg_name="msg", queue_name=queue, connection="AzureWebJobsStorage")(
+                handler
+            )
+        )
+    else:
 
-    @bp.service_bus_queue_trigger(
-        arg_name="msg", queue_name=names.AGENT_REQUESTS, connection="ServiceBusConnection"
-    )
-    def run_agent(msg: func.ServiceBusMessage) -> None:
-        _handle(msg.get_body(), msg.reply_to)
+        def on_message(msg: func.ServiceBusMessage) -> None:
+            _handle(msg.get_body(), msg.reply_to, agent)
+
+        handler = on_message
+        handler.__name__ = handler.__qualname__ = function_name
+        bp.function_name(function_name)(
+            bp.service_bus_queue_trigger(
+                arg_name="msg", queue_name=queue, connection="ServiceBusConnection"
+            )(handler)
+        )
+
+
+_register("run_agent", names.AGENT_REQUESTS, None)
+for _agent in sorted(AGENTS.values(), key=lambda a: a.name):
+    _register(_agent.function_name, f"{names.AGENT_REQUESTS}-{_agent.name}", _agent.name)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final, Literal
@@ -22,6 +22,7 @@ from core.timefmt import iso, parse_iso
 
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _PATH = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
+_AGENT = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 #: What a remote call did, as far as the caller can know (docs/contracts.md §3.11).
 Applied = Literal["no", "maybe"]
@@ -118,9 +119,13 @@ class AgentRequest(_StepMessage):
     #: An earlier attempt of this step failed while the remote served other orders: its
     #: failures are its own, not an outage's (the agent uses this to attribute failures).
     singled_out: bool = False
+    #: The agent that runs the step (its request queue); None in plans from before agents.
+    agent: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self._head(), "path": self.path}
+        if self.agent:
+            out["agent"] = self.agent
         if self.order is not None:
             out["order"] = self.order
         else:
@@ -134,29 +139,11 @@ class AgentRequest(_StepMessage):
     def encode(self) -> str:
         text = super().encode()
         if self.order is not None and len(text.encode("utf-8")) > MAX_INLINE_ORDER_BYTES:
-            return AgentRequest(
-                self.order_id,
-                self.step,
-                self.attempt,
-                self.complete_by,
-                self.path,
-                None,
-                self.trace,
-                self.singled_out,
-            ).encode()
+            return replace(self, order=None).encode()
         return text
 
     def with_order(self, order: dict[str, Any]) -> AgentRequest:
-        return AgentRequest(
-            self.order_id,
-            self.step,
-            self.attempt,
-            self.complete_by,
-            self.path,
-            order,
-            self.trace,
-            self.singled_out,
-        )
+        return replace(self, order=order)
 
     def _reply(self, outcome: ReplyOutcome, **fields: Any) -> AgentReply:
         return AgentReply(
@@ -318,8 +305,15 @@ def decode_request(raw: bytes | str) -> AgentRequest:
                 step=step,
             )
     singled_out = value.get("singledOut", False) is True
+    agent = value.get("agent")
+    if agent is not None and not (isinstance(agent, str) and _AGENT.fullmatch(agent)):
+        raise InvalidMessage(
+            f"agent request: agent must be an agent name (a-z, 0-9, -), got {agent!r}",
+            order_id=order_id,
+            step=step,
+        )
     return AgentRequest(
-        order_id, step, attempt, complete_by, path, order, _trace(value), singled_out
+        order_id, step, attempt, complete_by, path, order, _trace(value), singled_out, agent
     )
 
 

@@ -39,10 +39,27 @@ class Names:
             state_table=f"{STATE_TABLE}{tag}",
         )
 
+    def agent_queue(self, agent: str | None) -> str:
+        """An agent's request queue, ``agent-requests-<agent>``; requests of plans from
+        before agents existed name none and use ``agent-requests``."""
+        return f"{self.agent_requests}-{agent}" if agent else self.agent_requests
+
+    def agent_queues(self) -> tuple[str, ...]:
+        """Every declared agent's request queue (the declarations are read on first use)."""
+        from core.workflows import AGENTS  # core: the registry, loaded when first needed
+
+        return tuple(self.agent_queue(name) for name in sorted(AGENTS))
+
     def poisoned(self) -> tuple[str, ...]:
         """The queues whose failed messages go to ``<queue>-poison`` (Storage queues; the
         agent queues too, since malformed agent messages are quarantined there)."""
-        return (self.orders, self.order_dispatch, self.agent_requests, self.agent_replies)
+        return (
+            self.orders,
+            self.order_dispatch,
+            self.agent_requests,
+            *self.agent_queues(),
+            self.agent_replies,
+        )
 
     def poison_queues(self) -> tuple[str, ...]:
         return tuple(poison(q) for q in self.poisoned())
@@ -54,6 +71,7 @@ class Names:
             self.operator_alerts,
             self.order_dispatch,
             self.agent_requests,
+            *self.agent_queues(),
             self.agent_replies,
             *self.poison_queues(),
         )

@@ -176,14 +176,20 @@ def _schedule(env: Mapping[str, str]) -> str:
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?]+")
 
 
-def _url(env: Mapping[str, str]) -> str | None:
-    raw = env.get(REMOTE_SERVICE_URL, "").strip()
+def _url(env: Mapping[str, str], name: str = REMOTE_SERVICE_URL) -> str | None:
+    raw = env.get(name, "").strip()
     if not raw:
         return None
     parsed = urlsplit(raw)
     if parsed.scheme.lower() not in ("http", "https") or not parsed.netloc:
-        raise SettingsError(f"{REMOTE_SERVICE_URL} must be an http(s) URL with a host, got {raw!r}")
+        raise SettingsError(f"{name} must be an http(s) URL with a host, got {raw!r}")
     return raw.rstrip("/")
+
+
+def agent_url(env: Mapping[str, str], setting: str) -> str | None:
+    """An agent's own base URL (``AGENT_<NAME>_URL``), if set; checked like
+    ``REMOTE_SERVICE_URL``, which it overrides for that agent."""
+    return _url(env, setting)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,10 @@ raised an alert or drew more than a trickle of calls. Everything started here
 is stopped here, also on Ctrl-C.
 
     python -m demo [--copies N] [--timeout S] [--serve] [--no-outage]
+                   [--transport storage|servicebus]
+
+``--transport servicebus`` puts the agent queues on localbus, the local Service Bus
+double (``AGENT_TRANSPORT=servicebus``, through the real SDK), instead of Azurite.
 """
 
 from __future__ import annotations
@@ -58,6 +62,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--no-outage", dest="outage", action="store_false", help="skip the outage act"
     )
+    parser.add_argument(
+        "--transport",
+        choices=("storage", "servicebus"),
+        default="storage",
+        help="the agent queues: Storage queues on Azurite, or Service Bus on localbus",
+    )
     return parser.parse_args(argv)
 
 
@@ -98,6 +108,8 @@ def render(
 
 def serve(stack: LocalStack, console: Console) -> int:
     console.print(f"AzureWebJobsStorage={stack.connection_string}")
+    if stack.service_bus_connection:
+        console.print(f"ServiceBusConnection={stack.service_bus_connection}")
     console.print(f"REMOTE_SERVICE_URL={stack.simulator_url}")
     console.print(f"operator API: {stack.http_url}/api/orders?status=error")
     console.print(f"[bold]operator console: {stack.http_url}/api/console[/]")
@@ -281,8 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         simulator_args=["--latency-ms", "5-40"],
         keep_workdir=True,
+        transport=args.transport,
     )
-    console.print("starting Azurite, the simulator and two devhost instances ...")
+    bus = " and localbus (Service Bus)" if args.transport == "servicebus" else ""
+    console.print(f"starting Azurite{bus}, the simulator and two devhost instances ...")
     try:
         stack.start()
         console.print(

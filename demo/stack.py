@@ -1,4 +1,6 @@
-"""A whole local deployment in processes: Azurite, the simulator, N devhost instances.
+"""A whole local deployment in processes: Azurite, the simulator, N devhost instances, and
+with ``transport="servicebus"`` the local Service Bus double (``localbus``) for the agent
+queues (the app's ``AGENT_TRANSPORT=servicebus``, through the real SDK).
 
     with LocalStack(devhosts=2) as stack:
         stack.submit({"orderId": "o-1"})
@@ -22,13 +24,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from core.names import Names
-from core.settings import Settings
+from core.settings import Settings, Transport
 from devhost.azurite import Azurite
 from devhost.processes import kill_group, stop_group
 from runtime.context import AppContext
+
+if TYPE_CHECKING:
+    from localbus.process import LocalBus
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -125,8 +130,14 @@ class LocalStack:
     autostart: bool = True  # False: create the devhosts, start each with ``hosts[i].start()``
     workdir: Path | None = None
     keep_workdir: bool = False
+    #: "storage" (Storage queues on Azurite) or "servicebus" (the agent queues on localbus)
+    transport: str = "storage"
+    #: Service Bus only: queue options for both agent queues, e.g. {"lock-duration": "10"};
+    #: the defaults are infra/app/servicebus.bicep's (localbus.entities.QueueConfig).
+    bus_options: dict[str, str] = field(default_factory=dict)
 
     azurite: Azurite | None = None
+    bus: LocalBus | None = None
     simulator: subprocess.Popen[str] | None = None
     simulator_url: str = ""
     hosts: list[Devhost] = field(default_factory=list)
@@ -145,7 +156,10 @@ class LocalStack:
 
     def _start(self) -> None:
         assert self.workdir is not None
+        Transport(self.transport)  # "storage" or "servicebus", or a ValueError
         self.azurite = Azurite.start(location=self._fresh_dir("azurite"))
+        if self.transport == Transport.SERVICE_BUS:
+            self.bus = self._start_bus()
         self._sim_log = open(self.workdir / "simulator.log", "a")  # noqa: SIM115
         self.simulator = subprocess.Popen(
             [
@@ -177,6 +191,26 @@ class LocalStack:
             for host in self.hosts:
                 host.start()
 
+    def _start_bus(self) -> LocalBus:
+        """The double, with the app's Service Bus queues as infra/ declares them (requests,
+        the shared queue and one per agent, are dropped when they expire; replies are
+        dead-lettered), plus ``bus_options``."""
+        from localbus.process import LocalBus
+
+        assert self.workdir is not None
+        names = Names()
+        extra = "".join(f":{key}={value}" for key, value in self.bus_options.items())
+        requests = [names.agent_requests, *names.agent_queues()]
+        return LocalBus.start(
+            [f"{queue}:dead-letter-on-expiration=false{extra}" for queue in requests]
+            + [f"{names.agent_replies}{extra}"],
+            log_path=self.workdir / "localbus.log",
+        )
+
+    @property
+    def service_bus_connection(self) -> str | None:
+        return self.bus.connection_string if self.bus is not None else None
+
     def _fresh_dir(self, name: str) -> Path:
         assert self.workdir is not None
         path = self.workdir / name
@@ -203,14 +237,21 @@ class LocalStack:
         env.update(
             {
                 "AzureWebJobsStorage": self.connection_string,
-                "AGENT_TRANSPORT": "storage",
+                "AGENT_TRANSPORT": self.transport,
                 "REMOTE_SERVICE_URL": self.simulator_url,
                 "STEP_TIMEOUT_SECONDS": "10",
                 "MAX_FAILURE_COUNT": "5",
                 "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
                 "PYTHONUNBUFFERED": "1",
+                # The app's managed identity, locally: azure-identity's own App Service
+                # protocol against the simulator's identity endpoint (simulator/identity.py),
+                # for agents declared with EntraToken.
+                "IDENTITY_ENDPOINT": f"{self.simulator_url}/_identity/token",
+                "IDENTITY_HEADER": os.urandom(16).hex(),
             }
         )
+        if self.bus is not None:
+            env["ServiceBusConnection"] = self.bus.connection_string
         env.update(self.settings)
         return env
 
@@ -272,6 +313,9 @@ class LocalStack:
         if self._sim_log is not None:
             self._sim_log.close()
             self._sim_log = None
+        if self.bus is not None:
+            self.bus.stop()
+            self.bus = None
         if self.azurite is not None:
             self.azurite.stop()
             self.azurite = None

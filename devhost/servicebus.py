@@ -69,6 +69,12 @@ def functions_message(message: Any) -> FunctionsServiceBusMessage:
     # Text keys and values: the SDK may hand back bytes.
     props = {str(_text(key)): _text(value) for key, value in raw.items()}
     state, lock_token = get("state"), get("lock_token")
+    fields = {name: get(name) for name in _SAME}
+    # The Python SDK gives the AMQP header's count of *earlier* deliveries (0 the first
+    # time); the Functions host's .NET SDK adds one, so a function sees 1 on its first
+    # delivery (tests/localbus/test_devhost_listener.py shows both through localbus).
+    if isinstance(fields["delivery_count"], int):
+        fields["delivery_count"] += 1
     return FunctionsServiceBusMessage(
         body=message_body(getattr(message, "body", None)),
         trigger_metadata=None,
@@ -77,7 +83,7 @@ def functions_message(message: Any) -> FunctionsServiceBusMessage:
         lock_token=None if lock_token is None else str(lock_token),
         message_id=get("message_id") or "",
         state=None if state is None else int(state),
-        **{name: get(name) for name in _SAME},
+        **fields,
         **{argument: get(attribute) for argument, attribute in _RENAMED.items()},
     )
 

@@ -200,7 +200,7 @@ class ServiceBusTransport:
             log.warning("deadline passed before the request was sent; not sending")
             return False
         self._send(
-            self._names.agent_requests,
+            self._names.agent_queue(request.agent),
             lambda: request_message(request, self._names.agent_replies, now),
         )
         return True

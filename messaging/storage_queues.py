@@ -100,7 +100,7 @@ class StorageQueueTransport:
         if ttl == 0:
             log.warning("deadline passed before the request was sent; not sending")
             return False
-        self._queues.send(self._names.agent_requests, request.encode(), ttl_seconds=ttl)
+        self._queues.send(self._names.agent_queue(request.agent), request.encode(), ttl_seconds=ttl)
         return True
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:

@@ -17,12 +17,14 @@ from typing import Any
 
 from admin.service import OrderAdmin
 from agents.agent import Agent
+from agents.build import build_agent
 from agents.remote import RemoteServiceClient
 from core.errors import OrderNotFound
 from core.names import Names
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
 from core.settings import Settings, Transport
+from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue
 from messaging.outbox import NoticeSender
 from messaging.storage_queues import StorageQueues, StorageQueueTransport
@@ -128,7 +130,28 @@ class AppContext:
 
     @cached_property
     def agent(self) -> Agent:
+        """The agent of requests that name none (plans from before agents existed)."""
         return Agent(self.remote, self.transport, self.clock, load_order=self._order_body)
+
+    def agent_for(self, name: str | None) -> Agent:
+        """The declared agent ``name`` (its own client, breaker and limits), built once."""
+        if name is None:
+            return self.agent
+        with _agents_lock:
+            agent = self._agents.get(name)
+            if agent is None:
+                agent = self._agents[name] = build_agent(
+                    AGENTS[name],
+                    self.settings,
+                    self.transport,
+                    self.clock,
+                    load_order=self._order_body,
+                )
+        return agent
+
+    @cached_property
+    def _agents(self) -> dict[str, Agent]:
+        return {}
 
     def _order_body(self, order_id: str) -> dict[str, Any]:
         """For an agent request too large to carry its order: read it from the state store."""
@@ -148,6 +171,7 @@ class AppContext:
 
 
 _lock = threading.Lock()
+_agents_lock = threading.Lock()
 _context: AppContext | None = None
 
 

@@ -225,6 +225,7 @@ class Scheduler:
                 order.body,
                 telemetry.carrier(),
                 singled_out=claimed.singled_out,
+                agent=order.plan.agent_of(claimed.step),
             )
             try:
                 self._transport.send_request(request)

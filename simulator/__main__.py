@@ -2,6 +2,7 @@
 
 Prints exactly one line, ``SIMULATOR_URL=http://127.0.0.1:<port>``, once listening.
 With ``--outage SCHEDULE`` the schedule's first phase is in force before that line.
+The managed identity endpoint is ``<SIMULATOR_URL>/_identity/token`` (``simulator.identity``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from types import FrameType
 
 from simulator.engine import DEFAULT_COMPENSATIONS
 from simulator.faults import DEFAULT_HANG_SECONDS, RandomFaults, parse_latency
+from simulator.identity import DEFAULT_TOKEN_SECONDS, MAX_TOKEN_SECONDS, parse_rule
 from simulator.outage import OutageError, Phase, parse_outage_cli
 from simulator.server import SimulatorServer
 
@@ -25,6 +27,19 @@ def _compensation(text: str) -> tuple[str, str]:
     if not sep or not step or not target:
         raise argparse.ArgumentTypeError(f"{text!r} is not STEP=TARGET")
     return step, target
+
+
+def _rule(text: str) -> tuple[str, str]:
+    try:
+        return parse_rule(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _token_seconds(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_TOKEN_SECONDS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 1-{MAX_TOKEN_SECONDS} seconds")
+    return int(text)
 
 
 def _latency(text: str) -> tuple[int, int]:
@@ -68,6 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="start with an outage: phases back to back, e.g. 'error:503:20,unreachable:15' "
         "(error:STATUS:SECONDS[:RETRY_AFTER], unreachable:SECONDS; 3600 s at most in all)",
     )  # fmt: skip
+    parser.add_argument(
+        "--identity-header", metavar="SECRET",
+        default=os.environ.get("SIMULATOR_IDENTITY_HEADER") or None,
+        help="the X-IDENTITY-HEADER the identity endpoint accepts (the app's IDENTITY_HEADER; "
+        "default: $SIMULATOR_IDENTITY_HEADER, else any non-empty value)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--require-token", type=_rule, action="append", metavar="STEP=AUDIENCE",
+        help="POST /STEP needs a bearer token issued here for AUDIENCE (repeatable), "
+        "e.g. ship=api://carrier",
+    )  # fmt: skip
+    parser.add_argument(
+        "--token-seconds", type=_token_seconds, default=DEFAULT_TOKEN_SECONDS, metavar="S",
+        help=f"lifetime of the tokens issued (default {DEFAULT_TOKEN_SECONDS})",
+    )  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="log every request to stderr")
     return parser
 
@@ -105,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ledger_path=args.ledger,
         port=args.port,
         verbose=args.verbose,
+        identity_header=args.identity_header,
+        require_token=dict(args.require_token or ()),
+        token_seconds=args.token_seconds,
     )
     try:
         server.start()

@@ -4,7 +4,8 @@ Thread-safe; the HTTP server calls ``Simulator.handle`` from one thread per
 connection. The no-fault path takes a few short, uncontended locks (stats, the
 key, the ledger, the call log) and does no scan and no sleep. While the outage
 switch is on, every call is answered by it before anything else (no validation,
-no per-key call counting, nothing applied).
+no per-key call counting, nothing applied); then a step that requires a bearer token
+(``simulator.identity``) refuses a call without a valid one (401, nothing applied).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from simulator.calllog import CallLog, now_us
 from simulator.faults import (
@@ -28,6 +29,9 @@ from simulator.faults import (
 )
 from simulator.ledger import Effect, Ledger
 from simulator.outage import OutageSwitch
+
+if TYPE_CHECKING:
+    from simulator.identity import IdentityEndpoint
 
 #: compensation step -> the step whose effect it undoes.
 DEFAULT_COMPENSATIONS: Final[Mapping[str, str]] = {
@@ -153,6 +157,7 @@ class Simulator:
         ledger: Ledger | None = None,
         call_log: CallLog | None = None,
         outage: OutageSwitch | None = None,
+        identity: IdentityEndpoint | None = None,
     ) -> None:
         self._random = random_faults or RandomFaults()
         self._compensations = dict(
@@ -161,6 +166,7 @@ class Simulator:
         self.ledger = ledger or Ledger()
         self.call_log = CallLog() if call_log is None else call_log
         self.outage = OutageSwitch() if outage is None else outage
+        self.identity = identity
         self._keys: dict[str, _KeyState] = {}
         self._keys_lock = threading.Lock()
         self._stats = _Stats()
@@ -171,14 +177,23 @@ class Simulator:
     def compensations(self) -> dict[str, str]:
         return dict(self._compensations)
 
-    def handle(self, step: str, key: str | None, body: bytes) -> Answer:
-        """Serve ``POST /{step}`` with header ``Idempotency-Key: key`` and ``body``."""
+    def handle(
+        self, step: str, key: str | None, body: bytes, authorization: str | None = None
+    ) -> Answer:
+        """Serve ``POST /{step}`` with header ``Idempotency-Key: key`` and ``body``
+        (``authorization``: its ``Authorization`` header, if any)."""
         at = now_us()
         blocked = self.outage.current()
         if blocked is not None:
             self._stats.outage(blocked.status)
             self.call_log.record(at, step, key, blocked.status, False, "outage")
             return Answer(blocked.status, blocked.body, blocked.headers)
+        if self.identity is not None:
+            refused = self.identity.check(step, authorization)
+            if refused is not None:
+                self._stats.begin(None)
+                self.call_log.record(at, step, key, refused.status, False, "unauthorized")
+                return self._end(refused)
         try:
             order_id, order = validate_call(step, key, body)
             directive = directive_for(step, order)

@@ -9,7 +9,9 @@ cutting open ones, listening again on the same port — which a framework hides.
         sim.start_outage([Phase.error(20, status=503), Phase.unreachable(15)])
 
 Endpoints: ``POST /{step}`` (docs/contracts.md §3.4), ``GET /_health``, ``GET /_ledger``,
-``GET /_stats``, ``GET /_calls[?since=ISO]``, ``GET|POST /_outage``, ``POST /_reset``.
+``GET /_stats``, ``GET /_calls[?since=ISO]``, ``GET|POST /_outage``, ``POST /_reset``, and
+a managed identity endpoint with steps that require its tokens (``simulator.identity``):
+``GET /_identity/token``, ``GET|POST /_identity``.
 HTTP/1.1 keep-alive, one write per answer, no request logging unless ``verbose``.
 
 An unreachable outage phase closes the listening socket (new connections are
@@ -20,6 +22,7 @@ fresh listener; the Simulator (keys, ledger, stats, call log) lives on throughou
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import socketserver
 import sys
@@ -37,6 +40,7 @@ from urllib.parse import unquote
 from simulator.calllog import DEFAULT_CALL_LOG_SIZE, CallLog
 from simulator.engine import Answer, Simulator, json_answer
 from simulator.faults import STEP_PATTERN, RandomFaults
+from simulator.identity import DEFAULT_TOKEN_SECONDS, IdentityEndpoint
 from simulator.ledger import Effect, Ledger
 from simulator.outage import (
     MAX_OUTAGE_SECONDS,
@@ -126,11 +130,21 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/_outage":
             self._post_outage(body)
             return
+        if path == "/_identity":
+            self._post_identity(body)
+            return
         step = path[1:]
         if not path.startswith("/") or not STEP_PATTERN.fullmatch(step):
             self._send(json_answer(404, {"error": f"No step at {path!r}; POST /<step>."}))
             return
-        self._send(simulator.handle(step, self.headers.get("Idempotency-Key"), body))
+        self._send(
+            simulator.handle(
+                step,
+                self.headers.get("Idempotency-Key"),
+                body,
+                self.headers.get("Authorization"),
+            )
+        )
 
     def do_GET(self) -> None:
         path, _, query = self.path.partition("?")
@@ -145,6 +159,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._get_calls(query)
         elif path == "/_outage":
             self._send(json_answer(200, self.server.owner.outage_status()))
+        elif path == "/_identity/token":
+            identity = self.server.owner.identity
+            self._send(identity.issue(query, self.headers.get("X-IDENTITY-HEADER")))
+        elif path == "/_identity":
+            self._send(json_answer(200, self.server.owner.identity.status()))
         else:
             self._send(json_answer(404, {"error": f"Nothing at {path!r}."}))
 
@@ -164,6 +183,14 @@ class _Handler(BaseHTTPRequestHandler):
         except RuntimeError as exc:  # the server is stopping
             self.close_connection = True
             self._send(json_answer(503, {"error": str(exc)}))
+            return
+        self._send(json_answer(200, status))
+
+    def _post_identity(self, body: bytes) -> None:
+        try:
+            status = self.server.owner.identity.configure_json(json.loads(body or b"{}"))
+        except ValueError as exc:  # also JSONDecodeError
+            self._send(json_answer(400, {"error": str(exc)}))
             return
         self._send(json_answer(200, status))
 
@@ -254,12 +281,20 @@ class SimulatorServer:
         port: int = 0,
         verbose: bool = False,
         call_log_size: int = DEFAULT_CALL_LOG_SIZE,
+        identity_header: str | None = None,
+        require_token: Mapping[str, str] | None = None,
+        token_seconds: int = DEFAULT_TOKEN_SECONDS,
     ) -> None:
+        #: The managed identity endpoint and the steps that require its tokens.
+        self.identity = IdentityEndpoint(
+            header=identity_header, require=require_token, token_seconds=token_seconds
+        )
         self.simulator = Simulator(
             random_faults=faults,
             compensations=compensations,
             ledger=Ledger(ledger_path),
             call_log=CallLog(call_log_size),
+            identity=self.identity,
         )
         self._port = port
         self.verbose = verbose
@@ -299,6 +334,11 @@ class SimulatorServer:
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+    @property
+    def identity_endpoint(self) -> str:
+        """What ``IDENTITY_ENDPOINT`` is set to for an app using this simulator."""
+        return f"{self.url}/_identity/token"
 
     @property
     def listening(self) -> bool:

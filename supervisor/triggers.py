@@ -74,5 +74,5 @@ for _queue in names.Names().poison_queues():
     _poison_queue_trigger(_queue)
 
 if transport_from_env(os.environ) is not Transport.STORAGE:
-    for _queue in (names.AGENT_REQUESTS, names.AGENT_REPLIES):
+    for _queue in (names.AGENT_REQUESTS, *names.Names().agent_queues(), names.AGENT_REPLIES):
         _dead_letter_trigger(_queue)

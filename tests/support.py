@@ -122,3 +122,15 @@ def installed(storage_connection: str, tag: str) -> Iterator[AppContext]:
     reset_app_context(context)
     yield context
     reset_app_context(None)
+
+
+def drain_requests(ctx: AppContext) -> list[str]:
+    """Every agent request waiting, on every agent's queue (and the legacy one)."""
+    texts: list[str] = []
+    for queue in (ctx.names.agent_requests, *ctx.names.agent_queues()):
+        texts += drain(ctx, queue)
+    return texts
+
+
+def drain_requests_json(ctx: AppContext) -> list[Any]:
+    return [json.loads(t) for t in drain_requests(ctx)]

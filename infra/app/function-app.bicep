@@ -24,6 +24,15 @@ param appInsightsName string
 
 param remoteServiceUrl string
 
+@description('The declared agents (infra/agents.json, generated from declarations/).')
+param agents array
+
+@description('Agent name -> base URL (AGENT_<NAME>_URL); an http agent not named gets remoteServiceUrl.')
+param agentUrls object = {}
+
+@description('Agent name -> Key Vault secret URI of its key (AGENT_<NAME>_API_KEY, ApiKey agents).')
+param agentApiKeySecretUris object = {}
+
 @minValue(1)
 @maxValue(270)
 param stepTimeoutSeconds int
@@ -50,6 +59,40 @@ param instanceMemoryMB int
 param maximumInstanceCount int
 
 param zoneRedundant bool = false
+
+/* Per-agent app settings, from infra/agents.json (core.workflows.Agent):
+   - AGENT_<NAME>_URL for each http agent: agentUrls[<name>], else remoteServiceUrl;
+   - AGENT_<NAME>_API_KEY for each ApiKey agent named in agentApiKeySecretUris: a Key
+     Vault reference the platform resolves with the app's identity (keyVaultReferenceIdentity
+     below); the key itself never passes through Bicep. An ApiKey agent not named there
+     gets no setting: the deployment adds it (docs/deployment.md, "Agents").
+   (The comparisons are written 'literal' == agent.x, in parentheses: pycep, which
+   tests/infra and checkov read this file with, misreads agent.x == 'literal'.) */
+var agentUrlSettingLists = [for agent in agents: ('http' == agent.kind) ? [
+  {
+    name: agent.urlSetting
+    value: contains(agentUrls, agent.name) ? agentUrls[agent.name] : remoteServiceUrl
+  }
+] : []]
+var agentApiKeySettingLists = [for agent in agents: (('api-key' == agent.auth) && contains(agentApiKeySecretUris, agent.name)) ? [
+  {
+    name: agent.apiKeySetting
+    value: '@Microsoft.KeyVault(SecretUri=${agentApiKeySecretUris[agent.name]})'
+  }
+] : []]
+/* EntraToken agents get their tokens from the app's managed identity (agents/auth.py),
+   which is user-assigned: AZURE_CLIENT_ID names it (there is no system-assigned one to
+   fall back on). Set only when some agent authenticates with Entra ID. */
+var entraAgentLists = [for agent in agents: ('entra' == agent.auth) ? [
+  agent.name
+] : []]
+var entraIdentitySettings = empty(flatten(entraAgentLists)) ? [] : [
+  {
+    name: 'AZURE_CLIENT_ID'
+    value: identityClientId
+  }
+]
+var agentSettings = concat(flatten(agentUrlSettingLists), flatten(agentApiKeySettingLists), entraIdentitySettings)
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
@@ -102,6 +145,9 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
   }
   properties: {
     serverFarmId: plan.id
+    // Key Vault references (the ApiKey agents' AGENT_<NAME>_API_KEY) resolve with the
+    // app's user-assigned identity: there is no system-assigned one to default to.
+    keyVaultReferenceIdentity: identityId
     httpsOnly: true
     publicNetworkAccess: 'Enabled'
     clientCertEnabled: false
@@ -151,7 +197,8 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       // No ftpsState: Flex Consumption rejects it (BadRequest 51021). FTP and basic-auth
       // publishing are off through the two policies at the end of this file.
       http20Enabled: true
-      appSettings: [
+      // The settings below, then each agent's (agentSettings, above).
+      appSettings: concat([
         // Host storage and the app's own table/queue clients: identity-based.
         {
           name: 'AzureWebJobsStorage__accountName'
@@ -217,7 +264,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
           value: 'Authorization=AAD;ClientId=${identityClientId}'
         }
-      ]
+      ], agentSettings)
     }
   }
 }

@@ -1,5 +1,5 @@
 // Every role assignment of the deployment, least privilege, data roles only
-// (Service Bus Data Owner, on the two agent queues, is the one that also carries
+// (Service Bus Data Owner, on the agent queues, is the one that also carries
 // management rights: see appQueueOwner). The built-in role ids, with their names,
 // are in roles.json.
 //
@@ -7,7 +7,9 @@
 //   storage account  Storage Blob Data Owner         host leases/locks, deployment package
 //                    Storage Queue Data Contributor  orders, replyTo, alert and poison queues
 //                    Storage Table Data Contributor  OrderState, host diagnostic-event tables
-//   each agent queue Azure Service Bus Data Sender   scheduler sends requests, agents replies
+//   each agent queue (agent-requests, agent-requests-<agent> for each agent in
+//   agents.json, agent-replies: main.bicep's serviceBusQueueNames)
+//                    Azure Service Bus Data Sender   scheduler sends requests, agents replies
 //                    Azure Service Bus Data Receiver agents take requests, scheduler replies
 //                                                    (and the queue's $DeadLetterQueue)
 //                    Azure Service Bus Data Owner    the scale controller reads queue length
@@ -121,7 +123,7 @@ resource appReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
    counts), which needs the Manage right; with Send and Listen only, the scale controller
    logs "unauthorized access" and falls back to incremental scaling, one instance at a
    time (Azure/Azure-Functions#2379). Data Owner is the only built-in Service Bus role with
-   Manage, so it is granted here on the two agent queues only, never on the namespace.
+   Manage, so it is granted here on the agent queues only, never on the namespace.
    docs/deployment.md says what it allows there. */
 resource appQueueOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
   for i in range(0, length(serviceBusQueueNames)): {

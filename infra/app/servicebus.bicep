@@ -1,4 +1,5 @@
-// Service Bus namespace and the agent request/reply queues (contract 3.3).
+// Service Bus namespace and the agent request/reply queues (contract 3.3): the
+// legacy agent-requests, one agent-requests-<agent> per agent, agent-replies.
 //
 // Standard is the default: it has duplicate detection (which the message_id
 // rule of contract 3.3 relies on) at a small base charge. Premium adds
@@ -15,11 +16,11 @@ param tags object
 ])
 param skuName string
 
-@description('The agent queues (core.names.AGENT_REQUESTS, core.names.AGENT_REPLIES).')
+@description('The agent queues: agent-requests, agent-requests-<agent> for each agent (infra/agents.json), agent-replies (core.names).')
 param queueNames array
 
-@description('The agent request queue (core.names.AGENT_REQUESTS): its messages expire unrecorded.')
-param requestQueueName string
+@description('The request queues among them (agent-requests and each agent\'s): their messages expire unrecorded.')
+param requestQueueNames array
 
 // One messaging unit when Premium; Standard has no capacity setting.
 var skus = {
@@ -87,7 +88,7 @@ resource queues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [
          deadline, when the supervisor already owns the step: dead-lettering
          it would page an operator for every request a busy agent pool did not
          reach in time, so it is dropped. */
-      deadLetteringOnMessageExpiration: queueName != requestQueueName
+      deadLetteringOnMessageExpiration: !contains(requestQueueNames, queueName)
       enableBatchedOperations: true
       requiresSession: false
       maxSizeInMegabytes: 1024

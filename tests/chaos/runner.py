@@ -67,6 +67,8 @@ class ChaosPlan:
     #: When the outage starts, as a fraction of ``chaos_seconds``; None: no outage.
     outage_at: float | None = 1 / 3
     keep_workdir: bool = False  # keep the stack's logs, table and ledger after the run
+    #: The agent queues' transport: "storage" (Azurite) or "servicebus" (localbus).
+    transport: str = "storage"
 
     def outage_phases(self) -> tuple[float, float]:
         """(seconds of 503, seconds unreachable): 8 + 6 s, scaled up for longer runs."""
@@ -140,6 +142,72 @@ class ReplyMeddler(threading.Thread):
             return
         if delay > 0:
             self.held[key] = min(delay, self.held.get(key, delay))
+
+
+class ServiceBusReplyMeddler(threading.Thread):
+    """``ReplyMeddler`` for ``AGENT_TRANSPORT=servicebus``: takes some replies off the
+    Service Bus reply queue (peek-lock, then complete) and sends each back twice, delayed.
+    The copies get their own message ids (the queue's duplicate detection would drop
+    same-id copies): to the app they are the same reply delivered twice."""
+
+    def __init__(self, stack: LocalStack, rng: random.Random, stop: threading.Event):
+        super().__init__(name="reply-meddler", daemon=True)
+        self._connection = stack.service_bus_connection
+        self._queue = stack.context.names.agent_replies
+        self._rng = rng
+        self._halt = stop
+        self.duplicated = 0
+        self.held: dict[tuple[str, str, int], float] = {}
+        self._due: list[tuple[float, Any]] = []  # (monotonic time, message to send)
+
+    def run(self) -> None:
+        from azure.servicebus import ServiceBusClient
+
+        assert self._connection is not None
+        with ServiceBusClient.from_connection_string(self._connection, retry_total=1) as client:
+            receiver = client.get_queue_receiver(self._queue, max_wait_time=1)
+            sender = client.get_queue_sender(self._queue)
+            with receiver, sender:
+                while not self._halt.is_set():
+                    try:
+                        self._meddle(receiver)
+                        self._send_due(sender)
+                    except Exception:
+                        pass
+                    self._halt.wait(0.7)
+                self._send_due(sender, everything=True)
+
+    def _meddle(self, receiver: Any) -> None:
+        from azure.servicebus import ServiceBusMessage
+
+        for message in receiver.receive_messages(max_message_count=8, max_wait_time=0.5):
+            body = b"".join(message.body)
+            props = {_text(k): _text(v) for k, v in (message.application_properties or {}).items()}
+            delays = [self._rng.choice([0, 1, 3, STEP_TIMEOUT + 2]) for _ in range(2)]
+            for n, delay in enumerate(delays):
+                copy = ServiceBusMessage(
+                    body,
+                    message_id=f"{message.message_id}:copy{n}",
+                    correlation_id=message.correlation_id,
+                    content_type=message.content_type,
+                    subject=message.subject,
+                    application_properties=props,
+                )
+                self._due.append((time.monotonic() + delay, copy))
+            receiver.complete_message(message)
+            self.duplicated += 1
+            ReplyMeddler._note(self, body.decode("utf-8", "replace"), min(delays))  # type: ignore[arg-type]  # same bookkeeping
+
+    def _send_due(self, sender: Any, everything: bool = False) -> None:
+        now = time.monotonic()
+        due = [m for at, m in self._due if everything or at <= now]
+        self._due = [] if everything else [(at, m) for at, m in self._due if at > now]
+        for message in due:
+            sender.send_messages(message)
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)
@@ -398,6 +466,9 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
     stack = LocalStack(
         devhosts=plan.devhosts,
         keep_workdir=plan.keep_workdir,
+        transport=plan.transport,
+        # A killed process's messages are back after 10 s, in either transport.
+        bus_options={"lock-duration": "10"},
         settings={
             "STEP_TIMEOUT_SECONDS": str(STEP_TIMEOUT),
             "MAX_FAILURE_COUNT": str(MAX_FAILURES),
@@ -433,7 +504,11 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
     outage: Outage | None = None
     timings: dict[str, Any] = {}
     with stack:
-        meddler = ReplyMeddler(stack, rng, stop)
+        meddler: ReplyMeddler | ServiceBusReplyMeddler = (
+            ServiceBusReplyMeddler(stack, rng, stop)
+            if plan.transport == "servicebus"
+            else ReplyMeddler(stack, rng, stop)
+        )
         meddler.start()
         began = datetime.now(UTC)
         started = time.monotonic()
@@ -540,6 +615,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--no-outage", action="store_true", help="run without the outage window")
     parser.add_argument("--keep", action="store_true", help="keep the stack's workdir (logs)")
+    parser.add_argument(
+        "--transport", choices=("storage", "servicebus"), default="storage", help="agent queues"
+    )
     args = parser.parse_args()
     report, timings = run_chaos(
         ChaosPlan(
@@ -548,6 +626,7 @@ def main() -> int:
             seed=args.seed,
             outage_at=None if args.no_outage else ChaosPlan.outage_at,
             keep_workdir=args.keep,
+            transport=args.transport,
         )
     )
     print(json.dumps({**report.as_json(), **timings, "seed": args.seed}, indent=2))

@@ -13,12 +13,16 @@ import httpx
 import pytest
 
 from core.model import Order
+from core.workflows import AGENTS
 from demo.stack import LocalStack
 from demo.verify import drain_alerts, verify
 from simulator import effects_by_order, load_ledger
 from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(240)
+
+#: Every agent function: the shared legacy one and one per declared agent.
+AGENT_FUNCTIONS = ",".join(["run_agent", *(a.function_name for a in AGENTS.values())])
 
 FAST = {
     "STEP_TIMEOUT_SECONDS": "6",
@@ -90,7 +94,7 @@ def test_two_instances_run_a_mixed_batch_to_the_expected_ends(stack: LocalStack)
 
 @pytest.mark.parametrize(
     "stack",
-    [{"devhost_args": [["--only", "run_agent"], ["--exclude", "run_agent"]]}],
+    [{"devhost_args": [["--only", AGENT_FUNCTIONS], ["--exclude", AGENT_FUNCTIONS]]}],
     indirect=True,
 )
 def test_agent_killed_mid_call_is_replaced_and_the_effect_applies_once(stack: LocalStack) -> None:

@@ -7,11 +7,27 @@ two Application Insights settings are read by the platform, not the code.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
-from core import settings
-from tests.infra.bicep import INFRA, MAIN, bicep_files, body, parse, rel, resources_of_type
+from core import settings, workflows
+from tests.infra.bicep import (
+    FUNCTION_APP,
+    INFRA,
+    MAIN,
+    REGENERATE,
+    Scope,
+    agents_json,
+    app_settings,
+    bicep_files,
+    body,
+    client_id_setting,
+    function_app_scope,
+    parse,
+    rel,
+    resources_of_type,
+)
 
 PLATFORM_SETTINGS = {
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
@@ -28,6 +44,9 @@ IDENTITY_PARTS = {
     "credential",
     "clientId",
 }
+#: Per-agent settings (core.workflows.Agent.url_setting, .api_key_setting): only for
+#: the declared agents.
+AGENT_SETTING = re.compile(r"AGENT_[A-Z0-9_]+_(?:URL|API_KEY)")
 # Where each connection's identity-based form must point.
 ENDPOINT_PART = {
     settings.STORAGE: "accountName",
@@ -35,8 +54,19 @@ ENDPOINT_PART = {
 }
 
 
+def _every_key_uri() -> dict[str, str]:
+    """A Key Vault secret URI for every ApiKey agent: every setting Bicep can emit."""
+    return {
+        agent["name"]: f"https://vault.example.net/secrets/{agent['name']}"
+        for agent in agents_json()
+        if agent["auth"] == "api-key"
+    }
+
+
 def _emitted() -> dict[str, Any]:
-    """Every app setting written anywhere in infra/: name -> value (pycep form)."""
+    """Every app setting written anywhere in infra/: name -> value (evaluated as far as
+    Bicep can without deploying; a parameter reads as its name). The agents' settings are
+    those of infra/agents.json, with a key URI for every ApiKey agent."""
     found: dict[str, Any] = {}
     sources: dict[str, str] = {}
 
@@ -47,10 +77,12 @@ def _emitted() -> dict[str, Any]:
 
     for path in bicep_files():
         tree = parse(path)
-        for site in resources_of_type(tree, "Microsoft.Web/sites").values():
-            site_config = body(site).get("properties", {}).get("siteConfig", {})
-            for setting in site_config.get("appSettings", []):
-                add(setting["name"], setting.get("value"), path)
+        if path == FUNCTION_APP:
+            scope = function_app_scope(agentApiKeySecretUris=_every_key_uri())
+        else:
+            scope = Scope(path)
+        for setting in app_settings(scope):
+            add(setting["name"], setting.get("value"), path)
         for config in resources_of_type(tree, "Microsoft.Web/sites/config").values():
             if body(config).get("name") == "appsettings":
                 for name, value in body(config).get("properties", {}).items():
@@ -62,10 +94,33 @@ def test_a_function_app_emits_app_settings() -> None:
     assert _emitted(), "no Microsoft.Web/sites appSettings found under infra/"
 
 
+def _declared_agent_settings() -> set[str]:
+    """The per-agent settings of the declared agents: AGENT_<NAME>_URL of each http
+    agent, AGENT_<NAME>_API_KEY of each ApiKey agent, and the identity's client id
+    (agents/auth.py) when an agent authenticates with Entra ID."""
+    names = set()
+    for agent in workflows.AGENTS.values():
+        if agent.kind == "http":
+            names.add(agent.url_setting)
+        if isinstance(agent.auth, workflows.ApiKey):
+            names.add(agent.api_key_setting)
+        if isinstance(agent.auth, workflows.EntraToken):
+            names.add(client_id_setting())
+    return names
+
+
 def test_emitted_settings_are_exactly_what_the_code_reads() -> None:
     emitted = set(_emitted())
+    agent_settings = _declared_agent_settings()
     unexpected = []
     for name in sorted(emitted - PLATFORM_SETTINGS):
+        if AGENT_SETTING.fullmatch(name) or name == client_id_setting():
+            if name not in agent_settings:
+                unexpected.append(
+                    f"{name}: the setting of no declared agent (core.workflows.AGENTS); "
+                    f"if the declarations changed, run `{REGENERATE}`"
+                )
+            continue
         base, _, part = name.partition("__")
         if base not in settings.APP_SETTINGS:
             unexpected.append(f"{name}: not read by the code (core.settings.APP_SETTINGS)")
@@ -79,6 +134,11 @@ def test_emitted_settings_are_exactly_what_the_code_reads() -> None:
         if name not in emitted and not any(e.startswith(name + "__") for e in emitted)
     ]
     assert not missing, f"the code reads settings Bicep never sets: {missing}"
+    missing_agents = sorted(agent_settings - emitted)
+    assert not missing_agents, (
+        f"declared agents' settings Bicep never sets: {missing_agents}; if the declarations "
+        f"changed, run `{REGENERATE}`"
+    )
     assert emitted >= PLATFORM_SETTINGS, f"missing: {sorted(PLATFORM_SETTINGS - emitted)}"
 
 

@@ -15,19 +15,30 @@ from typing import Any
 import pytest
 
 from core import settings
-from tests.infra.bicep import INFRA, MAIN, REPO, bicep_files, body, load_json, parse, rel
+from tests.infra.bicep import (
+    FUNCTION_APP,
+    INFRA,
+    MAIN,
+    REPO,
+    app_settings,
+    bicep_files,
+    body,
+    function_app_scope,
+    load_json,
+    parse,
+    rel,
+)
 from tests.infra.bicep import resources_of_type as of_type
 
-FUNCTION_APP = INFRA / "app" / "function-app.bicep"
 AUTH = INFRA / "app" / "auth.bicep"
 AUTH_CONFIG = "authsettingsV2"
 
 
-def _app_setting(name: str) -> Any:
-    (site,) = of_type(parse(FUNCTION_APP), "Microsoft.Web/sites").values()
+def _app_setting(name: str, **params: Any) -> Any:
+    """The value function-app.bicep gives setting ``name``, with ``params`` (evaluated)."""
     values = [
         setting.get("value")
-        for setting in body(site)["properties"]["siteConfig"]["appSettings"]
+        for setting in app_settings(function_app_scope(**params))
         if setting["name"] == name
     ]
     assert len(values) == 1, f"{rel(FUNCTION_APP)} sets {name} {len(values)} times"
@@ -56,17 +67,11 @@ def _is_tenant_id(expression: Any) -> bool:
 
 
 def test_console_read_only_is_written_from_the_parameter() -> None:
-    value = _app_setting(settings.CONSOLE_READ_ONLY)
-    assert value == {
-        "operator": {
-            "type": "conditional",
-            "operands": {
-                "condition": "consoleReadOnly",
-                "true_value": "true",
-                "false_value": "false",
-            },
-        }
-    }, f"{settings.CONSOLE_READ_ONLY} must be consoleReadOnly ? 'true' : 'false'"
+    for read_only, written in ((True, "true"), (False, "false")):
+        value = _app_setting(settings.CONSOLE_READ_ONLY, consoleReadOnly=read_only)
+        assert value == written, (
+            f"{settings.CONSOLE_READ_ONLY} must be consoleReadOnly ? 'true' : 'false'"
+        )
     assert parse(FUNCTION_APP)["parameters"]["consoleReadOnly"]["type"] == "bool"
 
 

@@ -1,37 +1,69 @@
 """(e) The queues and the table Bicep creates are the ones core.names names.
 
 With AGENT_TRANSPORT = servicebus (what Bicep deploys), the agent request and
-reply queues live on Service Bus and every other queue is a Storage queue.
+reply queues live on Service Bus (the legacy agent-requests, one
+agent-requests-<agent> per declared agent, agent-replies) and every other queue,
+the agent queues' poison queues included, is a Storage queue. The agents come
+from infra/agents.json (generated from the declarations); the variables are
+evaluated from pycep's tree (tests/infra/bicep.py, "evaluating expressions").
 """
 
 from __future__ import annotations
 
-import json
-
 from core import names
-from tests.infra.bicep import INFRA, MAIN, body, parse, resources_of_type
+from tests.infra.bicep import (
+    INFRA,
+    MAIN,
+    REGENERATE,
+    Scope,
+    body,
+    evaluate,
+    parse,
+    resources_of_type,
+)
 
-AGENT_QUEUES = (names.AGENT_REQUESTS, names.AGENT_REPLIES)
+SERVICE_BUS = INFRA / "app" / "servicebus.bicep"
 
 
 def _var(name: str) -> object:
-    return parse(MAIN)["variables"][name]["value"]
+    return Scope(MAIN)[name]
+
+
+def _service_bus_queues() -> tuple[str, ...]:
+    """What core.names puts on Service Bus: every agent queue, request and reply."""
+    n = names.Names()
+    return (n.agent_requests, *n.agent_queues(), n.agent_replies)
+
+
+def _request_queues() -> tuple[str, ...]:
+    n = names.Names()
+    return (n.agent_requests, *n.agent_queues())
 
 
 def _module_params(module: str) -> dict[str, object]:
     return parse(MAIN)["modules"][module]["config"]["params"]
 
 
-def test_storage_queues_are_core_names_without_the_agent_queues() -> None:
-    expected = [q for q in names.Names().storage_queues() if q not in AGENT_QUEUES]
+def test_storage_queues_are_core_names_without_the_service_bus_queues() -> None:
+    expected = [q for q in names.Names().storage_queues() if q not in _service_bus_queues()]
     declared = _var("storageQueueNames")
-    assert sorted(declared) == sorted(expected)
+    assert isinstance(declared, list)
+    assert sorted(declared) == sorted(expected), (
+        f"storage queues differ from core.names; if the agents changed, run `{REGENERATE}`"
+    )
     assert len(declared) == len(set(declared))
 
 
 def test_service_bus_queues_are_the_agent_queues() -> None:
     declared = _var("serviceBusQueueNames")
-    assert sorted(declared) == sorted(AGENT_QUEUES)
+    assert isinstance(declared, list)
+    assert sorted(declared) == sorted(_service_bus_queues()), (
+        f"Service Bus queues differ from core.names; if the agents changed, run `{REGENERATE}`"
+    )
+    assert len(declared) == len(set(declared))
+    requests = _var("serviceBusRequestQueueNames")
+    assert isinstance(requests, list)
+    assert sorted(requests) == sorted(_request_queues())
 
 
 def test_state_table_is_core_names() -> None:
@@ -43,6 +75,7 @@ def test_modules_receive_the_names() -> None:
     assert storage["queueNames"] == "storageQueueNames"
     assert storage["tableName"] == "stateTableName"
     assert _module_params("serviceBus")["queueNames"] == "serviceBusQueueNames"
+    assert _module_params("serviceBus")["requestQueueNames"] == "serviceBusRequestQueueNames"
     assert _module_params("rbac")["serviceBusQueueNames"] == "serviceBusQueueNames"
 
 
@@ -57,21 +90,41 @@ def test_modules_create_one_queue_per_name() -> None:
     ).values()
     assert body(table)["name"] == "tableName"
 
-    service_bus = parse(INFRA / "app" / "servicebus.bicep")
+    service_bus = parse(SERVICE_BUS)
     (sb_queues,) = resources_of_type(service_bus, "Microsoft.ServiceBus/namespaces/queues").values()
     assert sb_queues["config"]["loop_type"]["detail"]["array_name"] == "queueNames"
 
 
+def _queue_properties(queue: str) -> dict[str, object]:
+    """The properties servicebus.bicep gives ``queue``, as main.bicep deploys it."""
+    (queues,) = resources_of_type(
+        parse(SERVICE_BUS), "Microsoft.ServiceBus/namespaces/queues"
+    ).values()
+    item = queues["config"]["loop_type"]["detail"]["item_name"]
+    scope = Scope(SERVICE_BUS, Scope(MAIN).module_params("serviceBus")).with_local(item, queue)
+    properties = evaluate(body(queues)["properties"], scope)
+    assert isinstance(properties, dict)
+    return properties
+
+
 def test_service_bus_queues_detect_duplicates_and_dead_letter() -> None:
-    service_bus = parse(INFRA / "app" / "servicebus.bicep")
-    (queues,) = resources_of_type(service_bus, "Microsoft.ServiceBus/namespaces/queues").values()
+    (queues,) = resources_of_type(
+        parse(SERVICE_BUS), "Microsoft.ServiceBus/namespaces/queues"
+    ).values()
     props = body(queues)["properties"]
     assert props["requiresDuplicateDetection"] is True
     assert props["duplicateDetectionHistoryTimeWindow"]
-    # replies that expire unapplied are dead-lettered (an alert); expired requests are not
-    # (the supervisor owns their steps; an alert each would page for a busy agent pool)
-    rule = json.dumps(props["deadLetteringOnMessageExpiration"])
-    assert "queueName" in rule and "requestQueueName" in rule, rule
-    assert _var("serviceBusQueueNames")[0] == names.AGENT_REQUESTS
-    assert _module_params("serviceBus")["requestQueueName"] is not None
     assert props["lockDuration"] and props["maxDeliveryCount"] >= 1
+    assert _var("serviceBusQueueNames")[0] == names.AGENT_REQUESTS  # type: ignore[index]
+    # Replies that expire unapplied are dead-lettered (an alert); expired requests are not
+    # (the supervisor owns their steps; an alert each would page for a busy agent pool).
+    assert _queue_properties(names.AGENT_REPLIES)["deadLetteringOnMessageExpiration"] is True
+    for queue in _request_queues():
+        assert _queue_properties(queue)["deadLetteringOnMessageExpiration"] is False, queue
+
+
+def test_every_agent_queue_is_deployed_like_agent_requests() -> None:
+    """Each agent's request queue has the legacy request queue's properties, exactly."""
+    legacy = _queue_properties(names.AGENT_REQUESTS)
+    for queue in names.Names().agent_queues():
+        assert _queue_properties(queue) == legacy, queue

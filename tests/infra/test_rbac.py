@@ -1,5 +1,7 @@
 """The app identity's Service Bus roles: what the triggers and the scale controller need,
-on the two agent queues only (docs/deployment.md, "Identity model and roles").
+on the agent queues only (docs/deployment.md, "Identity model and roles"): agent-requests,
+agent-requests-<agent> for each agent (infra/agents.json; test_agents checks main passes
+them all) and agent-replies.
 
 - Data Sender and Data Receiver on each agent queue: the scheduler and agents send and
   take requests and replies; Receiver on a queue also covers its `$DeadLetterQueue`

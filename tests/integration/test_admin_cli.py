@@ -41,7 +41,7 @@ def test_cli_shows_lists_resubmits_and_cancels(
     ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
     [text] = [
         m.content
-        for m in ctx.queues.client(ctx.names.agent_requests).receive_messages()
+        for m in ctx.queues.client(ctx.names.agent_queue("orders")).receive_messages()
         if order_id in m.content
     ]
     from core.messages import decode_request

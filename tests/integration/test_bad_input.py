@@ -23,7 +23,7 @@ from core.states import OrderStatus
 from runtime.context import AppContext, reset_app_context
 from simulator import SimulatorServer
 from stores.kept import KeptMessages
-from tests.support import app_function, drain, drain_json, make_context
+from tests.support import app_function, drain, drain_json, drain_requests, make_context
 
 GOOD = {"orderId": "placeholder", "sku": "A-1"}
 
@@ -108,7 +108,7 @@ def call(name: str, body: bytes) -> None:
 
 def run_good_order(ctx: AppContext, order_id: str) -> None:
     call("submit_order", json.dumps({**GOOD, "orderId": order_id}).encode())
-    [request] = drain(ctx, ctx.names.agent_requests)
+    [request] = drain_requests(ctx)
     call("run_agent", request.encode())
     [reply] = drain(ctx, ctx.names.agent_replies)
     call("handle_agent_reply", reply.encode())
@@ -142,7 +142,7 @@ def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
             reasons[kind] = record["reason"]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) >= len(ORDER_CATALOGUE)
-    assert not drain(ctx, ctx.names.agent_requests)  # nothing bad got dispatched
+    assert not drain_requests(ctx)  # nothing bad got dispatched
     run_good_order(ctx, f"{tag}-after")
     # Same id, different content: rejected, and the first order is untouched.
     call("submit_order", json.dumps({**GOOD, "orderId": f"{tag}-after", "sku": "B"}).encode())

@@ -12,7 +12,7 @@ from core.timefmt import parse_iso
 from runtime.context import AppContext
 from simulator import SimulatorServer, effects_by_order
 from tests.integration.test_pipeline import pump, status_of, submit
-from tests.support import FakeClock, drain, drain_json
+from tests.support import FakeClock, drain, drain_requests, drain_requests_json
 
 
 def test_retry_after_past_the_deadline_defers_without_a_failure(
@@ -47,11 +47,11 @@ def test_cancel_while_ship_is_in_flight_and_succeeds_is_too_late(
     submit(ctx, {"orderId": order_id, "workflow": "fulfilment"})
     # run reserve-stock and charge-payment, and hold ship's request
     for _ in range(2):
-        [request] = drain(ctx, ctx.names.agent_requests)
+        [request] = drain_requests(ctx)
         ctx.agent.handle(decode_request(request))
         [reply] = drain(ctx, ctx.names.agent_replies)
         ctx.scheduler.apply_reply(decode_reply(reply))
-    [ship] = drain(ctx, ctx.names.agent_requests)
+    [ship] = drain_requests(ctx)
     assert json.loads(ship)["step"] == "ship"
     view = ctx.admin.cancel(order_id, "app", "changed mind")
     assert view["status"] == "processing"  # ship is in flight: it finishes first
@@ -78,7 +78,7 @@ def test_a_60_kb_order_runs_to_completion_and_the_remote_gets_it_whole(
     raw = json.dumps(body, ensure_ascii=False).encode()
     assert 55_000 < len(raw) < 65_536
     submit(ctx, raw)
-    [request] = drain_json(ctx, ctx.names.agent_requests)
+    [request] = drain_requests_json(ctx)
     assert request.get("orderInline") is False and "order" not in request  # by reference
     decoded = decode_request(json.dumps(request))
     assert decoded.order is None and decoded.complete_by == parse_iso(request["completeBy"])

@@ -18,7 +18,7 @@ from core.states import OrderStatus, StepState
 from runtime.context import AppContext
 from scheduler.service import Handled
 from simulator import SimulatorServer, effects_by_order
-from tests.support import FakeClock, drain, drain_json
+from tests.support import FakeClock, drain, drain_json, drain_requests, drain_requests_json
 
 
 def submit(ctx: AppContext, body: dict[str, Any] | str | bytes) -> Handled:
@@ -35,7 +35,7 @@ def pump(ctx: AppContext, rounds: int = 50) -> dict[str, int]:
     handled = {"requests": 0, "replies": 0, "dispatches": 0}
     for _ in range(rounds):
         moved = 0
-        for text in drain(ctx, ctx.names.agent_requests):
+        for text in drain_requests(ctx):
             ctx.agent.handle(decode_request(text))
             handled["requests"] += 1
             moved += 1
@@ -70,7 +70,7 @@ def test_submit_stores_claims_and_sends_the_agent_request(ctx: AppContext, tag: 
     [step] = order.steps
     assert step.process_state is StepState.PROCESSING and step.attempt == 1
     assert step.locked_by == ctx.instance_id
-    [request] = drain_json(ctx, ctx.names.agent_requests)
+    [request] = drain_requests_json(ctx)
     assert request["orderId"] == order_id and request["step"] == "process"
     assert request["attempt"] == 1
     assert request["idempotencyKey"] == f"{order_id}:process"
@@ -107,7 +107,7 @@ def test_duplicate_delivery_is_a_no_op_and_other_content_is_rejected(
     [rejected] = drain_json(ctx, ctx.names.orders_rejected)
     assert "already exists" in rejected["reason"] and "different content" in rejected["reason"]
     assert json.loads(rejected["message"])["qty"] == 2
-    assert len(drain(ctx, ctx.names.agent_requests)) == 1  # dispatched once
+    assert len(drain_requests(ctx)) == 1  # dispatched once
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_bad_messages_are_rejected_with_a_reason_and_kept(
     else:
         assert rejected["message"] == raw.decode()
     assert any(r.levelno == logging.ERROR and reason_part in r.getMessage() for r in caplog.records)
-    assert not drain(ctx, ctx.names.agent_requests)
+    assert not drain_requests(ctx)
 
 
 # --- failures, supervision, fencing --------------------------------------------------------
@@ -170,7 +170,7 @@ def test_supervisor_retries_expired_steps_then_gives_up(
 ) -> None:
     order_id = f"{tag}-sup"
     submit(ctx, {"orderId": order_id})
-    drain(ctx, ctx.names.agent_requests)  # the agent "dies": no reply, ever
+    drain_requests(ctx)  # the agent "dies": no reply, ever
     for failure in (1, 2):
         clock.advance(35)
         report = ctx.supervisor.run()
@@ -186,7 +186,7 @@ def test_supervisor_retries_expired_steps_then_gives_up(
         clock.now = max(clock.now, step.complete_by)  # let any backoff pass
         [dispatch] = drain_json(ctx, ctx.names.order_dispatch)  # the supervisor re-dispatched
         assert ctx.scheduler.dispatch(dispatch["orderId"]) is Handled.DISPATCHED
-        assert len(drain(ctx, ctx.names.agent_requests)) == 1  # and again no reply
+        assert len(drain_requests(ctx)) == 1  # and again no reply
     clock.advance(35)
     report = ctx.supervisor.run()
     assert (report.retried, report.failed) == (0, 1)
@@ -201,7 +201,7 @@ def test_two_supervisors_on_one_expired_step_count_one_failure(
 ) -> None:
     order_id = f"{tag}-two"
     submit(ctx, {"orderId": order_id})
-    drain(ctx, ctx.names.agent_requests)
+    drain_requests(ctx)
     clock.advance(35)
     # Both load the same version before either saves.
     first, second = ctx.store.load(order_id), ctx.store.load(order_id)
@@ -220,7 +220,7 @@ def test_late_reply_after_the_supervisor_reset_is_dropped(
 ) -> None:
     order_id = f"{tag}-late"
     submit(ctx, {"orderId": order_id})
-    [request_text] = drain(ctx, ctx.names.agent_requests)
+    [request_text] = drain_requests(ctx)
     request = decode_request(request_text)
     clock.advance(35)
     ctx.supervisor.run()  # attempt 1 expired; back to Pending
@@ -239,7 +239,7 @@ def test_late_reply_after_the_supervisor_reset_is_dropped(
 def test_duplicate_reply_applies_once(ctx: AppContext, tag: str) -> None:
     order_id = f"{tag}-dupreply"
     submit(ctx, {"orderId": order_id})
-    [text] = drain(ctx, ctx.names.agent_requests)
+    [text] = drain_requests(ctx)
     reply = decode_request(text).succeeded({"n": 1})
     assert ctx.scheduler.apply_reply(reply) is Handled.APPLIED
     assert ctx.scheduler.apply_reply(reply) is Handled.STALE

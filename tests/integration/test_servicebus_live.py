@@ -1,10 +1,10 @@
-"""Contract 3.3 against a real Service Bus namespace (there is no Service Bus emulator here).
-
-Runs only when ``SERVICEBUS_TEST_CONNECTION`` is set: a connection string, or a fully
-qualified namespace (``<name>.servicebus.windows.net``) reached with
-DefaultAzureCredential. The namespace needs the queues ``agent-requests`` and
-``agent-replies`` as infra/ creates them (duplicate detection on). Use a namespace
-for tests: messages of other senders found on the queues are abandoned, not lost.
+"""Contract 3.3 through the app's own transport, against a real Service Bus namespace when
+``SERVICEBUS_TEST_CONNECTION`` is set (a connection string, or a fully qualified namespace
+``<name>.servicebus.windows.net`` reached with DefaultAzureCredential), else against a
+private ``localbus`` (tests/localbus/target.py). A namespace needs the queues
+``agent-requests`` and ``agent-replies`` as infra/ creates them (duplicate detection on).
+Use a namespace for tests: messages of other senders found on the queues are abandoned,
+not lost. The broker's own behaviours are in tests/localbus/test_contract.py.
 
 A broker that never answers makes the SDK retry for a long time, so the SDK retries
 little and every test has a hard timeout.
@@ -12,7 +12,6 @@ little and every test has a hard timeout.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -22,41 +21,24 @@ import pytest
 from core.messages import AgentRequest, decode_reply, decode_request
 from core.names import AGENT_REPLIES, AGENT_REQUESTS, Names
 from messaging.servicebus import ServiceBusTransport
+from tests.localbus.target import Target, open_target
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(120)]
 
-ENV = "SERVICEBUS_TEST_CONNECTION"
-NOT_SET = (
-    "SERVICEBUS_TEST_CONNECTION is not set: no Service Bus namespace here; "
-    "see README 'Service Bus contract tests'"
-)
-SDK_OPTIONS = {"retry_total": 1, "retry_backoff_factor": 0.5, "retry_backoff_max": 2}
-WAIT_SECONDS = 10
+#: How long a receive that finds nothing waits before the queue is taken as drained.
+WAIT = {"seconds": 10.0}
 
 
-def _client_factory() -> Callable[[], object]:
-    value = os.environ.get(ENV, "").strip()
-    if not value:
-        pytest.skip(NOT_SET)
-    from azure.servicebus import ServiceBusClient
-
-    if "Endpoint=" in value:
-        return lambda: ServiceBusClient.from_connection_string(value, **SDK_OPTIONS)
-    namespace = value.removeprefix("sb://").rstrip("/")
-    if namespace.endswith(".servicebus.windows.net"):
-        from azure.identity import DefaultAzureCredential
-
-        credential = DefaultAzureCredential()
-        return lambda: ServiceBusClient(namespace, credential, **SDK_OPTIONS)
-    pytest.fail(
-        f"{ENV} must be a connection string (Endpoint=sb://...;SharedAccessKey...) or a "
-        f"namespace <name>.servicebus.windows.net; got {value[:30]!r}..."
-    )
+@pytest.fixture(scope="module")
+def target() -> Iterator[Target]:
+    with open_target() as found:
+        WAIT["seconds"] = 10.0 if found.name == "namespace" else 1.5
+        yield found
 
 
 @pytest.fixture
-def new_client() -> Callable[[], object]:
-    return _client_factory()
+def new_client(target: Target) -> Callable[[], object]:
+    return target.new_client
 
 
 @pytest.fixture
@@ -100,11 +82,11 @@ def _receive(client: object, queue: str, order_id: str, *, settle: bool = True) 
     ours: list[object] = []
     others: list[object] = []
     with client.get_queue_receiver(  # type: ignore[attr-defined]
-        queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, max_wait_time=WAIT_SECONDS
+        queue, receive_mode=ServiceBusReceiveMode.PEEK_LOCK, max_wait_time=WAIT["seconds"]
     ) as receiver:
         try:
             while batch := receiver.receive_messages(
-                max_message_count=20, max_wait_time=WAIT_SECONDS
+                max_message_count=20, max_wait_time=WAIT["seconds"]
             ):
                 for message in batch:
                     props = message.application_properties or {}

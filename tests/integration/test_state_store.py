@@ -331,7 +331,7 @@ def test_clock_is_only_what_the_caller_passes(storage_connection: str, tag: str)
     assert step.complete_by == T0 + timedelta(seconds=30)
     [claim] = [h for h in step.history if h["event"] == "claimed"]
     assert parse_iso(claim["at"]) == T0
-    requests = ctx.queues.client(ctx.names.agent_requests).peek_messages(max_messages=32)
+    requests = ctx.queues.client(ctx.names.agent_queue("orders")).peek_messages(max_messages=32)
     assert [json.loads(r.content)["completeBy"] for r in requests] == [
         iso(T0 + timedelta(seconds=30))
     ]

@@ -29,7 +29,7 @@ from runtime.clients import retry_options
 from runtime.context import AppContext
 from scheduler.service import Handled
 from stores.tables import TableStateStore
-from tests.support import FakeClock, drain, make_context
+from tests.support import FakeClock, drain, drain_requests, make_context
 
 
 class FaultyAdapter(requests.adapters.HTTPAdapter):
@@ -115,7 +115,7 @@ def test_5xx_from_tables_and_queues_are_retried(
     adapter.add(is_queue_send, "503", "500")
     order_id = f"{tag}-5xx"
     assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Handled.ACCEPTED
-    [request] = drain(ctx, ctx.names.agent_requests)
+    [request] = drain_requests(ctx)
     assert ctx.scheduler.apply_reply(decode_request(request).succeeded({})) is Handled.APPLIED
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.COMPLETED
@@ -137,7 +137,7 @@ def test_a_lost_response_to_a_claim_is_resolved_by_rereading(
     step = order.steps[0]
     assert (step.attempt, str(step.process_state)) == (1, "Processing")
     assert [h["event"] for h in step.history].count("claimed") == 1
-    requests_sent = [json.loads(t) for t in drain(ctx, ctx.names.agent_requests)]
+    requests_sent = [json.loads(t) for t in drain_requests(ctx)]
     assert [r["attempt"] for r in requests_sent if r["orderId"] == order_id] == [1]
 
 
@@ -146,7 +146,7 @@ def test_a_lost_response_to_a_reply_applies_it_once(
 ) -> None:
     order_id = f"{tag}-lost-reply"
     ctx.scheduler.submit(json.dumps({"orderId": order_id, "replyTo": f"st-{tag}"}).encode())
-    [request] = drain(ctx, ctx.names.agent_requests)
+    [request] = drain_requests(ctx)
     adapter.add(is_batch, "lose")
     assert ctx.scheduler.apply_reply(decode_request(request).succeeded({"n": 1})) is (
         Handled.APPLIED
@@ -167,7 +167,7 @@ def test_a_lost_response_to_the_submit_transaction_still_dispatches(
     # delivery of the same content, and dispatches.
     outcome = ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
     assert outcome in (Handled.ACCEPTED, Handled.DUPLICATE)
-    sent = [json.loads(t) for t in drain(ctx, ctx.names.agent_requests)]
+    sent = [json.loads(t) for t in drain_requests(ctx)]
     assert [r["orderId"] for r in sent] == [order_id]
 
 
@@ -177,7 +177,7 @@ def test_a_duplicated_queue_message_is_harmless(
     order_id = f"{tag}-dupsend"
     adapter.add(is_queue_send, "lose")  # the agent request is enqueued twice
     ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
-    texts = drain(ctx, ctx.names.agent_requests)
+    texts = drain_requests(ctx)
     assert len(texts) == 2 and texts[0] == texts[1]
     outcomes = [ctx.scheduler.apply_reply(decode_request(t).succeeded({})) for t in texts]
     assert outcomes == [Handled.APPLIED, Handled.STALE]
@@ -192,7 +192,7 @@ def test_clock_skew_between_instances_does_not_break_fencing(
     supervisor = make_context(storage_connection, tag, clock=supervisor_clock, timeout=30)
     order_id = f"{tag}-skew"
     scheduler.scheduler.submit(json.dumps({"orderId": order_id}).encode())
-    [request] = drain(scheduler, scheduler.names.agent_requests)
+    [request] = drain_requests(scheduler)
     # 27 s later by the scheduler's clock (3 s before the deadline): the fast supervisor
     # thinks the deadline passed 2 s ago (within its grace: it waits) ...
     scheduler_clock.advance(27)
@@ -210,7 +210,7 @@ def test_clock_skew_between_instances_does_not_break_fencing(
     [dispatch] = drain(scheduler, scheduler.names.order_dispatch)
     scheduler_clock.advance(5)
     assert scheduler.scheduler.dispatch(json.loads(dispatch)["orderId"]) is Handled.NOTHING_TO_DO
-    assert not drain(scheduler, scheduler.names.agent_requests)
+    assert not drain_requests(scheduler)
     order = scheduler.store.load(order_id)
     assert order is not None and order.status is OrderStatus.COMPLETED
     assert decode_reply(reply.encode()).attempt == 1

@@ -28,7 +28,7 @@ from runtime.clients import retry_options
 from runtime.context import AppContext, reset_app_context
 from stores.tables import TableStateStore
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport
-from tests.support import FakeClock, app_function, drain, make_context
+from tests.support import FakeClock, app_function, drain_requests, make_context
 
 
 class Outage(FaultyAdapter):
@@ -86,7 +86,7 @@ def test_an_order_submitted_during_a_table_outage_is_accepted_when_it_ends(
     assert took >= 10  # the invocation waited it out, not failed it
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.PROCESSING
-    [request] = drain(ctx, ctx.names.agent_requests)  # and it went on to dispatch
+    [request] = drain_requests(ctx)  # and it went on to dispatch
     assert json.loads(request)["orderId"] == order_id
 
 
@@ -97,7 +97,7 @@ def test_a_reply_during_a_table_outage_is_applied_when_it_ends(
 
     order_id = f"{tag}-reply"
     ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
-    [text] = drain(ctx, ctx.names.agent_requests)
+    [text] = drain_requests(ctx)
     reply = decode_request(text).succeeded({"ok": True})
     outage.until = time.monotonic() + 8
     function("handle_agent_reply")(func.QueueMessage(id="r", body=reply.encode().encode()))

@@ -46,7 +46,7 @@ from scheduler.service import Handled
 from stores import layout
 from stores.tables import TableStateStore
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport, is_batch
-from tests.support import FakeClock, drain, drain_json, make_context
+from tests.support import FakeClock, drain_json, drain_requests, make_context
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_the_supervisor_recovers_the_rest_and_alerts_once_about_a_corrupt_order(
     submit(ctx, bad)
     clock.advance(1)  # the bad one expires first: it is read first
     submit(ctx, good)
-    drain(ctx, ctx.names.agent_requests)
+    drain_requests(ctx)
     corrupt(ctx.store, bad, Plan="{not json")
     clock.advance(40)
 
@@ -176,7 +176,7 @@ def test_the_sweep_dispatches_the_rest_and_alerts_once_about_a_corrupt_order(
         second = ctx.scheduler.sweep()
 
     assert first.dispatched == 1 and len(first.errors) == 1 and bad in first.errors[0]
-    assert [decode_request(t).order_id for t in drain(ctx, ctx.names.agent_requests)] == [good]
+    assert [decode_request(t).order_id for t in drain_requests(ctx)] == [good]
     assert second.dispatched == 0 and len(second.errors) == 1
     assert [a["orderId"] for a in alerts_for(ctx)] == [bad]
     assert len(alert_records(caplog, bad)) == 1
@@ -187,7 +187,7 @@ def test_a_malformed_index_row_is_skipped_not_fatal(
 ) -> None:
     order_id = f"{tag}-ok"
     submit(ctx, order_id)
-    drain(ctx, ctx.names.agent_requests)
+    drain_requests(ctx)
     shard = layout.shard_of(order_id)
     for row in ("processing|garbage", "processing|20200101T000000.000000Z|no-order-ref|x"):
         ctx.store.table.create_entity({"PartitionKey": shard, "RowKey": row, "Junk": 1})
@@ -235,7 +235,7 @@ def test_an_outbox_row_that_cannot_be_read_does_not_stop_the_sweep(
     report = ctx.scheduler.sweep()
 
     assert report.dispatched == 1
-    assert [decode_request(t).order_id for t in drain(ctx, ctx.names.agent_requests)] == [order_id]
+    assert [decode_request(t).order_id for t in drain_requests(ctx)] == [order_id]
 
 
 # --- task 8: index rows that diverged ------------------------------------------------------
@@ -534,7 +534,7 @@ def faulty(
 
 def in_error(ctx: AppContext, order_id: str) -> None:
     submit(ctx, order_id)
-    [request] = [decode_request(t) for t in drain(ctx, ctx.names.agent_requests) if order_id in t]
+    [request] = [decode_request(t) for t in drain_requests(ctx) if order_id in t]
     ctx.scheduler.apply_reply(request.failed("HTTP 422 card declined"))
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.ERROR

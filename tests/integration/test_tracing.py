@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from core.messages import decode_reply, decode_request
 from simulator import SimulatorServer
-from tests.support import FakeClock, drain, make_context
+from tests.support import FakeClock, drain, drain_requests, make_context
 
 _exporter = InMemorySpanExporter()
 
@@ -31,7 +31,7 @@ def test_an_order_is_one_trace_across_every_hop(storage_connection: str, tag: st
         order_id = f"{tag}-traced"
         _exporter.clear()
         ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
-        [request_text] = drain(ctx, ctx.names.agent_requests)
+        [request_text] = drain_requests(ctx)
         request = decode_request(request_text)
         assert request.trace["traceparent"].startswith("00-")
         # The first attempt gets lost: the supervisor's retry stays in the same trace.
@@ -39,7 +39,7 @@ def test_an_order_is_one_trace_across_every_hop(storage_connection: str, tag: st
         ctx.supervisor.run()
         [dispatch] = drain(ctx, ctx.names.order_dispatch)
         ctx.scheduler.dispatch(json.loads(dispatch)["orderId"])
-        [retry_text] = drain(ctx, ctx.names.agent_requests)
+        [retry_text] = drain_requests(ctx)
         ctx.agent.handle(decode_request(retry_text))
         [reply_text] = drain(ctx, ctx.names.agent_replies)
         ctx.scheduler.apply_reply(decode_reply(reply_text))

@@ -35,7 +35,7 @@ class FakeMessage:
     correlation_id: str | None = "req-1"
     reply_to: str | None = "agent-replies"
     content_type: str | None = "application/json"
-    delivery_count: int = 1
+    delivery_count: int = 0  # the Python SDK's: earlier deliveries (the header's count)
     enqueued_time_utc: datetime = ENQUEUED
     expires_at_utc: datetime = ENQUEUED + timedelta(minutes=5)
     time_to_live: timedelta = timedelta(minutes=5)
@@ -64,7 +64,7 @@ def test_functions_message_carries_the_contract_fields() -> None:
     assert message.correlation_id == "req-1"
     assert message.reply_to == "agent-replies"
     assert message.content_type == "application/json"
-    assert message.delivery_count == 1
+    assert message.delivery_count == 1  # the host's: this delivery included
     assert message.enqueued_time_utc == ENQUEUED
     assert message.expires_at_utc == ENQUEUED + timedelta(minutes=5)
     assert message.time_to_live == timedelta(minutes=5)

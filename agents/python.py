@@ -1,0 +1,240 @@
+"""Python agents: a step that is a function of this app rather than an HTTP call.
+
+Declare it (``declarations/``)::
+
+    from agents.python import NotApplied, Refused
+
+    def reserve_stock(
+        order: dict[str, Any],
+        *,
+        idempotency_key: str,  # "<orderId>:<step>", the same on every try and attempt
+        deadline: datetime,    # UTC: when the agent stops waiting for this call
+        step: str,             # the step (or compensation) being run
+        attempt: int,          # the step's attempt, from 1
+    ) -> dict[str, Any] | None:
+        ...
+        return {"reservation": "r-1"}  # the step's result (None: {})
+
+    Agent("stock", kind="python", handler=reserve_stock, concurrency=4)
+
+The handler gets its own copy of the order. It is called with those five keyword
+arguments (a handler may take ``**kwargs`` instead of some); one that cannot accept
+them is refused when the agent is built. It runs under the same discipline as an HTTP
+call (``agents.remote``: the loop, the breaker and the classification are that client's,
+this one only replaces a try), and says what it did by how it ends:
+
+- returns (a dict; None is ``{}``; any other value ``{"value": v}``; values JSON cannot
+  carry become their text): like a 2xx, applied; the step succeeds;
+- raises ``NotApplied(reason, retry_after=None)``: like a 503 (with ``Retry-After``),
+  nothing applied; retried with backoff, or after ``retry_after`` seconds (one past
+  the step's deadline ends the attempt as a deferral);
+- raises ``Refused(reason)``: like a 4xx, nothing applied, never retried: the step fails;
+- raises anything else: like a 500, *may have applied*; retried;
+- is still running at ``deadline``: like no answer, *may have applied*; retried.
+
+The handler runs on a thread of its own; the agent stops waiting for it at the try's
+deadline (the time left before the step's ``CompleteBy``, less the reply margin, and
+at most ``max_try_seconds``), but a thread cannot be stopped: the call runs on. A retry
+for the same key in this process does not start a second run while one is still
+running: it waits for that one (whose outcome it reports). A handler must still be
+idempotent on ``idempotency_key``: another instance may run the step after this one's
+attempt expired. A running handler keeps its concurrency slot until it returns
+(``agents.limits``), so ``concurrency`` bounds what really runs.
+
+Every attempt still ends in exactly one reply (``agents.agent``), sent even after the
+step's deadline (late evidence, docs/contracts.md §3.11). A handler authenticates in its
+own code (a python agent has no ``auth``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextvars
+import copy
+import inspect
+import json
+import math
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from agents.limits import Slot
+from agents.remote import MAX_RETRY_AFTER_SECONDS, RemotePolicy, RemoteServiceClient, Try
+from core.messages import AgentRequest
+from runtime.logs import get_logger
+from runtime.metrics import METRICS
+
+log = get_logger(__name__)
+
+Handler = Callable[..., Any]
+_REASON_CHARS = 300
+
+
+class NotApplied(Exception):
+    """Nothing was applied, and asking again may work (like a 503): retried with backoff,
+    or after ``retry_after`` seconds. One that reaches past the step's deadline ends the
+    attempt as a deferral, as ``Retry-After`` does."""
+
+    def __init__(self, reason: str, retry_after: float | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class Refused(Exception):
+    """Nothing was applied, and asking again cannot help (like a 4xx): the step fails."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def check_handler(handler: Handler) -> None:
+    """Raise TypeError unless ``handler`` can be called as a python agent calls it."""
+    if not callable(handler):
+        raise TypeError(f"{handler!r} is not callable")
+    try:
+        signature = inspect.signature(handler)
+    except (TypeError, ValueError):
+        return  # a builtin or C function without a signature: called as documented
+    try:
+        signature.bind({}, idempotency_key="k", deadline=datetime.now(UTC), step="s", attempt=1)
+    except TypeError as exc:
+        raise TypeError(
+            f"{getattr(handler, '__qualname__', handler)!r} must accept (order, *, "
+            f"idempotency_key, deadline, step, attempt): {exc}"
+        ) from None
+
+
+class PythonAgentClient(RemoteServiceClient):
+    """``RemoteServiceClient`` whose try calls ``handler`` on a thread of its own."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        policy: RemotePolicy | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        *,
+        name: str = "python",
+        concurrency: int | None = None,
+    ):
+        check_handler(handler)
+        super().__init__(
+            f"python:{name}",
+            policy,
+            clock=clock,
+            sleep=sleep,
+            rng=rng,
+            concurrency=concurrency,
+        )
+        self.handler = handler
+        self.name = name
+        self._running: dict[str, concurrent.futures.Future[Try]] = {}
+        self._running_lock = threading.Lock()
+
+    @property
+    def running(self) -> int:
+        """Handler calls still running (some may have outlived their tries)."""
+        with self._running_lock:
+            return len(self._running)
+
+    def _try(self, request: AgentRequest, timeout: float) -> Try:
+        key = request.idempotency_key
+        deadline = self._clock() + timedelta(seconds=timeout)
+        with self._running_lock:
+            future = self._running.get(key)
+            joined = future is not None
+            if future is None:
+                future = self._running[key] = self._start(request, deadline)
+        try:
+            return future.result(timeout=max(timeout, 0.0))
+        except concurrent.futures.TimeoutError:
+            METRICS.inc("python_agent_overruns")
+            return Try(
+                "maybe",
+                True,
+                f"{request.step}: the handler "
+                + ("(a run started by an earlier try) " if joined else "")
+                + f"is still running after {timeout:.1f} s: it may have applied "
+                "(it runs on; a retry waits for it rather than starting another)",
+            )
+
+    def _start(self, request: AgentRequest, deadline: datetime) -> concurrent.futures.Future[Try]:
+        future: concurrent.futures.Future[Try] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        slot: Slot | None = self.slots.current if self.slots is not None else None
+        if slot is not None:
+            slot.hold()  # until the handler returns, however long after its try
+        order = copy.deepcopy(request.order or {})
+        key, step = request.idempotency_key, request.step
+
+        def run() -> None:
+            try:
+                value = self.handler(
+                    order,
+                    idempotency_key=key,
+                    deadline=deadline,
+                    step=step,
+                    attempt=request.attempt,
+                )
+                outcome = Try("yes", False, result=_result(value))
+            except NotApplied as exc:
+                outcome = Try(
+                    "no",
+                    True,
+                    f"{step}: not applied: {_text(exc.reason)}",
+                    retry_after=_retry_after(exc.retry_after),
+                )
+            except Refused as exc:
+                outcome = Try("no", False, f"{step}: refused: {_text(exc.reason)}")
+            except BaseException as exc:  # any other end: it may have applied
+                log.warning("handler of %s raised %s", step, type(exc).__name__, exc_info=True)
+                outcome = Try(
+                    "maybe",
+                    True,
+                    f"{step}: {type(exc).__name__}: {_text(str(exc))} (may have applied)",
+                )
+            finally:
+                with self._running_lock:
+                    if self._running.get(key) is future:
+                        del self._running[key]
+                if slot is not None:
+                    slot.release()
+            future.set_result(outcome)
+
+        # The handler's logs carry the order, step and attempt, as the agent's do.
+        context = contextvars.copy_context()
+        threading.Thread(
+            target=context.run, args=(run,), name=f"agent-{self.name}-{key}", daemon=True
+        ).start()
+        return future
+
+
+def _result(value: Any) -> dict[str, Any]:
+    """The step's result: a dict as it is, None as {}, anything else as ``{"value": v}``;
+    values JSON cannot carry (dates, decimals, ...) as their text."""
+    body = {} if value is None else value if isinstance(value, dict) else {"value": value}
+    try:
+        out = json.loads(json.dumps(body, default=str))
+    except (TypeError, ValueError, RecursionError) as exc:
+        return {"unserializable": True, "reason": str(exc)[:300], "preview": repr(value)[:2000]}
+    return out if isinstance(out, dict) else {"value": out}
+
+
+def _retry_after(value: Any) -> float | None:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(seconds):
+        return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def _text(reason: Any) -> str:
+    return str(reason)[:_REASON_CHARS]

@@ -1,0 +1,116 @@
+"""Start ``python -m localbus`` as a child process and stop it by its process id.
+
+with LocalBus.start(["agent-requests", "agent-replies:lock-duration=5"]) as bus:
+    os.environ["ServiceBusConnection"] = bus.connection_string
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "LOCALBUS_CONNECTION="
+
+
+class LocalBusError(RuntimeError):
+    pass
+
+
+@dataclass
+class LocalBus:
+    process: subprocess.Popen[bytes]
+    connection_string: str
+    log_path: Path | None = None
+    _log: IO[bytes] | None = None
+
+    @classmethod
+    def start(
+        cls, queues: list[str], log_path: Path | None = None, timeout: float = 30.0
+    ) -> LocalBus:
+        """``queues``: specs as ``--queues`` takes them (``name[:option=value...]``)."""
+        log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed in stop()
+        process = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
+            [sys.executable, "-m", "localbus", "--queues", ",".join(queues)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=log if log is not None else subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            line = _first_line(process, timeout)
+        except BaseException:
+            _stop(process)
+            if log is not None:
+                log.close()
+            raise
+        return cls(process, line[len(PREFIX) :].strip(), log_path, log)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, grace: float = 5.0) -> None:
+        _stop(self.process, grace)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> LocalBus:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _first_line(process: subprocess.Popen[bytes], timeout: float) -> str:
+    assert process.stdout is not None
+    fd = process.stdout.fileno()
+    deadline = time.monotonic() + timeout
+    buffer = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buffer += chunk
+            for line in buffer.decode("utf-8", "replace").splitlines():
+                if line.startswith(PREFIX):
+                    return line
+        elif process.poll() is not None:
+            break
+    if process.poll() is not None:
+        raise LocalBusError(f"localbus exited with code {process.returncode}")
+    raise LocalBusError(f"localbus did not print {PREFIX} within {timeout:.0f} s")
+
+
+def _stop(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
+    """SIGTERM its process group (its own session), then SIGKILL after ``grace``."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)

@@ -1,0 +1,325 @@
+"""The Service Bus behaviours this app relies on, in one place, through the real SDK.
+
+Each test states one behaviour. They run against a private ``localbus`` (the double), or,
+with SERVICEBUS_TEST_CONNECTION set, against a real namespace (``make test-servicebus``):
+what passes on both is what the double may be trusted for. See ``target.py`` for the queues.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from azure.servicebus import (
+    ServiceBusMessage,
+    ServiceBusReceiveMode,
+    ServiceBusSubQueue,
+)
+from azure.servicebus.exceptions import (
+    MessageLockLostError,
+    MessageSizeExceededError,
+    MessagingEntityNotFoundError,
+    ServiceBusError,
+)
+
+from tests.localbus.target import Target
+
+pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(180)]
+
+WAIT = 3.0  # the longest one receive call waits
+
+
+def new_id() -> str:
+    return "ct-" + uuid.uuid4().hex[:20]
+
+
+def send(client: Any, queue: str, *messages: ServiceBusMessage) -> None:
+    with client.get_queue_sender(queue) as sender:
+        for message in messages:
+            sender.send_messages(message)
+
+
+class Mine:
+    """Receives only this test's messages (by message_id); others met on a shared
+    namespace stay locked while the test runs and are abandoned at the end."""
+
+    def __init__(self, receiver: Any, ids: set[str]):
+        self.receiver, self.ids, self.others = receiver, ids, []
+
+    def take(self, count: int, within: float = 10.0) -> list[Any]:
+        ours: list[Any] = []
+        deadline = time.monotonic() + within
+        while len(ours) < count and time.monotonic() < deadline:
+            wait = max(0.5, min(WAIT, deadline - time.monotonic()))
+            for message in self.receiver.receive_messages(max_message_count=10, max_wait_time=wait):
+                (ours if message.message_id in self.ids else self.others).append(message)
+        return ours
+
+    def nothing_within(self, seconds: float) -> bool:
+        return not self.take(1, within=seconds)
+
+
+@contextmanager
+def receiving(client: Any, queue: str, ids: set[str], **options: Any) -> Iterator[Mine]:
+    with client.get_queue_receiver(queue, max_wait_time=WAIT, **options) as receiver:
+        mine = Mine(receiver, ids)
+        try:
+            yield mine
+        finally:
+            if options.get("receive_mode") != ServiceBusReceiveMode.RECEIVE_AND_DELETE:
+                for message in mine.others:
+                    with suppress(ServiceBusError):
+                        receiver.abandon_message(message)
+
+
+def test_a_message_round_trips_every_property_the_app_uses(target: Target, client: Any) -> None:
+    """Sign-in ($cbs), send, peek-lock receive: message_id, correlation_id, reply_to,
+    subject, content_type, time to live, application properties, the body; and what the
+    broker adds: delivery count 0, a sequence number, the enqueued time, the lock's end."""
+    mid = new_id()
+    before = datetime.now(UTC)
+    send(
+        client,
+        target.requests,
+        ServiceBusMessage(
+            b'{"hello": 1}',
+            message_id=mid,
+            correlation_id="corr-1",
+            reply_to=target.replies,
+            subject="process",
+            content_type="application/json",
+            time_to_live=timedelta(seconds=120),
+            application_properties={"orderId": "o-1", "attempt": 2},
+        ),
+    )
+    with receiving(client, target.requests, {mid}) as mine:
+        [message] = mine.take(1)
+        props = {_text(k): _text(v) for k, v in (message.application_properties or {}).items()}
+        assert (message.correlation_id, message.reply_to) == ("corr-1", target.replies)
+        assert (message.subject, message.content_type) == ("process", "application/json")
+        assert message.time_to_live == timedelta(seconds=120)
+        assert props == {"orderId": "o-1", "attempt": 2}
+        assert b"".join(message.body) == b'{"hello": 1}'
+        assert message.delivery_count == 0
+        assert message.sequence_number is not None and message.sequence_number > 0
+        assert message.enqueued_time_utc >= before - timedelta(seconds=5)
+        held = (message.locked_until_utc - datetime.now(UTC)).total_seconds()
+        assert target.lock_seconds - 5 < held <= target.lock_seconds + 1
+        mine.receiver.complete_message(message)
+
+
+def test_an_unknown_queue_is_not_found(target: Target, client: Any) -> None:
+    """Only declared queues exist: sending elsewhere fails (amqp:not-found), it does not
+    create a queue."""
+    with pytest.raises(MessagingEntityNotFoundError):
+        send(client, "no-such-queue-" + uuid.uuid4().hex[:8], ServiceBusMessage(b"x"))
+
+
+def test_complete_removes_the_message(target: Target, client: Any) -> None:
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"x", message_id=mid))
+    with receiving(client, target.requests, {mid}) as mine:
+        [message] = mine.take(1)
+        mine.receiver.complete_message(message)
+        assert mine.nothing_within(target.lock_seconds + target.quiet)
+
+
+def test_abandon_redelivers_at_once_with_the_delivery_count_up(target: Target, client: Any) -> None:
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"x", message_id=mid))
+    with receiving(client, target.requests, {mid}) as mine:
+        [first] = mine.take(1)
+        mine.receiver.abandon_message(first)
+        [second] = mine.take(1, within=5)  # not after the lock: now
+        assert (first.delivery_count, second.delivery_count) == (0, 1)
+        mine.receiver.complete_message(second)
+
+
+def test_a_lapsed_lock_redelivers_and_the_old_lock_cannot_settle(
+    target: Target, client: Any
+) -> None:
+    """A receiver that dies holding a message: the message comes back once its lock
+    lapses, counted as a delivery; the first receiver's lock token is then worthless."""
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"x", message_id=mid))
+    with receiving(client, target.requests, {mid}) as mine:
+        [first] = mine.take(1)
+        started = time.monotonic()
+        [second] = mine.take(1, within=target.lock_seconds + 15)
+        assert time.monotonic() - started >= target.lock_seconds - 1.5
+        assert second.delivery_count == 1
+        with pytest.raises(MessageLockLostError):
+            mine.receiver.complete_message(first)
+        mine.receiver.complete_message(second)
+
+
+def test_renewing_a_lock_keeps_the_message(target: Target, client: Any) -> None:
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"x", message_id=mid))
+    with receiving(client, target.requests, {mid}) as mine:
+        [message] = mine.take(1)
+        first_until = message.locked_until_utc
+        for _ in range(2):  # past the original lock
+            time.sleep(target.lock_seconds * 0.6)
+            mine.receiver.renew_message_lock(message)
+        assert message.locked_until_utc > first_until
+        assert mine.nothing_within(target.quiet)  # not redelivered meanwhile
+        mine.receiver.complete_message(message)
+
+
+def test_dead_letter_keeps_the_message_with_its_reason(target: Target, client: Any) -> None:
+    """Dead-lettered messages are read from ``<queue>/$DeadLetterQueue`` (the SDK's
+    sub-queue receiver, the trigger the supervisor's alerts use), with the reason."""
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"body", message_id=mid))
+    with receiving(client, target.requests, {mid}) as mine:
+        [message] = mine.take(1)
+        mine.receiver.dead_letter_message(message, reason="bad", error_description="why")
+    dead = _dead_letters(client, target.requests, mid)
+    assert (dead.dead_letter_reason, dead.dead_letter_error_description) == ("bad", "why")
+    assert b"".join(dead.body) == b"body"
+
+
+def test_the_max_delivery_count_dead_letters(target: Target, client: Any) -> None:
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"x", message_id=mid))
+    counts = []
+    with receiving(client, target.requests, {mid}) as mine:
+        for _ in range(target.max_delivery_count):
+            [message] = mine.take(1)
+            counts.append(message.delivery_count)
+            mine.receiver.abandon_message(message)
+        assert mine.nothing_within(target.quiet)
+    assert counts == list(range(target.max_delivery_count))
+    dead = _dead_letters(client, target.requests, mid)
+    assert dead.dead_letter_reason == "MaxDeliveryCountExceeded"
+    # Believed (not yet seen on a namespace): the count goes with it to the sub-queue.
+    assert dead.delivery_count == target.max_delivery_count
+
+
+def test_an_expired_message_is_never_delivered_and_dead_lettered_only_where_asked(
+    target: Target, client: Any
+) -> None:
+    """Time to live: the replies queue dead-letters expired messages (an alert), the
+    requests queue drops them (infra/app/servicebus.bicep)."""
+    request, reply = new_id(), new_id()
+    send(
+        client,
+        target.requests,
+        ServiceBusMessage(b"r", message_id=request, time_to_live=timedelta(seconds=1)),
+    )
+    send(
+        client,
+        target.replies,
+        ServiceBusMessage(b"p", message_id=reply, time_to_live=timedelta(seconds=1)),
+    )
+    time.sleep(1.5)
+    for queue, mid in ((target.requests, request), (target.replies, reply)):
+        with receiving(client, queue, {mid}) as mine:
+            assert mine.nothing_within(target.quiet), f"{queue} delivered an expired message"
+    dead = _dead_letters(client, target.replies, reply, within=target.expiry_grace)
+    assert dead.dead_letter_reason == "TTLExpiredException"
+    with receiving(
+        client, target.requests, {request}, sub_queue=ServiceBusSubQueue.DEAD_LETTER
+    ) as mine:
+        assert mine.nothing_within(target.quiet)
+
+
+def test_the_same_message_id_is_delivered_once(target: Target, client: Any) -> None:
+    """Duplicate detection (the queues' window is 10 min): the copy is accepted, dropped."""
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"1", message_id=mid))
+    send(client, target.requests, ServiceBusMessage(b"2", message_id=mid))
+    with receiving(client, target.requests, {mid}) as mine:
+        [message] = mine.take(1)
+        assert b"".join(message.body) == b"1"
+        mine.receiver.complete_message(message)
+        assert mine.nothing_within(target.quiet)
+
+
+def test_settling_through_management_works_without_the_receive_link(
+    target: Target, client: Any
+) -> None:
+    """``com.microsoft:update-disposition``: how the SDK settles once its receive link is
+    gone (called here directly, as the SDK does in that case)."""
+    done, dropped = new_id(), new_id()
+    send(
+        client,
+        target.requests,
+        ServiceBusMessage(b"x", message_id=done),
+        ServiceBusMessage(b"y", message_id=dropped),
+    )
+    with receiving(client, target.requests, {done, dropped}) as mine:
+        messages = {m.message_id: m for m in mine.take(2)}
+        mine.receiver._settle_message_via_mgmt_link("completed", [messages[done].lock_token])
+        mine.receiver._settle_message_via_mgmt_link(
+            "suspended",
+            [messages[dropped].lock_token],
+            dead_letter_details={"deadletter-reason": "r", "deadletter-description": "d"},
+        )
+        for message in messages.values():
+            message._settled = True
+        assert mine.nothing_within(target.lock_seconds + target.quiet)
+    assert _dead_letters(client, target.requests, dropped).dead_letter_reason == "r"
+
+
+def test_receive_and_delete_takes_the_message_at_once(target: Target, client: Any) -> None:
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"x", message_id=mid))
+    with receiving(
+        client, target.requests, {mid}, receive_mode=ServiceBusReceiveMode.RECEIVE_AND_DELETE
+    ) as mine:
+        [message] = mine.take(1)
+        assert message.lock_token is None
+    with receiving(client, target.requests, {mid}) as mine:
+        assert mine.nothing_within(target.quiet)
+
+
+def test_peek_shows_messages_without_locking_them(target: Target, client: Any) -> None:
+    mid = new_id()
+    send(client, target.requests, ServiceBusMessage(b"x", message_id=mid))
+    with client.get_queue_receiver(target.requests, max_wait_time=WAIT) as receiver:
+        seen = _peek_for(receiver, mid)
+        assert seen is not None and seen.delivery_count == 0
+    with receiving(client, target.requests, {mid}) as mine:
+        [message] = mine.take(1)  # peeking did not lock it
+        mine.receiver.complete_message(message)
+
+
+def test_a_message_over_256_kb_is_refused_by_the_sdk(target: Target, client: Any) -> None:
+    """Standard's limit, 256 KB; the app's transport turns this error into TransportRefused."""
+    with pytest.raises(MessageSizeExceededError):
+        send(client, target.requests, ServiceBusMessage(b"x" * (300 * 1024), message_id=new_id()))
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _dead_letters(client: Any, queue: str, mid: str, within: float = 10.0) -> Any:
+    with receiving(client, queue, {mid}, sub_queue=ServiceBusSubQueue.DEAD_LETTER) as mine:
+        found = mine.take(1, within=within)
+        assert found, f"{mid} is not in {queue}/$DeadLetterQueue"
+        mine.receiver.complete_message(found[0])
+        return found[0]
+
+
+def _peek_for(receiver: Any, mid: str) -> Any:
+    sequence = 0
+    for _ in range(20):
+        batch = receiver.peek_messages(max_message_count=50, sequence_number=sequence)
+        if not batch:
+            return None
+        for message in batch:
+            if message.message_id == mid:
+                return message
+        sequence = batch[-1].sequence_number + 1
+    return None

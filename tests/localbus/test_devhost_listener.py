@@ -1,0 +1,106 @@
+"""devhost's Service Bus listener through the real SDK against localbus: the trigger a
+function gets, redelivery after a failed invocation, the dead-letter sub-queue trigger."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import azure.functions as func
+import pytest
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+
+from core.settings import Connection
+from devhost.app_loader import FunctionSpec
+from devhost.invoke import Invoker
+from devhost.servicebus import ServiceBusListener, sdk_receiver_factory
+from devhost.settings import ServiceBusOptions
+from localbus.process import LocalBus
+
+pytestmark = pytest.mark.timeout(120)
+
+QUEUE = "jobs"
+
+
+@pytest.fixture(scope="module")
+def bus() -> Iterator[LocalBus]:
+    with LocalBus.start([f"{QUEUE}:lock-duration=5:max-delivery-count=3"]) as started:
+        yield started
+
+
+def listen(bus: LocalBus, queue: str, handler: Any) -> tuple[threading.Event, threading.Thread]:
+    trigger = {
+        "type": "serviceBusTrigger",
+        "name": "msg",
+        "queueName": queue,
+        "connection": "ServiceBusConnection",
+    }
+    spec = FunctionSpec("fn", "serviceBusTrigger", trigger, handler)
+    connection = Connection("ServiceBusConnection", connection_string=bus.connection_string)
+    listener = ServiceBusListener(
+        spec, sdk_receiver_factory(connection, queue), Invoker(), ServiceBusOptions(4, 60.0)
+    )
+    stop = threading.Event()
+    return stop, listener.start(stop)
+
+
+def send(bus: LocalBus, body: bytes, message_id: str) -> None:
+    client = ServiceBusClient.from_connection_string(bus.connection_string)
+    with client, client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages(ServiceBusMessage(body, message_id=message_id))
+
+
+def test_a_failed_invocation_is_redelivered_counted_as_the_host_counts(bus: LocalBus) -> None:
+    """The function fails once: the message comes back at once (abandoned), and the
+    function sees delivery counts 1 then 2, as under the Functions host."""
+    seen: list[int] = []
+    done = threading.Event()
+
+    def handler(msg: func.ServiceBusMessage) -> None:
+        seen.append(msg.delivery_count)
+        if len(seen) == 1:
+            raise RuntimeError("first try fails")
+        done.set()
+
+    stop, thread = listen(bus, QUEUE, handler)
+    try:
+        send(bus, b"x", "redelivered-1")
+        assert done.wait(20), seen
+    finally:
+        stop.set()
+        thread.join(15)
+    assert seen == [1, 2]
+
+
+def test_a_message_that_always_fails_reaches_the_dead_letter_trigger(bus: LocalBus) -> None:
+    """max-delivery-count 3: three invocations, then ``jobs/$DeadLetterQueue`` (the
+    supervisor's alert trigger binds to that name) gets it, with the reason."""
+    failures: list[int] = []
+    dead: list[tuple[bytes, Any]] = []
+    arrived = threading.Event()
+
+    def always_fails(msg: func.ServiceBusMessage) -> None:
+        failures.append(msg.delivery_count)
+        raise RuntimeError("never works")
+
+    def on_dead_letter(msg: func.ServiceBusMessage) -> None:
+        dead.append((msg.get_body(), (msg.application_properties or {}).get("DeadLetterReason")))
+        arrived.set()
+
+    stops = [
+        listen(bus, QUEUE, always_fails),
+        listen(bus, f"{QUEUE}/$DeadLetterQueue", on_dead_letter),
+    ]
+    try:
+        send(bus, b"poison", "always-fails-1")
+        assert arrived.wait(30), failures
+        time.sleep(0.5)
+    finally:
+        for stop, _ in stops:
+            stop.set()
+        for _, thread in stops:
+            thread.join(15)
+    assert failures == [1, 2, 3]
+    assert dead == [(b"poison", "MaxDeliveryCountExceeded")]

@@ -1,0 +1,129 @@
+"""localbus's queue rules on a fake clock (no AMQP): ``localbus.entities``."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from localbus.entities import (
+    MAX_DELIVERY_REASON,
+    TTL_EXPIRED_REASON,
+    LockLost,
+    QueueConfig,
+    make_queue,
+)
+
+BICEP = Path(__file__).resolve().parents[2] / "infra" / "app" / "servicebus.bicep"
+
+
+def queue(**options: object) -> object:
+    return make_queue(QueueConfig("q", **options))  # type: ignore[arg-type]
+
+
+def test_the_defaults_are_the_infra_queues() -> None:
+    text = BICEP.read_text()
+
+    def iso_seconds(key: str) -> float:
+        value = re.search(rf"{key}: 'PT(\d+)([SMH])'", text)
+        assert value, key
+        return int(value.group(1)) * {"S": 1, "M": 60, "H": 3600}[value.group(2)]
+
+    config = QueueConfig("q")
+    assert config.lock_duration == iso_seconds("lockDuration")
+    assert config.duplicate_window == iso_seconds("duplicateDetectionHistoryTimeWindow")
+    assert config.default_ttl == iso_seconds("defaultMessageTimeToLive")
+    count = re.search(r"maxDeliveryCount: (\d+)", text)
+    assert count and config.max_delivery_count == int(count.group(1))
+    assert "requiresDuplicateDetection: true" in text and config.duplicate_detection
+
+
+def test_queue_specs_parse_and_bad_ones_are_refused() -> None:
+    config = QueueConfig.parse(
+        "jobs:lock-duration=5:max-delivery-count=3:dead-letter-on-expiration=false"
+    )
+    assert (config.name, config.lock_duration, config.max_delivery_count) == ("jobs", 5.0, 3)
+    assert config.dead_letter_on_expiration is False
+    for bad in (
+        "",
+        "a/b",
+        "jobs:colour=red",
+        "jobs:lock-duration=0",
+        "jobs:duplicate-detection=maybe",
+    ):
+        with pytest.raises(ValueError):
+            QueueConfig.parse(bad)
+
+
+def test_abandon_counts_and_the_max_dead_letters() -> None:
+    q = make_queue(QueueConfig("q", max_delivery_count=2))
+    q.enqueue("m", "id-1", None, 0.0, 1)
+    first = q.take(0.0, lock=True)
+    assert first is not None and first.delivery_count == 0 and first.lock_token
+    q.abandon(first.lock_token, 0.0)
+    second = q.take(0.0, lock=True)
+    assert second is first and second.delivery_count == 1 and second.lock_token
+    q.abandon(second.lock_token, 0.0)
+    assert q.take(0.0, lock=True) is None
+    assert q.dead_letters is not None
+    dead = q.dead_letters.take(0.0, lock=True)
+    assert dead is first and dead.dead_letter_reason == MAX_DELIVERY_REASON
+
+
+def test_release_does_not_count_and_locks_lapse_and_count() -> None:
+    q = make_queue(QueueConfig("q", lock_duration=10))
+    q.enqueue("m", None, None, 0.0, 1)
+    taken = q.take(0.0, lock=True)
+    assert taken is not None and taken.lock_token
+    q.release(taken.lock_token, 1.0)
+    again = q.take(1.0, lock=True)
+    assert again is taken and again.delivery_count == 0 and again.lock_token
+    token = again.lock_token
+    assert q.renew(token, 9.0) == 19.0
+    assert q.take(18.0, lock=True) is None  # still locked
+    back = q.take(19.5, lock=True)  # lapsed: back, counted
+    assert back is again and back.delivery_count == 1
+    with pytest.raises(LockLost):
+        q.complete(token, 19.5)
+
+
+def test_expired_messages_are_dead_lettered_or_dropped_as_configured() -> None:
+    keeps = make_queue(QueueConfig("q"))
+    drops = make_queue(QueueConfig("r", dead_letter_on_expiration=False))
+    for q in (keeps, drops):
+        q.enqueue("m", None, 5.0, 0.0, 1)
+        assert q.take(6.0, lock=True) is None
+    assert keeps.dead_letters is not None and drops.dead_letters is not None
+    dead = keeps.dead_letters.take(6.0, lock=True)
+    assert dead is not None and dead.dead_letter_reason == TTL_EXPIRED_REASON
+    assert drops.dead_letters.take(6.0, lock=True) is None
+
+
+def test_a_locked_message_does_not_expire_until_its_lock_ends() -> None:
+    q = make_queue(QueueConfig("q", lock_duration=10))
+    q.enqueue("m", None, 5.0, 0.0, 1)
+    taken = q.take(0.0, lock=True)
+    assert taken is not None and taken.lock_token
+    q.expire(6.0)
+    q.complete(taken.lock_token, 6.0)  # still held: completes
+
+
+def test_duplicates_are_dropped_within_the_window_only() -> None:
+    q = make_queue(QueueConfig("q", duplicate_window=60))
+    assert q.enqueue("a", "same", None, 0.0, 1) is not None
+    assert q.enqueue("b", "same", None, 30.0, 2) is None
+    assert q.enqueue("c", "same", None, 61.0, 3) is not None
+    off = make_queue(QueueConfig("r", duplicate_detection=False))
+    assert off.enqueue("a", "same", None, 0.0, 1) and off.enqueue("b", "same", None, 0.0, 2)
+
+
+def test_an_abandoned_message_keeps_its_place_in_the_queue() -> None:
+    q = make_queue(QueueConfig("q"))
+    for n in (1, 2):
+        q.enqueue(f"m{n}", None, None, 0.0, n)
+    first = q.take(0.0, lock=True)
+    assert first is not None and first.lock_token
+    q.abandon(first.lock_token, 0.0)
+    again = q.take(0.0, lock=True)
+    assert again is not None and again.sequence_number == 1
