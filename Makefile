@@ -126,8 +126,21 @@ test-servicebus: deps
 	@test -n "$$SERVICEBUS_TEST_CONNECTION" || { echo "set SERVICEBUS_TEST_CONNECTION (see README)"; exit 2; }
 	$(PYTEST) tests/localbus/test_contract.py tests/integration/test_servicebus_live.py -q -m servicebus
 
+## make bench: the benchmarks (pipeline, latency, sweeps, recovery: about 4 minutes on 2
+## cores), each printed and saved as bench/results/<name>-<UTC date-time>.json
+## (make bench BENCHMARKS=sweeps BENCH_ARGS_sweeps="--finished 100000": one, with options)
+BENCHMARKS ?= pipeline latency sweeps recovery
+BENCH_ARGS_pipeline ?= --orders 400
+define bench_one
+out="bench/results/$(1)-$$(date -u +%Y%m%dT%H%M%SZ).json"; echo "== bench.$(1) -> $$out" >&2; \
+$(BIN)/python -m bench.$(1) $(BENCH_ARGS_$(1)) > "$$out" || failed="$$failed $(1)"; \
+if [ -s "$$out" ]; then cat "$$out"; else rm -f "$$out"; fi;
+endef
+
 bench: deps
-	$(BIN)/python -m bench.pipeline
+	@mkdir -p bench/results; failed=""; \
+	$(foreach name,$(BENCHMARKS),$(call bench_one,$(name))) \
+	if [ -n "$$failed" ]; then echo "bench FAILED:$$failed" >&2; exit 1; fi
 
 clean:
 	rm -rf $(VENV) .venv-iac .venv-index node_modules run .mypy_cache .ruff_cache

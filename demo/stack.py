@@ -132,6 +132,9 @@ class LocalStack:
     keep_workdir: bool = False
     #: "storage" (Storage queues on Azurite) or "servicebus" (the agent queues on localbus)
     transport: str = "storage"
+    #: The managed identity's header secret, shared by the devhosts and the simulator's
+    #: identity endpoint, which refuses any other (as App Service's does).
+    identity_header: str = field(default_factory=lambda: os.urandom(16).hex())
     #: Service Bus only: queue options for both agent queues, e.g. {"lock-duration": "10"};
     #: the defaults are infra/app/servicebus.bicep's (localbus.entities.QueueConfig).
     bus_options: dict[str, str] = field(default_factory=dict)
@@ -170,6 +173,8 @@ class LocalStack:
                 "0",
                 "--ledger",
                 str(self.ledger_path),
+                "--identity-header",
+                self.identity_header,
                 *self.simulator_args,
             ],
             cwd=ROOT,
@@ -247,7 +252,7 @@ class LocalStack:
                 # protocol against the simulator's identity endpoint (simulator/identity.py),
                 # for agents declared with EntraToken.
                 "IDENTITY_ENDPOINT": f"{self.simulator_url}/_identity/token",
-                "IDENTITY_HEADER": os.urandom(16).hex(),
+                "IDENTITY_HEADER": self.identity_header,
             }
         )
         if self.bus is not None:

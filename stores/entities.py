@@ -243,7 +243,12 @@ def well_formed(
 
 def index_entry(e: dict[str, Any]) -> IndexEntry:
     _, when, _, _ = e["RowKey"].split("|", 3)
-    return IndexEntry(str(e["OrderRef"]), str(e["StepName"]), parse_sortable(when))
+    order_id, step = e.get("OrderRef"), e.get("StepName")
+    if not isinstance(order_id, str) or not order_id or not isinstance(step, str) or not step:
+        # A selected property that is absent comes back as None: a malformed row, not an
+        # order called "None".
+        raise ValueError(f"OrderRef {order_id!r} / StepName {step!r}")
+    return IndexEntry(order_id, step, parse_sortable(when))
 
 
 def outbox_entry(e: dict[str, Any]) -> OutboxEntry:

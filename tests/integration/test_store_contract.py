@@ -525,3 +525,21 @@ def test_a_token_the_store_never_made_is_refused(store: StateStore) -> None:
             store.list_by_status(OrderStatus.PENDING, 2, bad)
     # well formed but pointing past everything: an empty page, not an error
     assert store.list_by_status(OrderStatus.PENDING, 2, "9999999999999|zz") == ([], None)
+
+
+def test_a_malformed_index_row_is_skipped_not_read_as_an_order(store: StateStore, raw: Raw) -> None:
+    """An index row without its order reference (a manual edit) is logged and skipped: a
+    sweep must not go looking for an order called "None"."""
+    shard = layout.shard_of("o-bad-index")
+    raw.put({"PartitionKey": shard, "RowKey": layout.pending_row(T0, "o-bad-index", "process")})
+    raw.put(
+        {
+            "PartitionKey": shard,
+            "RowKey": layout.processing_row(T0, "o-bad-index", "process"),
+            "OrderRef": "o-bad-index",
+        }
+    )
+    due = [e.order_id for e in store.due_pending(T0 + timedelta(seconds=1))]
+    expired = [e.order_id for e in store.expired_processing(T0 + timedelta(seconds=1))]
+    assert "None" not in due and "o-bad-index" not in due
+    assert "o-bad-index" not in expired  # no StepName: skipped as well
