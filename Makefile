@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
+.PHONY: infra-checks run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
 	index-check chaos chaos-short bench \
 	clean start test-servicebus localbus
 
@@ -34,7 +34,11 @@ start: deps
 
 ## make test: lint, types, unit, integration (Azurite), e2e (processes), browser (the console
 ## in Chromium), chaos (short), infra
-test: deps lint typecheck unit integration localbus e2e browser chaos-short iac-check index-check
+test: deps lint typecheck unit integration localbus e2e browser chaos-short infra-checks
+
+## the Bicep checks and the worker's indexer: independent (each its own venv), side by side
+infra-checks:
+	@$(MAKE) --no-print-directory -j2 iac-check index-check
 
 lint: deps
 	$(BIN)/ruff check .

@@ -41,7 +41,7 @@ def _run(plan: ChaosPlan) -> None:
 @pytest.mark.timeout(420)
 def test_chaos_short() -> None:
     seed = int(os.environ.get("CHAOS_SEED", "20261122"))
-    _run(ChaosPlan(orders=100, chaos_seconds=32, seed=seed))
+    _run(ChaosPlan(orders=80, chaos_seconds=26, seed=seed))
 
 
 @pytest.mark.long

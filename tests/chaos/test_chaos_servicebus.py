@@ -15,4 +15,4 @@ from tests.chaos.test_chaos import _run
 @pytest.mark.timeout(420)
 def test_chaos_short_over_service_bus() -> None:
     seed = int(os.environ.get("CHAOS_SEED", "20261122"))
-    _run(ChaosPlan(orders=60, chaos_seconds=22, seed=seed, transport="servicebus"))
+    _run(ChaosPlan(orders=50, chaos_seconds=18, seed=seed, transport="servicebus"))
