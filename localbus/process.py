@@ -6,10 +6,8 @@ with LocalBus.start(["agent-requests", "agent-replies:lock-duration=5"]) as bus:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO
+
+from devhost.processes import stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "LOCALBUS_CONNECTION="
@@ -50,7 +50,7 @@ class LocalBus:
         try:
             line = _first_line(process, timeout)
         except BaseException:
-            _stop(process)
+            stop_group(process, grace=5.0)
             if log is not None:
                 log.close()
             raise
@@ -61,7 +61,7 @@ class LocalBus:
         return self.process.pid
 
     def stop(self, grace: float = 5.0) -> None:
-        _stop(self.process, grace)
+        stop_group(self.process, grace)
         if self.process.stdout is not None:
             self.process.stdout.close()
         if self._log is not None:
@@ -100,17 +100,3 @@ def _first_line(process: subprocess.Popen[bytes], timeout: float) -> str:
     if process.poll() is not None:
         raise LocalBusError(f"localbus exited with code {process.returncode}")
     raise LocalBusError(f"localbus did not print {PREFIX} within {timeout:.0f} s")
-
-
-def _stop(process: subprocess.Popen[bytes], grace: float = 5.0) -> None:
-    """SIGTERM its process group (its own session), then SIGKILL after ``grace``."""
-    if process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
