@@ -130,7 +130,7 @@ test-servicebus: deps
 	@test -n "$$SERVICEBUS_TEST_CONNECTION" || { echo "set SERVICEBUS_TEST_CONNECTION (see README)"; exit 2; }
 	$(PYTEST) tests/localbus/test_contract.py tests/integration/test_servicebus_live.py -q -m servicebus
 
-## make bench: the benchmarks (pipeline, latency, sweeps, recovery: about 4 minutes on 2
+## make bench: the benchmarks (pipeline, latency, sweeps, recovery: about 6 minutes on 2
 ## cores), each printed and saved as bench/results/<name>-<UTC date-time>.json
 ## (make bench BENCHMARKS=sweeps BENCH_ARGS_sweeps="--finished 100000": one, with options)
 BENCHMARKS ?= pipeline latency sweeps recovery

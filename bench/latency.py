@@ -18,11 +18,13 @@ after the send returned) to done (the order record's completion event), and
 
 - ``submit->accepted``: the order record's ``CreatedAt`` minus the client's submit time
   (the ``orders`` queue and ``submit_order``)
-- ``accepted->claimed``: the step history's ``claimed`` (the in-process dispatch)
+- ``accepted->claimed``: the step history's ``claimed`` (the in-process dispatch); the
+  first step is claimed in the submit's own write, so its hop is ``submit->accepted+claimed``
 - ``claimed->remoteCall``: when the simulator received the agent's call (its call log,
   ``GET /_calls``: the agent request queue and ``run_agent_*``)
-- ``remoteCall->replyApplied``: the step history's ``succeeded`` (the remote call, the
-  reply queue and ``handle_agent_reply``)
+- ``remoteCall->replyApplied``: the step history's ``succeeded`` (the remote call, and
+  the reply applied in the agent's process, or through the reply queue and
+  ``handle_agent_reply``: messaging/inline.py)
 - ``replyApplied->done``: the order's terminal ``status`` event (0 for a one-step
   workflow: the same transaction)
 
@@ -134,7 +136,13 @@ def hops(order: Order, submitted: float, calls: dict[str, list[float]]) -> list[
         succeeded = _event_at(step.history, "succeeded", last=True)
         if claimed is None or succeeded is None:
             return out  # not a plain success: no further hops
-        out.append((f"{previous[0]}->claimed{suffix}", claimed - previous[1]))
+        if previous[0] == "accepted" and claimed - previous[1] < 0.002:
+            # Accepted and claimed in one write (scheduler.submit): one point in time,
+            # whose two stamps differ only by the history's millisecond rounding.
+            claimed = previous[1]
+            out[0] = ("submit->accepted+claimed", out[0][1])
+        else:
+            out.append((f"{previous[0]}->claimed{suffix}", claimed - previous[1]))
         at = [c for c in calls.get(f"{order.order_id}:{step.step}", []) if c <= succeeded]
         if at:
             out.append((f"claimed->remoteCall{suffix}", at[-1] - claimed))

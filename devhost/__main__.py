@@ -66,9 +66,15 @@ def build(args: argparse.Namespace) -> DevHost:
     only, exclude = (
         {n.strip() for n in text.split(",") if n.strip()} for text in (args.only, args.exclude)
     )
-    functions = app_loader.select(app.get_functions(), only, exclude)
+    every = list(app.get_functions())
+    functions = app_loader.select(every, only, exclude, os.environ)
     if not functions:
         raise ConfigError("no functions selected")
+    # What the host reads: the app can tell which functions this instance does not run.
+    chosen = {fn.get_function_name() for fn in functions}
+    for fn in every:
+        if fn.get_function_name() not in chosen:
+            os.environ[app_loader.disabled_setting(str(fn.get_function_name()))] = "true"
     specs = app_loader.build_specs(functions, os.environ)
     host_json = load_host_json(Path(root, "host.json"))
     return DevHost.build(specs, host_json, os.environ, args.http_port)

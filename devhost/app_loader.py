@@ -74,10 +74,19 @@ def find_app(module: ModuleType) -> func.FunctionRegister:
     return apps[0]
 
 
+def disabled_setting(function_name: str) -> str:
+    """The app setting that disables a function in Azure (``AzureWebJobs.<name>.Disabled``)."""
+    return f"AzureWebJobs.{function_name}.Disabled"
+
+
 def select(
-    functions: Iterable[func.Function], only: set[str], exclude: set[str]
+    functions: Iterable[func.Function],
+    only: set[str],
+    exclude: set[str],
+    environ: Mapping[str, str] | None = None,
 ) -> list[func.Function]:
-    """Apply --only / --exclude; an unknown name is an error, not a silent no-op."""
+    """Apply --only / --exclude and the ``AzureWebJobs.<name>.Disabled`` settings (true or
+    1, as the host reads them); an unknown name is an error, not a silent no-op."""
     chosen = list(functions)
     names = {str(fn.get_function_name()) for fn in chosen}
     unknown = sorted((only | exclude) - names)
@@ -85,10 +94,17 @@ def select(
         raise ConfigError(
             f"unknown function name(s) {', '.join(unknown)}; the app has {', '.join(sorted(names))}"
         )
+    env = environ or {}
+    disabled = {
+        name
+        for name in names
+        if env.get(disabled_setting(name), "").strip().lower() in ("true", "1")
+    }
     return [
         fn
         for fn in chosen
-        if (not only or fn.get_function_name() in only) and fn.get_function_name() not in exclude
+        if (not only or fn.get_function_name() in only)
+        and fn.get_function_name() not in exclude | disabled
     ]
 
 

@@ -17,7 +17,7 @@ from devhost import app_loader as loader
 from devhost.app_loader import FunctionSpec
 from devhost.http import HttpServer, route_path
 from devhost.invoke import Invoker
-from devhost.queues import POISON_SUFFIX, QueueListener, StorageQueue
+from devhost.queues import POISON_SUFFIX, EnqueueWatcher, QueueListener, StorageQueue
 from devhost.servicebus import ServiceBusListener, sdk_receiver_factory
 from devhost.settings import (
     ConfigError,
@@ -42,6 +42,7 @@ class DevHost:
     service_bus: list[ServiceBusListener] = field(default_factory=list)
     http: HttpServer | None = None
     queue_services: dict[str, Any] = field(default_factory=dict)  # by connection setting
+    enqueued: EnqueueWatcher = field(default_factory=EnqueueWatcher)
 
     @classmethod
     def build(
@@ -101,6 +102,7 @@ class DevHost:
         )
         listener = QueueListener(spec, queue, poison, options, lease, self.invoker)
         self.queues.append(listener)
+        self.enqueued.register(listener)
         self._line(spec, listener.describe())
 
     def _add_service_bus(self, spec: FunctionSpec, options: ServiceBusOptions) -> None:
@@ -132,6 +134,7 @@ class DevHost:
             self._line(spec, f"{methods} {url} (authLevel {auth} not enforced locally)")
 
     def start(self, stop: threading.Event) -> None:
+        self.enqueued.install()
         for queue in self.queues:
             queue.start(stop)
         for timer in self.timers:
@@ -146,10 +149,13 @@ class DevHost:
         for running invocations *and* the settling of their messages; True if all ended."""
         if self.http is not None:
             self.http.stop()
+        for queue in self.queues:
+            queue.wake()  # out of its back-off, to see the stop
         deadline = time.monotonic() + grace_seconds
         while self.busy() and time.monotonic() < deadline:
             time.sleep(0.05)
         settled = not self.busy()
+        self.enqueued.uninstall()
         for queue in self.queues:
             queue.shutdown()
         for bus in self.service_bus:

@@ -6,12 +6,19 @@ devhost with it:
 - Fetch ``batchSize`` messages; fetch again only when at most ``newBatchThreshold`` are
   still running (so at most batchSize + newBatchThreshold run at once, per function and
   process). An empty queue backs the polling off exponentially, 50 ms up to
-  ``maxPollingInterval``.
+  ``maxPollingInterval``; while the queue has traffic (a message found within the last
+  ``maxPollingInterval``) the back-off stops at 100 ms, so that a new message is picked
+  up at once, and only an idle queue is polled as rarely as the host allows.
 - Success deletes the message. Failure with ``dequeue_count >= maxDequeueCount`` copies the
   original text to ``<queue>-poison`` and deletes it; a lesser failure makes the message
   visible again after ``visibilityTimeout``. A message that arrives with its dequeue count
   already above ``maxDequeueCount`` (its earlier holders died mid-run) goes to poison
   without running.
+
+- A message the process itself adds to a queue wakes that queue's listener at once (the
+  host's ``SharedQueueWatcher``, which it notifies for its output bindings; devhost watches
+  every ``QueueClient.send_message`` in the process, see :class:`EnqueueWatcher`), so a
+  hand-off from one function to another in the same instance waits for no poll.
 
 Where devhost differs: the host leases a message for 10 minutes and renews it; devhost
 leases it for at most 30 s and renews it every 10 s while the function runs (contract 3.9),
@@ -21,6 +28,7 @@ so a message held by a killed process is back within 30 s.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -41,6 +49,19 @@ log = logging.getLogger("devhost.queues")
 POISON_SUFFIX = "-poison"
 #: Shortest idle poll; the delay doubles while a queue stays empty, up to maxPollingInterval.
 MIN_POLL_SECONDS = 0.05
+#: The longest back-off while a queue has traffic (a message found within the last
+#: maxPollingInterval): new messages are picked up at once, idle queues polled rarely.
+BUSY_POLL_SECONDS = 0.1
+#: How often a back-off looks at the stop event.
+STOP_CHECK_SECONDS = 0.25
+
+
+def next_back_off(delay: float, since_found: float, max_polling_interval: float) -> float:
+    """The wait after another empty receive: double the last, up to 100 ms while the queue
+    had a message within the last ``max_polling_interval``, else up to that interval."""
+    busy = since_found < max_polling_interval
+    ceiling = BUSY_POLL_SECONDS if busy else max_polling_interval
+    return min(delay * 2, max(ceiling, MIN_POLL_SECONDS))
 
 
 class LeaseLost(Exception):
@@ -95,6 +116,55 @@ class StorageQueue:
             self.create_if_missing()
             self._client.send_message(content)
 
+    @property
+    def address(self) -> tuple[str, str]:
+        """(account, queue): what a send elsewhere in the process is matched on."""
+        return (str(getattr(self._client, "account_name", "")), self.name)
+
+
+class EnqueueWatcher:
+    """Wakes the listener of a queue when this process sends to it (the host's
+    ``SharedQueueWatcher``). The message still goes through the queue, with its lease,
+    retries and poison handling; only the wait for the next poll goes."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[tuple[str, str], list[QueueListener]] = {}
+        self._restore: Callable[[], None] | None = None
+
+    def register(self, listener: QueueListener) -> None:
+        self._listeners.setdefault(listener.queue.address, []).append(listener)
+
+    def notify(self, account: str, queue: str) -> None:
+        for listener in self._listeners.get((account, queue), ()):
+            listener.wake()
+
+    def install(self) -> None:
+        """Watch ``azure.storage.queue.QueueClient.send_message`` in this process."""
+        if self._restore is not None or not self._listeners:
+            return
+        from azure.storage.queue import QueueClient
+
+        original = QueueClient.send_message
+        watcher = self
+
+        @functools.wraps(original)
+        def send_message(client: Any, *args: Any, **kwargs: Any) -> Any:
+            sent = original(client, *args, **kwargs)
+            watcher.notify(str(getattr(client, "account_name", "")), client.queue_name)
+            return sent
+
+        QueueClient.send_message = send_message  # type: ignore[method-assign,assignment]
+
+        def restore() -> None:
+            QueueClient.send_message = original  # type: ignore[method-assign]
+
+        self._restore = restore
+
+    def uninstall(self) -> None:
+        if self._restore is not None:
+            self._restore()
+            self._restore = None
+
 
 @dataclass(eq=False)  # identity: the same message may be held twice after a lost lease
 class Lease:
@@ -124,6 +194,7 @@ class QueueListener:
         self._receiving = False  # between a receive and the dispatch of what it returned
         self._ready = False  # the trigger queue exists (or we may not create it)
         self._changed = threading.Condition()
+        self._nudged = threading.Event()  # a message was added by this process: poll now
         self._pool = ThreadPoolExecutor(options.max_concurrency, f"devhost-{spec.name}")
 
     def describe(self) -> str:
@@ -156,6 +227,7 @@ class QueueListener:
 
     def poll(self, stop: threading.Event) -> None:
         delay, failing = MIN_POLL_SECONDS, False
+        last_found = -math.inf
         while self._wait_for_capacity(stop):
             try:
                 found = self._poll_once(stop)
@@ -173,10 +245,28 @@ class QueueListener:
                 with self._changed:
                     self._receiving = False
             if found:
+                last_found = time.monotonic()
+            if found or self._back_off(stop, delay):
                 delay = MIN_POLL_SECONDS
             else:
-                stop.wait(delay)
-                delay = min(delay * 2, self.options.max_polling_interval)
+                since = time.monotonic() - last_found
+                delay = next_back_off(delay, since, self.options.max_polling_interval)
+
+    def _back_off(self, stop: threading.Event, seconds: float) -> bool:
+        """Wait ``seconds``, or less if woken (True) or stopped."""
+        end = time.monotonic() + seconds
+        while not stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            if self._nudged.wait(min(left, STOP_CHECK_SECONDS)):
+                self._nudged.clear()
+                return True
+        return False
+
+    def wake(self) -> None:
+        """Poll now rather than at the end of the current back-off (also used to stop)."""
+        self._nudged.set()
 
     def _poll_once(self, stop: threading.Event) -> bool:
         """One receive, and the dispatch of what it returned; True if there was something."""

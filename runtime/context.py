@@ -26,6 +26,7 @@ from core.ports import AgentTransport, Clock
 from core.settings import Settings, Transport
 from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue
+from messaging.inline import InlineReplies
 from messaging.outbox import NoticeSender
 from messaging.storage_queues import StorageQueues, StorageQueueTransport
 from runtime import clients, telemetry
@@ -34,6 +35,16 @@ from stores.kept import KeptMessages
 from stores.tables import TableStateStore
 from supervisor.poison import PoisonWatch
 from supervisor.service import Supervisor
+
+#: The function that applies agent replies (scheduler/triggers.py).
+REPLY_HANDLER = "handle_agent_reply"
+
+
+def function_disabled(name: str) -> bool:
+    """``AzureWebJobs.<name>.Disabled`` = true/1: the host does not run that function here
+    (devhost sets it for the functions ``--only``/``--exclude`` leave out)."""
+    value = os.environ.get(f"AzureWebJobs.{name}.Disabled", "")
+    return value.strip().lower() in ("true", "1")
 
 
 def utc_now() -> datetime:
@@ -80,6 +91,18 @@ class AppContext:
         connection = self.settings.service_bus
         assert connection is not None  # Settings refuses servicebus without a connection
         return ServiceBusTransport(lambda: client_for(connection), self.names, self.clock)
+
+    @cached_property
+    def agent_transport(self) -> AgentTransport:
+        """The agents' transport: replies applied in process where this instance runs the
+        reply handler (``messaging/inline.py``), else sent to the reply queue."""
+        if function_disabled(REPLY_HANDLER):
+            return self.transport
+        return InlineReplies(
+            self.transport,
+            self.scheduler.apply_reply,
+            self.names.agent_replies,
+        )
 
     @cached_property
     def retry_policy(self) -> RetryPolicy:
@@ -131,7 +154,7 @@ class AppContext:
     @cached_property
     def agent(self) -> Agent:
         """The agent of requests that name none (plans from before agents existed)."""
-        return Agent(self.remote, self.transport, self.clock, load_order=self._order_body)
+        return Agent(self.remote, self.agent_transport, self.clock, load_order=self._order_body)
 
     def agent_for(self, name: str | None) -> Agent:
         """The declared agent ``name`` (its own client, breaker and limits), built once."""
@@ -143,7 +166,7 @@ class AppContext:
                 agent = self._agents[name] = build_agent(
                     AGENTS[name],
                     self.settings,
-                    self.transport,
+                    self.agent_transport,
                     self.clock,
                     load_order=self._order_body,
                 )

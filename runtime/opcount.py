@@ -45,8 +45,23 @@ def _kind(service: str, method: str, path: str) -> str:
     return f"queue.{method.lower()}"
 
 
+#: Requests the Functions host makes for a queue trigger, not the app (Azure bills them
+#: all the same, but the app's code cannot save them).
+HOST_KINDS = frozenset({"queue.receive", "queue.delete", "queue.update"})
+
+
+def origin(kind: str, thread: str) -> str:
+    """Who made a request: ``timer`` (a timer function: sweeps, whatever the order count),
+    ``host`` (a trigger's receive, delete and lease renewal) or ``app`` (the functions'
+    own requests for the orders they handle)."""
+    if thread.startswith("timer-"):  # devhost's timer threads (devhost/timers.py)
+        return "timer"
+    return "host" if kind in HOST_KINDS else "app"
+
+
 class OpCounter:
-    """A ``raw_request_hook``: called once per HTTP request the client sends (retries too)."""
+    """A ``raw_request_hook``: called once per HTTP request the client sends (retries too),
+    counted as ``<origin>:<kind>``, e.g. ``app:table.batch``."""
 
     def __init__(self, service: str):
         self._service = service
@@ -54,8 +69,10 @@ class OpCounter:
     def __call__(self, request: PipelineRequest) -> None:  # type: ignore[type-arg]
         http = request.http_request
         path = http.url.split("?", 1)[0]
+        kind = _kind(self._service, http.method, path)
+        key = f"{origin(kind, threading.current_thread().name)}:{kind}"
         with _lock:
-            _counts[_kind(self._service, http.method, path)] += 1
+            _counts[key] += 1
 
 
 def _flush(directory: Path) -> None:

@@ -110,16 +110,30 @@ class Scheduler:
             telemetry.span("order.submit", orderId=message.order_id, workflow=message.workflow),
         ):
             plan = Plan.of(WORKFLOWS[message.workflow], self._config.step_timeout_seconds)
-            order = Order.accept(message, plan, self._clock())
+            now = self._clock()
+            order = Order.accept(message, plan, now)
             order.trace = telemetry.carrier()
+            # Accept and claim in one transaction: the first step is due now, and nobody
+            # else can hold a claim on an order that does not exist yet. A process that
+            # dies after this save leaves a claimed step whose request was never sent:
+            # the supervisor retries it at its deadline, as after any claim.
+            claimed = order.claim(self._config.instance_id, now)
             try:
                 saved = self._store.create(order)
             except OrderAlreadyExists:
                 return self._duplicate(raw, message.order_id, message.content_hash)
             METRICS.inc("orders_accepted")
-            log.info("order accepted (workflow %s)", message.workflow)
+            METRICS.inc("claims")
+            log.info(
+                "order accepted (workflow %s); step %s claimed, deadline %s",
+                message.workflow,
+                claimed.step,
+                iso(claimed.complete_by),
+            )
             failpoints.hit("after-submit-save")
+            failpoints.hit("after-claim")
             self._changes.created(order, saved)
+            self._send_request(order, claimed)
             return Handled.ACCEPTED
 
     def _duplicate(self, raw: bytes, order_id: str, content_hash: str) -> Handled:
@@ -214,7 +228,12 @@ class Scheduler:
             return Handled.NOTHING_TO_DO
         if changed is None:
             return Handled.NOTHING_TO_DO
-        claimed = changed.result
+        self._send_request(order, changed.result)
+        return Handled.DISPATCHED
+
+    def _send_request(self, order: Order, claimed: StepRecord) -> None:
+        """Send the agent request of a claim just saved. A failed send leaves the claim
+        standing: the supervisor retries the step at its deadline."""
         with order_context(step=claimed.step, attempt=claimed.attempt):
             request = AgentRequest(
                 order.order_id,
@@ -235,7 +254,6 @@ class Scheduler:
                 log.error(
                     "agent request not sent (the supervisor will retry at the deadline): %s", exc
                 )
-        return Handled.DISPATCHED
 
     # --- replies -------------------------------------------------------------------
 

@@ -28,8 +28,10 @@ from runtime.metrics import METRICS
 
 log = get_logger(__name__)
 
-#: Clock skew allowance between instances (see ``Order.expire``).
-SKEW_GRACE = timedelta(seconds=2)
+#: Clock skew allowance between instances (see ``Order.expire``). Agents stop 0.5-5 s
+#: before a deadline, so a skew of up to 1.5 s costs nothing; a larger one costs a retry,
+#: never correctness (README, "Deadline fencing and skew").
+SKEW_GRACE = timedelta(seconds=1)
 
 
 @dataclass

@@ -477,7 +477,14 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             "DEVHOST_RENEW_SECONDS": "3",
         },
         devhost_env=[
-            {"ORDERS_FAILPOINTS": failpoints[i % len(failpoints)]} for i in range(plan.devhosts)
+            {
+                "ORDERS_FAILPOINTS": failpoints[i % len(failpoints)],
+                # One instance in three does not run the reply handler: its agents' replies
+                # go through the reply queue (and the meddler); the others apply theirs in
+                # process (messaging/inline.py).
+                **({"AzureWebJobs.handle_agent_reply.Disabled": "true"} if i % 3 == 1 else {}),
+            }
+            for i in range(plan.devhosts)
         ],
         simulator_args=[
             "--transient-rate",

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from runtime.context import AppContext
+from runtime.context import REPLY_HANDLER, AppContext
 from simulator import SimulatorServer
 from tests.support import FakeClock, make_context
 
@@ -16,6 +16,14 @@ from tests.support import FakeClock, make_context
 def simulator() -> Iterator[SimulatorServer]:
     with SimulatorServer() as sim:
         yield sim
+
+
+@pytest.fixture(autouse=True)
+def replies_through_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests move each message by hand, hop by hop, so they take the path of an
+    instance that does not run the reply handler: the agent sends its reply to the reply
+    queue (tests/integration/test_inline_replies.py takes the default path, in process)."""
+    monkeypatch.setenv(f"AzureWebJobs.{REPLY_HANDLER}.Disabled", "true")
 
 
 @pytest.fixture

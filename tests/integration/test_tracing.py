@@ -49,8 +49,7 @@ def test_an_order_is_one_trace_across_every_hop(storage_connection: str, tag: st
     names = sorted(s.name for s in spans)
     assert names == sorted(
         [
-            "order.submit",
-            "order.dispatch",
+            "order.submit",  # accepts and claims: no dispatch of its own
             "order.supervise",
             "order.dispatch",
             "agent.call",

@@ -160,6 +160,11 @@ def test_only_and_exclude_select_and_reject_unknown_names() -> None:
     ]
     with pytest.raises(ConfigError, match="unknown function name"):
         app_loader.select(functions, {"third"}, set())
+    # the host's own setting disables a function, as in Azure
+    for value, names in (("true", ["second"]), ("1", ["second"]), ("false", ["first", "second"])):
+        env = {"AzureWebJobs.first.Disabled": value}
+        chosen = app_loader.select(functions, set(), set(), env)
+        assert [f.get_function_name() for f in chosen] == names
 
 
 def test_the_module_must_hold_exactly_one_function_app() -> None:

@@ -10,7 +10,13 @@ import pytest
 
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
-from devhost.queues import LeaseLost, QueueListener
+from devhost.queues import (
+    MIN_POLL_SECONDS,
+    EnqueueWatcher,
+    LeaseLost,
+    QueueListener,
+    next_back_off,
+)
 from devhost.settings import LeaseOptions, QueueOptions
 
 
@@ -212,3 +218,80 @@ def test_polling_fetches_only_below_the_threshold() -> None:
         stop.set()
         thread.join(3)
         built._pool.shutdown(wait=True)
+
+
+def test_a_wake_ends_the_back_off_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every back-off lasts 30 s here: only a wake can make the listener poll again sooner.
+    monkeypatch.setattr("devhost.queues.MIN_POLL_SECONDS", 30.0)
+    got: list[Any] = []
+    built, queue, _ = listener(recorder(got))
+    stop = threading.Event()
+    thread = threading.Thread(target=built.poll, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):  # the first (empty) receive, then the long back-off
+            if ("create",) in queue.calls and not built.in_flight:
+                break
+            stop.wait(0.01)
+        stop.wait(0.1)
+        queue.waiting = [Message("m-woken", "x")]
+        built.wake()
+        for _ in range(500):
+            if got:
+                break
+            stop.wait(0.01)
+        assert [m.id for m in got] == ["m-woken"]
+    finally:
+        stop.set()
+        thread.join(3)
+        built._pool.shutdown(wait=True)
+    assert not thread.is_alive()  # the stop ends a back-off too
+
+
+def test_a_send_from_this_process_wakes_the_listener_of_that_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from azure.storage.queue import QueueClient
+
+    sent: list[str] = []
+    monkeypatch.setattr(
+        QueueClient, "send_message", lambda client, content, **kw: sent.append(content)
+    )
+
+    class Woken:
+        def __init__(self, account: str, name: str) -> None:
+            self.queue = type("Q", (), {"address": (account, name)})()
+            self.wakes = 0
+
+        def wake(self) -> None:
+            self.wakes += 1
+
+    watcher = EnqueueWatcher()
+    mine, other_queue, other_account = Woken("acct", "q"), Woken("acct", "r"), Woken("else", "q")
+    for woken in (mine, other_queue, other_account):
+        watcher.register(woken)  # type: ignore[arg-type]
+    watcher.install()
+    try:
+        QueueClient("https://acct.queue.core.windows.net", "q", credential="a2V5").send_message(
+            "hello"
+        )
+    finally:
+        watcher.uninstall()
+    assert sent == ["hello"]
+    assert (mine.wakes, other_queue.wakes, other_account.wakes) == (1, 0, 0)
+    QueueClient("https://acct.queue.core.windows.net", "q", credential="a2V5").send_message("after")
+    assert mine.wakes == 1  # uninstalled: the SDK's own method again
+
+
+def test_the_back_off_stays_short_while_the_queue_has_traffic() -> None:
+    waits, delay = [], MIN_POLL_SECONDS
+    for _ in range(8):
+        delay = next_back_off(delay, since_found=0.5, max_polling_interval=2.0)
+        waits.append(delay)
+    assert waits == [0.1] * 8  # a message came 0.5 s ago: busy
+    waits, delay = [], MIN_POLL_SECONDS
+    for _ in range(7):
+        delay = next_back_off(delay, since_found=5.0, max_polling_interval=2.0)
+        waits.append(delay)
+    assert waits == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]  # idle: up to maxPollingInterval
+    assert next_back_off(0.1, since_found=float("inf"), max_polling_interval=0.01) == 0.05

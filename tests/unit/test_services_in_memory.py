@@ -65,8 +65,12 @@ class RecordingTransport:
     def __init__(self) -> None:
         self.requests: list[AgentRequest] = []
         self.replies: list[AgentReply] = []
+        self.fail_next = 0  # how many of the next requests fail to send
 
     def send_request(self, request: AgentRequest) -> bool:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise StorageUnavailable("the request queue is unavailable (fail_next)")
         self.requests.append(request)
         return True
 
@@ -366,7 +370,7 @@ def test_a_duplicate_submit_stores_and_dispatches_once(s: Services) -> None:
     assert submit(s, "o-dup", sku="A") is Handled.ACCEPTED
     assert submit(s, "o-dup", sku="A") is Handled.DUPLICATE
     assert len(s.transport.requests) == 1
-    assert stored(s, "o-dup").version == 2  # created, claimed: nothing more
+    assert stored(s, "o-dup").version == 1  # created and claimed in one write: nothing more
     assert statuses(s) == ["received", "processing"]
 
 
@@ -378,13 +382,21 @@ def test_the_same_id_with_other_content_is_rejected(s: Services) -> None:
     assert stored(s, "o-same").body["sku"] == "A" and len(s.transport.requests) == 1
 
 
-def test_a_duplicate_of_an_order_whose_dispatch_was_lost_dispatches_it(s: Services) -> None:
-    s.store.fail_next(1, only=["save"])  # the claim after the create fails
-    with pytest.raises(StorageUnavailable):
-        submit(s, "o-lost")
-    assert stored(s, "o-lost").status is OrderStatus.PENDING and s.transport.requests == []
+def test_a_request_lost_after_the_submit_is_sent_again_at_the_deadline(s: Services) -> None:
+    # Accepted and claimed in one write; then the request is lost (a send that failed, a
+    # process that died). A duplicate delivery of the order changes nothing: the claim
+    # stands until its deadline, and the supervisor's retry sends the request again.
+    s.transport.fail_next = 1
+    assert submit(s, "o-lost") is Handled.ACCEPTED
+    step = stored(s, "o-lost").steps[0]
+    assert step.process_state is StepState.PROCESSING and step.attempt == 1
+    assert s.transport.requests == []
     assert submit(s, "o-lost") is Handled.DUPLICATE  # the queue's redelivery
-    assert [r.order_id for r in s.transport.requests] == ["o-lost"]
+    assert s.transport.requests == [] and stored(s, "o-lost").version == 1
+    expire(s)
+    assert dispatches(s) == ["o-lost"]
+    assert s.scheduler.dispatch("o-lost") is Handled.DISPATCHED
+    assert [(r.order_id, r.attempt) for r in s.transport.requests] == [("o-lost", 2)]
 
 
 def test_a_store_outage_surfaces_as_storage_unavailable_and_changes_nothing(
@@ -425,23 +437,24 @@ def test_the_supervisor_rides_out_an_outage(s: Services) -> None:
 def test_notices_not_cleared_from_the_outbox_are_resent_by_the_sweep(s: Services) -> None:
     s.store.fail_next(1, only=["delete_outbox"])
     submit(s, "o-again-notice")
-    assert statuses(s) == ["received", "processing"]  # sent; "received"'s row stays
+    assert statuses(s) == ["received", "processing"]  # sent; their rows stay
     assert s.scheduler.sweep().notices == 0  # not stale yet
     s.clock.advance(OUTBOX_GRACE.total_seconds() + 1)
     report = s.scheduler.sweep()
-    assert report.notices == 1 and report.errors == []
-    assert statuses(s) == ["received", "processing", "received"]  # at least once
+    assert report.notices == 2 and report.errors == []
+    assert statuses(s) == ["received", "processing", "received", "processing"]  # at least once
     assert s.scheduler.sweep().notices == 0
 
 
 def test_the_sweep_dispatches_a_step_whose_dispatch_was_lost(s: Services) -> None:
-    s.store.fail_next(1, only=["save"])
-    with pytest.raises(StorageUnavailable):
-        submit(s, "o-swept")
+    submit(s, "o-swept")
+    expire(s)  # back to Pending, and a dispatch message that is then lost
+    assert dispatches(s) == ["o-swept"]
+    assert stored(s, "o-swept").steps[0].process_state is StepState.PENDING
     assert s.scheduler.sweep().dispatched == 0  # within the grace: the dispatch may come
     s.clock.advance(SWEEP_GRACE.total_seconds() + 1)
     assert s.scheduler.sweep().dispatched == 1
-    assert [(r.order_id, r.attempt) for r in s.transport.requests] == [("o-swept", 1)]
+    assert [(r.order_id, r.attempt) for r in s.transport.requests][-1] == ("o-swept", 2)
 
 
 def test_a_conflict_that_never_ends_is_reported(s: Services) -> None:

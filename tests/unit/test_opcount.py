@@ -1,0 +1,40 @@
+"""runtime/opcount.py: requests counted by kind and by who made them."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.opcount import _kind, origin
+
+
+@pytest.mark.parametrize(
+    ("service", "method", "path", "kind"),
+    [
+        ("table", "POST", "/devstoreaccount1/$batch", "table.batch"),
+        ("table", "GET", "/devstoreaccount1/OrderState()", "table.query"),
+        ("queue", "POST", "/devstoreaccount1/orders/messages", "queue.send"),
+        ("queue", "GET", "/devstoreaccount1/orders/messages", "queue.receive"),
+        ("queue", "DELETE", "/devstoreaccount1/orders/messages/abc", "queue.delete"),
+        ("queue", "PUT", "/devstoreaccount1/orders/messages/abc", "queue.update"),
+    ],
+)
+def test_requests_are_counted_by_kind(service: str, method: str, path: str, kind: str) -> None:
+    assert _kind(service, method, path) == kind
+
+
+@pytest.mark.parametrize(
+    ("kind", "thread", "who"),
+    [
+        ("table.batch", "devhost-submit_order_0", "app"),
+        ("queue.send", "devhost-run_agent_orders_3", "app"),
+        ("queue.receive", "poll-submit_order", "host"),
+        ("queue.delete", "devhost-submit_order_0", "host"),  # settled after the function
+        ("queue.update", "renew-submit_order", "host"),
+        ("table.query", "timer-supervisor_tick", "timer"),
+        ("queue.receive", "timer-poison_watch", "timer"),
+    ],
+)
+def test_requests_are_attributed_to_the_app_the_host_or_a_timer(
+    kind: str, thread: str, who: str
+) -> None:
+    assert origin(kind, thread) == who
