@@ -29,6 +29,7 @@ from runtime.clients import retry_options
 from runtime.context import AppContext
 from scheduler.service import Handled
 from stores.tables import TableStateStore
+from supervisor.service import SKEW_GRACE
 from tests.support import FakeClock, drain, drain_requests, make_context
 
 
@@ -193,14 +194,16 @@ def test_clock_skew_between_instances_does_not_break_fencing(
     order_id = f"{tag}-skew"
     scheduler.scheduler.submit(json.dumps({"orderId": order_id}).encode())
     [request] = drain_requests(scheduler)
-    # 27 s later by the scheduler's clock (3 s before the deadline): the fast supervisor
-    # thinks the deadline passed 2 s ago (within its grace: it waits) ...
-    scheduler_clock.advance(27)
-    supervisor_clock.advance(27)
+    # Before the deadline by the scheduler's clock, the fast supervisor thinks the deadline
+    # passed half its grace ago (within its grace: it waits) ...
+    grace = SKEW_GRACE.total_seconds()
+    scheduler_clock.advance(30 - 5 + grace / 2)
+    supervisor_clock.advance(30 - 5 + grace / 2)
     assert supervisor.supervisor.run().retried == 0
-    # ... 1 s later it is 3 s past by its clock: it resets the step, 2 s early.
-    scheduler_clock.advance(1)
-    supervisor_clock.advance(1)
+    # ... one grace later it is past by its clock: it resets the step, seconds early.
+    scheduler_clock.advance(grace)
+    supervisor_clock.advance(grace)
+    assert scheduler_clock() < decode_request(request).complete_by  # early, by the scheduler
     assert supervisor.supervisor.run().retried == 1
     # The agent's success, in time by the scheduler's clock, arrives for an attempt the
     # fast supervisor reset: still evidence, so it completes the step (docs/contracts.md §3.11).
