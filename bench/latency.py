@@ -1,6 +1,7 @@
 """Latency benchmark: submit-to-done under an open-loop load, and where the time goes.
 
     python -m bench.latency [--rate R] [--seconds 45] [--burst 200] [--devhosts 2]
+                            [--transport storage|servicebus]
 
 Runs the real stack (Azurite, a no-fault simulator, N devhost instances), like
 ``bench.pipeline``, in two phases, and prints one JSON object:
@@ -205,9 +206,11 @@ def run(
     devhosts: int,
     workflow: str,
     timeout: float,
+    transport: str = "storage",
 ) -> dict[str, Any]:
     stack = LocalStack(
         devhosts=devhosts,
+        transport=transport,
         settings={"STEP_TIMEOUT_SECONDS": "30", "SUPERVISOR_SCHEDULE": "*/5 * * * * *"},
     )
     with stack:
@@ -238,6 +241,7 @@ def run(
         "date": utc_now_text(),
         "machine": machine(),
         "workflow": workflow,
+        "transport": transport,
         "devhosts": devhosts,
         "drain": {"orders": burst, "ordersPerSecond": round(drain_rate, 1)},
         "load": {
@@ -267,10 +271,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devhosts", type=int, default=2)
     parser.add_argument("--workflow", default="order", choices=["order", "fulfilment"])
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument(
+        "--transport",
+        default="storage",
+        choices=["storage", "servicebus"],
+        help="the agent queues: Storage (Azurite) or Service Bus (localbus, as deployed)",
+    )
     args = parser.parse_args(argv)
     if args.rate is not None and args.rate <= 0:
         parser.error("--rate must be positive")
-    result = run(args.rate, args.seconds, args.burst, args.devhosts, args.workflow, args.timeout)
+    result = run(
+        args.rate,
+        args.seconds,
+        args.burst,
+        args.devhosts,
+        args.workflow,
+        args.timeout,
+        args.transport,
+    )
     print(json.dumps(result, indent=2))
     load = result["load"]
     return 0 if load["unfinished"] == 0 and load["otherTerminal"] == 0 else 1

@@ -14,7 +14,7 @@ step history (``core/model.py``), for every retry:
 
 - ``deadlineToClaimedMs``: the earlier attempt's ``completeBy`` to the next ``claimed``
 - ``deadlineToExpiredMs``: to the supervisor's ``expired`` event. The supervisor takes a
-  step only once ``now`` is past ``CompleteBy + SKEW_GRACE`` (1 s, clock skew between
+  step only once ``now`` is past ``CompleteBy + SKEW_GRACE`` (0.5 s, clock skew between
   instances: ``supervisor/service.py``), then at its next tick (every 1 s here)
 - ``expiredToClaimedMs``: the retry's trip through ``order-dispatch`` to a claim (the
   queue listener polls an idle queue at most every ``maxPollingInterval``, 2 s)

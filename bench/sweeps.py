@@ -49,7 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from azure.data.tables import TableClient
+from azure.core.exceptions import ServiceResponseError
+from azure.data.tables import TableClient, TableTransactionError
 
 from bench.latency import machine, utc_now_text
 from core.messages import AgentReply, ReplyOutcome
@@ -115,6 +116,10 @@ def batches(ids: Iterable[str], now: datetime, plan: Plan) -> Iterator[list[dict
     yield from (rows for rows in by_shard.values() if rows)
 
 
+#: Tries per insert transaction (Azurite resets connections now and then under this load).
+INSERT_ATTEMPTS = 5
+
+
 def insert(
     make_client: Callable[[], TableClient], work: Iterable[list[dict[str, Any]]], threads: int
 ) -> None:
@@ -123,7 +128,18 @@ def insert(
     def submit(rows: list[dict[str, Any]]) -> None:
         if not hasattr(local, "table"):
             local.table = make_client()
-        local.table.submit_transaction([("create", row) for row in rows])
+        for attempt in range(INSERT_ATTEMPTS):
+            try:
+                local.table.submit_transaction([("create", row) for row in rows])
+                return
+            except TableTransactionError as error:
+                if error.status_code == 409:  # an earlier try applied, its answer was lost
+                    return
+                raise
+            except ServiceResponseError:  # the emulator dropped the connection: try again
+                if attempt + 1 == INSERT_ATTEMPTS:
+                    raise
+                time.sleep(2.0 * (attempt + 1))
 
     with ThreadPoolExecutor(threads) as pool:
         for _ in pool.map(submit, work):

@@ -15,12 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -29,38 +27,13 @@ from typing import IO, TYPE_CHECKING, Any
 from core.names import Names
 from core.settings import Settings, Transport
 from devhost.azurite import Azurite
-from devhost.processes import kill_group, stop_group
+from devhost.processes import kill_group, read_announcement, stop_group
 from runtime.context import AppContext
 
 if TYPE_CHECKING:
     from localbus.process import LocalBus
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _read_line(process: subprocess.Popen[str], prefix: str, timeout: float) -> str:
-    """Read stdout until a line starts with ``prefix``; return the rest of that line."""
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = time.monotonic() + timeout
-    buffer = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.1)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:  # closed: the process is exiting; say how it ended
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=5)
-                break
-            buffer += chunk
-            for line in buffer.decode("utf-8", errors="replace").splitlines():
-                if line.startswith(prefix):
-                    return line[len(prefix) :].strip()
-        elif process.poll() is not None:
-            break
-    if process.poll() is not None:
-        raise RuntimeError(f"process {process.args!r} exited with {process.returncode}")
-    raise RuntimeError(f"{process.args!r} did not print {prefix!r} within {timeout:.0f} s")
 
 
 @dataclass
@@ -95,7 +68,7 @@ class Devhost:
             start_new_session=True,
         )
         if "--only" not in self.args:  # it serves the HTTP routes: wait until it listens
-            self.http_url = _read_line(self.process, "DEVHOST_HTTP=", 60)
+            self.http_url = read_announcement(self.process, "DEVHOST_HTTP=", 60)
 
     @property
     def alive(self) -> bool:
@@ -184,7 +157,7 @@ class LocalStack:
             text=True,
             start_new_session=True,
         )
-        self.simulator_url = _read_line(self.simulator, "SIMULATOR_URL=", 30)
+        self.simulator_url = read_announcement(self.simulator, "SIMULATOR_URL=", 30)
         self.context.provision()
         per_host = self.devhost_args or [[] for _ in range(self.devhosts)]
         for index, extra in enumerate(per_host):

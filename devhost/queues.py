@@ -150,7 +150,8 @@ class EnqueueWatcher:
         @functools.wraps(original)
         def send_message(client: Any, *args: Any, **kwargs: Any) -> Any:
             sent = original(client, *args, **kwargs)
-            watcher.notify(str(getattr(client, "account_name", "")), client.queue_name)
+            if not kwargs.get("visibility_timeout"):  # a delayed message: nothing to see yet
+                watcher.notify(str(getattr(client, "account_name", "")), client.queue_name)
             return sent
 
         QueueClient.send_message = send_message  # type: ignore[method-assign,assignment]

@@ -1,11 +1,14 @@
 """Service Bus queue triggers: a PEEK_LOCK receiver loop per function, when configured.
 
-Each loop receives up to ``maxConcurrentCalls`` messages, keeps their locks alive with an
-``AutoLockRenewer`` (up to ``maxAutoLockRenewalDuration``), runs them in a pool, then
-completes the ones that succeeded and abandons the others; Service Bus itself
-dead-letters a message past the queue's max delivery count, as in Azure. Unlike the host,
-a batch is finished before the next receive. ``<queue>/$DeadLetterQueue`` reads the
-dead-letter sub-queue, as in Azure.
+Each loop is a message pump, as the host's ``ServiceBusProcessor`` is: while fewer than
+``maxConcurrentCalls`` messages run, it receives the next one as soon as it arrives (one
+at a time: a batch receive would wait up to 200 ms more for company after the first
+message, ``_further_pull_receive_timeout`` in the SDK), keeps its lock alive with an
+``AutoLockRenewer`` (up to ``maxAutoLockRenewalDuration``), runs it in a pool, and, on
+the receiving thread (an SDK receiver is not thread-safe), completes it if it succeeded
+and abandons it if not; Service Bus itself dead-letters a message past the queue's max
+delivery count, as in Azure. ``<queue>/$DeadLetterQueue`` reads the dead-letter
+sub-queue, as in Azure.
 
 Everything that talks to the broker runs in daemon threads, and closing is bounded, so a
 namespace that never answers cannot hold up shutdown. Only :func:`sdk_receiver_factory`
@@ -18,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from azure.functions.servicebus import ServiceBusMessage as FunctionsServiceBusMessage
@@ -31,6 +34,8 @@ from devhost.settings import ServiceBusOptions
 log = logging.getLogger("devhost.servicebus")
 #: Longest a receive call waits for a message, so the loop sees a stop request in time.
 MAX_WAIT_SECONDS = 5.0
+#: A receive's wait while messages run: how late a finished one may be settled.
+PUMP_WAIT_SECONDS = 0.05
 CLOSE_TIMEOUT_SECONDS = 5.0
 #: ``azure.functions.ServiceBusMessage`` arguments taken as is from the SDK message, and
 #: those taken from an attribute of another name.
@@ -169,14 +174,7 @@ class ServiceBusListener:
                 receiver = None
                 try:
                     receiver = self._open()
-                    while not stop.is_set():
-                        messages = receiver.receive_messages(
-                            max_message_count=self.options.max_concurrent_calls,
-                            max_wait_time=MAX_WAIT_SECONDS,
-                        )
-                        backoff = 1.0
-                        if messages:
-                            self.handle_batch(receiver, renewer, messages)
+                    self.pump(receiver, renewer, stop)
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
                     log.warning(
                         "function %s: Service Bus queue %s failed: %s; retrying in %.0f s",
@@ -187,6 +185,8 @@ class ServiceBusListener:
                     )
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
+                else:
+                    backoff = 1.0
                 finally:
                     if receiver is not None:
                         close_within(receiver)
@@ -196,21 +196,45 @@ class ServiceBusListener:
             except Exception as error:  # noqa: BLE001 - closing is best effort
                 log.debug("closing the lock renewer failed: %s", error)
 
-    def handle_batch(self, receiver: Any, renewer: Any, messages: list[Any]) -> None:
-        self.in_flight = len(messages)
+    def pump(self, receiver: Any, renewer: Any, stop: threading.Event) -> None:
+        """Receive, run and settle until ``stop``; what runs is settled before returning
+        (on this receiver, whose link holds the messages' locks), also after an error."""
+        running: dict[Future[bool], Any] = {}
         try:
-            for message in messages:
-                try:
-                    renewal = self.options.max_auto_lock_renewal
-                    renewer.register(receiver, message, max_lock_renewal_duration=renewal)
-                except Exception as error:  # noqa: BLE001 - it still runs; its lock may lapse
-                    log.warning("function %s: cannot renew locks: %s", self.spec.name, error)
-            runs = [(message, self._pool.submit(self.run_one, message)) for message in messages]
-            # Settled here, on the receiving thread: an SDK receiver is not thread-safe.
-            for message, run in runs:
-                self.settle(receiver, message, run.result())
+            while not stop.is_set():
+                self._settle_done(receiver, running)
+                if len(running) >= self.options.max_concurrent_calls:
+                    wait(running, timeout=MAX_WAIT_SECONDS, return_when=FIRST_COMPLETED)
+                    continue
+                # Short receives while messages run, so that they are settled promptly.
+                patience = PUMP_WAIT_SECONDS if running else MAX_WAIT_SECONDS
+                for message in receiver.receive_messages(
+                    max_message_count=1, max_wait_time=patience
+                ):
+                    self._start(receiver, renewer, message, running)
         finally:
+            while running:
+                wait(running, timeout=MAX_WAIT_SECONDS, return_when=FIRST_COMPLETED)
+                self._settle_done(receiver, running)
             self.in_flight = 0
+
+    def _start(
+        self, receiver: Any, renewer: Any, message: Any, running: dict[Future[bool], Any]
+    ) -> None:
+        try:
+            renewal = self.options.max_auto_lock_renewal
+            renewer.register(receiver, message, max_lock_renewal_duration=renewal)
+        except Exception as error:  # noqa: BLE001 - it still runs; its lock may lapse
+            log.warning("function %s: cannot renew locks: %s", self.spec.name, error)
+        running[self._pool.submit(self.run_one, message)] = message
+        self.in_flight = len(running)
+
+    def _settle_done(self, receiver: Any, running: dict[Future[bool], Any]) -> None:
+        for run in [run for run in running if run.done()]:
+            message = running.pop(run)
+            # The invoker reports a function's failure; anything it raised is one too.
+            self.settle(receiver, message, run.exception() is None and bool(run.result()))
+        self.in_flight = len(running)
 
     def run_one(self, message: Any) -> bool:
         detail = (

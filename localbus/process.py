@@ -6,17 +6,14 @@ with LocalBus.start(["agent-requests", "agent-replies:lock-duration=5"]) as bus:
 
 from __future__ import annotations
 
-import os
-import select
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from devhost.processes import stop_group
+from devhost.processes import StartupFailed, read_announcement, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "LOCALBUS_CONNECTION="
@@ -48,13 +45,15 @@ class LocalBus:
             start_new_session=True,
         )
         try:
-            line = _first_line(process, timeout)
-        except BaseException:
+            connection = read_announcement(process, PREFIX, timeout)
+        except BaseException as error:
             stop_group(process, grace=5.0)
             if log is not None:
                 log.close()
+            if isinstance(error, StartupFailed):
+                raise LocalBusError(f"localbus did not start: {error}") from error
             raise
-        return cls(process, line[len(PREFIX) :].strip(), log_path, log)
+        return cls(process, connection, log_path, log)
 
     @property
     def pid(self) -> int:
@@ -78,25 +77,3 @@ class LocalBus:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _first_line(process: subprocess.Popen[bytes], timeout: float) -> str:
-    assert process.stdout is not None
-    fd = process.stdout.fileno()
-    deadline = time.monotonic() + timeout
-    buffer = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.1)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:
-                break
-            buffer += chunk
-            for line in buffer.decode("utf-8", "replace").splitlines():
-                if line.startswith(PREFIX):
-                    return line
-        elif process.poll() is not None:
-            break
-    if process.poll() is not None:
-        raise LocalBusError(f"localbus exited with code {process.returncode}")
-    raise LocalBusError(f"localbus did not print {PREFIX} within {timeout:.0f} s")

@@ -29,9 +29,10 @@ from runtime.metrics import METRICS
 log = get_logger(__name__)
 
 #: Clock skew allowance between instances (see ``Order.expire``). Agents stop 0.5-5 s
-#: before a deadline, so a skew of up to 1.5 s costs nothing; a larger one costs a retry,
-#: never correctness (README, "Deadline fencing and skew").
-SKEW_GRACE = timedelta(seconds=1)
+#: before a deadline, so a skew of up to about 1 s costs nothing; a larger one costs a
+#: retry, never correctness (README, "Deadline fencing and skew"). Short, because every
+#: expired step waits this long, on top of the supervisor's period, for its retry.
+SKEW_GRACE = timedelta(seconds=0.5)
 
 
 @dataclass

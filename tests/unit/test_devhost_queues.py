@@ -270,16 +270,16 @@ def test_a_send_from_this_process_wakes_the_listener_of_that_queue(
     mine, other_queue, other_account = Woken("acct", "q"), Woken("acct", "r"), Woken("else", "q")
     for woken in (mine, other_queue, other_account):
         watcher.register(woken)  # type: ignore[arg-type]
+    client = QueueClient("https://acct.queue.core.windows.net", "q", credential="a2V5")
     watcher.install()
     try:
-        QueueClient("https://acct.queue.core.windows.net", "q", credential="a2V5").send_message(
-            "hello"
-        )
+        client.send_message("hello")
+        client.send_message("later", visibility_timeout=30)  # not visible yet: no wake
     finally:
         watcher.uninstall()
-    assert sent == ["hello"]
+    assert sent == ["hello", "later"]
     assert (mine.wakes, other_queue.wakes, other_account.wakes) == (1, 0, 0)
-    QueueClient("https://acct.queue.core.windows.net", "q", credential="a2V5").send_message("after")
+    client.send_message("after")
     assert mine.wakes == 1  # uninstalled: the SDK's own method again
 
 

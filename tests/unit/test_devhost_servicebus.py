@@ -262,3 +262,66 @@ def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
     assert time.monotonic() - started < 1.0
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("servicebus-"))
     never.set()
+
+
+def test_the_pump_runs_the_next_message_while_one_is_still_running() -> None:
+    # The host's processor has no batch barrier: a slow message does not hold up the next.
+    release = threading.Event()
+
+    def slow_or_quick(message: func.ServiceBusMessage) -> None:
+        if message.get_body() == b"slow":
+            release.wait(10)
+
+    receiver = FakeReceiver(
+        [[FakeMessage(b"slow", message_id="a")], [FakeMessage(b"quick", message_id="b")]]
+    )
+    options = ServiceBusOptions(max_concurrent_calls=4, max_auto_lock_renewal=60.0)
+    listener = ServiceBusListener(
+        spec(slow_or_quick), lambda: receiver, Invoker(), options, renewer_factory=FakeRenewer
+    )
+    stop = threading.Event()
+    thread = listener.start(stop)
+    try:
+        for _ in range(500):
+            if receiver.completed:
+                break
+            time.sleep(0.01)
+        assert receiver.completed == ["b"]  # settled while "a" still runs
+        assert listener.in_flight == 1
+        release.set()
+        for _ in range(500):
+            if len(receiver.completed) == 2:
+                break
+            time.sleep(0.01)
+        assert receiver.completed == ["b", "a"]
+    finally:
+        release.set()
+        stop.set()
+        thread.join(5)
+    assert listener.in_flight == 0 and not thread.is_alive()
+
+
+def test_a_stop_lets_running_messages_finish_and_settles_them() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow(message: func.ServiceBusMessage) -> None:
+        started.set()
+        release.wait(10)
+
+    receiver = FakeReceiver([[FakeMessage(b"slow", message_id="a")]])
+    listener = ServiceBusListener(
+        spec(slow), lambda: receiver, Invoker(), ServiceBusOptions(), renewer_factory=FakeRenewer
+    )
+    stop = threading.Event()
+    thread = listener.start(stop)
+    try:
+        assert started.wait(5)
+        stop.set()
+        time.sleep(0.2)
+        assert listener.in_flight == 1 and receiver.completed == []  # still running
+        release.set()
+        thread.join(5)
+    finally:
+        release.set()
+        stop.set()
+    assert receiver.completed == ["a"] and receiver.closed
