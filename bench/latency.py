@@ -51,7 +51,6 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
-from bench.pipeline import percentile
 from core.model import Order
 from core.timefmt import parse_iso
 from demo.stack import LocalStack
@@ -67,6 +66,12 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
         "python": platform.python_version(),
     }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
 
 
 def utc_now_text() -> str:

@@ -49,6 +49,7 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.data.tables import TableClient, UpdateMode
 
+from bench.latency import machine, percentile, send, utc_now_text, wait_finished
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
 from core.orders import decode_order
@@ -85,12 +86,6 @@ def conditional_update_rate(connection: str, seconds: float = 5.0) -> dict[str, 
         "conditionalUpdatesPerSecond": round(count / elapsed, 1),
         "measuredSeconds": round(elapsed, 1),
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def _receive_one(queue: Any) -> Any:
@@ -143,32 +138,18 @@ def product_run(
     ctx: AppContext, prefix: str, orders: int, workflow: str, timeout: float
 ) -> dict[str, Any]:
     """``orders`` orders queued at once; their rate and latency once all finished."""
-    queue = ctx.queues.client(ctx.names.orders)
     ids = [f"{prefix}-{n:05d}" for n in range(orders)]
-    submitted: dict[str, float] = {}
     first_submit = time.time()
-    for order_id in ids:
-        queue.send_message(json.dumps({"orderId": order_id, "workflow": workflow, "amount": 10}))
-        submitted[order_id] = time.time()
-    finished: dict[str, float] = {}
-    pending = set(ids)
-    deadline = time.monotonic() + timeout
-    while pending and time.monotonic() < deadline:
-        for order_id in sorted(pending):
-            order = ctx.store.load(order_id)
-            if order is None or not order.status.terminal:
-                break  # the oldest unfinished: wait for it (light on the store)
-            finished[order_id] = order.updated_at.timestamp()
-            pending.discard(order_id)
-        if pending:
-            time.sleep(0.3)
-    if not finished:
+    submitted = {order_id: send(ctx, order_id, workflow) for order_id in ids}
+    done = wait_finished(ctx, ids, timeout)
+    if not done:
         raise SystemExit("no order finished")
+    finished = {order_id: order.updated_at.timestamp() for order_id, order in done.items()}
     latencies = [(finished[o] - submitted[o]) * 1000 for o in finished]
     span = max(finished.values()) - first_submit
     return {
         "finished": len(finished),
-        "unfinished": len(pending),
+        "unfinished": len(ids) - len(finished),
         "seconds": round(span, 2),
         "ordersPerSecond": len(finished) / span,
         "latencyMs": {
@@ -240,7 +221,8 @@ def run(
     total_orders = sum(r["finished"] for r in results)
     return {
         "benchmark": "pipeline",
-        "date": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "date": utc_now_text(),
+        "machine": machine(),
         "workflow": workflow,
         "orders": orders,
         "replayOrders": replay,

@@ -149,6 +149,18 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     raise SettingsError(f"{name} must be true or false, got {raw!r}")
 
 
+def disabled_setting(function_name: str) -> str:
+    """The platform's setting that disables a function (``AzureWebJobs.<name>.Disabled``)."""
+    return f"AzureWebJobs.{function_name}.Disabled"
+
+
+def function_disabled(env: Mapping[str, str], function_name: str) -> bool:
+    """True when ``AzureWebJobs.<name>.Disabled`` is true or 1, as the host reads it: the
+    host does not run that function here (devhost sets it for the functions that
+    ``--only``/``--exclude`` leave out)."""
+    return env.get(disabled_setting(function_name), "").strip().lower() in ("true", "1")
+
+
 def _step_timeout(env: Mapping[str, str]) -> int:
     raw = env.get(STEP_TIMEOUT_SECONDS, "").strip()
     if raw.isdigit() and int(raw) > MAX_STEP_TIMEOUT_SECONDS:

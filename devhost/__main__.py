@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from core.settings import disabled_setting
 from devhost import app_loader
 from devhost.host import DevHost
 from devhost.settings import ConfigError, load_host_json
@@ -74,7 +75,7 @@ def build(args: argparse.Namespace) -> DevHost:
     chosen = {fn.get_function_name() for fn in functions}
     for fn in every:
         if fn.get_function_name() not in chosen:
-            os.environ[app_loader.disabled_setting(str(fn.get_function_name()))] = "true"
+            os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = app_loader.build_specs(functions, os.environ)
     host_json = load_host_json(Path(root, "host.json"))
     return DevHost.build(specs, host_json, os.environ, args.http_port)

@@ -19,6 +19,7 @@ from typing import Any
 
 import azure.functions as func
 
+from core.settings import function_disabled
 from devhost.settings import ConfigError, resolve_binding
 
 QUEUE = "queueTrigger"
@@ -74,11 +75,6 @@ def find_app(module: ModuleType) -> func.FunctionRegister:
     return apps[0]
 
 
-def disabled_setting(function_name: str) -> str:
-    """The app setting that disables a function in Azure (``AzureWebJobs.<name>.Disabled``)."""
-    return f"AzureWebJobs.{function_name}.Disabled"
-
-
 def select(
     functions: Iterable[func.Function],
     only: set[str],
@@ -94,12 +90,7 @@ def select(
         raise ConfigError(
             f"unknown function name(s) {', '.join(unknown)}; the app has {', '.join(sorted(names))}"
         )
-    env = environ or {}
-    disabled = {
-        name
-        for name in names
-        if env.get(disabled_setting(name), "").strip().lower() in ("true", "1")
-    }
+    disabled = {name for name in names if function_disabled(environ or {}, name)}
     return [
         fn
         for fn in chosen

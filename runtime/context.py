@@ -23,7 +23,7 @@ from core.errors import OrderNotFound
 from core.names import Names
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
-from core.settings import Settings, Transport
+from core.settings import Settings, Transport, function_disabled
 from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue
 from messaging.inline import InlineReplies
@@ -38,13 +38,6 @@ from supervisor.service import Supervisor
 
 #: The function that applies agent replies (scheduler/triggers.py).
 REPLY_HANDLER = "handle_agent_reply"
-
-
-def function_disabled(name: str) -> bool:
-    """``AzureWebJobs.<name>.Disabled`` = true/1: the host does not run that function here
-    (devhost sets it for the functions ``--only``/``--exclude`` leave out)."""
-    value = os.environ.get(f"AzureWebJobs.{name}.Disabled", "")
-    return value.strip().lower() in ("true", "1")
 
 
 def utc_now() -> datetime:
@@ -96,7 +89,7 @@ class AppContext:
     def agent_transport(self) -> AgentTransport:
         """The agents' transport: replies applied in process where this instance runs the
         reply handler (``messaging/inline.py``), else sent to the reply queue."""
-        if function_disabled(REPLY_HANDLER):
+        if function_disabled(os.environ, REPLY_HANDLER):
             return self.transport
         return InlineReplies(
             self.transport,

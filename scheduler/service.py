@@ -123,15 +123,9 @@ class Scheduler:
             except OrderAlreadyExists:
                 return self._duplicate(raw, message.order_id, message.content_hash)
             METRICS.inc("orders_accepted")
-            METRICS.inc("claims")
-            log.info(
-                "order accepted (workflow %s); step %s claimed, deadline %s",
-                message.workflow,
-                claimed.step,
-                iso(claimed.complete_by),
-            )
+            log.info("order accepted (workflow %s)", message.workflow)
             failpoints.hit("after-submit-save")
-            failpoints.hit("after-claim")
+            self._claimed(order, claimed)
             self._changes.created(order, saved)
             self._send_request(order, claimed)
             return Handled.ACCEPTED
@@ -203,22 +197,13 @@ class Scheduler:
             self._later(order)
             return Handled.NOT_DUE
 
-        def claimed_now(changed: Order, claimed: StepRecord) -> None:
-            METRICS.inc("claims")
-            failpoints.hit("after-claim")
-            log.info(
-                "claimed; deadline %s",
-                iso(claimed.complete_by),
-                extra={"step": claimed.step, "attempt": claimed.attempt},
-            )
-
         try:
             changed = self._changes.change(
                 order.order_id,
                 lambda o: o.claim(self._config.instance_id, now),
                 attempts=1,  # a claim that lost moves on: the winner sends the request
                 loaded=order,
-                after_save=claimed_now,
+                after_save=self._claimed,
             )
         except TransitionRefused:
             return Handled.NOTHING_TO_DO
@@ -230,6 +215,16 @@ class Scheduler:
             return Handled.NOTHING_TO_DO
         self._send_request(order, changed.result)
         return Handled.DISPATCHED
+
+    def _claimed(self, order: Order, claimed: StepRecord) -> None:
+        """After a claim is saved (by the submit or a dispatch), before its request."""
+        METRICS.inc("claims")
+        failpoints.hit("after-claim")
+        log.info(
+            "claimed; deadline %s",
+            iso(claimed.complete_by),
+            extra={"step": claimed.step, "attempt": claimed.attempt},
+        )
 
     def _send_request(self, order: Order, claimed: StepRecord) -> None:
         """Send the agent request of a claim just saved. A failed send leaves the claim

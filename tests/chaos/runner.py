@@ -35,10 +35,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from core.model import Order, StepRecord
+from core.settings import disabled_setting
 from core.states import StepState
 from core.timefmt import parse_iso
 from demo.stack import Devhost, LocalStack
 from demo.verify import Verdict, drain_alerts, load_orders, verify
+from runtime.context import REPLY_HANDLER
 from simulator import load_ledger
 
 MAX_FAILURES = 8
@@ -482,7 +484,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
                 # One instance in three does not run the reply handler: its agents' replies
                 # go through the reply queue (and the meddler); the others apply theirs in
                 # process (messaging/inline.py).
-                **({"AzureWebJobs.handle_agent_reply.Disabled": "true"} if i % 3 == 1 else {}),
+                **({disabled_setting(REPLY_HANDLER): "true"} if i % 3 == 1 else {}),
             }
             for i in range(plan.devhosts)
         ],

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from core.settings import disabled_setting
 from runtime.context import REPLY_HANDLER, AppContext
 from simulator import SimulatorServer
 from tests.support import FakeClock, make_context
@@ -23,7 +24,7 @@ def replies_through_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests move each message by hand, hop by hop, so they take the path of an
     instance that does not run the reply handler: the agent sends its reply to the reply
     queue (tests/integration/test_inline_replies.py takes the default path, in process)."""
-    monkeypatch.setenv(f"AzureWebJobs.{REPLY_HANDLER}.Disabled", "true")
+    monkeypatch.setenv(disabled_setting(REPLY_HANDLER), "true")
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from core.messages import decode_request
+from core.settings import disabled_setting
 from core.states import OrderStatus
 from runtime.context import REPLY_HANDLER, AppContext
 from simulator import SimulatorServer, effects_by_order
@@ -17,7 +18,7 @@ from tests.support import drain, drain_requests
 @pytest.fixture(autouse=True)
 def replies_through_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
     """Overrides the package's fixture: here the reply handler runs in this instance."""
-    monkeypatch.delenv(f"AzureWebJobs.{REPLY_HANDLER}.Disabled", raising=False)
+    monkeypatch.delenv(disabled_setting(REPLY_HANDLER), raising=False)
 
 
 def run_requests(ctx: AppContext) -> int:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
 
 from core.errors import ConcurrencyConflict, StorageUnavailable
 from core.messages import AgentReply, AgentRequest
+from core.settings import function_disabled
 from core.states import OrderStatus
 from messaging.inline import InlineReplies
-from runtime.context import function_disabled
 from scheduler.service import Handled
 from tests.unit.test_services_in_memory import (
     RecordingTransport,
@@ -129,6 +130,6 @@ def test_a_function_is_disabled_by_the_hosts_setting(
     monkeypatch: pytest.MonkeyPatch, value: str, disabled: bool
 ) -> None:
     monkeypatch.setenv("AzureWebJobs.handle_agent_reply.Disabled", value)
-    assert function_disabled("handle_agent_reply") is disabled
+    assert function_disabled(os.environ, "handle_agent_reply") is disabled
     monkeypatch.delenv("AzureWebJobs.handle_agent_reply.Disabled")
-    assert function_disabled("handle_agent_reply") is False
+    assert function_disabled(os.environ, "handle_agent_reply") is False
