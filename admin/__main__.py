@@ -3,7 +3,7 @@
     python -m admin show ORDER_ID
     python -m admin list --status error [--page-size 50] [--token T] [--all]
     python -m admin resubmit ORDER_ID [--as NAME]
-    python -m admin cancel ORDER_ID [--reason TEXT] [--as NAME]
+    python -m admin cancel ORDER_ID [--reason TEXT] [--not-applied STEP] [--as NAME]
     python -m admin repair-index ORDER_ID
     python -m admin alerts [--peek N]
     python -m admin kept [list] [--limit N]
@@ -194,6 +194,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
         if name == "cancel":
             command.add_argument("--reason", default="")
+            command.add_argument(
+                "--not-applied",
+                default=None,
+                metavar="STEP",
+                help="state that STEP (which may have applied and cannot be undone) did not "
+                "happen: a cancel that would undo the other steps around it needs this",
+            )
     repair = sub.add_parser(
         "repair-index", help="rebuild an order's index rows from its state (idempotent)"
     )
@@ -302,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "resubmit":
             _print(admin.resubmit(args.order_id, args.by or os_user()))
         elif args.command == "cancel":
-            _print(admin.cancel(args.order_id, args.by or os_user(), args.reason))
+            _print(admin.cancel(args.order_id, args.by or os_user(), args.reason, args.not_applied))
         elif args.command == "repair-index":
             _print(admin.repair_index(args.order_id))
         elif args.command == "alerts":

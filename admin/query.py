@@ -1,9 +1,9 @@
 """The list filter as the query string states it, for the operator API and the console.
 
 ``status`` (required by the API; the console defaults it), ``workflow``, ``from`` and
-``to`` (creation time, UTC: ``2026-11-22``, ``2026-11-22T10:00``, or with an offset),
-``pageSize`` and ``continuationToken``. Every bad value is a ``ValueError`` whose text
-tells the caller what to send instead.
+``to`` (creation time, UTC: ``2026-11-22``, ``2026-11-22T10:00``, or with an offset;
+1970 to 2199), ``pageSize`` and ``continuationToken``. Every bad value is a
+``ValueError`` whose text tells the caller what to send instead.
 """
 
 from __future__ import annotations
@@ -15,6 +15,11 @@ from core.ports import ListFilter
 from core.states import OrderStatus
 
 MAX_PAGE = 100
+#: The creation times a filter may name, ``[EARLIEST, LATEST)``: the status rows' keys
+#: count milliseconds from 1970 and run out in 2286 (``stores.layout.newest_first``), and
+#: near year 1 or 9999 an offset or the day a bare ``to`` adds leaves ``datetime``.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(2200, 1, 1, tzinfo=UTC)
 
 
 def parse_status(raw: str) -> OrderStatus:
@@ -39,6 +44,11 @@ def parse_time(name: str, raw: str, *, end: bool = False) -> datetime | None:
         ) from None
     if value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
+    if not EARLIEST <= value < LATEST:  # compared as instants: no arithmetic to overflow
+        raise ValueError(
+            f"{name} must be a time between {EARLIEST:%Y-%m-%d} and "
+            f"{LATEST - timedelta(days=1):%Y-%m-%d} (UTC), got {raw[:40]!r}"
+        )
     if end and len(text) == 10:  # "to 2026-11-22" means to the end of that day
         value += timedelta(days=1)
     return value.astimezone(UTC)

@@ -13,6 +13,7 @@ import builtins
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from core.attempts import Applied, Ending
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -20,7 +21,8 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
-from core.model import Order, StepRecord
+from core.events import ATTEMPT_ENDINGS
+from core.model import CancelPreview, Order, StepRecord
 from core.ports import Clock, ListFilter, StateStore
 from core.states import OrderStatus, StepState
 from core.timefmt import iso
@@ -39,33 +41,64 @@ BULK_ACTIONS = ("resubmit", "cancel")
 
 
 def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
-    """One entry per attempt, from the step's history: when, who, how it ended."""
-    attempts: dict[int, dict[str, Any]] = {}
+    """One entry per attempt kept (``core.attempts``): when, who, how it ended, what it may
+    have done; the history adds the longer error text and a retry's ``notBefore``."""
+    detail: dict[int, dict[str, Any]] = {}
     for event in step.history:
         number = event.get("attempt")
-        if not isinstance(number, int):
-            continue
-        entry = attempts.setdefault(number, {"attempt": number})
-        kind = event["event"]
-        if kind == "claimed":
-            entry.update(
-                claimedAt=event["at"],
-                instance=event.get("instance"),
-                completeBy=event.get("completeBy"),
-            )
-        elif kind in ("succeeded", "refused", "failed", "deferred", "expired"):
-            if "outcome" in entry and kind == "succeeded":
-                # a success that came after the attempt was given up on: it wins
-                entry["before"] = entry["outcome"]
-            entry.update(endedAt=event["at"], outcome=kind)
-            for name in ("error", "reason", "applied", "notBefore", "late"):
+        if isinstance(number, int) and event.get("event") in ATTEMPT_ENDINGS:
+            extra = detail.setdefault(number, {})
+            for name in ("error", "reason", "notBefore", "late"):
                 if event.get(name) is not None:
-                    entry["error" if name == "reason" else name] = event[name]
-        elif kind == "late-report":
-            entry["lateReport"] = {
-                k: event[k] for k in ("at", "outcome", "applied", "error") if k in event
-            }
-    return [attempts[n] for n in sorted(attempts)]
+                    extra["error" if name == "reason" else name] = event[name]
+    out: list[dict[str, Any]] = []
+    for attempt in step.attempts.items:
+        entry: dict[str, Any] = {
+            "attempt": attempt.number,
+            "claimedAt": iso(attempt.claimed_at),
+            "completeBy": iso(attempt.deadline),
+            "instance": attempt.instance or None,
+            "applied": str(attempt.applied),
+        }
+        if attempt.ending is not None:
+            entry["outcome"] = str(attempt.ending)
+        if attempt.ended_at is not None:
+            entry["endedAt"] = iso(attempt.ended_at)
+        if attempt.error:
+            entry["error"] = attempt.error
+        entry.update(detail.get(attempt.number, {}))
+        if attempt.applied is Applied.YES and attempt.ending not in (None, Ending.SUCCEEDED):
+            # a success that came after the attempt was given up on: it wins
+            entry["before"], entry["outcome"], entry["late"] = (
+                str(attempt.ending),
+                "succeeded",
+                True,
+            )
+        if attempt.reports > 1:
+            entry["reports"] = attempt.reports
+        if attempt.counted:
+            entry["counted"] = True
+        if not attempt.sent:
+            entry["sent"] = False
+        if attempt.settled_by:
+            entry["settledBy"] = attempt.settled_by
+        if attempt.running_until is not None:
+            entry["runningUntil"] = iso(attempt.running_until)
+        out.append(entry)
+    return out
+
+
+def preview_view(preview: CancelPreview) -> dict[str, Any]:
+    return {
+        "allowed": preview.allowed,
+        "refusal": preview.refusal,
+        "undo": [{"step": step, "by": by} for step, by in preview.undo],
+        "leftAsIs": list(preview.left_as_is),
+        "inFlight": preview.in_flight,
+        "doubtful": preview.doubtful,
+        "doubtfulAttempts": list(preview.doubtful_attempts),
+        "notStarted": list(preview.not_started),
+    }
 
 
 def step_view(step: StepRecord, agent: str | None = None) -> dict[str, Any]:
@@ -86,6 +119,8 @@ def step_view(step: StepRecord, agent: str | None = None) -> dict[str, Any]:
         "result": step.result,
         "lastError": step.last_error,
         "attempts": attempts_of(step),
+        "attemptsCompacted": step.attempts.compacted,
+        "mayHaveApplied": step.maybe_applied,
         "history": step.history,
         "historyDropped": step.history_dropped,
     }
@@ -245,11 +280,22 @@ class OrderAdmin:
                 order_id, lambda o: o.resubmit(self._clock(), by, reason), "resubmitted", by
             )
 
-    def cancel(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
+    def cancel(
+        self, order_id: str, by: str, reason: str = "", not_applied: str | None = None
+    ) -> dict[str, Any]:
+        """``not_applied``: the operator states that this step (one that may have applied
+        and cannot be undone) did not happen; without it such a cancel is refused."""
         with order_context(order_id=order_id):
             return self._change(
-                order_id, lambda o: o.cancel(self._clock(), by, reason), "cancelled", by
+                order_id,
+                lambda o: o.cancel(self._clock(), by, reason, not_applied),
+                "cancelled",
+                by,
             )
+
+    def cancel_preview(self, order_id: str, not_applied: str | None = None) -> dict[str, Any]:
+        """What a cancel would do now (nothing changes)."""
+        return preview_view(self.get(order_id).cancel_preview(self._clock(), not_applied))
 
     def _change(
         self, order_id: str, change: Callable[[Order], object], what: str, by: str

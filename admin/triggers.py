@@ -33,7 +33,7 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
-from core.orders import is_valid_order_id
+from core.orders import is_valid_order_id, strict_json
 from core.workflows import AGENTS, WORKFLOWS
 from runtime.context import app_context
 
@@ -44,6 +44,7 @@ MAX_NAME_CHARS = 64
 MAX_REASON_CHARS = 500
 RETRY_AFTER_SECONDS = 5
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> func.HttpResponse:
@@ -131,14 +132,27 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
     by = caller(req)
     reason = ""
+    not_applied: str | None = None
     if req.get_body():
         try:
-            reason = str(req.get_json().get("reason", ""))[:MAX_REASON_CHARS]
+            # strict_json, not req.get_json(): json.loads recurses once per level, and a
+            # body of "[" * 100000 would be a RecursionError (a 500) rather than a ValueError.
+            body = strict_json(req.get_body().decode("utf-8"))
+            reason = str(body.get("reason", ""))[:MAX_REASON_CHARS]
+            raw = body.get("notApplied") if action == "cancel" else None
         except (ValueError, AttributeError):
             return _error(400, 'the body, if any, must be JSON like {"reason": "..."}')
+        if raw is not None:
+            if not isinstance(raw, str) or not _STEP.fullmatch(raw):
+                return _error(
+                    400,
+                    "notApplied must name the step you state did not happen (a step name "
+                    f'like "ship"), got {json.dumps(raw)[:80]}',
+                )
+            not_applied = raw
     if action == "resubmit":
         return _answer(order_id, lambda: app_context().admin.resubmit(order_id, by, reason))
-    return _answer(order_id, lambda: app_context().admin.cancel(order_id, by, reason))
+    return _answer(order_id, lambda: app_context().admin.cancel(order_id, by, reason, not_applied))
 
 
 @bp.route(route="orders/{orderId}/resubmit", methods=["POST"])

@@ -16,9 +16,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
-from agents.remote import CallOutcome, RemoteServiceClient
+from agents.remote import CallOutcome, RemoteServiceClient, Running, Try
 from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.ports import AgentTransport, Clock
@@ -49,7 +50,13 @@ class Agent:
         self._load_order = load_order
         self._sleep = sleep
 
-    def handle(self, request: AgentRequest, reply_to: str | None = None) -> ReplyOutcome:
+    def handle(
+        self, request: AgentRequest, reply_to: str | None = None, deliveries: int = 1
+    ) -> ReplyOutcome:
+        """Call the remote for one request and send exactly one reply (plus, for a Python
+        handler that outlives the attempt, its later reports). ``deliveries``: how often
+        the transport has delivered this request (an earlier delivery may have called the
+        remote and died before it could report: doubt, unless this call settles it)."""
         with (
             order_context(order_id=request.order_id, step=request.step, attempt=request.attempt),
             telemetry.span(
@@ -73,12 +80,23 @@ class Agent:
                     ride_out(lambda: load(order_id), what="order load", sleep=self._sleep)
                 )
             outcome = self._remote.call(request)
+            if deliveries > 1 and outcome.kind != "succeeded" and not outcome.settled:
+                if outcome.applied == "no":
+                    METRICS.inc("agent_redelivered_doubt")
+                outcome = replace(
+                    outcome,
+                    applied="maybe",
+                    error=f"{outcome.error} (delivery {deliveries}: an earlier delivery of "
+                    "this request may have called the remote)",
+                )
             reply = replace(_reply(request, outcome), trace=telemetry.carrier() or request.trace)
             failpoints.hit("agent-after-call")
             if self._clock() >= request.complete_by:
                 METRICS.inc("agent_late_replies", outcome=reply.outcome)
                 log.warning("reporting %s after the deadline (late evidence)", reply.outcome)
             self._send(reply, reply_to)
+            if outcome.running is not None:
+                self._follow(request, outcome.running, reply_to)
             METRICS.inc("agent_replies", outcome=reply.outcome)
             log.info(
                 "replied %s after %d tries%s",
@@ -87,6 +105,41 @@ class Agent:
                 f": {reply.error}" if reply.error else "",
             )
             return reply.outcome
+
+    def _follow(self, request: AgentRequest, running: Running, reply_to: str | None) -> None:
+        """A Python handler runs on past its attempt: renew the report that it runs (which
+        holds the step's compensation) until it ends, then report what it did, like a
+        remote's late answer (docs/contracts.md §3.11)."""
+
+        def heartbeat(until: datetime) -> None:
+            self._send_late(
+                request.transient(
+                    f"{request.step}: the handler still runs", "maybe", running_until=until
+                ),
+                reply_to,
+            )
+
+        def ended(result: Try) -> None:
+            METRICS.inc("python_agent_late_outcomes", applied=result.applied)
+            log.warning("the handler that outlived its attempt ended: applied %s", result.applied)
+            if result.applied == "yes":
+                late = request.succeeded(result.result or {})
+            elif not result.retryable:
+                late = request.failed(result.error, "no", settled=result.settles)
+            else:
+                late = request.transient(
+                    result.error, "maybe" if result.applied == "maybe" else "no"
+                )
+            self._send_late(late, reply_to)
+
+        running.watch(heartbeat, ended)
+
+    def _send_late(self, reply: AgentReply, reply_to: str | None) -> None:
+        try:
+            self._send(reply, reply_to)
+        except Exception as exc:  # noqa: BLE001 - a watcher thread: log, never die silently
+            METRICS.inc("agent_late_report_failures")
+            log.error("a late report of %s could not be sent: %s", reply.step, exc)
 
     def _send(self, reply: AgentReply, reply_to: str | None) -> None:
         ride_out(
@@ -99,12 +152,16 @@ class Agent:
 
 
 def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:
+    running = outcome.running.until() if outcome.running is not None else None
     if outcome.kind == "succeeded":
         return request.succeeded(outcome.result or {})
     if outcome.kind == "refused":
-        return request.failed(outcome.error, outcome.applied)
+        return request.failed(outcome.error, outcome.applied, settled=outcome.settled)
     if outcome.kind == "transient":
-        return request.transient(outcome.error, outcome.applied)
+        return request.transient(outcome.error, outcome.applied, running_until=running)
     return request.deferred(
-        outcome.error, outcome.not_before or request.complete_by, outcome.applied
+        outcome.error,
+        outcome.not_before or request.complete_by,
+        outcome.applied,
+        running_until=running,
     )

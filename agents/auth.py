@@ -29,8 +29,10 @@ Authentication failures (README "Failure model"):
 
 - 401 with an Entra token: the token may be stale or revoked. Within the same try, a
   fresh token is fetched once (with the challenge's claims when the remote sent a CAE
-  ``insufficient_claims`` challenge) and, if it differs from the one refused, the
-  request is sent again. A 401 that persists is a refusal (``failed``, nothing applied).
+  ``insufficient_claims`` challenge) and, if it differs from the one that try sent, the
+  request is sent again; a token another try fetched after this one was sent is sent
+  without fetching again (unless the challenge asks for claims). A 401 that persists is
+  a refusal (``failed``, nothing applied).
 - 401 with an API key, and 403 always: a refusal at once (``failed``, nothing applied):
   asking again with the same credentials cannot help; the operator fixes the key, the
   role assignment or the remote's configuration and resubmits.
@@ -83,9 +85,12 @@ class RequestAuth(Protocol):
         """The headers for one try, within ``timeout`` seconds; raises if none."""
         ...
 
-    def refresh(self, challenge: str | None, timeout: float) -> bool:
+    def refresh(
+        self, challenge: str | None, timeout: float, refused: Mapping[str, str] | None = None
+    ) -> bool:
         """After a 401 (``challenge``: its ``WWW-Authenticate``): get fresh credentials.
-        True if they differ from those refused, so that sending again may help."""
+        True if they differ from those refused (``refused``: the headers the refused try
+        sent; by default those held now), so that sending again may help."""
         ...
 
     def close(self) -> None: ...
@@ -97,7 +102,9 @@ class NoHeaders:
     def headers(self, timeout: float) -> dict[str, str]:
         return {}
 
-    def refresh(self, challenge: str | None, timeout: float) -> bool:
+    def refresh(
+        self, challenge: str | None, timeout: float, refused: Mapping[str, str] | None = None
+    ) -> bool:
         return False
 
     def close(self) -> None:
@@ -117,7 +124,9 @@ class ApiKeyHeader:
     def headers(self, timeout: float) -> dict[str, str]:
         return {self.header: self.key}
 
-    def refresh(self, challenge: str | None, timeout: float) -> bool:
+    def refresh(
+        self, challenge: str | None, timeout: float, refused: Mapping[str, str] | None = None
+    ) -> bool:
         return False  # the same setting gives the same key until the app restarts
 
     def close(self) -> None:
@@ -163,11 +172,22 @@ class EntraBearer:
             held = self._fetch(None, timeout)
         return {"Authorization": f"Bearer {held.token}"}
 
-    def refresh(self, challenge: str | None, timeout: float) -> bool:
+    def refresh(
+        self, challenge: str | None, timeout: float, refused: Mapping[str, str] | None = None
+    ) -> bool:
+        # Compared with the token this try sent, not with the one held now: a revoked token
+        # meets every try in flight, and another try may have replaced it meanwhile (the
+        # identity endpoint may then give this one the same fresh token).
         with self._lock:
-            refused = self._held.token if self._held is not None else None
+            held = self._held.token if self._held is not None else None
+        sent = _token_of(refused) if refused is not None else held
+        claims = claims_of(challenge)
+        if claims is None and held is not None and held != sent:
+            # Already replaced: send that one, without asking again. (A CAE challenge asks
+            # for claims that token may lack: it always fetches.)
+            return True
         log.warning("the remote refused the token for %s (401): getting a fresh one", self.scope)
-        return self._fetch(claims_of(challenge) or _NO_CLAIMS, timeout).token != refused
+        return self._fetch(claims or _NO_CLAIMS, timeout).token != sent
 
     def _fetch(self, claims: str | None, timeout: float) -> _Held:
         def fetch() -> _Held:
@@ -204,6 +224,11 @@ class EntraBearer:
         close = getattr(self.credential, "close", None)
         if callable(close):
             close()
+
+
+def _token_of(headers: Mapping[str, str]) -> str | None:
+    """The token in headers ``EntraBearer.headers`` made, or None."""
+    return headers.get("Authorization", "").removeprefix("Bearer ") or None
 
 
 def _due(held: _Held, now: float) -> bool:

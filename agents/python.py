@@ -41,6 +41,13 @@ idempotent on ``idempotency_key``: another instance may run the step after this 
 attempt expired. A running handler keeps its concurrency slot until it returns
 (``agents.limits``), so ``concurrency`` bounds what really runs.
 
+A handler that outlives its attempt is still the step's (docs/contracts.md §3.11): the
+attempt's report says it runs on (``runningUntil``, ``HANDLER_LEASE_SECONDS`` ahead),
+the agent renews that every third of the lease while it runs, and reports its outcome
+when it ends, like a remote's late answer (a success completes the step). While a run
+is reported, the step's compensation does not start; if the instance dies, the reports
+stop and the compensation goes ahead once the last one lapses.
+
 Every attempt still ends in exactly one reply (``agents.agent``), sent even after the
 step's deadline (late evidence, docs/contracts.md §3.11). A handler authenticates in its
 own code (a python agent has no ``auth``).
@@ -58,11 +65,18 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agents.limits import Slot
-from agents.remote import MAX_RETRY_AFTER_SECONDS, RemotePolicy, RemoteServiceClient, Try
+from agents.remote import (
+    MAX_RETRY_AFTER_SECONDS,
+    CallOutcome,
+    RemotePolicy,
+    RemoteServiceClient,
+    Try,
+)
 from core.messages import AgentRequest
 from runtime.logs import get_logger
 from runtime.metrics import METRICS
@@ -71,6 +85,43 @@ log = get_logger(__name__)
 
 Handler = Callable[..., Any]
 _REASON_CHARS = 300
+#: How long a "still running" report holds the step's compensation; renewed every third.
+HANDLER_LEASE_SECONDS = 30.0
+
+
+class _Running:
+    """A handler run that outlived its attempt (``agents.remote.Running``)."""
+
+    def __init__(
+        self,
+        future: concurrent.futures.Future[Try],
+        clock: Callable[[], datetime],
+        lease: float,
+        name: str,
+    ):
+        self._future = future
+        self._clock = clock
+        self._lease = lease
+        self._name = name
+
+    def until(self) -> datetime:
+        return self._clock() + timedelta(seconds=self._lease)
+
+    def watch(self, heartbeat: Callable[[datetime], None], ended: Callable[[Try], None]) -> None:
+        context = contextvars.copy_context()
+
+        def run() -> None:
+            while True:
+                try:
+                    outcome = self._future.result(timeout=self._lease / 3)
+                    break
+                except concurrent.futures.TimeoutError:
+                    heartbeat(self.until())
+            ended(outcome)
+
+        threading.Thread(
+            target=context.run, args=(run,), name=f"watch-{self._name}", daemon=True
+        ).start()
 
 
 class NotApplied(Exception):
@@ -134,6 +185,7 @@ class PythonAgentClient(RemoteServiceClient):
         )
         self.handler = handler
         self.name = name
+        self.lease_seconds = HANDLER_LEASE_SECONDS
         self._running: dict[str, concurrent.futures.Future[Try]] = {}
         self._running_lock = threading.Lock()
 
@@ -142,6 +194,21 @@ class PythonAgentClient(RemoteServiceClient):
         """Handler calls still running (some may have outlived their tries)."""
         with self._running_lock:
             return len(self._running)
+
+    def call(self, request: AgentRequest) -> CallOutcome:
+        outcome = super().call(request)
+        if outcome.kind == "succeeded":
+            return outcome
+        with self._running_lock:
+            future = self._running.get(request.idempotency_key)
+        if future is None or future.done():
+            return outcome
+        # The run outlived the attempt: its report says so, and its end is reported.
+        return replace(
+            outcome,
+            applied="maybe",
+            running=_Running(future, self._clock, self.lease_seconds, request.idempotency_key),
+        )
 
     def _try(self, request: AgentRequest, timeout: float) -> Try:
         key = request.idempotency_key
@@ -191,7 +258,8 @@ class PythonAgentClient(RemoteServiceClient):
                     retry_after=_retry_after(exc.retry_after),
                 )
             except Refused as exc:
-                outcome = Try("no", False, f"{step}: refused: {_text(exc.reason)}")
+                # The handler is the service: its refusal of the key settles, as a 422 does.
+                outcome = Try("no", False, f"{step}: refused: {_text(exc.reason)}", settles=True)
             except BaseException as exc:  # any other end: it may have applied
                 log.warning("handler of %s raised %s", step, type(exc).__name__, exc_info=True)
                 outcome = Try(

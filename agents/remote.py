@@ -13,12 +13,15 @@ however often it is asked).
   whole (connect, send, and every byte of the answer) by the time left: httpx's own
   timeouts bound each read, not the request, so tries run on a background event loop
   under ``asyncio.timeout``.
-- Each try is classified: *applied* (2xx), *refused* (other 4xx: nothing applied,
-  not retried), *not applied* (408, 425, 429, 503, or the connection failed before the
-  request was sent), *may have applied* (other 5xx, or no answer to a request that
-  was sent). The transient ones are retried with full-jitter exponential backoff;
-  ``Retry-After`` is honoured, and one that reaches past the deadline ends the attempt
-  as a deferral (the remote is never called before the time it asked for).
+- Each try is classified: *applied* (2xx), *refused* (3xx and 4xx but 408, 409, 425,
+  429: nothing applied by it, not retried; only the service's own refusal of the key,
+  400 or 422, also settles what earlier attempts did), *not applied* (408, 425, 429,
+  503, or the connection failed before the request was sent), *may have applied*
+  (other 5xx, 409 "key in use", or no answer to a request that was sent). The
+  transient ones are retried with equal-jitter exponential backoff; ``Retry-After``
+  is honoured but never shortens the backoff (``0`` or a past date cannot make tries
+  come faster), and one that reaches past the deadline ends the attempt as a
+  deferral (the remote is never called before the time it asked for).
 - ``agents.health``: one breaker per remote endpoint decides whether a call may go out
   and whether a failed attempt is this order's failure (``transient``, counted) or
   the endpoint's (``deferred``, not counted).
@@ -44,7 +47,7 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import httpx
 
@@ -63,6 +66,14 @@ TRANSIENT_4XX = frozenset({408, 425, 429})
 #: Statuses that say the request was not processed (docs/contracts.md §3.11): timeout before
 #: processing, too early, throttled, unavailable.
 NOT_APPLIED_STATUSES = frozenset({408, 425, 429, 503})
+#: The key is in use: an earlier call with it may still be running at the service. Not a
+#: refusal: transient, and it may apply (docs/contracts.md §3.11).
+KEY_IN_USE = 409
+#: Refusals the service makes after looking the idempotency key up: they settle whether
+#: the key's effect exists (docs/contracts.md §3.11). Every other refusal (401, 403, 404,
+#: 405, 407, 413, 415, 431, 3xx ...) may come from a layer in front of the service
+#: (gateway, auth, routing) and says nothing about the key.
+SETTLING_STATUSES = frozenset({400, 422})
 TRACE_HEADERS = frozenset({"traceparent", "tracestate"})
 #: A longer Retry-After is read as this long: any wait must fit in a datetime.
 MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
@@ -104,6 +115,10 @@ class Try:
     status: int | None = None
     retry_after: float | None = None
     result: dict[str, Any] | None = None
+    #: a refusal by the service itself after it looked the key up (400, 422)
+    settles: bool = False
+    #: the endpoint answered for itself (it is up), though this try failed (409)
+    answered: bool = False
 
 
 @dataclass(frozen=True)
@@ -116,6 +131,24 @@ class CallOutcome:
     applied: Applied = "no"
     not_before: datetime | None = None
     tries: int = 0
+    #: refused by the service after it looked the key up: settles earlier attempts' doubt
+    settled: bool = False
+    #: a call of this attempt runs on past it (a Python handler): the agent reports it,
+    #: and its outcome when it ends
+    running: Running | None = None
+
+
+class Running(Protocol):
+    """A call that outlived its attempt (``agents.python``)."""
+
+    def until(self) -> datetime:
+        """How long a report of it holds its step's compensation (renewed while it runs)."""
+        ...
+
+    def watch(self, heartbeat: Callable[[datetime], None], ended: Callable[[Try], None]) -> None:
+        """Call ``heartbeat`` while it runs (each renews the hold), then ``ended`` with
+        what it did; on a thread of its own."""
+        ...
 
 
 def _retry_after(response: httpx.Response, now: datetime) -> float | None:
@@ -161,15 +194,18 @@ def classify(response: httpx.Response, path: str, now: datetime | None = None) -
     except Exception:  # noqa: BLE001 - not JSON, too deep, not text: show what it is
         detail = response.text[:300]
     text = f"{path}: HTTP {status}" + (f" {detail}" if detail else "")
-    if status in TRANSIENT_4XX or status >= 500:
+    if status in TRANSIENT_4XX or status >= 500 or status == KEY_IN_USE:
         return Try(
             "no" if status in NOT_APPLIED_STATUSES else "maybe",
             True,
-            text,
+            text + (" (the key is in use: an earlier call may still run)" if status == 409 else ""),
             status,
             _retry_after(response, now or datetime.now(UTC)),
+            answered=status == KEY_IN_USE,
         )
-    return Try("no", False, text, status)
+    # Any other answer (3xx, 4xx): refused, nothing applied by this try; only the
+    # service's own refusal of the key (400, 422) settles what earlier tries did.
+    return Try("no", False, text, status, settles=status in SETTLING_STATUSES)
 
 
 class _LoopThread:
@@ -300,25 +336,30 @@ class RemoteServiceClient:
                 health.record_answer(key, now.timestamp())
                 # Refused now; an earlier try of this attempt may still have applied.
                 return CallOutcome(
-                    "refused", error=attempt.error, applied=_applied(tries), tries=len(tries) + 1
+                    "refused",
+                    error=attempt.error,
+                    applied=_applied(tries),
+                    tries=len(tries) + 1,
+                    settled=attempt.settles,
                 )
             if mark is None:
                 mark = before
-            health.record_failure(
-                key,
-                now.timestamp(),
-                explained=request.singled_out or health.successes > mark.endpoint,
-                probe=admission.probe,
-            )
+            if attempt.answered:
+                health.record_answer(key, now.timestamp())  # up, and busy with this key
+            else:
+                health.record_failure(
+                    key,
+                    now.timestamp(),
+                    explained=request.singled_out or health.successes > mark.endpoint,
+                    probe=admission.probe,
+                )
             tries.append(attempt)
-            wait = (
-                attempt.retry_after
-                if attempt.retry_after is not None
-                else self._backoff(len(tries))
-            )
+            # Retry-After may ask for longer than the backoff, never for less: "0" or a
+            # date in the past must not make tries come faster (docs/contracts.md §3.11).
+            wait = max(attempt.retry_after or 0.0, self._backoff(len(tries)))
             left_after_wait = (stop_at - now).total_seconds() - wait
             if left_after_wait <= 0 or left_after_wait < self.policy.min_try_seconds:
-                if attempt.retry_after is not None:
+                if attempt.retry_after is not None and attempt.retry_after >= wait:
                     return self._deferred(
                         f"{attempt.error}; the service asked to wait {wait:.0f} s (Retry-After), "
                         "past the step's deadline",
@@ -360,12 +401,13 @@ class RemoteServiceClient:
         )
 
     def _backoff(self, failures: int) -> float:
-        """Full jitter: uniform in [0, min(max, initial * 2^(failures-1))]."""
+        """Equal jitter: uniform in [high/2, high], high = min(max, initial * 2^(failures-1)).
+        (Full jitter could draw a wait near 0 try after try.)"""
         high = min(
             self.policy.backoff_max_seconds,
             self.policy.backoff_initial_seconds * 2 ** min(failures - 1, 30),
         )
-        return self._rng.uniform(0, high)
+        return self._rng.uniform(high / 2, high)
 
     # --- one try --------------------------------------------------------------------
 
@@ -396,7 +438,7 @@ class RemoteServiceClient:
         if isinstance(answer, httpx.Response) and answer.status_code == 401:
             # A stale or revoked token: one fresh token, one more send, in this try.
             try:
-                if self.auth.refresh(answer.headers.get("WWW-Authenticate"), left()):
+                if self.auth.refresh(answer.headers.get("WWW-Authenticate"), left(), credentials):
                     credentials = self.auth.headers(left())
                     answer = self._send(path, content, headers, credentials, left())
             except CredentialError as exc:

@@ -27,7 +27,7 @@ bp = func.Blueprint()
 STORAGE = transport_from_env(os.environ) is Transport.STORAGE
 
 
-def _handle(raw: bytes, reply_to: str | None, agent: str | None) -> None:
+def _handle(raw: bytes, reply_to: str | None, agent: str | None, deliveries: int | None) -> None:
     ctx = app_context()
     try:
         request = decode_request(raw)
@@ -35,7 +35,7 @@ def _handle(raw: bytes, reply_to: str | None, agent: str | None) -> None:
         queue = ctx.names.agent_queue(agent)
         quarantine(ctx.queues, queue, raw, exc.message, ctx.clock, keeper=ctx.kept)
         return
-    ctx.agent_for(agent).handle(request, reply_to)
+    ctx.agent_for(agent).handle(request, reply_to, max(deliveries or 1, 1))
 
 
 def _register(function_name: str, queue: str, agent: str | None) -> None:
@@ -44,7 +44,7 @@ def _register(function_name: str, queue: str, agent: str | None) -> None:
     if STORAGE:
 
         def on_queue(msg: func.QueueMessage) -> None:
-            _handle(msg.get_body(), None, agent)
+            _handle(msg.get_body(), None, agent, msg.dequeue_count)
 
         handler: Callable[..., None] = on_queue
         handler.__name__ = handler.__qualname__ = function_name
@@ -56,7 +56,7 @@ def _register(function_name: str, queue: str, agent: str | None) -> None:
     else:
 
         def on_message(msg: func.ServiceBusMessage) -> None:
-            _handle(msg.get_body(), msg.reply_to, agent)
+            _handle(msg.get_body(), msg.reply_to, agent, msg.delivery_count)
 
         handler = on_message
         handler.__name__ = handler.__qualname__ = function_name

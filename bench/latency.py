@@ -51,6 +51,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
+from core.events import Event
 from core.model import Order
 from core.timefmt import parse_iso
 from demo.stack import LocalStack
@@ -118,7 +119,7 @@ def wait_finished(ctx: AppContext, ids: list[str], timeout: float) -> dict[str, 
 def done_at(order: Order) -> float:
     """When the order reached its terminal status (its last ``status`` event)."""
     for event in reversed(order.history):
-        if event.get("event") == "status" and event.get("status") == str(order.status):
+        if event.get("event") == Event.STATUS and event.get("status") == str(order.status):
             return parse_iso(event["at"]).timestamp()
     return order.updated_at.timestamp()
 

@@ -46,6 +46,8 @@ import uuid
 from typing import Any
 
 from bench.latency import done_at, machine, ms_stats, send, utc_now_text
+from core.attempts import Ending
+from core.events import Event
 from core.model import Order
 from core.timefmt import parse_iso
 from core.workflows import AGENTS
@@ -79,22 +81,21 @@ def retries(order: Order) -> list[dict[str, float]]:
     out: list[dict[str, float]] = []
     for step in order.steps:
         history = step.history
-        claims = [h for h in history if h["event"] == "claimed"]
-        for earlier, later in itertools.pairwise(claims):
-            deadline = parse_iso(earlier["completeBy"]).timestamp()
-            expired = next(
-                h for h in history if h["event"] == "expired" and h["attempt"] == earlier["attempt"]
-            )
-            expired_at = parse_iso(expired["at"]).timestamp()
+        for earlier, later in itertools.pairwise(step.attempts.items):
+            if earlier.ending is not Ending.EXPIRED or earlier.ended_at is None:
+                continue
+            deadline = earlier.deadline.timestamp()
+            expired_at = earlier.ended_at.timestamp()
             scheduled = [
                 h
                 for h in history
-                if h["event"] == "retry-scheduled" and parse_iso(h["at"]).timestamp() >= expired_at
+                if h["event"] == Event.RETRY_SCHEDULED
+                and parse_iso(h["at"]).timestamp() >= expired_at
             ]
             backoff = (
                 parse_iso(scheduled[0]["notBefore"]).timestamp() - expired_at if scheduled else 0.0
             )
-            claimed_at = parse_iso(later["at"]).timestamp()
+            claimed_at = later.claimed_at.timestamp()
             out.append(
                 {
                     "claimed": claimed_at - deadline,

@@ -7,12 +7,12 @@ messages to a peek; the approximate count says how many wait in all.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
+from core.orders import strict_json
 from runtime.context import AppContext
 
 PEEK: int = 32
@@ -40,7 +40,7 @@ def _peek(ctx: AppContext, queue: str) -> Waiting:
     for message in peeked:
         text = str(message.content or "")
         try:
-            body = json.loads(text)
+            body = strict_json(text)  # never a RecursionError, whatever a queue holds
         except ValueError:
             body = None
         messages.append(

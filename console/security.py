@@ -71,6 +71,14 @@ def forged(
     if origin and origin != "null" and urlsplit(origin).netloc.lower() != host.lower():
         return "the request came from another origin"
     held = cookie_token(cookie_header)
-    if held is None or not form_token or not hmac.compare_digest(held, form_token):
+    # The form's token must have a token's shape first: compare_digest raises TypeError
+    # for a str that is not ASCII, and a field like "é" is a wrong token (403), not a 500.
+    # (The shape is public: checking it first tells nothing of the cookie's value.)
+    if (
+        held is None
+        or not form_token
+        or not _TOKEN.fullmatch(form_token)
+        or not hmac.compare_digest(held, form_token)
+    ):
         return "the form's security token is missing or stale: reload the page and try again"
     return None

@@ -146,8 +146,15 @@ def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
             order = app_context().admin.get(order_id)
         except OrderNotFound as exc:
             return page.render("message.html", 404, message=exc.message, failed=True)
+        preview = order.cancel_preview(datetime.now(UTC)) if action == "cancel" else None
         return page.render(
-            "confirm.html", order=order, action=action, reason=reason, why=views.why(order)
+            "confirm.html",
+            order=order,
+            action=action,
+            reason=reason,
+            why=views.why(order),
+            preview=preview,
+            doubt=views.doubt_of(order, preview) if preview else None,
         )
 
     return trouble(page, show)
@@ -169,6 +176,8 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
         )
     by = caller(req)
     admin = app_context().admin
+    # The statement that a doubtful step did not happen: a ticked box naming the step.
+    not_applied = form.get("not_applied") or None
 
     def change() -> func.HttpResponse:
         try:
@@ -176,7 +185,7 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
                 admin.resubmit(order_id, by, reason)
                 done = f"Resubmitted by {by}: the failed step is back to work."
             else:
-                admin.cancel(order_id, by, reason)
+                admin.cancel(order_id, by, reason, not_applied)
                 done = f"Cancel requested by {by}: completed steps will be undone."
         except OrderNotFound as exc:
             return page.render("message.html", 404, message=exc.message, failed=True)

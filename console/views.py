@@ -11,7 +11,9 @@ from datetime import datetime
 from typing import Any
 
 from admin.service import attempts_of
-from core.model import Order, StepRecord
+from core.events import Event
+from core.messages import idempotency_key
+from core.model import CancelPreview, Order, StepRecord
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import iso, parse_iso
 
@@ -142,7 +144,7 @@ def why(order: Order) -> str:
     status = order.status
     active = order.active_step()
     failed = [s for s in order.steps if s.process_state is StepState.ERROR]
-    alerts = [h for h in order.history if h.get("event") == "alerted"]
+    alerts = [h for h in order.history if h.get("event") == Event.ALERTED]
     if status is OrderStatus.ERROR and failed:
         step = max(failed, key=lambda s: s.seq)
         told = f" The operator was told: {alerts[-1]['reason']}" if alerts else ""
@@ -172,6 +174,32 @@ def why(order: Order) -> str:
         f"{doing.capitalize()} step {active.step}: waiting to run (attempt "
         f"{active.attempt + 1}) not before {iso(active.complete_by)}, "
         f"{active.failure_count} counted failure(s) so far.{extra}{cancel}"
+    )
+
+
+@dataclass(frozen=True)
+class Doubt:
+    """A step that may have applied and cannot be undone: what the operator must check
+    before stating, with a cancel, that it did not happen."""
+
+    step: str
+    agent: str | None
+    key: str
+    attempts: tuple[int, ...]
+
+
+def doubt_of(order: Order, preview: CancelPreview) -> Doubt | None:
+    if preview.doubtful is None:
+        return None
+    try:
+        agent = order.plan.agent_of(preview.doubtful)
+    except KeyError:  # pragma: no cover - every record is a step of its plan
+        agent = None
+    return Doubt(
+        preview.doubtful,
+        agent,
+        idempotency_key(order.order_id, preview.doubtful),
+        preview.doubtful_attempts,
     )
 
 

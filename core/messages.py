@@ -159,16 +159,36 @@ class AgentRequest(_StepMessage):
     def succeeded(self, result: dict[str, Any]) -> AgentReply:
         return self._reply(ReplyOutcome.SUCCEEDED, result=bounded_result(result))
 
-    def failed(self, error: str, applied: Applied = "no") -> AgentReply:
+    def failed(self, error: str, applied: Applied = "no", *, settled: bool = False) -> AgentReply:
         """The remote refused (permanent 4xx): nothing was applied by that try (``applied``
-        says "maybe" when an earlier try of the same attempt may have)."""
-        return self._reply(ReplyOutcome.FAILED, error=error[:MAX_ERROR_CHARS], applied=applied)
+        says "maybe" when an earlier try of the same attempt may have). ``settled``: the
+        service itself refused after looking the key up (400, 422), which settles the
+        doubt of earlier attempts (docs/contracts.md §3.11)."""
+        return self._reply(
+            ReplyOutcome.FAILED, error=error[:MAX_ERROR_CHARS], applied=applied, settled=settled
+        )
 
-    def transient(self, error: str, applied: Applied) -> AgentReply:
-        """Every try failed transiently until time ran out; this order's failure."""
-        return self._reply(ReplyOutcome.TRANSIENT, error=error[:MAX_ERROR_CHARS], applied=applied)
+    def transient(
+        self, error: str, applied: Applied, *, running_until: datetime | None = None
+    ) -> AgentReply:
+        """Every try failed transiently until time ran out; this order's failure.
+        ``running_until``: a Python handler of this attempt still runs (until then, at
+        least: the agent reports again before it, and when the handler ends)."""
+        return self._reply(
+            ReplyOutcome.TRANSIENT,
+            error=error[:MAX_ERROR_CHARS],
+            applied=applied,
+            running_until=running_until,
+        )
 
-    def deferred(self, reason: str, not_before: datetime, applied: Applied = "no") -> AgentReply:
+    def deferred(
+        self,
+        reason: str,
+        not_before: datetime,
+        applied: Applied = "no",
+        *,
+        running_until: datetime | None = None,
+    ) -> AgentReply:
         """Not called (circuit open, Retry-After past the deadline, too late), or the remote
         is down for everyone: no failure of this order; run again at ``not_before``."""
         return self._reply(
@@ -176,6 +196,7 @@ class AgentRequest(_StepMessage):
             error=reason[:MAX_ERROR_CHARS],
             applied=applied,
             not_before=not_before,
+            running_until=running_until,
         )
 
 
@@ -187,6 +208,10 @@ class AgentReply(_StepMessage):
     trace: dict[str, str] = field(default_factory=dict)
     applied: Applied | None = None  # for failed/transient/deferred: "no" or "maybe"
     not_before: datetime | None = None  # for deferred: the earliest time to call again
+    #: for failed: the service refused after looking the key up (400, 422)
+    settled: bool = False
+    #: a Python handler of the attempt still runs, until at least then
+    running_until: datetime | None = None
 
     def __post_init__(self) -> None:
         # One type however it was built (ValueError for an outcome that does not exist).
@@ -205,6 +230,10 @@ class AgentReply(_StepMessage):
             out["applied"] = self.applied or ("no" if self.outcome == "failed" else "maybe")
         if self.outcome == "deferred":
             out["notBefore"] = iso(self.not_before or self.complete_by)
+        if self.settled and self.outcome == "failed":
+            out["settled"] = True
+        if self.running_until is not None and self.outcome != "succeeded":
+            out["runningUntil"] = iso(self.running_until)
         if self.trace:
             out["trace"] = self.trace
         return out
@@ -362,6 +391,24 @@ def decode_reply(raw: bytes | str) -> AgentReply:
                     order_id=order_id,
                     step=step,
                 )
+        settled = value.get("settled", False)
+        if not isinstance(settled, bool) or (settled and outcome != "failed"):
+            raise InvalidMessage(
+                f"agent reply: settled must be true or false, and true only on a failed reply, "
+                f"got {settled!r}",
+                order_id=order_id,
+                step=step,
+            )
+        running_until = None
+        if "runningUntil" in value:
+            running_until = _utc_time(value["runningUntil"])
+            if running_until is None:
+                raise InvalidMessage(
+                    f"agent reply: runningUntil must be an ISO 8601 UTC time, got "
+                    f"{value['runningUntil']!r}",
+                    order_id=order_id,
+                    step=step,
+                )
         return AgentReply(
             order_id,
             step,
@@ -372,6 +419,8 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             trace=_trace(value),
             applied=applied,
             not_before=not_before,
+            settled=settled,
+            running_until=running_until,
         )
     raise InvalidMessage(
         f"agent reply: outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}",

@@ -16,6 +16,11 @@ def iso(value: datetime) -> str:
     return ensure_utc(value).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def iso_exact(value: datetime) -> str:
+    """``2026-11-22T10:15:30.123456Z``: stored state, to the microsecond (it round-trips)."""
+    return ensure_utc(value).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
 def parse_iso(text: str) -> datetime:
     """Parse an ISO 8601 time with an explicit offset or ``Z``; naive text is refused."""
     value = datetime.fromisoformat(text)

@@ -170,9 +170,9 @@ class LocalStack:
                 host.start()
 
     def _start_bus(self) -> LocalBus:
-        """The double, with the app's Service Bus queues as infra/ declares them (requests,
-        the shared queue and one per agent, are dropped when they expire; replies are
-        dead-lettered), plus ``bus_options``."""
+        """The double, with the app's Service Bus queues as infra/ declares them (every
+        queue dead-letters what expires: a request as a "not called" report, a reply as an
+        alert), plus ``bus_options``."""
         from localbus.process import LocalBus
 
         assert self.workdir is not None
@@ -180,8 +180,7 @@ class LocalStack:
         extra = "".join(f":{key}={value}" for key, value in self.bus_options.items())
         requests = [names.agent_requests, *names.agent_queues()]
         return LocalBus.start(
-            [f"{queue}:dead-letter-on-expiration=false{extra}" for queue in requests]
-            + [f"{names.agent_replies}{extra}"],
+            [f"{queue}{extra}" for queue in requests] + [f"{names.agent_replies}{extra}"],
             log_path=self.workdir / "localbus.log",
         )
 

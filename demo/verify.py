@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from core.attempts import Ending
+from core.events import Event
 from core.model import Order, StepRecord
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import parse_iso
@@ -114,9 +116,7 @@ def drain_alerts(ctx: AppContext) -> list[dict[str, Any]]:
 
 
 def _deadlines(step: StepRecord) -> dict[int, datetime]:
-    return {
-        h["attempt"]: parse_iso(h["completeBy"]) for h in step.history if h["event"] == "claimed"
-    }
+    return {a.number: a.deadline for a in step.attempts.items}
 
 
 def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]:
@@ -142,12 +142,12 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
         attempt = event.get("attempt")
         if state == "Unknown" and kind != "claimed":
             continue
-        if kind == "claimed":
+        if kind == Event.CLAIMED:
             if state not in ("Pending", "Unknown"):
                 wrong.append(f"{name}: claimed while {state}")
             current, state = attempt, "Processing"
             claimed = max(claimed, attempt or 0)
-        elif kind == "succeeded":
+        elif kind == Event.SUCCEEDED:
             if event.get("late"):
                 if not isinstance(attempt, int) or not 1 <= attempt <= claimed:
                     stale.append(f"{name}: success for attempt {attempt} never claimed")
@@ -155,21 +155,23 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
                     stale.append(f"{name}: late success applied while {state}")
             elif state != "Processing" or attempt != current:
                 stale.append(f"{name}: success for attempt {attempt} while {state} ({current})")
-            elif current is not None and parse_iso(event["at"]) >= deadlines[current]:
+            elif current in deadlines and parse_iso(event["at"]) >= deadlines[current]:
                 stale.append(f"{name}: on-time success for attempt {attempt} after its deadline")
             state, current = "Processed", None
-        elif kind in ("refused", "failed", "deferred", "expired"):
+        elif kind in (Event.REFUSED, Event.FAILED, Event.DEFERRED, Event.EXPIRED, Event.NOT_SENT):
             if state != "Processing" or attempt != current:
                 stale.append(f"{name}: {kind} for attempt {attempt} while {state} ({current})")
             state, current = "Ended", None
-        elif kind in ("retry-scheduled", "resubmitted"):
+        elif kind == Event.GIVE_UP_HELD:
+            state = "Processing"  # its attempt decided; the supervisor makes it final
+        elif kind in (Event.RETRY_SCHEDULED, Event.RESUBMITTED):
             state = "Pending"
-        elif kind == "error":
+        elif kind == Event.ERROR:
             state = "Error"
-        elif kind == "compensating":
+        elif kind == Event.COMPENSATING:
             state = "Compensating"
-        elif kind == "compensated" or (
-            kind == "cancelled" and "nothing to undo" in str(event.get("note", ""))
+        elif kind == Event.COMPENSATED or (
+            kind == Event.CANCELLED and "nothing to undo" in str(event.get("note", ""))
         ):
             state = "Compensated"
     if state != str(step.process_state):
@@ -184,12 +186,16 @@ def _latest_failed(order: Order) -> StepRecord | None:
 
 def said_not_applied(step: StepRecord) -> bool:
     """The system told someone this step's effect does not exist: a refusal, a final
-    failure known to have applied nothing, or a cancel of a step that never applied."""
+    failure known to have applied nothing, or a cancel of a step that never applied
+    (read from the step's typed state: ``gave_up``, ``undone_by``). A step an operator
+    stated did not happen is not counted: that was a person's word, not the system's."""
+    stated = any((a.settled_by or "").startswith("operator ") for a in step.attempts.items)
+    if stated:
+        return False
     if step.process_state is StepState.ERROR:
-        errors = [h for h in step.history if h["event"] == "error"]
-        return bool(errors) and errors[-1].get("applied") == "no"
+        return step.gave_up is not None and not step.gave_up.ambiguous
     if step.process_state is StepState.COMPENSATED and step.kind is StepKind.ACTION:
-        return not any(h["event"] == "compensated" for h in step.history)
+        return step.undone_by is None
     return False
 
 
@@ -248,7 +254,12 @@ def verify(
         if expected is not None and order_id in expected:
             exhausted = max_failures is not None and any(
                 s.process_state is StepState.ERROR
-                and sum(1 for h in s.history if h["event"] in ("expired", "failed")) >= max_failures
+                and sum(
+                    1
+                    for a in s.attempts.items
+                    if a.counted and a.ending in (Ending.EXPIRED, Ending.FAILED)
+                )
+                >= max_failures
                 for s in order.steps
             )
             if str(order.status) == expected[order_id]:
@@ -262,7 +273,7 @@ def verify(
         applied = by_order.get(order_id, [])
         for step in order.steps:
             verdict.attempts += step.attempt
-            verdict.expiries += sum(1 for h in step.history if h["event"] == "expired")
+            verdict.expiries += sum(1 for a in step.attempts.items if a.ending is Ending.EXPIRED)
             stale, wrong = check_history(order, step)
             verdict.stale_applied += stale
             verdict.inconsistent_history += wrong

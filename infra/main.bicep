@@ -179,7 +179,6 @@ module serviceBus 'app/servicebus.bicep' = {
     tags: tags
     skuName: serviceBusSku
     queueNames: serviceBusQueueNames
-    requestQueueNames: serviceBusRequestQueueNames
   }
 }
 

@@ -25,6 +25,11 @@ log = get_logger(__name__)
 MAX_DELAY_SECONDS = 7 * 24 * 3600  # the service's limit for an initial visibility delay
 #: Replies live long past their step's deadline: a late success still completes the step.
 REPLY_TTL_SECONDS = 3600
+#: Requests live this long past their step's deadline, so that one read late (the agents
+#: were down or behind) is still answered: "not called, too late" is a report that says
+#: the attempt applied nothing (docs/contracts.md §3.11, "a request never sent is no
+#: try"). Expired unread, it would leave the attempt with no report: may have applied.
+REQUEST_LATE_SECONDS = 3600
 
 
 #: Per-queue clients kept (least recently used dropped first): every distinct ``replyTo``
@@ -85,9 +90,9 @@ def seconds_left(deadline: datetime, now: datetime) -> int:
 class StorageQueueTransport:
     """Agent requests and replies on Storage queues (``AGENT_TRANSPORT=storage``).
 
-    The same JSON bodies as on Service Bus; a message lives only until the
-    step's deadline (time-to-live = the time left), because after it nobody
-    may act on it.
+    The same JSON bodies as on Service Bus. A request lives an hour past its step's
+    deadline: the agent does not call after the deadline, but answers "not called",
+    which tells the step the attempt applied nothing (``REQUEST_LATE_SECONDS``).
     """
 
     def __init__(self, queues: StorageQueues, names: Names, clock: Clock):
@@ -100,7 +105,11 @@ class StorageQueueTransport:
         if ttl == 0:
             log.warning("deadline passed before the request was sent; not sending")
             return False
-        self._queues.send(self._names.agent_queue(request.agent), request.encode(), ttl_seconds=ttl)
+        self._queues.send(
+            self._names.agent_queue(request.agent),
+            request.encode(),
+            ttl_seconds=ttl + REQUEST_LATE_SECONDS,
+        )
         return True
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:

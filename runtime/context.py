@@ -33,6 +33,7 @@ from runtime import clients, telemetry
 from scheduler.service import Scheduler, SchedulerConfig
 from stores.kept import KeptMessages
 from stores.tables import TableStateStore
+from supervisor.expired import ExpiredRequests
 from supervisor.poison import PoisonWatch
 from supervisor.service import Supervisor
 
@@ -139,6 +140,10 @@ class AppContext:
     @cached_property
     def poison(self) -> PoisonWatch:
         return PoisonWatch(self.queues, self.names, self.kept, self.clock)
+
+    @cached_property
+    def expired_requests(self) -> ExpiredRequests:
+        return ExpiredRequests(self.transport, self.clock)
 
     @cached_property
     def remote(self) -> RemoteServiceClient:

@@ -36,6 +36,7 @@ from messaging.quarantine import record_of
 from runtime import failpoints, telemetry
 from runtime.logs import get_logger, order_context
 from runtime.metrics import METRICS
+from runtime.resilience import ride_out
 from stores.kept import Keeper
 
 log = get_logger(__name__)
@@ -44,6 +45,8 @@ log = get_logger(__name__)
 #: ones were lost (a process died between save and claim) and the sweep takes them.
 SWEEP_GRACE = timedelta(seconds=10)
 OUTBOX_GRACE = timedelta(seconds=30)
+#: How long recording an unsent request rides out a storage outage (within the invocation).
+UNSENT_RECORD_SECONDS = 30.0
 
 
 class Handled(StrEnum):
@@ -121,6 +124,8 @@ class Scheduler:
             try:
                 saved = self._store.create(order)
             except OrderAlreadyExists:
+                # Not ours: a store's create that applied but was retried is adopted by
+                # the store itself (its WriteId), and lands below as accepted.
                 return self._duplicate(raw, message.order_id, message.content_hash)
             METRICS.inc("orders_accepted")
             log.info("order accepted (workflow %s)", message.workflow)
@@ -143,10 +148,26 @@ class Scheduler:
             )
             return Handled.REJECTED
         METRICS.inc("duplicate_orders")
-        log.info(
-            "duplicate delivery of order %s: nothing to do (status %s)", order_id, existing.status
-        )
-        # The first delivery may have died between its write and its dispatch.
+        log.info("duplicate delivery of order %s (status %s)", order_id, existing.status)
+        # The first delivery may have died between its write and its send: its claim's
+        # request may never have left. Sending it again is safe (the same attempt, the
+        # same idempotency key: a second copy only adds its report); sending nothing
+        # would leave an attempt that may or may not have been sent.
+        first = existing.active_step()
+        current = first.current if first is not None else None
+        if (
+            first is not None
+            and first.seq == 0
+            and first.process_state is StepState.PROCESSING
+            and current is not None
+            and current.number == 1
+            and current.in_flight
+            and not current.reports
+            and first.complete_by > self._clock()
+        ):
+            METRICS.inc("requests_resent")
+            self._send_request(existing, first)
+            return Handled.DUPLICATE
         self._dispatch(existing)
         return Handled.DUPLICATE
 
@@ -227,8 +248,10 @@ class Scheduler:
         )
 
     def _send_request(self, order: Order, claimed: StepRecord) -> None:
-        """Send the agent request of a claim just saved. A failed send leaves the claim
-        standing: the supervisor retries the step at its deadline."""
+        """Send the agent request of a claim just saved. A request that could not be sent
+        is no try (docs/contracts.md §3.11): that is recorded (``Order.unsent``), so the
+        step runs again soon, uncounted and with no doubt; if even the record cannot be
+        saved, the claim stands and the supervisor retries the step at its deadline."""
         with order_context(step=claimed.step, attempt=claimed.attempt):
             request = AgentRequest(
                 order.order_id,
@@ -242,13 +265,38 @@ class Scheduler:
                 agent=order.plan.agent_of(claimed.step),
             )
             try:
-                self._transport.send_request(request)
+                sent = self._transport.send_request(request)
             except OrderError as exc:  # unavailable, or refused by the broker
-                # The claim stands; the supervisor retries the step at its deadline.
                 METRICS.inc("request_send_failures")
-                log.error(
-                    "agent request not sent (the supervisor will retry at the deadline): %s", exc
-                )
+                log.error("agent request not sent: %s", exc)
+                self._unsent(order, claimed, f"the request could not be sent: {exc.message}")
+                return
+            if not sent:
+                self._unsent(order, claimed, "the deadline passed before the request was sent")
+
+    def _unsent(self, order: Order, claimed: StepRecord, reason: str) -> None:
+        step, number = claimed.step, claimed.attempt
+        try:
+            ride_out(
+                lambda: self._changes.change(
+                    order.order_id,
+                    lambda o: o.unsent(step, number, reason, self._clock(), self._config.policy),
+                ),
+                what="record of an unsent request",
+                seconds=UNSENT_RECORD_SECONDS,
+            )
+            METRICS.inc("requests_unsent")
+            log.warning("attempt %d recorded as never sent: %s", number, reason)
+        except TransitionRefused:
+            # A report of the attempt came first: it was delivered after all.
+            log.info("attempt %d was reported meanwhile: it was sent after all", number)
+        except OrderError as exc:
+            log.error(
+                "attempt %d never sent, and that could not be recorded (%s): the supervisor "
+                "retries it at its deadline, counted as an attempt with no report",
+                number,
+                exc,
+            )
 
     # --- replies -------------------------------------------------------------------
 

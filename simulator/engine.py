@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,11 +82,12 @@ class _Call:
 class _KeyState:
     """Per idempotency key: its lock, how often it was called, its stored answer."""
 
-    __slots__ = ("calls", "lock", "random_faults", "response")
+    __slots__ = ("calls", "first_call", "lock", "random_faults", "response")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.calls = 0
+        self.first_call = 0.0  # time.monotonic() of the key's first call
         self.random_faults = 0
         self.response: bytes | None = None
 
@@ -208,8 +210,11 @@ class Simulator:
         with state.lock:
             state.calls += 1
             call_no = state.calls
+            if call_no == 1:
+                state.first_call = time.monotonic()
             if directive is not None:
-                fault, latency = directive.fault_for(call_no), directive.latency_ms
+                since = time.monotonic() - state.first_call
+                fault, latency = directive.fault_for(call_no, since), directive.latency_ms
             elif self._random.active:
                 fault, latency = self._random.draw(key, call_no, state.random_faults)
                 if fault is not None:

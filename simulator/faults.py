@@ -8,9 +8,14 @@ directive}``; a directive is a string shorthand or an object:
     "permanent"      {"fail": "permanent", "status": 422, "error": "..."}
     "hang[:N]"       {"fail": "hang", "times": N, "seconds": 3600, "applyFirst": true}
     "drop[:N]"       {"fail": "drop", "times": N, "applyFirst": false}
+                     {"fail": "stall", "seconds": S}
                      {"latencyMs": n}  (alone, or added to any object above)
 
-N defaults to 1 and counts calls per idempotency key over the server's life.
+N defaults to 1 and counts calls per idempotency key over the server's life. A stall
+holds every call made within ``S`` seconds of the key's first call until those ``S``
+seconds are over, then applies the effect (once) and answers: a remote that stalls for
+a while on some orders while it answers others. A call whose caller gave up meanwhile
+gets nothing; one still waiting gets the answer.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-FailKind = Literal["transient", "permanent", "hang", "drop"]
+FailKind = Literal["transient", "permanent", "hang", "drop", "stall"]
 
 STEP_PATTERN: Final = re.compile(r"[a-z0-9-]+")
 DEFAULT_TRANSIENT_STATUS: Final = 503
@@ -37,6 +42,7 @@ _FIELDS: Final[dict[str | None, frozenset[str]]] = {
     "permanent": _COMMON_FIELDS | {"status", "error"},
     "hang": _COMMON_FIELDS | {"times", "seconds", "applyFirst"},
     "drop": _COMMON_FIELDS | {"times", "applyFirst"},
+    "stall": _COMMON_FIELDS | {"seconds"},
 }
 
 
@@ -74,10 +80,14 @@ class Directive:
     apply_first: bool = False
     latency_ms: int = 0
 
-    def fault_for(self, call_no: int) -> Fault | None:
-        """The fault for the key's ``call_no``-th call (1-based), or None to succeed."""
+    def fault_for(self, call_no: int, since_first_call: float = 0.0) -> Fault | None:
+        """The fault for the key's ``call_no``-th call (1-based), made ``since_first_call``
+        seconds after its first, or None to succeed."""
         if self.fail is None:
             return None
+        if self.fail == "stall":
+            left = self.seconds - since_first_call
+            return Fault("hang", seconds=left) if left > 0 else None
         if self.fail != "permanent" and call_no > self.times:
             return None
         return Fault(
@@ -151,9 +161,9 @@ def _parse_shorthand(step: str, text: str) -> Directive:
 def _parse_object(step: str, raw: dict[str, Any]) -> Directive:
     where = f"the directive for step {step!r}"
     fail = raw.get("fail")
-    if fail is not None and fail not in ("transient", "permanent", "hang", "drop"):
+    if fail is not None and fail not in ("transient", "permanent", "hang", "drop", "stall"):
         raise DirectiveError(
-            f"In {where}, 'fail' must be transient, permanent, hang or drop, not {fail!r}."
+            f"In {where}, 'fail' must be transient, permanent, hang, drop or stall, not {fail!r}."
         )
     unknown = sorted(set(raw) - _FIELDS[fail])
     if unknown:
@@ -180,6 +190,11 @@ def _parse_object(step: str, raw: dict[str, Any]) -> Directive:
         if not isinstance(error, str):
             raise DirectiveError(f"In {where}, 'error' must be a string.")
         return Directive(fail=fail, status=status, error=error, latency_ms=latency)
+    if fail == "stall":
+        stall = raw.get("seconds")
+        if isinstance(stall, bool) or not isinstance(stall, int | float) or stall < 0:
+            raise DirectiveError(f"In {where}, a stall needs 'seconds', a number >= 0.")
+        return Directive(fail=fail, seconds=float(stall), latency_ms=latency)
     apply_first = raw.get("applyFirst", fail == "hang")
     if not isinstance(apply_first, bool):
         raise DirectiveError(f"In {where}, 'applyFirst' must be true or false.")

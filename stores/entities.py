@@ -22,7 +22,7 @@ from core.ports import IndexEntry, OutboxEntry
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import ensure_utc
 from core.workflows import Plan
-from stores import layout
+from stores import layout, migrate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -146,8 +146,9 @@ def step_entity(step: StepRecord) -> dict[str, Any]:
         "LastError": (step.last_error or "")[:4000],
         "History": _bounded_history(step.history),
         "HistoryDropped": step.history_dropped,
-        # what the failure semantics need (core/model.py): always written, never None
-        "MaybeApplied": _dumps(step.maybe_applied),
+        # what the failure semantics decide from (core/steps.py): always written, never None
+        "AttemptState": _dumps(step.decision_state()),
+        "MaybeApplied": _dumps(step.maybe_applied),  # for people: derived from AttemptState
         "Deferrals": step.deferrals,
         "DeferredSince": step.deferred_since or _NEVER,
         "SingledOut": step.singled_out,
@@ -166,33 +167,46 @@ def _since(value: Any) -> datetime | None:
     return None if value <= _NEVER else value
 
 
+def _decisions(e: Any, step: StepRecord) -> StepRecord:
+    """The step's typed decision state; a row written before it existed is migrated from
+    its history (``stores/migrate.py``) and gets ``AttemptState`` on its next save."""
+    raw = e.get("AttemptState")
+    if raw:
+        step.load_decision_state(json.loads(raw))
+    else:
+        migrate.rebuild(step, [int(n) for n in json.loads(e.get("MaybeApplied") or "[]")])
+    return step
+
+
 def parse_order(entities: Sequence[Any]) -> Order | None:
     record = next((e for e in entities if e.get("Kind") == "order"), None)
     if record is None:
         return None
     steps = [
-        StepRecord(
-            order_id=e["OrderID"],
-            step=e["Step"],
-            seq=int(e["Seq"]),
-            kind=StepKind(e["StepKind"]),
-            path=e["Path"],
-            timeout_seconds=int(e["TimeoutSeconds"]),
-            process_state=StepState(e["ProcessState"]),
-            locked_by=e.get("LockedBy", ""),
-            complete_by=ensure_utc(e["CompleteBy"]),
-            failure_count=int(e.get("FailureCount", 0)),
-            attempt=int(e.get("Attempt", 0)),
-            compensates=e.get("Compensates") or None,
-            result=json.loads(e["Result"]) if e.get("Result") else None,
-            last_error=e.get("LastError") or None,
-            history=json.loads(e.get("History") or "[]"),
-            history_dropped=int(e.get("HistoryDropped", 0)),
-            maybe_applied=[int(n) for n in json.loads(e.get("MaybeApplied") or "[]")],
-            deferrals=int(e.get("Deferrals", 0)),
-            deferred_since=_since(e.get("DeferredSince")),
-            singled_out=bool(e.get("SingledOut", False)),
-            etag=e.metadata["etag"],
+        _decisions(
+            e,
+            StepRecord(
+                order_id=e["OrderID"],
+                step=e["Step"],
+                seq=int(e["Seq"]),
+                kind=StepKind(e["StepKind"]),
+                path=e["Path"],
+                timeout_seconds=int(e["TimeoutSeconds"]),
+                process_state=StepState(e["ProcessState"]),
+                locked_by=e.get("LockedBy", ""),
+                complete_by=ensure_utc(e["CompleteBy"]),
+                failure_count=int(e.get("FailureCount", 0)),
+                attempt=int(e.get("Attempt", 0)),
+                compensates=e.get("Compensates") or None,
+                result=json.loads(e["Result"]) if e.get("Result") else None,
+                last_error=e.get("LastError") or None,
+                history=json.loads(e.get("History") or "[]"),
+                history_dropped=int(e.get("HistoryDropped", 0)),
+                deferrals=int(e.get("Deferrals", 0)),
+                deferred_since=_since(e.get("DeferredSince")),
+                singled_out=bool(e.get("SingledOut", False)),
+                etag=e.metadata["etag"],
+            ),
         )
         for e in entities
         if e.get("Kind") == "step"

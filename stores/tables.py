@@ -153,11 +153,12 @@ class TableStateStore(SweepReads):
         except AzureError as exc:
             order.version -= 1
             refused = isinstance(exc, TableTransactionError) and exc.status_code in (409, 412, 404)
-            # Refused: maybe our own first try, applied, then retried by the SDK (412).
-            # Unanswered (the SDK does not retry a POST whose response was lost): maybe
-            # applied. Either way the WriteId on the order record tells whose write stands.
-            # A refused create is never ours: nothing retries it.
-            mine = False if creating and refused else self._wrote(order.order_id, write_id)
+            # Refused: maybe our own first try, applied, then retried by the SDK (it
+            # retries a POST answered 500, 503 or 504: a create then meets 409, an update
+            # 412). Unanswered (the SDK does not retry a POST whose response was lost):
+            # maybe applied. Either way the WriteId on the order record tells whose write
+            # stands (docs/contracts.md#fact-post-not-retried).
+            mine = self._wrote(order.order_id, write_id)
             if mine:
                 log.warning(
                     "order %s: a write whose answer was lost or refused had applied (write %s)",

@@ -13,6 +13,7 @@ from core import names
 from core.settings import Transport, transport_from_env
 from runtime.context import app_context
 from runtime.resilience import ride_out
+from supervisor.expired import EXPIRED_REASON
 from supervisor.poison import Poisoned
 
 bp = func.Blueprint()
@@ -40,7 +41,7 @@ def _poison_queue_trigger(queue: str) -> None:
     _register(handler, f"alert_{queue.replace('-', '_')}", queue, queue_trigger=True)
 
 
-def _dead_letter_trigger(queue: str) -> None:
+def _dead_letter_trigger(queue: str, *, requests: bool) -> None:
     path = f"{queue}/$DeadLetterQueue"
 
     def handler(msg: func.ServiceBusMessage) -> None:
@@ -51,6 +52,14 @@ def _dead_letter_trigger(queue: str) -> None:
         )
         why = " - ".join(str(x) for x in (reason, detail) if x) or None
         body, deliveries = msg.get_body(), msg.delivery_count
+        if requests and reason == EXPIRED_REASON:
+            # Expired unread: a report that it was not called, not a page (expired.py).
+            reported = ride_out(
+                lambda: app_context().expired_requests.report(body, deliveries),
+                what="expired request report",
+            )
+            if reported:
+                return
         ride_out(
             lambda: app_context().poison.alert(Poisoned(path, body, deliveries, why)),
             what="dead-letter alert",
@@ -74,5 +83,6 @@ for _queue in names.Names().poison_queues():
     _poison_queue_trigger(_queue)
 
 if transport_from_env(os.environ) is not Transport.STORAGE:
-    for _queue in (names.AGENT_REQUESTS, *names.Names().agent_queues(), names.AGENT_REPLIES):
-        _dead_letter_trigger(_queue)
+    for _queue in (names.AGENT_REQUESTS, *names.Names().agent_queues()):
+        _dead_letter_trigger(_queue, requests=True)
+    _dead_letter_trigger(names.AGENT_REPLIES, requests=False)

@@ -19,9 +19,6 @@ param skuName string
 @description('The agent queues: agent-requests, agent-requests-<agent> for each agent (infra/agents.json), agent-replies (core.names).')
 param queueNames array
 
-@description('The request queues among them (agent-requests and each agent\'s): their messages expire unrecorded.')
-param requestQueueNames array
-
 // One messaging unit when Premium; Standard has no capacity setting.
 var skus = {
   Standard: {
@@ -85,10 +82,11 @@ resource queues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' = [
       /* A reply lives an hour (a late success still completes its step); one
          nobody applied by then is dead-lettered, which raises an operator
          alert (the app's dead-letter trigger). A request expires at its step's
-         deadline, when the supervisor already owns the step: dead-lettering
-         it would page an operator for every request a busy agent pool did not
-         reach in time, so it is dropped. */
-      deadLetteringOnMessageExpiration: !contains(requestQueueNames, queueName)
+         deadline; dead-lettered, the request queue's dead-letter trigger turns
+         it into the report "not called: expired unread" (no page), so the
+         step learns the attempt applied nothing (contract 3.11: a request
+         never sent is no try). Dropped, it would leave that attempt in doubt. */
+      deadLetteringOnMessageExpiration: true
       enableBatchedOperations: true
       requiresSession: false
       maxSizeInMegabytes: 1024

@@ -9,6 +9,9 @@
 - every instance runs the supervisor's timer, so several supervisors race;
 - a meddler steals agent replies and puts each back twice, delayed, so replies
   arrive duplicated, out of order, and some after their step was reset;
+- some orders' remote stalls for 2.5 step timeouts (every call held until then): they
+  must complete with no alert, whatever else happens (docs/contracts.md §3.11, paced
+  retries);
 - a third of the way in, every remote service goes down (``LocalStack.outage``):
   503 to every call for a while, then connections refused, while all of the
   above goes on. Orders must ride it out (docs/contracts.md §3.11): same final statuses,
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from core.attempts import Attempt, Ending
 from core.model import Order, StepRecord
 from core.settings import disabled_setting
 from core.states import StepState
@@ -56,6 +60,8 @@ RANDOM_FAULTS = frozenset({"transient", "hang", "drop"})
 #: A failpoint death is noticed by the chaos loop (every 0.5 s, plus a restart) after it
 #: happened: a death noticed this long after an attempt ended may still have ended it.
 DEATH_NOTICE_SLACK = timedelta(seconds=3)
+#: The stalled orders' remote holds every call for this long after the key's first call.
+STALL = {"fail": "stall", "seconds": 2.5 * STEP_TIMEOUT}
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,11 @@ def make_orders(plan: ChaosPlan, rng: random.Random) -> dict[str, tuple[dict[str
     for n in range(plan.orders):
         order_id = f"chaos-{plan.seed % 1000:03d}-{n:04d}"
         roll = rng.random()
-        if roll < 0.60:
+        if roll < 0.55 and n != 1:
             out[order_id] = ({"orderId": order_id, "amount": n}, "completed")
+        elif roll < 0.60 or n == 1:  # (at least one in every run)
+            order_id = f"{order_id}-stall"  # its remote only stalls: it must complete
+            out[order_id] = ({"orderId": order_id, "simulate": {"process": STALL}}, "completed")
         elif roll < 0.68:
             out[order_id] = ({"orderId": order_id, "simulate": {"process": "permanent"}}, "error")
         elif roll < 0.86:
@@ -368,9 +377,11 @@ def bring_up(host: Devhost, deaths: Deaths) -> int:
     raise RuntimeError(f"devhost {host.index} killed itself 20 times while starting")
 
 
-def counted_failures(step: StepRecord) -> list[dict[str, Any]]:
+def counted_failures(step: StepRecord) -> list[Attempt]:
     """The step's attempts that counted toward MAX_FAILURES (as ``demo.verify`` counts)."""
-    return [h for h in step.history if h["event"] in ("expired", "failed")]
+    return [
+        a for a in step.attempts.items if a.counted and a.ending in (Ending.EXPIRED, Ending.FAILED)
+    ]
 
 
 def exhausted_step(order: Order) -> StepRecord | None:
@@ -415,19 +426,12 @@ def explain_exhausted(
             for c in calls
             if c.get("idempotencyKey") == key and c.get("fault") in RANDOM_FAULTS
         ]
-        claims = {
-            h["attempt"]: (parse_iso(h["at"]), str(h.get("instance", "")))
-            for h in step.history
-            if h["event"] == "claimed"
-        }
         causes: Counter[str] = Counter()
         unexplained: list[int] = []
         for failure in counted_failures(step):
-            attempt, ended = failure["attempt"], parse_iso(failure["at"])
-            claimed, instance = claims.get(attempt, (None, ""))
-            if claimed is None:  # its claim was dropped from a long history
-                causes["claim not in the history"] += 1
-            elif any(claimed <= t <= ended for t in faults):
+            attempt, claimed, instance = failure.number, failure.claimed_at, failure.instance
+            ended = failure.ended_at or failure.deadline
+            if any(claimed <= t <= ended for t in faults):
                 causes["random fault"] += 1
             elif (order_id, step.step, attempt) in held:
                 causes["reply held back"] += 1
@@ -584,10 +588,11 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         )
         final = load_orders(stack.context, ids)
         calls = stack.remote_calls(began.isoformat())
+        alerts = drain_alerts(stack.context)
         verdict = verify(
             final,
             load_ledger(stack.ledger_path),
-            drain_alerts(stack.context),
+            alerts,
             expected={o: e for o, (_, e) in orders.items()},
             max_failures=MAX_FAILURES,
         )
@@ -607,6 +612,18 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             exhaustedBound=exhausted_bound(plan.orders),
             exhausted=exhausted,
             exhaustedUnexplained=sorted(o for o, e in exhausted.items() if e["unexplained"]),
+            stalled=sum(1 for o in ids if o.endswith("-stall")),
+            # docs/contracts.md §3.11: an order whose remote only stalled ends completed,
+            # with no alert (not even as "ran out of attempts")
+            stalledWrong=sorted(
+                o
+                for o in ids
+                if o.endswith("-stall")
+                and (final[o] is None or str(final[o].status) != "completed")  # type: ignore[union-attr]
+            ),
+            stalledAlerted=sorted(
+                {a["orderId"] for a in alerts if a["orderId"].endswith("-stall")}
+            ),
         )
         if plan.keep_workdir:
             timings["workdir"] = str(stack.workdir)

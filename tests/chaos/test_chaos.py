@@ -30,6 +30,9 @@ def _run(plan: ChaosPlan) -> None:
     assert timings["kills"] >= 3, "the run must actually kill processes"
     assert timings["duplicatedReplies"] > 0, "the run must actually duplicate replies"
     assert timings["rejected"] == 0
+    # Orders whose remote only stalled (2.5 step timeouts): every one completed, unalerted.
+    assert timings["stalled"] > 0, "the run must actually stall some orders"
+    assert timings["stalledWrong"] == [] and timings["stalledAlerted"] == [], summary
     outage = timings["outage"]
     # The outage happened: the remote's outage switch answered calls 503 ...
     assert outage["outageAnswered"] > 0, "the run must actually take the remote down"

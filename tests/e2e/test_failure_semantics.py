@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from core.events import Event
 from core.messages import idempotency_key
 from core.model import Order
 from core.timefmt import iso, parse_iso
@@ -118,7 +119,7 @@ def test_a_few_dead_orders_never_hurt_the_healthy_ones(one_host: LocalStack) -> 
             h
             for s in orders[order_id].steps
             for h in s.history
-            if h["event"] in ("failed", "refused") and "HTTP" in str(h.get("error"))
+            if h["event"] in (Event.FAILED, Event.REFUSED) and "HTTP" in str(h.get("error"))
         ]
         assert not blamed, (order_id, blamed)
 
@@ -147,10 +148,9 @@ def assert_the_last_word_is_true(
     key = idempotency_key(order.order_id, step.step)
     received = [parse_iso(c["at"]) for c in calls if c["idempotencyKey"] == key]
     for number in step.maybe_applied:
-        claimed = next(
-            h for h in step.history if h["event"] == "claimed" and h["attempt"] == number
-        )
-        began, ended = parse_iso(claimed["at"]), parse_iso(claimed["completeBy"])
+        attempt = step.attempts.get(number)
+        assert attempt is not None, (order.order_id, number)
+        began, ended = attempt.claimed_at, attempt.deadline
         assert any(began - timedelta(seconds=1) <= at <= ended for at in received), (
             f"{order.order_id}: attempt {number} 'may have applied' without a call",
             step.history,
@@ -190,7 +190,7 @@ def test_an_outage_of_the_remote_is_ridden_out_without_anyone(two_hosts: LocalSt
     assert alerts == []
     for order in orders.values():
         assert all(s.failure_count == 0 for s in order.steps), order.order_id
-        assert not any(h["event"] == "compensating" for s in order.steps for h in s.history)
+        assert not any(h["event"] == Event.COMPENSATING for s in order.steps for h in s.history)
     # Back within seconds of the remote's return, not at some backoff cap.
     assert (finished - back_at).total_seconds() < 40, finished - back_at
     # While it answered 503, after the first seconds (each order in flight tries once
@@ -204,3 +204,55 @@ def test_an_outage_of_the_remote_is_ridden_out_without_anyone(two_hosts: LocalSt
     # Without the breakers, 24 orders retrying with backoff up to 5 s would make about 10
     # calls a second; with them it is a probe per endpoint and instance every 2-10 s.
     assert rate <= 2.5, (len(trickle), rate)
+
+
+def test_orders_whose_remote_stalls_for_two_and_a_half_timeouts_complete_quietly(
+    one_host: LocalStack,
+) -> None:
+    """docs/contracts.md §3.11, retries paced in time: with 3 s steps and 3 failures at most,
+    a remote that stalls 7.5 s on some orders (every call for them held until then) while
+    it answers the others. Each stalled attempt ends with the agent's own "no answer, may
+    have applied"; paced, the third attempt is still running when the stall ends, and
+    gets the answer. Before: three attempts ended within 7.4 s and an operator was told
+    "it may have been applied"."""
+    stack = one_host
+    stall = {"fail": "stall", "seconds": 7.5}
+    stalled = [f"stall-{n}" for n in range(6)]
+    healthy: list[str] = []
+    for n, order_id in enumerate(stalled):
+        stack.submit({"orderId": order_id, "simulate": {"process": stall}})
+        for m in range(3):  # healthy traffic around them: the stalls are theirs alone
+            healthy.append(f"calm-{n}-{m}")
+            stack.submit({"orderId": healthy[-1]})
+    trickle_until = time.monotonic() + 20
+    n = 0
+    while time.monotonic() < trickle_until:
+        loaded = [stack.context.store.load(o) for o in stalled]
+        if all(o is not None and o.status.terminal for o in loaded):
+            break
+        healthy.append(f"calm-t{n:03d}")
+        stack.submit({"orderId": healthy[-1]})
+        n += 1
+        time.sleep(0.5)
+    everyone = stalled + healthy
+    orders = wait_terminal(stack, everyone, 90)
+    alerts = drain_alerts(stack.context)
+    verdict = verify(
+        dict(orders),
+        load_ledger(stack.ledger_path),
+        alerts,
+        expected=dict.fromkeys(everyone, "completed"),
+    )
+    assert verdict.ok and verdict.as_expected == len(everyone), (
+        verdict.problems(),
+        log_tail(stack),
+    )
+    assert alerts == []
+    for order_id in stalled:
+        step = orders[order_id].steps[0]
+        assert step.attempt >= 2, (order_id, step.history)  # the stall cost real attempts
+        attempts = step.attempts.items
+        for n, attempt in enumerate(attempts[1:], start=1):  # a timeout per counted failure
+            counted = sum(1 for a in attempts[:n] if a.counted)
+            floor = attempts[0].claimed_at + timedelta(seconds=3 * counted)
+            assert attempt.claimed_at >= floor - timedelta(seconds=0.01), (order_id, step.history)

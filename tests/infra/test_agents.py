@@ -113,7 +113,6 @@ def test_every_agent_has_its_service_bus_request_queue() -> None:
     params = Scope(MAIN).module_params("serviceBus")
     for agent in agents_json():
         assert agent["queue"] in params["queueNames"], agent["name"]
-        assert agent["queue"] in params["requestQueueNames"], agent["name"]
     (queues,) = resources_of_type(
         parse(SERVICE_BUS), "Microsoft.ServiceBus/namespaces/queues"
     ).values()

@@ -75,7 +75,6 @@ def test_modules_receive_the_names() -> None:
     assert storage["queueNames"] == "storageQueueNames"
     assert storage["tableName"] == "stateTableName"
     assert _module_params("serviceBus")["queueNames"] == "serviceBusQueueNames"
-    assert _module_params("serviceBus")["requestQueueNames"] == "serviceBusRequestQueueNames"
     assert _module_params("rbac")["serviceBusQueueNames"] == "serviceBusQueueNames"
 
 
@@ -116,11 +115,11 @@ def test_service_bus_queues_detect_duplicates_and_dead_letter() -> None:
     assert props["duplicateDetectionHistoryTimeWindow"]
     assert props["lockDuration"] and props["maxDeliveryCount"] >= 1
     assert _var("serviceBusQueueNames")[0] == names.AGENT_REQUESTS  # type: ignore[index]
-    # Replies that expire unapplied are dead-lettered (an alert); expired requests are not
-    # (the supervisor owns their steps; an alert each would page for a busy agent pool).
+    # Replies that expire unapplied are dead-lettered (an alert); so are requests that expire
+    # unread, which their dead-letter trigger reports as "not called" (supervisor/expired.py).
     assert _queue_properties(names.AGENT_REPLIES)["deadLetteringOnMessageExpiration"] is True
     for queue in _request_queues():
-        assert _queue_properties(queue)["deadLetteringOnMessageExpiration"] is False, queue
+        assert _queue_properties(queue)["deadLetteringOnMessageExpiration"] is True, queue
 
 
 def test_every_agent_queue_is_deployed_like_agent_requests() -> None:

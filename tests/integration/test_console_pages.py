@@ -16,7 +16,7 @@ import pytest
 
 from console import security
 from console import triggers as console
-from core.messages import alert_message
+from core.messages import AgentRequest, alert_message
 from core.states import OrderStatus
 from runtime.context import AppContext, reset_app_context
 from tests.integration.test_listing import T0, accept, fail
@@ -131,7 +131,7 @@ def test_the_detail_escapes_what_the_order_carries(ctx: AppContext) -> None:
     assert "<script>window" not in page and "<img src=x" not in page
     assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in page
     assert 'id="resubmit-form"' in page and 'id="cancel-form"' in page
-    assert re.search(r'<rect class="attempt expired', page)
+    assert re.search(r'<rect class="attempt refused', page)
     assert "Step process failed for good" in page
     assert get("/orders/nope", orderId="nope").status_code == 404
     assert get("/orders/a b", orderId="a b").status_code == 400
@@ -228,3 +228,60 @@ def test_the_alerts_page_shows_waiting_alerts_and_rejected_messages(ctx: AppCont
     assert re.search(r'id="attention"', page) and 'data-order-id="p-0"' in page
     # peeked, not taken
     assert alerts.get_queue_properties().approximate_message_count == 1
+
+
+def doubtful_ship(ctx: AppContext, order_id: str) -> None:
+    """A fulfilment order in error: ship got no answer three times (it may have shipped)."""
+    from core.policy import RetryPolicy
+
+    policy = RetryPolicy(max_failure_count=3)
+    order = accept(order_id, T0, "fulfilment")
+    now = T0
+    while (step := order.active_step()) is not None and step.step != "ship":
+        claimed = order.claim("i", now)
+        request = AgentRequest(
+            order_id, claimed.step, claimed.attempt, claimed.complete_by, claimed.path, {}
+        )
+        order.apply_reply(request.succeeded({}), now, policy)
+    for _ in range(3):
+        step = order.active_step()
+        assert step is not None
+        now = max(now, step.complete_by)
+        claimed = order.claim("i", now)
+        now = claimed.complete_by + timedelta(seconds=1)
+        order.expire(now, policy)
+    assert order.status is OrderStatus.ERROR
+    ctx.store.create(order)
+
+
+def test_the_cancel_confirmation_says_what_is_undone_and_asks_about_the_doubt(
+    ctx: AppContext,
+) -> None:
+    doubtful_ship(ctx, "d-0")
+    token = security.new_token()
+    page = html(get("/orders/d-0/confirm", {"action": "cancel", "reason": "gone"}, orderId="d-0"))
+    undo = re.search(r'id="cancel-undo">(.*?)</li>', page, re.S)
+    assert undo is not None
+    assert re.search(r"charge-payment</b> \(by refund-payment\).*reserve-stock</b> \(by", undo[1])
+    doubt = re.search(r'id="cancel-doubtful">(.*?)</li>', page, re.S)
+    assert doubt is not None and "ship" in doubt[1] and "1, 2, 3" in doubt[1]
+    assert 'name="not_applied" value="ship"' in page and "d-0:ship" in page
+    # Without the statement: refused, nothing undone.
+    refused = post("/orders/d-0/cancel", {"reason": "gone", "csrf": token}, token, orderId="d-0")
+    assert refused.status_code == 409 and "may have been applied" in html(refused)
+    assert ctx.store.load("d-0").status is OrderStatus.ERROR  # type: ignore[union-attr]
+    # With it: the cancel goes on, and the history says who stated it.
+    stated = {"reason": "carrier: not shipped", "csrf": token, "not_applied": "ship"}
+    done = post("/orders/d-0/cancel", stated, token, orderId="d-0")
+    assert done.status_code == 303, html(done)
+    order = ctx.store.load("d-0")
+    assert order is not None and order.status is OrderStatus.COMPENSATING
+    ship = order.find("ship")
+    assert ship is not None and any(h["event"] == "stated-not-applied" for h in ship.history)
+
+
+def test_a_cancel_with_nothing_in_doubt_asks_for_no_statement(ctx: AppContext) -> None:
+    seed(ctx, 1, failing=1)
+    page = html(get("/orders/p-0/confirm", {"action": "cancel", "reason": "x"}, orderId="p-0"))
+    assert 'id="cancel-plan"' in page and 'name="not_applied"' not in page
+    assert 'id="confirm-form"' in page

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.errors import InvalidContinuationToken, TransitionRefused
+from core.messages import AgentRequest
 from core.model import Order
 from core.orders import decode_order
 from core.policy import RetryPolicy
@@ -33,12 +34,14 @@ def accept(order_id: str, at: datetime, workflow: str = "order") -> Order:
 
 
 def fail(ctx: AppContext, order_id: str) -> None:
-    """Take a stored pending order to ``error`` (one expired attempt, one failure allowed)."""
+    """Take a stored pending order to ``error``: one attempt, refused by its service (a
+    definite failure: nothing applied, so a cancel needs no statement)."""
     order = ctx.store.load(order_id)
     assert order is not None
-    order.claim("i", order.created_at)
-    order.expire(order.created_at + timedelta(seconds=60), POLICY)
-    assert order.status is OrderStatus.ERROR
+    step = order.claim("i", order.created_at)
+    request = AgentRequest(order_id, step.step, step.attempt, step.complete_by, step.path, {})
+    order.apply_reply(request.failed("HTTP 422 invalid"), order.created_at, POLICY)
+    assert order.status is OrderStatus.ERROR and not step.may_have_applied
     ctx.store.save(order)
 
 

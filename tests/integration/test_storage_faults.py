@@ -35,8 +35,10 @@ from tests.support import FakeClock, drain, drain_requests, make_context
 
 class FaultyAdapter(requests.adapters.HTTPAdapter):
     """Injects faults into matching requests: ``plan`` maps a predicate to a list of
-    faults consumed one per matching request: "503", "500", or "lose" (send, then
-    raise ReadTimeout: the server applied it, the client never hears)."""
+    faults consumed one per matching request: "503", "500", "lose" (send, then
+    raise ReadTimeout: the server applied it, the client never hears), or "applied-500",
+    "applied-503" ... (send, then answer that 5xx: the server applied it, and the SDK
+    retries a POST on 500, 503 and 504: the retry is refused, 409 or 412)."""
 
     def __init__(self) -> None:
         super().__init__(pool_maxsize=16)
@@ -67,6 +69,16 @@ class FaultyAdapter(requests.adapters.HTTPAdapter):
         result = super().send(request, *args, **kwargs)
         if fault == "lose":
             raise requests.exceptions.ReadTimeout("injected: response lost after sending")
+        if fault is not None and fault.startswith("applied-"):  # applied, and yet a 5xx
+            result.close()
+            raw = urllib3.HTTPResponse(
+                body=io.BytesIO(b""),
+                status=int(fault.removeprefix("applied-")),
+                reason="Injected after applying",
+                headers={"Content-Length": "0"},
+                preload_content=False,
+            )
+            return self.build_response(request, raw)
         return result
 
 
@@ -164,12 +176,28 @@ def test_a_lost_response_to_the_submit_transaction_still_dispatches(
 ) -> None:
     order_id = f"{tag}-lost-create"
     adapter.add(lambda r: is_batch(r) and order_id.encode() in (r.body or b""), "lose")
-    # The create applied; the SDK's retry gets 409; the submitter treats it as a duplicate
-    # delivery of the same content, and dispatches.
+    # The create applied and its answer was lost; the store reads its WriteId: its own.
     outcome = ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
-    assert outcome in (Handled.ACCEPTED, Handled.DUPLICATE)
+    assert outcome is Handled.ACCEPTED
     sent = [json.loads(t) for t in drain_requests(ctx)]
     assert [r["orderId"] for r in sent] == [order_id]
+
+
+def test_a_create_that_applied_and_was_retried_after_a_503_is_ours(
+    ctx: AppContext, adapter: FaultyAdapter, tag: str
+) -> None:
+    """The create applied, the server still answered 503, the SDK retried the POST (it does
+    for 500, 503, 504) and met 409. Not a duplicate delivery: the store sees its own
+    WriteId, so the submit goes on and sends attempt 1's request (before, the claim stood
+    with no request, and its expiry was counted as "may have applied")."""
+    order_id = f"{tag}-503-create"
+    adapter.add(lambda r: is_batch(r) and order_id.encode() in (r.body or b""), "applied-503")
+    assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Handled.ACCEPTED
+    assert any(i.startswith("applied-503") for i in adapter.injected)
+    sent = [json.loads(t) for t in drain_requests(ctx)]
+    assert [(r["orderId"], r["attempt"]) for r in sent] == [(order_id, 1)]
+    order = ctx.store.load(order_id)
+    assert order is not None and order.steps[0].attempt == 1
 
 
 def test_a_duplicated_queue_message_is_harmless(

@@ -159,9 +159,10 @@ def test_a_transition_round_trips_every_field_of_the_step(store: StateStore) -> 
     assert fresh == order
     assert fresh.version == 3 and fresh.steps[0].last_error == "HTTP 503 é😀"
     # and a success with a result, on the copy just loaded
-    fresh.claim("instance-2", T0 + timedelta(seconds=2))
+    due = fresh.steps[0].not_before  # paced: a step timeout after the first attempt
+    fresh.claim("instance-2", due)
     store.save(fresh)
-    fresh.apply_reply(succeeded(fresh, {"ok": 1, "ids": ["a", "é"]}), T0 + timedelta(seconds=3))
+    fresh.apply_reply(succeeded(fresh, {"ok": 1, "ids": ["a", "é"]}), due + timedelta(seconds=1))
     store.save(fresh)
     final = loaded(store, "o-fields")
     assert final == fresh and final.status is OrderStatus.COMPLETED

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import uuid
@@ -23,7 +22,6 @@ from typing import Any
 import azure.functions as func
 import pytest
 import requests
-import urllib3
 from azure.core.exceptions import ServiceRequestError
 from azure.data.tables import TableServiceClient, UpdateMode
 
@@ -486,37 +484,11 @@ def is_writeid_read(request: requests.PreparedRequest) -> bool:
     return request.method == "GET" and "WriteId" in (request.url or "")
 
 
-class AnswerLosingAdapter(FaultyAdapter):
-    """Adds the fault "applied-500": the server applies the request, the client hears a
-    500 (a gateway lost the answer). The SDK retries a POST on 500: the retry, with the
-    same If-Match, is refused (412), though the first try applied."""
-
-    def send(self, request: requests.PreparedRequest, *args: Any, **kwargs: Any) -> Any:
-        with self._lock:
-            chosen = next(
-                (f for m, f in self.plan if f and f[0] == "applied-500" and m(request)), None
-            )
-            if chosen is not None:
-                chosen.pop(0)
-                self.injected.append(f"applied-500 {request.method} {request.url}")
-        if chosen is None:
-            return super().send(request, *args, **kwargs)
-        requests.adapters.HTTPAdapter.send(self, request, *args, **kwargs).close()
-        raw = urllib3.HTTPResponse(
-            body=io.BytesIO(b""),
-            status=500,
-            reason="Injected",
-            headers={"Content-Length": "0"},
-            preload_content=False,
-        )
-        return self.build_response(request, raw)
-
-
 @pytest.fixture
 def faulty(
     storage_connection: str, tag: str, clock: FakeClock
 ) -> Iterator[tuple[AppContext, FaultyAdapter]]:
-    adapter = AnswerLosingAdapter()
+    adapter = FaultyAdapter()  # its "applied-500": applied, then a 500 (the SDK retries)
     context = make_context(storage_connection, tag, clock=clock)
     tables = TableServiceClient.from_connection_string(
         storage_connection, transport=faulty_transport(adapter), **retry_options("table")

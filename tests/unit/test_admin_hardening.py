@@ -136,7 +136,11 @@ class StubAdmin:
     def resubmit(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
         return self._do("resubmit", order_id, by)
 
-    def cancel(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
+    def cancel(
+        self, order_id: str, by: str, reason: str = "", not_applied: str | None = None
+    ) -> dict[str, Any]:
+        if not_applied is not None:
+            return self._do("cancel", order_id, by, reason, not_applied)
         return self._do("cancel", order_id, by, reason)
 
 

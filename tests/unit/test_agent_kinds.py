@@ -613,8 +613,8 @@ def test_a_handler_still_running_at_the_try_deadline_may_have_applied() -> None:
         release.set()
 
     assert reply is ReplyOutcome.DEFERRED  # a lone order: no evidence against it
-    ((sent, _),) = transport.replies
-    assert sent.applied == "maybe"
+    sent = transport.replies[0][0]  # (its end is reported later: test_failure_edges)
+    assert sent.applied == "maybe" and sent.running_until is not None
     assert sent.error is not None
     assert "the handler (a run started by an earlier try) is still running" in sent.error
     assert started == ["o-1:process"]  # the retries waited for it; none started another

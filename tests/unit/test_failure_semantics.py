@@ -4,6 +4,7 @@ step does and what the operator is told."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -25,13 +26,19 @@ def attempt(order: Order, now: datetime, outcome: str, **kw: object) -> ReplyEff
 
 
 def fail_until_given_up(order: Order, applied: list[str], now: datetime = T0) -> datetime:
-    """One transient report per attempt with the given 'applied' values; returns the time."""
+    """One transient report per attempt with the given 'applied' values, then (when the
+    last failure came before the time budget was spent and the step is held) the
+    supervisor's pass that makes it final; returns the time."""
     for value in applied:
         step = order.active_step()
         assert step is not None
         now = max(now, step.complete_by)
         attempt(order, now, "transient", error="HTTP 503", applied=value)
         now += timedelta(seconds=2)
+    step = order.active_step()
+    if step is not None and step.held:
+        now = max(now, step.complete_by + timedelta(seconds=1))
+        order.expire(now, POLICY)
     return now
 
 
@@ -275,7 +282,12 @@ def test_cancel_with_ship_unanswered_asks_the_operator_who_can_cancel_again() ->
     assert order.status is OrderStatus.ERROR and ship.process_state is StepState.ERROR
     [alert] = alerts(order)
     assert "may have been applied" in alert["reason"] and "cancel again" in alert["reason"]
-    order.cancel(now + timedelta(minutes=5), "operator", "carrier says nothing shipped")
+    with pytest.raises(TransitionRefused) as refused:  # not around the doubt, unasked
+        order.cancel(now + timedelta(minutes=5), "operator", "carrier says nothing shipped")
+    assert refused.value.reason == "doubt"
+    order.cancel(
+        now + timedelta(minutes=5), "operator", "carrier says nothing shipped", not_applied="ship"
+    )
     assert order.status is OrderStatus.COMPENSATING
     later = now + timedelta(minutes=6)
     for _ in range(2):
@@ -469,17 +481,19 @@ def test_a_workflow_step_timeout_the_host_cannot_honour_is_refused_at_start_up()
 
 
 def test_a_refusal_of_the_key_settles_the_doubt_of_an_earlier_attempt() -> None:
-    """The service would answer an applied key with its stored result: a refusal of the
-    key in a later attempt says nothing was applied (the chaos suite's permanent-ship
-    orders, whose earlier attempts expired when their agents were killed)."""
+    """The service would answer an applied key with its stored result: its own refusal of
+    the key (400, 422) in a later attempt says nothing was applied (the chaos suite's
+    permanent-ship orders, whose earlier attempts expired when their agents were killed)."""
     order = new_order("fulfilment")
     now = reach(order, "ship")
     ship = order.claim("i", now)
     order.expire(ship.complete_by + timedelta(seconds=3), POLICY)  # may have applied
     order.claim("i", ship.complete_by + timedelta(seconds=3))
-    order.apply_reply(reply(order, "failed", error="422"), now + timedelta(seconds=40), POLICY)
+    settling = replace(reply(order, "failed", error="HTTP 422"), settled=True)
+    order.apply_reply(settling, now + timedelta(seconds=40), POLICY)
     assert order.status is OrderStatus.COMPENSATING  # unwinding: not "ask the operator"
     assert alerts(order) == []
+    assert ship.attempts.get(1).settled_by  # type: ignore[union-attr]
 
 
 def test_a_refusal_after_a_try_that_may_have_applied_in_the_same_attempt_is_ambiguous() -> None:
@@ -521,7 +535,7 @@ def test_a_late_report_does_not_skip_a_compensation_that_failed_after_it() -> No
     later = ship.complete_by
     order.claim("i", later)
     order.expire(later + timedelta(seconds=33), POLICY)  # ambiguous: order error
-    order.cancel(later + timedelta(seconds=40), "operator")  # leave ship, undo the rest
+    order.cancel(later + timedelta(seconds=40), "operator", not_applied="ship")  # undo the rest
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
     attempt(order, later + timedelta(seconds=41), "failed")  # refund refused: error again

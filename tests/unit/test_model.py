@@ -235,12 +235,14 @@ def test_a_non_success_report_for_an_old_attempt_changes_nothing_it_should_not()
     order.apply_reply(
         reply(order, "transient", error="503", applied="no"), T0 + timedelta(seconds=5)
     )
-    order.claim("i", T0 + timedelta(seconds=5))
-    # attempt 1's report again (a duplicate delivery): attempt 1 was not expired
+    due = order.steps[0].complete_by  # paced: not before one step timeout after attempt 1
+    assert due >= T0 + timedelta(seconds=30)
+    order.claim("i", due)
+    # attempt 1's report again (a duplicate delivery): it adds nothing
     with pytest.raises(TransitionRefused) as refused:
         order.apply_reply(
             reply(order, "transient", attempt=1, error="503", applied="no"),
-            T0 + timedelta(seconds=6),
+            due + timedelta(seconds=1),
         )
     assert refused.value.reason == "stale-attempt"
     with pytest.raises(TransitionRefused) as future:

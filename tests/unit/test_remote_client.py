@@ -69,7 +69,7 @@ class FakeClock:
 
 
 class MaxRng(random.Random):
-    """Full jitter at its ceiling: every backoff is the longest allowed (deterministic)."""
+    """Jitter at its ceiling: every backoff is the longest allowed (deterministic)."""
 
     def __init__(self) -> None:
         super().__init__(0)
@@ -316,12 +316,13 @@ def one_try(step: Step, timeout: float = 5.0) -> Try:
         (504, "maybe", True),
         (507, "maybe", True),
         (599, "maybe", True),
+        # 409: the key is in use (an earlier call may still run): transient, may apply
+        (409, "maybe", True),
         # other 4xx: refused, nothing applied, asking again cannot help
         (400, "no", False),
         (401, "no", False),
         (403, "no", False),
         (404, "no", False),
-        (409, "no", False),
         (410, "no", False),
         (413, "no", False),
         (422, "no", False),
@@ -334,7 +335,9 @@ def test_every_status_is_classified(code: int, applied: str, retryable: bool) ->
     assert (attempt.applied, attempt.retryable, attempt.status) == (applied, retryable, code)
     assert classify(status(code, error="why"), "process", T0).applied == applied
     if applied != "yes":
-        assert attempt.error == f"process: HTTP {code} why"
+        assert attempt.error.startswith(f"process: HTTP {code} why")
+    # Only the service's own refusal of the key settles what earlier tries did.
+    assert attempt.settles is (code in (400, 422))
 
 
 @pytest.mark.parametrize(
@@ -407,7 +410,7 @@ def test_connection_errors_and_timeouts_are_retried(error: type[Exception]) -> N
     assert len(clock.sleeps) == 1
 
 
-@pytest.mark.parametrize("code", [400, 401, 403, 404, 409, 422])
+@pytest.mark.parametrize("code", [301, 400, 401, 403, 404, 405, 407, 413, 415, 422, 431])
 def test_other_4xx_are_refused_and_not_retried(code: int) -> None:
     r = remote(FakeClock(), status(code, error="out of stock"), ok())
     client, clock = make_client(r)
@@ -415,7 +418,11 @@ def test_other_4xx_are_refused_and_not_retried(code: int) -> None:
     outcome = client.call(make_request())
 
     assert outcome == CallOutcome(
-        "refused", error=f"process: HTTP {code} out of stock", applied="no", tries=1
+        "refused",
+        error=f"process: HTTP {code} out of stock",
+        applied="no",
+        tries=1,
+        settled=code in (400, 422),  # the others may come from a gateway, not the service
     )
     assert len(r.seen) == 1
     assert clock.sleeps == []
@@ -651,12 +658,12 @@ def test_an_unparsable_retry_after_is_ignored(value: str) -> None:
 @pytest.mark.parametrize(
     "value", ["-5", "0", format_datetime(T0 - timedelta(hours=1), usegmt=True)]
 )
-def test_a_retry_after_in_the_past_means_now(value: str) -> None:
+def test_a_retry_after_in_the_past_never_makes_tries_faster_than_the_backoff(value: str) -> None:
     r = remote(FakeClock(), status(503, **{"Retry-After": value}), ok())
-    client, clock = make_client(r)
+    client, clock = make_client(r, rng=MaxRng(), backoff_initial_seconds=0.2)
 
     assert client.call(make_request()).kind == "succeeded"
-    assert clock.sleeps == [0.0]
+    assert clock.sleeps == [0.2]  # the agent's own backoff, not "now"
 
 
 @pytest.mark.parametrize("code", [503, 429, 500])
@@ -752,14 +759,23 @@ def test_backoff_waits_grow_are_capped_and_jittered() -> None:
     assert means[0] < means[2] < means[4]
 
 
-def test_backoff_is_full_jitter_drawn_from_the_injected_rng() -> None:
+def test_backoff_is_equal_jitter_drawn_from_the_injected_rng() -> None:
     rng = MaxRng()
     r = remote(FakeClock(), *([status(503)] * 7), ok())
     client, clock = make_client(r, rng=rng, backoff_initial_seconds=0.25, backoff_max_seconds=3)
 
     assert client.call(make_request(seconds_left=60)).kind == "succeeded"
 
-    assert rng.bounds == [(0, 0.25), (0, 0.5), (0, 1.0), (0, 2.0), (0, 3), (0, 3), (0, 3)]
+    # never less than half the ceiling: a try cannot follow the last one at once
+    assert rng.bounds == [
+        (0.125, 0.25),
+        (0.25, 0.5),
+        (0.5, 1.0),
+        (1.0, 2.0),
+        (1.5, 3),
+        (1.5, 3),
+        (1.5, 3),
+    ]
     assert clock.sleeps == [0.25, 0.5, 1.0, 2.0, 3, 3, 3]
 
 
@@ -1139,10 +1155,22 @@ def test_a_2xx_whose_body_cannot_be_parsed_is_still_a_success() -> None:
 
 
 def test_a_refusal_after_a_try_that_may_have_applied_says_maybe() -> None:
-    r = remote(FakeClock(), status(500), status(409, error="in progress"))
+    r = remote(FakeClock(), status(500), status(422, error="invalid"))
     client, _ = make_client(r)
     outcome = client.call(make_request())
-    assert (outcome.kind, outcome.applied) == ("refused", "maybe")
+    assert (outcome.kind, outcome.applied, outcome.settled) == ("refused", "maybe", True)
+
+
+def test_a_key_in_use_is_retried_and_may_have_applied() -> None:
+    """409: an earlier call with the key may still be running: transient, "maybe"."""
+    r = remote(FakeClock(), status(409, error="in progress"), ok({"done": 1}))
+    client, _ = make_client(r)
+    assert client.call(make_request()).result == {"done": 1}
+    assert len(r.seen) == 2
+    r = remote(FakeClock(), *[status(409, error="in progress")] * 40)
+    client, _ = make_client(r)
+    outcome = client.call(make_request(seconds_left=10))
+    assert outcome.applied == "maybe" and outcome.kind in ("transient", "deferred")
 
 
 def test_compressed_answers_are_not_asked_for() -> None:

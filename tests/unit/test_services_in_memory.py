@@ -366,12 +366,17 @@ def test_a_reply_racing_the_supervisor_is_applied_on_a_fresh_read(s: Services) -
     assert "expired" in events and events[-1] == "succeeded"
 
 
-def test_a_duplicate_submit_stores_and_dispatches_once(s: Services) -> None:
+def test_a_duplicate_submit_stores_once_and_resends_the_same_attempt(s: Services) -> None:
     assert submit(s, "o-dup", sku="A") is Handled.ACCEPTED
     assert submit(s, "o-dup", sku="A") is Handled.DUPLICATE
-    assert len(s.transport.requests) == 1
+    # The first delivery may have died before its send: the duplicate sends attempt 1's
+    # request again (the same attempt and key: a second copy only adds its report).
+    assert [(r.order_id, r.attempt) for r in s.transport.requests] == [("o-dup", 1)] * 2
     assert stored(s, "o-dup").version == 1  # created and claimed in one write: nothing more
     assert statuses(s) == ["received", "processing"]
+    s.scheduler.apply_reply(reply_to(s.transport.requests[0]))
+    assert submit(s, "o-dup", sku="A") is Handled.DUPLICATE  # reported: nothing to resend
+    assert len(s.transport.requests) == 2
 
 
 def test_the_same_id_with_other_content_is_rejected(s: Services) -> None:
@@ -382,21 +387,36 @@ def test_the_same_id_with_other_content_is_rejected(s: Services) -> None:
     assert stored(s, "o-same").body["sku"] == "A" and len(s.transport.requests) == 1
 
 
-def test_a_request_lost_after_the_submit_is_sent_again_at_the_deadline(s: Services) -> None:
-    # Accepted and claimed in one write; then the request is lost (a send that failed, a
-    # process that died). A duplicate delivery of the order changes nothing: the claim
-    # stands until its deadline, and the supervisor's retry sends the request again.
+def test_a_request_that_could_not_be_sent_is_no_try(s: Services) -> None:
+    """docs/contracts.md §3.11: a claim whose request could not be sent is not counted and
+    never "may have applied"; the step runs again soon."""
     s.transport.fail_next = 1
     assert submit(s, "o-lost") is Handled.ACCEPTED
-    step = stored(s, "o-lost").steps[0]
-    assert step.process_state is StepState.PROCESSING and step.attempt == 1
     assert s.transport.requests == []
-    assert submit(s, "o-lost") is Handled.DUPLICATE  # the queue's redelivery
-    assert s.transport.requests == [] and stored(s, "o-lost").version == 1
-    expire(s)
-    assert dispatches(s) == ["o-lost"]
+    step = stored(s, "o-lost").steps[0]
+    assert step.process_state is StepState.PENDING and step.failure_count == 0
+    [attempt] = step.attempts.items
+    assert (attempt.ending, attempt.sent, str(attempt.applied)) == ("not-sent", False, "no")
+    assert not step.may_have_applied and step.deferrals == 1
+    assert dispatches(s) == ["o-lost"]  # queued for when it is due (a second or so)
+    s.clock.advance((step.not_before - s.clock()).total_seconds())
     assert s.scheduler.dispatch("o-lost") is Handled.DISPATCHED
     assert [(r.order_id, r.attempt) for r in s.transport.requests] == [("o-lost", 2)]
+
+
+def test_a_submit_that_died_before_its_send_is_sent_by_the_redelivery(
+    s: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saved and claimed, then the process died before the send: the order message's
+    redelivery sends attempt 1's request, so the attempt is not left with no report."""
+    with monkeypatch.context() as m:
+        m.setattr(s.scheduler, "_send_request", lambda order, claimed: None)
+        assert submit(s, "o-died") is Handled.ACCEPTED
+    assert s.transport.requests == []
+    assert submit(s, "o-died") is Handled.DUPLICATE  # the queue's redelivery
+    assert [(r.order_id, r.attempt) for r in s.transport.requests] == [("o-died", 1)]
+    s.scheduler.apply_reply(reply_to(s.transport.requests[0]))
+    assert stored(s, "o-died").status is OrderStatus.COMPLETED
 
 
 def test_a_store_outage_surfaces_as_storage_unavailable_and_changes_nothing(

@@ -1,0 +1,308 @@
+"""What each attempt of a step did, as typed state: the facts every decision reads
+(docs/contracts.md §3.11, "decisions read state, not the log").
+
+One ``Attempt`` per claim: when it was claimed and by whom, its deadline, whether its
+request left, how it ended for the step, and what is known of its effect:
+
+- ``Applied.UNKNOWN``: no report yet (in flight, or expired with no report). For a
+  verdict it counts as "may have applied"; the first report replaces it.
+- ``Applied.NO``: a report says no try of it can have applied.
+- ``Applied.MAYBE``: a report says a try may have reached the remote.
+- ``Applied.YES``: the remote answered success.
+
+Evidence only grows: once a report says MAYBE, a later report that says NO (another
+copy of the same attempt, run after a redelivery) does not take it back. Only the
+remote's own answer for the same idempotency key settles a doubt — a success, or a
+refusal after it looked the key up (400, 422: ``settle``) — or an operator's statement
+that the step did not happen. Settling never reaches an attempt whose Python handler
+still runs (``running_until``).
+
+Bounded (``AttemptLog.MAX_KEPT``): attempts are bounded by ``MAX_FAILURE_COUNT`` plus
+deferrals, and deferrals repeat. Quiet attempts — ended, not counted, known to have
+applied nothing — are compacted beyond the last ``QUIET_KEPT`` (only their number is
+kept, in ``compacted``): a later report for one is read as for an attempt that applied
+nothing. Past ``MAX_KEPT`` entries the oldest are folded: their number is kept in
+``folded_doubt`` if they carried doubt, so no doubt is ever lost, only detail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, ClassVar, Final
+
+from core.timefmt import iso_exact, parse_iso
+
+#: Characters of an attempt's error kept in its record (the history has more).
+ERROR_CHARS: Final = 160
+
+
+class Applied(StrEnum):
+    NO = "no"
+    MAYBE = "maybe"
+    YES = "yes"
+    UNKNOWN = "unknown"
+
+    @property
+    def doubtful(self) -> bool:
+        return self in (Applied.MAYBE, Applied.UNKNOWN)
+
+
+_STRENGTH: Final = {Applied.NO: 0, Applied.MAYBE: 1, Applied.YES: 2}
+
+
+class Ending(StrEnum):
+    """How an attempt ended for the step (the first decision about it)."""
+
+    SUCCEEDED = "succeeded"
+    REFUSED = "refused"
+    FAILED = "failed"  # transient failures until the agent's time ran out
+    DEFERRED = "deferred"  # not called, or the remote down for everyone
+    EXPIRED = "expired"  # no report by its deadline
+    NOT_SENT = "not-sent"  # its request never left (or expired unread)
+
+
+@dataclass
+class Attempt:
+    number: int
+    claimed_at: datetime
+    deadline: datetime
+    instance: str = ""
+    ending: Ending | None = None
+    ended_at: datetime | None = None
+    applied: Applied = Applied.UNKNOWN
+    #: agent reports received for it (several copies of one attempt may report)
+    reports: int = 0
+    #: counted in FailureCount (a late deferral gives the count back)
+    counted: bool = False
+    #: who settled its doubt: the remote's answer on a later attempt, or an operator
+    settled_by: str | None = None
+    #: a Python handler of this attempt still runs, as of its last report, until then
+    running_until: datetime | None = None
+    sent: bool = True
+    error: str | None = None
+
+    @property
+    def in_flight(self) -> bool:
+        return self.ending is None
+
+    @property
+    def doubtful(self) -> bool:
+        """Decided, and it may have applied with nothing to settle it (an attempt in
+        flight is not yet either)."""
+        return not self.in_flight and self.applied.doubtful and self.settled_by is None
+
+    def running_at(self, now: datetime) -> bool:
+        return self.running_until is not None and self.running_until > now
+
+    @property
+    def quiet(self) -> bool:
+        """Ended, not counted, applied nothing, nothing running: pure repetition."""
+        return (
+            self.ending is not None
+            and self.ending is not Ending.SUCCEEDED
+            and not self.counted
+            and self.applied is Applied.NO
+            and self.running_until is None
+        )
+
+    def end(self, ending: Ending, now: datetime, error: str | None = None) -> None:
+        self.ending = ending
+        self.ended_at = now
+        if error:
+            self.error = error[:ERROR_CHARS]
+
+    def report(self, applied: Applied, running_until: datetime | None = None) -> bool:
+        """Merge one agent report; True if it changed what is known."""
+        before = (self.applied, self.settled_by, self.running_until)
+        self.reports += 1
+        if self.applied is Applied.UNKNOWN or _STRENGTH.get(applied, 0) > _STRENGTH[self.applied]:
+            self.applied = applied
+        if applied is Applied.MAYBE and self.settled_by is not None:
+            # New evidence after a settlement: the doubt is back (conservative: the
+            # report may come from a copy that ran after the settling answer).
+            self.settled_by = None
+        self.running_until = running_until
+        return (self.applied, self.settled_by, self.running_until) != before
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "n": self.number,
+            "claimedAt": iso_exact(self.claimed_at),
+            "deadline": iso_exact(self.deadline),
+            "applied": str(self.applied),
+        }
+        if self.instance:
+            out["instance"] = self.instance
+        if self.ending is not None:
+            out["ending"] = str(self.ending)
+        if self.ended_at is not None:
+            out["endedAt"] = iso_exact(self.ended_at)
+        if self.reports:
+            out["reports"] = self.reports
+        if self.counted:
+            out["counted"] = True
+        if self.settled_by:
+            out["settledBy"] = self.settled_by
+        if self.running_until is not None:
+            out["runningUntil"] = iso_exact(self.running_until)
+        if not self.sent:
+            out["sent"] = False
+        if self.error:
+            out["error"] = self.error
+        return out
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> Attempt:
+        ending = value.get("ending")
+        ended = value.get("endedAt")
+        running = value.get("runningUntil")
+        return cls(
+            number=int(value["n"]),
+            claimed_at=parse_iso(value["claimedAt"]),
+            deadline=parse_iso(value["deadline"]),
+            instance=str(value.get("instance", "")),
+            ending=Ending(ending) if ending else None,
+            ended_at=parse_iso(ended) if ended else None,
+            applied=Applied(value.get("applied", "unknown")),
+            reports=int(value.get("reports", 0)),
+            counted=bool(value.get("counted", False)),
+            settled_by=value.get("settledBy") or None,
+            running_until=parse_iso(running) if running else None,
+            sent=bool(value.get("sent", True)),
+            error=value.get("error") or None,
+        )
+
+
+@dataclass
+class GaveUp:
+    """The step failed for good: when, with what verdict, and what decided it."""
+
+    at: datetime
+    ambiguous: bool
+    #: the attempt whose expiry made it final (a late report of it may undo that)
+    by_expiry_of: int | None = None
+    #: an operator acted on this failure since (a cancel that left the step as it is)
+    operator: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"at": iso_exact(self.at), "ambiguous": self.ambiguous}
+        if self.by_expiry_of is not None:
+            out["byExpiryOf"] = self.by_expiry_of
+        if self.operator:
+            out["operator"] = self.operator
+        return out
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> GaveUp:
+        expiry = value.get("byExpiryOf")
+        return cls(
+            at=parse_iso(value["at"]),
+            ambiguous=bool(value["ambiguous"]),
+            by_expiry_of=int(expiry) if expiry is not None else None,
+            operator=value.get("operator") or None,
+        )
+
+
+@dataclass
+class AttemptLog:
+    """A step's attempts, bounded (see the module's docstring)."""
+
+    QUIET_KEPT: ClassVar[int] = 5
+    MAX_KEPT: ClassVar[int] = 64
+
+    items: list[Attempt] = field(default_factory=list)
+    compacted: int = 0
+    folded_doubt: list[int] = field(default_factory=list)
+
+    def get(self, number: int) -> Attempt | None:
+        for attempt in reversed(self.items):
+            if attempt.number == number:
+                return attempt
+        return None
+
+    @property
+    def latest(self) -> Attempt | None:
+        return self.items[-1] if self.items else None
+
+    def add(self, attempt: Attempt) -> None:
+        self.items.append(attempt)
+        self.compact()
+
+    def compact(self) -> None:
+        quiet = [a for a in self.items[:-1] if a.quiet]
+        for attempt in quiet[: max(len(quiet) - self.QUIET_KEPT, 0)]:
+            self.items.remove(attempt)
+            self.compacted += 1
+        while len(self.items) > self.MAX_KEPT:
+            oldest = self.items.pop(0)
+            self.compacted += 1
+            if oldest.doubtful and oldest.number not in self.folded_doubt:
+                self.folded_doubt = sorted([*self.folded_doubt, oldest.number])
+
+    # --- doubt ---------------------------------------------------------------------
+
+    def doubtful(self) -> list[int]:
+        """The attempts that may have applied, with nothing to settle it."""
+        numbers = set(self.folded_doubt) | {a.number for a in self.items if a.doubtful}
+        return sorted(numbers)
+
+    @property
+    def in_doubt(self) -> bool:
+        return bool(self.folded_doubt) or any(a.doubtful for a in self.items)
+
+    @property
+    def applied(self) -> bool:
+        return any(a.applied is Applied.YES for a in self.items)
+
+    def fold_doubt(self, number: int) -> bool:
+        """Doubt for an attempt no longer kept in detail; True if it is new."""
+        if number in self.folded_doubt:
+            return False
+        self.folded_doubt = sorted([*self.folded_doubt, number])
+        return True
+
+    def settle(self, by: str, now: datetime, before: int | None = None) -> list[int]:
+        """Settle the doubt of the attempts before ``before`` (all if None) whose handler
+        is not running; returns the attempts settled."""
+        settled: list[int] = []
+        for attempt in self.items:
+            if (before is None or attempt.number < before) and attempt.doubtful:
+                if attempt.running_at(now):
+                    continue
+                attempt.settled_by = by
+                settled.append(attempt.number)
+        kept = [n for n in self.folded_doubt if before is not None and n >= before]
+        settled += [n for n in self.folded_doubt if n not in kept]
+        self.folded_doubt = kept
+        return sorted(settled)
+
+    def running_until(self, now: datetime) -> datetime | None:
+        """The latest time a handler of any attempt is known to run until (if after now)."""
+        times = [a.running_until for a in self.items if a.running_at(now)]
+        return max(times) if times else None  # type: ignore[type-var]
+
+    def last_deadline(self) -> datetime | None:
+        """After this, no call of any attempt can still be running (as far as is known)."""
+        times = [a.deadline for a in self.items]
+        times += [a.running_until for a in self.items if a.running_until is not None]
+        return max(times) if times else None
+
+    # --- storage ---------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"items": [a.to_json() for a in self.items]}
+        if self.compacted:
+            out["compacted"] = self.compacted
+        if self.folded_doubt:
+            out["foldedDoubt"] = self.folded_doubt
+        return out
+
+    @classmethod
+    def from_json(cls, value: dict[str, Any]) -> AttemptLog:
+        return cls(
+            items=[Attempt.from_json(a) for a in value.get("items", [])],
+            compacted=int(value.get("compacted", 0)),
+            folded_doubt=sorted(int(n) for n in value.get("foldedDoubt", [])),
+        )

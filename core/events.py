@@ -1,0 +1,63 @@
+"""The names of history events: one enum for the model that writes them and for every
+reader (the admin view, the console, the verifier, the benchmarks).
+
+The history is for people: it may be truncated (``core.steps.MAX_HISTORY``) and no
+decision reads it (docs/contracts.md §3.11, "decisions read state, not the log"); the
+typed per-attempt state in ``core.attempts`` is what decisions read. The values are the
+strings stored in ``History`` since the first version, so old rows read the same.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Event(StrEnum):
+    # --- the order's own history ---------------------------------------------------
+    RECEIVED = "received"
+    STATUS = "status"
+    ALERTED = "alerted"
+    #: a step that failed for good turned out otherwise (a success, a deferral)
+    RESOLVED = "resolved"
+    #: a final failure's verdict changed ("not applied after all", "may have applied")
+    RECLASSIFIED = "reclassified"
+    CANCEL_REQUESTED = "cancel-requested"
+    CANCEL_WITHDRAWN = "cancel-withdrawn"
+    CANCEL_TOO_LATE = "cancel-too-late"
+    #: an operator stated that a doubtful step did not happen (with a cancel)
+    STATED_NOT_APPLIED = "stated-not-applied"
+
+    # --- a step's history -------------------------------------------------------------
+    CREATED = "created"
+    CLAIMED = "claimed"
+    SUCCEEDED = "succeeded"
+    REFUSED = "refused"  # the remote refused: nothing applied by that try
+    FAILED = "failed"  # transient failures until the agent's time ran out (counted)
+    DEFERRED = "deferred"  # not called, or the remote down for everyone (not counted)
+    EXPIRED = "expired"  # no report by the deadline (counted)
+    NOT_SENT = "not-sent"  # the request never left (not counted)
+    RETRY_SCHEDULED = "retry-scheduled"
+    #: the last counted failure came before the step's time budget was spent: the
+    #: final decision waits for the attempt's deadline
+    GIVE_UP_HELD = "give-up-held"
+    ERROR = "error"  # failed for good
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    CANCELLED = "cancelled"
+    RESUBMITTED = "resubmitted"
+    LATE_REPORT = "late-report"  # a report for an attempt already decided
+    LATE_SUCCESS = "late-success"  # a success after the step or order had moved on
+    HANDLER_RUNNING = "handler-running"  # a Python agent's handler still runs
+
+
+#: How an attempt can end, as the history names it (``Ending`` in ``core.attempts``).
+ATTEMPT_ENDINGS = frozenset(
+    {
+        Event.SUCCEEDED,
+        Event.REFUSED,
+        Event.FAILED,
+        Event.DEFERRED,
+        Event.EXPIRED,
+        Event.NOT_SENT,
+    }
+)

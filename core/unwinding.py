@@ -1,0 +1,594 @@
+"""How an order moves on once a step is decided: the next step, completion, failing
+for good, unwinding (compensation in reverse), and the operator's actions (resubmit,
+cancel). ``core.model.Order`` is this plus the attempts' transitions.
+
+Cancel never undoes around a doubt (docs/contracts.md §3.11): a step that may have
+applied and cannot be compensated blocks a cancel that would compensate the steps
+before it, unless the operator states, with the cancel, that the step did not happen
+(``not_applied``); the history records who said so. ``cancel_preview`` says exactly
+what a cancel would undo, leave, or wait for, so the console can show it before
+anyone confirms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from core.attempts import GaveUp
+from core.errors import TransitionRefused
+from core.events import Event
+from core.messages import AgentReply, alert_message, idempotency_key, status_message
+from core.states import OrderStatus, StepKind, StepState
+from core.steps import StepRecord
+from core.timefmt import iso
+from core.workflows import Plan, PlannedStep
+
+#: After an attempt's deadline, how long its last remote call may still be running
+#: somewhere (agents stop before the deadline; this covers clock skew). A compensation
+#: of a step that may have applied is not dispatched before then (it must not race it).
+IN_FLIGHT_GRACE: Final = timedelta(seconds=2)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A message to send once the transition is stored (transactional outbox)."""
+
+    kind: str  # "status" (to the order's replyTo) or "alert" (to operator-alerts)
+    body: str
+    queue: str | None = None  # the replyTo queue for a status notice
+
+
+@dataclass(frozen=True)
+class CancelPreview:
+    """What a cancel of the order would do now (``Unwinding.cancel_preview``)."""
+
+    allowed: bool
+    refusal: str | None = None
+    #: (step, the compensation that undoes it), in the order they would run
+    undo: tuple[tuple[str, str], ...] = ()
+    #: completed steps nothing can undo: they stay as they are
+    left_as_is: tuple[str, ...] = ()
+    #: the step in flight: it finishes first (if it succeeds and cannot be undone, the
+    #: cancel comes too late and the order goes on)
+    in_flight: str | None = None
+    #: the step that may have applied and cannot be undone (needs the statement)
+    doubtful: str | None = None
+    #: its attempts that may have applied
+    doubtful_attempts: tuple[int, ...] = ()
+    not_started: tuple[str, ...] = ()
+
+
+class Unwinding:
+    """Workflow progress and operator actions of ``core.model.Order`` (its fields are
+    declared there)."""
+
+    order_id: str
+    plan: Plan
+    status: OrderStatus
+    steps: list[StepRecord]
+    cancel_requested: bool
+    history: list[dict[str, Any]]
+    reply_to: str | None
+    outbox: list[Notice]
+    updated_at: datetime
+
+    # --- queries ----------------------------------------------------------------
+
+    @property
+    def workflow(self) -> str:
+        return self.plan.workflow
+
+    def active_step(self) -> StepRecord | None:
+        active = [s for s in self.steps if s.is_active]
+        if len(active) > 1:  # pragma: no cover - guarded by every transition
+            raise AssertionError(f"order {self.order_id} has {len(active)} active steps")
+        return active[0] if active else None
+
+    def find(self, step: str) -> StepRecord | None:
+        """The latest record of the named step (a resubmitted step keeps its record)."""
+        matches = [s for s in self.steps if s.step == step]
+        return max(matches, key=lambda s: s.seq) if matches else None
+
+    def planned(self, step: str) -> PlannedStep:
+        return self.plan.steps[self.plan.index_of(step)]
+
+    # --- operator actions ------------------------------------------------------------
+
+    def resubmit(self, now: datetime, by: str, reason: str = "") -> StepRecord:
+        """Operator: put an ``error`` order back to work at the step that failed."""
+        if self.status is not OrderStatus.ERROR:
+            raise self._refuse(
+                "not-in-error",
+                f"only an order in error can be resubmitted; this one is {self.status}",
+            )
+        step = self._failed_step()
+        if self.cancel_requested and step.kind is StepKind.ACTION:
+            # The operator sends the step back to work: the order is to go on, not to be
+            # undone (cancel it again for that). Its attempts get the usual retries.
+            self.cancel_requested = False
+            self._event(now, Event.CANCEL_WITHDRAWN, by=by, step=step.step)
+        self._restart(step, now)
+        why = reason or None
+        step.record(now, Event.RESUBMITTED, by=by, reason=why)
+        self._event(now, Event.RESUBMITTED, by=by, step=step.step, reason=why)
+        self._touch(now)
+        return step
+
+    def cancel(
+        self, now: datetime, by: str, reason: str = "", not_applied: str | None = None
+    ) -> None:
+        """Operator or app: stop an unfinished order and undo what it did.
+
+        A step in flight finishes first (its reply or its deadline decides whether there
+        is something to undo); a non-compensable step that succeeds makes the cancel too
+        late. Completed steps are compensated in reverse order and the order ends
+        ``cancelled``. On an order in ``error``: a failed compensation is retried (the
+        unwinding goes on); a failed action is left as it is and the completed steps are
+        undone — unless it may have applied and cannot be undone: then ``not_applied``
+        must name it (the operator states it did not happen), or the cancel is refused.
+        """
+        preview = self.cancel_preview(now, not_applied)
+        if not preview.allowed:
+            reason_code = (
+                "finished"
+                if self.status.finished
+                else "doubt"
+                if preview.doubtful
+                else "already-cancelling"
+                if self.cancel_requested
+                else "already-unwinding"
+            )
+            raise self._refuse(reason_code, preview.refusal or "the order cannot be cancelled")
+        self.cancel_requested = True
+        self._event(
+            now,
+            Event.CANCEL_REQUESTED,
+            by=by,
+            reason=reason or None,
+            notApplied=not_applied or None,
+        )
+        if preview.doubtful:
+            doubtful = self.find(preview.doubtful)
+            assert doubtful is not None
+            self._state_not_applied(doubtful, now, by, reason)
+        if self.status is OrderStatus.ERROR:
+            failed = self._failed_step()
+            if failed.kind is StepKind.COMPENSATION:
+                self._restart(failed, now)
+                failed.record(now, Event.RESUBMITTED, by=by, note="cancel: retry the unwinding")
+            elif failed.may_have_applied:  # and it can be undone (else: refused above)
+                if failed.gave_up is not None:
+                    failed.gave_up.operator = by
+                failed.record(
+                    now, Event.CANCELLED, by=by, note="it may have been applied: undoing it too"
+                )
+                self._start_unwinding(now, failed)
+            else:
+                if failed.gave_up is not None:
+                    failed.gave_up.operator = by
+                failed.record(
+                    now,
+                    Event.CANCELLED,
+                    by=by,
+                    note="left as it is (not applied); undoing the completed steps",
+                )
+                self._start_unwinding(now, None)
+            self._touch(now)
+            return
+        step = self.active_step()
+        if step is not None and step.process_state is StepState.PENDING:
+            if step.attempt == 0:
+                step.process_state = StepState.COMPENSATED
+                step.record(now, Event.CANCELLED, note="never ran: nothing to undo")
+                self._start_unwinding(now, None)
+            else:
+                self._stop_for_cancel(
+                    step, now, f"{step.step} was waiting for another attempt when cancelled"
+                )
+        # Processing: in flight; its reply or its expiry decides.
+        self._touch(now)
+
+    def cancel_preview(self, now: datetime, not_applied: str | None = None) -> CancelPreview:
+        """What a cancel would do now, and why it would be refused (a doubt needs the
+        statement ``not_applied``)."""
+        reached = {s.step for s in self.steps}
+        not_started = tuple(p.name for p in self.plan.steps if p.name not in reached)
+        if self.status.finished:
+            return CancelPreview(False, f"the order is already {self.status}")
+        error = self.status is OrderStatus.ERROR
+        if self.cancel_requested and not error:
+            return CancelPreview(False, "a cancel of this order is under way")
+        if self.status is OrderStatus.COMPENSATING:
+            return CancelPreview(False, "the order failed and is already being undone")
+        active = self.active_step()
+        candidate = self._failed_step() if error else active
+        doubtful: StepRecord | None = None
+        first_undo: list[tuple[str, str]] = []
+        if (
+            candidate is not None
+            and candidate.kind is StepKind.ACTION
+            and candidate.process_state in (StepState.ERROR, StepState.PENDING)
+            and candidate.attempt > 0
+            and candidate.may_have_applied
+        ):
+            compensation = self.planned(candidate.step).compensation
+            if compensation is None:
+                doubtful = candidate
+            else:
+                first_undo.append((candidate.step, compensation))
+        undo = first_undo + [
+            (s.step, self.planned(s.step).compensation or "")
+            for s in sorted(self.steps, key=lambda s: -s.seq)
+            if s.kind is StepKind.ACTION
+            and s.process_state is StepState.PROCESSED
+            and self.planned(s.step).compensation
+        ]
+        left = tuple(
+            s.step
+            for s in self.steps
+            if s.kind is StepKind.ACTION
+            and s.process_state is StepState.PROCESSED
+            and not self.planned(s.step).compensation
+        )
+        in_flight = (
+            active.step
+            if active is not None and active.process_state is StepState.PROCESSING
+            else None
+        )
+        preview = CancelPreview(
+            True,
+            undo=tuple(undo),
+            left_as_is=left,
+            in_flight=in_flight,
+            not_started=not_started,
+        )
+        if doubtful is None:
+            return preview
+        numbers = tuple(doubtful.maybe_applied)
+        running = doubtful.attempts.running_until(now)
+        key = idempotency_key(self.order_id, doubtful.step)
+        undone = ", ".join(f"{s} (by {c})" for s, c in undo) or "nothing"
+        if running is not None:
+            refusal = (
+                f"{doubtful.step} may have been applied and cannot be undone, and its handler "
+                f"still runs on an instance until {iso(running)}: wait for its outcome, then "
+                "look again"
+            )
+        elif not_applied != doubtful.step:
+            agent = self.plan.agent_of(doubtful.step)
+            who = f"the {agent} service" if agent else "its service"
+            refusal = (
+                f"{doubtful.step} may have been applied (attempt(s) "
+                f"{', '.join(map(str, numbers)) or 'earlier'} reached for it and no answer "
+                f"settled it) and cannot be undone, so cancelling would undo {undone} around "
+                f"it. Ask {who} whether the request with idempotency key {key} happened. If it "
+                f"did not, cancel again stating so (notApplied: {doubtful.step!r}); if it did, "
+                "resubmit: the same key returns its result and the order goes on"
+            )
+        else:
+            refusal = None
+        return CancelPreview(
+            refusal is None,
+            refusal,
+            preview.undo,
+            preview.left_as_is,
+            preview.in_flight,
+            doubtful.step,
+            numbers,
+            preview.not_started,
+        )
+
+    def _state_not_applied(self, step: StepRecord, now: datetime, by: str, reason: str) -> None:
+        """The operator's statement that ``step`` did not happen settles its doubt."""
+        why = f" ({reason})" if reason else ""
+        settled = step.attempts.settle(f"operator {by}: stated it did not happen{why}", now)
+        step.record(now, Event.STATED_NOT_APPLIED, by=by, reason=reason or None, attempts=settled)
+        self._event(now, Event.STATED_NOT_APPLIED, step=step.step, by=by, reason=reason or None)
+
+    # --- workflow progress (private) -------------------------------------------------
+
+    def _failed_step(self) -> StepRecord:
+        failed = [s for s in self.steps if s.process_state is StepState.ERROR]
+        if not failed:  # pragma: no cover - an error order always has an Error step
+            raise self._refuse("no-failed-step", "the order has no step in Error")
+        return max(failed, key=lambda s: s.seq)
+
+    def _restart(self, step: StepRecord, now: datetime) -> None:
+        step.process_state = StepState.PENDING
+        step.reset_for_retry()
+        step.complete_by = now
+        self._set_status(
+            OrderStatus.COMPENSATING
+            if step.kind is StepKind.COMPENSATION
+            else OrderStatus.PROCESSING,
+            now,
+        )
+
+    def _complete(
+        self, step: StepRecord, reply: AgentReply, now: datetime, instance: str, *, late: bool
+    ) -> None:
+        step.process_state = StepState.PROCESSED
+        step.locked_by = ""
+        step.result = reply.result
+        step.last_error = None
+        step.deferrals, step.deferred_since = 0, None
+        step.record(
+            now,
+            Event.SUCCEEDED,
+            attempt=reply.attempt,
+            instance=instance or None,
+            late=True if late else None,
+        )
+        self._after_success(step, now)
+
+    def _after_success(self, step: StepRecord, now: datetime) -> None:
+        if step.kind is StepKind.COMPENSATION:
+            target = self.find(step.compensates or "")
+            if target is not None:
+                target.process_state = StepState.COMPENSATED
+                target.undone_by = step.step
+                target.record(now, Event.COMPENSATED, by=step.step)
+            self._continue_unwinding(now)
+            return
+        if self.cancel_requested:
+            if self.planned(step.step).compensation is not None:
+                self._start_unwinding(now, None)
+                return
+            # Done, and nothing can undo it: the cancel came too late.
+            self.cancel_requested = False
+            note = f"{step.step} succeeded after the cancel and cannot be undone: the order goes on"
+            step.record(now, Event.CANCEL_TOO_LATE, note=note)
+            self._event(now, Event.CANCEL_TOO_LATE, step=step.step, note=note)
+        index = self.plan.index_of(step.step)
+        if index + 1 < len(self.plan.steps):
+            self._add_step(self.plan.steps[index + 1], StepKind.ACTION, now)
+        else:
+            self._set_status(OrderStatus.COMPLETED, now)
+
+    def _stop_for_cancel(self, step: StepRecord, now: datetime, why: str) -> None:
+        """An action of a cancelled order that has not succeeded gets no further attempt."""
+        if step.may_have_applied:
+            self._fail_for_good(step, now, f"{why}; an attempt may have applied it", True)
+            return
+        step.process_state = StepState.COMPENSATED
+        step.locked_by = ""
+        step.record(now, Event.CANCELLED, note="not applied: nothing to undo")
+        self._start_unwinding(now, None)
+
+    def _fail_for_good(
+        self,
+        step: StepRecord,
+        now: datetime,
+        reason: str,
+        ambiguous: bool,
+        by_expiry_of: int | None = None,
+    ) -> None:
+        """A step will not be tried again. What happens depends on what it may have done.
+
+        Not applied (every try refused, throttled, unavailable, or never sent; or its
+        doubt settled by the service): the workflow unwinds, or, with nothing to
+        compensate, the step is Error with an alert that says it is safe to resubmit.
+        May have applied: it is compensated itself when it can be (after its last call
+        can no longer be running); otherwise nobody can know what happened, and the
+        order waits for an operator — nothing before it is undone.
+        """
+        step.process_state = StepState.ERROR
+        step.locked_by = ""
+        step.gave_up = GaveUp(now, ambiguous, by_expiry_of)
+        verdict = "it was not applied"
+        if ambiguous:
+            numbers = ", ".join(map(str, step.maybe_applied))
+            verdict = f"it may have been applied (attempt(s) {numbers} may have reached it)"
+        step.record(
+            now,
+            Event.ERROR,
+            reason=reason,
+            applied="maybe" if ambiguous else "no",
+            failureCount=step.failure_count,
+        )
+        if step.kind is StepKind.COMPENSATION:
+            self._alert(
+                step,
+                f"compensation {reason}; {verdict}. The unwinding stopped at {step.step} "
+                f"(undoing {step.compensates}): fix the cause, then resubmit the order (or "
+                "cancel it again) to retry it",
+                now,
+            )
+            self._set_status(OrderStatus.ERROR, now)
+            return
+        compensation = self.planned(step.step).compensation
+        if ambiguous and compensation is not None:
+            self._start_unwinding(now, step)
+            return
+        if ambiguous:
+            key = idempotency_key(self.order_id, step.step)
+            advice = (
+                "it cannot be compensated, so the cancel stops here: ask its service whether "
+                f"{key} happened, then resubmit (if it was applied, the same idempotency key "
+                "returns its result and the order completes) or cancel again, stating it did "
+                "not happen, to undo the other steps"
+                if self.cancel_requested
+                else f"it has no compensation: ask its service whether {key} happened, then "
+                "resubmit to retry it with the same idempotency key (safe either way), or "
+                "cancel, stating it did not happen, to undo the completed steps"
+            )
+            self._alert(step, f"{reason}; {verdict}, and {advice}", now)
+            self._set_status(OrderStatus.ERROR, now)
+            return
+        if self.cancel_requested or self.plan.compensates:
+            self._start_unwinding(now, None)
+            return
+        self._alert(
+            step, f"{reason}; {verdict}: it is safe to resubmit once the cause is fixed", now
+        )
+        self._set_status(OrderStatus.ERROR, now)
+
+    def _start_unwinding(self, now: datetime, ambiguous: StepRecord | None) -> None:
+        if ambiguous is not None:
+            self._set_status(OrderStatus.COMPENSATING, now)
+            # Not before its last call can no longer be running (it must not race it).
+            self._begin_compensation(
+                ambiguous, now, not_before=ambiguous.last_deadline() + IN_FLIGHT_GRACE
+            )
+            return
+        if self._next_to_compensate() is None:
+            self._finish_unwinding(now)
+            return
+        self._set_status(OrderStatus.COMPENSATING, now)
+        self._continue_unwinding(now)
+
+    def _next_to_compensate(self) -> StepRecord | None:
+        candidates = [
+            s
+            for s in self.steps
+            if s.kind is StepKind.ACTION
+            and s.process_state is StepState.PROCESSED
+            and self.planned(s.step).compensation
+        ]
+        return max(candidates, key=lambda s: s.seq) if candidates else None
+
+    def _continue_unwinding(self, now: datetime) -> None:
+        target = self._next_to_compensate()
+        if target is None:
+            self._finish_unwinding(now)
+        else:
+            self._begin_compensation(target, now)
+
+    def _finish_unwinding(self, now: datetime) -> None:
+        self._set_status(
+            OrderStatus.CANCELLED if self.cancel_requested else OrderStatus.COMPENSATED, now
+        )
+
+    def _begin_compensation(
+        self, target: StepRecord, now: datetime, not_before: datetime | None = None
+    ) -> None:
+        planned = self.planned(target.step)
+        assert planned.compensation is not None
+        target.process_state = StepState.COMPENSATING
+        target.record(now, Event.COMPENSATING, by=planned.compensation)
+        self._add_record(
+            step=planned.compensation,
+            path=planned.compensation_path or planned.compensation,
+            timeout=planned.compensation_timeout_seconds or planned.timeout_seconds,
+            kind=StepKind.COMPENSATION,
+            compensates=target.step,
+            now=now,
+            due=max(now, not_before) if not_before else now,
+        )
+
+    def _hold_compensation(self, step: StepRecord, now: datetime) -> None:
+        """A Python handler of ``step`` runs on (or has ended): its compensation, not yet
+        claimed, waits until the handler can no longer be running (docs/contracts.md
+        §3.11: no compensation of a step while its handler runs on a live instance)."""
+        if step.process_state is not StepState.COMPENSATING:
+            return
+        for record in self.steps:
+            if (
+                record.kind is StepKind.COMPENSATION
+                and record.compensates == step.step
+                and record.process_state is StepState.PENDING
+                and record.attempt == 0
+            ):
+                due = max(now, step.last_deadline() + IN_FLIGHT_GRACE)
+                if due != record.complete_by:
+                    record.complete_by = due
+                    record.record(now, Event.RETRY_SCHEDULED, notBefore=iso(due), note="held")
+
+    def _retry_at(
+        self, step: StepRecord, due: datetime, now: datetime, deferral: int | None = None
+    ) -> None:
+        step.process_state = StepState.PENDING
+        step.locked_by = ""
+        step.complete_by = due
+        step.record(
+            now,
+            Event.RETRY_SCHEDULED,
+            notBefore=iso(due),
+            failureCount=step.failure_count,
+            deferral=deferral,
+        )
+
+    def _add_step(self, planned: PlannedStep, kind: StepKind, now: datetime) -> None:
+        self._add_record(
+            step=planned.name,
+            path=planned.path,
+            timeout=planned.timeout_seconds,
+            kind=kind,
+            compensates=None,
+            now=now,
+        )
+
+    def _add_record(
+        self,
+        *,
+        step: str,
+        path: str,
+        timeout: int,
+        kind: StepKind,
+        compensates: str | None,
+        now: datetime,
+        due: datetime | None = None,
+    ) -> None:
+        if self.active_step() is not None:  # pragma: no cover - guarded by the callers
+            raise AssertionError(f"order {self.order_id}: a step is already active")
+        record = StepRecord(
+            order_id=self.order_id,
+            step=step,
+            seq=max((s.seq for s in self.steps), default=-1) + 1,
+            kind=kind,
+            path=path,
+            timeout_seconds=timeout,
+            process_state=StepState.PENDING,
+            locked_by="",
+            complete_by=due or now,
+            compensates=compensates,
+            changed=True,
+        )
+        record.record(
+            now,
+            Event.CREATED,
+            compensates=compensates,
+            notBefore=iso(due) if due and due > now else None,
+        )
+        self.steps.append(record)
+
+    # --- notices and history (private) ---------------------------------------------------
+
+    def _set_status(self, status: OrderStatus, now: datetime) -> None:
+        if status is self.status:
+            return
+        self.status = status
+        self._event(now, Event.STATUS, status=str(status))
+        self._notify(str(status), now)
+
+    def _notify(self, status: str, now: datetime) -> None:
+        if self.reply_to:
+            self.outbox.append(
+                Notice("status", status_message(self.order_id, status, now), self.reply_to)
+            )
+
+    def _alert(self, step: StepRecord, reason: str, now: datetime) -> None:
+        self._event(now, Event.ALERTED, step=step.step, reason=reason)
+        self.outbox.append(
+            Notice(
+                "alert", alert_message(self.order_id, step.step, reason, step.failure_count, now)
+            )
+        )
+
+    def _event(self, now: datetime, event: Event, **details: Any) -> None:
+        entry: dict[str, Any] = {"at": iso(now), "event": str(event)}
+        entry.update({k: v for k, v in details.items() if v is not None})
+        self.history.append(entry)
+        if len(self.history) > MAX_ORDER_HISTORY:
+            self.history = self.history[:1] + self.history[-(MAX_ORDER_HISTORY - 1) :]
+
+    def _touch(self, now: datetime) -> None:
+        self.updated_at = now
+
+    def _refuse(self, reason: str, message: str, step: str | None = None) -> TransitionRefused:
+        return TransitionRefused(reason, message, order_id=self.order_id, step=step)
+
+
+MAX_ORDER_HISTORY: Final = 100
