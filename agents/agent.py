@@ -111,10 +111,15 @@ class Agent:
         holds the step's compensation) until it ends, then report what it did, like a
         remote's late answer (docs/contracts.md §3.11)."""
 
+        runner = running.runner
+
         def heartbeat(until: datetime) -> None:
             self._send_late(
                 request.transient(
-                    f"{request.step}: the handler still runs", "maybe", running_until=until
+                    f"{request.step}: the handler still runs",
+                    "maybe",
+                    running_until=until,
+                    runner=runner,
                 ),
                 reply_to,
             )
@@ -130,7 +135,7 @@ class Agent:
                 late = request.transient(
                     result.error, "maybe" if result.applied == "maybe" else "no"
                 )
-            self._send_late(late, reply_to)
+            self._send_late(replace(late, runner=runner, run_ended=True), reply_to)
 
         running.watch(heartbeat, ended)
 
@@ -153,15 +158,19 @@ class Agent:
 
 def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:
     running = outcome.running.until() if outcome.running is not None else None
+    runner = outcome.running.runner if outcome.running is not None else None
     if outcome.kind == "succeeded":
         return request.succeeded(outcome.result or {})
     if outcome.kind == "refused":
         return request.failed(outcome.error, outcome.applied, settled=outcome.settled)
     if outcome.kind == "transient":
-        return request.transient(outcome.error, outcome.applied, running_until=running)
+        return request.transient(
+            outcome.error, outcome.applied, running_until=running, runner=runner
+        )
     return request.deferred(
         outcome.error,
         outcome.not_before or request.complete_by,
         outcome.applied,
         running_until=running,
+        runner=runner,
     )

@@ -59,9 +59,12 @@ import concurrent.futures
 import contextvars
 import copy
 import inspect
+import itertools
 import json
 import math
+import os
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -87,6 +90,11 @@ Handler = Callable[..., Any]
 _REASON_CHARS = 300
 #: How long a "still running" report holds the step's compensation; renewed every third.
 HANDLER_LEASE_SECONDS = 30.0
+#: A run still going after this long is reported as given up on (its end reported "may
+#: have applied"): the step's compensation is held no longer, and the log says so.
+HANDLER_MAX_HOLD_SECONDS = 3600.0
+_RUNS = itertools.count(1)
+_HOST = f"{socket.gethostname()[:40]}-{os.getpid()}"
 
 
 class _Running:
@@ -98,17 +106,21 @@ class _Running:
         clock: Callable[[], datetime],
         lease: float,
         name: str,
+        max_hold: float = HANDLER_MAX_HOLD_SECONDS,
     ):
         self._future = future
         self._clock = clock
         self._lease = lease
         self._name = name
+        self._max_hold = max_hold
+        self.runner = f"{_HOST}:{next(_RUNS)}"
 
     def until(self) -> datetime:
         return self._clock() + timedelta(seconds=self._lease)
 
     def watch(self, heartbeat: Callable[[datetime], None], ended: Callable[[Try], None]) -> None:
         context = contextvars.copy_context()
+        give_up_at = time.monotonic() + self._max_hold
 
         def run() -> None:
             while True:
@@ -116,6 +128,21 @@ class _Running:
                     outcome = self._future.result(timeout=self._lease / 3)
                     break
                 except concurrent.futures.TimeoutError:
+                    if time.monotonic() >= give_up_at:
+                        METRICS.inc("python_agent_runs_given_up")
+                        log.error(
+                            "the handler of %s still runs after %.0f s: no longer holding its "
+                            "step's compensation",
+                            self._name,
+                            self._max_hold,
+                        )
+                        outcome = Try(
+                            "maybe",
+                            True,
+                            f"the handler still runs after {self._max_hold:.0f} s: given up on "
+                            "(it may have applied)",
+                        )
+                        break
                     heartbeat(self.until())
             ended(outcome)
 
@@ -188,6 +215,8 @@ class PythonAgentClient(RemoteServiceClient):
         self.lease_seconds = HANDLER_LEASE_SECONDS
         self._running: dict[str, concurrent.futures.Future[Try]] = {}
         self._running_lock = threading.Lock()
+        #: per calling thread: the run this attempt's last try left running, if any
+        self._overran = threading.local()
 
     @property
     def running(self) -> int:
@@ -196,14 +225,17 @@ class PythonAgentClient(RemoteServiceClient):
             return len(self._running)
 
     def call(self, request: AgentRequest) -> CallOutcome:
+        self._overran.future = None
         outcome = super().call(request)
-        if outcome.kind == "succeeded":
+        future: concurrent.futures.Future[Try] | None = self._overran.future
+        self._overran.future = None
+        if outcome.kind == "succeeded" or future is None:
             return outcome
-        with self._running_lock:
-            future = self._running.get(request.idempotency_key)
-        if future is None or future.done():
-            return outcome
-        # The run outlived the attempt: its report says so, and its end is reported.
+        if future.done() and future.result().applied == "yes":
+            # It ended between the last try's give-up and now: its success is the report.
+            return CallOutcome("succeeded", result=future.result().result, tries=outcome.tries)
+        # The run outlived the attempt: the report says so, and its end is reported (at once,
+        # if it has just ended with something else).
         return replace(
             outcome,
             applied="maybe",
@@ -219,8 +251,9 @@ class PythonAgentClient(RemoteServiceClient):
             if future is None:
                 future = self._running[key] = self._start(request, deadline)
         try:
-            return future.result(timeout=max(timeout, 0.0))
+            outcome = future.result(timeout=max(timeout, 0.0))
         except concurrent.futures.TimeoutError:
+            self._overran.future = future  # this attempt's report must follow this run
             METRICS.inc("python_agent_overruns")
             return Try(
                 "maybe",
@@ -230,6 +263,8 @@ class PythonAgentClient(RemoteServiceClient):
                 + f"is still running after {timeout:.1f} s: it may have applied "
                 "(it runs on; a retry waits for it rather than starting another)",
             )
+        self._overran.future = None  # it ended within this try: its outcome is the try's
+        return outcome
 
     def _start(self, request: AgentRequest, deadline: datetime) -> concurrent.futures.Future[Try]:
         future: concurrent.futures.Future[Try] = concurrent.futures.Future()

@@ -141,6 +141,9 @@ class CallOutcome:
 class Running(Protocol):
     """A call that outlived its attempt (``agents.python``)."""
 
+    #: names this run in the reports about it (its end clears only its own hold)
+    runner: str
+
     def until(self) -> datetime:
         """How long a report of it holds its step's compensation (renewed while it runs)."""
         ...

@@ -15,7 +15,8 @@ copy of the same attempt, run after a redelivery) does not take it back. Only th
 remote's own answer for the same idempotency key settles a doubt — a success, or a
 refusal after it looked the key up (400, 422: ``settle``) — or an operator's statement
 that the step did not happen. Settling never reaches an attempt whose Python handler
-still runs (``running_until``).
+still runs (``running``: each run of it that reported, until when; a run's own end
+report removes it, any other report only ever extends it).
 
 Bounded (``AttemptLog.MAX_KEPT``): attempts are bounded by ``MAX_FAILURE_COUNT`` plus
 deferrals, and deferrals repeat. Quiet attempts — ended, not counted, known to have
@@ -78,8 +79,8 @@ class Attempt:
     counted: bool = False
     #: who settled its doubt: the remote's answer on a later attempt, or an operator
     settled_by: str | None = None
-    #: a Python handler of this attempt still runs, as of its last report, until then
-    running_until: datetime | None = None
+    #: Python handler runs of this attempt that reported they run on: runner -> until
+    running: dict[str, datetime] = field(default_factory=dict)
     sent: bool = True
     error: str | None = None
 
@@ -93,8 +94,13 @@ class Attempt:
         flight is not yet either)."""
         return not self.in_flight and self.applied.doubtful and self.settled_by is None
 
+    @property
+    def running_until(self) -> datetime | None:
+        return max(self.running.values()) if self.running else None
+
     def running_at(self, now: datetime) -> bool:
-        return self.running_until is not None and self.running_until > now
+        until = self.running_until
+        return until is not None and until > now
 
     @property
     def quiet(self) -> bool:
@@ -104,7 +110,7 @@ class Attempt:
             and self.ending is not Ending.SUCCEEDED
             and not self.counted
             and self.applied is Applied.NO
-            and self.running_until is None
+            and not self.running
         )
 
     def end(self, ending: Ending, now: datetime, error: str | None = None) -> None:
@@ -113,9 +119,18 @@ class Attempt:
         if error:
             self.error = error[:ERROR_CHARS]
 
-    def report(self, applied: Applied, running_until: datetime | None = None) -> bool:
-        """Merge one agent report; True if it changed what is known."""
-        before = (self.applied, self.settled_by, self.running_until)
+    def report(
+        self,
+        applied: Applied,
+        running_until: datetime | None = None,
+        runner: str = "",
+        run_ended: bool = False,
+    ) -> bool:
+        """Merge one agent report; True if it changed what is known. ``runner`` names the
+        Python handler run the report speaks for: ``running_until`` extends its hold (a
+        late or duplicate report never shortens it), ``run_ended`` removes it; a report
+        without either leaves the runs as they are."""
+        before = (self.applied, self.settled_by, dict(self.running))
         self.reports += 1
         if self.applied is Applied.UNKNOWN or _STRENGTH.get(applied, 0) > _STRENGTH[self.applied]:
             self.applied = applied
@@ -123,8 +138,12 @@ class Attempt:
             # New evidence after a settlement: the doubt is back (conservative: the
             # report may come from a copy that ran after the settling answer).
             self.settled_by = None
-        self.running_until = running_until
-        return (self.applied, self.settled_by, self.running_until) != before
+        if run_ended:
+            self.running.pop(runner, None)
+        elif running_until is not None:
+            held = self.running.get(runner)
+            self.running[runner] = running_until if held is None else max(held, running_until)
+        return (self.applied, self.settled_by, self.running) != before
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -145,8 +164,8 @@ class Attempt:
             out["counted"] = True
         if self.settled_by:
             out["settledBy"] = self.settled_by
-        if self.running_until is not None:
-            out["runningUntil"] = iso_exact(self.running_until)
+        if self.running:
+            out["running"] = {k: iso_exact(v) for k, v in sorted(self.running.items())}
         if not self.sent:
             out["sent"] = False
         if self.error:
@@ -157,7 +176,6 @@ class Attempt:
     def from_json(cls, value: dict[str, Any]) -> Attempt:
         ending = value.get("ending")
         ended = value.get("endedAt")
-        running = value.get("runningUntil")
         return cls(
             number=int(value["n"]),
             claimed_at=parse_iso(value["claimedAt"]),
@@ -169,7 +187,7 @@ class Attempt:
             reports=int(value.get("reports", 0)),
             counted=bool(value.get("counted", False)),
             settled_by=value.get("settledBy") or None,
-            running_until=parse_iso(running) if running else None,
+            running={str(k): parse_iso(v) for k, v in (value.get("running") or {}).items()},
             sent=bool(value.get("sent", True)),
             error=value.get("error") or None,
         )
@@ -236,7 +254,17 @@ class AttemptLog:
             self.items.remove(attempt)
             self.compacted += 1
         while len(self.items) > self.MAX_KEPT:
-            oldest = self.items.pop(0)
+            # The oldest that only carries doubt (one in flight, still running or known
+            # applied keeps its detail).
+            foldable = [
+                a
+                for a in self.items[:-1]
+                if not a.in_flight and not a.running and a.applied is not Applied.YES
+            ]
+            if not foldable:
+                break
+            oldest = foldable[0]
+            self.items.remove(oldest)
             self.compacted += 1
             if oldest.doubtful and oldest.number not in self.folded_doubt:
                 self.folded_doubt = sorted([*self.folded_doubt, oldest.number])
@@ -286,7 +314,7 @@ class AttemptLog:
     def last_deadline(self) -> datetime | None:
         """After this, no call of any attempt can still be running (as far as is known)."""
         times = [a.deadline for a in self.items]
-        times += [a.running_until for a in self.items if a.running_until is not None]
+        times += [until for a in self.items for until in a.running.values()]
         return max(times) if times else None
 
     # --- storage ---------------------------------------------------------------------

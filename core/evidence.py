@@ -45,10 +45,15 @@ class Evidence(Unwinding):
     ) -> ReplyEffect:
         """A success reply, on time or not: the effect exists."""
         state = step.process_state
-        if state is StepState.COMPENSATING and attempt is not None and attempt.running_until:
+        if (
+            state is StepState.COMPENSATING
+            and attempt is not None
+            and reply.run_ended
+            and (reply.runner or "") in attempt.running
+        ):
             # A handler that ran on while its step is being undone has ended: the
             # compensation need not wait for it any longer (it undoes this success).
-            attempt.report(Applied.YES, None)
+            attempt.report(Applied.YES, None, reply.runner or "", run_ended=True)
             step.record(now, Event.LATE_SUCCESS, attempt=reply.attempt, note="being undone")
             self._hold_compensation(step, now)
             return ReplyEffect.NOTED
@@ -74,7 +79,7 @@ class Evidence(Unwinding):
             and now < step.complete_by
         )
         if attempt is not None:
-            attempt.report(Applied.YES, None)
+            attempt.report(Applied.YES, None, reply.runner or "", reply.run_ended)
             if attempt.in_flight:
                 attempt.end(Ending.SUCCEEDED, now)
         if step.is_active:
@@ -146,8 +151,18 @@ class Evidence(Unwinding):
         was_in_doubt = step.may_have_applied
         first = attempt.reports == 0
         before = (attempt.applied, attempt.settled_by)
-        running_before = attempt.running_until
-        attempt.report(applied, reply.running_until)
+        running_before = dict(attempt.running)
+        attempt.report(applied, reply.running_until, reply.runner or "", reply.run_ended)
+        if reply.settled:
+            # The service's own refusal of the key settles earlier attempts; a handler run's
+            # refusal when it ends also settles its own attempt (nothing of it runs on).
+            through = number + 1 if reply.run_ended and not attempt.running else number
+            step.attempts.settle(
+                f"the service refused attempt {number} after looking the key up "
+                f"({(reply.error or '')[:120]})",
+                now,
+                before=through,
+            )
         deferred = reply.outcome is ReplyOutcome.DEFERRED
         waiting = self._waiting_on(step, number)
         refunded = (
@@ -164,12 +179,16 @@ class Evidence(Unwinding):
             attempt.counted = False
             step.failure_count -= 1
         evidence = (attempt.applied, attempt.settled_by) != before
-        if not (evidence or refunded or first or attempt.running_until != running_before):
+        runs = attempt.running != running_before
+        if not (evidence or refunded or first or runs):
             raise self._stale(step, reply)
-        if evidence or refunded or first or (running_before and not attempt.running_until):
+        if evidence or refunded or first or reply.run_ended:
             _note_report(step, reply, now, refunded=True if refunded else None)
-        if attempt.running_until != running_before:
+        if runs:
             self._hold_compensation(step, now)
+        if refunded and step.held and not policy.gives_up(step.failure_count):
+            self._unhold(step, attempt, now, policy)
+            return ReplyEffect.NOTED
         if deferred and first and step.process_state is StepState.PENDING and reply.not_before:
             if step.complete_by < reply.not_before <= now + policy.deferral_window:
                 self._retry_at(step, reply.not_before, now)  # not before the time it asked for
@@ -177,7 +196,12 @@ class Evidence(Unwinding):
         if waiting and deferred and first and not self.cancel_requested:
             # The attempt that "failed" was never a failure: the step goes back to work.
             self._event(now, Event.RESOLVED, step=step.step, note="a deferral, not a failure")
-            self._set_status(OrderStatus.PROCESSING, now)
+            self._set_status(
+                OrderStatus.COMPENSATING
+                if step.kind is StepKind.COMPENSATION
+                else OrderStatus.PROCESSING,
+                now,
+            )
             step.gave_up = None
             step.deferrals += 1
             step.deferred_since = step.deferred_since or now
@@ -202,6 +226,17 @@ class Evidence(Unwinding):
         elif not was_in_doubt and step.may_have_applied:
             self._new_doubt(step, number, now)
         return ReplyEffect.NOTED
+
+    def _unhold(
+        self, step: StepRecord, attempt: Attempt, now: datetime, policy: RetryPolicy
+    ) -> None:
+        """Held at its last counted failure, and a failure given back: the count is not spent
+        after all, so the step goes on (paced as after any counted failure)."""
+        since = step.budget_since or attempt.claimed_at
+        floor = policy.budget_floor(since, step.failure_count, step.timeout_seconds)
+        wait = policy.paced(step.failure_count, self.order_id)
+        step.record(now, Event.RESOLVED, note="a late deferral: the count is not spent")
+        self._retry_at(step, max(now + wait, floor), now)
 
     def _stale(self, step: StepRecord, reply: AgentReply) -> Exception:
         return self._refuse(

@@ -169,7 +169,12 @@ class AgentRequest(_StepMessage):
         )
 
     def transient(
-        self, error: str, applied: Applied, *, running_until: datetime | None = None
+        self,
+        error: str,
+        applied: Applied,
+        *,
+        running_until: datetime | None = None,
+        runner: str | None = None,
     ) -> AgentReply:
         """Every try failed transiently until time ran out; this order's failure.
         ``running_until``: a Python handler of this attempt still runs (until then, at
@@ -179,6 +184,7 @@ class AgentRequest(_StepMessage):
             error=error[:MAX_ERROR_CHARS],
             applied=applied,
             running_until=running_until,
+            runner=runner,
         )
 
     def deferred(
@@ -188,6 +194,7 @@ class AgentRequest(_StepMessage):
         applied: Applied = "no",
         *,
         running_until: datetime | None = None,
+        runner: str | None = None,
     ) -> AgentReply:
         """Not called (circuit open, Retry-After past the deadline, too late), or the remote
         is down for everyone: no failure of this order; run again at ``not_before``."""
@@ -197,6 +204,7 @@ class AgentRequest(_StepMessage):
             applied=applied,
             not_before=not_before,
             running_until=running_until,
+            runner=runner,
         )
 
 
@@ -212,6 +220,10 @@ class AgentReply(_StepMessage):
     settled: bool = False
     #: a Python handler of the attempt still runs, until at least then
     running_until: datetime | None = None
+    #: which handler run ``running_until`` and ``run_ended`` speak for
+    runner: str | None = None
+    #: the report of that run's end (its outcome, like a remote's late answer)
+    run_ended: bool = False
 
     def __post_init__(self) -> None:
         # One type however it was built (ValueError for an outcome that does not exist).
@@ -234,6 +246,10 @@ class AgentReply(_StepMessage):
             out["settled"] = True
         if self.running_until is not None and self.outcome != "succeeded":
             out["runningUntil"] = iso(self.running_until)
+        if self.runner:
+            out["runner"] = self.runner
+        if self.run_ended:
+            out["runEnded"] = True
         if self.trace:
             out["trace"] = self.trace
         return out
@@ -350,6 +366,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
     value = _load_object(raw, "agent reply")
     order_id, step, attempt, complete_by = _common(value, "agent reply")
     outcome = value.get("outcome")
+    runner, run_ended = _run_fields(value, order_id, step)
     if outcome == "succeeded":
         result = value.get("result", {})
         if not isinstance(result, dict):
@@ -362,6 +379,8 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             ReplyOutcome.SUCCEEDED,
             result=result,
             trace=_trace(value),
+            runner=runner,
+            run_ended=run_ended,
         )
     if outcome in ("failed", "transient", "deferred"):
         error = value.get("error")
@@ -421,12 +440,35 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             not_before=not_before,
             settled=settled,
             running_until=running_until,
+            runner=runner,
+            run_ended=run_ended,
         )
     raise InvalidMessage(
         f"agent reply: outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}",
         order_id=order_id,
         step=step,
     )
+
+
+_RUNNER: Final = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+def _run_fields(value: dict[str, Any], order_id: str, step: str) -> tuple[str | None, bool]:
+    runner, ended = value.get("runner"), value.get("runEnded", False)
+    if runner is not None and not (isinstance(runner, str) and _RUNNER.fullmatch(runner)):
+        raise InvalidMessage(
+            f"agent reply: runner must be 1-128 printable ASCII characters, got {runner!r}",
+            order_id=order_id,
+            step=step,
+        )
+    if not isinstance(ended, bool) or (ended and runner is None):
+        raise InvalidMessage(
+            f"agent reply: runEnded must be true or false, and true only with a runner, "
+            f"got {ended!r}",
+            order_id=order_id,
+            step=step,
+        )
+    return runner, ended
 
 
 # --- notifications, alerts, rejections (docs/contracts.md §3.1, 3.5) ---------------------------

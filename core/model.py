@@ -198,6 +198,8 @@ class Order(Evidence):
             step.locked_by = ""
             if self.cancel_requested and step.kind is StepKind.ACTION:
                 self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
+            elif not policy.gives_up(step.failure_count):  # pragma: no cover - a refund un-holds
+                self._retry_at(step, now, now)
             else:
                 spent = int((now - (step.budget_since or attempt.claimed_at)).total_seconds())
                 self._fail_for_good(
@@ -275,7 +277,7 @@ class Order(Evidence):
     ) -> None:
         """The first report of the attempt in flight: it decides how the attempt ended."""
         instance = step.locked_by
-        attempt.report(applied_of(reply), reply.running_until)
+        attempt.report(applied_of(reply), reply.running_until, reply.runner or "", reply.run_ended)
         if reply.running_until is not None:
             step.record(
                 now, Event.HANDLER_RUNNING, attempt=attempt.number, until=iso(reply.running_until)

@@ -178,7 +178,15 @@ class Unwinding:
             self._touch(now)
             return
         step = self.active_step()
-        if step is not None and step.process_state is StepState.PENDING:
+        if step is not None and step.held and step.kind is StepKind.ACTION:
+            # Its attempt has ended; only the count's final decision was waiting: stop now.
+            step.locked_by = ""
+            self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
+        elif (
+            step is not None
+            and step.process_state is StepState.PENDING
+            and step.kind is StepKind.ACTION
+        ):
             if step.attempt == 0:
                 step.process_state = StepState.COMPENSATED
                 step.record(now, Event.CANCELLED, note="never ran: nothing to undo")
@@ -209,7 +217,7 @@ class Unwinding:
         if (
             candidate is not None
             and candidate.kind is StepKind.ACTION
-            and candidate.process_state in (StepState.ERROR, StepState.PENDING)
+            and (candidate.process_state in (StepState.ERROR, StepState.PENDING) or candidate.held)
             and candidate.attempt > 0
             and candidate.may_have_applied
         ):
@@ -234,7 +242,9 @@ class Unwinding:
         )
         in_flight = (
             active.step
-            if active is not None and active.process_state is StepState.PROCESSING
+            if active is not None
+            and active.process_state is StepState.PROCESSING
+            and not active.held
             else None
         )
         preview = CancelPreview(
@@ -479,22 +489,28 @@ class Unwinding:
         )
 
     def _hold_compensation(self, step: StepRecord, now: datetime) -> None:
-        """A Python handler of ``step`` runs on (or has ended): its compensation, not yet
-        claimed, waits until the handler can no longer be running (docs/contracts.md
-        §3.11: no compensation of a step while its handler runs on a live instance)."""
+        """A Python handler of ``step`` runs on (or has ended): its compensation, while
+        Pending, waits until the handler can no longer be running (docs/contracts.md §3.11:
+        no compensation of a step while its handler runs on a live instance). One already
+        claimed cannot be stopped: the operator is told."""
         if step.process_state is not StepState.COMPENSATING:
             return
         for record in self.steps:
-            if (
-                record.kind is StepKind.COMPENSATION
-                and record.compensates == step.step
-                and record.process_state is StepState.PENDING
-                and record.attempt == 0
-            ):
+            if record.kind is not StepKind.COMPENSATION or record.compensates != step.step:
+                continue
+            running = step.attempts.running_until(now)
+            if record.process_state is StepState.PENDING:
                 due = max(now, step.last_deadline() + IN_FLIGHT_GRACE)
                 if due != record.complete_by:
                     record.complete_by = due
                     record.record(now, Event.RETRY_SCHEDULED, notBefore=iso(due), note="held")
+            elif record.process_state is StepState.PROCESSING and running is not None:
+                self._alert(
+                    step,
+                    f"{step.step}'s handler reports it still runs (until {iso(running)}) while "
+                    f"its compensation {record.step} is already running: check both when they end",
+                    now,
+                )
 
     def _retry_at(
         self, step: StepRecord, due: datetime, now: datetime, deferral: int | None = None

@@ -161,6 +161,7 @@ def test_3_a_handler_running_on_holds_its_steps_compensation_until_it_ends() -> 
     overran = replace(
         reply(order, "transient", applied="maybe", error="the handler is still running"),
         running_until=running,
+        runner="host-1:run-1",
     )
     order.apply_reply(overran, now + timedelta(seconds=20), POLICY)
     fail_until_given_up(order, ["no", "no"], now + timedelta(seconds=21))
@@ -173,12 +174,20 @@ def test_3_a_handler_running_on_holds_its_steps_compensation_until_it_ends() -> 
     heartbeat = replace(
         reply(order, "transient", step="charge-payment", attempt=1, applied="maybe"),
         running_until=later,
+        runner="host-1:run-1",
     )
     order.apply_reply(heartbeat, running - timedelta(seconds=5), POLICY)
     assert refund.not_before == later + IN_FLIGHT_GRACE
     from core.attempts import Applied  # (imported here: the file collects on older code)
 
-    ended = reply(order, step="charge-payment", attempt=1)  # the handler's success
+    # another copy's report, or a stale duplicate of the first: it shortens nothing
+    other = reply(order, "transient", step="charge-payment", attempt=1, applied="maybe")
+    with pytest.raises(TransitionRefused):
+        order.apply_reply(other, running, POLICY)
+    assert refund.not_before == later + IN_FLIGHT_GRACE
+    ended = replace(
+        reply(order, step="charge-payment", attempt=1), runner="host-1:run-1", run_ended=True
+    )  # the handler's success
     order.apply_reply(ended, running, POLICY)
     attempt = charge.attempts.get(1)
     assert attempt is not None and attempt.applied is Applied.YES and not attempt.running_until
@@ -209,7 +218,11 @@ def test_3_the_agent_reports_a_handler_that_outlives_its_attempt_and_its_outcome
         time.sleep(0.02)
     outcomes = [(r.outcome, r.running_until is not None) for r, _ in transport.replies]
     assert ("transient", True) in outcomes[1:-1]  # the renewal
-    assert transport.replies[-1][0] == request.succeeded({"charged": True})
+    runner = first.runner
+    assert runner and all(r.runner == runner for r, _ in transport.replies)
+    assert transport.replies[-1][0] == replace(
+        request.succeeded({"charged": True}), runner=runner, run_ended=True
+    )
 
 
 # --- 4. a cancel never undoes around a doubt ---------------------------------------------
@@ -463,3 +476,161 @@ def plan_with_timeout(seconds: int) -> Any:
     from core.workflows import WORKFLOWS, Plan
 
     return Plan.of(WORKFLOWS["order"], seconds)
+
+
+# --- found in review: each failed before its fix ------------------------------------------
+
+
+def test_review_a_late_deferral_of_a_compensation_keeps_the_order_unwinding() -> None:
+    """A compensation that gave up by an expiry, then that attempt's late deferral: it goes
+    back to work as a compensation (status compensating), and a cancel cannot end the
+    order with the stock never released."""
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    fail_until_given_up(order, ["no", "no", "no"], now)  # definite: unwinding
+    release = order.active_step()
+    assert release is not None and release.step == "release-stock"
+    now = release.complete_by
+    for _ in range(3):
+        now, claimed = claim_due(order, now)
+        now = claimed.complete_by + timedelta(seconds=1)
+        order.expire(now, POLICY)
+    assert order.status is OrderStatus.ERROR
+    late = reply(order, "deferred", step="release-stock", attempt=3, not_before=now)
+    order.apply_reply(late, now + timedelta(seconds=1), POLICY)
+    assert order.status is OrderStatus.COMPENSATING
+    with pytest.raises(TransitionRefused):
+        order.cancel(now + timedelta(seconds=2), "ops")
+
+
+def test_review_a_refund_while_held_lets_the_step_go_on() -> None:
+    order = new_order()
+    step = order.claim("i", T0)
+    order.expire(T0 + timedelta(seconds=31), POLICY)  # 1: no report
+    order.claim("i", T0 + timedelta(seconds=31))
+    order.apply_reply(reply(order, "transient", applied="no"), T0 + timedelta(seconds=32), POLICY)
+    order.claim("i", step.complete_by)
+    order.apply_reply(reply(order, "transient", applied="no"), T0 + timedelta(seconds=61), POLICY)
+    assert step.held and step.failure_count == 3
+    late = reply(order, "deferred", step="process", attempt=1, not_before=T0)
+    order.apply_reply(late, T0 + timedelta(seconds=62), POLICY)
+    assert step.failure_count == 2 and step.process_state is StepState.PENDING
+    assert order.status is OrderStatus.PROCESSING and alerts(order) == []
+
+
+def test_review_a_late_running_report_holds_a_compensation_that_was_tried_already() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    now, charge = claim_due(order, now)
+    now = charge.complete_by + timedelta(seconds=1)
+    order.expire(now, POLICY)  # attempt 1's report is late
+    fail_until_given_up(order, ["no", "no"], now)
+    now, refund = claim_due(order, now)
+    order.apply_reply(reply(order, "deferred", not_before=now), now + timedelta(seconds=1), POLICY)
+    assert refund.process_state is StepState.PENDING and refund.attempt == 1
+    until = now + timedelta(seconds=60)
+    running = replace(
+        reply(order, "transient", step="charge-payment", attempt=1, applied="maybe"),
+        running_until=until,
+        runner="r",
+    )
+    order.apply_reply(running, now + timedelta(seconds=2), POLICY)
+    assert refund.not_before >= until + IN_FLIGHT_GRACE
+
+
+def test_review_a_run_that_ends_refusing_settles_its_own_doubt() -> None:
+    """The handler is the service: its refusal when it ends settles, as a 422 does."""
+    order = new_order()
+    step = order.claim("i", T0)
+    running = replace(
+        reply(order, "transient", applied="maybe"),
+        running_until=T0 + timedelta(seconds=55),
+        runner="r",
+    )
+    order.apply_reply(running, T0 + timedelta(seconds=25), POLICY)
+    ended = replace(
+        reply(order, "failed", step="process", attempt=1, error="refused: no such customer"),
+        settled=True,
+        runner="r",
+        run_ended=True,
+    )
+    order.apply_reply(ended, T0 + timedelta(seconds=40), POLICY)
+    assert step.maybe_applied == []
+    fail_until_given_up(order, ["no", "no"], T0 + timedelta(seconds=40))
+    assert "was not applied" in alerts(order)[-1]["reason"]
+
+
+def test_review_a_handler_that_ends_just_after_the_last_try_is_reported() -> None:
+    from agents.python import PythonAgentClient
+
+    release = threading.Event()
+
+    def slow(order: dict[str, Any], **call: Any) -> dict[str, Any]:
+        release.wait(10)
+        return {"charged": True}
+
+    client = python_client(slow, max_try_seconds=0.2)
+    original = PythonAgentClient._attempt
+
+    def attempt_then_end(request: Any, stop_at: Any) -> Any:
+        outcome = original(client, request, stop_at)
+        release.set()  # the handler ends between the last try's give-up and the reply
+        time.sleep(0.1)
+        return outcome
+
+    client._attempt = attempt_then_end  # type: ignore[method-assign]
+    transport = RecordingTransport()
+    clock = FakeClock()
+    Agent(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
+    ((sent, _),) = transport.replies
+    assert sent.outcome == "succeeded" and sent.result == {"charged": True}
+
+
+def test_review_a_run_that_never_ends_is_given_up_on_after_the_cap() -> None:
+    import concurrent.futures
+
+    from agents.python import _Running
+
+    future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+    run = _Running(future, FakeClock(), 0.06, "stock", max_hold=0.1)
+    beats: list[datetime] = []
+    ended: list[Any] = []
+    run.watch(beats.append, ended.append)
+    deadline = time.monotonic() + 3
+    while not ended and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ended and ended[0].applied == "maybe" and "given up" in ended[0].error
+    assert beats  # renewed while it was held
+
+
+def test_review_a_cancel_of_a_held_step_acts_at_once() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    for _ in range(3):
+        now, _ = claim_due(order, now)
+        order.apply_reply(
+            reply(order, "transient", applied="no"), now + timedelta(seconds=1), POLICY
+        )
+    charge = order.find("charge-payment")
+    assert charge is not None and charge.held
+    order.cancel(now + timedelta(seconds=2), "app")
+    assert charge.process_state is StepState.COMPENSATED  # not applied: nothing to undo
+    assert order.status is OrderStatus.COMPENSATING
+
+
+def test_review_a_cancel_of_a_held_step_in_doubt_needs_the_statement() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "ship")
+    for _ in range(3):
+        now, _ = claim_due(order, now)
+        order.apply_reply(
+            reply(order, "transient", applied="maybe"), now + timedelta(seconds=1), POLICY
+        )
+    ship = order.find("ship")
+    assert ship is not None and ship.held
+    preview = order.cancel_preview(now)
+    assert preview.doubtful == "ship" and preview.in_flight is None and not preview.allowed
+    with pytest.raises(TransitionRefused):
+        order.cancel(now, "app")
+    order.cancel(now, "ops", not_applied="ship")
+    assert ship.process_state is StepState.COMPENSATED
