@@ -86,7 +86,7 @@ class Evidence(Unwinding):
             self._complete(step, reply, now, step.locked_by, late=not on_time)
             return ReplyEffect.APPLIED if on_time else ReplyEffect.NOTED
         # The step failed for good, and yet it succeeded.
-        if self.status is OrderStatus.ERROR and self._failed_step() is step:
+        if self.status is OrderStatus.ERROR and self.failed_step() is step:
             # An operator was alerted about this very step: the evidence settles it.
             self._event(
                 now, Event.RESOLVED, step=step.step, note="a success arrived after it failed"
@@ -256,7 +256,7 @@ class Evidence(Unwinding):
             and gave_up.operator is None
             and step.process_state is StepState.ERROR
             and self.status is OrderStatus.ERROR
-            and self._failed_step() is step
+            and self.failed_step() is step
         )
 
     def _waiting_on(self, step: StepRecord, number: int) -> bool:
@@ -293,7 +293,7 @@ class Evidence(Unwinding):
             gave_up is not None
             and not gave_up.ambiguous
             and self.status is OrderStatus.ERROR
-            and self._failed_step() is step
+            and self.failed_step() is step
         ):
             gave_up.ambiguous = True
             self._event(now, Event.RECLASSIFIED, step=step.step, note="may have been applied")

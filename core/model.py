@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from core.attempts import Applied, Attempt, Ending
+from core.cancel import CancelPreview
 from core.events import Event
 from core.evidence import Evidence, ReplyEffect, applied_of
 from core.messages import AgentReply, ReplyOutcome
@@ -38,7 +39,7 @@ from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
 from core.timefmt import ensure_utc, iso
-from core.unwinding import IN_FLIGHT_GRACE, CancelPreview, Notice
+from core.unwinding import IN_FLIGHT_GRACE, Notice
 from core.workflows import Plan
 
 __all__ = [

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from core.attempts import GaveUp
+from core.cancel import CancelPreview, preview_cancel
 from core.errors import TransitionRefused
 from core.events import Event
 from core.messages import AgentReply, alert_message, idempotency_key, status_message
@@ -38,26 +39,6 @@ class Notice:
     kind: str  # "status" (to the order's replyTo) or "alert" (to operator-alerts)
     body: str
     queue: str | None = None  # the replyTo queue for a status notice
-
-
-@dataclass(frozen=True)
-class CancelPreview:
-    """What a cancel of the order would do now (``Unwinding.cancel_preview``)."""
-
-    allowed: bool
-    refusal: str | None = None
-    #: (step, the compensation that undoes it), in the order they would run
-    undo: tuple[tuple[str, str], ...] = ()
-    #: completed steps nothing can undo: they stay as they are
-    left_as_is: tuple[str, ...] = ()
-    #: the step in flight: it finishes first (if it succeeds and cannot be undone, the
-    #: cancel comes too late and the order goes on)
-    in_flight: str | None = None
-    #: the step that may have applied and cannot be undone (needs the statement)
-    doubtful: str | None = None
-    #: its attempts that may have applied
-    doubtful_attempts: tuple[int, ...] = ()
-    not_started: tuple[str, ...] = ()
 
 
 class Unwinding:
@@ -103,7 +84,7 @@ class Unwinding:
                 "not-in-error",
                 f"only an order in error can be resubmitted; this one is {self.status}",
             )
-        step = self._failed_step()
+        step = self.failed_step()
         if self.cancel_requested and step.kind is StepKind.ACTION:
             # The operator sends the step back to work: the order is to go on, not to be
             # undone (cancel it again for that). Its attempts get the usual retries.
@@ -154,7 +135,7 @@ class Unwinding:
             assert doubtful is not None
             self._state_not_applied(doubtful, now, by, reason)
         if self.status is OrderStatus.ERROR:
-            failed = self._failed_step()
+            failed = self.failed_step()
             if failed.kind is StepKind.COMPENSATION:
                 self._restart(failed, now)
                 failed.record(now, Event.RESUBMITTED, by=by, note="cancel: retry the unwinding")
@@ -199,96 +180,8 @@ class Unwinding:
         self._touch(now)
 
     def cancel_preview(self, now: datetime, not_applied: str | None = None) -> CancelPreview:
-        """What a cancel would do now, and why it would be refused (a doubt needs the
-        statement ``not_applied``)."""
-        reached = {s.step for s in self.steps}
-        not_started = tuple(p.name for p in self.plan.steps if p.name not in reached)
-        if self.status.finished:
-            return CancelPreview(False, f"the order is already {self.status}")
-        error = self.status is OrderStatus.ERROR
-        if self.cancel_requested and not error:
-            return CancelPreview(False, "a cancel of this order is under way")
-        if self.status is OrderStatus.COMPENSATING:
-            return CancelPreview(False, "the order failed and is already being undone")
-        active = self.active_step()
-        candidate = self._failed_step() if error else active
-        doubtful: StepRecord | None = None
-        first_undo: list[tuple[str, str]] = []
-        if (
-            candidate is not None
-            and candidate.kind is StepKind.ACTION
-            and (candidate.process_state in (StepState.ERROR, StepState.PENDING) or candidate.held)
-            and candidate.attempt > 0
-            and candidate.may_have_applied
-        ):
-            compensation = self.planned(candidate.step).compensation
-            if compensation is None:
-                doubtful = candidate
-            else:
-                first_undo.append((candidate.step, compensation))
-        undo = first_undo + [
-            (s.step, self.planned(s.step).compensation or "")
-            for s in sorted(self.steps, key=lambda s: -s.seq)
-            if s.kind is StepKind.ACTION
-            and s.process_state is StepState.PROCESSED
-            and self.planned(s.step).compensation
-        ]
-        left = tuple(
-            s.step
-            for s in self.steps
-            if s.kind is StepKind.ACTION
-            and s.process_state is StepState.PROCESSED
-            and not self.planned(s.step).compensation
-        )
-        in_flight = (
-            active.step
-            if active is not None
-            and active.process_state is StepState.PROCESSING
-            and not active.held
-            else None
-        )
-        preview = CancelPreview(
-            True,
-            undo=tuple(undo),
-            left_as_is=left,
-            in_flight=in_flight,
-            not_started=not_started,
-        )
-        if doubtful is None:
-            return preview
-        numbers = tuple(doubtful.maybe_applied)
-        running = doubtful.attempts.running_until(now)
-        key = idempotency_key(self.order_id, doubtful.step)
-        undone = ", ".join(f"{s} (by {c})" for s, c in undo) or "nothing"
-        if running is not None:
-            refusal = (
-                f"{doubtful.step} may have been applied and cannot be undone, and its handler "
-                f"still runs on an instance until {iso(running)}: wait for its outcome, then "
-                "look again"
-            )
-        elif not_applied != doubtful.step:
-            agent = self.plan.agent_of(doubtful.step)
-            who = f"the {agent} service" if agent else "its service"
-            refusal = (
-                f"{doubtful.step} may have been applied (attempt(s) "
-                f"{', '.join(map(str, numbers)) or 'earlier'} reached for it and no answer "
-                f"settled it) and cannot be undone, so cancelling would undo {undone} around "
-                f"it. Ask {who} whether the request with idempotency key {key} happened. If it "
-                f"did not, cancel again stating so (notApplied: {doubtful.step!r}); if it did, "
-                "resubmit: the same key returns its result and the order goes on"
-            )
-        else:
-            refusal = None
-        return CancelPreview(
-            refusal is None,
-            refusal,
-            preview.undo,
-            preview.left_as_is,
-            preview.in_flight,
-            doubtful.step,
-            numbers,
-            preview.not_started,
-        )
+        """What a cancel would do now, and why it would be refused (``core.cancel``)."""
+        return preview_cancel(self, now, not_applied)
 
     def _state_not_applied(self, step: StepRecord, now: datetime, by: str, reason: str) -> None:
         """The operator's statement that ``step`` did not happen settles its doubt."""
@@ -299,7 +192,7 @@ class Unwinding:
 
     # --- workflow progress (private) -------------------------------------------------
 
-    def _failed_step(self) -> StepRecord:
+    def failed_step(self) -> StepRecord:
         failed = [s for s in self.steps if s.process_state is StepState.ERROR]
         if not failed:  # pragma: no cover - an error order always has an Error step
             raise self._refuse("no-failed-step", "the order has no step in Error")
