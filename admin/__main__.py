@@ -5,6 +5,7 @@
     python -m admin resubmit ORDER_ID [--as NAME]
     python -m admin cancel ORDER_ID [--reason TEXT] [--not-applied STEP] [--as NAME]
     python -m admin repair-index ORDER_ID
+    python -m admin drain-legacy-requests [--dry-run]
     python -m admin alerts [--peek N]
     python -m admin kept [list] [--limit N]
     python -m admin kept [show] ROW
@@ -47,6 +48,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from admin.drain import drain
+from bootstrap import (
+    AppContext,
+    bootstrap,
+    declarations_from_environment,
+    settings_from_environment,
+)
 from core import workflows
 from core.errors import (
     ConcurrencyConflict,
@@ -57,10 +65,9 @@ from core.errors import (
     TransitionRefused,
 )
 from core.names import Names, poison
-from core.settings import Settings
+from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE
 from core.states import OrderStatus
 from core.timefmt import iso
-from runtime.context import AppContext
 from stores.kept import KeptMessages
 
 #: Where ``agents-json --write`` writes; ``infra/main.bicep`` reads it (loadJsonContent).
@@ -123,7 +130,7 @@ def workflows_json() -> dict[str, Any]:
     }
 
 
-def _declarations_command(args: argparse.Namespace) -> int:
+def _declarations_command(args: argparse.Namespace, source: str) -> int:
     """``workflows`` and ``agents-json``: the declarations only, no storage."""
     try:
         if args.command == "workflows":
@@ -134,11 +141,9 @@ def _declarations_command(args: argparse.Namespace) -> int:
         _print({"error": str(exc)})
         return 2
     print(text, end="")
-    source = os.environ.get(workflows.DECLARATIONS_SETTING, "").strip()
-    if source and source != workflows.DEFAULT_DECLARATIONS:
+    if source != DEFAULT_DECLARATIONS:
         print(
-            f"note: from {workflows.DECLARATIONS_SETTING}={source}, not the deployed "
-            f"{workflows.DEFAULT_DECLARATIONS}/",
+            f"note: from {DECLARATIONS}={source}, not the deployed {DEFAULT_DECLARATIONS}/",
             file=sys.stderr,
         )
     if args.write:
@@ -148,11 +153,13 @@ def _declarations_command(args: argparse.Namespace) -> int:
 
 
 def _context(connection: str | None) -> AppContext:
-    env = dict(os.environ)
-    if connection:
-        env["AzureWebJobsStorage"] = connection
-    env.setdefault("AGENT_TRANSPORT", "storage")  # the CLI never sends agent messages
-    return AppContext(Settings.from_env(env), Names())
+    return bootstrap(
+        settings_from_environment(
+            {STORAGE: connection} if connection else None,
+            # Storage queues unless the environment says Service Bus (only the drain sends)
+            defaults={AGENT_TRANSPORT: "storage"},
+        )
+    )
 
 
 def os_user() -> str:
@@ -205,6 +212,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "repair-index", help="rebuild an order's index rows from its state (idempotent)"
     )
     repair.add_argument("order_id")
+    drain_cmd = sub.add_parser(
+        "drain-legacy-requests",
+        help="upgrading: move the requests waiting on the retired shared agent-requests "
+        "queue to their agents' queues (AGENT_TRANSPORT says where that queue is)",
+    )
+    drain_cmd.add_argument("--dry-run", action="store_true", help="list them, move nothing")
     alerts = sub.add_parser("alerts", help="operator alerts waiting on the queue (not removed)")
     alerts.add_argument("--peek", type=int, default=32)
     kept = sub.add_parser(
@@ -290,7 +303,7 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command in ("workflows", "agents-json"):
-        return _declarations_command(args)
+        return _declarations_command(args, declarations_from_environment())
     try:
         ctx = _context(args.connection)
         admin = ctx.admin
@@ -312,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
             _print(admin.cancel(args.order_id, args.by or os_user(), args.reason, args.not_applied))
         elif args.command == "repair-index":
             _print(admin.repair_index(args.order_id))
+        elif args.command == "drain-legacy-requests":
+            drained = drain(
+                ctx.legacy_requests, ctx.store, ctx.transport, ctx.clock, dry_run=args.dry_run
+            )
+            _print(drained.as_json())
         elif args.command == "alerts":
             client = ctx.queues.client(ctx.names.operator_alerts)
             _print(

@@ -17,7 +17,6 @@ name sent in ``x-operator`` (or an unverified principal header) only as a claim:
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 import azure.functions as func
 
 from admin.query import parse_filter, parse_page_size
+from bootstrap import app_context
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -35,7 +35,6 @@ from core.errors import (
 )
 from core.orders import is_valid_order_id, strict_json
 from core.workflows import AGENTS, WORKFLOWS
-from runtime.context import app_context
 
 bp = func.Blueprint()
 
@@ -60,11 +59,6 @@ def _error(status: int, message: str, **extra: Any) -> func.HttpResponse:
     return _json(status, {"error": message, **extra})
 
 
-def easy_auth_enabled() -> bool:
-    """Whether App Service authentication is on (the platform's own, read-only variable)."""
-    return os.environ.get("WEBSITE_AUTH_ENABLED", "").strip().lower() == "true"
-
-
 def _name(value: str | None) -> str:
     text = _UNPRINTABLE.sub("", value or "").strip()
     return text[:MAX_NAME_CHARS]
@@ -72,7 +66,7 @@ def _name(value: str | None) -> str:
 
 def caller(req: func.HttpRequest) -> str:
     principal = _name(req.headers.get("x-ms-client-principal-name"))
-    if principal and easy_auth_enabled():
+    if principal and app_context().settings.easy_auth:  # WEBSITE_AUTH_ENABLED
         return principal  # set by the platform, which removes any the client sent
     claimed = principal or _name(req.headers.get("x-operator"))
     return f"{FUNCTION_KEY_CALLER} (claims: {claimed})" if claimed else FUNCTION_KEY_CALLER

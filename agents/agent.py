@@ -23,10 +23,11 @@ from agents.remote import CallOutcome, RemoteServiceClient, Running, Try
 from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.ports import AgentTransport, Clock
-from runtime import failpoints, telemetry
-from runtime.logs import get_logger, order_context
-from runtime.metrics import METRICS
-from runtime.resilience import ride_out
+from core.settings import DEFAULT_RIDE_OUT_SECONDS
+from messaging.resilience import ride_out
+from observability import failpoints, telemetry
+from observability.logs import get_logger, order_context
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 
@@ -43,12 +44,15 @@ class Agent:
         clock: Clock,
         load_order: Callable[[str], dict[str, Any]] | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        *,
+        ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS,
     ):
         self._remote = remote
         self._transport = transport
         self._clock = clock
         self._load_order = load_order
         self._sleep = sleep
+        self._ride_out_seconds = ride_out_seconds
 
     def handle(
         self, request: AgentRequest, reply_to: str | None = None, deliveries: int = 1
@@ -77,7 +81,12 @@ class Agent:
                 load, order_id = self._load_order, request.order_id
                 # Before any call, so waiting out a storage outage here is safe.
                 request = request.with_order(
-                    ride_out(lambda: load(order_id), what="order load", sleep=self._sleep)
+                    ride_out(
+                        lambda: load(order_id),
+                        what="order load",
+                        seconds=self._ride_out_seconds,
+                        sleep=self._sleep,
+                    )
                 )
             outcome = self._remote.call(request)
             if deliveries > 1 and outcome.kind != "succeeded" and not outcome.settled:

@@ -54,7 +54,7 @@ from typing import Any, Final, Protocol
 
 from core import workflows
 from core.settings import SettingsError
-from runtime.logs import get_logger
+from observability.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -14,7 +14,6 @@ agent is first used, before any call.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -60,7 +59,7 @@ def client_of(
     credential: TokenCredential | None = None,
 ) -> RemoteServiceClient:
     """The client of one agent. ``credential``: for tests (an Entra token's source)."""
-    env = os.environ if env is None else env
+    env = settings.agent_settings if env is None else env
     if spec.kind == "python":
         assert spec.handler is not None  # the declaration checks it
         try:
@@ -97,4 +96,10 @@ def build_agent(
     credential: TokenCredential | None = None,
 ) -> Agent:
     client = client_of(spec, settings, clock, env=env, credential=credential)
-    return Agent(client, transport, clock, load_order=load_order)
+    return Agent(
+        client,
+        transport,
+        clock,
+        load_order=load_order,
+        ride_out_seconds=settings.ride_out_seconds,
+    )

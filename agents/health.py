@@ -31,8 +31,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from runtime.logs import get_logger
-from runtime.metrics import METRICS
+from observability.logs import get_logger
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 

@@ -81,8 +81,8 @@ from agents.remote import (
     Try,
 )
 from core.messages import AgentRequest
-from runtime.logs import get_logger
-from runtime.metrics import METRICS
+from observability.logs import get_logger
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 

@@ -56,9 +56,9 @@ from agents.health import EndpointHealth, HealthPolicy, HostActivity, Mark
 from agents.limits import CallSlots
 from core.messages import AgentRequest, Applied
 from core.timefmt import iso
-from runtime import telemetry
-from runtime.logs import get_logger
-from runtime.metrics import METRICS
+from observability import telemetry
+from observability.logs import get_logger
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 

@@ -4,30 +4,29 @@
 a Storage queue with ``AGENT_TRANSPORT=storage``), so a slow or failing service never
 holds up another's requests, and each function scales and is throttled on its own.
 The agents come from the declarations (``declarations/``, ``core.workflows.AGENTS``),
-read when this module is indexed. ``run_agent`` serves ``agent-requests``, where
-requests of orders accepted before agents existed may still wait.
+read when this module is indexed. (The shared ``agent-requests`` queue of versions
+before agents has no function: README, "Upgrading".)
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import azure.functions as func
 
+from bootstrap import app_context, index_time
 from core import names
 from core.errors import InvalidMessage
 from core.messages import decode_request
-from core.settings import Transport, transport_from_env
+from core.settings import SERVICE_BUS, STORAGE, Transport
 from core.workflows import AGENTS
 from messaging.quarantine import quarantine
-from runtime.context import app_context
 
 bp = func.Blueprint()
-STORAGE = transport_from_env(os.environ) is Transport.STORAGE
+ON_STORAGE_QUEUES = index_time().transport is Transport.STORAGE
 
 
-def _handle(raw: bytes, reply_to: str | None, agent: str | None, deliveries: int | None) -> None:
+def _handle(raw: bytes, reply_to: str | None, agent: str, deliveries: int | None) -> None:
     ctx = app_context()
     try:
         request = decode_request(raw)
@@ -38,10 +37,10 @@ def _handle(raw: bytes, reply_to: str | None, agent: str | None, deliveries: int
     ctx.agent_for(agent).handle(request, reply_to, max(deliveries or 1, 1))
 
 
-def _register(function_name: str, queue: str, agent: str | None) -> None:
+def _register(function_name: str, queue: str, agent: str) -> None:
     """One trigger on ``queue`` named ``function_name`` (the worker needs distinct names
     and a real function object per trigger)."""
-    if STORAGE:
+    if ON_STORAGE_QUEUES:
 
         def on_queue(msg: func.QueueMessage) -> None:
             _handle(msg.get_body(), None, agent, msg.dequeue_count)
@@ -49,9 +48,7 @@ def _register(function_name: str, queue: str, agent: str | None) -> None:
         handler: Callable[..., None] = on_queue
         handler.__name__ = handler.__qualname__ = function_name
         bp.function_name(function_name)(
-            bp.queue_trigger(arg_name="msg", queue_name=queue, connection="AzureWebJobsStorage")(
-                handler
-            )
+            bp.queue_trigger(arg_name="msg", queue_name=queue, connection=STORAGE)(handler)
         )
     else:
 
@@ -61,12 +58,11 @@ def _register(function_name: str, queue: str, agent: str | None) -> None:
         handler = on_message
         handler.__name__ = handler.__qualname__ = function_name
         bp.function_name(function_name)(
-            bp.service_bus_queue_trigger(
-                arg_name="msg", queue_name=queue, connection="ServiceBusConnection"
-            )(handler)
+            bp.service_bus_queue_trigger(arg_name="msg", queue_name=queue, connection=SERVICE_BUS)(
+                handler
+            )
         )
 
 
-_register("run_agent", names.AGENT_REQUESTS, None)
 for _agent in sorted(AGENTS.values(), key=lambda a: a.name):
-    _register(_agent.function_name, f"{names.AGENT_REQUESTS}-{_agent.name}", _agent.name)
+    _register(_agent.function_name, names.Names().agent_queue(_agent.name), _agent.name)

@@ -51,11 +51,11 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
+from bootstrap import AppContext
 from core.events import Event
 from core.model import Order
 from core.timefmt import parse_iso
 from demo.stack import LocalStack
-from runtime.context import AppContext
 
 WARM_UP = 20  # orders run before the burst, so that it measures warm hosts
 

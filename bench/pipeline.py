@@ -14,7 +14,7 @@ rate). It prints one JSON object:
   from an order's submit (client clock) to its completion (the record's ``UpdatedAt``);
 - ``vsReplay``: min / median / max of the runs' ratios;
 - ``requestsPerOrder``: every storage request the app's processes made during the runs
-  (``runtime/opcount.py``), divided by the orders, by who made it: ``app`` (the functions'
+  (``observability/opcount.py``), divided by the orders, by who made it: ``app`` (the functions'
   own requests for the orders: table transactions and reads, queue sends), ``host`` (the
   triggers' receives, deletes and lease renewals, as the Functions host makes them in
   Azure) and ``timer`` (the sweeps, which cost per minute, not per order:
@@ -50,14 +50,15 @@ from azure.core import MatchConditions
 from azure.data.tables import TableClient, UpdateMode
 
 from bench.latency import machine, percentile, send, utc_now_text, wait_finished
+from bootstrap import AppContext
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
 from core.orders import decode_order
 from core.policy import RetryPolicy
+from core.settings import OPCOUNT_DIR
 from core.workflows import WORKFLOWS, Plan
 from demo.stack import LocalStack
-from runtime import opcount
-from runtime.context import AppContext
+from observability import opcount
 
 REPLAY_QUEUES = ("bench-replay-orders", "bench-replay-requests")
 
@@ -186,7 +187,7 @@ def run(
     stack = LocalStack(
         devhosts=devhosts,
         settings={
-            opcount.ENV: str(counts_dir),
+            OPCOUNT_DIR: str(counts_dir),
             "STEP_TIMEOUT_SECONDS": "30",
             "SUPERVISOR_SCHEDULE": "*/5 * * * * *",
         },

@@ -7,7 +7,7 @@ Prints one JSON object with two parts.
 ``recovery``: how long after its deadline an expired step is claimed again. A stack
 (Azurite, the simulator, one devhost) runs with ``SUPERVISOR_SCHEDULE`` every second,
 ``STEP_TIMEOUT_SECONDS=2`` and ``MAX_FAILURE_COUNT=3``, and its devhost runs every
-function but the agents (``--exclude run_agent,run_agent_<agent>...``): requests are
+function but the agents (``--exclude run_agent_<agent>,...``): requests are
 sent and never answered. Each of ``--orders`` orders is claimed three times (two
 retries, both without backoff: ``RetryPolicy.soft_threshold``) and then fails. From the
 step history (``core/model.py``), for every retry:
@@ -46,19 +46,19 @@ import uuid
 from typing import Any
 
 from bench.latency import done_at, machine, ms_stats, send, utc_now_text
+from bootstrap import AppContext
 from core.attempts import Ending
 from core.events import Event
 from core.model import Order
 from core.timefmt import parse_iso
 from core.workflows import AGENTS
 from demo.stack import ROOT, LocalStack
-from runtime.context import AppContext
 from supervisor.service import SKEW_GRACE
 
 PERIOD_SECONDS = 1
 STEP_TIMEOUT = 2
 MAX_FAILURES = 3
-AGENT_FUNCTIONS = ",".join(["run_agent", *sorted(a.function_name for a in AGENTS.values())])
+AGENT_FUNCTIONS = ",".join(sorted(a.function_name for a in AGENTS.values()))
 
 
 def wait_terminal(ctx: AppContext, ids: list[str], timeout: float) -> dict[str, Order]:

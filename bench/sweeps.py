@@ -53,13 +53,12 @@ from azure.core.exceptions import ServiceResponseError
 from azure.data.tables import TableClient, TableTransactionError
 
 from bench.latency import machine, utc_now_text
+from bootstrap import AppContext, clients
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
 from core.orders import decode_order
 from core.workflows import WORKFLOWS, Plan
 from demo.stack import LocalStack
-from runtime import clients
-from runtime.context import AppContext
 from stores import entities, layout
 
 RATE_SAMPLE = 5_000

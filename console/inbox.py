@@ -12,8 +12,8 @@ from typing import Any
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
+from bootstrap import AppContext
 from core.orders import strict_json
-from runtime.context import AppContext
 
 PEEK: int = 32
 PREVIEW_CHARS: int = 300

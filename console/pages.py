@@ -13,11 +13,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import azure.functions as func
 
+from bootstrap import app_context
 from console import security
 from core.errors import ConcurrencyConflict, CorruptOrder, StorageUnavailable
 from core.states import OrderStatus
 from core.workflows import WORKFLOWS
-from runtime.context import app_context
 
 HERE = Path(__file__).parent
 ASSETS = {p.name: p for p in (HERE / "assets").iterdir() if p.is_file()}

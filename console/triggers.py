@@ -18,6 +18,7 @@ import azure.functions as func
 from admin.query import parse_filter, parse_page_size
 from admin.service import BULK_ACTIONS, MAX_BULK, order_view
 from admin.triggers import MAX_REASON_CHARS, caller
+from bootstrap import app_context
 from console import inbox, security, views
 from console.pages import ASSETS, Page, filters_of, form_of, guard, trouble
 from core.errors import (
@@ -28,7 +29,6 @@ from core.errors import (
 from core.orders import is_valid_order_id
 from core.ports import ListFilter
 from core.states import OrderStatus
-from runtime.context import app_context
 from stores.listing import COUNT_CAP
 
 bp = func.Blueprint()

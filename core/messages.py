@@ -119,8 +119,8 @@ class AgentRequest(_StepMessage):
     #: An earlier attempt of this step failed while the remote served other orders: its
     #: failures are its own, not an outage's (the agent uses this to attribute failures).
     singled_out: bool = False
-    #: The agent that runs the step (its request queue); None in plans from before agents.
-    agent: str | None = None
+    #: The agent that runs the step (its request queue, ``agent-requests-<agent>``).
+    agent: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {**self._head(), "path": self.path}
@@ -350,8 +350,8 @@ def decode_request(raw: bytes | str) -> AgentRequest:
                 step=step,
             )
     singled_out = value.get("singledOut", False) is True
-    agent = value.get("agent")
-    if agent is not None and not (isinstance(agent, str) and _AGENT.fullmatch(agent)):
+    agent = value.get("agent", "")
+    if agent != "" and not (isinstance(agent, str) and _AGENT.fullmatch(agent)):
         raise InvalidMessage(
             f"agent request: agent must be an agent name (a-z, 0-9, -), got {agent!r}",
             order_id=order_id,

@@ -39,10 +39,18 @@ class Names:
             state_table=f"{STATE_TABLE}{tag}",
         )
 
-    def agent_queue(self, agent: str | None) -> str:
-        """An agent's request queue, ``agent-requests-<agent>``; requests of plans from
-        before agents existed name none and use ``agent-requests``."""
-        return f"{self.agent_requests}-{agent}" if agent else self.agent_requests
+    def agent_queue(self, agent: str) -> str:
+        """An agent's request queue, ``agent-requests-<agent>``."""
+        if not agent:
+            raise ValueError("a request names no agent: every plan names one for each step")
+        return f"{self.agent_requests}-{agent}"
+
+    @property
+    def legacy_requests(self) -> str:
+        """The shared request queue of versions before per-agent queues: no function reads
+        it; ``python -m admin drain-legacy-requests`` moves what waits there to each
+        request's own agent queue (the upgrade, README)."""
+        return self.agent_requests
 
     def agent_queues(self) -> tuple[str, ...]:
         """Every declared agent's request queue (the declarations are read on first use)."""
@@ -56,7 +64,6 @@ class Names:
         return (
             self.orders,
             self.order_dispatch,
-            self.agent_requests,
             *self.agent_queues(),
             self.agent_replies,
         )
@@ -70,7 +77,6 @@ class Names:
             self.orders_rejected,
             self.operator_alerts,
             self.order_dispatch,
-            self.agent_requests,
             *self.agent_queues(),
             self.agent_replies,
             *self.poison_queues(),

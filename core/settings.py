@@ -1,15 +1,23 @@
 """Typed settings, read once from the environment (app settings in Azure).
 
 The names are docs/contracts.md §3.6 of the architecture; ``infra/`` emits exactly
-these, and ``tests/infra`` checks that the two sets agree.
+these, and ``tests/infra`` checks that the two sets agree. ``Settings.from_env`` is the
+one reading of them: the bootstrap calls it with the process environment and hands
+each part what it uses, so nothing else reads the environment. Besides the app
+settings it reads what the platform sets (the instance, App Service authentication,
+a disabled function, Application Insights) and the test and benchmark switches
+(``ORDERS_*``), each with its name in one place below.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -22,6 +30,31 @@ MAX_FAILURE_COUNT: Final = "MAX_FAILURE_COUNT"
 SUPERVISOR_SCHEDULE: Final = "SUPERVISOR_SCHEDULE"
 DEFERRAL_WINDOW_SECONDS: Final = "DEFERRAL_WINDOW_SECONDS"
 CONSOLE_READ_ONLY: Final = "CONSOLE_READ_ONLY"
+
+#: The module that declares the agents and workflows (``declarations/``, yours).
+DECLARATIONS: Final = "ORDERS_DECLARATIONS"
+DEFAULT_DECLARATIONS: Final = "declarations"
+#: Set by the platform: which instance this is; App Service authentication on.
+WEBSITE_INSTANCE_ID: Final = "WEBSITE_INSTANCE_ID"
+WEBSITE_AUTH_ENABLED: Final = "WEBSITE_AUTH_ENABLED"
+#: Application Insights (set by Bicep; identity-based ingestion by its second setting).
+APPINSIGHTS_CONNECTION: Final = "APPLICATIONINSIGHTS_CONNECTION_STRING"
+APPINSIGHTS_AUTHENTICATION: Final = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
+#: The identity a user-assigned managed identity's tokens are asked for (Entra agents).
+AZURE_CLIENT_ID: Final = "AZURE_CLIENT_ID"
+#: Agents' own settings start with this (``AGENT_<NAME>_URL``, ``AGENT_<NAME>_API_KEY``).
+AGENT_SETTINGS_PREFIX: Final = "AGENT_"
+#: Tests and local runs only: devhost's instance name; the ride-out budget; failpoints;
+#: where to count storage requests (benchmarks).
+DEVHOST_INSTANCE_ID: Final = "DEVHOST_INSTANCE_ID"
+RIDE_OUT_SECONDS: Final = "ORDERS_RIDE_OUT_SECONDS"
+FAILPOINTS: Final = "ORDERS_FAILPOINTS"
+OPCOUNT_DIR: Final = "ORDERS_OPCOUNT_DIR"
+#: The function that applies agent replies (scheduler/triggers.py): where an instance
+#: does not run it (``AzureWebJobs.handle_agent_reply.Disabled``), its agents send their
+#: replies to the reply queue instead of applying them in process.
+REPLY_HANDLER: Final = "handle_agent_reply"
+DEFAULT_RIDE_OUT_SECONDS: Final = 120.0
 
 #: Every application setting the code reads (identity-based connections add
 #: ``__``-suffixed variants of the two connection names; see ``Connection``).
@@ -204,6 +237,33 @@ def agent_url(env: Mapping[str, str], setting: str) -> str | None:
     return _url(env, setting)
 
 
+def instance_of(env: Mapping[str, str]) -> str:
+    """Who holds a claim: the Functions instance (or devhost process) and the worker pid."""
+    base = (
+        env.get(DEVHOST_INSTANCE_ID)
+        or env.get(WEBSITE_INSTANCE_ID, "")[:16]
+        or socket.gethostname()
+    )
+    return f"{base}-{os.getpid()}"
+
+
+def declarations_of(env: Mapping[str, str]) -> str:
+    return env.get(DECLARATIONS, "").strip() or DEFAULT_DECLARATIONS
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 86_400:
+        raise SettingsError(f"{name} must be a number of seconds from 0 to 86400, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     storage: Connection
@@ -215,6 +275,25 @@ class Settings:
     supervisor_schedule: str
     deferral_window_seconds: int = DEFAULT_DEFERRAL_WINDOW_SECONDS
     console_read_only: bool = False
+    #: the module of agent and workflow declarations
+    declarations: str = DEFAULT_DECLARATIONS
+    #: this process, as claims and logs name it
+    instance_id: str = field(default_factory=lambda: instance_of({}))
+    #: whether this instance runs the reply handler (then its agents apply replies in process)
+    inline_replies: bool = True
+    #: whether App Service authentication vouches for the caller's name (operator API)
+    easy_auth: bool = False
+    #: Application Insights: the connection string and the authentication string, if any
+    telemetry_connection: str | None = None
+    telemetry_authentication: str | None = None
+    #: agents' own settings (``AGENT_<NAME>_URL``, ``..._API_KEY``) and ``AZURE_CLIENT_ID``,
+    #: read here once and checked when each agent is built (it knows its names)
+    agent_settings: Mapping[str, str] = field(default_factory=dict)
+    #: how long a trigger rides out storage trouble inside one invocation
+    ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS
+    #: test switches: failpoints armed, and where storage requests are counted
+    failpoints: str = ""
+    opcount_dir: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -244,6 +323,22 @@ class Settings:
                 env, DEFERRAL_WINDOW_SECONDS, DEFAULT_DEFERRAL_WINDOW_SECONDS, 7 * 86_400
             ),
             console_read_only=_flag(env, CONSOLE_READ_ONLY),
+            declarations=declarations_of(env),
+            instance_id=instance_of(env),
+            inline_replies=not function_disabled(env, REPLY_HANDLER),
+            easy_auth=env.get(WEBSITE_AUTH_ENABLED, "").strip().lower() == "true",
+            telemetry_connection=env.get(APPINSIGHTS_CONNECTION) or None,
+            telemetry_authentication=env.get(APPINSIGHTS_AUTHENTICATION) or None,
+            agent_settings=MappingProxyType(
+                {
+                    k: v
+                    for k, v in env.items()
+                    if k.startswith(AGENT_SETTINGS_PREFIX) or k == AZURE_CLIENT_ID
+                }
+            ),
+            ride_out_seconds=_seconds(env, RIDE_OUT_SECONDS, DEFAULT_RIDE_OUT_SECONDS),
+            failpoints=env.get(FAILPOINTS, "").strip(),
+            opcount_dir=env.get(OPCOUNT_DIR) or None,
         )
 
     def require_remote_service_url(self) -> str:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from core.settings import MAX_STEP_TIMEOUT_SECONDS
+from core.settings import DECLARATIONS, DEFAULT_DECLARATIONS, MAX_STEP_TIMEOUT_SECONDS
 
 _STEP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _AGENT_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
@@ -40,8 +40,7 @@ MAX_STEP_NAME: Final = 48
 #: An agent's request queue is ``agent-requests-<agent>``; a Storage queue name has 63
 #: characters at most, and tests add a suffix of up to 20.
 MAX_AGENT_NAME: Final = 24
-DECLARATIONS_SETTING: Final = "ORDERS_DECLARATIONS"
-DEFAULT_DECLARATIONS: Final = "declarations"
+DECLARATIONS_SETTING: Final = DECLARATIONS
 #: The agent a step runs on when its declaration names none.
 LEGACY_AGENT: Final = "orders"
 
@@ -307,6 +306,16 @@ class _Declared(Mapping[str, Any]):
 
 _lock = threading.Lock()
 _loaded: dict[str, dict[str, Any]] | None = None
+_module = DEFAULT_DECLARATIONS
+
+
+def use(module: str) -> None:
+    """Declare the agents and workflows from ``module`` (the ``ORDERS_DECLARATIONS``
+    setting, given by the bootstrap before anything reads them)."""
+    global _module, _loaded
+    with _lock:
+        if module != _module:
+            _module, _loaded = module, None
 
 
 def _load() -> dict[str, dict[str, Any]]:
@@ -314,8 +323,7 @@ def _load() -> dict[str, dict[str, Any]]:
     if _loaded is None:
         with _lock:
             if _loaded is None:
-                name = os.environ.get(DECLARATIONS_SETTING, "").strip() or DEFAULT_DECLARATIONS
-                _loaded = validate(importlib.import_module(name))
+                _loaded = validate(importlib.import_module(_module))
     return _loaded
 
 
@@ -374,7 +382,8 @@ class PlannedStep:
     compensation: str | None = None
     compensation_path: str | None = None
     compensation_timeout_seconds: int | None = None
-    agent: str | None = None  # None in plans from before agents
+    #: the agent that runs it (plans stored before agents existed get it when read)
+    agent: str = ""
     compensation_agent: str | None = None
 
     def to_json(self) -> dict[str, Any]:
@@ -396,8 +405,9 @@ class PlannedStep:
         return out
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> PlannedStep:
+    def from_json(cls, raw: dict[str, Any], workflow: str = DEFAULT_WORKFLOW) -> PlannedStep:
         comp = raw.get("compensation") or {}
+        agent = raw.get("agent") or legacy_agent(workflow, raw["name"])
         return cls(
             name=raw["name"],
             path=raw["path"],
@@ -405,8 +415,8 @@ class PlannedStep:
             compensation=comp.get("name"),
             compensation_path=comp.get("path"),
             compensation_timeout_seconds=comp.get("timeout"),
-            agent=raw.get("agent"),
-            compensation_agent=comp.get("agent"),
+            agent=agent,
+            compensation_agent=comp.get("agent") or (agent if comp.get("name") else None),
         )
 
 
@@ -451,9 +461,8 @@ class Plan:
                 return i
         raise KeyError(step)
 
-    def agent_of(self, step: str) -> str | None:
-        """The agent that runs ``step`` (an action or a compensation); None for a plan
-        from before agents (its requests go to ``agent-requests``, served as before)."""
+    def agent_of(self, step: str) -> str:
+        """The agent that runs ``step`` (an action or a compensation)."""
         for s in self.steps:
             if s.name == step:
                 return s.agent
@@ -466,4 +475,26 @@ class Plan:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Plan:
-        return cls(raw["workflow"], tuple(PlannedStep.from_json(s) for s in raw["steps"]))
+        workflow = raw["workflow"]
+        return cls(workflow, tuple(PlannedStep.from_json(s, workflow) for s in raw["steps"]))
+
+
+def legacy_agent(workflow: str, step: str) -> str:
+    """The agent of a step stored in a plan from before agents existed (whose requests
+    went to the shared ``agent-requests``): the agent the declarations give that step
+    now, in its workflow, or else in any workflow. Read once, when the order is loaded;
+    its next save stores it. A step no workflow declares any more cannot be routed: the
+    order's records cannot be read (``CorruptOrder``), which names the step."""
+    declared = WORKFLOWS.get(workflow)
+    candidates = [declared] if declared is not None else []
+    candidates += [w for name, w in sorted(WORKFLOWS.items()) if name != workflow]
+    for candidate in candidates:
+        for spec in candidate.steps:
+            if spec.name == step:
+                return spec.agent
+            if spec.compensation is not None and spec.compensation.step == step:
+                return spec.compensation.agent or spec.agent
+    raise ValueError(
+        f"step {step!r} of a plan from before agents is declared by no workflow now "
+        f"(workflow {workflow!r}): declare it again, or repair the order by hand"
+    )

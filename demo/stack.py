@@ -24,11 +24,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from bootstrap import AppContext, bootstrap
 from core.names import Names
 from core.settings import Settings, Transport
-from devhost.azurite import Azurite
-from devhost.processes import kill_group, read_announcement, stop_group
-from runtime.context import AppContext
+from localrun.azurite import Azurite
+from localrun.processes import kill_group, read_announcement, stop_group
 
 if TYPE_CHECKING:
     from localbus.process import LocalBus
@@ -178,7 +178,7 @@ class LocalStack:
         assert self.workdir is not None
         names = Names()
         extra = "".join(f":{key}={value}" for key, value in self.bus_options.items())
-        requests = [names.agent_requests, *names.agent_queues()]
+        requests = list(names.agent_queues())
         return LocalBus.start(
             [f"{queue}{extra}" for queue in requests] + [f"{names.agent_replies}{extra}"],
             log_path=self.workdir / "localbus.log",
@@ -236,7 +236,7 @@ class LocalStack:
     def context(self) -> AppContext:
         """The app's own view of the storage (same names as the devhosts use)."""
         if self._context is None:
-            self._context = AppContext(Settings.from_env(self.env), Names())
+            self._context = bootstrap(Settings.from_env(self.env))
         return self._context
 
     @property

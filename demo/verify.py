@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from bootstrap import AppContext
 from core.attempts import Ending
 from core.events import Event
 from core.model import Order, StepRecord
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import parse_iso
-from runtime.context import AppContext
 from simulator import double_effects, effects_by_order
 
 VIOLATIONS = (

@@ -4,5 +4,5 @@
 ``function_app.py`` declares, found from their bindings (so what runs locally is what
 deploys), against the storage named by ``AzureWebJobsStorage``, until interrupted. Azure
 Functions Core Tools is not needed; where it is installed, ``func start`` runs the same app.
-Each module says where it differs from Azure. ``devhost.azurite`` starts a private Azurite.
+Each module says where it differs from Azure. ``localrun.azurite`` starts a private Azurite.
 """

@@ -97,9 +97,10 @@ def sdk_receiver_factory(connection: Connection, queue_name: str) -> Callable[[]
     """Opens a PEEK_LOCK receiver on the queue; one client per function, reused."""
     from azure.servicebus import ServiceBusReceiveMode, ServiceBusSubQueue
 
+    from bootstrap.clients import credential
     from messaging.servicebus import client_for
 
-    client = client_for(connection)  # the app's own client; it connects when first used
+    client = client_for(connection, credential)  # the app's own client; it connects when first used
     queue, _, sub = queue_name.partition("/")
     options: dict[str, Any] = {
         "queue_name": queue if sub.lower() == "$deadletterqueue" else queue_name,

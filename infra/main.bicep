@@ -123,15 +123,12 @@ var storageQueueNames = concat([
   // they exist from the start. The agent queues' poison queues are Storage queues too.
   'orders-poison'
   'order-dispatch-poison'
-  'agent-requests-poison'
   'agent-replies-poison'
 ], agentPoisonQueueNames)
-// The request queues: the legacy agent-requests (requests of orders accepted before
-// agents existed) and one per agent. Their expired messages are dropped, not
-// dead-lettered (servicebus.bicep).
-var serviceBusRequestQueueNames = concat([
-  'agent-requests'
-], agentQueueNames)
+// The request queues: one per agent (the shared agent-requests of versions before
+// agents is no longer deployed; README, "Upgrading"). What expires in them unread is
+// dead-lettered and reported as not called (servicebus.bicep).
+var serviceBusRequestQueueNames = agentQueueNames
 var serviceBusQueueNames = concat(serviceBusRequestQueueNames, [
   'agent-replies'
 ])

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from devhost.processes import StartupFailed, read_announcement, stop_group
+from localrun.processes import StartupFailed, read_announcement, stop_group
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "LOCALBUS_CONNECTION="

@@ -27,8 +27,8 @@ from collections.abc import Callable
 
 from core.messages import AgentReply, AgentRequest
 from core.ports import AgentTransport
-from runtime.logs import get_logger
-from runtime.metrics import METRICS
+from observability.logs import get_logger
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 

@@ -18,8 +18,8 @@ from core.errors import ConcurrencyConflict, StorageUnavailable
 from core.messages import alert_message
 from core.names import Names
 from core.ports import OutboxEntry, QueueSender, SavedNotices, StateStore
-from runtime.logs import get_logger, log_operator_alert
-from runtime.metrics import METRICS
+from observability.logs import get_logger, log_operator_alert
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 

@@ -27,8 +27,8 @@ from datetime import datetime
 
 from core.messages import rejection_message
 from core.ports import Clock, QueueSender
-from runtime.logs import get_logger
-from runtime.metrics import METRICS
+from observability.logs import get_logger
+from observability.metrics import METRICS
 from stores.kept import Keeper, fits_a_queue_message
 
 log = get_logger(__name__)

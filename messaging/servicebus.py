@@ -33,7 +33,7 @@ from core.names import Names
 from core.ports import Clock
 from core.settings import Connection, SettingsError
 from messaging.storage_queues import REPLY_TTL_SECONDS
-from runtime.logs import get_logger
+from observability.logs import get_logger
 
 if TYPE_CHECKING:
     from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusSender
@@ -104,15 +104,17 @@ def reply_message(reply: AgentReply, now: datetime) -> ServiceBusMessage:
     )
 
 
-def client_for(connection: Connection) -> ServiceBusClient:
+def client_for(
+    connection: Connection, credential: Callable[[Connection], Any] | None = None
+) -> ServiceBusClient:
+    """The client for ``connection``: a connection string, or identity-based with the
+    identity ``credential`` gives for it (``bootstrap.clients.credential``)."""
     from azure.servicebus import ServiceBusClient
-
-    from runtime.clients import credential
 
     options = dict(CLIENT_OPTIONS)
     if connection.connection_string:
         return ServiceBusClient.from_connection_string(connection.connection_string, **options)
-    if connection.fully_qualified_namespace:
+    if connection.fully_qualified_namespace and credential is not None:
         return ServiceBusClient(
             connection.fully_qualified_namespace, credential(connection), **options
         )

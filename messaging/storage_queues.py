@@ -15,7 +15,7 @@ from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest
 from core.names import Names
 from core.ports import Clock
-from runtime.logs import get_logger
+from observability.logs import get_logger
 
 if TYPE_CHECKING:
     from azure.storage.queue import QueueClient, QueueServiceClient

@@ -33,10 +33,10 @@ from core.workflows import WORKFLOWS, Plan
 from messaging.dispatch import DispatchQueue
 from messaging.outbox import NoticeSender
 from messaging.quarantine import record_of
-from runtime import failpoints, telemetry
-from runtime.logs import get_logger, order_context
-from runtime.metrics import METRICS
-from runtime.resilience import ride_out
+from messaging.resilience import ride_out
+from observability import failpoints, telemetry
+from observability.logs import get_logger, order_context
+from observability.metrics import METRICS
 from stores.kept import Keeper
 
 log = get_logger(__name__)
@@ -87,7 +87,12 @@ class Scheduler:
         config: SchedulerConfig,
         clock: Clock,
         keeper: Keeper,
+        notices: NoticeSender,
+        later: DispatchQueue,
     ):
+        """``notices`` delivers what a change committed (the process's one sender, so an
+        order that cannot be handled alerts once per process); ``later`` queues an order
+        whose step is not due yet for when it is."""
         self._store = store
         self._queues = queues
         self._transport = transport
@@ -95,9 +100,9 @@ class Scheduler:
         self._config = config
         self._clock = clock
         self._keeper = keeper
-        self._notices = NoticeSender(store, queues, names)
-        self._later = DispatchQueue(queues, names, clock)
-        self._changes = OrderChanges(store, self._notices, self._dispatch_now)
+        self._notices = notices
+        self._later = later
+        self._changes = OrderChanges(store, notices, self._dispatch_now)
 
     # --- submit --------------------------------------------------------------------
 

@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import json
-import os
 
 import azure.functions as func
 
+from bootstrap import app_context, index_time
 from core import names
 from core.errors import InvalidMessage
 from core.messages import decode_reply
 from core.orders import is_valid_order_id
-from core.settings import Transport, transport_from_env
+from core.settings import SERVICE_BUS, STORAGE, Transport
 from messaging.quarantine import quarantine
-from runtime.context import app_context
-from runtime.resilience import ride_out
 
 bp = func.Blueprint()
-STORAGE = "AzureWebJobsStorage"
 
 
 @bp.queue_trigger(arg_name="msg", queue_name=names.ORDERS, connection=STORAGE)
 def submit_order(msg: func.QueueMessage) -> None:
     raw = msg.get_body()
-    ride_out(lambda: app_context().scheduler.submit(raw), what="submit")
+    ctx = app_context()
+    ctx.ride_out(lambda: ctx.scheduler.submit(raw), what="submit")
 
 
 @bp.queue_trigger(arg_name="msg", queue_name=names.ORDER_DISPATCH, connection=STORAGE)
@@ -44,7 +42,7 @@ def dispatch_order(msg: func.QueueMessage) -> None:
             keeper=ctx.kept,
         )
         return
-    ride_out(lambda: ctx.scheduler.dispatch(order_id), what="dispatch")
+    ctx.ride_out(lambda: ctx.scheduler.dispatch(order_id), what="dispatch")
 
 
 def _apply_reply(raw: bytes) -> None:
@@ -56,10 +54,10 @@ def _apply_reply(raw: bytes) -> None:
             ctx.queues, ctx.names.agent_replies, raw, exc.message, ctx.clock, keeper=ctx.kept
         )
         return
-    ride_out(lambda: ctx.scheduler.apply_reply(reply), what="reply")
+    ctx.ride_out(lambda: ctx.scheduler.apply_reply(reply), what="reply")
 
 
-if transport_from_env(os.environ) is Transport.STORAGE:
+if index_time().transport is Transport.STORAGE:
 
     @bp.queue_trigger(arg_name="msg", queue_name=names.AGENT_REPLIES, connection=STORAGE)
     def handle_agent_reply(msg: func.QueueMessage) -> None:
@@ -68,7 +66,7 @@ if transport_from_env(os.environ) is Transport.STORAGE:
 else:
 
     @bp.service_bus_queue_trigger(
-        arg_name="msg", queue_name=names.AGENT_REPLIES, connection="ServiceBusConnection"
+        arg_name="msg", queue_name=names.AGENT_REPLIES, connection=SERVICE_BUS
     )
     def handle_agent_reply(msg: func.ServiceBusMessage) -> None:
         _apply_reply(msg.get_body())

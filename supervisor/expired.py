@@ -17,8 +17,8 @@ from __future__ import annotations
 from core.errors import InvalidMessage
 from core.messages import decode_request
 from core.ports import AgentTransport, Clock
-from runtime.logs import get_logger, order_context
-from runtime.metrics import METRICS
+from observability.logs import get_logger, order_context
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 

@@ -31,8 +31,8 @@ from core.messages import alert_message
 from core.names import Names, poison
 from core.orders import is_valid_order_id
 from core.ports import Clock, QueueSender
-from runtime.logs import get_logger, log_operator_alert
-from runtime.metrics import METRICS
+from observability.logs import get_logger, log_operator_alert
+from observability.metrics import METRICS
 from stores.kept import PREVIEW_CHARS, Keeper, fits_a_queue_message, is_kept_row
 
 log = get_logger(__name__)
@@ -179,7 +179,7 @@ class PoisonWatch:
 
     def _next(self, source: str) -> str:
         """What happens to the work the message stood for, and what the operator does."""
-        if source in (self._names.agent_requests, self._names.agent_replies):
+        if source in (*self._names.agent_queues(), self._names.agent_replies):
             return (
                 "Its step is not lost: when the step's deadline passes the supervisor retries "
                 "it (same idempotency key); if its order reaches error, work it as any other. "

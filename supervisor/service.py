@@ -22,9 +22,9 @@ from core.states import StepState
 from core.timefmt import iso
 from core.unit_of_work import Dispatcher, OrderChanges
 from messaging.outbox import NoticeSender
-from runtime import telemetry
-from runtime.logs import get_logger, order_context
-from runtime.metrics import METRICS
+from observability import telemetry
+from observability.logs import get_logger, order_context
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 

@@ -4,21 +4,17 @@ message given up on into an operator alert (``supervisor/poison.py``)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import azure.functions as func
 
+from bootstrap import app_context, index_time
 from core import names
-from core.settings import Transport, transport_from_env
-from runtime.context import app_context
-from runtime.resilience import ride_out
+from core.settings import SERVICE_BUS, STORAGE, Transport
 from supervisor.expired import EXPIRED_REASON
 from supervisor.poison import Poisoned
 
 bp = func.Blueprint()
-STORAGE = "AzureWebJobsStorage"
-SERVICE_BUS = "ServiceBusConnection"
 
 
 @bp.timer_trigger(
@@ -33,10 +29,8 @@ def _poison_queue_trigger(queue: str) -> None:
         # The copy on the poison queue has its own dequeue count (1 on its first
         # delivery), not the failures that put it there: say nothing rather than 1.
         body = msg.get_body()
-        ride_out(
-            lambda: app_context().poison.alert(Poisoned(queue, body, None)),
-            what="poison alert",
-        )
+        ctx = app_context()
+        ctx.ride_out(lambda: ctx.poison.alert(Poisoned(queue, body, None)), what="poison alert")
 
     _register(handler, f"alert_{queue.replace('-', '_')}", queue, queue_trigger=True)
 
@@ -54,14 +48,16 @@ def _dead_letter_trigger(queue: str, *, requests: bool) -> None:
         body, deliveries = msg.get_body(), msg.delivery_count
         if requests and reason == EXPIRED_REASON:
             # Expired unread: a report that it was not called, not a page (expired.py).
-            reported = ride_out(
-                lambda: app_context().expired_requests.report(body, deliveries),
+            ctx = app_context()
+            reported = ctx.ride_out(
+                lambda: ctx.expired_requests.report(body, deliveries),
                 what="expired request report",
             )
             if reported:
                 return
-        ride_out(
-            lambda: app_context().poison.alert(Poisoned(path, body, deliveries, why)),
+        ctx = app_context()
+        ctx.ride_out(
+            lambda: ctx.poison.alert(Poisoned(path, body, deliveries, why)),
             what="dead-letter alert",
         )
 
@@ -82,7 +78,7 @@ def _register(handler: Callable[..., None], name: str, queue: str, *, queue_trig
 for _queue in names.Names().poison_queues():
     _poison_queue_trigger(_queue)
 
-if transport_from_env(os.environ) is not Transport.STORAGE:
-    for _queue in (names.AGENT_REQUESTS, *names.Names().agent_queues()):
+if index_time().transport is not Transport.STORAGE:
+    for _queue in names.Names().agent_queues():
         _dead_letter_trigger(_queue, requests=True)
     _dead_letter_trigger(names.AGENT_REPLIES, requests=False)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from devhost.azurite import Azurite
+from localrun.azurite import Azurite
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,16 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
+from bootstrap import AppContext, bootstrap, reset_app_context
 from core.names import Names
 from core.settings import Settings
-from runtime.context import AppContext, reset_app_context
 
 T = TypeVar("T")
 
@@ -44,7 +45,12 @@ def make_context(
     clock: Any = None,
     max_failures: int = 3,
     timeout: int = 30,
+    inline_replies: bool = False,
 ) -> AppContext:
+    """The app, bootstrapped on a table and queues of its own (``tag``), with the Storage
+    transport. ``inline_replies``: this instance runs the reply handler (its agents apply
+    their replies in process); by default replies go through the reply queue, so a test
+    can move each message by hand, hop by hop."""
     settings = Settings.from_env(
         {
             "AzureWebJobsStorage": connection,
@@ -54,9 +60,11 @@ def make_context(
             "MAX_FAILURE_COUNT": str(max_failures),
         }
     )
-    ctx = AppContext(settings, Names.unique(tag))
-    if clock is not None:
-        ctx.clock = clock
+    ctx = bootstrap(
+        replace(settings, inline_replies=inline_replies),
+        names=Names.unique(tag),
+        **({"clock": clock} if clock is not None else {}),
+    )
     ctx.provision()
     return ctx
 
@@ -125,12 +133,21 @@ def installed(storage_connection: str, tag: str) -> Iterator[AppContext]:
 
 
 def drain_requests(ctx: AppContext) -> list[str]:
-    """Every agent request waiting, on every agent's queue (and the legacy one)."""
+    """Every agent request waiting, on every agent's queue."""
     texts: list[str] = []
-    for queue in (ctx.names.agent_requests, *ctx.names.agent_queues()):
+    for queue in ctx.names.agent_queues():
         texts += drain(ctx, queue)
     return texts
 
 
 def drain_requests_json(ctx: AppContext) -> list[Any]:
     return [json.loads(t) for t in drain_requests(ctx)]
+
+
+def handle_request(ctx: AppContext, request: Any) -> Any:
+    """Run an agent request (its text, or decoded) through its own agent, as its queue's
+    function does."""
+    from core.messages import decode_request
+
+    decoded = decode_request(request) if isinstance(request, str | bytes) else request
+    return ctx.agent_for(decoded.agent).handle(decoded)

@@ -39,12 +39,11 @@ from typing import Any
 
 from core.attempts import Attempt, Ending
 from core.model import Order, StepRecord
-from core.settings import disabled_setting
+from core.settings import REPLY_HANDLER, disabled_setting
 from core.states import StepState
 from core.timefmt import parse_iso
 from demo.stack import Devhost, LocalStack
 from demo.verify import Verdict, drain_alerts, load_orders, verify
-from runtime.context import REPLY_HANDLER
 from simulator import load_ledger
 
 MAX_FAILURES = 8

@@ -22,7 +22,7 @@ from tests.support import wait_for
 pytestmark = pytest.mark.timeout(240)
 
 #: Every agent function: the shared legacy one and one per declared agent.
-AGENT_FUNCTIONS = ",".join(["run_agent", *(a.function_name for a in AGENTS.values())])
+AGENT_FUNCTIONS = ",".join(sorted(a.function_name for a in AGENTS.values()))
 
 FAST = {
     "STEP_TIMEOUT_SECONDS": "6",

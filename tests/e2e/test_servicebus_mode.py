@@ -31,7 +31,7 @@ FAST = {
     "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
 }
 #: Every agent function: the shared request queue's and one per declared agent.
-AGENT_FUNCTIONS = ",".join(["run_agent", *sorted(a.function_name for a in AGENTS.values())])
+AGENT_FUNCTIONS = ",".join(sorted(a.function_name for a in AGENTS.values()))
 
 
 @pytest.fixture

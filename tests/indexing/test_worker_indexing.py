@@ -38,7 +38,7 @@ CORE_FUNCTIONS = frozenset(
         "dispatch_order",
         "handle_agent_reply",
         "scheduler_sweep",
-        "run_agent",
+        "run_agent_orders",
         "supervise",
         "get_order",
         "list_orders",

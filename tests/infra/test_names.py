@@ -32,12 +32,11 @@ def _var(name: str) -> object:
 def _service_bus_queues() -> tuple[str, ...]:
     """What core.names puts on Service Bus: every agent queue, request and reply."""
     n = names.Names()
-    return (n.agent_requests, *n.agent_queues(), n.agent_replies)
+    return (*n.agent_queues(), n.agent_replies)
 
 
 def _request_queues() -> tuple[str, ...]:
-    n = names.Names()
-    return (n.agent_requests, *n.agent_queues())
+    return names.Names().agent_queues()
 
 
 def _module_params(module: str) -> dict[str, object]:
@@ -114,7 +113,6 @@ def test_service_bus_queues_detect_duplicates_and_dead_letter() -> None:
     assert props["requiresDuplicateDetection"] is True
     assert props["duplicateDetectionHistoryTimeWindow"]
     assert props["lockDuration"] and props["maxDeliveryCount"] >= 1
-    assert _var("serviceBusQueueNames")[0] == names.AGENT_REQUESTS  # type: ignore[index]
     # Replies that expire unapplied are dead-lettered (an alert); so are requests that expire
     # unread, which their dead-letter trigger reports as "not called" (supervisor/expired.py).
     assert _queue_properties(names.AGENT_REPLIES)["deadLetteringOnMessageExpiration"] is True
@@ -122,8 +120,10 @@ def test_service_bus_queues_detect_duplicates_and_dead_letter() -> None:
         assert _queue_properties(queue)["deadLetteringOnMessageExpiration"] is True, queue
 
 
-def test_every_agent_queue_is_deployed_like_agent_requests() -> None:
-    """Each agent's request queue has the legacy request queue's properties, exactly."""
-    legacy = _queue_properties(names.AGENT_REQUESTS)
-    for queue in names.Names().agent_queues():
-        assert _queue_properties(queue) == legacy, queue
+def test_every_agent_queue_is_deployed_alike() -> None:
+    """Each agent's request queue has the same properties, exactly; the shared queue of
+    versions before agents is not deployed (README, "Upgrading")."""
+    first, *others = names.Names().agent_queues()
+    for queue in others:
+        assert _queue_properties(queue) == _queue_properties(first), queue
+    assert names.AGENT_REQUESTS not in _service_bus_queues()

@@ -7,8 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from core.settings import disabled_setting
-from runtime.context import REPLY_HANDLER, AppContext
+from bootstrap import AppContext
 from simulator import SimulatorServer
 from tests.support import FakeClock, make_context
 
@@ -19,12 +18,12 @@ def simulator() -> Iterator[SimulatorServer]:
         yield sim
 
 
-@pytest.fixture(autouse=True)
-def replies_through_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def inline_replies() -> bool:
     """These tests move each message by hand, hop by hop, so they take the path of an
     instance that does not run the reply handler: the agent sends its reply to the reply
     queue (tests/integration/test_inline_replies.py takes the default path, in process)."""
-    monkeypatch.setenv(disabled_setting(REPLY_HANDLER), "true")
+    return False
 
 
 @pytest.fixture
@@ -34,8 +33,18 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def ctx(
-    storage_connection: str, tag: str, simulator: SimulatorServer, clock: FakeClock
+    storage_connection: str,
+    tag: str,
+    simulator: SimulatorServer,
+    clock: FakeClock,
+    inline_replies: bool,
 ) -> AppContext:
     return make_context(
-        storage_connection, tag, remote_url=simulator.url, clock=clock, max_failures=3, timeout=30
+        storage_connection,
+        tag,
+        remote_url=simulator.url,
+        clock=clock,
+        max_failures=3,
+        timeout=30,
+        inline_replies=inline_replies,
     )

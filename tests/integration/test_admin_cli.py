@@ -8,22 +8,20 @@ import uuid
 import pytest
 
 from admin.__main__ import main
-from core.names import Names
+from bootstrap import AppContext, bootstrap
 from core.settings import Settings
-from runtime.context import AppContext
 
 
 @pytest.fixture
 def ctx(storage_connection: str) -> AppContext:
-    context = AppContext(
+    context = bootstrap(
         Settings.from_env(
             {
                 "AzureWebJobsStorage": storage_connection,
                 "AGENT_TRANSPORT": "storage",
                 "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
             }
-        ),
-        Names(),
+        )
     )
     context.provision()
     return context

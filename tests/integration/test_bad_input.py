@@ -19,8 +19,8 @@ import pytest
 
 os.environ.setdefault("AGENT_TRANSPORT", "storage")
 
+from bootstrap import AppContext, reset_app_context
 from core.states import OrderStatus
-from runtime.context import AppContext, reset_app_context
 from simulator import SimulatorServer
 from stores.kept import KeptMessages
 from tests.support import app_function, drain, drain_json, drain_requests, make_context
@@ -109,7 +109,7 @@ def call(name: str, body: bytes) -> None:
 def run_good_order(ctx: AppContext, order_id: str) -> None:
     call("submit_order", json.dumps({**GOOD, "orderId": order_id}).encode())
     [request] = drain_requests(ctx)
-    call("run_agent", request.encode())
+    call("run_agent_orders", request.encode())
     [reply] = drain(ctx, ctx.names.agent_replies)
     call("handle_agent_reply", reply.encode())
     order = ctx.store.load(order_id)
@@ -155,11 +155,11 @@ def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
 @pytest.mark.parametrize(
     ("function", "raw", "phrase"),
     [
-        ("run_agent", b"garbage", "not valid JSON"),
-        ("run_agent", b"[]", "must be a JSON object"),
-        ("run_agent", b'{"orderId":"o","step":"process","attempt":1}', "idempotencyKey"),
+        ("run_agent_orders", b"garbage", "not valid JSON"),
+        ("run_agent_orders", b"[]", "must be a JSON object"),
+        ("run_agent_orders", b'{"orderId":"o","step":"process","attempt":1}', "idempotencyKey"),
         (
-            "run_agent",
+            "run_agent_orders",
             json.dumps(
                 {
                     "orderId": "o",
@@ -172,7 +172,7 @@ def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
             "attempt",
         ),
         (
-            "run_agent",
+            "run_agent_orders",
             json.dumps(
                 {
                     "orderId": "o",
@@ -185,7 +185,7 @@ def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
             "step",
         ),
         (
-            "run_agent",
+            "run_agent_orders",
             json.dumps(
                 {
                     "orderId": "o",
@@ -234,7 +234,7 @@ def test_bad_transport_messages_are_quarantined_with_a_reason(
     ctx: AppContext, function: str, raw: bytes, phrase: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     queue = {
-        "run_agent": ctx.names.agent_requests,
+        "run_agent_orders": ctx.names.agent_queue("orders"),
         "handle_agent_reply": ctx.names.agent_replies,
         "dispatch_order": ctx.names.order_dispatch,
     }[function]

@@ -14,11 +14,11 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 import azure.functions as func
 import pytest
 
+from bootstrap import AppContext, reset_app_context
 from console import security
 from console import triggers as console
 from core.messages import AgentRequest, alert_message
 from core.states import OrderStatus
-from runtime.context import AppContext, reset_app_context
 from tests.integration.test_listing import T0, accept, fail
 from tests.support import installed
 

@@ -12,12 +12,12 @@ import azure.functions as func
 from azure.data.tables import UpdateMode
 
 from agents.build import build_agent
+from bootstrap import AppContext, reset_app_context
 from core.attempts import Applied
 from core.events import Event
 from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepKind, StepState
 from core.workflows import AGENTS
-from runtime.context import AppContext, reset_app_context
 from simulator import SimulatorServer, effects_by_order
 from stores import entities, layout
 from tests.integration.test_pipeline import pump, submit

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
+from bootstrap import AppContext
 from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepState
 from core.timefmt import parse_iso
-from runtime.context import AppContext
 from simulator import SimulatorServer, effects_by_order
 from tests.integration.test_pipeline import pump, status_of, submit
-from tests.support import FakeClock, drain, drain_requests, drain_requests_json
+from tests.support import FakeClock, drain, drain_requests, drain_requests_json, handle_request
 
 
 def test_retry_after_past_the_deadline_defers_without_a_failure(
@@ -48,14 +48,14 @@ def test_cancel_while_ship_is_in_flight_and_succeeds_is_too_late(
     # run reserve-stock and charge-payment, and hold ship's request
     for _ in range(2):
         [request] = drain_requests(ctx)
-        ctx.agent.handle(decode_request(request))
+        handle_request(ctx, request)
         [reply] = drain(ctx, ctx.names.agent_replies)
         ctx.scheduler.apply_reply(decode_reply(reply))
     [ship] = drain_requests(ctx)
     assert json.loads(ship)["step"] == "ship"
     view = ctx.admin.cancel(order_id, "app", "changed mind")
     assert view["status"] == "processing"  # ship is in flight: it finishes first
-    ctx.agent.handle(decode_request(ship))
+    handle_request(ctx, ship)
     [reply] = drain(ctx, ctx.names.agent_replies)
     ctx.scheduler.apply_reply(decode_reply(reply))
     pump(ctx)
@@ -82,7 +82,7 @@ def test_a_60_kb_order_runs_to_completion_and_the_remote_gets_it_whole(
     assert request.get("orderInline") is False and "order" not in request  # by reference
     decoded = decode_request(json.dumps(request))
     assert decoded.order is None and decoded.complete_by == parse_iso(request["completeBy"])
-    ctx.agent.handle(decoded)  # reads the order from the state table
+    handle_request(ctx, decoded)  # reads the order from the state table
     [reply] = drain(ctx, ctx.names.agent_replies)
     ctx.scheduler.apply_reply(decode_reply(reply))
     assert status_of(ctx, order_id) is OrderStatus.COMPLETED

@@ -7,18 +7,17 @@ import json
 
 import pytest
 
+from bootstrap import AppContext
 from core.messages import decode_request
-from core.settings import disabled_setting
 from core.states import OrderStatus
-from runtime.context import REPLY_HANDLER, AppContext
 from simulator import SimulatorServer, effects_by_order
 from tests.support import drain, drain_requests
 
 
-@pytest.fixture(autouse=True)
-def replies_through_the_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def inline_replies() -> bool:
     """Overrides the package's fixture: here the reply handler runs in this instance."""
-    monkeypatch.delenv(disabled_setting(REPLY_HANDLER), raising=False)
+    return True
 
 
 def run_requests(ctx: AppContext) -> int:

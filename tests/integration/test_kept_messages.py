@@ -19,10 +19,9 @@ from azure.functions.queue import QueueMessage
 os.environ.setdefault("AGENT_TRANSPORT", "storage")
 
 from admin.__main__ import main
-from core.names import Names
+from bootstrap import AppContext, bootstrap
 from core.settings import Settings
 from messaging.quarantine import quarantine
-from runtime.context import AppContext
 from stores.kept import MAX_RECORD_BYTES, PREVIEW_CHARS, KeptMessages
 from tests.support import app_function, drain, drain_json, installed
 
@@ -91,25 +90,25 @@ def test_a_large_malformed_agent_request_is_quarantined_with_a_kept_copy_and_ale
     text = big_agent_request(f"{tag}-q")
     kept_messages = KeptMessages(ctx.store.table)
 
-    # What run_agent does with a malformed request, with the keeper it is given.
+    # What run_agent_orders does with a malformed request, with the keeper it is given.
     quarantine(
         ctx.queues,
-        ctx.names.agent_requests,
+        ctx.names.agent_queue("orders"),
         text.encode(),
         "agent request: attempt must be a whole number >= 1, got 0",
         ctx.clock,
         kept_messages,
     )
 
-    [raw] = drain(ctx, f"{ctx.names.agent_requests}-poison")
+    [raw] = drain(ctx, f"{ctx.names.agent_queue('orders')}-poison")
     assert len(raw.encode()) <= MAX_RECORD_BYTES
     record = json.loads(raw)
     assert {"reason", "queue", "at", "messagePreview", "keptAs"} <= set(record)
-    assert "message" not in record and record["queue"] == ctx.names.agent_requests
+    assert "message" not in record and record["queue"] == ctx.names.agent_queue("orders")
     kept = kept_messages.get(record["keptAs"])
     assert kept is not None and kept.text == text
     # The poison queue's trigger turns it into one alert, pointing at the same copy.
-    call("alert_agent_requests_poison", raw.encode())
+    call("alert_agent_requests_orders_poison", raw.encode())
     [alert] = drain_json(ctx, ctx.names.operator_alerts)
     assert alert["keptAs"] == record["keptAs"] and alert["orderId"] == f"{tag}-q"
     assert "attempt must be" in alert["reason"]
@@ -122,14 +121,14 @@ def test_a_large_malformed_agent_request_is_quarantined_with_a_kept_copy_and_ale
     not hasattr(AppContext, "kept"),
     reason="needs the wiring: AppContext.kept, passed as keeper= to quarantine() by the triggers",
 )
-def test_run_agent_quarantines_a_large_malformed_request_with_a_kept_copy(
+def test_an_agent_quarantines_a_large_malformed_request_with_a_kept_copy(
     ctx: AppContext, tag: str
 ) -> None:
     text = big_agent_request(f"{tag}-w")
 
-    call("run_agent", text.encode())
+    call("run_agent_orders", text.encode())
 
-    [record] = drain_json(ctx, f"{ctx.names.agent_requests}-poison")
+    [record] = drain_json(ctx, f"{ctx.names.agent_queue('orders')}-poison")
     kept = KeptMessages(ctx.store.table).get(record["keptAs"])
     assert kept is not None and kept.text == text
 
@@ -139,15 +138,14 @@ def test_run_agent_quarantines_a_large_malformed_request_with_a_kept_copy(
 
 @pytest.fixture
 def default_ctx(storage_connection: str) -> AppContext:
-    context = AppContext(
+    context = bootstrap(
         Settings.from_env(
             {
                 "AzureWebJobsStorage": storage_connection,
                 "AGENT_TRANSPORT": "storage",
                 "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
             }
-        ),
-        Names(),
+        )
     )
     context.provision()
     return context
@@ -177,20 +175,20 @@ def test_the_cli_lists_shows_and_deletes_kept_messages(
     request = big_agent_request(f"cli-{marker}")
     quarantine(
         default_ctx.queues,
-        default_ctx.names.agent_requests,
+        default_ctx.names.agent_queue("orders"),
         request.encode(),
         "attempt must be a whole number >= 1",
         default_ctx.clock,
         KeptMessages(default_ctx.store.table),
     )
-    quarantined = take_record(default_ctx, "agent-requests-poison", marker)
+    quarantined = take_record(default_ctx, "agent-requests-orders-poison", marker)
 
     code, listed = run(capsys, storage_connection, "kept")
     assert code == 0
     rows = {k["keptAs"]: k for k in listed}
     assert rows[rejected["keptAs"]]["queue"] == "orders-rejected"
     assert rows[rejected["keptAs"]]["length"] == len(order)
-    assert rows[quarantined["keptAs"]]["queue"] == "agent-requests-poison"
+    assert rows[quarantined["keptAs"]]["queue"] == "agent-requests-orders-poison"
     assert marker in rows[quarantined["keptAs"]]["preview"]
     code, listed = run(capsys, storage_connection, "kept", "list", "--limit", "1")
     assert code == 0 and len(listed) == 1

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from bootstrap import AppContext
 from core.errors import InvalidContinuationToken, TransitionRefused
 from core.messages import AgentRequest
 from core.model import Order
@@ -15,7 +16,6 @@ from core.policy import RetryPolicy
 from core.ports import ListFilter
 from core.states import OrderStatus
 from core.workflows import WORKFLOWS, Plan
-from runtime.context import AppContext
 from stores import layout
 from tests.support import make_context
 

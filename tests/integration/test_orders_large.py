@@ -113,7 +113,7 @@ def test_a_record_written_before_bodies_were_split_is_still_read(store: TableSta
 def test_a_60_kb_order_through_the_real_trigger_is_accepted_not_rejected(
     storage_connection: str, tag: str
 ) -> None:
-    from runtime.context import reset_app_context
+    from bootstrap import reset_app_context
 
     ctx = make_context(storage_connection, tag)
     reset_app_context(ctx)

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from bootstrap import AppContext
 from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepState
-from runtime.context import AppContext
 from scheduler.service import Handled
 from simulator import SimulatorServer, effects_by_order
 from tests.support import FakeClock, drain, drain_json, drain_requests, drain_requests_json

@@ -26,8 +26,8 @@ from azure.storage.queue import QueueClient
 
 os.environ.setdefault("AGENT_TRANSPORT", "storage")
 
+from bootstrap import AppContext
 from core.names import Names
-from runtime.context import AppContext
 from stores.kept import MAX_RECORD_BYTES, PREVIEW_CHARS, KeptMessages
 from tests.support import app_function, drain, drain_json, installed, make_context
 
@@ -130,7 +130,7 @@ def test_every_poison_queue_has_exactly_one_alert_function() -> None:
 def test_on_service_bus_each_dead_letter_queue_has_exactly_one_alert_function() -> None:
     functions = triggered_by("servicebus")
 
-    for queue in ("agent-requests", "agent-replies"):
+    for queue in ("agent-requests-carrier", "agent-replies"):
         assert functions[f"{queue}/$DeadLetterQueue"] == [
             f"alert_{queue.replace('-', '_')}_dead_letters"
         ]
@@ -244,7 +244,7 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
             ))
         """
     )
-    orders = [["agent-requests", f"{tag}-dq"], ["agent-replies", f"{tag}-dp"]]
+    orders = [["agent-requests-carrier", f"{tag}-dq"], ["agent-replies", f"{tag}-dp"]]
     env = {
         **os.environ,
         "AGENT_TRANSPORT": "servicebus",
@@ -273,7 +273,7 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
             client.delete_message(message)
     assert sorted(a["poisonQueue"] for a in ours) == [
         "agent-replies/$DeadLetterQueue",
-        "agent-requests/$DeadLetterQueue",
+        "agent-requests-carrier/$DeadLetterQueue",
     ]
     for alert in ours:
         assert "TTLExpiredException - the message expired" in alert["reason"]

@@ -2,7 +2,8 @@
 ``SERVICEBUS_TEST_CONNECTION`` is set (a connection string, or a fully qualified namespace
 ``<name>.servicebus.windows.net`` reached with DefaultAzureCredential), else against a
 private ``localbus`` (tests/localbus/target.py). A namespace needs the queues
-``agent-requests`` and ``agent-replies`` as infra/ creates them (duplicate detection on).
+``agent-requests-orders`` and ``agent-replies`` as infra/ creates them (duplicate
+detection on).
 Use a namespace for tests: messages of other senders found on the queues are abandoned,
 not lost. The broker's own behaviours are in tests/localbus/test_contract.py.
 
@@ -19,9 +20,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.messages import AgentRequest, decode_reply, decode_request
-from core.names import AGENT_REPLIES, AGENT_REQUESTS, Names
+from core.names import AGENT_REPLIES, Names
 from messaging.servicebus import ServiceBusTransport
-from tests.localbus.target import Target, open_target
+from tests.localbus.target import AGENT_REQUESTS, Target, open_target
 
 pytestmark = [pytest.mark.servicebus, pytest.mark.timeout(120)]
 
@@ -70,6 +71,7 @@ def _request(seconds: float = 60) -> AgentRequest:
         now + timedelta(seconds=seconds),
         "process",
         {"orderId": order_id, "qty": 1},
+        agent="orders",
     )
 
 

@@ -22,11 +22,11 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableServiceClient
 from azure.storage.queue import QueueServiceClient
 
+from bootstrap import AppContext
+from bootstrap.clients import retry_options
 from core.messages import decode_reply, decode_request
 from core.states import OrderStatus
 from messaging.storage_queues import StorageQueues
-from runtime.clients import retry_options
-from runtime.context import AppContext
 from scheduler.service import Handled
 from stores.tables import TableStateStore
 from supervisor.service import SKEW_GRACE

@@ -1,7 +1,7 @@
 """A storage outage delays orders; it does not poison them (docs/contracts.md §3.11).
 
 Every table request answers 503 for a while, under the SDK (its own retries run as in
-production). The triggers ride it out inside the invocation (``runtime/resilience``)
+production). The triggers ride it out inside the invocation (``messaging/resilience``)
 instead of failing it, which would spend one of ``maxDequeueCount`` deliveries each
 few seconds and move a good order to ``orders-poison`` within about 40 s.
 """
@@ -20,12 +20,12 @@ import requests
 from azure.data.tables import TableServiceClient
 from azure.storage.queue import QueueServiceClient
 
+from bootstrap import AppContext, reset_app_context
+from bootstrap.clients import retry_options
 from core.errors import StorageUnavailable
 from core.states import OrderStatus
+from messaging import resilience
 from messaging.storage_queues import StorageQueues
-from runtime import resilience
-from runtime.clients import retry_options
-from runtime.context import AppContext, reset_app_context
 from stores.tables import TableStateStore
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport
 from tests.support import FakeClock, app_function, drain_requests, make_context

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from core.messages import decode_reply, decode_request
 from simulator import SimulatorServer
-from tests.support import FakeClock, drain, drain_requests, make_context
+from tests.support import FakeClock, drain, drain_requests, handle_request, make_context
 
 _exporter = InMemorySpanExporter()
 
@@ -40,7 +40,7 @@ def test_an_order_is_one_trace_across_every_hop(storage_connection: str, tag: st
         [dispatch] = drain(ctx, ctx.names.order_dispatch)
         ctx.scheduler.dispatch(json.loads(dispatch)["orderId"])
         [retry_text] = drain_requests(ctx)
-        ctx.agent.handle(decode_request(retry_text))
+        handle_request(ctx, retry_text)
         [reply_text] = drain(ctx, ctx.names.agent_replies)
         ctx.scheduler.apply_reply(decode_reply(reply_text))
     spans = [

@@ -18,8 +18,11 @@ from typing import Any
 
 import pytest
 
-from core.names import AGENT_REPLIES, AGENT_REQUESTS
+from core.names import AGENT_REPLIES, Names
 from localbus.process import LocalBus
+
+#: The request queue the app sends to for its ``orders`` agent (infra/ creates one per agent).
+AGENT_REQUESTS = Names().agent_queue("orders")
 
 ENV = "SERVICEBUS_TEST_CONNECTION"
 #: The SDK retries little, so a broker that never answers fails a test instead of hanging it.

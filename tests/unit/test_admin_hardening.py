@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import azure.functions as func
@@ -17,6 +18,7 @@ import pytest
 from admin import __main__ as cli
 from admin import triggers
 from admin.service import OrderAdmin
+from bootstrap import reset_app_context
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -26,8 +28,8 @@ from core.errors import (
     TransitionRefused,
 )
 from core.names import Names
+from core.settings import Settings
 from messaging.outbox import NoticeSender
-from runtime.context import reset_app_context
 from stores import layout
 from stores.listing import format_token, parse_token
 from stores.tables import TableStateStore
@@ -145,8 +147,9 @@ class StubAdmin:
 
 
 class StubContext:
-    def __init__(self, admin: Any) -> None:
+    def __init__(self, admin: Any, *, easy_auth: bool = False) -> None:
         self.admin = admin
+        self.settings = SimpleNamespace(easy_auth=easy_auth)  # WEBSITE_AUTH_ENABLED, read once
 
 
 class NoTable:
@@ -250,10 +253,12 @@ def test_the_caller_is_whoever_the_platform_vouches_for(
     headers: dict[str, str],
     expected: str,
 ) -> None:
-    if auth is None:
-        monkeypatch.delenv("WEBSITE_AUTH_ENABLED", raising=False)
-    else:
-        monkeypatch.setenv("WEBSITE_AUTH_ENABLED", auth)
+    context.settings = SimpleNamespace(
+        easy_auth=Settings.from_env(
+            {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT": "storage"}
+            | ({"WEBSITE_AUTH_ENABLED": auth} if auth is not None else {})
+        ).easy_auth
+    )
 
     triggers.resubmit_order(post("o-1", "resubmit", headers))
     triggers.cancel_order(post("o-1", "cancel", headers, b'{"reason": "duplicate"}'))

@@ -18,6 +18,7 @@ import pytest
 
 from admin import __main__ as cli
 from core import workflows
+from core.settings import DEFAULT_DECLARATIONS
 from core.workflows import Agent, ApiKey, EntraToken, StepSpec, Workflow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -157,4 +158,4 @@ def test_a_bad_declaration_is_reported_and_nothing_written(
         assert cli.main(["workflows"]) == 2
     finally:
         monkeypatch.undo()
-        workflows.reload()
+        workflows.use(DEFAULT_DECLARATIONS)

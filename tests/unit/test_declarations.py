@@ -52,9 +52,30 @@ def test_the_product_declares_four_agents_one_per_remote_service() -> None:
     assert Plan.from_json(plan.to_json()) == plan
 
 
-def test_a_plan_from_before_agents_names_none() -> None:
+def test_a_plan_from_before_agents_gets_its_agents_when_read() -> None:
+    """The upgrade: a plan stored before agents names none; read, each step gets the agent
+    the declarations give it now (its requests then go to that agent's own queue)."""
     old = {"workflow": "order", "steps": [{"name": "process", "path": "process", "timeout": 30}]}
-    assert Plan.from_json(old).agent_of("process") is None
+    assert Plan.from_json(old).agent_of("process") == "orders"
+    fulfilment = {
+        "workflow": "fulfilment",
+        "steps": [
+            {
+                "name": "charge-payment",
+                "path": "charge-payment",
+                "timeout": 30,
+                "compensation": {"name": "refund-payment", "path": "refund-payment"},
+            }
+        ],
+    }
+    plan = Plan.from_json(fulfilment)
+    assert (plan.agent_of("charge-payment"), plan.agent_of("refund-payment")) == (
+        "payments",
+        "payments",
+    )
+    gone = {"workflow": "order", "steps": [{"name": "teleport", "path": "x", "timeout": 30}]}
+    with pytest.raises(ValueError, match="teleport"):
+        Plan.from_json(gone)
 
 
 def module(**attributes: object) -> types.ModuleType:

@@ -19,9 +19,9 @@ import pytest
 
 from admin import triggers
 from admin.query import parse_filter, parse_time
+from bootstrap import reset_app_context
 from console import security
 from console import triggers as console
-from runtime.context import reset_app_context
 from stores.listing import key_range
 from tests.unit.test_admin_hardening import (
     StubAdmin,

@@ -349,7 +349,7 @@ def test_5_a_storage_request_outlives_its_deadline_so_a_late_agent_can_answer() 
     from core.names import Names
 
     StorageQueueTransport(Queues(), Names(), lambda: T0).send_request(  # type: ignore[arg-type]
-        AgentRequest("o-1", "process", 1, T0 + timedelta(seconds=30), "process", {})
+        AgentRequest("o-1", "process", 1, T0 + timedelta(seconds=30), "process", {}, agent="orders")
     )
     assert sent[0][1] == 30 + REQUEST_LATE_SECONDS
 

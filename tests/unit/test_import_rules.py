@@ -6,7 +6,10 @@ inside functions):
 - ``agents`` never import ``stores`` (an agent knows the remote, not the state);
 - no role imports another: the scheduler, the agents, the supervisor and the operator
   (``admin`` and its console) meet only in ``core`` ports, ``messaging`` and ``stores``
-  adapters, and the composition root (``runtime.context``), which wires them.
+  adapters, and the composition root (``bootstrap``), which wires them;
+- ``bootstrap`` is the top: only the entry points (trigger modules, the CLI, the
+  console's pages, ``function_app.py``) import it; ``observability`` (logs, metrics,
+  traces, failpoints) is the bottom: it imports nothing of the app but ``core``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,32 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = ("core", "stores", "messaging", "runtime", "scheduler", "agents", "supervisor", "admin")
+APP = (
+    "core",
+    "observability",
+    "stores",
+    "messaging",
+    "bootstrap",
+    "scheduler",
+    "agents",
+    "supervisor",
+    "admin",
+    "console",
+)
+#: The entry points: what the host or a person calls; the only modules that use bootstrap.
+ENTRY_POINTS = frozenset(
+    {
+        "function_app.py",
+        "scheduler/triggers.py",
+        "agents/triggers.py",
+        "supervisor/triggers.py",
+        "admin/triggers.py",
+        "admin/__main__.py",
+        "console/triggers.py",
+        "console/pages.py",
+        "console/inbox.py",
+    }
+)
 ROLES = {"scheduler": "scheduler", "agents": "agents", "supervisor": "supervisor"}
 ROLES |= {"admin": "operator", "console": "operator"}
 #: Third-party packages core may use (typed, no I/O).
@@ -75,6 +103,23 @@ def test_the_rules_see_imports_inside_functions(tmp_path: Path) -> None:
     assert imports_of(sample) == {"scheduler", "stores"}
 
 
+@pytest.mark.parametrize(
+    "path", [p for package in APP for p in modules(package)], ids=lambda p: str(p.name)
+)
+def test_only_entry_points_use_the_bootstrap(path: Path) -> None:
+    where = str(path.relative_to(ROOT))
+    if where in ENTRY_POINTS or where.startswith("bootstrap/"):
+        return
+    assert "bootstrap" not in imports_of(path), f"{where} reaches for the composition root"
+
+
+@pytest.mark.parametrize("path", modules("observability"), ids=lambda p: p.name)
+def test_observability_imports_nothing_of_the_app_but_core(path: Path) -> None:
+    app = local_packages() - {"core", "observability"}
+    assert imports_of(path) & app == set()
+
+
 def test_every_app_package_is_covered_by_a_rule() -> None:
-    ruled = set(ROLES) | {"core", "stores", "messaging", "runtime"}
+    ruled = set(ROLES) | {"core", "observability", "stores", "messaging", "bootstrap"}
     assert set(APP) <= ruled <= local_packages()
+    assert not (ROOT / "runtime").exists(), "runtime/ was split: bootstrap/ and observability/"

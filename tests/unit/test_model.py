@@ -546,9 +546,16 @@ def check_invariants(order: Order) -> None:
             for s in order.steps
             if s.kind is StepKind.COMPENSATION
         ), [(s.step, str(s.process_state)) for s in order.steps]
-    # an order in error always told an operator which step
+    # an order in error told an operator about the very step it waits on, when (or after)
+    # that step failed for good: not merely "some alert once" (the outbox is never drained
+    # here, so it holds every notice of the walk)
     if order.status is OrderStatus.ERROR:
-        assert any(n.kind == "alert" for n in order.outbox)
+        failed = order.failed_step()
+        assert failed.gave_up is not None
+        told = [json.loads(n.body) for n in order.outbox if n.kind == "alert"]
+        assert any(
+            a["step"] == failed.step and parse_iso(a["at"]) >= failed.gave_up.at for a in told
+        ), (failed.step, told[-3:])
     for s in order.steps:
         assert s.failure_count >= 0
         assert all(1 <= n <= s.attempt for n in s.maybe_applied)

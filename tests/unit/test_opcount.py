@@ -1,10 +1,10 @@
-"""runtime/opcount.py: requests counted by kind and by who made them."""
+"""observability/opcount.py: requests counted by kind and by who made them."""
 
 from __future__ import annotations
 
 import pytest
 
-from runtime.opcount import _kind, origin
+from observability.opcount import _kind, origin
 
 
 @pytest.mark.parametrize(

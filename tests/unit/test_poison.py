@@ -16,6 +16,8 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from core.messages import rejection_message
 from core.names import Names
 from core.orders import utf16_units
+from messaging.dispatch import DispatchQueue
+from messaging.outbox import NoticeSender
 from messaging.quarantine import quarantine
 from scheduler.service import Scheduler, SchedulerConfig
 from stores import kept as kept_module
@@ -427,7 +429,10 @@ class FakeStore:
 def scheduler(queues: FakeQueues, store: FakeStore) -> Scheduler:
     fake: Any = store
     keeper = KeptMessages(store.table)  # type: ignore[arg-type]
-    return Scheduler(fake, queues, fake, NAMES, SchedulerConfig("test", 30), clock, keeper)
+    notices = NoticeSender(fake, queues, NAMES)
+    later = DispatchQueue(queues, NAMES, clock)
+    config = SchedulerConfig("test", 30)
+    return Scheduler(fake, queues, fake, NAMES, config, clock, keeper, notices, later)
 
 
 def test_a_rejection_that_fits_is_unchanged(queues: FakeQueues) -> None:

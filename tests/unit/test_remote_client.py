@@ -1012,9 +1012,18 @@ def test_the_agent_reports_any_outcome_that_comes_after_the_deadline(kind: str) 
     transport = RecordingTransport()
     agent = Agent(StubRemote(clock, outcome, takes=45), transport, clock)  # type: ignore[arg-type]
 
-    agent.handle(make_request(30))
+    request = make_request(30)
+    assert clock() < request.complete_by
+    agent.handle(request)
 
-    assert len(transport.replies) == 1
+    # Reported after the deadline, in full: the outcome on the wire, its error, its
+    # applied, and for a deferral its notBefore (a late report corrects the expiry).
+    assert clock() > request.complete_by  # the call took 45 s of a 30 s budget
+    ((reply, _),) = transport.replies
+    wire = {"refused": "failed", "transient": "transient", "deferred": "deferred"}[kind]
+    assert (reply.outcome, reply.error, reply.applied) == (wire, "e", "no")
+    assert reply.not_before == (T0 if kind == "deferred" else None)
+    assert decode_reply(reply.encode()) == reply
 
 
 @pytest.mark.parametrize("seconds_left", [0, -1, -3600])

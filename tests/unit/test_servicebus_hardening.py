@@ -58,7 +58,7 @@ def test_the_client_bounds_retries_and_each_attempt() -> None:
         assert config.retry_backoff_max == 2
         assert config.try_timeout == servicebus.TRY_TIMEOUT_SECONDS
         assert str(config.retry_mode.value) == "exponential"
-        sender = client.get_queue_sender("agent-requests")
+        sender = client.get_queue_sender("agent-requests-inventory")
         assert sender._config.try_timeout == servicebus.TRY_TIMEOUT_SECONDS  # inherited
     finally:
         client.close()
@@ -106,8 +106,8 @@ def test_a_hung_send_makes_the_next_one_busy_not_blocked(
 ) -> None:
     monkeypatch.setattr(servicebus, "LOCK_TIMEOUT_SECONDS", 0.2)
     transport.send_request(make_request())  # builds the client
-    hung = BlockingSender("agent-requests")
-    factory.client.senders["agent-requests"] = hung
+    hung = BlockingSender("agent-requests-inventory")
+    factory.client.senders["agent-requests-inventory"] = hung
     transport._senders.clear()
     first = threading.Thread(target=transport.send_request, args=(make_request(),))
     first.start()
@@ -194,7 +194,7 @@ def test_authentication_and_authorization_are_transient(
     factory: Factory, transport: ServiceBusTransport, error: Exception
 ) -> None:
     transport.send_request(make_request())
-    factory.client.senders["agent-requests"].error = error
+    factory.client.senders["agent-requests-inventory"].error = error
 
     with pytest.raises(StorageUnavailable) as info:
         transport.send_request(make_request())
@@ -208,7 +208,7 @@ def test_a_message_too_large_stays_permanent(
 ) -> None:
     transport.send_request(make_request())
     error = MessageSizeExceededError(message="too large")
-    factory.client.senders["agent-requests"].error = error
+    factory.client.senders["agent-requests-inventory"].error = error
 
     with pytest.raises(TransportRefused) as info:
         transport.send_request(make_request())
@@ -221,15 +221,18 @@ def test_a_sender_the_sdk_shut_down_is_replaced(
     factory: Factory, transport: ServiceBusTransport
 ) -> None:
     transport.send_request(make_request())
-    dead = factory.client.senders.pop("agent-requests")
+    dead = factory.client.senders.pop("agent-requests-inventory")
     dead.error = ValueError("The handler has already been shutdown. Please use ServiceBusClient")
 
     with pytest.raises(StorageUnavailable):
         transport.send_request(make_request())
     assert transport.send_request(make_request()) is True
 
-    assert factory.client.sender_requests == ["agent-requests", "agent-requests"]
-    assert len(factory.client.senders["agent-requests"].sent) == 1
+    assert factory.client.sender_requests == [
+        "agent-requests-inventory",
+        "agent-requests-inventory",
+    ]
+    assert len(factory.client.senders["agent-requests-inventory"].sent) == 1
 
 
 def test_a_client_that_cannot_be_built_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -256,7 +259,7 @@ class Recorder:
 def recorded(monkeypatch: pytest.MonkeyPatch) -> type[Recorder]:
     import azure.identity
 
-    from runtime import clients
+    from bootstrap import clients
 
     class Default(Recorder):
         calls: list[dict[str, Any]] = []
@@ -269,7 +272,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> type[Recorder]:
 def test_without_a_client_id_default_credential_keeps_its_azure_client_id_fallback(
     recorded: type[Recorder],
 ) -> None:
-    from runtime.clients import credential
+    from bootstrap.clients import credential
 
     credential(Connection(name="ServiceBusConnection", fully_qualified_namespace="ns"))
 
@@ -278,7 +281,7 @@ def test_without_a_client_id_default_credential_keeps_its_azure_client_id_fallba
 
 
 def test_a_client_id_is_passed_to_default_credential(recorded: type[Recorder]) -> None:
-    from runtime.clients import credential
+    from bootstrap.clients import credential
 
     credential(Connection(name="Storage", account_name="acct", client_id="1234-abcd"))
 

@@ -33,6 +33,7 @@ def make_request(seconds_left: float = 30, attempt: int = 3, **changes: Any) -> 
         "path": "reserve-stock",
         "order": {"orderId": "o-1", "qty": 2},
         "trace": TRACE,
+        "agent": "inventory",
     }
     fields.update(changes)
     return AgentRequest(**fields)
@@ -238,7 +239,7 @@ def test_no_client_is_built_before_the_first_send(
     assert factory.clients == []
 
 
-def test_request_goes_to_agent_requests_with_the_reply_queue(
+def test_request_goes_to_its_agents_queue_with_the_reply_queue(
     factory: Factory, transport: ServiceBusTransport
 ) -> None:
     request = make_request()
@@ -246,7 +247,7 @@ def test_request_goes_to_agent_requests_with_the_reply_queue(
     assert transport.send_request(request) is True
 
     (sender,) = factory.client.senders.values()
-    assert sender.queue == "agent-requests"
+    assert sender.queue == "agent-requests-inventory"
     ((message, timeout),) = sender.sent
     assert message.message_id == "o-1:reserve-stock:3"
     assert message.reply_to == "agent-replies"
@@ -260,7 +261,7 @@ def test_request_names_the_configured_queues(factory: Factory, clock: Clock) -> 
 
     transport.send_request(make_request())
 
-    ((message, _),) = factory.client.senders["agent-requests-t1"].sent
+    ((message, _),) = factory.client.senders["agent-requests-t1-inventory"].sent
     assert message.reply_to == "agent-replies-t1"
 
 
@@ -299,8 +300,8 @@ def test_the_client_is_built_once_and_each_sender_once(
         transport.send_reply(make_request().succeeded({}))
 
     assert len(factory.clients) == 1
-    assert sorted(factory.client.sender_requests) == ["agent-replies", "agent-requests"]
-    assert len(factory.client.senders["agent-requests"].sent) == 3
+    assert sorted(factory.client.sender_requests) == ["agent-replies", "agent-requests-inventory"]
+    assert len(factory.client.senders["agent-requests-inventory"].sent) == 3
 
 
 @pytest.mark.usefixtures("fast_switching")
@@ -315,7 +316,7 @@ def test_concurrent_sends_are_serialized_per_sender(
         for future in [pool.submit(work, n) for n in range(8)]:
             future.result()
 
-    sender = factory.client.senders["agent-requests"]
+    sender = factory.client.senders["agent-requests-inventory"]
     assert len(factory.clients) == 1
     assert len(sender.sent) == 200
     assert sender.overlaps == 0
@@ -340,13 +341,13 @@ def test_service_bus_errors_become_storage_unavailable(
     factory: Factory, transport: ServiceBusTransport, error: ServiceBusError
 ) -> None:
     transport.send_request(make_request())
-    factory.client.senders["agent-requests"].error = error
+    factory.client.senders["agent-requests-inventory"].error = error
 
     with pytest.raises(StorageUnavailable) as info:
         transport.send_request(make_request())
 
     assert info.value.retryable is True
-    assert "agent-requests" in str(info.value)
+    assert "agent-requests-inventory" in str(info.value)
     assert info.value.__cause__ is error
 
 

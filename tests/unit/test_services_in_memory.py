@@ -9,26 +9,25 @@ here only record what they are given.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
 from admin.service import OrderAdmin
+from bootstrap import bootstrap
 from core.errors import ConcurrencyConflict, StorageUnavailable, TransitionRefused
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.names import Names
 from core.orders import decode_order
-from core.policy import RetryPolicy
 from core.ports import StateStore
+from core.settings import Settings
 from core.states import OrderStatus, StepState
 from core.unit_of_work import CONFLICT_ATTEMPTS
 from core.workflows import WORKFLOWS, Plan
-from messaging.dispatch import DispatchQueue
-from messaging.outbox import NoticeSender
-from scheduler.service import OUTBOX_GRACE, SWEEP_GRACE, Handled, Scheduler, SchedulerConfig
+from scheduler.service import OUTBOX_GRACE, SWEEP_GRACE, Handled, Scheduler
 from stores.memory import InMemoryStateStore
 from supervisor.service import SKEW_GRACE, Supervisor
 from tests.support import FakeClock
@@ -113,19 +112,31 @@ def build(
     max_failures: int = 3,
 ) -> Services:
     """Every service on one store, clock, set of queues and transport (``like``'s, to build a
-    second instance beside it; ``store`` to put something in front of the store). The one
-    place the services are wired, as in ``runtime/context.py``."""
+    second instance beside it; ``store`` to put something in front of the store), wired by
+    the app's own ``bootstrap`` with in-memory twins and fakes passed in."""
     memory = like.store if like else InMemoryStateStore()
     clock = like.clock if like else FakeClock(T0)
     queues = like.queues if like else RecordingQueues()
     transport = like.transport if like else RecordingTransport()
     keeper = like.keeper if like else RecordingKeeper()
     names = Names()
-    policy = RetryPolicy(max_failure_count=max_failures)
-    used: Any = store or memory
-    notices = NoticeSender(used, queues, names)
-    later = DispatchQueue(queues, names, clock)
-    config = SchedulerConfig(instance, TIMEOUT, policy)
+    settings = Settings.from_env(
+        {
+            "AzureWebJobsStorage": "UseDevelopmentStorage=true",  # never reached
+            "AGENT_TRANSPORT": "storage",
+            "STEP_TIMEOUT_SECONDS": str(TIMEOUT),
+            "MAX_FAILURE_COUNT": str(max_failures),
+        }
+    )
+    app = bootstrap(
+        replace(settings, instance_id=instance),
+        names=names,
+        clock=clock,
+        store=store or memory,
+        queues=queues,
+        transport=transport,
+        kept=keeper,
+    )
     return Services(
         store=memory,
         clock=clock,
@@ -133,9 +144,9 @@ def build(
         transport=transport,
         keeper=keeper,
         names=names,
-        scheduler=Scheduler(used, queues, transport, names, config, clock, keeper),
-        supervisor=Supervisor(used, notices, later, policy, clock),
-        admin=OrderAdmin(used, notices, later, clock),
+        scheduler=app.scheduler,
+        supervisor=app.supervisor,
+        admin=app.admin,
     )
 
 

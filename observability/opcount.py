@@ -1,6 +1,7 @@
 """Counting storage operations per process, for the benchmark and the cost model.
 
-Inert unless ``ORDERS_OPCOUNT_DIR`` is set: then every storage client gets a
+Inert unless given a directory (``Settings.opcount_dir``, the ``ORDERS_OPCOUNT_DIR``
+setting): then every storage client built with it gets a
 pipeline policy that counts its requests by service and kind (a table
 transaction is one request: ``table.batch``), and the counts are written to
 ``<dir>/<pid>.json`` every second and at exit, so a benchmark can add up what
@@ -18,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from azure.core.pipeline import PipelineRequest
-
-ENV = "ORDERS_OPCOUNT_DIR"
 
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
@@ -99,9 +98,8 @@ def _start(directory: Path) -> None:
     atexit.register(_flush, directory)
 
 
-def policies(service: str) -> dict[str, Any]:
-    """Client options adding the counter when ``ORDERS_OPCOUNT_DIR`` is set; else nothing."""
-    directory = os.environ.get(ENV)
+def policies(service: str, directory: str | None) -> dict[str, Any]:
+    """Client options adding the counter when there is a ``directory``; else nothing."""
     if not directory:
         return {}
     _start(Path(directory))

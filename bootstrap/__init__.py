@@ -1,35 +1,46 @@
-"""The composition root: one ``AppContext`` per process, built on first use.
+"""The composition root: ``bootstrap(settings)`` wires the app, once per process.
 
-Settings are read once (failing fast with the missing name), clients are
-created lazily and reused by every invocation. Triggers call
-``app_context()`` and nothing else.
+It is the one place that turns settings into parts: the store, the queues, the agent
+transport, the services, the agents. Each service gets exactly what it uses (ports in,
+no global look-ups); each part is built on first use and reused (never at import: that
+slows cold start and breaks tests). The triggers and the CLI reach it through
+``app_context()``; tests call ``bootstrap`` with their own settings, names, clock and
+fakes, instead of patching the environment.
+
+Settings are read once: ``settings_from_environment`` is, with ``core.settings`` that it
+calls, the only code of the app that reads the environment. ``index_time`` reads the
+two things the trigger modules need while ``function_app.py`` is indexed (which
+transport, which declarations), before any other setting may exist.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import cached_property
-from typing import Any
+from functools import cache, cached_property
+from typing import Any, TypeVar
 
+from admin.drain import LegacyQueue, ServiceBusLegacyQueue, StorageLegacyQueue
 from admin.service import OrderAdmin
 from agents.agent import Agent
 from agents.build import build_agent
-from agents.remote import RemoteServiceClient
+from bootstrap import clients
+from core import workflows
 from core.errors import OrderNotFound
 from core.names import Names
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
-from core.settings import Settings, Transport, function_disabled
+from core.settings import Settings, Transport, declarations_of, transport_from_env
 from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue
 from messaging.inline import InlineReplies
 from messaging.outbox import NoticeSender
+from messaging.resilience import ride_out
 from messaging.storage_queues import StorageQueues, StorageQueueTransport
-from runtime import clients, telemetry
+from observability import failpoints, telemetry
 from scheduler.service import Scheduler, SchedulerConfig
 from stores.kept import KeptMessages
 from stores.tables import TableStateStore
@@ -37,22 +48,65 @@ from supervisor.expired import ExpiredRequests
 from supervisor.poison import PoisonWatch
 from supervisor.service import Supervisor
 
-#: The function that applies agent replies (scheduler/triggers.py).
-REPLY_HANDLER = "handle_agent_reply"
+T = TypeVar("T")
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def instance_id() -> str:
-    """Who holds a claim: the Functions instance (or devhost process) and the worker pid."""
-    base = (
-        os.environ.get("DEVHOST_INSTANCE_ID")
-        or os.environ.get("WEBSITE_INSTANCE_ID", "")[:16]
-        or socket.gethostname()
-    )
-    return f"{base}-{os.getpid()}"
+def settings_from_environment(
+    overrides: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None
+) -> Settings:
+    """Every setting of this process, read once (``core.settings``); ``overrides`` win over
+    the environment, ``defaults`` fill what it lacks (the CLI's ``--connection``, say)."""
+    return Settings.from_env({**(defaults or {}), **os.environ, **(overrides or {})})
+
+
+@dataclass(frozen=True)
+class IndexTime:
+    """What the trigger modules need while ``function_app.py`` is indexed."""
+
+    transport: Transport
+    declarations: str
+
+
+@cache
+def index_time() -> IndexTime:
+    """Read once, when the first trigger module is imported (``AGENT_TRANSPORT`` decides
+    the agent queues' trigger type; the declarations, which agents get a function)."""
+    env: Mapping[str, str] = os.environ
+    found = IndexTime(transport_from_env(env), declarations_of(env))
+    workflows.use(found.declarations)
+    return found
+
+
+def declarations_from_environment() -> str:
+    """For the CLI's declaration commands, which need no other setting: the declarations
+    module (``ORDERS_DECLARATIONS``), put to use; its name."""
+    name = declarations_of(os.environ)
+    workflows.use(name)
+    return name
+
+
+def bootstrap(
+    settings: Settings,
+    *,
+    names: Names | None = None,
+    clock: Clock = utc_now,
+    **parts: Any,
+) -> AppContext:
+    """The app, wired from ``settings``. ``parts`` replaces any part by name (``store``,
+    ``queues``, ``transport`` ...): tests pass in-memory twins and fakes this way."""
+    workflows.use(settings.declarations)
+    failpoints.arm(settings.failpoints)
+    telemetry.setup(settings.telemetry_connection, settings.telemetry_authentication)
+    context = AppContext(settings, names or Names(), clock)
+    for name, part in parts.items():
+        if not isinstance(getattr(AppContext, name, None), cached_property):
+            raise TypeError(f"bootstrap: no part called {name!r}")
+        context.__dict__[name] = part
+    return context
 
 
 @dataclass
@@ -61,20 +115,22 @@ class AppContext:
     names: Names
     clock: Clock = utc_now
 
-    @cached_property
+    @property
     def instance_id(self) -> str:
-        return instance_id()
+        return self.settings.instance_id
 
     @cached_property
     def store(self) -> TableStateStore:
-        service = clients.table_service(self.settings.storage)
+        service = clients.table_service(self.settings.storage, self.settings.opcount_dir)
         store = TableStateStore(service.get_table_client(self.names.state_table))
         store.ensure_table()  # once per process; exists already in Azure (infra/ creates it)
         return store
 
     @cached_property
     def queues(self) -> StorageQueues:
-        return StorageQueues(clients.queue_service(self.settings.storage))
+        return StorageQueues(
+            clients.queue_service(self.settings.storage, self.settings.opcount_dir)
+        )
 
     @cached_property
     def transport(self) -> AgentTransport:
@@ -84,13 +140,15 @@ class AppContext:
 
         connection = self.settings.service_bus
         assert connection is not None  # Settings refuses servicebus without a connection
-        return ServiceBusTransport(lambda: client_for(connection), self.names, self.clock)
+        return ServiceBusTransport(
+            lambda: client_for(connection, clients.credential), self.names, self.clock
+        )
 
     @cached_property
     def agent_transport(self) -> AgentTransport:
         """The agents' transport: replies applied in process where this instance runs the
         reply handler (``messaging/inline.py``), else sent to the reply queue."""
-        if function_disabled(os.environ, REPLY_HANDLER):
+        if not self.settings.inline_replies:
             return self.transport
         return InlineReplies(
             self.transport,
@@ -117,6 +175,8 @@ class AppContext:
             ),
             self.clock,
             self.kept,
+            self.notices,
+            self.dispatch_queue,
         )
 
     @cached_property
@@ -145,19 +205,8 @@ class AppContext:
     def expired_requests(self) -> ExpiredRequests:
         return ExpiredRequests(self.transport, self.clock)
 
-    @cached_property
-    def remote(self) -> RemoteServiceClient:
-        return RemoteServiceClient(self.settings.require_remote_service_url(), clock=self.clock)
-
-    @cached_property
-    def agent(self) -> Agent:
-        """The agent of requests that name none (plans from before agents existed)."""
-        return Agent(self.remote, self.agent_transport, self.clock, load_order=self._order_body)
-
-    def agent_for(self, name: str | None) -> Agent:
+    def agent_for(self, name: str) -> Agent:
         """The declared agent ``name`` (its own client, breaker and limits), built once."""
-        if name is None:
-            return self.agent
         with _agents_lock:
             agent = self._agents.get(name)
             if agent is None:
@@ -185,6 +234,22 @@ class AppContext:
     def admin(self) -> OrderAdmin:
         return OrderAdmin(self.store, self.notices, self.dispatch_queue, self.clock)
 
+    @cached_property
+    def legacy_requests(self) -> LegacyQueue:
+        """The shared request queue of versions before per-agent queues (the upgrade)."""
+        queue = self.names.legacy_requests
+        if self.settings.transport is Transport.STORAGE:
+            return StorageLegacyQueue(self.queues.client(queue))
+        from messaging.servicebus import client_for
+
+        connection = self.settings.service_bus
+        assert connection is not None  # Settings refuses servicebus without a connection
+        return ServiceBusLegacyQueue(client_for(connection, clients.credential), queue)
+
+    def ride_out(self, work: Callable[[], T], *, what: str) -> T:
+        """``work``, riding out storage trouble for this process's budget (a trigger's)."""
+        return ride_out(work, what=what, seconds=self.settings.ride_out_seconds)
+
     def provision(self) -> None:
         """Create the table and queues if missing (local runs; Bicep creates them in Azure)."""
         _ = self.store
@@ -197,16 +262,16 @@ _context: AppContext | None = None
 
 
 def app_context() -> AppContext:
+    """The process's app: bootstrapped from the environment on first use."""
     global _context  # noqa: PLW0603 - the process-wide composition root
     with _lock:
         if _context is None:
-            telemetry.setup()
-            _context = AppContext(Settings.from_env(os.environ), Names())
+            _context = bootstrap(settings_from_environment())
         return _context
 
 
 def reset_app_context(context: AppContext | None = None) -> None:
-    """For tests and the local host: drop (or replace) the process-wide context."""
+    """For tests and the local host: drop (or replace) the process-wide app."""
     global _context  # noqa: PLW0603
     with _lock:
         _context = context

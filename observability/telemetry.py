@@ -1,6 +1,6 @@
 """Tracing and metrics: one order is one trace, across every process it touches.
 
-When ``APPLICATIONINSIGHTS_CONNECTION_STRING`` is set, ``setup()`` configures
+When the settings carry an Application Insights connection string, ``setup`` configures
 Azure Monitor OpenTelemetry (identity-based ingestion when
 ``APPLICATIONINSIGHTS_AUTHENTICATION_STRING`` names a client id) and the
 ``orders.*`` counters. Without it, spans still work against whatever tracer
@@ -16,7 +16,6 @@ application properties); the supervisor continues it from the order record.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -24,31 +23,28 @@ from typing import Any
 
 from opentelemetry import propagate, trace
 
-from runtime.logs import get_logger
-from runtime.metrics import METRICS
+from observability.logs import get_logger
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 _tracer = trace.get_tracer("orders")
 _lock = threading.Lock()
 _configured = False
 
-CONNECTION_ENV = "APPLICATIONINSIGHTS_CONNECTION_STRING"
-AUTH_ENV = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 
-
-def setup() -> bool:
-    """Configure Azure Monitor once per process, if a connection string is set."""
+def setup(connection: str | None, authentication: str | None = None) -> bool:
+    """Configure Azure Monitor once per process, if there is a connection string
+    (``APPLICATIONINSIGHTS_CONNECTION_STRING``; ``authentication`` is
+    ``APPLICATIONINSIGHTS_AUTHENTICATION_STRING``)."""
     global _configured  # noqa: PLW0603
     with _lock:
-        if _configured or not os.environ.get(CONNECTION_ENV):
+        if _configured or not connection:
             return _configured
         from azure.monitor.opentelemetry import configure_azure_monitor
         from opentelemetry import metrics
 
-        options: dict[str, Any] = {"logger_name": ""}
-        auth = dict(
-            part.split("=", 1) for part in os.environ.get(AUTH_ENV, "").split(";") if "=" in part
-        )
+        options: dict[str, Any] = {"logger_name": "", "connection_string": connection}
+        auth = dict(part.split("=", 1) for part in (authentication or "").split(";") if "=" in part)
         if auth.get("Authorization", "").upper() == "AAD":
             from azure.identity import ManagedIdentityCredential
 

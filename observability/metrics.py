@@ -1,7 +1,7 @@
 """Counters the services bump: claims, conflicts, stale replies, retries, alerts, ...
 
 Exported as OpenTelemetry counters named ``orders.<name>`` once a meter is
-set (``runtime/telemetry.py``, when Application Insights is configured);
+set (``observability/telemetry.py``, when Application Insights is configured);
 until then ``inc`` does nothing.
 """
 

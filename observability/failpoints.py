@@ -1,7 +1,7 @@
 """Failpoints: kill this process at a named point, to test recovery from real crashes.
 
-Test-only and inert unless the environment says otherwise:
-``ORDERS_FAILPOINTS="after-claim"`` (comma-separated names, each optionally
+Test-only and inert unless armed (the bootstrap arms ``Settings.failpoints``, the
+``ORDERS_FAILPOINTS`` setting): ``"after-claim"`` (comma-separated names, each optionally
 ``name:probability``) makes ``hit("after-claim")`` SIGKILL the process at that
 point: no cleanup, no finally blocks, exactly like a host that dies. The e2e
 and chaos suites use it to land a kill inside the narrow windows that random
@@ -17,22 +17,22 @@ from __future__ import annotations
 import os
 import random
 import signal
-from functools import cache
 
-ENV = "ORDERS_FAILPOINTS"
+_armed: dict[str, float] = {}
 
 
-@cache
-def _armed() -> dict[str, float]:
+def arm(spec: str) -> None:
+    """Arm the failpoints ``spec`` names (replacing any armed before)."""
     points: dict[str, float] = {}
-    for item in os.environ.get(ENV, "").split(","):
+    for item in spec.split(","):
         name, _, probability = item.strip().partition(":")
         if name:
             points[name] = float(probability) if probability else 1.0
-    return points
+    _armed.clear()
+    _armed.update(points)
 
 
 def hit(name: str) -> None:
-    probability = _armed().get(name)
+    probability = _armed.get(name)
     if probability is not None and random.random() < probability:
         os.kill(os.getpid(), signal.SIGKILL)

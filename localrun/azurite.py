@@ -8,7 +8,7 @@ the README's design notes).
     with Azurite.start() as azurite:
         os.environ["AzureWebJobsStorage"] = azurite.connection_string
 
-``python -m devhost.azurite`` runs one until interrupted and prints its connection string
+``python -m localrun.azurite`` runs one until interrupted and prints its connection string
 on the first line of standard output.
 """
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from devhost.processes import stop_group
+from localrun.processes import stop_group
 
 ACCOUNT = "devstoreaccount1"
 # The well-known development key: public, identical in every Azurite install.

@@ -46,11 +46,11 @@ def retry_options(service: str) -> dict[str, Any]:
     return dict(STORAGE_OPTIONS)
 
 
-def _options(service: str) -> dict[str, Any]:
+def _options(service: str, opcount_dir: str | None) -> dict[str, Any]:
     import requests
     from azure.core.pipeline.transport import RequestsTransport
 
-    from runtime import opcount
+    from observability import opcount
 
     session = requests.Session()
     # No ~/.netrc or proxy lookups on every request (profiled: a fifth of a worker's CPU).
@@ -59,7 +59,11 @@ def _options(service: str) -> dict[str, Any]:
     session.mount("http://", adapter)
     session.mount("https://", adapter)
     transport = RequestsTransport(session=session, session_owner=True)
-    return {**retry_options(service), "transport": transport, **opcount.policies(service)}
+    return {
+        **retry_options(service),
+        "transport": transport,
+        **opcount.policies(service, opcount_dir),
+    }
 
 
 def credential(connection: Connection) -> TokenCredential:
@@ -96,25 +100,25 @@ def _endpoint(connection: Connection, service: str) -> str:
     )
 
 
-def table_service(connection: Connection) -> TableServiceClient:
+def table_service(connection: Connection, opcount_dir: str | None = None) -> TableServiceClient:
+    """``opcount_dir``: count this client's requests there (``observability.opcount``)."""
     from azure.data.tables import TableServiceClient
 
+    options = _options("table", opcount_dir)
     if connection.connection_string:
-        return TableServiceClient.from_connection_string(
-            connection.connection_string, **_options("table")
-        )
+        return TableServiceClient.from_connection_string(connection.connection_string, **options)
     return TableServiceClient(
-        _endpoint(connection, "table"), credential=credential(connection), **_options("table")
+        _endpoint(connection, "table"), credential=credential(connection), **options
     )
 
 
-def queue_service(connection: Connection) -> QueueServiceClient:
+def queue_service(connection: Connection, opcount_dir: str | None = None) -> QueueServiceClient:
+    """``opcount_dir``: count this client's requests there (``observability.opcount``)."""
     from azure.storage.queue import QueueServiceClient
 
+    options = _options("queue", opcount_dir)
     if connection.connection_string:
-        return QueueServiceClient.from_connection_string(
-            connection.connection_string, **_options("queue")
-        )
+        return QueueServiceClient.from_connection_string(connection.connection_string, **options)
     return QueueServiceClient(
-        _endpoint(connection, "queue"), credential=credential(connection), **_options("queue")
+        _endpoint(connection, "queue"), credential=credential(connection), **options
     )

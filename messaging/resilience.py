@@ -13,7 +13,6 @@ fenced replies), so running it again is safe.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Final, TypeVar
@@ -26,16 +25,18 @@ from tenacity import (
 )
 
 from core.errors import ConcurrencyConflict, StorageUnavailable
-from runtime.logs import get_logger
-from runtime.metrics import METRICS
+from core.settings import DEFAULT_RIDE_OUT_SECONDS
+from observability.logs import get_logger
+from observability.metrics import METRICS
 
 log = get_logger(__name__)
 
 T = TypeVar("T")
 
 #: Two minutes of trouble inside one invocation; with maxDequeueCount 5 that is about
-#: ten minutes before a message is given up on. (ORDERS_RIDE_OUT_SECONDS: tests only.)
-RIDE_OUT_SECONDS: Final = float(os.environ.get("ORDERS_RIDE_OUT_SECONDS", "120"))
+#: ten minutes before a message is given up on (``Settings.ride_out_seconds``, which
+#: tests shorten with ORDERS_RIDE_OUT_SECONDS).
+RIDE_OUT_SECONDS: Final = DEFAULT_RIDE_OUT_SECONDS
 
 
 def ride_out(

@@ -1,1 +1,0 @@
-"""Composition root: settings, Azure clients, logging context and metrics, built lazily."""
