@@ -271,7 +271,7 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
                     "length": k.length,
                     "preview": k.preview,
                 }
-                for k in kept.list(max(args.limit, 1))
+                for k in kept.summaries(max(args.limit, 1))
             ]
         )
         return 0
@@ -311,11 +311,11 @@ def main(argv: list[str] | None = None) -> int:
             _print(admin.show(args.order_id))
         elif args.command == "list":
             status = OrderStatus(args.status)
-            page = admin.list(status, args.page_size, args.token)
+            page = admin.page(status, args.page_size, args.token)
             if args.all:
                 orders = list(page["orders"])
                 while page["continuationToken"]:
-                    page = admin.list(status, args.page_size, page["continuationToken"])
+                    page = admin.page(status, args.page_size, page["continuationToken"])
                     orders += page["orders"]
                 page = {"orders": orders, "continuationToken": None}
             _print(page)

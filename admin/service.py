@@ -9,7 +9,6 @@ storage access.
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -188,7 +187,7 @@ class OrderAdmin:
     def show(self, order_id: str) -> dict[str, Any]:
         return order_view(self.get(order_id))
 
-    def list(
+    def page(
         self,
         status: OrderStatus | ListFilter,
         page_size: int = DEFAULT_PAGE,
@@ -234,10 +233,10 @@ class OrderAdmin:
             for status in OrderStatus
         }
 
-    def bulk_targets(self, where: ListFilter, limit: int = MAX_BULK) -> builtins.list[str]:
+    def bulk_targets(self, where: ListFilter, limit: int = MAX_BULK) -> list[str]:
         """The ids of the orders a bulk action over ``where`` would be tried on (a dry run:
         nothing changes), newest first, ``limit`` at most."""
-        ids: builtins.list[str] = []
+        ids: list[str] = []
         token: str | None = None
         while len(ids) < limit:
             page, token = self._store.list_by_status(where, min(MAX_PAGE, limit - len(ids)), token)
@@ -250,8 +249,8 @@ class OrderAdmin:
         """``resubmit`` or ``cancel`` each order; one refusal never stops the others."""
         if action not in BULK_ACTIONS:
             raise ValueError(f"action must be one of {', '.join(BULK_ACTIONS)}")
-        done: builtins.list[str] = []
-        refused: builtins.list[dict[str, str]] = []
+        done: list[str] = []
+        refused: list[dict[str, str]] = []
         for order_id in order_ids:
             try:
                 if action == "resubmit":

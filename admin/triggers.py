@@ -117,7 +117,7 @@ def list_orders(req: func.HttpRequest) -> func.HttpResponse:
     except ValueError as exc:
         return _error(400, str(exc))
     token = req.params.get("continuationToken") or None
-    return _answer(None, lambda: app_context().admin.list(where, page_size, token))
+    return _answer(None, lambda: app_context().admin.page(where, page_size, token))
 
 
 def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:

@@ -36,7 +36,10 @@ log = get_logger(__name__)
 REPLY_SEND_SECONDS = 60.0
 
 
-class Agent:
+class AgentWorker:
+    """The running side of one declared agent (``core.workflows.Agent`` is its
+    declaration): takes its requests, calls its remote, sends one reply each."""
+
     def __init__(
         self,
         remote: RemoteServiceClient,

@@ -1,4 +1,4 @@
-"""An ``Agent`` for each declared agent (``core.workflows.Agent``): its own client, with
+"""An ``AgentWorker`` for each declared agent (``core.workflows.Agent``): its own client, with
 its base URL, authentication, timeouts, retry and breaker policy, and concurrency limit.
 
 - ``kind="http"``: ``RemoteServiceClient`` on ``AGENT_<NAME>_URL`` (else
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agents.agent import Agent
+from agents.agent import AgentWorker
 from agents.auth import TokenCredential, auth_for
 from agents.health import HealthPolicy
 from agents.python import PythonAgentClient, check_handler
@@ -94,9 +94,9 @@ def build_agent(
     load_order: Callable[[str], dict[str, Any]] | None = None,
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
-) -> Agent:
+) -> AgentWorker:
     client = client_of(spec, settings, clock, env=env, credential=credential)
-    return Agent(
+    return AgentWorker(
         client,
         transport,
         clock,

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from admin.drain import LegacyQueue, ServiceBusLegacyQueue, StorageLegacyQueue
 from admin.service import OrderAdmin
-from agents.agent import Agent
+from agents.agent import AgentWorker
 from agents.build import build_agent
 from bootstrap import clients
 from core import workflows
@@ -205,7 +205,7 @@ class AppContext:
     def expired_requests(self) -> ExpiredRequests:
         return ExpiredRequests(self.transport, self.clock)
 
-    def agent_for(self, name: str) -> Agent:
+    def agent_for(self, name: str) -> AgentWorker:
         """The declared agent ``name`` (its own client, breaker and limits), built once."""
         with _agents_lock:
             agent = self._agents.get(name)
@@ -220,7 +220,7 @@ class AppContext:
         return agent
 
     @cached_property
-    def _agents(self) -> dict[str, Agent]:
+    def _agents(self) -> dict[str, AgentWorker]:
         return {}
 
     def _order_body(self, order_id: str) -> dict[str, Any]:

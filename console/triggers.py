@@ -50,7 +50,7 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
     def show() -> func.HttpResponse:
         admin = app_context().admin
         try:
-            listing = admin.list(where, page_size, token)
+            listing = admin.page(where, page_size, token)
         except InvalidContinuationToken as exc:
             return page.render("message.html", 400, message=str(exc), failed=True)
         return page.render(
@@ -277,12 +277,12 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
 
     def show() -> func.HttpResponse:
         ctx = app_context()
-        attention = ctx.admin.list(ListFilter(OrderStatus.ERROR), 100)
+        attention = ctx.admin.page(ListFilter(OrderStatus.ERROR), 100)
         return page.render(
             "alerts.html",
             alerts=inbox.alerts(ctx),
             rejected=inbox.rejected(ctx),
-            kept=ctx.kept.list(limit=50),
+            kept=ctx.kept.summaries(limit=50),
             attention=attention["orders"],
         )
 

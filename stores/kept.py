@@ -161,7 +161,7 @@ class KeptMessages:
             int(e.get("Length", len(text))),
         )
 
-    def list(self, limit: int = 100, preview_chars: int = 200) -> list[KeptSummary]:
+    def summaries(self, limit: int = 100, preview_chars: int = 200) -> list[KeptSummary]:
         """The oldest ``limit`` kept messages, without their whole text."""
         fields = ["RowKey", "Queue", "Reason", "At", "Encoding", "Length", "Text"]
         try:

@@ -112,7 +112,7 @@ def test_a_large_malformed_agent_request_is_quarantined_with_a_kept_copy_and_ale
     [alert] = drain_json(ctx, ctx.names.operator_alerts)
     assert alert["keptAs"] == record["keptAs"] and alert["orderId"] == f"{tag}-q"
     assert "attempt must be" in alert["reason"]
-    assert [k.row for k in kept_messages.list(1000) if f"{tag}-q" in k.preview] == [
+    assert [k.row for k in kept_messages.summaries(1000) if f"{tag}-q" in k.preview] == [
         record["keptAs"]
     ]  # kept once, not again by the alert
 

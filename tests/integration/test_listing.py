@@ -110,7 +110,7 @@ def test_counts_follow_the_status_and_stop_at_the_cap(ctx: AppContext) -> None:
     assert counts["pending"] == 5 and counts["error"] == 2 and counts["completed"] == 0
     assert set(counts) == {s.value for s in OrderStatus}
     assert ctx.store.count_by_status(ListFilter(OrderStatus.PENDING), cap=3) == 3
-    errors = ctx.admin.list(ListFilter(OrderStatus.ERROR))["orders"]
+    errors = ctx.admin.page(ListFilter(OrderStatus.ERROR))["orders"]
     assert [o["orderId"] for o in errors] == ["c-4", "c-1"]
     assert errors[0]["failedStep"] == "process"
 

@@ -333,7 +333,7 @@ def test_operator_resubmits_an_error_order(
     submit(ctx, {"orderId": failing, "simulate": {"process": "permanent"}})
     pump(ctx)
     assert status_of(ctx, failing) is OrderStatus.ERROR
-    listed = ctx.admin.list(OrderStatus.ERROR)
+    listed = ctx.admin.page(OrderStatus.ERROR)
     assert failing in [o["orderId"] for o in listed["orders"]]
     view = ctx.admin.resubmit(failing, "alice")
     assert view["status"] == "processing"

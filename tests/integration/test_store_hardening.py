@@ -486,7 +486,7 @@ def test_a_corrupt_order_in_a_listing_is_named_not_fatal(ctx: AppContext, tag: s
         ctx.store.create(accepted(order_id, ctx))
     corrupt(ctx.store, bad, Body="{not json")
 
-    page = ctx.admin.list(OrderStatus.PENDING)
+    page = ctx.admin.page(OrderStatus.PENDING)
 
     assert [o["orderId"] for o in page["orders"]] == [good]
     assert [u["orderId"] for u in page["unreadable"]] == [bad]

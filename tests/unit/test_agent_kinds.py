@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 import httpx
 import pytest
 
-from agents.agent import Agent
+from agents.agent import AgentWorker
 from agents.auth import (
     ApiKeyHeader,
     CredentialError,
@@ -200,7 +200,7 @@ def ship_request(order_id: str = "o-1", seconds: float = 20, **changes: Any) -> 
 
 def entra_agent(
     sim: SimulatorServer, scope: str = f"{CARRIER}/.default", env: dict[str, str] | None = None
-) -> tuple[Agent, RecordingTransport]:
+) -> tuple[AgentWorker, RecordingTransport]:
     transport = RecordingTransport()
     spec = workflows.Agent("carrier", auth=workflows.EntraToken(scope), max_try_seconds=5)
     agent = build_agent(spec, settings(sim.url), transport, wall_clock, env=env or {})
@@ -494,7 +494,7 @@ def test_a_python_agent_calls_its_handler_and_replies_its_result() -> None:
     transport = RecordingTransport()
     request = make_request(30, attempt=4)
 
-    assert Agent(client, transport, clock, sleep=clock.sleep).handle(request) == "succeeded"
+    assert AgentWorker(client, transport, clock, sleep=clock.sleep).handle(request) == "succeeded"
 
     assert transport.replies == [(request.succeeded({"reservation": "r-1"}), None)]
     (call,) = handler.calls
@@ -557,7 +557,7 @@ def test_refused_is_a_refusal_at_once() -> None:
     transport = RecordingTransport()
     clock = FakeClock()
 
-    reply = Agent(client, transport, clock).handle(make_request())
+    reply = AgentWorker(client, transport, clock).handle(make_request())
 
     assert reply is ReplyOutcome.FAILED
     ((sent, _),) = transport.replies
@@ -607,7 +607,7 @@ def test_a_handler_still_running_at_the_try_deadline_may_have_applied() -> None:
     clock = FakeClock()
     transport = RecordingTransport()
     try:
-        reply = Agent(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
+        reply = AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
         assert client.running == 1
     finally:
         release.set()
@@ -673,7 +673,7 @@ def test_a_call_that_gets_no_slot_in_time_is_deferred_and_not_made() -> None:
     transport = RecordingTransport()
     try:
         started = time.monotonic()
-        reply = Agent(client, transport, clock).handle(make_request(2, order_id="o-2"))
+        reply = AgentWorker(client, transport, clock).handle(make_request(2, order_id="o-2"))
         waited = time.monotonic() - started
     finally:
         gate.release.set()

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.agent import Agent
+from agents.agent import AgentWorker
 from core.errors import TransitionRefused
 from core.messages import AgentReply, AgentRequest
 from core.model import IN_FLIGHT_GRACE, Order
@@ -139,13 +139,13 @@ def test_2_a_redelivered_request_reports_maybe_unless_the_remote_settles_it() ->
     r = remote(clock, status(503), status(503), status(503), status(503))
     client, _ = make_client(r)
     transport = RecordingTransport()
-    Agent(client, transport, clock, sleep=clock.sleep).handle(make_request(3), None, 2)
+    AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(3), None, 2)
     ((sent, _),) = transport.replies
     assert sent.applied == "maybe" and "delivery 2" in (sent.error or "")
     r = remote(clock, status(422, error="invalid"))
     client, _ = make_client(r)
     transport = RecordingTransport()
-    Agent(client, transport, clock, sleep=clock.sleep).handle(make_request(3), None, 2)
+    AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(3), None, 2)
     ((sent, _),) = transport.replies
     assert (sent.applied, sent.settled) == ("no", True)
 
@@ -208,7 +208,7 @@ def test_3_the_agent_reports_a_handler_that_outlives_its_attempt_and_its_outcome
     clock = FakeClock()
     transport = RecordingTransport()
     request = make_request(2)
-    Agent(client, transport, clock, sleep=clock.sleep).handle(request)
+    AgentWorker(client, transport, clock, sleep=clock.sleep).handle(request)
     first = transport.replies[0][0]
     assert first.applied == "maybe" and first.running_until is not None
     time.sleep(0.35)  # a renewal while it runs
@@ -581,7 +581,7 @@ def test_review_a_handler_that_ends_just_after_the_last_try_is_reported() -> Non
     client._attempt = attempt_then_end  # type: ignore[method-assign]
     transport = RecordingTransport()
     clock = FakeClock()
-    Agent(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
+    AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
     ((sent, _),) = transport.replies
     assert sent.outcome == "succeeded" and sent.result == {"charged": True}
 

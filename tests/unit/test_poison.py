@@ -524,7 +524,7 @@ def test_kept_row_keys_are_safe_and_unknown_keys_are_not_found() -> None:
 
     assert row.startswith("20261122T101530.123000Z-agent-requests-DeadLetterQueue-")
     assert all(c.isalnum() or c in "._-" for c in row)
-    [summary] = kept.list()
+    [summary] = kept.summaries()
     assert summary.row == row and summary.queue == "agent-requests/$DeadLetterQueue"
     assert kept.get("no/such#row?") is None and kept.get("missing") is None
     assert kept.delete("missing") is False

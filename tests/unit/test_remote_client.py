@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.agent import REPLY_SEND_SECONDS, Agent
+from agents.agent import REPLY_SEND_SECONDS, AgentWorker
 from agents.remote import CallOutcome, RemotePolicy, RemoteServiceClient, Try, classify
 from core.errors import StorageUnavailable
 from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome, decode_reply
@@ -884,11 +884,11 @@ class StubRemote:
 
 def make_agent(
     *script: Step, failures: int = 0, **kw: Any
-) -> tuple[Agent, Remote, RecordingTransport]:
+) -> tuple[AgentWorker, Remote, RecordingTransport]:
     r = remote(FakeClock(), *script)
     client, clock = make_client(r)
     transport = RecordingTransport(failures)
-    return Agent(client, transport, clock, sleep=clock.sleep, **kw), r, transport
+    return AgentWorker(client, transport, clock, sleep=clock.sleep, **kw), r, transport
 
 
 @pytest.mark.parametrize(
@@ -945,7 +945,7 @@ def test_the_agent_sends_exactly_one_reply_per_outcome(
 ) -> None:
     clock = FakeClock()
     transport = RecordingTransport()
-    agent = Agent(StubRemote(clock, outcome), transport, clock, sleep=clock.sleep)  # type: ignore[arg-type]
+    agent = AgentWorker(StubRemote(clock, outcome), transport, clock, sleep=clock.sleep)  # type: ignore[arg-type]
     request = make_request(attempt=3)
 
     assert agent.handle(request, reply_to="agent-replies-x") == expected["outcome"]
@@ -999,7 +999,7 @@ def test_the_agent_reports_a_success_that_arrives_after_the_deadline() -> None:
     transport = RecordingTransport()
     request = make_request(30)
 
-    assert Agent(client, transport, clock).handle(request) is ReplyOutcome.SUCCEEDED
+    assert AgentWorker(client, transport, clock).handle(request) is ReplyOutcome.SUCCEEDED
 
     assert clock.now > request.complete_by
     assert transport.replies == [(request.succeeded({"late": True}), None)]
@@ -1010,7 +1010,7 @@ def test_the_agent_reports_any_outcome_that_comes_after_the_deadline(kind: str) 
     clock = FakeClock()
     outcome = CallOutcome(kind, error="e", applied="no", not_before=T0)  # type: ignore[arg-type]
     transport = RecordingTransport()
-    agent = Agent(StubRemote(clock, outcome, takes=45), transport, clock)  # type: ignore[arg-type]
+    agent = AgentWorker(StubRemote(clock, outcome, takes=45), transport, clock)  # type: ignore[arg-type]
 
     request = make_request(30)
     assert clock() < request.complete_by

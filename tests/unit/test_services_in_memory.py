@@ -311,10 +311,10 @@ def test_listing_and_counts_through_the_admin(s: Services) -> None:
         submit(s, f"o-l{n}")
         s.clock.advance(1)
     s.scheduler.apply_reply(reply_to(s.transport.requests[2]))
-    page = s.admin.list(OrderStatus.PROCESSING, page_size=3)
+    page = s.admin.page(OrderStatus.PROCESSING, page_size=3)
     assert [o["orderId"] for o in page["orders"]] == ["o-l4", "o-l3", "o-l1"]
     assert page["continuationToken"] is not None
-    rest = s.admin.list(OrderStatus.PROCESSING, page_size=3, token=page["continuationToken"])
+    rest = s.admin.page(OrderStatus.PROCESSING, page_size=3, token=page["continuationToken"])
     assert [o["orderId"] for o in rest["orders"]] == ["o-l0"]
     counts = s.admin.counts()
     assert (counts["processing"], counts["completed"], counts["pending"]) == (4, 1, 0)
