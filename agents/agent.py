@@ -19,7 +19,8 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from agents.remote import CallOutcome, RemoteServiceClient, Running, Try
+from agents.outcomes import CallOutcome, Running, Try
+from agents.runner import AttemptRunner
 from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.ports import AgentTransport, Clock
@@ -42,7 +43,7 @@ class AgentWorker:
 
     def __init__(
         self,
-        remote: RemoteServiceClient,
+        remote: AttemptRunner[Any],
         transport: AgentTransport,
         clock: Clock,
         load_order: Callable[[str], dict[str, Any]] | None = None,

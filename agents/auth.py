@@ -1,6 +1,6 @@
 """How an HTTP agent proves who it is to its remote service (``core.workflows.Auth``).
 
-``RemoteServiceClient`` asks its ``RequestAuth`` for headers on every try, inside the
+``HttpTry`` (``agents.remote``) asks its ``RequestAuth`` for headers on every try, inside the
 try: a try whose credentials cannot be had is a try that applied nothing and sent
 nothing (transient: ``applied: no``), with an error that says so.
 

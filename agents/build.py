@@ -1,10 +1,12 @@
 """An ``AgentWorker`` for each declared agent (``core.workflows.Agent``): its own client, with
 its base URL, authentication, timeouts, retry and breaker policy, and concurrency limit.
 
-- ``kind="http"``: ``RemoteServiceClient`` on ``AGENT_<NAME>_URL`` (else
+Each is an ``AttemptRunner`` (``agents.runner``) around the agent's kind of try:
+
+- ``kind="http"``: ``HttpTry`` (``agents.remote``) on ``AGENT_<NAME>_URL`` (else
   ``REMOTE_SERVICE_URL``), with the agent's credentials (``agents.auth``: none, an API
   key from ``AGENT_<NAME>_API_KEY``, or an Entra token from the managed identity).
-- ``kind="python"``: ``PythonAgentClient`` calling the declared handler
+- ``kind="python"``: ``PythonTry`` calling the declared handler
   (``agents.python``).
 
 Both take at most ``concurrency`` calls at once on this instance (``agents.limits``).
@@ -20,8 +22,11 @@ from typing import Any
 from agents.agent import AgentWorker
 from agents.auth import TokenCredential, auth_for
 from agents.health import HealthPolicy
-from agents.python import PythonAgentClient, check_handler
-from agents.remote import RemotePolicy, RemoteServiceClient
+from agents.outcomes import TryKind
+from agents.pacing import RemotePolicy
+from agents.python import PythonTry, check_handler
+from agents.remote import HttpTry
+from agents.runner import AttemptRunner
 from core import workflows
 from core.ports import AgentTransport, Clock
 from core.settings import Settings, SettingsError, agent_url
@@ -30,7 +35,6 @@ from core.settings import Settings, SettingsError, agent_url
 def policy_of(spec: workflows.Agent) -> RemotePolicy:
     return RemotePolicy(
         max_try_seconds=spec.max_try_seconds,
-        connect_seconds=spec.connect_seconds,
         backoff_initial_seconds=spec.backoff_initial_seconds,
         backoff_max_seconds=spec.backoff_max_seconds,
         health=HealthPolicy(trip_keys=spec.breaker_failing_orders),
@@ -50,15 +54,16 @@ def base_url_of(spec: workflows.Agent, settings: Settings, env: Mapping[str, str
     return settings.remote_service_url
 
 
-def client_of(
+def try_kind_of(
     spec: workflows.Agent,
     settings: Settings,
     clock: Clock,
     *,
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
-) -> RemoteServiceClient:
-    """The client of one agent. ``credential``: for tests (an Entra token's source)."""
+) -> TryKind:
+    """How one agent tries: its handler, or HTTP on its base URL with its credentials.
+    ``credential``: for tests (an Entra token's source)."""
     env = settings.agent_settings if env is None else env
     if spec.kind == "python":
         assert spec.handler is not None  # the declaration checks it
@@ -68,21 +73,26 @@ def client_of(
             raise workflows.DeclarationError(
                 f"{spec.declared_at}: agent {spec.name!r}: {exc}"
             ) from None
-        return PythonAgentClient(
-            spec.handler,
-            policy_of(spec),
-            clock=clock,
-            name=spec.name,
-            concurrency=spec.concurrency,
-        )
-    base_url = base_url_of(spec, settings, env)
-    return RemoteServiceClient(
-        base_url,
-        policy_of(spec),
+        return PythonTry(spec.handler, name=spec.name, clock=clock)
+    return HttpTry(
+        base_url_of(spec, settings, env),
         clock=clock,
         auth=auth_for(spec, env, credential=credential),
-        concurrency=spec.concurrency,
+        connect_seconds=spec.connect_seconds,
     )
+
+
+def client_of(
+    spec: workflows.Agent,
+    settings: Settings,
+    clock: Clock,
+    *,
+    env: Mapping[str, str] | None = None,
+    credential: TokenCredential | None = None,
+) -> AttemptRunner[TryKind]:
+    """The attempts of one agent: its kind of try under its policy and concurrency limit."""
+    kind = try_kind_of(spec, settings, clock, env=env, credential=credential)
+    return AttemptRunner(kind, policy_of(spec), clock=clock, concurrency=spec.concurrency)
 
 
 def build_agent(

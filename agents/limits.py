@@ -1,9 +1,10 @@
 """At most N calls of one agent at once, per instance (``core.workflows.Agent.concurrency``).
 
 An attempt takes a slot before its first try and gives it back when it ends (its
-retries and their backoff included: N attempts in progress). A call that cannot be
-stopped when its attempt ends (a Python handler still running in its thread) keeps
-the slot until it returns, so "at most N at once" holds for what really runs. An
+retries and their backoff included: N attempts in progress); each try is handed the
+slot (``agents.outcomes.TryKind.run``). A call that cannot be stopped when its
+attempt ends (a Python handler still running in its thread) holds the slot until it
+returns, so "at most N at once" holds for what really runs. An
 attempt that gets no slot while a try could still start is not called at all: the
 client reports it ``deferred`` (no failure of the order).
 """
@@ -44,7 +45,6 @@ class CallSlots:
         self._semaphore = threading.BoundedSemaphore(limit)
         self._lock = threading.Lock()
         self._taken = 0
-        self._local = threading.local()
 
     def take(self, wait: float) -> Slot | None:
         """A slot, waiting at most ``wait`` seconds for one; None if none came free."""
@@ -63,12 +63,3 @@ class CallSlots:
     def in_use(self) -> int:
         with self._lock:
             return self._taken
-
-    # The slot of the attempt running on this thread (a client's tries read it).
-    @property
-    def current(self) -> Slot | None:
-        return getattr(self._local, "slot", None)
-
-    @current.setter
-    def current(self, slot: Slot | None) -> None:
-        self._local.slot = slot

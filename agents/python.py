@@ -20,8 +20,8 @@ Declare it (``declarations/``)::
 The handler gets its own copy of the order. It is called with those five keyword
 arguments (a handler may take ``**kwargs`` instead of some); one that cannot accept
 them is refused when the agent is built. It runs under the same discipline as an HTTP
-call (``agents.remote``: the loop, the breaker and the classification are that client's,
-this one only replaces a try), and says what it did by how it ends:
+call (``agents.runner`` runs its attempts, with the same admission, pacing, breaker and
+classification; this module is only its kind of try), and says what it did by how it ends:
 
 - returns (a dict; None is ``{}``; any other value ``{"value": v}``; values JSON cannot
   carry become their text): like a 2xx, applied; the step succeeds;
@@ -63,23 +63,16 @@ import itertools
 import json
 import math
 import os
-import random
 import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from agents.limits import Slot
-from agents.remote import (
-    MAX_RETRY_AFTER_SECONDS,
-    CallOutcome,
-    RemotePolicy,
-    RemoteServiceClient,
-    Try,
-)
+from agents.outcomes import Try
+from agents.remote import MAX_RETRY_AFTER_SECONDS
 from core.messages import AgentRequest
 from observability.logs import get_logger
 from observability.metrics import METRICS
@@ -98,7 +91,7 @@ _HOST = f"{socket.gethostname()[:40]}-{os.getpid()}"
 
 
 class _Running:
-    """A handler run that outlived its attempt (``agents.remote.Running``)."""
+    """A handler run that outlived its try (``agents.outcomes.Running``)."""
 
     def __init__(
         self,
@@ -117,6 +110,9 @@ class _Running:
 
     def until(self) -> datetime:
         return self._clock() + timedelta(seconds=self._lease)
+
+    def ended(self) -> Try | None:
+        return self._future.result() if self._future.done() else None
 
     def watch(self, heartbeat: Callable[[datetime], None], ended: Callable[[Try], None]) -> None:
         context = contextvars.copy_context()
@@ -187,36 +183,29 @@ def check_handler(handler: Handler) -> None:
         ) from None
 
 
-class PythonAgentClient(RemoteServiceClient):
-    """``RemoteServiceClient`` whose try calls ``handler`` on a thread of its own."""
+class PythonTry:
+    """Tries that call ``handler`` on a thread of its own (``agents.outcomes.TryKind``)."""
 
     def __init__(
         self,
         handler: Handler,
-        policy: RemotePolicy | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        sleep: Callable[[float], None] = time.sleep,
-        rng: random.Random | None = None,
         *,
         name: str = "python",
-        concurrency: int | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         check_handler(handler)
-        super().__init__(
-            f"python:{name}",
-            policy,
-            clock=clock,
-            sleep=sleep,
-            rng=rng,
-            concurrency=concurrency,
-        )
         self.handler = handler
         self.name = name
+        self._clock = clock
         self.lease_seconds = HANDLER_LEASE_SECONDS
         self._running: dict[str, concurrent.futures.Future[Try]] = {}
         self._running_lock = threading.Lock()
-        #: per calling thread: the run this attempt's last try left running, if any
-        self._overran = threading.local()
+
+    def endpoint(self, path: str) -> str:
+        return f"python agent {self.name}: {path}"
+
+    def close(self) -> None:
+        """Nothing to close: a running handler cannot be stopped, and finishes on its own."""
 
     @property
     def running(self) -> int:
@@ -224,36 +213,17 @@ class PythonAgentClient(RemoteServiceClient):
         with self._running_lock:
             return len(self._running)
 
-    def call(self, request: AgentRequest) -> CallOutcome:
-        self._overran.future = None
-        outcome = super().call(request)
-        future: concurrent.futures.Future[Try] | None = self._overran.future
-        self._overran.future = None
-        if outcome.kind == "succeeded" or future is None:
-            return outcome
-        if future.done() and future.result().applied == "yes":
-            # It ended between the last try's give-up and now: its success is the report.
-            return CallOutcome("succeeded", result=future.result().result, tries=outcome.tries)
-        # The run outlived the attempt: the report says so, and its end is reported (at once,
-        # if it has just ended with something else).
-        return replace(
-            outcome,
-            applied="maybe",
-            running=_Running(future, self._clock, self.lease_seconds, request.idempotency_key),
-        )
-
-    def _try(self, request: AgentRequest, timeout: float) -> Try:
+    def run(self, request: AgentRequest, timeout: float, slot: Slot | None = None) -> Try:
         key = request.idempotency_key
         deadline = self._clock() + timedelta(seconds=timeout)
         with self._running_lock:
             future = self._running.get(key)
             joined = future is not None
             if future is None:
-                future = self._running[key] = self._start(request, deadline)
+                future = self._running[key] = self._start(request, deadline, slot)
         try:
-            outcome = future.result(timeout=max(timeout, 0.0))
+            return future.result(timeout=max(timeout, 0.0))
         except concurrent.futures.TimeoutError:
-            self._overran.future = future  # this attempt's report must follow this run
             METRICS.inc("python_agent_overruns")
             return Try(
                 "maybe",
@@ -262,14 +232,15 @@ class PythonAgentClient(RemoteServiceClient):
                 + ("(a run started by an earlier try) " if joined else "")
                 + f"is still running after {timeout:.1f} s: it may have applied "
                 "(it runs on; a retry waits for it rather than starting another)",
+                # what this attempt reports follows this run
+                running=_Running(future, self._clock, self.lease_seconds, key),
             )
-        self._overran.future = None  # it ended within this try: its outcome is the try's
-        return outcome
 
-    def _start(self, request: AgentRequest, deadline: datetime) -> concurrent.futures.Future[Try]:
+    def _start(
+        self, request: AgentRequest, deadline: datetime, slot: Slot | None
+    ) -> concurrent.futures.Future[Try]:
         future: concurrent.futures.Future[Try] = concurrent.futures.Future()
         future.set_running_or_notify_cancel()
-        slot: Slot | None = self.slots.current if self.slots is not None else None
         if slot is not None:
             slot.hold()  # until the handler returns, however long after its try
         order = copy.deepcopy(request.order or {})

@@ -34,8 +34,11 @@ from agents.auth import (
     claims_of,
 )
 from agents.build import build_agent, client_of
-from agents.python import NotApplied, PythonAgentClient, Refused
-from agents.remote import CallOutcome, RemotePolicy, RemoteServiceClient, Try
+from agents.outcomes import CallOutcome, Try
+from agents.pacing import RemotePolicy
+from agents.python import NotApplied, PythonTry, Refused
+from agents.remote import HttpTry
+from agents.runner import AttemptRunner
 from core import workflows
 from core.messages import AgentRequest, ReplyOutcome
 from core.settings import Settings, SettingsError
@@ -66,8 +69,8 @@ def settings(url: str = "http://remote.test/api") -> Settings:
     )
 
 
-_CLIENTS: list[RemoteServiceClient] = []
-C = TypeVar("C", bound=RemoteServiceClient)
+_CLIENTS: list[AttemptRunner[Any]] = []
+C = TypeVar("C", bound=AttemptRunner[Any])
 
 
 def closing(client: C) -> C:
@@ -95,15 +98,18 @@ def http_client(
     clock: FakeClock,
     env: dict[str, str],
     **policy: Any,
-) -> RemoteServiceClient:
+) -> AttemptRunner[HttpTry]:
     return closing(
-        RemoteServiceClient(
-            "http://remote.test/api",
+        AttemptRunner(
+            HttpTry(
+                "http://remote.test/api",
+                transport=httpx.MockTransport(handler),
+                clock=clock,
+                auth=auth_for(spec, env),
+            ),
             RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
-            transport=httpx.MockTransport(handler),
             clock=clock,
             sleep=clock.sleep,
-            auth=auth_for(spec, env),
         )
     )
 
@@ -221,7 +227,7 @@ def test_an_entra_agent_sends_the_managed_identitys_token_as_bearer(
 
     assert agent.handle(ship_request()) is ReplyOutcome.SUCCEEDED
 
-    auth = agent._remote.auth
+    auth = agent._remote.kind.auth
     assert isinstance(auth, EntraBearer)
     assert isinstance(auth.credential, ManagedIdentityCredential)
     assert ship_calls(sim) == [(200, True, None)]
@@ -261,7 +267,7 @@ def test_one_token_serves_many_calls_and_the_credential_is_asked_once(
     sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     agent, _ = entra_agent(sim)
-    auth = agent._remote.auth
+    auth = agent._remote.kind.auth
     assert isinstance(auth, EntraBearer)
     asked: list[Any] = []
     real = auth.credential.get_token_info  # type: ignore[attr-defined]
@@ -329,7 +335,7 @@ def test_no_token_is_a_try_that_sent_nothing(
     monkeypatch.setenv("IDENTITY_HEADER", "not-the-secret")
     agent, transport = entra_agent(sim)
 
-    attempt = agent._remote._try(ship_request(), 3.0)
+    attempt = agent._remote.kind.run(ship_request(), 3.0, None)
 
     assert (attempt.applied, attempt.retryable) == ("no", True)
     assert attempt.error.startswith("ship: no token for api://carrier/.default: ")
@@ -440,16 +446,15 @@ def python_client(
     *,
     concurrency: int | None = None,
     **policy: Any,
-) -> PythonAgentClient:
+) -> AttemptRunner[PythonTry]:
     clock = clock or FakeClock()
     return closing(
-        PythonAgentClient(
-            handler,
+        AttemptRunner(
+            PythonTry(handler, name="stock", clock=clock),
             RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
             clock=clock,
             sleep=clock.sleep,
             rng=MaxRng(),
-            name="stock",
             concurrency=concurrency,
         )
     )
@@ -568,7 +573,7 @@ def test_refused_is_a_refusal_at_once() -> None:
 def test_any_other_exception_may_have_applied() -> None:
     client = python_client(Recorder(RuntimeError("db connection lost")))
 
-    attempt = client._try(make_request(), 5)
+    attempt = client.kind.run(make_request(), 5, None)
     outcome = client.call(make_request(10))
 
     assert attempt == Try(
@@ -608,7 +613,7 @@ def test_a_handler_still_running_at_the_try_deadline_may_have_applied() -> None:
     transport = RecordingTransport()
     try:
         reply = AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
-        assert client.running == 1
+        assert client.kind.running == 1
     finally:
         release.set()
 
@@ -619,9 +624,9 @@ def test_a_handler_still_running_at_the_try_deadline_may_have_applied() -> None:
     assert "the handler (a run started by an earlier try) is still running" in sent.error
     assert started == ["o-1:process"]  # the retries waited for it; none started another
     deadline = time.monotonic() + 2
-    while client.running and time.monotonic() < deadline:
+    while client.kind.running and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert client.running == 0
+    assert client.kind.running == 0
 
 
 def test_a_handler_that_cannot_take_the_arguments_is_refused_where_it_is_declared() -> None:
@@ -763,10 +768,9 @@ def test_an_http_agent_takes_at_most_its_concurrency_too() -> None:
 
     clock = FakeClock()
     client = closing(
-        RemoteServiceClient(
-            "http://remote.test/api",
+        AttemptRunner(
+            HttpTry("http://remote.test/api", transport=httpx.MockTransport(hold), clock=clock),
             RemotePolicy(min_try_seconds=1.0),
-            transport=httpx.MockTransport(hold),
             clock=clock,
             sleep=clock.sleep,
             concurrency=1,
@@ -815,13 +819,14 @@ def test_every_kind_is_built_with_its_own_policy_and_limit(sim: SimulatorServer)
     for client in (plain, keyed, entra, python):
         closing(client)
 
-    assert isinstance(plain.auth, NoHeaders)
-    assert plain._base_url == "http://payments.test"
+    assert isinstance(plain.kind, HttpTry) and isinstance(plain.kind.auth, NoHeaders)
+    assert plain.kind.endpoint("ship") == "http://payments.test/ship"
     assert plain.slots is not None and plain.slots.limit == 5
     assert plain.policy.max_try_seconds == 4
     assert plain.policy.health.trip_keys == 7
-    assert keyed.auth == ApiKeyHeader("X-Carrier-Key", "k")
-    assert isinstance(entra.auth, EntraBearer) and entra.auth.scope == f"{CARRIER}/.default"
-    assert isinstance(python, PythonAgentClient) and python.handler is handler
+    assert isinstance(keyed.kind, HttpTry) and keyed.kind.auth == ApiKeyHeader("X-Carrier-Key", "k")
+    assert isinstance(entra.kind, HttpTry) and isinstance(entra.kind.auth, EntraBearer)
+    assert entra.kind.auth.scope == f"{CARRIER}/.default"
+    assert isinstance(python.kind, PythonTry) and python.kind.handler is handler
     assert python.slots is not None and python.slots.limit == 2
     assert sim.identity.issued == 0  # no token until the first call

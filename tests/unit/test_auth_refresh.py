@@ -19,7 +19,9 @@ import httpx
 import pytest
 
 from agents.auth import ApiKeyHeader, EntraBearer, NoHeaders
-from agents.remote import RemotePolicy, RemoteServiceClient
+from agents.pacing import RemotePolicy
+from agents.remote import HttpTry
+from agents.runner import AttemptRunner
 from tests.unit.test_remote_client import FakeClock, make_request
 
 CARRIER = "api://carrier"
@@ -129,13 +131,13 @@ def test_two_concurrent_tries_refused_one_after_the_other_both_go_through() -> N
         )
 
     clock = FakeClock()
-    client = RemoteServiceClient(
-        "http://remote.test/api",
+    client = AttemptRunner(
+        HttpTry(
+            "http://remote.test/api", transport=httpx.MockTransport(handler), clock=clock, auth=auth
+        ),
         RemotePolicy(min_try_seconds=0.0),
-        transport=httpx.MockTransport(handler),
         clock=clock,
         sleep=clock.sleep,
-        auth=auth,
     )
     try:
         assert auth.headers(1) == bearer("t-1")  # held from earlier calls

@@ -2,7 +2,7 @@
 circuit breaker that keeps an outage down to a trickle of probes (docs/contracts.md §3.11).
 
 First the ``EndpointHealth`` object on its own (times are epoch seconds), then through
-``RemoteServiceClient.call`` on httpx.MockTransport and a fake clock, counting what
+``AttemptRunner.call`` on httpx.MockTransport and a fake clock, counting what
 reaches the remote.
 """
 
@@ -18,7 +18,9 @@ import httpx
 import pytest
 
 from agents.health import EndpointHealth, HealthPolicy, HostActivity, Mark
-from agents.remote import CallOutcome, RemoteServiceClient
+from agents.outcomes import CallOutcome
+from agents.remote import HttpTry
+from agents.runner import AttemptRunner
 from core.messages import AgentRequest
 from tests.unit.test_remote_client import (
     T0,
@@ -294,7 +296,7 @@ def test_an_order_failing_while_another_succeeds_is_its_own_failure() -> None:
 
 def test_a_success_recorded_by_another_thread_blames_the_failing_order() -> None:
     clock = FakeClock()
-    client: RemoteServiceClient | None = None
+    client: AttemptRunner[HttpTry] | None = None
     tries = 0
 
     def a_fails(request: httpx.Request) -> httpx.Response:
@@ -361,13 +363,13 @@ def test_a_singled_out_order_on_an_endpoint_never_seen_working_is_not_counted() 
 # --- the breaker through the client ----------------------------------------------------------
 
 
-def one_try_each(r: Remote) -> RemoteServiceClient:
+def one_try_each(r: Remote) -> AttemptRunner[HttpTry]:
     """A client whose attempts (1 s left: stop at 0.5 s) make one try each."""
     client, _ = make_client(r, rng=MaxRng(), backoff_initial_seconds=1.0)
     return client
 
 
-def trip(client: RemoteServiceClient, clock: FakeClock) -> list[CallOutcome]:
+def trip(client: AttemptRunner[HttpTry], clock: FakeClock) -> list[CallOutcome]:
     return [client.call(request_for(k, clock, 1)) for k in ("a", "b", "c")]
 
 

@@ -204,7 +204,7 @@ def test_3_the_agent_reports_a_handler_that_outlives_its_attempt_and_its_outcome
         return {"charged": True}
 
     client = python_client(slow, max_try_seconds=0.2)
-    client.lease_seconds = 0.3
+    client.kind.lease_seconds = 0.3
     clock = FakeClock()
     transport = RecordingTransport()
     request = make_request(2)
@@ -561,8 +561,6 @@ def test_review_a_run_that_ends_refusing_settles_its_own_doubt() -> None:
 
 
 def test_review_a_handler_that_ends_just_after_the_last_try_is_reported() -> None:
-    from agents.python import PythonAgentClient
-
     release = threading.Event()
 
     def slow(order: dict[str, Any], **call: Any) -> dict[str, Any]:
@@ -570,15 +568,15 @@ def test_review_a_handler_that_ends_just_after_the_last_try_is_reported() -> Non
         return {"charged": True}
 
     client = python_client(slow, max_try_seconds=0.2)
-    original = PythonAgentClient._attempt
+    tries = client._tries
 
-    def attempt_then_end(request: Any, stop_at: Any) -> Any:
-        outcome = original(client, request, stop_at)
+    def tries_then_end(*args: Any) -> Any:
+        outcome = tries(*args)
         release.set()  # the handler ends between the last try's give-up and the reply
         time.sleep(0.1)
         return outcome
 
-    client._attempt = attempt_then_end  # type: ignore[method-assign]
+    client._tries = tries_then_end  # type: ignore[method-assign]
     transport = RecordingTransport()
     clock = FakeClock()
     AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2))

@@ -26,7 +26,10 @@ import httpx
 import pytest
 
 from agents.agent import REPLY_SEND_SECONDS, AgentWorker
-from agents.remote import CallOutcome, RemotePolicy, RemoteServiceClient, Try, classify
+from agents.outcomes import CallOutcome, Try
+from agents.pacing import RemotePolicy
+from agents.remote import HttpTry, classify
+from agents.runner import AttemptRunner
 from core.errors import StorageUnavailable
 from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome, decode_reply
 from core.timefmt import iso
@@ -161,7 +164,7 @@ def make_request(
     return AgentRequest(**fields)
 
 
-_CLIENTS: list[RemoteServiceClient] = []
+_CLIENTS: list[AttemptRunner[HttpTry]] = []
 
 
 def make_client(
@@ -171,11 +174,16 @@ def make_client(
     rng: random.Random | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
     **policy: Any,
-) -> tuple[RemoteServiceClient, FakeClock]:
-    client = RemoteServiceClient(
-        base,
+) -> tuple[AttemptRunner[HttpTry], FakeClock]:
+    connect = policy.pop("connect_seconds", 3.0)
+    client = AttemptRunner(
+        HttpTry(
+            base,
+            transport=transport or httpx.MockTransport(remote),
+            clock=remote.clock,
+            connect_seconds=connect,
+        ),
         RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
-        transport=transport or httpx.MockTransport(remote),
         clock=remote.clock,
         sleep=remote.clock.sleep,
         rng=rng,
@@ -294,7 +302,7 @@ def test_an_unsendable_body_is_refused_without_calling_the_remote() -> None:
 
 def one_try(step: Step, timeout: float = 5.0) -> Try:
     client, _ = make_client(remote(FakeClock(), step))
-    return client._try(make_request(), timeout)
+    return client.kind.run(make_request(), timeout)
 
 
 @pytest.mark.parametrize(
@@ -518,9 +526,9 @@ def silent() -> Iterator[LocalServer]:
     server.close()
 
 
-def real_client(base: str, clock: FakeClock, **policy: Any) -> RemoteServiceClient:
-    client = RemoteServiceClient(
-        base,
+def real_client(base: str, clock: FakeClock, **policy: Any) -> AttemptRunner[HttpTry]:
+    client = AttemptRunner(
+        HttpTry(base, clock=clock),
         RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
         clock=clock,
         sleep=clock.sleep,
@@ -534,7 +542,7 @@ def test_a_trickling_answer_is_cut_at_the_time_left_as_a_whole(trickling: LocalS
     client = real_client(f"http://127.0.0.1:{trickling.port}", FakeClock())
     started = time.monotonic()
 
-    attempt = client._try(make_request(), 0.4)
+    attempt = client.kind.run(make_request(), 0.4)
 
     elapsed = time.monotonic() - started
     # Bytes kept coming every 20 ms, far within any per-read timeout: only a bound on the
@@ -570,7 +578,7 @@ def test_a_connection_that_never_completes_applied_nothing(silent: LocalServer) 
     client = real_client(f"https://127.0.0.1:{silent.port}", FakeClock())
     started = time.monotonic()
 
-    attempt = client._try(make_request(), 0.4)
+    attempt = client.kind.run(make_request(), 0.4)
 
     assert time.monotonic() - started < 1.2
     assert (attempt.applied, attempt.retryable) == ("no", True)
@@ -583,7 +591,7 @@ def test_a_request_sent_to_a_server_that_never_answers_may_have_applied(
     client = real_client(f"http://127.0.0.1:{silent.port}", FakeClock())
     started = time.monotonic()
 
-    attempt = client._try(make_request(), 0.4)
+    attempt = client.kind.run(make_request(), 0.4)
 
     assert time.monotonic() - started < 1.2
     assert (attempt.applied, attempt.retryable) == ("maybe", True)
@@ -604,7 +612,7 @@ def test_no_answer_is_applied_no_only_if_the_request_never_left(sends: bool, app
     client, _ = make_client(remote(FakeClock(), ok()), transport=httpx.MockTransport(hang))
     started = time.monotonic()
 
-    attempt = client._try(make_request(), 0.3)
+    attempt = client.kind.run(make_request(), 0.3)
 
     assert time.monotonic() - started < 1.0
     assert (attempt.applied, attempt.retryable) == (applied, True)

@@ -1,0 +1,256 @@
+"""One attempt of an agent, over any kind of try (docs/contracts.md §3.11).
+
+The attempt is made of four parts, each its own:
+
+- **admission**: an order that cannot be sent is refused before anything is asked; a
+  concurrency slot (``agents.limits``) must come while a try could still start, else
+  the attempt is deferred, not called; the endpoint's breaker (``agents.health``) lets
+  the call out, or defers it until the remote may be called again;
+- **budget and pacing** (``agents.pacing``): when tries stop, how long each may take,
+  and the wait between them;
+- **the try** (``agents.outcomes.TryKind``): an HTTP call (``agents.remote``) or a
+  Python handler (``agents.python``);
+- **classification** of the attempt: a success, a refusal (settling or not), or failed
+  tries that are this order's failure (``transient``, counted) or the endpoint's
+  (``deferred``, not counted), with whether any may have applied. A call that runs on
+  past the attempt goes with its report (``CallOutcome.running``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Generic, TypeVar
+
+from agents.health import EndpointHealth, HostActivity, Mark
+from agents.limits import CallSlots, Slot
+from agents.outcomes import CallOutcome, Try, TryKind, applied_of
+from agents.pacing import Backoff, Budget, RemotePolicy
+from core.messages import AgentRequest
+from core.timefmt import iso
+from observability.logs import get_logger
+from observability.metrics import METRICS
+
+log = get_logger(__name__)
+
+K = TypeVar("K", bound=TryKind)
+
+
+class AttemptRunner(Generic[K]):
+    """The attempts of one agent: its breakers (one per endpoint), its concurrency limit
+    and its pacing, around its kind of try."""
+
+    def __init__(
+        self,
+        kind: K,
+        policy: RemotePolicy | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        *,
+        concurrency: int | None = None,
+    ):
+        self.kind = kind
+        self.policy = policy or RemotePolicy()
+        #: None: no limit of its own (the host's concurrency limits it).
+        self.slots = CallSlots(concurrency) if concurrency is not None else None
+        self._clock = clock
+        self._sleep = sleep
+        self._backoff = Backoff(self.policy, rng)
+        self._health: dict[str, EndpointHealth] = {}
+        self._host = HostActivity()  # every endpoint of an agent shares its host
+        self._lock = threading.Lock()
+
+    def health(self, path: str) -> EndpointHealth:
+        with self._lock:
+            if path not in self._health:
+                self._health[path] = EndpointHealth(
+                    self.kind.endpoint(path), self.policy.health, self._host
+                )
+            return self._health[path]
+
+    def close(self) -> None:
+        self.kind.close()
+
+    # --- admission --------------------------------------------------------------------
+
+    def call(self, request: AgentRequest) -> CallOutcome:
+        """The call for one attempt, tried until it succeeds, is refused, is deferred, or
+        time runs out. Never raises for what the remote does."""
+        if (unsendable := _unsendable(request)) is not None:
+            # Refused here, before any admission: the endpoint was not asked, so this
+            # says nothing about its health (and must not close an open breaker).
+            return CallOutcome("refused", error=unsendable)
+        now = self._clock()
+        budget = Budget.of(request, self.policy, now)
+        if self.slots is None:
+            return self._attempt(request, budget, None)
+        wait = budget.slot_wait(now)
+        slot = self.slots.take(wait)
+        if slot is None:
+            METRICS.inc("agent_busy_deferrals")
+            return CallOutcome(
+                "deferred",
+                error=f"{request.path}: all {self.slots.limit} call slots of this agent on "
+                f"this instance stayed busy for {max(wait, 0):.1f} s, until too little time "
+                "was left for a call; not called (concurrency limit)",
+                not_before=self._clock(),
+            )
+        try:
+            return self._attempt(request, budget, slot)
+        finally:
+            slot.release()
+
+    def _attempt(self, request: AgentRequest, budget: Budget, slot: Slot | None) -> CallOutcome:
+        tries = _Tries()
+        outcome = self._tries(request, budget, slot, tries)
+        return _follow_run(outcome, tries.last)
+
+    # --- the tries, paced -------------------------------------------------------------
+
+    def _tries(
+        self, request: AgentRequest, budget: Budget, slot: Slot | None, tries: _Tries
+    ) -> CallOutcome:
+        key, path = request.idempotency_key, request.path
+        health = self.health(path)
+        while True:
+            now = self._clock()
+            timeout = budget.try_seconds(now)
+            if timeout is None:
+                # Too little time for an answer: a try cut this short would only turn a
+                # call into "may have applied". Not starting it is honest: not applied.
+                break
+            admission = health.admit(
+                key, now.timestamp(), singled_out=request.singled_out or tries.mark is not None
+            )
+            if not admission.allowed:
+                METRICS.inc("breaker_deferrals")
+                when = datetime.fromtimestamp(admission.retry_at, UTC)
+                return tries.deferred(
+                    f"{path}: circuit open ({admission.reason}); not calling it before {iso(when)}",
+                    when,
+                )
+            # Taken before the try: a success elsewhere while this try hangs also shows the
+            # endpoint serving others.
+            before = health.mark()
+            attempt = self.kind.run(request, timeout, slot)
+            tries.last = attempt
+            now = self._clock()
+            if attempt.applied == "yes":
+                health.record_answer(key, now.timestamp())
+                return CallOutcome("succeeded", result=attempt.result, tries=tries.count + 1)
+            if not attempt.retryable:
+                health.record_answer(key, now.timestamp())
+                # Refused now; an earlier try of this attempt may still have applied.
+                return CallOutcome(
+                    "refused",
+                    error=attempt.error,
+                    applied=applied_of(tries.failed),
+                    tries=tries.count + 1,
+                    settled=attempt.settles,
+                )
+            if tries.mark is None:
+                tries.mark = before
+            if attempt.answered:
+                health.record_answer(key, now.timestamp())  # up, and busy with this key
+            else:
+                health.record_failure(
+                    key,
+                    now.timestamp(),
+                    explained=request.singled_out or health.successes > tries.mark.endpoint,
+                    probe=admission.probe,
+                )
+            tries.failed.append(attempt)
+            wait = self._backoff.after(attempt, tries.count)
+            if not budget.fits_after(now, wait):
+                if attempt.retry_after is not None and attempt.retry_after >= wait:
+                    return tries.deferred(
+                        f"{attempt.error}; the service asked to wait {wait:.0f} s (Retry-After), "
+                        "past the step's deadline",
+                        now + timedelta(seconds=wait),
+                    )
+                break
+            METRICS.inc("remote_retries")
+            log.info(
+                "remote call failed (try %d), retrying in %.2f s: %s",
+                tries.count,
+                wait,
+                attempt.error,
+            )
+            self._sleep(wait)
+        return self._classify(request, health, tries)
+
+    # --- classification ---------------------------------------------------------------
+
+    def _classify(
+        self, request: AgentRequest, health: EndpointHealth, tries: _Tries
+    ) -> CallOutcome:
+        """Time ran out after failed tries (or before any): whose failure is it?"""
+        now = self._clock()
+        if not tries.failed:
+            return CallOutcome(
+                "deferred", error="no time left to call before the deadline", not_before=now
+            )
+        last = tries.failed[-1]
+        if health.blames(request.idempotency_key, mark=tries.mark, singled_out=request.singled_out):
+            return CallOutcome(
+                "transient",
+                error=last.error,
+                applied=applied_of(tries.failed),
+                tries=tries.count,
+            )
+        return tries.deferred(
+            f"{last.error}; {request.path} is failing for other orders too, or has served none "
+            "since: waiting for it rather than counting it against this order",
+            datetime.fromtimestamp(health.next_probe_at(now.timestamp()), UTC),
+        )
+
+
+@dataclass
+class _Tries:
+    """What one attempt's tries did so far."""
+
+    failed: list[Try] = field(default_factory=list)
+    #: the last try made (a call it left running decides what the attempt reports)
+    last: Try | None = None
+    #: what had answered before the attempt's first failing try
+    mark: Mark | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.failed)
+
+    def deferred(self, reason: str, not_before: datetime) -> CallOutcome:
+        return CallOutcome(
+            "deferred",
+            error=reason,
+            applied=applied_of(self.failed),
+            not_before=not_before,
+            tries=self.count,
+        )
+
+
+def _follow_run(outcome: CallOutcome, last: Try | None) -> CallOutcome:
+    """A call the attempt's last try left running goes with the report: its success, if
+    it has just ended with one, is the report; else the report says it runs on (and may
+    apply), and its end is reported when it comes."""
+    if outcome.kind == "succeeded" or last is None or last.running is None:
+        return outcome
+    ended = last.running.ended()
+    if ended is not None and ended.applied == "yes":
+        return CallOutcome("succeeded", result=ended.result, tries=outcome.tries)
+    return replace(outcome, applied="maybe", running=last.running)
+
+
+def _unsendable(request: AgentRequest) -> str | None:
+    """Why the order cannot be a JSON body, or None."""
+    try:
+        json.dumps(request.order, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        return f"{request.path}: the order cannot be sent as JSON ({exc})"
+    return None
