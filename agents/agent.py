@@ -143,7 +143,7 @@ class AgentWorker:
             if result.applied == "yes":
                 late = request.succeeded(result.result or {})
             elif not result.retryable:
-                late = request.failed(result.error, "no", settled=result.settles)
+                late = request.refused(result.error, "no", settled=result.settles)
             else:
                 late = request.transient(
                     result.error, "maybe" if result.applied == "maybe" else "no"
@@ -175,7 +175,7 @@ def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:
     if outcome.kind == "succeeded":
         return request.succeeded(outcome.result or {})
     if outcome.kind == "refused":
-        return request.failed(outcome.error, outcome.applied, settled=outcome.settled)
+        return request.refused(outcome.error, outcome.applied, settled=outcome.settled)
     if outcome.kind == "transient":
         return request.transient(
             outcome.error, outcome.applied, running_until=running, runner=runner

@@ -28,7 +28,7 @@ TOP = 24
 class Bar:
     step: str
     attempt: int
-    outcome: str  # succeeded, refused, failed, deferred, expired, or running
+    outcome: str  # succeeded, refused, transient, deferred, expired, not-sent, or running
     x: float
     width: float
     title: str

@@ -33,6 +33,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
+from core.events import LEGACY_TRANSIENT
 from core.timefmt import iso_exact, parse_iso
 
 #: Characters of an attempt's error kept in its record (the history has more).
@@ -58,10 +59,14 @@ class Ending(StrEnum):
 
     SUCCEEDED = "succeeded"
     REFUSED = "refused"
-    FAILED = "failed"  # transient failures until the agent's time ran out
+    TRANSIENT = "transient"  # transient failures until the agent's time ran out
     DEFERRED = "deferred"  # not called, or the remote down for everyone
     EXPIRED = "expired"  # no report by its deadline
     NOT_SENT = "not-sent"  # its request never left (or expired unread)
+
+    @classmethod
+    def _missing_(cls, value: object) -> Ending | None:
+        return cls.TRANSIENT if value == LEGACY_TRANSIENT else None
 
 
 @dataclass

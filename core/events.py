@@ -4,12 +4,19 @@ reader (the admin view, the console, the verifier, the benchmarks).
 The history is for people: it may be truncated (``core.steps.MAX_HISTORY``) and no
 decision reads it (docs/contracts.md §3.11, "decisions read state, not the log"); the
 typed per-attempt state in ``core.attempts`` is what decisions read. The values are the
-strings stored in ``History`` since the first version, so old rows read the same.
+strings stored in ``History``; the one word that changed (a transient ending was
+stored as ``"failed"`` before 2026-11, the wire's word for a refusal) reads as its new
+word (``read_history``), so old rows read the same.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
+
+#: How rows written before 2026-11 named a transient ending (``Event.TRANSIENT``,
+#: ``core.attempts.Ending.TRANSIENT``).
+LEGACY_TRANSIENT = "failed"
 
 
 class Event(StrEnum):
@@ -32,7 +39,7 @@ class Event(StrEnum):
     CLAIMED = "claimed"
     SUCCEEDED = "succeeded"
     REFUSED = "refused"  # the remote refused: nothing applied by that try
-    FAILED = "failed"  # transient failures until the agent's time ran out (counted)
+    TRANSIENT = "transient"  # transient failures until the agent's time ran out (counted)
     DEFERRED = "deferred"  # not called, or the remote down for everyone (not counted)
     EXPIRED = "expired"  # no report by the deadline (counted)
     NOT_SENT = "not-sent"  # the request never left (not counted)
@@ -49,15 +56,27 @@ class Event(StrEnum):
     LATE_SUCCESS = "late-success"  # a success after the step or order had moved on
     HANDLER_RUNNING = "handler-running"  # a Python agent's handler still runs
 
+    @classmethod
+    def _missing_(cls, value: object) -> Event | None:
+        return cls.TRANSIENT if value == LEGACY_TRANSIENT else None
+
 
 #: How an attempt can end, as the history names it (``Ending`` in ``core.attempts``).
 ATTEMPT_ENDINGS = frozenset(
     {
         Event.SUCCEEDED,
         Event.REFUSED,
-        Event.FAILED,
+        Event.TRANSIENT,
         Event.DEFERRED,
         Event.EXPIRED,
         Event.NOT_SENT,
     }
 )
+
+
+def read_history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stored history as today's words (an old row's ``"failed"`` is ``"transient"``)."""
+    for entry in entries:
+        if entry.get("event") == LEGACY_TRANSIENT:
+            entry["event"] = Event.TRANSIENT.value
+    return entries

@@ -31,10 +31,11 @@ APPLIED_VALUES: Final = ("no", "maybe")
 
 class ReplyOutcome(StrEnum):
     """How an attempt ended, as its agent reports it (docs/contracts.md §3.3 plus the two the README
-    documents)."""
+    documents). The words are the product's everywhere (remote, history, console, README),
+    but for one: a refusal travels as ``"failed"``, the word contract 3.3 fixes for it."""
 
     SUCCEEDED = "succeeded"  # 2xx
-    FAILED = "failed"  # the remote refused: a permanent 4xx, nothing applied
+    REFUSED = "failed"  # the remote refused: nothing applied by that try (the wire's word)
     TRANSIENT = "transient"  # tries failed transiently until time ran out; counted
     DEFERRED = "deferred"  # not called, or down for every order: waits until notBefore
 
@@ -159,13 +160,13 @@ class AgentRequest(_StepMessage):
     def succeeded(self, result: dict[str, Any]) -> AgentReply:
         return self._reply(ReplyOutcome.SUCCEEDED, result=bounded_result(result))
 
-    def failed(self, error: str, applied: Applied = "no", *, settled: bool = False) -> AgentReply:
+    def refused(self, error: str, applied: Applied = "no", *, settled: bool = False) -> AgentReply:
         """The remote refused (permanent 4xx): nothing was applied by that try (``applied``
         says "maybe" when an earlier try of the same attempt may have). ``settled``: the
         service itself refused after looking the key up (400, 422), which settles the
         doubt of earlier attempts (docs/contracts.md §3.11)."""
         return self._reply(
-            ReplyOutcome.FAILED, error=error[:MAX_ERROR_CHARS], applied=applied, settled=settled
+            ReplyOutcome.REFUSED, error=error[:MAX_ERROR_CHARS], applied=applied, settled=settled
         )
 
     def transient(
@@ -239,10 +240,12 @@ class AgentReply(_StepMessage):
             out["result"] = self.result if self.result is not None else {}
         else:
             out["error"] = self.error or "unspecified failure"
-            out["applied"] = self.applied or ("no" if self.outcome == "failed" else "maybe")
+            out["applied"] = self.applied or (
+                "no" if self.outcome is ReplyOutcome.REFUSED else "maybe"
+            )
         if self.outcome == "deferred":
             out["notBefore"] = iso(self.not_before or self.complete_by)
-        if self.settled and self.outcome == "failed":
+        if self.settled and self.outcome is ReplyOutcome.REFUSED:
             out["settled"] = True
         if self.running_until is not None and self.outcome != "succeeded":
             out["runningUntil"] = iso(self.running_until)
@@ -392,7 +395,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             )
         # A reply without "applied" comes from an older agent: assume the worst, except
         # for a refusal, which always meant "nothing applied".
-        applied = value.get("applied", "no" if outcome == "failed" else "maybe")
+        applied = value.get("applied", "no" if outcome == ReplyOutcome.REFUSED else "maybe")
         if applied not in APPLIED_VALUES:
             raise InvalidMessage(
                 f"agent reply: applied must be 'no' or 'maybe', got {applied!r}",
@@ -411,9 +414,10 @@ def decode_reply(raw: bytes | str) -> AgentReply:
                     step=step,
                 )
         settled = value.get("settled", False)
-        if not isinstance(settled, bool) or (settled and outcome != "failed"):
+        if not isinstance(settled, bool) or (settled and outcome != ReplyOutcome.REFUSED):
             raise InvalidMessage(
-                f"agent reply: settled must be true or false, and true only on a failed reply, "
+                f"agent reply: settled must be true or false, and true only on a refusal "
+                f"(outcome 'failed'), "
                 f"got {settled!r}",
                 order_id=order_id,
                 step=step,

@@ -283,7 +283,7 @@ class Order(Evidence):
             step.record(
                 now, Event.HANDLER_RUNNING, attempt=attempt.number, until=iso(reply.running_until)
             )
-        if reply.outcome is ReplyOutcome.FAILED:
+        if reply.outcome is ReplyOutcome.REFUSED:
             attempt.end(Ending.REFUSED, now, reply.error)
             attempt.counted = True
             step.failure_count += 1
@@ -317,13 +317,13 @@ class Order(Evidence):
                 step.may_have_applied,
             )
         elif reply.outcome is ReplyOutcome.TRANSIENT:
-            attempt.end(Ending.FAILED, now, reply.error)
+            attempt.end(Ending.TRANSIENT, now, reply.error)
             self._count_failure(
                 step,
                 attempt,
                 now,
                 policy,
-                event=Event.FAILED,
+                event=Event.TRANSIENT,
                 instance=instance,
                 error=reply.error or "transient failure",
                 reported=True,

@@ -24,7 +24,7 @@ from typing import Any
 
 from bootstrap import AppContext
 from core.attempts import Ending
-from core.events import Event
+from core.events import ATTEMPT_ENDINGS, Event
 from core.model import Order, StepRecord
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import parse_iso
@@ -158,7 +158,7 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
             elif current in deadlines and parse_iso(event["at"]) >= deadlines[current]:
                 stale.append(f"{name}: on-time success for attempt {attempt} after its deadline")
             state, current = "Processed", None
-        elif kind in (Event.REFUSED, Event.FAILED, Event.DEFERRED, Event.EXPIRED, Event.NOT_SENT):
+        elif kind in ATTEMPT_ENDINGS - {Event.SUCCEEDED}:
             if state != "Processing" or attempt != current:
                 stale.append(f"{name}: {kind} for attempt {attempt} while {state} ({current})")
             state, current = "Ended", None
@@ -257,7 +257,7 @@ def verify(
                 and sum(
                     1
                     for a in s.attempts.items
-                    if a.counted and a.ending in (Ending.EXPIRED, Ending.FAILED)
+                    if a.counted and a.ending in (Ending.EXPIRED, Ending.TRANSIENT)
                 )
                 >= max_failures
                 for s in order.steps

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
 
 from core.errors import CorruptOrder
+from core.events import read_history
 from core.model import Order, StepRecord
 from core.orders import utf16_units
 from core.ports import IndexEntry, OutboxEntry
@@ -200,7 +201,7 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
                 compensates=e.get("Compensates") or None,
                 result=json.loads(e["Result"]) if e.get("Result") else None,
                 last_error=e.get("LastError") or None,
-                history=json.loads(e.get("History") or "[]"),
+                history=read_history(json.loads(e.get("History") or "[]")),
                 history_dropped=int(e.get("HistoryDropped", 0)),
                 deferrals=int(e.get("Deferrals", 0)),
                 deferred_since=_since(e.get("DeferredSince")),

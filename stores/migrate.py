@@ -24,11 +24,11 @@ from core.timefmt import parse_iso
 _ENDINGS = {
     Event.SUCCEEDED: Ending.SUCCEEDED,
     Event.REFUSED: Ending.REFUSED,
-    Event.FAILED: Ending.FAILED,
+    Event.TRANSIENT: Ending.TRANSIENT,
     Event.DEFERRED: Ending.DEFERRED,
     Event.EXPIRED: Ending.EXPIRED,
 }
-_COUNTED = (Ending.REFUSED, Ending.FAILED, Ending.EXPIRED)
+_COUNTED = (Ending.REFUSED, Ending.TRANSIENT, Ending.EXPIRED)
 MIGRATED = "settled before typed attempt state (not in MaybeApplied)"
 
 

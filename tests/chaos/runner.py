@@ -383,7 +383,9 @@ def bring_up(host: Devhost, deaths: Deaths) -> int:
 def counted_failures(step: StepRecord) -> list[Attempt]:
     """The step's attempts that counted toward MAX_FAILURES (as ``demo.verify`` counts)."""
     return [
-        a for a in step.attempts.items if a.counted and a.ending in (Ending.EXPIRED, Ending.FAILED)
+        a
+        for a in step.attempts.items
+        if a.counted and a.ending in (Ending.EXPIRED, Ending.TRANSIENT)
     ]
 
 

@@ -119,7 +119,7 @@ def test_a_few_dead_orders_never_hurt_the_healthy_ones(one_host: LocalStack) -> 
             h
             for s in orders[order_id].steps
             for h in s.history
-            if h["event"] in (Event.FAILED, Event.REFUSED) and "HTTP" in str(h.get("error"))
+            if h["event"] in (Event.TRANSIENT, Event.REFUSED) and "HTTP" in str(h.get("error"))
         ]
         assert not blamed, (order_id, blamed)
 

@@ -44,7 +44,7 @@ def test_cli_shows_lists_resubmits_and_cancels(
     ]
     from core.messages import decode_request
 
-    ctx.scheduler.apply_reply(decode_request(text).failed("HTTP 422 card declined"))
+    ctx.scheduler.apply_reply(decode_request(text).refused("HTTP 422 card declined"))
 
     code, shown = run(capsys, storage_connection, "show", order_id)
     assert code == 0 and shown["status"] == "error"  # type: ignore[index]

@@ -40,7 +40,7 @@ def fail(ctx: AppContext, order_id: str) -> None:
     assert order is not None
     step = order.claim("i", order.created_at)
     request = AgentRequest(order_id, step.step, step.attempt, step.complete_by, step.path, {})
-    order.apply_reply(request.failed("HTTP 422 invalid"), order.created_at, POLICY)
+    order.apply_reply(request.refused("HTTP 422 invalid"), order.created_at, POLICY)
     assert order.status is OrderStatus.ERROR and not step.may_have_applied
     ctx.store.save(order)
 

@@ -522,7 +522,7 @@ def faulty(
 def in_error(ctx: AppContext, order_id: str) -> None:
     submit(ctx, order_id)
     [request] = [decode_request(t) for t in drain_requests(ctx) if order_id in t]
-    ctx.scheduler.apply_reply(request.failed("HTTP 422 card declined"))
+    ctx.scheduler.apply_reply(request.refused("HTTP 422 card declined"))
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.ERROR
 

@@ -254,7 +254,7 @@ def test_the_simulator_refuses_a_call_without_the_token(sim: SimulatorServer) ->
     agent = build_agent(spec, settings(sim.url), transport, wall_clock, env={})
     closing(agent._remote)
 
-    assert agent.handle(ship_request()) is ReplyOutcome.FAILED
+    assert agent.handle(ship_request()) is ReplyOutcome.REFUSED
 
     ((reply, _),) = transport.replies
     assert reply.applied == "no"
@@ -317,7 +317,7 @@ def test_a_revoked_token_is_replaced_once_and_the_call_goes_through(
 def test_a_persistent_401_is_a_refusal_after_one_fresh_token(sim: SimulatorServer) -> None:
     agent, transport = entra_agent(sim, scope="api://someone-else/.default")
 
-    assert agent.handle(ship_request()) is ReplyOutcome.FAILED
+    assert agent.handle(ship_request()) is ReplyOutcome.REFUSED
 
     ((reply, _),) = transport.replies
     assert reply.applied == "no"
@@ -564,7 +564,7 @@ def test_refused_is_a_refusal_at_once() -> None:
 
     reply = AgentWorker(client, transport, clock).handle(make_request())
 
-    assert reply is ReplyOutcome.FAILED
+    assert reply is ReplyOutcome.REFUSED
     ((sent, _),) = transport.replies
     assert (sent.error, sent.applied) == ("process: refused: no such sku", "no")
     assert len(handler.calls) == 1

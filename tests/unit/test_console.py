@@ -24,9 +24,9 @@ def test_the_timeline_draws_every_attempt_and_the_waits_between_them() -> None:
 
     [row] = drawn.rows
     assert [(b.attempt, b.outcome) for b in row.bars] == [
-        (1, "failed"),
-        (2, "failed"),
-        (3, "failed"),
+        (1, "transient"),
+        (2, "transient"),
+        (3, "transient"),
     ]
     assert all("HTTP 503" in b.title for b in row.bars)
     assert len(row.gaps) == 2 and all(g.x2 > g.x1 for g in row.gaps)

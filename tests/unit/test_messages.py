@@ -474,7 +474,7 @@ def test_succeeded_reply_round_trips_with_result_and_no_error() -> None:
 
 
 def test_failed_reply_round_trips_with_error_and_no_result() -> None:
-    reply = make_request().failed("stock/reserve: HTTP 409 out of stock")
+    reply = make_request().refused("stock/reserve: HTTP 409 out of stock")
 
     value = json.loads(reply.encode())
 
@@ -500,7 +500,7 @@ def test_reply_keeps_the_request_identity() -> None:
 
 def _valid(kind: str) -> dict[str, Any]:
     request = make_request()
-    reply = request.failed("declined")
+    reply = request.refused("declined")
     return json.loads((request if kind == "request" else reply).encode())
 
 
@@ -694,7 +694,7 @@ def test_notices_refuse_naive_times() -> None:
 
 def test_agent_reply_defaults_fill_result_or_error() -> None:
     succeeded = AgentReply("o-1", "ship", 1, T0, ReplyOutcome.SUCCEEDED)
-    failed = AgentReply("o-1", "ship", 1, T0, ReplyOutcome.FAILED)
+    failed = AgentReply("o-1", "ship", 1, T0, ReplyOutcome.REFUSED)
 
     assert json.loads(succeeded.encode())["result"] == {}
     assert json.loads(failed.encode())["error"] == "unspecified failure"

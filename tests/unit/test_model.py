@@ -54,7 +54,7 @@ def reply(
         error=None if outcome == ReplyOutcome.SUCCEEDED else error,
         applied=(
             applied
-            or ("no" if outcome in (ReplyOutcome.FAILED, ReplyOutcome.DEFERRED) else "maybe")
+            or ("no" if outcome in (ReplyOutcome.REFUSED, ReplyOutcome.DEFERRED) else "maybe")
         )
         if outcome != ReplyOutcome.SUCCEEDED
         else None,

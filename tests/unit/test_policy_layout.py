@@ -222,7 +222,7 @@ def reply(order: Order, outcome: str, now: datetime) -> None:
             step.complete_by,
             outcome,
             result={"ok": True} if outcome == ReplyOutcome.SUCCEEDED else None,
-            error="declined" if outcome == ReplyOutcome.FAILED else None,
+            error="declined" if outcome == ReplyOutcome.REFUSED else None,
         ),
         now,
     )

@@ -985,7 +985,7 @@ def test_the_agent_end_to_end_success() -> None:
 def test_the_agent_end_to_end_refusal_with_a_bounded_error() -> None:
     agent, r, transport = make_agent(status(422, error="x" * 5000))
 
-    assert agent.handle(make_request()) is ReplyOutcome.FAILED
+    assert agent.handle(make_request()) is ReplyOutcome.REFUSED
 
     ((reply, _),) = transport.replies
     assert (reply.outcome, reply.applied) == ("failed", "no")

@@ -88,7 +88,7 @@ def test_reply_message_correlates_with_its_request() -> None:
 
 
 def test_failed_reply_message_carries_its_outcome() -> None:
-    reply = make_request().failed("reserve-stock: HTTP 409 out of stock")
+    reply = make_request().refused("reserve-stock: HTTP 409 out of stock")
 
     message = reply_message(reply, T0)
 

@@ -23,8 +23,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.attempts import Ending
 from core.errors import TransitionRefused
-from core.events import Event
+from core.events import Event, read_history
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
 from core.policy import RetryPolicy
@@ -65,8 +66,8 @@ moves = st.lists(
 def _reply(order: Order, step: str, attempt: int, outcome: str, now: datetime) -> AgentReply:
     kind = {
         "succeeded": ReplyOutcome.SUCCEEDED,
-        "refused": ReplyOutcome.FAILED,
-        "settling": ReplyOutcome.FAILED,
+        "refused": ReplyOutcome.REFUSED,
+        "settling": ReplyOutcome.REFUSED,
         "transient-no": ReplyOutcome.TRANSIENT,
         "transient-maybe": ReplyOutcome.TRANSIENT,
         "deferred": ReplyOutcome.DEFERRED,
@@ -276,13 +277,21 @@ def test_an_old_row_is_migrated_from_its_history_when_read() -> None:
     order.apply_reply(_reply(order, "ship", 2, "transient-no", now), now, POLICY)
     rows = _old_row(order)
     rows[-1]["MaybeApplied"] = json.dumps([1])  # what the old version kept for doubt
+    # and named a transient ending "failed" (the wire's word for a refusal)
+    history = json.loads(rows[-1]["History"])
+    for entry in history:
+        if entry["event"] == "transient":
+            entry["event"] = "failed"
+    assert [e["event"] for e in history].count("failed") == 1
+    rows[-1]["History"] = json.dumps(history)
     migrated = _read(rows).find("ship")
     assert migrated is not None
     assert [a.number for a in migrated.attempts.items] == [1, 2]
     assert migrated.maybe_applied == [1]
     first, second = migrated.attempts.items
     assert (first.ending, first.counted, str(first.applied)) == ("expired", True, "unknown")
-    assert (second.ending, str(second.applied)) == ("failed", "no")
+    assert (second.ending, str(second.applied)) == ("transient", "no")
+    assert "failed" not in [e["event"] for e in migrated.history]  # read in today's words
     assert migrated.budget_since == ship.attempts.items[0].claimed_at
     # a truncated history keeps the old doubt, folded: no doubt is lost
     rows[-1]["History"] = json.dumps(json.loads(rows[-1]["History"])[:1])
@@ -311,3 +320,14 @@ def test_a_new_row_round_trips_its_typed_state() -> None:
     rows = [entities.order_entity(order, "w"), entities.step_entity(step)]
     again = _read(rows).steps[0]
     assert again.attempts == step.attempts and again.budget_since == step.budget_since
+
+
+def test_an_old_word_for_a_transient_ending_reads_as_today_s() -> None:
+    # Rows and typed state written before 2026-11 said "failed" for a transient ending.
+    assert Event("failed") is Event.TRANSIENT
+    assert Ending("failed") is Ending.TRANSIENT
+    assert [e["event"] for e in read_history([{"event": "failed"}, {"event": "refused"}])] == [
+        "transient",
+        "refused",
+    ]
+    assert ReplyOutcome.REFUSED == "failed"  # on the wire a refusal keeps contract 3.3's word
