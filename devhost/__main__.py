@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from core.settings import disabled_setting
+from core.settings import DEVHOST_INSTANCE_ID, disabled_setting
 from devhost import app_loader
 from devhost.host import DevHost
 from devhost.settings import ConfigError, load_host_json
@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--http-port", type=int, default=7071, help="0 picks a free port")
     parser.add_argument("--only", default="", help="comma-separated functions to run")
     parser.add_argument("--exclude", default="", help="comma-separated functions to skip")
-    parser.add_argument("--instance-id", default=None, help="exported as DEVHOST_INSTANCE_ID")
+    parser.add_argument("--instance-id", default=None, help=f"exported as {DEVHOST_INSTANCE_ID}")
     parser.add_argument("--verbose", action="store_true", help="log successes at DEBUG")
     return parser.parse_args(argv)
 
@@ -62,7 +62,7 @@ def build(args: argparse.Namespace) -> DevHost:
     """Load the app, check every function, build what runs them."""
     root = os.getcwd()
     default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
-    os.environ["DEVHOST_INSTANCE_ID"] = args.instance_id or default_id
+    os.environ[DEVHOST_INSTANCE_ID] = args.instance_id or default_id
     app = app_loader.find_app(app_loader.load_module(args.app, root))
     only, exclude = (
         {n.strip() for n in text.split(",") if n.strip()} for text in (args.only, args.exclude)
@@ -72,11 +72,10 @@ def build(args: argparse.Namespace) -> DevHost:
     if not functions:
         raise ConfigError("no functions selected")
     # What the host reads: the app can tell which functions this instance does not run.
-    chosen = {fn.get_function_name() for fn in functions}
     for fn in every:
-        if fn.get_function_name() not in chosen:
+        if fn not in functions:
             os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
-    specs = app_loader.build_specs(functions, os.environ)
+    specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
     host_json = load_host_json(Path(root, "host.json"))
     return DevHost.build(specs, host_json, os.environ, args.http_port)
 
@@ -104,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     devhost.start(stop)
     if devhost.http is not None:
         print(f"DEVHOST_HTTP={devhost.http.base_url}")
-    print(f"DEVHOST_READY instance={os.environ['DEVHOST_INSTANCE_ID']}", flush=True)
+    print(f"DEVHOST_READY instance={os.environ[DEVHOST_INSTANCE_ID]}", flush=True)
     while not stop.wait(0.5):
         pass
     if devhost.busy():

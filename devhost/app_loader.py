@@ -99,14 +99,8 @@ def select(
     ]
 
 
-def build_specs(
-    functions: Iterable[func.Function], environ: Mapping[str, str]
-) -> list[FunctionSpec]:
-    """A :class:`FunctionSpec` per function; raises on the first one devhost cannot run."""
-    return [build_spec(fn, environ) for fn in functions]
-
-
 def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
+    """The :class:`FunctionSpec` of ``fn``; raises if devhost cannot run it as Azure would."""
     name = str(fn.get_function_name())
     # The JSON text, not get_dict_repr(): that one holds enums rather than what deploys.
     bindings: list[dict[str, Any]] = json.loads(fn.get_function_json())["bindings"]

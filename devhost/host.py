@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bootstrap import clients
-from core.settings import OPCOUNT_DIR
+from core.settings import OPCOUNT_DIR, STORAGE
 from core.settings import connection as read_connection
 from devhost import app_loader as loader
 from devhost.app_loader import FunctionSpec
@@ -29,6 +29,7 @@ from devhost.settings import (
     route_prefix,
 )
 from devhost.timers import TimerRunner, parse_schedule
+from messaging.storage_queues import StorageQueues
 
 
 @dataclass
@@ -100,10 +101,9 @@ class DevHost:
 
     def _add_queue(self, spec: FunctionSpec, options: QueueOptions, lease: LeaseOptions) -> None:
         name = str(spec.trigger.get("queueName", ""))
-        service = self.queue_service(str(spec.trigger.get("connection") or "AzureWebJobsStorage"))
-        queue, poison = (
-            StorageQueue(service.get_queue_client(n)) for n in (name, name + POISON_SUFFIX)
-        )
+        service = self.queue_service(str(spec.trigger.get("connection") or STORAGE))
+        queues = StorageQueues(service)
+        queue, poison = (StorageQueue(queues, n) for n in (name, name + POISON_SUFFIX))
         listener = QueueListener(spec, queue, poison, options, lease, self.invoker)
         self.queues.append(listener)
         self.enqueued.register(listener)

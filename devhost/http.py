@@ -1,12 +1,10 @@
 """HTTP triggers on 127.0.0.1, served and routed by werkzeug.
 
-Routes are ``{routePrefix}/{route}`` (prefix from host.json ``extensions.http.routePrefix``,
-default ``api``) with plain ``{name}`` parameters, the only kind the app uses; a route with
-constraints, optional or catch-all parameters is refused at start. A trailing slash is
-ignored. A path that matches a route with another method gets 405 (with ``Allow``), no
-route 404, both with a JSON ``error``. An unhandled exception in the function gives 500
-with a JSON ``error`` (Azure gives an empty 500). Auth levels are not enforced, as with
-``func start``.
+Routes are ``{routePrefix}/{route}`` with plain ``{name}`` parameters, the only kind the
+app uses; a route with constraints, optional or catch-all parameters is refused at start.
+A trailing slash is ignored. A path that matches a route with another method gets 405
+(with ``Allow``), no route 404, both with a JSON ``error``. An unhandled exception in the
+function gives 500 with a JSON ``error`` (Azure gives an empty 500).
 """
 
 from __future__ import annotations
@@ -14,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,7 +22,7 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker
+from devhost.invoke import Invoker, start_thread
 from devhost.settings import ConfigError
 
 log = logging.getLogger("devhost.http")
@@ -92,21 +89,20 @@ class HttpServer:
         self.base_url = f"http://127.0.0.1:{self._server.port}"
 
     def wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
-        return self.respond(Request(environ))(environ, start_response)
-
-    def respond(self, request: Request) -> Response:
+        request = Request(environ)
         try:
-            name, params = self.urls.bind_to_environ(request.environ).match()
+            name, params = self.urls.bind_to_environ(environ).match()
         except MethodNotAllowed as error:
             allowed = ", ".join(sorted(error.valid_methods or ()))
             response = json_error(
                 405, f"{request.method} is not allowed on {request.path}; allowed: {allowed}"
             )
             response.headers["Allow"] = allowed
-            return response
         except HTTPException:
-            return json_error(404, f"no function serves {request.method} {request.path}")
-        return self.invoke(self.specs[name], params, request)
+            response = json_error(404, f"no function serves {request.method} {request.path}")
+        else:
+            response = self.invoke(self.specs[name], params, request)
+        return response(environ, start_response)
 
     def invoke(self, spec: FunctionSpec, params: Mapping[str, str], request: Request) -> Response:
         target = request.environ.get("RAW_URI") or request.full_path
@@ -129,8 +125,7 @@ class HttpServer:
             return json_error(500, f"function {spec.name}: {error}")
 
     def start(self) -> None:
-        serve = self._server.serve_forever
-        threading.Thread(target=serve, args=(0.2,), name="http", daemon=True).start()
+        start_thread("http", self._server.serve_forever, 0.2)
 
     def stop(self) -> None:
         self._server.shutdown()

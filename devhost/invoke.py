@@ -1,7 +1,7 @@
 """Call a user function the way the Python worker does, and count what is running.
 
-Every trigger kind goes through :class:`Invoker`, so shutdown can wait for all running
-invocations at one place, and every failure is logged the same way (one ERROR record with
+Every trigger kind goes through :class:`Invoker`, so shutdown waits for all running
+invocations at one place and every failure is logged the same way (one ERROR record with
 the traceback); successes are logged at DEBUG.
 """
 
@@ -12,12 +12,21 @@ import inspect
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from devhost.app_loader import FunctionSpec
 
 log = logging.getLogger("devhost")
+
+
+def start_thread(name: str, target: Callable[..., object], *args: object) -> threading.Thread:
+    """Start ``target(*args)`` in a daemon thread: neither a function nor a broken storage
+    or broker endpoint may hold the process open (what it holds is leased, so it returns)."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclass(frozen=True)
@@ -46,8 +55,7 @@ class Invoker:
 
     def call(self, spec: FunctionSpec, trigger_value: Any, detail: str = "") -> Outcome:
         """Call ``spec``'s function. Never raises: a failure is logged (with its traceback
-        and ``detail``, e.g. the message id) and returned, so every trigger kind handles user
-        errors the same way."""
+        and ``detail``, e.g. the message id) and returned."""
         started = time.monotonic()
         suffix = f" ({detail})" if detail else ""
         with self._lock:

@@ -1,24 +1,11 @@
 """Storage queue triggers: poll, lease, invoke, then delete, retry or poison.
 
-What the Functions host does (Microsoft.Azure.WebJobs.Extensions.Storage.Queues), and
-devhost with it:
-
-- Fetch ``batchSize`` messages; fetch again only when at most ``newBatchThreshold`` are
-  still running (so at most batchSize + newBatchThreshold run at once, per function and
-  process). An empty queue backs the polling off exponentially, 50 ms up to
-  ``maxPollingInterval``; while the queue has traffic (a message found within the last
-  ``maxPollingInterval``) the back-off stops at 100 ms, so that a new message is picked
-  up at once, and only an idle queue is polled as rarely as the host allows.
-- Success deletes the message. Failure with ``dequeue_count >= maxDequeueCount`` copies the
-  original text to ``<queue>-poison`` and deletes it; a lesser failure makes the message
-  visible again after ``visibilityTimeout``. A message that arrives with its dequeue count
-  already above ``maxDequeueCount`` (its earlier holders died mid-run) goes to poison
-  without running.
-
-- A message the process itself adds to a queue wakes that queue's listener at once (the
-  host's ``SharedQueueWatcher``, which it notifies for its output bindings; devhost watches
-  every ``QueueClient.send_message`` in the process, see :class:`EnqueueWatcher`), so a
-  hand-off from one function to another in the same instance waits for no poll.
+As the Functions host does (Microsoft.Azure.WebJobs.Extensions.Storage.Queues); the README
+("devhost") describes the polling, :func:`next_back_off` its back-off. Success deletes the
+message. Failure with ``dequeue_count >= maxDequeueCount`` copies the original text to
+``<queue>-poison`` and deletes it; a lesser failure makes the message visible again after
+``visibilityTimeout``. A message that arrives with its dequeue count already above
+``maxDequeueCount`` (its earlier holders died mid-run) goes to poison without running.
 
 Where devhost differs: the host leases a message for 10 minutes and renews it; devhost
 leases it for at most 30 s and renews it every 10 s while the function runs (contract 3.9),
@@ -38,20 +25,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.functions.queue import QueueMessage as FunctionsQueueMessage
 
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker
+from devhost.invoke import Invoker, start_thread
 from devhost.settings import LeaseOptions, QueueOptions
+from messaging.storage_queues import StorageQueues
 
 log = logging.getLogger("devhost.queues")
 POISON_SUFFIX = "-poison"
-#: Shortest idle poll; the delay doubles while a queue stays empty, up to maxPollingInterval.
-MIN_POLL_SECONDS = 0.05
-#: The longest back-off while a queue has traffic (a message found within the last
-#: maxPollingInterval): new messages are picked up at once, idle queues polled rarely.
-BUSY_POLL_SECONDS = 0.1
+MIN_POLL_SECONDS = 0.05  # the first wait after an empty receive
+BUSY_POLL_SECONDS = 0.1  # the longest wait while the queue has traffic
 #: How often a back-off looks at the stop event.
 STOP_CHECK_SECONDS = 0.25
 
@@ -80,16 +65,15 @@ def _lease_errors(message_id: str) -> Iterator[None]:
 
 
 class StorageQueue:
-    """The queue operations a listener uses, over an ``azure.storage.queue.QueueClient`` (tests
+    """The queue operations a listener uses, over the app's :class:`StorageQueues` (tests
     pass a fake with the same methods)."""
 
-    def __init__(self, client: Any) -> None:
-        self._client = client
-        self.name: str = client.queue_name
+    def __init__(self, queues: StorageQueues, name: str) -> None:
+        self._queues, self.name = queues, name
+        self._client = queues.client(name)
 
     def create_if_missing(self) -> None:
-        with contextlib.suppress(ResourceExistsError):
-            self._client.create_queue()
+        self._queues.ensure(self.name)
 
     def receive(self, count: int, visibility_seconds: int) -> list[Any]:
         # One request: only the first page (the pager would ask again for the rest).
@@ -110,11 +94,7 @@ class StorageQueue:
         return str(updated.pop_receipt)
 
     def send(self, content: str) -> None:
-        try:
-            self._client.send_message(content)
-        except ResourceNotFoundError:
-            self.create_if_missing()
-            self._client.send_message(content)
+        self._queues.send(self.name, content)  # creates the queue if it is missing
 
     @property
     def address(self) -> tuple[str, str]:
@@ -129,7 +109,7 @@ class EnqueueWatcher:
 
     def __init__(self) -> None:
         self._listeners: dict[tuple[str, str], list[QueueListener]] = {}
-        self._restore: Callable[[], None] | None = None
+        self._original: Callable[..., Any] | None = None  # the SDK's, while installed
 
     def register(self, listener: QueueListener) -> None:
         self._listeners.setdefault(listener.queue.address, []).append(listener)
@@ -140,31 +120,27 @@ class EnqueueWatcher:
 
     def install(self) -> None:
         """Watch ``azure.storage.queue.QueueClient.send_message`` in this process."""
-        if self._restore is not None or not self._listeners:
-            return
         from azure.storage.queue import QueueClient
 
-        original = QueueClient.send_message
-        watcher = self
+        if self._original is not None or not self._listeners:
+            return
+        original = self._original = QueueClient.send_message
 
         @functools.wraps(original)
         def send_message(client: Any, *args: Any, **kwargs: Any) -> Any:
             sent = original(client, *args, **kwargs)
             if not kwargs.get("visibility_timeout"):  # a delayed message: nothing to see yet
-                watcher.notify(str(getattr(client, "account_name", "")), client.queue_name)
+                self.notify(str(getattr(client, "account_name", "")), client.queue_name)
             return sent
 
         QueueClient.send_message = send_message  # type: ignore[method-assign,assignment]
 
-        def restore() -> None:
-            QueueClient.send_message = original  # type: ignore[method-assign]
-
-        self._restore = restore
-
     def uninstall(self) -> None:
-        if self._restore is not None:
-            self._restore()
-            self._restore = None
+        from azure.storage.queue import QueueClient
+
+        if self._original is not None:
+            QueueClient.send_message = self._original  # type: ignore[method-assign]
+            self._original = None
 
 
 @dataclass(eq=False)  # identity: the same message may be held twice after a lost lease
@@ -217,12 +193,8 @@ class QueueListener:
             return len(self._leases) + int(self._receiving)
 
     def start(self, stop: threading.Event) -> None:
-        # Daemon threads: a broken storage endpoint must not hold the process open.
-        name = self.spec.name
-        threading.Thread(target=self.poll, args=(stop,), name=f"poll-{name}", daemon=True).start()
-        threading.Thread(
-            target=self.renew_loop, args=(stop,), name=f"renew-{name}", daemon=True
-        ).start()
+        start_thread(f"poll-{self.spec.name}", self.poll, stop)
+        start_thread(f"renew-{self.spec.name}", self.renew_loop, stop)
 
     # --- polling ---------------------------------------------------------------------------
 
@@ -298,15 +270,10 @@ class QueueListener:
         count = int(message.dequeue_count or 1)
         # The host's BeginProcessingMessage: past the limit already, so earlier holders died.
         if count > self.options.max_dequeue_count:
-            self._warn(
-                "message %s was dequeued %d times (maxDequeueCount %d) without finishing; "
-                "moving it to %s without running it",
-                message.id,
-                count,
-                self.options.max_dequeue_count,
-                self.poison.name,
+            why = f"was dequeued {count} times without finishing, so it does not run"
+            self._guarded(
+                message.id, lambda: self._move_to_poison(message, message.pop_receipt, why)
             )
-            self._guarded(message.id, lambda: self._move_to_poison(message, message.pop_receipt))
         elif stop is not None and stop.is_set():
             # Shutting down: hand it straight back rather than leave it leased.
             self._guarded(
@@ -348,19 +315,14 @@ class QueueListener:
             if succeeded:
                 self.queue.delete(message.id, lease.pop_receipt)
             elif count >= self.options.max_dequeue_count:  # the host's CompleteProcessingMessage
-                self._warn(
-                    "message %s failed %d times (maxDequeueCount %d); moving it to %s",
-                    message.id,
-                    count,
-                    self.options.max_dequeue_count,
-                    self.poison.name,
-                )
-                self._move_to_poison(message, lease.pop_receipt)
+                self._move_to_poison(message, lease.pop_receipt, f"failed {count} times")
             else:
                 visibility = self.options.visibility_timeout
                 self.queue.set_visibility(message.id, lease.pop_receipt, visibility)
 
-    def _move_to_poison(self, message: Any, pop_receipt: str) -> None:
+    def _move_to_poison(self, message: Any, pop_receipt: str, why: str) -> None:
+        why += f" (maxDequeueCount {self.options.max_dequeue_count})"
+        self._warn("message %s %s; moving it to %s", message.id, why, self.poison.name)
         content = message.content
         self.poison.send(content if isinstance(content, str) else bytes(content).decode())
         self.queue.delete(message.id, pop_receipt)

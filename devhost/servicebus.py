@@ -1,19 +1,14 @@
-"""Service Bus queue triggers: a PEEK_LOCK receiver loop per function, when configured.
+"""Service Bus queue triggers: a PEEK_LOCK message pump per function, when configured.
 
-Each loop is a message pump, as the host's ``ServiceBusProcessor`` is: while fewer than
-``maxConcurrentCalls`` messages run, it receives the next one as soon as it arrives (one
-at a time: a batch receive would wait up to 200 ms more for company after the first
-message, ``_further_pull_receive_timeout`` in the SDK), keeps its lock alive with an
-``AutoLockRenewer`` (up to ``maxAutoLockRenewalDuration``), runs it in a pool, and, on
-the receiving thread (an SDK receiver is not thread-safe), completes it if it succeeded
-and abandons it if not; Service Bus itself dead-letters a message past the queue's max
-delivery count, as in Azure. ``<queue>/$DeadLetterQueue`` reads the dead-letter
-sub-queue, as in Azure.
-
-Everything that talks to the broker runs in daemon threads, and closing is bounded, so a
-namespace that never answers cannot hold up shutdown. Only :func:`sdk_receiver_factory`
-and :func:`sdk_renewer` touch the SDK; the rest works on any receiver with the same four
-methods, which is how it is tested without a broker.
+The pump receives one message at a time: a batch receive would wait up to 200 ms more for
+company after the first message (``_further_pull_receive_timeout`` in the SDK). An
+``AutoLockRenewer`` keeps each lock alive (up to ``maxAutoLockRenewalDuration``); messages
+are settled on the receiving thread (an SDK receiver is not thread-safe): completed if the
+function succeeded, abandoned if not. Service Bus itself dead-letters a message past the
+queue's max delivery count, and ``<queue>/$DeadLetterQueue`` reads the dead-letter
+sub-queue, as in Azure. Closing is bounded, so a namespace that never answers cannot hold
+up shutdown. Only :func:`sdk_receiver_factory` and the default renewer touch the SDK, so
+the rest is tested with fakes.
 """
 
 from __future__ import annotations
@@ -28,7 +23,7 @@ from azure.functions.servicebus import ServiceBusMessage as FunctionsServiceBusM
 
 from core.settings import Connection
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker
+from devhost.invoke import Invoker, start_thread
 from devhost.settings import ServiceBusOptions
 
 log = logging.getLogger("devhost.servicebus")
@@ -128,8 +123,7 @@ def close_within(resource: Any, timeout: float = CLOSE_TIMEOUT_SECONDS) -> bool:
         except Exception as error:  # noqa: BLE001 - closing is best effort
             log.debug("closing %r failed: %s", resource, error)
 
-    thread = threading.Thread(target=close, name="servicebus-close", daemon=True)
-    thread.start()
+    thread = start_thread("servicebus-close", close)
     thread.join(timeout)
     return not thread.is_alive()
 
@@ -143,10 +137,7 @@ class ServiceBusListener:
         options: ServiceBusOptions,
         renewer_factory: Callable[[], Any] | None = None,
     ) -> None:
-        self.spec = spec
-        self._open = open_receiver
-        self.invoker = invoker
-        self.options = options
+        self.spec, self._open, self.invoker, self.options = spec, open_receiver, invoker, options
         self._renewer_factory = renewer_factory or (lambda: sdk_renewer(options))
         self._pool = ThreadPoolExecutor(
             max_workers=options.max_concurrent_calls, thread_name_prefix=f"devhost-{spec.name}"
@@ -161,11 +152,7 @@ class ServiceBusListener:
         )
 
     def start(self, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(
-            target=self.run, args=(stop,), name=f"servicebus-{self.spec.name}", daemon=True
-        )
-        thread.start()
-        return thread
+        return start_thread(f"servicebus-{self.spec.name}", self.run, stop)
 
     def run(self, stop: threading.Event) -> None:
         backoff = 1.0
@@ -186,8 +173,6 @@ class ServiceBusListener:
                     )
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
-                else:
-                    backoff = 1.0
                 finally:
                     if receiver is not None:
                         close_within(receiver)

@@ -6,10 +6,8 @@ A ``%SETTING%`` schedule is resolved before it gets here.
 
 Differences from Azure, on purpose:
 
-- Timers run in **every** devhost process: there is no cross-process singleton lock (the
-  host takes a blob lease so one instance fires). Start one devhost with the timers and
-  ``--exclude`` them in the others if that matters; the project's supervisor is safe either
-  way (its writes are conditional).
+- Timers run in **every** devhost process (the host takes a blob lease so that one
+  instance fires): ``--exclude`` them in all but one devhost if that matters.
 - No schedule monitor: nothing is persisted, so ``past_due`` is only true when a tick
   fires more than a second late in this process (e.g. the machine slept), never for ticks
   missed while devhost was down.
@@ -28,7 +26,7 @@ from azure.functions.timer import TimerRequest
 from croniter import croniter
 
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker
+from devhost.invoke import Invoker, start_thread
 from devhost.settings import ConfigError
 
 #: A tick later than this counts as past due.
@@ -88,11 +86,7 @@ class TimerRunner:
         )
 
     def start(self, stop: threading.Event) -> threading.Thread:
-        thread = threading.Thread(
-            target=self.run, args=(stop,), name=f"timer-{self.spec.name}", daemon=True
-        )
-        thread.start()
-        return thread
+        return start_thread(f"timer-{self.spec.name}", self.run, stop)
 
     def run(self, stop: threading.Event) -> None:
         if self.run_on_startup:

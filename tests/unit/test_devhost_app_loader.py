@@ -8,14 +8,14 @@ import azure.functions as func
 import pytest
 
 from devhost import app_loader
-from devhost.app_loader import FunctionSpec, UnsupportedFunction, build_specs
+from devhost.app_loader import FunctionSpec, UnsupportedFunction, build_spec
 from devhost.settings import ConfigError
 
 ENV = {"ORDERS_QUEUE": "orders-x", "SWEEP": "*/10 * * * * *"}
 
 
 def specs_of(app: func.FunctionApp, environ: dict[str, str] | None = None) -> list[FunctionSpec]:
-    return build_specs(app.get_functions(), ENV if environ is None else environ)
+    return [build_spec(fn, ENV if environ is None else environ) for fn in app.get_functions()]
 
 
 def test_every_supported_trigger_is_found_from_its_bindings() -> None:
