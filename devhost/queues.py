@@ -37,8 +37,7 @@ log = logging.getLogger("devhost.queues")
 POISON_SUFFIX = "-poison"
 MIN_POLL_SECONDS = 0.05  # the first wait after an empty receive
 BUSY_POLL_SECONDS = 0.1  # the longest wait while the queue has traffic
-#: How often a back-off looks at the stop event.
-STOP_CHECK_SECONDS = 0.25
+STOP_CHECK_SECONDS = 0.25  # how often a back-off looks at the stop event
 
 
 def next_back_off(delay: float, since_found: float, max_polling_interval: float) -> float:

@@ -97,15 +97,14 @@ def sdk_receiver_factory(connection: Connection, queue_name: str) -> Callable[[]
 
     client = client_for(connection, credential)  # the app's own client; it connects when first used
     queue, _, sub = queue_name.partition("/")
-    options: dict[str, Any] = {
-        "queue_name": queue if sub.lower() == "$deadletterqueue" else queue_name,
-        "receive_mode": ServiceBusReceiveMode.PEEK_LOCK,
-        "prefetch_count": 0,
-        "max_wait_time": MAX_WAIT_SECONDS,
-    }
-    if sub.lower() == "$deadletterqueue":  # the host's name for the dead-letter sub-queue
-        options["sub_queue"] = ServiceBusSubQueue.DEAD_LETTER
-    return lambda: client.get_queue_receiver(**options)
+    dead_letters = sub.lower() == "$deadletterqueue"  # the host's name for that sub-queue
+    return lambda: client.get_queue_receiver(
+        queue if dead_letters else queue_name,
+        receive_mode=ServiceBusReceiveMode.PEEK_LOCK,
+        prefetch_count=0,
+        max_wait_time=MAX_WAIT_SECONDS,
+        sub_queue=ServiceBusSubQueue.DEAD_LETTER if dead_letters else None,
+    )
 
 
 def sdk_renewer(options: ServiceBusOptions) -> Any:
