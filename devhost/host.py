@@ -170,6 +170,7 @@ class DevHost:
         return settled
 
     def busy(self) -> int:
-        """Invocations running plus messages not yet settled."""
+        """Invocations running, or messages not yet settled (which include the running
+        ones of queue triggers): zero when nothing is left to finish."""
         queues = sum(queue.in_flight for queue in self.queues)
-        return self.invoker.running + queues + sum(bus.in_flight for bus in self.service_bus)
+        return max(self.invoker.running, queues + sum(bus.in_flight for bus in self.service_bus))

@@ -142,6 +142,7 @@ class ServiceBusListener:
             max_workers=options.max_concurrent_calls, thread_name_prefix=f"devhost-{spec.name}"
         )
         self.in_flight = 0  # messages received and not yet settled (read by shutdown)
+        self.received = False  # a receive worked since the last (re)connect
 
     def describe(self) -> str:
         trigger = self.spec.trigger
@@ -159,10 +160,13 @@ class ServiceBusListener:
         try:
             while not stop.is_set():
                 receiver = None
+                self.received = False
                 try:
                     receiver = self._open()
                     self.pump(receiver, renewer, stop)
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
+                    if self.received:  # it worked for a while: a new failure starts over
+                        backoff = 1.0
                     log.warning(
                         "function %s: Service Bus queue %s failed: %s; retrying in %.0f s",
                         self.spec.name,
@@ -197,6 +201,7 @@ class ServiceBusListener:
                     max_message_count=1, max_wait_time=patience
                 ):
                     self._start(receiver, renewer, message, running)
+                self.received = True
         finally:
             while running:
                 wait(running, timeout=MAX_WAIT_SECONDS, return_when=FIRST_COMPLETED)

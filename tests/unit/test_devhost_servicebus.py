@@ -184,6 +184,50 @@ def test_a_failing_receiver_is_reopened() -> None:
     assert good.completed == ["a"]
 
 
+def test_the_reconnect_back_off_starts_over_after_the_receiver_worked() -> None:
+    class Broken(FakeReceiver):
+        def __init__(self, batches_before: int = 0) -> None:
+            super().__init__([])
+            self.batches_before = batches_before
+
+        def receive_messages(
+            self, max_message_count: int | None = 1, max_wait_time: float | None = None
+        ) -> list[Any]:
+            if self.batches_before:
+                self.batches_before -= 1
+                return []
+            raise ConnectionError("link detached")
+
+    good = FakeReceiver([[FakeMessage(b"good", message_id="a")]])
+    receivers: list[FakeReceiver] = [Broken(), Broken(), Broken(batches_before=1), Broken(), good]
+
+    class RecordingStop(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.waits: list[float] = []
+
+        def wait(self, timeout: float | None = None) -> bool:
+            self.waits.append(timeout or 0.0)
+            return self.is_set()  # no real waiting
+
+    listener = ServiceBusListener(
+        spec(handler),
+        lambda: receivers.pop(0),
+        Invoker(),
+        ServiceBusOptions(),
+        renewer_factory=FakeRenewer,
+    )
+    stop = RecordingStop()
+    thread = listener.start(stop)
+    try:
+        assert good.drained.wait(5)
+    finally:
+        stop.set()
+        thread.join(5)
+    # 1, 2 s; then a receiver that worked before failing: 1 s again, not 4
+    assert stop.waits == [1.0, 2.0, 1.0, 2.0]
+
+
 def test_settle_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
     class LockLost(FakeReceiver):
         def complete_message(self, message: Any) -> None:
