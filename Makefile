@@ -128,7 +128,7 @@ iac-check: .venv-iac/.ok
 ## (SERVICEBUS_TEST_CONNECTION=<namespace>.servicebus.windows.net or a connection string)
 test-servicebus: deps
 	@test -n "$$SERVICEBUS_TEST_CONNECTION" || { echo "set SERVICEBUS_TEST_CONNECTION (see README)"; exit 2; }
-	$(PYTEST) tests/localbus/test_contract.py tests/integration/test_servicebus_live.py -q -m servicebus
+	$(PYTEST) tests/localbus/test_contract.py tests/integration/test_transport_contract.py -q -m servicebus
 
 ## make bench: the benchmarks (pipeline, latency, sweeps, recovery: about 6 minutes on 2
 ## cores), each printed and saved as bench/results/<name>-<UTC date-time>.json

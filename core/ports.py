@@ -3,6 +3,10 @@
 ``StateStore`` has two adapters that pass one contract suite
 (``tests/integration/test_store_contract.py``): ``stores.tables.TableStateStore`` (Azure
 Table Storage) and ``stores.memory.InMemoryStateStore`` (for unit tests of the services).
+``AgentTransport`` has two adapters that pass one contract suite
+(``tests/integration/test_transport_contract.py``):
+``messaging.storage_queues.StorageQueueTransport`` (on Azurite) and
+``messaging.servicebus.ServiceBusTransport`` (on localbus, through the real SDK).
 """
 
 from __future__ import annotations
@@ -135,7 +139,14 @@ class QueueSender(Protocol):
 
 
 class AgentTransport(Protocol):
-    """The agent request/reply queues: Service Bus, or Storage queues on Azurite."""
+    """The agent request/reply queues: Service Bus, or Storage queues on Azurite.
+
+    A request goes to its agent's own queue (``Names.agent_queue``), due at once; both
+    messages carry their ids in the JSON body (docs/contracts.md §3.3), a reply lives an
+    hour whatever its deadline. A send that fails raises an ``OrderError``
+    (``StorageUnavailable``: retry later). Where the adapters differ by design (message
+    properties and duplicate detection on Service Bus; a request's life past its deadline;
+    queues created on first use on Storage), the contract suite states each side."""
 
     def send_request(self, request: AgentRequest) -> bool:
         """Send; False if the deadline has already passed (nothing sent)."""

@@ -2,10 +2,16 @@
 is set, else a private ``localbus`` with the same two queues, their lock duration shortened
 so lock expiry takes seconds, not 30 s.
 
-A real namespace needs the queues ``agent-requests`` and ``agent-replies`` as infra/
-creates them (lock 30 s, max delivery count 5, duplicate detection, replies dead-lettered
-on expiry, requests not). Use a namespace for tests: the tests abandon messages of other
-senders they meet (which counts a delivery against them).
+A real namespace needs the queues ``agent-requests-orders`` and ``agent-replies`` as infra/
+creates them (lock 30 s, max delivery count 5, duplicate detection), and any
+``more_queues`` a caller names (the transport contract suite,
+tests/integration/test_transport_contract.py, names two more agents' queues, which infra/
+creates too). Use a namespace for tests: the tests abandon messages of other senders they
+meet (which counts a delivery against them).
+
+Note: the local request queue here drops what expires (``dead-letter-on-expiration=false``),
+which test_contract.py's expiry test states; infra/app/servicebus.bicep dead-letters
+expired messages on every queue, requests included (supervisor/expired.py reads them).
 """
 
 from __future__ import annotations
@@ -66,7 +72,12 @@ def _namespace_factory(value: str) -> Callable[[], Any]:
 
 
 @contextmanager
-def open_target() -> Iterator[Target]:
+def open_target(
+    more_queues: tuple[str, ...] = (), lock_seconds: float = LOCAL_LOCK_SECONDS
+) -> Iterator[Target]:
+    """``more_queues``: further queues the caller sends to (declared on localbus like the
+    reply queue; on a namespace they must exist). ``lock_seconds``: localbus's lock
+    duration (a namespace keeps its own)."""
     value = os.environ.get(ENV, "").strip()
     if value:
         yield Target(
@@ -82,16 +93,17 @@ def open_target() -> Iterator[Target]:
         return
     from azure.servicebus import ServiceBusClient
 
-    lock = f"lock-duration={LOCAL_LOCK_SECONDS:g}"
+    lock = f"lock-duration={lock_seconds:g}"
     with LocalBus.start(
         [f"{AGENT_REQUESTS}:{lock}:dead-letter-on-expiration=false", f"{AGENT_REPLIES}:{lock}"]
+        + [f"{queue}:{lock}" for queue in more_queues]
     ) as bus:
         yield Target(
             "localbus",
             lambda: ServiceBusClient.from_connection_string(bus.connection_string, **SDK_OPTIONS),
             AGENT_REQUESTS,
             AGENT_REPLIES,
-            LOCAL_LOCK_SECONDS,
+            lock_seconds,
             5,
             5.0,
             1.0,
