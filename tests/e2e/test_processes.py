@@ -1,13 +1,16 @@
 """The whole pipeline in real processes, including SIGKILLs at the worst moments.
 
 Each test builds its own ``LocalStack`` (Azurite, simulator, devhost
-instances) and checks the outcome from outside: the table, the queues and
-the simulator's ledger of applied effects.
+instances; the ``stack`` fixture, tests/e2e/conftest.py) and checks the outcome from
+outside: the table, the queues and the simulator's ledger of applied effects.
+
+The mixed batch and the agent killed mid-call run on both agent transports (Storage
+queues, and Service Bus on localbus: what the transport changes); the other tests on
+Storage queues (what they test does not depend on the transport). Service-Bus-only
+behaviour is in test_servicebus_mode.py.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -21,14 +24,11 @@ from tests.support import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
-#: Every agent function: the shared legacy one and one per declared agent.
+#: Every agent function: one per declared agent.
 AGENT_FUNCTIONS = ",".join(sorted(a.function_name for a in AGENTS.values()))
-
-FAST = {
-    "STEP_TIMEOUT_SECONDS": "6",
-    "MAX_FAILURE_COUNT": "4",
-    "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
-}
+#: ``@pytest.mark.parametrize("transport", TRANSPORTS)``: one body on each agent transport
+#: (the ``stack`` fixture's ``transport``, tests/e2e/conftest.py).
+TRANSPORTS = ["storage", "servicebus"]
 
 
 def load(stack: LocalStack, order_id: str) -> Order | None:
@@ -53,13 +53,7 @@ def log_tail(stack: LocalStack) -> str:
     )
 
 
-@pytest.fixture
-def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
-    options = getattr(request, "param", {})
-    with LocalStack(settings=FAST, **options) as s:
-        yield s
-
-
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_two_instances_run_a_mixed_batch_to_the_expected_ends(stack: LocalStack) -> None:
     cases = {
         **{f"e2e-ok-{n}": "completed" for n in range(12)},
@@ -80,24 +74,30 @@ def test_two_instances_run_a_mixed_batch_to_the_expected_ends(stack: LocalStack)
             body["simulate"] = {"ship": "permanent"}
         stack.submit(body)
     orders = wait_terminal(stack, list(cases), 90)
-    verdict = verify(
-        dict(orders), load_ledger(stack.ledger_path), drain_alerts(stack.context), expected=cases
-    )
-    assert verdict.ok, verdict.problems()
+    alerts = drain_alerts(stack.context)
+    verdict = verify(dict(orders), load_ledger(stack.ledger_path), alerts, expected=cases)
+    assert verdict.ok, (verdict.problems(), log_tail(stack))
     assert effects_by_order(load_ledger(stack.ledger_path))["e2e-ful-ship"] == [
         "reserve-stock",
         "charge-payment",
         "refund-payment",
         "release-stock",
     ]
+    # Only the declined order alerted; no message went to a poison or dead-letter queue.
+    assert {a["orderId"] for a in alerts} == {"e2e-declined"}, alerts
+    assert not [a for a in alerts if a.get("poisonQueue")], alerts
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize(
     "stack",
     [{"devhost_args": [["--only", AGENT_FUNCTIONS], ["--exclude", AGENT_FUNCTIONS]]}],
     indirect=True,
 )
 def test_agent_killed_mid_call_is_replaced_and_the_effect_applies_once(stack: LocalStack) -> None:
+    """SIGKILL while the agent holds the request (a devhost lease, or a Service Bus lock:
+    30 s either way): the supervisor retries at the deadline on a new request, and the
+    effect applies once."""
     order_id = "e2e-agent-kill"
     # The service applies the effect, then takes 30 s to answer: the agent is mid-call.
     stack.submit(

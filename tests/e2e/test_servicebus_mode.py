@@ -2,116 +2,34 @@
 (the local Service Bus double, tests/localbus/test_contract.py), reached through the real
 azure-servicebus SDK by the app's transport and devhost's Service Bus listener.
 
-Only what the transport changes, checked from outside as in storage mode (the table, the
-alerts, the simulator's ledger and call log): the pipeline; an agent killed mid-call;
-a request whose agent dies on every delivery (redelivered, then dead-lettered, then an
-operator alert); requests that expire before any agent runs (dropped, never delivered).
+What only Service Bus does, checked from outside (the table, the alerts, the simulator's
+ledger and call log): a request whose agent dies on every delivery (redelivered, then
+dead-lettered, then an operator alert); requests that expire before any agent runs
+(never delivered, reported as not called). The pipeline and an agent killed mid-call run
+on both transports from one body (test_processes.py, ``TRANSPORTS``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from core.workflows import AGENTS
 from demo.stack import LocalStack
-from demo.verify import drain_alerts, verify
+from demo.verify import drain_alerts
 from simulator import effects_by_order, load_ledger
-from tests.e2e.test_processes import log_tail, wait_terminal
+from tests.e2e.test_processes import AGENT_FUNCTIONS, log_tail, wait_terminal
 from tests.support import wait_for
 
-pytestmark = pytest.mark.timeout(240)
-
-FAST = {
-    "STEP_TIMEOUT_SECONDS": "6",
-    "MAX_FAILURE_COUNT": "4",
-    "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
-}
-#: Every agent function: the shared request queue's and one per declared agent.
-AGENT_FUNCTIONS = ",".join(sorted(a.function_name for a in AGENTS.values()))
-
-
-@pytest.fixture
-def stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
-    options: dict[str, Any] = {"settings": FAST, **getattr(request, "param", {})}
-    with LocalStack(transport="servicebus", **options) as s:
-        yield s
-
-
-def test_two_instances_run_a_mixed_batch_over_service_bus(stack: LocalStack) -> None:
-    cases = {
-        **{f"sb-ok-{n}": "completed" for n in range(8)},
-        "sb-flaky": "completed",
-        "sb-declined": "error",
-        "sb-ful": "completed",
-        "sb-ful-ship": "compensated",
-    }
-    for order_id, _ in cases.items():
-        body: dict[str, object] = {"orderId": order_id}
-        if order_id == "sb-flaky":
-            body["simulate"] = {"process": "transient:2"}
-        if order_id == "sb-declined":
-            body["simulate"] = {"process": "permanent"}
-        if order_id.startswith("sb-ful"):
-            body["workflow"] = "fulfilment"
-        if order_id == "sb-ful-ship":
-            body["simulate"] = {"ship": "permanent"}
-        stack.submit(body)
-    orders = wait_terminal(stack, list(cases), 90)
-    alerts = drain_alerts(stack.context)
-    verdict = verify(dict(orders), load_ledger(stack.ledger_path), alerts, expected=cases)
-    assert verdict.ok, (verdict.problems(), log_tail(stack))
-    assert effects_by_order(load_ledger(stack.ledger_path))["sb-ful-ship"] == [
-        "reserve-stock",
-        "charge-payment",
-        "refund-payment",
-        "release-stock",
-    ]
-    # Only the declined order alerted; no message was dead-lettered.
-    assert {a["orderId"] for a in alerts} == {"sb-declined"}, alerts
-    assert not [a for a in alerts if "DeadLetterQueue" in str(a.get("poisonQueue"))]
-
-
-@pytest.mark.parametrize(
-    "stack",
-    [{"devhost_args": [["--only", AGENT_FUNCTIONS], ["--exclude", AGENT_FUNCTIONS]]}],
-    indirect=True,
-)
-def test_agent_killed_mid_call_over_service_bus(stack: LocalStack) -> None:
-    """SIGKILL while the agent holds the request's lock (30 s, as infra/ sets it): the
-    supervisor retries at the deadline on a new message, and the effect applies once."""
-    order_id = "sb-agent-kill"
-    stack.submit(
-        {
-            "orderId": order_id,
-            "simulate": {
-                "process": {"fail": "hang", "times": 1, "seconds": 30, "applyFirst": True}
-            },
-        }
-    )
-    wait_for(
-        lambda: effects_by_order(load_ledger(stack.ledger_path)).get(order_id),
-        30,
-        what="the remote call to start",
-    )
-    stack.kill(0)
-    stack.restart(0)
-    [order] = wait_terminal(stack, [order_id], 60).values()
-    assert str(order.status) == "completed", log_tail(stack)
-    step = order.steps[0]
-    assert step.attempt == 2 and step.failure_count == 1
-    assert [h["event"] for h in step.history].count("expired") == 1
-    assert effects_by_order(load_ledger(stack.ledger_path))[order_id] == ["process"]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.parametrize("transport", ["servicebus"])]
 
 
 @pytest.mark.parametrize(
     "stack",
     [
         {
-            "settings": {**FAST, "STEP_TIMEOUT_SECONDS": "90"},  # the request outlives it all
+            "settings": {"STEP_TIMEOUT_SECONDS": "90"},  # the request outlives it all
             "bus_options": {"lock-duration": "2"},
             "devhost_args": [["--only", AGENT_FUNCTIONS], ["--exclude", AGENT_FUNCTIONS]],
             "devhost_env": [{"ORDERS_FAILPOINTS": "agent-after-call"}, {}],
@@ -153,7 +71,7 @@ def test_a_request_whose_agent_always_dies_is_redelivered_then_dead_lettered(
     "stack",
     [
         {
-            "settings": {**FAST, "STEP_TIMEOUT_SECONDS": "6", "MAX_FAILURE_COUNT": "5"},
+            "settings": {"STEP_TIMEOUT_SECONDS": "6", "MAX_FAILURE_COUNT": "5"},
             "devhost_args": [["--only", AGENT_FUNCTIONS], ["--exclude", AGENT_FUNCTIONS]],
             "autostart": False,
         }
