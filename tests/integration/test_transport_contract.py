@@ -498,7 +498,7 @@ def test_a_reply_goes_to_the_default_reply_queue_or_the_one_it_is_addressed_to(
     request = make_request()
     order_id, receiver = request.order_id, adapter.receiver
     elsewhere = adapter.names.agent_queue(ELSEWHERE_AGENT)
-    home = request.failed("HTTP 422 declined", settled=True)
+    home = request.refused("HTTP 422 declined", settled=True)
     away = request.deferred("circuit open", whole_ms(utc_now() + timedelta(seconds=30)))
 
     assert adapter.transport.send_reply(home) is True

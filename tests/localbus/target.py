@@ -9,9 +9,8 @@ tests/integration/test_transport_contract.py, names two more agents' queues, whi
 creates too). Use a namespace for tests: the tests abandon messages of other senders they
 meet (which counts a delivery against them).
 
-Note: the local request queue here drops what expires (``dead-letter-on-expiration=false``),
-which test_contract.py's expiry test states; infra/app/servicebus.bicep dead-letters
-expired messages on every queue, requests included (supervisor/expired.py reads them).
+Both queues dead-letter what expires, as infra/app/servicebus.bicep declares every queue
+(an expired request is read from there by supervisor/expired.py and reported "not called").
 """
 
 from __future__ import annotations
@@ -44,8 +43,8 @@ LOCAL_LOCK_SECONDS = 2.0
 class Target:
     name: str  # "localbus" or "namespace"
     new_client: Callable[[], Any]  # a new azure.servicebus.ServiceBusClient
-    requests: str  # not dead-lettered on expiry (infra: agent-requests)
-    replies: str  # dead-lettered on expiry (infra: agent-replies)
+    requests: str  # an agent's request queue (infra: agent-requests-<agent>)
+    replies: str  # the reply queue (infra: agent-replies)
     lock_seconds: float
     max_delivery_count: int
     #: How long a real namespace may take to move an expired message (it does so lazily).
@@ -95,7 +94,7 @@ def open_target(
 
     lock = f"lock-duration={lock_seconds:g}"
     with LocalBus.start(
-        [f"{AGENT_REQUESTS}:{lock}:dead-letter-on-expiration=false", f"{AGENT_REPLIES}:{lock}"]
+        [f"{AGENT_REQUESTS}:{lock}", f"{AGENT_REPLIES}:{lock}"]
         + [f"{queue}:{lock}" for queue in more_queues]
     ) as bus:
         yield Target(
