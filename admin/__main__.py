@@ -10,6 +10,8 @@
     python -m admin kept [list] [--limit N]
     python -m admin kept [show] ROW
     python -m admin kept delete ROW
+    python -m admin purge [--dry-run] [--older-than DURATION] [--workflow W] [--status S]
+    python -m admin restore ORDER_ID
     python -m admin workflows
     python -m admin agents-json [--write]
 
@@ -27,6 +29,11 @@ state table; the alert or record names one by its ``keptAs`` row key. ``kept`` l
 them (oldest first, with a preview); ``kept show ROW`` (or ``kept ROW``) prints one
 whole (``text``: the message exactly; its base64 when ``encoding`` is ``base64``: it
 was not UTF-8); ``kept delete ROW`` removes one once dealt with.
+
+``purge`` archives finished orders past their retention (the ``RETENTION`` setting, or
+``--older-than``; ``error`` orders only with ``--status error``) to the Blob container
+``orders-archive`` and then deletes their rows; ``--dry-run`` says what would go.
+``restore`` puts an archived order back (docs/contracts.md §3.12).
 
 ``workflows`` and ``agents-json`` read only the declarations (``declarations/``, or the
 module ``ORDERS_DECLARATIONS`` names), never storage. ``workflows`` prints the workflows
@@ -49,6 +56,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from admin.drain import drain
+from admin.retention import show_or_where
 from bootstrap import (
     AppContext,
     bootstrap,
@@ -59,12 +67,14 @@ from core import workflows
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
+    OrderAlreadyExists,
     OrderError,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
 )
 from core.names import Names, poison
+from core.retention import ARCHIVABLE, Retention, parse_duration
 from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE
 from core.states import OrderStatus
 from core.timefmt import iso
@@ -235,6 +245,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "submit", help="post an order message (JSON) to the orders queue, as an app does"
     )
     submit.add_argument("order_json", metavar="JSON", help='e.g. \'{"orderId": "o-1"}\'')
+    purge = sub.add_parser(
+        "purge",
+        help="archive finished orders past their retention to Blob Storage, then delete "
+        "them (default: the RETENTION setting's rules)",
+    )
+    purge.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    purge.add_argument(
+        "--older-than", metavar="DURATION", help="finished this long ago (0s, 15m, 12h, 30d)"
+    )
+    purge.add_argument("--workflow", help="only orders of this workflow")
+    purge.add_argument(
+        "--status",
+        choices=[str(s) for s in ARCHIVABLE],
+        help="only orders with this status (error orders go only when named here)",
+    )
+    purge.add_argument(
+        "--limit", type=int, default=None, help="at most this many orders (RETENTION_BATCH)"
+    )
+    restore = sub.add_parser("restore", help="put an archived order back in the table")
+    restore.add_argument("order_id")
     sub.add_parser("workflows", help="the declared workflows and agents (GET /api/workflows)")
     agents = sub.add_parser(
         "agents-json",
@@ -300,55 +330,80 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
     return 0
 
 
+def _purge(ctx: AppContext, args: argparse.Namespace) -> dict[str, Any]:
+    status = OrderStatus(args.status) if args.status else None
+    if args.older_than is not None:
+        rules = Retention.older_than(parse_duration(args.older_than), status, args.workflow)
+    else:
+        rules = ctx.retainer.rules.narrowed(status, args.workflow)
+        if not rules.rules:
+            raise ValueError(
+                f"no retention rule names {args.status or 'a status'}"
+                f"{' of workflow ' + args.workflow if args.workflow else ''} "
+                f"(RETENTION is {ctx.retainer.rules}): give --older-than"
+            )
+    if args.limit is not None and args.limit < 1:
+        raise ValueError("--limit must be at least 1")
+    return ctx.retainer.purge(dry_run=args.dry_run, rules=rules, limit=args.limit).to_json()
+
+
+def _run(ctx: AppContext, args: argparse.Namespace) -> int:
+    admin = ctx.admin
+    if args.command == "show":
+        _print(show_or_where(admin, ctx.retainer, args.order_id))
+    elif args.command == "list":
+        status = OrderStatus(args.status)
+        page = admin.page(status, args.page_size, args.token)
+        if args.all:
+            orders = list(page["orders"])
+            while page["continuationToken"]:
+                page = admin.page(status, args.page_size, page["continuationToken"])
+                orders += page["orders"]
+            page = {"orders": orders, "continuationToken": None}
+        _print(page)
+    elif args.command == "resubmit":
+        _print(admin.resubmit(args.order_id, args.by or os_user()))
+    elif args.command == "cancel":
+        _print(admin.cancel(args.order_id, args.by or os_user(), args.reason, args.not_applied))
+    elif args.command == "repair-index":
+        _print(admin.repair_index(args.order_id))
+    elif args.command == "drain-legacy-requests":
+        drained = drain(
+            ctx.legacy_requests, ctx.store, ctx.transport, ctx.clock, dry_run=args.dry_run
+        )
+        _print(drained.as_json())
+    elif args.command == "alerts":
+        client = ctx.queues.client(ctx.names.operator_alerts)
+        _print(
+            [json.loads(m.content) for m in client.peek_messages(max_messages=min(args.peek, 32))]
+        )
+    elif args.command == "kept":
+        return _kept(ctx, args)
+    elif args.command == "purge":
+        _print(_purge(ctx, args))
+    elif args.command == "restore":
+        _print(ctx.retainer.restore(args.order_id))
+    elif args.command == "submit":
+        body = json.loads(args.order_json)  # not JSON: a ValueError, exit 2
+        if not isinstance(body, dict):
+            raise ValueError("an order message is a JSON object")
+        ctx.queues.client(ctx.names.orders).send_message(json.dumps(body))
+        _print({"submitted": body.get("orderId"), "queue": ctx.names.orders})
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command in ("workflows", "agents-json"):
         return _declarations_command(args, declarations_from_environment())
     try:
-        ctx = _context(args.connection)
-        admin = ctx.admin
-        if args.command == "show":
-            _print(admin.show(args.order_id))
-        elif args.command == "list":
-            status = OrderStatus(args.status)
-            page = admin.page(status, args.page_size, args.token)
-            if args.all:
-                orders = list(page["orders"])
-                while page["continuationToken"]:
-                    page = admin.page(status, args.page_size, page["continuationToken"])
-                    orders += page["orders"]
-                page = {"orders": orders, "continuationToken": None}
-            _print(page)
-        elif args.command == "resubmit":
-            _print(admin.resubmit(args.order_id, args.by or os_user()))
-        elif args.command == "cancel":
-            _print(admin.cancel(args.order_id, args.by or os_user(), args.reason, args.not_applied))
-        elif args.command == "repair-index":
-            _print(admin.repair_index(args.order_id))
-        elif args.command == "drain-legacy-requests":
-            drained = drain(
-                ctx.legacy_requests, ctx.store, ctx.transport, ctx.clock, dry_run=args.dry_run
-            )
-            _print(drained.as_json())
-        elif args.command == "alerts":
-            client = ctx.queues.client(ctx.names.operator_alerts)
-            _print(
-                [
-                    json.loads(m.content)
-                    for m in client.peek_messages(max_messages=min(args.peek, 32))
-                ]
-            )
-        elif args.command == "kept":
-            return _kept(ctx, args)
-        elif args.command == "submit":
-            body = json.loads(args.order_json)  # not JSON: a ValueError, exit 2
-            if not isinstance(body, dict):
-                raise ValueError("an order message is a JSON object")
-            ctx.queues.client(ctx.names.orders).send_message(json.dumps(body))
-            _print({"submitted": body.get("orderId"), "queue": ctx.names.orders})
+        return _run(_context(args.connection), args)
     except OrderNotFound as exc:
         _print({"error": exc.message})
         return 4
+    except OrderAlreadyExists as exc:
+        _print({"error": exc.message})
+        return 1
     except TransitionRefused as exc:
         _print({"error": exc.message, "reason": exc.reason})
         return 1
@@ -362,7 +417,6 @@ def main(argv: list[str] | None = None) -> int:
     except (OrderError, ValueError) as exc:
         _print({"error": str(exc)})
         return 2
-    return 0
 
 
 if __name__ == "__main__":

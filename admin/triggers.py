@@ -24,7 +24,7 @@ from typing import Any
 import azure.functions as func
 
 from admin.query import parse_filter, parse_page_size
-from bootstrap import app_context
+from bootstrap import app_context, index_time
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -104,7 +104,29 @@ def get_order(req: func.HttpRequest) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
-    return _answer(order_id, lambda: app_context().admin.show(order_id))
+    return _answer(order_id, lambda: _show(order_id))
+
+
+def _show(order_id: str) -> dict[str, Any]:
+    ctx = app_context()
+    try:
+        return ctx.admin.show(order_id)
+    except OrderNotFound as exc:
+        from admin.retention import archived_or  # the Blob SDK: only when it may be needed
+
+        raise archived_or(exc, ctx.retainer, order_id) from None
+
+
+@bp.timer_trigger(
+    arg_name="timer",
+    schedule=index_time().retention_schedule,
+    run_on_startup=False,
+    use_monitor=True,
+)
+def purge_finished_orders(timer: func.TimerRequest) -> None:
+    """Retention (docs/contracts.md §3.12): archive finished orders past their retention
+    (``RETENTION``), then delete them; at most ``RETENTION_BATCH`` a run."""
+    app_context().retainer.purge()
 
 
 @bp.route(route="orders", methods=["GET"])

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache, cached_property
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from admin.drain import LegacyQueue, ServiceBusLegacyQueue, StorageLegacyQueue
 from admin.service import OrderAdmin
@@ -33,7 +33,13 @@ from core.errors import OrderNotFound
 from core.names import Names
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
-from core.settings import Settings, Transport, declarations_of, transport_from_env
+from core.settings import (
+    Settings,
+    Transport,
+    declarations_of,
+    retention_schedule_of,
+    transport_from_env,
+)
 from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue
 from messaging.inline import InlineReplies
@@ -47,6 +53,9 @@ from stores.tables import TableStateStore
 from supervisor.expired import ExpiredRequests
 from supervisor.poison import PoisonWatch
 from supervisor.service import Supervisor
+
+if TYPE_CHECKING:
+    from admin.retention import Retainer
 
 T = TypeVar("T")
 
@@ -69,14 +78,16 @@ class IndexTime:
 
     transport: Transport
     declarations: str
+    retention_schedule: str
 
 
 @cache
 def index_time() -> IndexTime:
     """Read once, when the first trigger module is imported (``AGENT_TRANSPORT`` decides
-    the agent queues' trigger type; the declarations, which agents get a function)."""
+    the agent queues' trigger type; the declarations, which agents get a function;
+    ``RETENTION_SCHEDULE``, when the retention timer fires)."""
     env: Mapping[str, str] = os.environ
-    found = IndexTime(transport_from_env(env), declarations_of(env))
+    found = IndexTime(transport_from_env(env), declarations_of(env), retention_schedule_of(env))
     workflows.use(found.declarations)
     return found
 
@@ -233,6 +244,25 @@ class AppContext:
     @cached_property
     def admin(self) -> OrderAdmin:
         return OrderAdmin(self.store, self.notices, self.dispatch_queue, self.clock)
+
+    @cached_property
+    def retainer(self) -> Retainer:
+        """Retention and restore (docs/contracts.md §3.12). Imported here, on first use:
+        the Blob SDK is for the retention timer, the CLI and the console, never an
+        order's path."""
+        from admin.retention import Retainer
+        from stores.archive import BlobArchive
+        from stores.retention import TableRetention
+
+        blobs = clients.blob_service(self.settings.storage)
+        archive = BlobArchive(blobs.get_container_client(self.names.orders_archive))
+        return Retainer(
+            TableRetention(self.store.table),
+            archive,
+            self.settings.retention,
+            self.clock,
+            limit=self.settings.retention_batch,
+        )
 
     @cached_property
     def legacy_requests(self) -> LegacyQueue:

@@ -15,6 +15,7 @@ from core.settings import Connection, SettingsError
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
     from azure.data.tables import TableServiceClient
+    from azure.storage.blob import BlobServiceClient
     from azure.storage.queue import QueueServiceClient
 
 _lock = threading.Lock()
@@ -89,7 +90,11 @@ def credential(connection: Connection) -> TokenCredential:
 
 
 def _endpoint(connection: Connection, service: str) -> str:
-    explicit = connection.table_service_uri if service == "table" else connection.queue_service_uri
+    explicit = {
+        "blob": connection.blob_service_uri,
+        "queue": connection.queue_service_uri,
+        "table": connection.table_service_uri,
+    }[service]
     if explicit:
         return explicit
     if connection.account_name:
@@ -121,4 +126,16 @@ def queue_service(connection: Connection, opcount_dir: str | None = None) -> Que
         return QueueServiceClient.from_connection_string(connection.connection_string, **options)
     return QueueServiceClient(
         _endpoint(connection, "queue"), credential=credential(connection), **options
+    )
+
+
+def blob_service(connection: Connection) -> BlobServiceClient:
+    """For the archive (retention runs and restores; never on an order's path)."""
+    from azure.storage.blob import BlobServiceClient
+
+    options = retry_options("blob")
+    if connection.connection_string:
+        return BlobServiceClient.from_connection_string(connection.connection_string, **options)
+    return BlobServiceClient(
+        _endpoint(connection, "blob"), credential=credential(connection), **options
     )

@@ -12,6 +12,8 @@ ORDER_DISPATCH: Final = "order-dispatch"
 AGENT_REQUESTS: Final = "agent-requests"
 AGENT_REPLIES: Final = "agent-replies"
 STATE_TABLE: Final = "OrderState"
+#: The Blob container of archived orders (docs/contracts.md §3.12).
+ORDERS_ARCHIVE: Final = "orders-archive"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Names:
     agent_requests: str = AGENT_REQUESTS
     agent_replies: str = AGENT_REPLIES
     state_table: str = STATE_TABLE
+    orders_archive: str = ORDERS_ARCHIVE
 
     @classmethod
     def unique(cls, tag: str) -> Names:
@@ -37,6 +40,7 @@ class Names:
             agent_requests=f"{AGENT_REQUESTS}-{tag}",
             agent_replies=f"{AGENT_REPLIES}-{tag}",
             state_table=f"{STATE_TABLE}{tag}",
+            orders_archive=f"{ORDERS_ARCHIVE}-{tag}",
         )
 
     def agent_queue(self, agent: str) -> str:

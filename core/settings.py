@@ -21,6 +21,8 @@ from types import MappingProxyType
 from typing import Final
 from urllib.parse import urlsplit
 
+from core.retention import DEFAULT_RETENTION, Retention
+
 STORAGE: Final = "AzureWebJobsStorage"
 SERVICE_BUS: Final = "ServiceBusConnection"
 AGENT_TRANSPORT: Final = "AGENT_TRANSPORT"
@@ -30,6 +32,9 @@ MAX_FAILURE_COUNT: Final = "MAX_FAILURE_COUNT"
 SUPERVISOR_SCHEDULE: Final = "SUPERVISOR_SCHEDULE"
 DEFERRAL_WINDOW_SECONDS: Final = "DEFERRAL_WINDOW_SECONDS"
 CONSOLE_READ_ONLY: Final = "CONSOLE_READ_ONLY"
+RETENTION: Final = "RETENTION"
+RETENTION_SCHEDULE: Final = "RETENTION_SCHEDULE"
+RETENTION_BATCH: Final = "RETENTION_BATCH"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
 DECLARATIONS: Final = "ORDERS_DECLARATIONS"
@@ -68,6 +73,9 @@ APP_SETTINGS: Final = (
     SUPERVISOR_SCHEDULE,
     DEFERRAL_WINDOW_SECONDS,
     CONSOLE_READ_ONLY,
+    RETENTION,
+    RETENTION_SCHEDULE,
+    RETENTION_BATCH,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -77,6 +85,10 @@ DEFAULT_SUPERVISOR_SCHEDULE: Final = "*/10 * * * * *"
 #: the service down for everyone) before it fails for good; outages shorter than this
 #: are ridden out without an operator.
 DEFAULT_DEFERRAL_WINDOW_SECONDS: Final = 1800
+#: Retention runs every 15 minutes, each archiving at most ``RETENTION_BATCH`` orders
+#: (about 96,000 a day by default; raise the batch for more).
+DEFAULT_RETENTION_SCHEDULE: Final = "0 */15 * * * *"
+DEFAULT_RETENTION_BATCH: Final = 1000
 
 #: What the Functions host can honour (host.json; tests/unit/test_settings.py keeps
 #: these equal to it). An agent invocation lasts up to a step's timeout: it must end
@@ -101,7 +113,7 @@ class Connection:
 
     Identity-based form, as the Functions host reads it:
     ``<Name>__accountName`` / ``<Name>__fullyQualifiedNamespace`` (or
-    ``<Name>__queueServiceUri`` / ``<Name>__tableServiceUri``), with
+    ``<Name>__blobServiceUri`` / ``<Name>__queueServiceUri`` / ``<Name>__tableServiceUri``), with
     ``<Name>__clientId`` for a user-assigned managed identity.
     """
 
@@ -109,6 +121,7 @@ class Connection:
     connection_string: str | None = None
     account_name: str | None = None
     fully_qualified_namespace: str | None = None
+    blob_service_uri: str | None = None
     queue_service_uri: str | None = None
     table_service_uri: str | None = None
     client_id: str | None = None
@@ -118,6 +131,7 @@ class Connection:
 _PARTS = (
     "accountName",
     "fullyQualifiedNamespace",
+    "blobServiceUri",
     "queueServiceUri",
     "tableServiceUri",
     "clientId",
@@ -142,6 +156,7 @@ def connection(env: Mapping[str, str], name: str) -> Connection | None:
         connection_string=direct,
         account_name=parts.get("accountName"),
         fully_qualified_namespace=parts.get("fullyQualifiedNamespace"),
+        blob_service_uri=parts.get("blobServiceUri"),
         queue_service_uri=parts.get("queueServiceUri"),
         table_service_uri=parts.get("tableServiceUri"),
         client_id=parts.get("clientId"),
@@ -207,15 +222,32 @@ def _step_timeout(env: Mapping[str, str]) -> int:
     return _positive_int(env, STEP_TIMEOUT_SECONDS, DEFAULT_STEP_TIMEOUT_SECONDS, 86_400)
 
 
-def _schedule(env: Mapping[str, str]) -> str:
-    raw = env.get(SUPERVISOR_SCHEDULE, "").strip() or DEFAULT_SUPERVISOR_SCHEDULE
+def _schedule(
+    env: Mapping[str, str],
+    name: str = SUPERVISOR_SCHEDULE,
+    default: str = DEFAULT_SUPERVISOR_SCHEDULE,
+) -> str:
+    raw = env.get(name, "").strip() or default
     fields = raw.split()
     if len(fields) != 6 or not all(_CRON_FIELD.fullmatch(f) for f in fields):
         raise SettingsError(
-            f"{SUPERVISOR_SCHEDULE} must be a six-field NCRONTAB expression "
-            f"(second minute hour day month day-of-week, e.g. '*/10 * * * * *'), got {raw!r}"
+            f"{name} must be a six-field NCRONTAB expression "
+            f"(second minute hour day month day-of-week, e.g. {default!r}), got {raw!r}"
         )
     return raw
+
+
+def retention_schedule_of(env: Mapping[str, str]) -> str:
+    """``RETENTION_SCHEDULE``: also read alone, when ``function_app.py`` is indexed (the
+    retention timer's schedule is fixed then)."""
+    return _schedule(env, RETENTION_SCHEDULE, DEFAULT_RETENTION_SCHEDULE)
+
+
+def _retention(env: Mapping[str, str]) -> Retention:
+    try:
+        return Retention.parse(env.get(RETENTION, "").strip() or DEFAULT_RETENTION, RETENTION)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
 
 
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?]+")
@@ -294,6 +326,10 @@ class Settings:
     #: test switches: failpoints armed, and where storage requests are counted
     failpoints: str = ""
     opcount_dir: str | None = None
+    #: how long finished orders stay before they are archived (core.retention)
+    retention: Retention = field(default_factory=lambda: Retention.parse(DEFAULT_RETENTION))
+    retention_schedule: str = DEFAULT_RETENTION_SCHEDULE
+    retention_batch: int = DEFAULT_RETENTION_BATCH
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -339,6 +375,9 @@ class Settings:
             ride_out_seconds=_seconds(env, RIDE_OUT_SECONDS, DEFAULT_RIDE_OUT_SECONDS),
             failpoints=env.get(FAILPOINTS, "").strip(),
             opcount_dir=env.get(OPCOUNT_DIR) or None,
+            retention=_retention(env),
+            retention_schedule=retention_schedule_of(env),
+            retention_batch=_positive_int(env, RETENTION_BATCH, DEFAULT_RETENTION_BATCH, 100_000),
         )
 
     def require_remote_service_url(self) -> str:

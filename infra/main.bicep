@@ -61,6 +61,26 @@ param supervisorSchedule string = '*/10 * * * * *'
 @description('DEFERRAL_WINDOW_SECONDS: how long a step may keep waiting for its remote service (circuit open, Retry-After, the service down for everyone) before it fails for good. Outages shorter than this end without an operator alert. At most 7 days.')
 param deferralWindowSeconds int = 1800
 
+@description('RETENTION: how long finished orders stay in the state table before the retention timer archives them to the orders-archive container and deletes them: comma-separated [workflow/]status=duration (s, m, h, d). error orders stay until a rule names them.')
+param retention string = 'completed=30d,compensated=90d,cancelled=90d'
+
+@minLength(11)
+@description('RETENTION_SCHEDULE: NCRONTAB (six fields) of the retention timer.')
+param retentionSchedule string = '0 */15 * * * *'
+
+@minValue(1)
+@maxValue(100000)
+@description('RETENTION_BATCH: orders archived per retention run at most; the next run goes on where it stopped.')
+param retentionBatch int = 1000
+
+@minValue(1)
+@description('Days after which archived orders (blobs in orders-archive) move to the cool tier.')
+param archiveCoolAfterDays int = 30
+
+@minValue(1)
+@description('Days after which archived orders are deleted from orders-archive for good. Must be more than archiveCoolAfterDays.')
+param archiveDeleteAfterDays int = 730
+
 @description('CONSOLE_READ_ONLY: when true the operator console (GET /api/console) only shows orders; it hides every action and the app refuses them. False lets an operator holding the function key act from it.')
 param consoleReadOnly bool = false
 
@@ -114,6 +134,7 @@ var agentPoisonQueueNames = [for agent in agents: agent.poisonQueue]
 // the two agree. The agent queues live on Service Bus (AGENT_TRANSPORT =
 // servicebus), so they are not created as Storage queues.
 var stateTableName = 'OrderState'
+var archiveContainerName = 'orders-archive'
 var storageQueueNames = concat([
   'orders'
   'orders-rejected'
@@ -164,6 +185,9 @@ module storage 'app/storage.bicep' = {
     deploymentContainerName: deploymentContainerName
     tableName: stateTableName
     queueNames: storageQueueNames
+    archiveContainerName: archiveContainerName
+    archiveCoolAfterDays: archiveCoolAfterDays
+    archiveDeleteAfterDays: archiveDeleteAfterDays
   }
 }
 
@@ -234,6 +258,9 @@ module functionApp 'app/function-app.bicep' = {
     supervisorSchedule: supervisorSchedule
     deferralWindowSeconds: deferralWindowSeconds
     consoleReadOnly: consoleReadOnly
+    retention: retention
+    retentionSchedule: retentionSchedule
+    retentionBatch: retentionBatch
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
     zoneRedundant: zoneRedundant

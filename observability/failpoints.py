@@ -9,7 +9,8 @@ kills rarely hit (between a claim and its request, between a reply's save
 and the next dispatch).
 
 Points: ``after-submit-save``, ``after-claim``, ``after-reply-save``,
-``agent-after-call``.
+``agent-after-call``, ``purge-after-archive`` (between writing an archive blob and
+deleting its orders).
 """
 
 from __future__ import annotations

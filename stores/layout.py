@@ -20,7 +20,7 @@ so exactly one entity per step carries ``OrderID``/``Step``/``ProcessState``.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Final
 
 from core.model import Order
@@ -76,6 +76,14 @@ def newest_first(at: datetime) -> str:
 
 def status_row(status: str, order_id: str, created_at: datetime) -> str:
     return f"{status_prefix(status)}{newest_first(created_at)}|{order_id}"
+
+
+def created_of_status_row(row_key: str) -> datetime | None:
+    """The creation time a status index row's key carries (to the millisecond)."""
+    parts = row_key.split("|")
+    if len(parts) < 4 or not parts[2].isdigit():
+        return None
+    return datetime.fromtimestamp((_NEWEST_FIRST_BASE - int(parts[2])) / 1000, UTC)
 
 
 def outbox_row(created: datetime, order_id: str, n: str) -> str:

@@ -47,6 +47,15 @@ param deferralWindowSeconds int
 @description('CONSOLE_READ_ONLY: the console shows orders but offers and accepts no action.')
 param consoleReadOnly bool
 
+@description('RETENTION: how long finished orders stay before they are archived (core/retention.py).')
+param retention string
+
+@description('RETENTION_SCHEDULE: NCRONTAB (six fields) of the retention timer.')
+param retentionSchedule string
+
+@description('RETENTION_BATCH: orders archived per retention run at most.')
+param retentionBatch int
+
 @allowed([
   512
   2048
@@ -253,6 +262,18 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           // Written out: string() of a bool gives 'True'/'False'.
           name: 'CONSOLE_READ_ONLY'
           value: consoleReadOnly ? 'true' : 'false'
+        }
+        {
+          name: 'RETENTION'
+          value: retention
+        }
+        {
+          name: 'RETENTION_SCHEDULE'
+          value: retentionSchedule
+        }
+        {
+          name: 'RETENTION_BATCH'
+          value: string(retentionBatch)
         }
         // Telemetry: the connection string names the component; ingestion is
         // authorised by the identity's Entra token, not by the key in it.

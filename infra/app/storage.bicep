@@ -19,6 +19,15 @@ param tableName string
 @description('Storage queues to create (core.names, without the agent queues when they live on Service Bus).')
 param queueNames array
 
+@description('Blob container of archived orders (core.names.ORDERS_ARCHIVE, contract 3.12).')
+param archiveContainerName string
+
+@description('Days after which archive blobs move to the cool tier.')
+param archiveCoolAfterDays int
+
+@description('Days after which archive blobs are deleted.')
+param archiveDeleteAfterDays int
+
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   // checkov:skip=CKV_AZURE_35: The Flex Consumption app has no VNet integration in this template, so a default Deny rule would lock the app out of its own storage; access is Entra ID only (shared keys off), and the private variant needs a VNet, subnet delegation and private endpoints.
   // checkov:skip=CKV_AZURE_59: Same cause as CKV_AZURE_35: without VNet integration and private endpoints the app reaches storage over its public endpoint, authenticated with Entra ID only (shared keys off).
@@ -96,6 +105,53 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
   name: deploymentContainerName
   properties: {
     publicAccess: 'None'
+  }
+}
+
+// Finished orders, archived by the retention timer before their rows are
+// deleted (contract 3.12): written once, read rarely (a restore), so cool after
+// a month and gone after archiveDeleteAfterDays.
+resource archiveContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: archiveContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+resource lifecycle 'Microsoft.Storage/storageAccounts/managementPolicies@2023-05-01' = {
+  parent: account
+  name: 'default'
+  properties: {
+    policy: {
+      rules: [
+        {
+          name: 'orders-archive-tiering'
+          enabled: true
+          type: 'Lifecycle'
+          definition: {
+            filters: {
+              blobTypes: [
+                'blockBlob'
+              ]
+              prefixMatch: [
+                '${archiveContainerName}/'
+              ]
+            }
+            actions: {
+              baseBlob: {
+                tierToCool: {
+                  daysAfterModificationGreaterThan: archiveCoolAfterDays
+                }
+                delete: {
+                  daysAfterModificationGreaterThan: archiveDeleteAfterDays
+                }
+              }
+            }
+          }
+        }
+      ]
+    }
   }
 }
 

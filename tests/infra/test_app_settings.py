@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from core import settings, workflows
+from core import names, settings, workflows
+from core.retention import DEFAULT_RETENTION, Retention
 from tests.infra.bicep import (
     FUNCTION_APP,
     INFRA,
@@ -178,6 +179,10 @@ def test_parameter_defaults_match_the_code_defaults() -> None:
     assert params["maxFailureCount"]["default"] == settings.DEFAULT_MAX_FAILURE_COUNT
     assert params["supervisorSchedule"]["default"] == settings.DEFAULT_SUPERVISOR_SCHEDULE
     assert params["deferralWindowSeconds"]["default"] == settings.DEFAULT_DEFERRAL_WINDOW_SECONDS
+    assert params["retention"]["default"] == DEFAULT_RETENTION
+    assert params["retentionSchedule"]["default"] == settings.DEFAULT_RETENTION_SCHEDULE
+    assert params["retentionBatch"]["default"] == settings.DEFAULT_RETENTION_BATCH
+    Retention.parse(params["retention"]["default"])  # a default the app accepts
 
 
 def _bounds(param: dict[str, Any]) -> dict[str, Any]:
@@ -196,6 +201,20 @@ def test_step_timeout_cannot_exceed_what_the_host_honours() -> None:
         assert _bounds(param) == {"min_value": 1, "max_value": settings.MAX_STEP_TIMEOUT_SECONDS}, (
             f"{rel(path)}: stepTimeoutSeconds bounds"
         )
+
+
+def test_retention_batch_bounds_match_the_code() -> None:
+    param = parse(MAIN)["parameters"]["retentionBatch"]
+    assert _bounds(param) == {"min_value": 1, "max_value": 100_000}
+
+
+def test_the_archive_container_and_its_lifecycle_rule_are_core_names() -> None:
+    storage = parse(INFRA / "app" / "storage.bicep")
+    main_text = MAIN.read_text(encoding="utf-8")
+    assert f"var archiveContainerName = '{names.ORDERS_ARCHIVE}'" in main_text
+    text = (INFRA / "app" / "storage.bicep").read_text(encoding="utf-8")
+    assert "name: archiveContainerName" in text and "'${archiveContainerName}/'" in text
+    assert {"archiveCoolAfterDays", "archiveDeleteAfterDays"} <= set(storage["parameters"])
 
 
 def test_deferral_window_bounds_match_the_code() -> None:

@@ -78,10 +78,12 @@ def test_transport_is_tls12_and_nothing_is_public_by_default() -> None:
     assert storage["minimumTlsVersion"] == "TLS1_2"
     assert storage["supportsHttpsTrafficOnly"] is True
     assert storage["allowBlobPublicAccess"] is False
-    container = _only(
-        app / "storage.bicep", "Microsoft.Storage/storageAccounts/blobServices/containers"
+    containers = resources_of_type(
+        parse(app / "storage.bicep"), "Microsoft.Storage/storageAccounts/blobServices/containers"
     )
-    assert container["properties"]["publicAccess"] == "None"
+    assert len(containers) == 2  # the deployment package and the archive
+    for container in containers.values():
+        assert body(container)["properties"]["publicAccess"] == "None"
     namespace = _only(app / "servicebus.bicep", "Microsoft.ServiceBus/namespaces")["properties"]
     assert namespace["minimumTlsVersion"] == "1.2"
     site = _only(app / "function-app.bicep", "Microsoft.Web/sites")["properties"]

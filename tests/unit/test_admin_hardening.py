@@ -150,6 +150,8 @@ class StubContext:
     def __init__(self, admin: Any, *, easy_auth: bool = False) -> None:
         self.admin = admin
         self.settings = SimpleNamespace(easy_auth=easy_auth)  # WEBSITE_AUTH_ENABLED, read once
+        self.archived: dict[str, dict[str, str]] = {}
+        self.retainer = SimpleNamespace(where=self.archived.get)
 
 
 class NoTable:
@@ -299,6 +301,23 @@ def test_domain_errors_have_their_status_and_a_json_error(
     ):
         code, body = answer(handler(request))
         assert (code, body["error"], body["orderId"]) == (status, str(error), "o-1")
+
+
+def test_an_archived_order_is_a_404_that_says_where_it_went(context: StubContext) -> None:
+    context.admin = StubAdmin(OrderNotFound("no order with id 'o-1'", order_id="o-1"))
+    context.archived["o-1"] = {
+        "archivedAt": "2026-11-24T12:00:00.000Z",
+        "blob": "orders-archive/order/2026/09/01/run-000.jsonl.gz",
+    }
+
+    code, body = answer(triggers.get_order(post("o-1", "show")))
+
+    assert code == 404 and body["orderId"] == "o-1"
+    assert (
+        "archived on 2026-11-24T12:00:00.000Z to orders-archive/order/2026/09/01/"
+        in (body["error"])
+    )
+    assert "python -m admin restore o-1" in body["error"]
 
 
 def test_an_unknown_outcome_is_503_with_retry_after(context: StubContext) -> None:

@@ -37,6 +37,9 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "SUPERVISOR_SCHEDULE",
         "DEFERRAL_WINDOW_SECONDS",
         "CONSOLE_READ_ONLY",
+        "RETENTION",
+        "RETENTION_SCHEDULE",
+        "RETENTION_BATCH",
     )
 
 
