@@ -2,7 +2,8 @@
 use cases (``admin.service.OrderAdmin``), protected like the operator API.
 
 Pages: the order list (filters in the URL), an order's detail with its timeline, a
-confirmation before every change, bulk actions with a dry run, and the alerts. The
+confirmation before every change, bulk actions with a dry run, the alerts and what
+retention would archive. The
 page structure is described in ``docs/console-dom.md``; the protection in
 ``console/security.py``.
 """
@@ -284,6 +285,28 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
             rejected=inbox.rejected(ctx),
             kept=ctx.kept.summaries(limit=50),
             attention=attention["orders"],
+        )
+
+    return trouble(page, show)
+
+
+#: Orders a console dry run looks at, at most (the page stays quick; it says when more wait).
+RETENTION_PREVIEW = 200
+
+
+@bp.route(route="console/retention", methods=["GET"])
+def console_retention(req: func.HttpRequest) -> func.HttpResponse:
+    """What the retention timer would archive now (a dry run; docs/contracts.md §3.12)."""
+    page = Page(req)
+
+    def show() -> func.HttpResponse:
+        ctx = app_context()
+        report = ctx.retainer.purge(dry_run=True, limit=RETENTION_PREVIEW)
+        return page.render(
+            "retention.html",
+            report=report,
+            container=ctx.names.orders_archive,
+            batch=ctx.settings.retention_batch,
         )
 
     return trouble(page, show)

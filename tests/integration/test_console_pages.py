@@ -55,6 +55,7 @@ def _call(
         ("GET", ""): console.console_list,
         ("GET", "/lookup"): console.console_lookup,
         ("GET", "/alerts"): console.console_alerts,
+        ("GET", "/retention"): console.console_retention,
         ("GET", "/orders"): console.console_order,
         ("GET", "/confirm"): console.console_confirm,
         ("POST", "/resubmit"): console.console_resubmit,
@@ -285,3 +286,26 @@ def test_a_cancel_with_nothing_in_doubt_asks_for_no_statement(ctx: AppContext) -
     page = html(get("/orders/p-0/confirm", {"action": "cancel", "reason": "x"}, orderId="p-0"))
     assert 'id="cancel-plan"' in page and 'name="not_applied"' not in page
     assert 'id="confirm-form"' in page
+
+
+def test_the_retention_page_shows_what_the_timer_would_archive_and_changes_nothing(
+    ctx: AppContext,
+) -> None:
+    from datetime import UTC, datetime
+
+    from tests.integration.test_retention import seed
+
+    long_ago = datetime.now(UTC) - timedelta(days=40)
+    seed(ctx, "ret-old", long_ago, "completed")
+    seed(ctx, "ret-old-f", long_ago, "completed", workflow="fulfilment")
+    seed(ctx, "ret-new", datetime.now(UTC) - timedelta(days=1), "completed")
+
+    response = get("/retention")
+
+    page = response.get_body().decode()
+    assert response.status_code == 200
+    assert 'id="would-archive" data-count="2"' in page
+    assert 'data-kind="order/completed"' in page and 'data-kind="fulfilment/completed"' in page
+    assert "completed=30d,compensated=90d,cancelled=90d" in page
+    assert "/orders/ret-old" in page and "ret-new" not in page
+    assert ctx.store.load("ret-old") is not None  # a dry run
