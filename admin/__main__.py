@@ -14,6 +14,8 @@
     python -m admin restore ORDER_ID
     python -m admin workflows
     python -m admin agents-json [--write]
+    python -m admin deploy-check [--declarations MODULE] [--sample N] [--max-orders N]
+                                 [--recent N]
 
 Storage comes from ``AzureWebJobsStorage`` (connection string) or
 ``AzureWebJobsStorage__accountName`` (your az login / managed identity), or
@@ -22,6 +24,9 @@ user name, or by ``--as NAME`` (``--by`` is the same). Output is JSON. Exit stat
 0 done, 1 refused (the order is not in a state that allows it), 2 bad usage,
 3 storage did not answer or the outcome of a change is unknown (read the order,
 then retry), 4 order (or kept message) not found, 5 the order's records cannot be read.
+``deploy-check``: 0 safe to deploy (notes may say what changes), 1 refused (the JSON
+names the orders and what they need), 2 the declarations cannot be loaded, 3 storage
+did not answer.
 
 ``kept``: messages too large to ride inside their alert (poison and dead-letter queues)
 or their record (``orders-rejected``, quarantine in ``<queue>-poison``) are kept in the
@@ -42,6 +47,16 @@ the agents as Bicep deploys them (one Service Bus request queue, its Storage poi
 queue, role assignments and app settings each); ``--write`` also writes it. Run
 ``python -m admin agents-json --write`` after changing an agent, and commit the file:
 ``tests/unit/test_agents_json.py`` fails while it is out of date.
+
+``deploy-check`` (the azd ``predeploy`` and ``preprovision`` hooks run it) compares the
+declarations about to deploy (``ORDERS_DECLARATIONS``, default ``declarations``, or
+``--declarations MODULE``) and ``infra/agents.json`` with the plans of the orders in
+flight (``admin/deploycheck.py`` says exactly what it refuses and why). It prints the
+in-flight orders per plan (workflow, fingerprint, steps with their agents, counts, a
+sample of ``--sample`` ids), the refusals (each naming the orders and the steps they
+still need) and notes (safe changes worth knowing). It reads the in-flight orders
+through the status index, 100 ids a page, at most ``--max-orders`` (more: refused as
+incomplete), and the ``--recent`` newest orders of each finished status.
 """
 
 from __future__ import annotations
@@ -55,6 +70,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+from azure.core.exceptions import AzureError
+
+from admin import deploycheck, inflight
 from admin.drain import drain
 from admin.retention import show_or_where
 from bootstrap import (
@@ -184,6 +202,30 @@ def _print(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+def _retention_parsers(sub: Any) -> None:
+    """``purge`` and ``restore`` (docs/contracts.md §3.12)."""
+    purge = sub.add_parser(
+        "purge",
+        help="archive finished orders past their retention to Blob Storage, then delete "
+        "them (default: the RETENTION setting's rules)",
+    )
+    purge.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
+    purge.add_argument(
+        "--older-than", metavar="DURATION", help="finished this long ago (0s, 15m, 12h, 30d)"
+    )
+    purge.add_argument("--workflow", help="only orders of this workflow")
+    purge.add_argument(
+        "--status",
+        choices=[str(s) for s in ARCHIVABLE],
+        help="only orders with this status (error orders go only when named here)",
+    )
+    purge.add_argument(
+        "--limit", type=int, default=None, help="at most this many orders (RETENTION_BATCH)"
+    )
+    restore = sub.add_parser("restore", help="put an archived order back in the table")
+    restore.add_argument("order_id")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m admin", description="Operate on orders.")
     parser.add_argument("--connection", help="storage connection string (default: env)")
@@ -245,26 +287,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "submit", help="post an order message (JSON) to the orders queue, as an app does"
     )
     submit.add_argument("order_json", metavar="JSON", help='e.g. \'{"orderId": "o-1"}\'')
-    purge = sub.add_parser(
-        "purge",
-        help="archive finished orders past their retention to Blob Storage, then delete "
-        "them (default: the RETENTION setting's rules)",
-    )
-    purge.add_argument("--dry-run", action="store_true", help="say what would go; change nothing")
-    purge.add_argument(
-        "--older-than", metavar="DURATION", help="finished this long ago (0s, 15m, 12h, 30d)"
-    )
-    purge.add_argument("--workflow", help="only orders of this workflow")
-    purge.add_argument(
-        "--status",
-        choices=[str(s) for s in ARCHIVABLE],
-        help="only orders with this status (error orders go only when named here)",
-    )
-    purge.add_argument(
-        "--limit", type=int, default=None, help="at most this many orders (RETENTION_BATCH)"
-    )
-    restore = sub.add_parser("restore", help="put an archived order back in the table")
-    restore.add_argument("order_id")
+    _retention_parsers(sub)
     sub.add_parser("workflows", help="the declared workflows and agents (GET /api/workflows)")
     agents = sub.add_parser(
         "agents-json",
@@ -272,6 +295,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     agents.add_argument(
         "--write", action="store_true", help=f"also write it to {AGENTS_JSON.name} in infra/"
+    )
+    check = sub.add_parser(
+        "deploy-check",
+        help="refuse declarations that remove an agent or step orders in flight still need",
+    )
+    check.add_argument(
+        "--declarations",
+        default=None,
+        metavar="MODULE",
+        help=f"the declarations to check (default: {DECLARATIONS}, else {DEFAULT_DECLARATIONS})",
+    )
+    check.add_argument(
+        "--sample",
+        type=int,
+        default=deploycheck.SAMPLE,
+        help=f"order ids listed per plan or refusal (at most {deploycheck.MAX_SAMPLE})",
+    )
+    check.add_argument(
+        "--max-orders",
+        type=int,
+        default=inflight.MAX_ORDERS,
+        help="orders in flight to read at most (more: refused as incomplete)",
+    )
+    check.add_argument(
+        "--recent",
+        type=int,
+        default=inflight.RECENT,
+        help="newest orders of each finished status to read (what the deployed version plans)",
     )
     args = parser.parse_args(argv)
     if args.command == "kept":
@@ -392,10 +443,54 @@ def _run(ctx: AppContext, args: argparse.Namespace) -> int:
     return 0
 
 
+def _target(module: str) -> deploycheck.Target:
+    """The declarations ``module`` (put to use by the bootstrap) and ``infra/agents.json``."""
+    agents, flows = dict(workflows.AGENTS), dict(workflows.WORKFLOWS)  # imported, checked
+    try:
+        committed = AGENTS_JSON.read_text(encoding="utf-8")
+        infra = frozenset(str(a["name"]) for a in json.loads(committed)["agents"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return deploycheck.Target(module, agents, flows, None, infra_current=False)
+    return deploycheck.Target(module, agents, flows, infra, committed == agents_json_text(agents))
+
+
+def _deploy_check(args: argparse.Namespace) -> int:
+    overrides = {AGENT_TRANSPORT: "storage"}  # it reads the state table and sends nothing
+    if args.connection:
+        overrides[STORAGE] = args.connection
+    if args.declarations:
+        overrides[DECLARATIONS] = args.declarations
+    try:
+        ctx = bootstrap(settings_from_environment(overrides))
+        module = ctx.settings.declarations
+        try:
+            target = _target(module)
+        except Exception as exc:  # noqa: BLE001 - importing the user's module may raise anything
+            _print({"error": f"the declarations {module} cannot be loaded: {exc!r}"})
+            return 2
+        check = inflight.read(
+            ctx.store,
+            deploycheck.DeployCheck(target, args.sample),
+            max_orders=max(args.max_orders, 1),
+            recent=max(min(args.recent, 100), 0),
+        )
+    except (StorageUnavailable, AzureError) as exc:
+        message = exc.message if isinstance(exc, StorageUnavailable) else str(exc)
+        _print({"error": f"the state table could not be read: {message}", "retryable": True})
+        return 3
+    except ValueError as exc:  # a setting missing or invalid
+        _print({"error": str(exc)})
+        return 2
+    _print(check.report())
+    return 1 if check.refused else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.command in ("workflows", "agents-json"):
         return _declarations_command(args, declarations_from_environment())
+    if args.command == "deploy-check":
+        return _deploy_check(args)
     try:
         return _run(_context(args.connection), args)
     except OrderNotFound as exc:

@@ -494,7 +494,17 @@ def legacy_agent(workflow: str, step: str) -> str:
                 return spec.agent
             if spec.compensation is not None and spec.compensation.step == step:
                 return spec.compensation.agent or spec.agent
-    raise ValueError(
-        f"step {step!r} of a plan from before agents is declared by no workflow now "
-        f"(workflow {workflow!r}): declare it again, or repair the order by hand"
-    )
+    raise UndeclaredStep(workflow, step)
+
+
+class UndeclaredStep(ValueError):
+    """A step of a plan stored before agents that no workflow declares now: its agent
+    cannot be known, so the order cannot be read (``CorruptOrder``, caused by this)."""
+
+    def __init__(self, workflow: str, step: str):
+        super().__init__(
+            f"step {step!r} of a plan from before agents is declared by no workflow now "
+            f"(workflow {workflow!r}): declare it again, or repair the order by hand"
+        )
+        self.workflow = workflow
+        self.step = step

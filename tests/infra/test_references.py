@@ -113,6 +113,32 @@ def test_azure_yaml_deploys_one_python_function_service() -> None:
     assert "'azd-service-name': 'orders'" in app
 
 
+def test_azure_yaml_runs_the_deploy_guard_before_provision_and_deploy() -> None:
+    """python -m admin deploy-check, through infra/hooks/deploy-check.* (README,
+    "Upgrading"); a failed check fails the command (no continueOnError)."""
+    import yaml
+
+    config = yaml.safe_load((INFRA.parent / "azure.yaml").read_text(encoding="utf-8"))
+    for phase in ("provision", "deploy"):
+        hook = config["hooks"][f"pre{phase}"]
+        assert set(hook) == {"posix", "windows"}  # the schema: nothing else beside both
+        assert hook["posix"] == {
+            "shell": "sh",
+            "run": f"sh ./infra/hooks/deploy-check.sh {phase}",
+            "interactive": True,
+        }
+        assert hook["windows"] == {
+            "shell": "pwsh",
+            "run": f"./infra/hooks/deploy-check.ps1 -Phase {phase}",
+            "interactive": True,
+        }
+    for script in ("deploy-check.sh", "deploy-check.ps1"):
+        text = (INFRA / "hooks" / script).read_text(encoding="utf-8")
+        # the storage account the hooks point the check at is an output azd keeps
+        assert "AZURE_STORAGE_ACCOUNT_NAME" in text
+    assert "output AZURE_STORAGE_ACCOUNT_NAME string" in MAIN.read_text(encoding="utf-8")
+
+
 def test_parameter_file_covers_main_parameters() -> None:
     declared = parse(MAIN)["parameters"]
     given = load_json(INFRA / "main.parameters.json")["parameters"]

@@ -1,0 +1,60 @@
+"""A stored plan as the deploy guard shows it: a fingerprint (plans that are the same have
+the same one), a line per step, and how a workflow's declaration differs from it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from core.workflows import Plan, PlannedStep, Workflow
+
+
+def fingerprint(plan: Plan) -> str:
+    text = json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
+
+
+def describe_step(step: PlannedStep) -> str:
+    text = f"{step.name}@{step.agent}" + ("" if step.path == step.name else f" /{step.path}")
+    if step.compensation:
+        text += f", undone by {step.compensation}@{step.compensation_agent or step.agent}"
+    return text
+
+
+def differences(plan: Plan, declared: Workflow | None) -> list[str]:
+    """How the declaration of ``plan``'s workflow differs from the plan (timeouts only
+    where the declaration names one: else the plan holds the setting's value then)."""
+    if declared is None:
+        return [f"workflow {plan.workflow} is not declared"]
+    specs = {s.name: s for s in declared.steps}
+    out: list[str] = []
+    for step in plan.steps:
+        spec = specs.get(step.name)
+        if spec is None:
+            out.append(f"step {step.name} ({step.agent}) is no longer declared")
+            continue
+        if spec.agent != step.agent:
+            out.append(f"step {step.name}: agent {step.agent} -> {spec.agent}")
+        if spec.remote_path != step.path:
+            out.append(f"step {step.name}: path {step.path} -> {spec.remote_path}")
+        if spec.timeout_seconds not in (None, step.timeout_seconds):
+            out.append(
+                f"step {step.name}: timeout {step.timeout_seconds} -> {spec.timeout_seconds}"
+            )
+        comp = spec.compensation
+        then = (step.compensation, step.compensation_agent, step.compensation_path)
+        now = (comp.step, comp.agent or spec.agent, comp.remote_path) if comp else (None,) * 3
+        if then != now:
+            out.append(f"step {step.name}: undone by {_undo(*then)} -> {_undo(*now)}")
+    planned = [s.name for s in plan.steps]
+    out += [f"step {s.name} is new" for s in declared.steps if s.name not in planned]
+    common = [s.name for s in declared.steps if s.name in planned]
+    if common != [n for n in planned if n in common]:
+        out.append("the steps are in another order")
+    return out
+
+
+def _undo(step: str | None, agent: str | None, path: str | None) -> str:
+    if step is None:
+        return "nothing"
+    return f"{step}@{agent}" + ("" if path in (None, step) else f" /{path}")

@@ -1,0 +1,134 @@
+"""What an unfinished order may still run: each step (action or compensation) that could
+still be sent to an agent, with the agent and remote path its stored plan names.
+
+The deploy guard (``python -m admin deploy-check``) compares this with the declarations
+about to deploy: an agent a need names must still have its function and queue.
+
+Everything here follows from the transitions (``core/unwinding.py``, ``core/model.py``):
+
+- A finished order (``completed``, ``compensated``, ``cancelled``) runs nothing more.
+- An order going **forward** (``pending``, ``processing``, or ``error`` at a failed
+  action) runs its active or failed action again (a retry, an operator's resubmit, a
+  late success that moves it on), then every later action; and, because a later failure
+  or a cancel unwinds it, the compensation of every step done or still to come. With a
+  cancel requested, an active step that has a compensation is undone if it succeeds, so
+  the later actions are no longer needed; one without (``ship``) makes the cancel too
+  late if it succeeds, and the order goes on.
+- An order **unwinding** (``compensating``, or ``error`` at a failed compensation: a
+  resubmit or a second cancel retries it) runs its active or failed compensation, then
+  the compensations of the actions still ``Processed``; never an action again (a late
+  success of a step being undone is not accepted).
+
+A step already undone, or done without a compensation, needs nothing. What a step needs
+is read from the stored plan, never from the declarations: the scheduler routes a
+request to ``plan.agent_of(step)`` and the remote path of its record, and an agent calls
+whatever path a request names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from core.model import Order
+from core.states import OrderStatus, StepKind, StepState
+from core.steps import StepRecord
+from core.workflows import PlannedStep
+
+
+class Why(StrEnum):
+    """Why an order may still run a step."""
+
+    #: the active step (Pending or Processing): retried until it succeeds or fails for good
+    RUNNING = "running"
+    #: the step an ``error`` order failed at: a resubmit (or a second cancel) runs it again
+    RETRY = "retry"
+    #: an action the order has not reached yet
+    LATER = "later"
+    #: a compensation: runs if the order unwinds (a later failure, a cancel)
+    UNDO = "undo"
+
+
+@dataclass(frozen=True)
+class Need:
+    step: str
+    agent: str
+    path: str
+    why: Why
+    #: for a compensation: the action it undoes
+    undoes: str | None = None
+
+
+def still_needed(order: Order) -> tuple[Need, ...]:
+    """Every step ``order`` may still send to an agent, in the order it would run them
+    (the compensations last, latest first), each once."""
+    if order.status.finished:
+        return ()
+    active = order.active_step()
+    failed = _failed(order) if order.status is OrderStatus.ERROR else None
+    current = active or failed
+    if current is None:  # no step to go on from: records a person must look at
+        return _everything(order)
+    why = Why.RUNNING if current is active else Why.RETRY
+    try:
+        if current.kind is StepKind.COMPENSATION:
+            return _unwinding(order, current, why)
+        return _forward(order, current, why)
+    except KeyError:  # a record its plan does not name: edited by hand
+        return _everything(order)
+
+
+def _failed(order: Order) -> StepRecord | None:
+    failed = [s for s in order.steps if s.process_state is StepState.ERROR]
+    return max(failed, key=lambda s: s.seq) if failed else None
+
+
+def _forward(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:
+    plan = order.plan
+    index = plan.index_of(current.step)
+    planned = plan.steps[index]
+    needs = [Need(current.step, planned.agent, current.path, why)]
+    cancel_undoes_it = (
+        order.cancel_requested and why is Why.RUNNING and planned.compensation is not None
+    )
+    later = () if cancel_undoes_it else plan.steps[index + 1 :]
+    needs += [Need(s.name, s.agent, s.path, Why.LATER) for s in later]
+    done = {s.step for s in order.steps if s.kind is StepKind.ACTION and _undoable(s)}
+    may_undo = [s for s in plan.steps[:index] if s.name in done] + [planned, *later]
+    needs += [_undo(s) for s in reversed(may_undo) if s.compensation]
+    return tuple(needs)
+
+
+def _unwinding(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:
+    plan = order.plan
+    agent = plan.agent_of(current.step)
+    needs = [Need(current.step, agent, current.path, why, current.compensates)]
+    # the action being undone is Compensating, the ones already undone Compensated
+    still_done = [s for s in order.steps if s.kind is StepKind.ACTION and _undoable(s)]
+    for record in sorted(still_done, key=lambda s: s.seq, reverse=True):
+        planned = plan.steps[plan.index_of(record.step)]
+        if planned.compensation:
+            needs.append(_undo(planned))
+    return tuple(needs)
+
+
+def _undoable(step: StepRecord) -> bool:
+    return step.process_state is StepState.PROCESSED
+
+
+def _undo(step: PlannedStep) -> Need:
+    assert step.compensation is not None
+    return Need(
+        step.compensation,
+        step.compensation_agent or step.agent,
+        step.compensation_path or step.compensation,
+        Why.UNDO,
+        step.name,
+    )
+
+
+def _everything(order: Order) -> tuple[Need, ...]:
+    """Records that name no step to go on from: every step of the plan, to be safe."""
+    steps = order.plan.steps
+    needs = [Need(s.name, s.agent, s.path, Why.LATER) for s in steps]
+    return tuple(needs + [_undo(s) for s in reversed(steps) if s.compensation])

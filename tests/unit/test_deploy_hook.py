@@ -1,0 +1,106 @@
+"""The azd hook that runs the deploy guard (``infra/hooks/deploy-check.sh``, wired in
+``azure.yaml`` before ``provision`` and ``deploy``), run by ``sh`` in a copy of the
+repository's layout whose ``.venv/bin/python`` only records how it was called and exits
+as told: the override, an environment not provisioned yet, the identity-based account it
+points the check at, and the exit status it hands azd."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HOOK = ROOT / "infra" / "hooks" / "deploy-check.sh"
+FAKE_PYTHON = """#!/bin/sh
+{
+  echo "args=$*"
+  echo "storage=${AzureWebJobsStorage-unset}"
+  echo "account=${AzureWebJobsStorage__accountName-unset}"
+  echo "credential=${AzureWebJobsStorage__credential-unset}"
+} >> "$FAKE_CALLS"
+exit "${FAKE_EXIT:-0}"
+"""
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "infra" / "hooks").mkdir(parents=True)
+    shutil.copy(HOOK, tmp_path / "infra" / "hooks" / HOOK.name)
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    fake = tmp_path / ".venv" / "bin" / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    return tmp_path
+
+
+def hook(tree: Path, phase: str, exit_code: int = 0, **env: str) -> tuple[int, list[str], str]:
+    calls = tree / "calls.txt"
+    environment = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "FAKE_CALLS": str(calls),
+        "FAKE_EXIT": str(exit_code),
+        # what a developer's shell may hold: never what the check reads
+        "AzureWebJobsStorage": "UseDevelopmentStorage=true",
+        "AzureWebJobsStorage__credential": "managedidentity",
+        **env,
+    }
+    run = subprocess.run(
+        ["sh", str(tree / "infra" / "hooks" / HOOK.name), phase],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    made = calls.read_text().splitlines() if calls.exists() else []
+    return run.returncode, made, run.stderr
+
+
+def test_a_refusal_fails_the_azd_command_and_says_how_to_override(tree: Path) -> None:
+    code, calls, err = hook(tree, "deploy", 1, AZURE_STORAGE_ACCOUNT_NAME="storders1")
+    assert code == 1
+    assert calls == [
+        "args=-m admin deploy-check --declarations declarations",
+        "storage=unset",
+        "account=storders1",
+        "credential=unset",
+    ]
+    assert "REFUSED" in err and "SKIP_DEPLOY_CHECK=true azd deploy" in err
+
+
+def test_a_safe_check_lets_it_go_on(tree: Path) -> None:
+    code, calls, err = hook(tree, "provision", 0, AZURE_STORAGE_ACCOUNT_NAME="storders1")
+    assert code == 0 and len(calls) == 4 and "safe to provision" in err
+
+
+def test_a_check_that_could_not_run_fails_it_too_without_retrying_bad_usage(tree: Path) -> None:
+    code, calls, err = hook(tree, "deploy", 2, AZURE_STORAGE_ACCOUNT_NAME="storders1")
+    assert code == 2 and len(calls) == 4  # one call: only "storage did not answer" is retried
+    assert "could not check" in err and "SKIP_DEPLOY_CHECK=true" in err
+
+
+def test_the_override_skips_the_check_loudly(tree: Path) -> None:
+    code, calls, err = hook(
+        tree, "deploy", 1, AZURE_STORAGE_ACCOUNT_NAME="storders1", SKIP_DEPLOY_CHECK="true"
+    )
+    assert code == 0 and calls == [] and "SKIPPED" in err
+
+
+def test_no_storage_account_yet_is_nothing_in_flight_before_a_provision_only(tree: Path) -> None:
+    code, calls, _ = hook(tree, "provision", 1)
+    assert code == 0 and calls == []  # the first provision: nothing deployed
+    code, calls, err = hook(tree, "deploy", 0)
+    assert code == 1 and calls == []  # the outputs missing: not "nothing in flight"
+    assert "azd env refresh" in err
+
+
+def test_azure_yaml_runs_the_hook_before_provision_and_deploy() -> None:
+    """The wiring, read as text (PyYAML is in the infra venv only: tests/infra parses it)."""
+    text = (ROOT / "azure.yaml").read_text(encoding="utf-8")
+    for phase in ("provision", "deploy"):
+        assert f"run: sh ./infra/hooks/deploy-check.sh {phase}" in text
+        assert f"run: ./infra/hooks/deploy-check.ps1 -Phase {phase}" in text
