@@ -95,9 +95,13 @@ def drain_json(ctx: AppContext, queue: str) -> list[dict[str, Any]]:
 
 
 def wait_for(
-    condition: Callable[[], T], timeout: float, interval: float = 0.1, what: str = "condition"
+    condition: Callable[[], T | None],
+    timeout: float,
+    interval: float = 0.1,
+    what: str = "condition",
 ) -> T:
-    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+    """Poll until ``condition()`` is truthy and return that value (so never None); fail
+    with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -117,9 +121,10 @@ def app_function(name: str) -> Callable[..., Any]:
     if not _FUNCTIONS:
         import function_app
 
-        _FUNCTIONS.update(
-            {f.get_function_name(): f.get_user_function() for f in function_app.app.get_functions()}
-        )
+        for function in function_app.app.get_functions():
+            named = function.get_function_name()
+            assert named is not None, f"a function of function_app has no name: {function}"
+            _FUNCTIONS[named] = function.get_user_function()
     return _FUNCTIONS[name]
 
 

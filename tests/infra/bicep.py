@@ -36,9 +36,10 @@ class BicepSyntaxError(ValueError):
 def parse(path: Path) -> dict[str, Any]:
     """The pycep JSON of one file; BicepSyntaxError if it does not parse."""
     try:
-        return _parser().parse(file_path=path)
+        tree: dict[str, Any] = _parser().parse(file_path=path)
     except Exception as error:  # lark's UnexpectedInput family, or ValueError
         raise BicepSyntaxError(f"{rel(path)} does not parse: {error}") from None
+    return tree
 
 
 def load_json(path: Path) -> Any:
@@ -58,11 +59,13 @@ def body(resource: dict[str, Any]) -> dict[str, Any]:
     config = resource["config"]
     while isinstance(config, dict) and ("loop_type" in config or "condition" in config):
         config = config["config"]
+    assert isinstance(config, dict), f"the properties of {resource.get('name')} are not a mapping"
     return config
 
 
 def module_path(owner: Path, module: dict[str, Any]) -> Path:
-    return (owner.parent / module["detail"]["path"]).resolve()
+    path: str = module["detail"]["path"]
+    return (owner.parent / path).resolve()
 
 
 # --- checkov skip comments --------------------------------------------------

@@ -72,4 +72,5 @@ def checkov_report() -> dict[str, Any]:
     if "results" not in report:
         # With nothing it could scan, checkov prints a bare summary instead.
         report = {"summary": report, "results": {}}
+    assert isinstance(report, dict), f"checkov's bicep report is not an object: {report!r:.200}"
     return report

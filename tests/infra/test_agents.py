@@ -40,7 +40,9 @@ KEY_VAULT_REFERENCE = re.compile(r"@Microsoft\.KeyVault\(SecretUri=https://[^)]+
 FIELDS = {"name", "queue", "poisonQueue", "kind", "auth", "urlSetting", "apiKeySetting", "scope"}
 
 
-def _agent(name: str, kind: str = "http", auth: str = "none", scope: str | None = None):
+def _agent(
+    name: str, kind: str = "http", auth: str = "none", scope: str | None = None
+) -> dict[str, str | None]:
     """An agents.json entry, as admin.__main__.agents_json writes one."""
     setting = "AGENT_" + name.upper().replace("-", "_")
     queue = f"agent-requests-{name}"

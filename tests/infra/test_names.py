@@ -40,7 +40,8 @@ def _request_queues() -> tuple[str, ...]:
 
 
 def _module_params(module: str) -> dict[str, object]:
-    return parse(MAIN)["modules"][module]["config"]["params"]
+    params: dict[str, object] = parse(MAIN)["modules"][module]["config"]["params"]
+    return params
 
 
 def test_storage_queues_are_core_names_without_the_service_bus_queues() -> None:

@@ -36,7 +36,8 @@ def _modules(owner: Path) -> dict[str, Any]:
         tree = parse(owner)
     except BicepSyntaxError:
         pytest.skip(f"{rel(owner)} does not parse (see test_parse)")
-    return tree.get("modules", {})
+    modules: dict[str, Any] = tree.get("modules", {})
+    return modules
 
 
 @pytest.mark.parametrize("owner", bicep_files(), ids=rel)

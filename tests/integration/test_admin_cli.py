@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,8 @@ def ctx(storage_connection: str) -> AppContext:
     return context
 
 
-def run(capsys: pytest.CaptureFixture[str], connection: str, *args: str) -> tuple[int, object]:
+def run(capsys: pytest.CaptureFixture[str], connection: str, *args: str) -> tuple[int, Any]:
+    """The CLI's exit code and its JSON output (an object, or a list for ``alerts``)."""
     code = main(["--connection", connection, *args])
     return code, json.loads(capsys.readouterr().out)
 
@@ -47,15 +49,15 @@ def test_cli_shows_lists_resubmits_and_cancels(
     ctx.scheduler.apply_reply(decode_request(text).refused("HTTP 422 card declined"))
 
     code, shown = run(capsys, storage_connection, "show", order_id)
-    assert code == 0 and shown["status"] == "error"  # type: ignore[index]
+    assert code == 0 and shown["status"] == "error"
     code, listed = run(capsys, storage_connection, "list", "--status", "error", "--all")
-    assert code == 0 and order_id in [o["orderId"] for o in listed["orders"]]  # type: ignore[index]
+    assert code == 0 and order_id in [o["orderId"] for o in listed["orders"]]
     code, refused = run(capsys, storage_connection, "cancel", "missing-order")
-    assert code == 4 and "missing-order" in refused["error"]  # type: ignore[index]
+    assert code == 4 and "missing-order" in refused["error"]
     code, resubmitted = run(capsys, storage_connection, "resubmit", order_id, "--by", "bob")
-    assert code == 0 and resubmitted["status"] == "processing"  # type: ignore[index]
+    assert code == 0 and resubmitted["status"] == "processing"
     code, again = run(capsys, storage_connection, "resubmit", order_id)
-    assert code == 1 and again["reason"] == "not-in-error"  # type: ignore[index]
+    assert code == 1 and again["reason"] == "not-in-error"
     # The resubmit was handed to the scheduler through the dispatch queue.
     dispatches = [
         json.loads(m.content)
@@ -63,4 +65,4 @@ def test_cli_shows_lists_resubmits_and_cancels(
     ]
     assert {"orderId": order_id} in dispatches
     code, alerts = run(capsys, storage_connection, "alerts")
-    assert code == 0 and any(a["orderId"] == order_id for a in alerts)  # type: ignore[union-attr]
+    assert code == 0 and any(a["orderId"] == order_id for a in alerts)

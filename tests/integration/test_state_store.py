@@ -274,18 +274,21 @@ def test_a_refused_transition_leaves_the_store_untouched(storage_connection: str
     done = accept("o-done")
     done.claim("i", T0)
     done.apply_reply(
-        AgentReply("o-done", "process", 1, T0, "succeeded", {}), T0 + timedelta(seconds=1)
+        AgentReply("o-done", "process", 1, T0, ReplyOutcome.SUCCEEDED, {}),
+        T0 + timedelta(seconds=1),
     )
     store.create(done)  # completed: nothing left to cancel
     ctx.queues.ensure(status_queue)
 
     def snapshot(order_id: str) -> dict[str, tuple[str, dict[str, object]]]:
         pk = layout.shard_of(order_id)
-        return {
-            e["RowKey"]: (e.metadata["etag"], dict(e))
-            for e in store.table.query_entities("PartitionKey eq @pk", parameters={"pk": pk})
-            if order_id in e["RowKey"]
-        }
+        rows: dict[str, tuple[str, dict[str, object]]] = {}
+        for e in store.table.query_entities("PartitionKey eq @pk", parameters={"pk": pk}):
+            if order_id in e["RowKey"]:
+                etag = e.metadata["etag"]
+                assert etag is not None, f"{e['RowKey']} was read without an ETag"
+                rows[e["RowKey"]] = (etag, dict(e))
+        return rows
 
     def queued() -> int:
         return sum(

@@ -92,6 +92,13 @@ def is_batch(request: requests.PreparedRequest) -> bool:
     return request.method == "POST" and "$batch" in (request.url or "")
 
 
+def body_of(request: requests.PreparedRequest) -> bytes:
+    """The body the SDK sends (bytes, as for the table batches this file matches on)."""
+    body = request.body or b""
+    assert isinstance(body, bytes), f"{request.method} {request.url}: a {type(body).__name__} body"
+    return body
+
+
 def is_query(request: requests.PreparedRequest) -> bool:
     return request.method == "GET" and "()" in (request.url or "")
 
@@ -142,7 +149,7 @@ def test_a_lost_response_to_a_claim_is_resolved_by_rereading(
     ctx.scheduler.submit(json.dumps({"orderId": f"{tag}-warmup"}).encode())
     # The claim's transaction applies, its answer is lost; the SDK retries it with the
     # same If-Match, gets 412, and the store sees its own WriteId: the claim is ours.
-    adapter.add(lambda r: is_batch(r) and b"Processing" in (r.body or b""), "lose")
+    adapter.add(lambda r: is_batch(r) and b"Processing" in body_of(r), "lose")
     assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Handled.ACCEPTED
     assert any(i.startswith("lose") for i in adapter.injected)
     order = ctx.store.load(order_id)
@@ -175,7 +182,7 @@ def test_a_lost_response_to_the_submit_transaction_still_dispatches(
     ctx: AppContext, adapter: FaultyAdapter, tag: str
 ) -> None:
     order_id = f"{tag}-lost-create"
-    adapter.add(lambda r: is_batch(r) and order_id.encode() in (r.body or b""), "lose")
+    adapter.add(lambda r: is_batch(r) and order_id.encode() in body_of(r), "lose")
     # The create applied and its answer was lost; the store reads its WriteId: its own.
     outcome = ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
     assert outcome is Handled.ACCEPTED
@@ -191,7 +198,7 @@ def test_a_create_that_applied_and_was_retried_after_a_503_is_ours(
     WriteId, so the submit goes on and sends attempt 1's request (before, the claim stood
     with no request, and its expiry was counted as "may have applied")."""
     order_id = f"{tag}-503-create"
-    adapter.add(lambda r: is_batch(r) and order_id.encode() in (r.body or b""), "applied-503")
+    adapter.add(lambda r: is_batch(r) and order_id.encode() in body_of(r), "applied-503")
     assert ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode()) is Handled.ACCEPTED
     assert any(i.startswith("applied-503") for i in adapter.injected)
     sent = [json.loads(t) for t in drain_requests(ctx)]

@@ -26,7 +26,7 @@ from core.errors import (
     OrderNotFound,
     StorageUnavailable,
 )
-from core.messages import AgentReply
+from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
 from core.orders import decode_order, utf16_units
 from core.policy import RetryPolicy
@@ -53,7 +53,12 @@ def succeeded(order: Order, result: dict[str, Any] | None = None) -> AgentReply:
     step = order.active_step()
     assert step is not None
     return AgentReply(
-        order.order_id, step.step, step.attempt, step.complete_by, "succeeded", result or {}
+        order.order_id,
+        step.step,
+        step.attempt,
+        step.complete_by,
+        ReplyOutcome.SUCCEEDED,
+        result or {},
     )
 
 
@@ -149,7 +154,7 @@ def test_a_transition_round_trips_every_field_of_the_step(store: StateStore) -> 
     order.claim("instance-1", T0)
     store.save(order)
     reply = AgentReply(
-        "o-fields", "process", 1, T0, "transient", error="HTTP 503 é😀", applied="maybe"
+        "o-fields", "process", 1, T0, ReplyOutcome.TRANSIENT, error="HTTP 503 é😀", applied="maybe"
     )
     order.apply_reply(reply, T0 + timedelta(seconds=1, microseconds=7), RetryPolicy())
     store.save(order)

@@ -206,10 +206,11 @@ class ServiceBusReceiver(Receiver):
         delivered = []
         for message in batch:
             seen = functions_message(message)
+            assert seen.delivery_count is not None, f"{seen.message_id} has no delivery count"
             delivered.append(
                 Delivered(
                     body=message_body(message.body).decode("utf-8"),
-                    deliveries=int(seen.delivery_count),
+                    deliveries=seen.delivery_count,
                     message_id=seen.message_id,
                     correlation_id=seen.correlation_id,
                     reply_to=seen.reply_to,
@@ -264,7 +265,8 @@ class Adapter:
     #: Storage creates a queue on its first message (a new ``replyTo``); a Service Bus
     #: queue exists only if declared (infra/), so a send elsewhere is refused, not lost.
     creates_missing_queues: bool
-    closers: list[Callable[[], None]] = field(default_factory=list)
+    #: run at the end, newest first (what they return is ignored)
+    closers: list[Callable[[], object]] = field(default_factory=list)
 
 
 # --- the two adapters --------------------------------------------------------------------
@@ -313,7 +315,7 @@ def storage_adapter(request: pytest.FixtureRequest) -> Adapter:
     connection = request.getfixturevalue("storage_connection")
     ctx = make_context(connection, request.getfixturevalue("tag"))  # the app's wiring
     receiver = StorageReceiver(ctx.queues.client)
-    closers: list[Callable[[], None]] = [receiver.hand_back_others]
+    closers: list[Callable[[], object]] = [receiver.hand_back_others]
 
     def unreachable() -> AgentTransport:
         held, port = refused_port()
@@ -344,7 +346,7 @@ def servicebus_adapter(request: pytest.FixtureRequest) -> Adapter:
 
     bus: Bus = request.getfixturevalue("bus")
     receiver = ServiceBusReceiver(bus.client, bus.target.quiet)
-    closers: list[Callable[[], None]] = [receiver.close]
+    closers: list[Callable[[], object]] = [receiver.close]
 
     def unreachable() -> AgentTransport:
         held, port = refused_port()

@@ -49,7 +49,8 @@ class Mine:
     namespace stay locked while the test runs and are abandoned at the end."""
 
     def __init__(self, receiver: Any, ids: set[str]):
-        self.receiver, self.ids, self.others = receiver, ids, []
+        self.receiver, self.ids = receiver, ids
+        self.others: list[Any] = []
 
     def take(self, count: int, within: float = 10.0) -> list[Any]:
         ours: list[Any] = []

@@ -27,7 +27,7 @@ REGENERATE = "python -m admin agents-json --write"
 
 def _declared_agents() -> dict[str, Agent]:
     """The agents of the product's declarations (what Azure runs: no ORDERS_DECLARATIONS)."""
-    module = importlib.import_module(workflows.DEFAULT_DECLARATIONS)
+    module = importlib.import_module(DEFAULT_DECLARATIONS)
     return workflows.validate(module)["AGENTS"]
 
 

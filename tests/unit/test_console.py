@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from console import security, views
+from core.messages import ReplyOutcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus
 from tests.unit.test_failure_semantics import fail_until_given_up, reach
@@ -40,7 +41,7 @@ def test_a_running_attempt_is_drawn_to_its_deadline_and_compensations_in_their_o
     now = reach(order, "charge-payment")
     order.claim("i-1", now)
     order.apply_reply(
-        reply(order, "failed", step="charge-payment", error="card declined"),
+        reply(order, ReplyOutcome.REFUSED, step="charge-payment", error="card declined"),
         now + timedelta(seconds=1),
         POLICY,
     )

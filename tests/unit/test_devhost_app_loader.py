@@ -179,7 +179,7 @@ def test_the_module_must_hold_exactly_one_function_app() -> None:
     one = types.ModuleType("one")
     one.app = func.FunctionApp()  # type: ignore[attr-defined]
     one.blueprint = func.Blueprint()  # type: ignore[attr-defined]
-    assert app_loader.find_app(one) is one.app  # type: ignore[attr-defined]
+    assert app_loader.find_app(one) is one.app
 
 
 def test_blueprint_functions_are_found_through_the_app() -> None:

@@ -15,6 +15,7 @@ from devhost.queues import (
     EnqueueWatcher,
     LeaseLost,
     QueueListener,
+    StorageQueue,
     next_back_off,
 )
 from devhost.settings import LeaseOptions, QueueOptions
@@ -32,7 +33,10 @@ class Message:
 
 
 @dataclass
-class FakeQueue:
+class FakeQueue(StorageQueue):
+    """A StorageQueue with its storage replaced by lists (its methods are checked against
+    the real ones)."""
+
     name: str
     waiting: list[Message] = field(default_factory=list)
     calls: list[tuple[Any, ...]] = field(default_factory=list)
@@ -65,6 +69,10 @@ class FakeQueue:
 
     def send(self, content: str) -> None:
         self.sent.append(content)
+
+    @property
+    def address(self) -> tuple[str, str]:
+        return ("fake", self.name)
 
 
 class Clock:

@@ -25,8 +25,10 @@ def nexts(expression: str, count: int, start: datetime = T0) -> list[datetime]:
     return found
 
 
-def at(*parts: int) -> datetime:
-    return datetime(*parts, tzinfo=UTC)  # type: ignore[misc]
+def at(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def test_every_ten_seconds() -> None:

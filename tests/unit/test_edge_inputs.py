@@ -38,7 +38,7 @@ RANGE = ("1970-01-01", "2199-12-31")
 @pytest.fixture
 def context() -> Iterator[StubContext]:
     stub = StubContext(StubAdmin())
-    stub.settings = SimpleNamespace(console_read_only=False)  # type: ignore[attr-defined]
+    stub.settings = SimpleNamespace(console_read_only=False)
     reset_app_context(stub)  # type: ignore[arg-type]
     try:
         yield stub

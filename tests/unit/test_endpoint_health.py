@@ -13,6 +13,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -67,11 +68,11 @@ def test_it_trips_after_three_different_orders_fail_with_no_success_between() ->
     for _ in range(10):  # one order failing over and over is that order's problem
         health.record_failure("a", S0, explained=False, probe=False)
     health.record_failure("b", S0, explained=False, probe=False)
-    assert not health.is_open
+    open_after_two = health.is_open
 
     health.record_failure("c", S0 + 1, explained=False, probe=False)
 
-    assert health.is_open
+    assert (open_after_two, health.is_open) == (False, True)
     admission = health.admit("d", S0 + 1)
     assert (admission.allowed, admission.retry_at) == (False, S0 + 3)
 
@@ -267,7 +268,8 @@ def test_the_host_answering_before_the_first_failure_is_no_evidence() -> None:
 # --- attribution through the client -----------------------------------------------------------
 
 
-def request_for(order_id: str, clock: FakeClock, seconds: float = 30, **kw: object) -> AgentRequest:
+def request_for(order_id: str, clock: FakeClock, seconds: float = 30, **kw: Any) -> AgentRequest:
+    """``make_request`` for ``order_id``, due ``seconds`` from now; ``kw``: other fields."""
     return make_request(order_id=order_id, complete_by=clock.now + timedelta(seconds=seconds), **kw)
 
 

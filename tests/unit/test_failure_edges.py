@@ -22,8 +22,9 @@ import httpx
 import pytest
 
 from agents.agent import AgentWorker
+from agents.outcomes import CallOutcome
 from core.errors import TransitionRefused
-from core.messages import AgentReply, AgentRequest
+from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import IN_FLIGHT_GRACE, Order
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
@@ -64,7 +65,7 @@ def test_1_a_403_after_a_timeout_leaves_the_doubt_and_undoes_nothing() -> None:
     now, ship = claim_due(order, now)
     order.expire(ship.complete_by + timedelta(seconds=1), POLICY)
     now, _ = claim_due(order, now)
-    refused = reply(order, "failed", error="ship: HTTP 403 forbidden")
+    refused = reply(order, ReplyOutcome.REFUSED, error="ship: HTTP 403 forbidden")
     assert getattr(refused, "settled", False) is False  # a 403, as the agent reports it
     order.apply_reply(refused, now + timedelta(seconds=1), POLICY)
     assert order.status is OrderStatus.ERROR and ship.process_state is StepState.ERROR
@@ -80,7 +81,9 @@ def test_1_a_422_after_a_timeout_settles_the_doubt_and_unwinds() -> None:
     now, ship = claim_due(order, now)
     order.expire(ship.complete_by + timedelta(seconds=1), POLICY)
     now, _ = claim_due(order, now)
-    settling = replace(reply(order, "failed", error="ship: HTTP 422 bad address"), settled=True)
+    settling = replace(
+        reply(order, ReplyOutcome.REFUSED, error="ship: HTTP 422 bad address"), settled=True
+    )
     order.apply_reply(settling, now + timedelta(seconds=1), POLICY)
     assert order.status is OrderStatus.COMPENSATING and alerts(order) == []
     attempt = ship.attempts.get(1)
@@ -106,10 +109,15 @@ def test_2_a_second_copys_maybe_is_kept_and_the_charge_is_undone_not_left() -> N
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
     now, charge = claim_due(order, now)
-    copy_b = reply(order, "transient", error="HTTP 503", applied="no")
+    copy_b = reply(order, ReplyOutcome.TRANSIENT, error="HTTP 503", applied="no")
     order.apply_reply(copy_b, now + timedelta(seconds=2), POLICY)
     copy_a = reply(
-        order, "transient", step="charge-payment", attempt=1, error="HTTP 500", applied="maybe"
+        order,
+        ReplyOutcome.TRANSIENT,
+        step="charge-payment",
+        attempt=1,
+        error="HTTP 500",
+        applied="maybe",
     )
     order.apply_reply(copy_a, now + timedelta(seconds=3), POLICY)
     assert charge.maybe_applied == [1]
@@ -123,12 +131,12 @@ def test_2_a_duplicate_report_that_adds_nothing_is_refused_but_one_that_adds_is_
     order = new_order()
     order.claim("i", T0)
     order.apply_reply(
-        reply(order, "transient", applied="no", error="503"), T0 + timedelta(seconds=1)
+        reply(order, ReplyOutcome.TRANSIENT, applied="no", error="503"), T0 + timedelta(seconds=1)
     )
-    same = reply(order, "transient", attempt=1, applied="no", error="503")
+    same = reply(order, ReplyOutcome.TRANSIENT, attempt=1, applied="no", error="503")
     with pytest.raises(TransitionRefused):
         order.apply_reply(same, T0 + timedelta(seconds=2))
-    more = reply(order, "transient", attempt=1, applied="maybe", error="500")
+    more = reply(order, ReplyOutcome.TRANSIENT, attempt=1, applied="maybe", error="500")
     order.apply_reply(more, T0 + timedelta(seconds=3))
     assert order.steps[0].maybe_applied == [1]
 
@@ -159,7 +167,7 @@ def test_3_a_handler_running_on_holds_its_steps_compensation_until_it_ends() -> 
     now, charge = claim_due(order, now)
     running = now + timedelta(seconds=60)
     overran = replace(
-        reply(order, "transient", applied="maybe", error="the handler is still running"),
+        reply(order, ReplyOutcome.TRANSIENT, applied="maybe", error="the handler is still running"),
         running_until=running,
         runner="host-1:run-1",
     )
@@ -172,7 +180,7 @@ def test_3_a_handler_running_on_holds_its_steps_compensation_until_it_ends() -> 
     # A renewal moves the compensation on; the handler's end lets it go.
     later = running + timedelta(seconds=45)
     heartbeat = replace(
-        reply(order, "transient", step="charge-payment", attempt=1, applied="maybe"),
+        reply(order, ReplyOutcome.TRANSIENT, step="charge-payment", attempt=1, applied="maybe"),
         running_until=later,
         runner="host-1:run-1",
     )
@@ -181,7 +189,7 @@ def test_3_a_handler_running_on_holds_its_steps_compensation_until_it_ends() -> 
     from core.attempts import Applied  # (imported here: the file collects on older code)
 
     # another copy's report, or a stale duplicate of the first: it shortens nothing
-    other = reply(order, "transient", step="charge-payment", attempt=1, applied="maybe")
+    other = reply(order, ReplyOutcome.TRANSIENT, step="charge-payment", attempt=1, applied="maybe")
     with pytest.raises(TransitionRefused):
         order.apply_reply(other, running, POLICY)
     assert refund.not_before == later + IN_FLIGHT_GRACE
@@ -302,7 +310,8 @@ def test_5_an_unsent_request_is_not_counted_and_never_in_doubt() -> None:
     # a report of it after all (the send had gone through): its evidence still counts
     order.claim("i", step.not_before)
     order.apply_reply(
-        reply(order, "transient", attempt=1, applied="maybe", error="500"), step.not_before
+        reply(order, ReplyOutcome.TRANSIENT, attempt=1, applied="maybe", error="500"),
+        step.not_before,
     )
     assert step.maybe_applied == [1]
 
@@ -328,7 +337,7 @@ def test_5_an_expired_unread_service_bus_request_is_reported_as_not_called() -> 
         "process",
         1,
         T0,
-        "deferred",  # type: ignore[arg-type]
+        ReplyOutcome.DEFERRED,
         error="not called",
         applied="no",
         not_before=T0,
@@ -401,7 +410,9 @@ def test_7_a_stall_shorter_than_the_budget_cannot_spend_it() -> None:
             order.apply_reply(reply(order), answered, policy)
         else:
             order.apply_reply(
-                reply(order, "transient", applied="maybe", error="no answer within 2.4 s"),
+                reply(
+                    order, ReplyOutcome.TRANSIENT, applied="maybe", error="no answer within 2.4 s"
+                ),
                 answered,
                 policy,
             )
@@ -426,7 +437,9 @@ def test_7_the_count_is_not_spent_before_count_times_timeout() -> None:
         now = max(now, step.complete_by)
         order.claim("i", now)
         now += timedelta(seconds=0.2)  # refused-fast 503s, reported at once
-        order.apply_reply(reply(order, "transient", applied="no", error="503"), now, policy)
+        order.apply_reply(
+            reply(order, ReplyOutcome.TRANSIENT, applied="no", error="503"), now, policy
+        )
     gave_up = order.steps[0].gave_up
     assert gave_up is not None and gave_up.at >= T0 + timedelta(seconds=9)
     assert order.steps[0].failure_count == 3
@@ -454,7 +467,7 @@ def test_9_a_deferral_asking_for_days_fails_for_good_at_once_with_an_alert() -> 
     order.claim("i", T0)
     far = T0 + timedelta(days=10)
     order.apply_reply(
-        reply(order, "deferred", error="Retry-After 10 days", not_before=far),
+        reply(order, ReplyOutcome.DEFERRED, error="Retry-After 10 days", not_before=far),
         T0 + timedelta(seconds=1),
         POLICY,
     )
@@ -495,8 +508,8 @@ def test_review_a_late_deferral_of_a_compensation_keeps_the_order_unwinding() ->
         now, claimed = claim_due(order, now)
         now = claimed.complete_by + timedelta(seconds=1)
         order.expire(now, POLICY)
-    assert order.status is OrderStatus.ERROR
-    late = reply(order, "deferred", step="release-stock", attempt=3, not_before=now)
+    assert (order.status, release.process_state) == (OrderStatus.ERROR, StepState.ERROR)
+    late = reply(order, ReplyOutcome.DEFERRED, step="release-stock", attempt=3, not_before=now)
     order.apply_reply(late, now + timedelta(seconds=1), POLICY)
     assert order.status is OrderStatus.COMPENSATING
     with pytest.raises(TransitionRefused):
@@ -508,11 +521,15 @@ def test_review_a_refund_while_held_lets_the_step_go_on() -> None:
     step = order.claim("i", T0)
     order.expire(T0 + timedelta(seconds=31), POLICY)  # 1: no report
     order.claim("i", T0 + timedelta(seconds=31))
-    order.apply_reply(reply(order, "transient", applied="no"), T0 + timedelta(seconds=32), POLICY)
+    order.apply_reply(
+        reply(order, ReplyOutcome.TRANSIENT, applied="no"), T0 + timedelta(seconds=32), POLICY
+    )
     order.claim("i", step.complete_by)
-    order.apply_reply(reply(order, "transient", applied="no"), T0 + timedelta(seconds=61), POLICY)
+    order.apply_reply(
+        reply(order, ReplyOutcome.TRANSIENT, applied="no"), T0 + timedelta(seconds=61), POLICY
+    )
     assert step.held and step.failure_count == 3
-    late = reply(order, "deferred", step="process", attempt=1, not_before=T0)
+    late = reply(order, ReplyOutcome.DEFERRED, step="process", attempt=1, not_before=T0)
     order.apply_reply(late, T0 + timedelta(seconds=62), POLICY)
     assert step.failure_count == 2 and step.process_state is StepState.PENDING
     assert order.status is OrderStatus.PROCESSING and alerts(order) == []
@@ -526,11 +543,13 @@ def test_review_a_late_running_report_holds_a_compensation_that_was_tried_alread
     order.expire(now, POLICY)  # attempt 1's report is late
     fail_until_given_up(order, ["no", "no"], now)
     now, refund = claim_due(order, now)
-    order.apply_reply(reply(order, "deferred", not_before=now), now + timedelta(seconds=1), POLICY)
+    order.apply_reply(
+        reply(order, ReplyOutcome.DEFERRED, not_before=now), now + timedelta(seconds=1), POLICY
+    )
     assert refund.process_state is StepState.PENDING and refund.attempt == 1
     until = now + timedelta(seconds=60)
     running = replace(
-        reply(order, "transient", step="charge-payment", attempt=1, applied="maybe"),
+        reply(order, ReplyOutcome.TRANSIENT, step="charge-payment", attempt=1, applied="maybe"),
         running_until=until,
         runner="r",
     )
@@ -543,13 +562,19 @@ def test_review_a_run_that_ends_refusing_settles_its_own_doubt() -> None:
     order = new_order()
     step = order.claim("i", T0)
     running = replace(
-        reply(order, "transient", applied="maybe"),
+        reply(order, ReplyOutcome.TRANSIENT, applied="maybe"),
         running_until=T0 + timedelta(seconds=55),
         runner="r",
     )
     order.apply_reply(running, T0 + timedelta(seconds=25), POLICY)
     ended = replace(
-        reply(order, "failed", step="process", attempt=1, error="refused: no such customer"),
+        reply(
+            order,
+            ReplyOutcome.REFUSED,
+            step="process",
+            attempt=1,
+            error="refused: no such customer",
+        ),
         settled=True,
         runner="r",
         run_ended=True,
@@ -560,7 +585,9 @@ def test_review_a_run_that_ends_refusing_settles_its_own_doubt() -> None:
     assert "was not applied" in alerts(order)[-1]["reason"]
 
 
-def test_review_a_handler_that_ends_just_after_the_last_try_is_reported() -> None:
+def test_review_a_handler_that_ends_just_after_the_last_try_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     release = threading.Event()
 
     def slow(order: dict[str, Any], **call: Any) -> dict[str, Any]:
@@ -570,13 +597,13 @@ def test_review_a_handler_that_ends_just_after_the_last_try_is_reported() -> Non
     client = python_client(slow, max_try_seconds=0.2)
     tries = client._tries
 
-    def tries_then_end(*args: Any) -> Any:
+    def tries_then_end(*args: Any) -> CallOutcome:
         outcome = tries(*args)
         release.set()  # the handler ends between the last try's give-up and the reply
         time.sleep(0.1)
         return outcome
 
-    client._tries = tries_then_end  # type: ignore[method-assign]
+    monkeypatch.setattr(client, "_tries", tries_then_end)
     transport = RecordingTransport()
     clock = FakeClock()
     AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
@@ -607,7 +634,7 @@ def test_review_a_cancel_of_a_held_step_acts_at_once() -> None:
     for _ in range(3):
         now, _ = claim_due(order, now)
         order.apply_reply(
-            reply(order, "transient", applied="no"), now + timedelta(seconds=1), POLICY
+            reply(order, ReplyOutcome.TRANSIENT, applied="no"), now + timedelta(seconds=1), POLICY
         )
     charge = order.find("charge-payment")
     assert charge is not None and charge.held
@@ -622,7 +649,9 @@ def test_review_a_cancel_of_a_held_step_in_doubt_needs_the_statement() -> None:
     for _ in range(3):
         now, _ = claim_due(order, now)
         order.apply_reply(
-            reply(order, "transient", applied="maybe"), now + timedelta(seconds=1), POLICY
+            reply(order, ReplyOutcome.TRANSIENT, applied="maybe"),
+            now + timedelta(seconds=1),
+            POLICY,
         )
     ship = order.find("ship")
     assert ship is not None and ship.held

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from core.errors import TransitionRefused
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply, Applied, ReplyOutcome
 from core.model import Order, ReplyEffect
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
@@ -19,13 +19,23 @@ from tests.unit.test_model import T0, alerts, new_order, reply, states, statuses
 POLICY = RetryPolicy(max_failure_count=3, soft_threshold=1, deferral_window_seconds=600)
 
 
-def attempt(order: Order, now: datetime, outcome: str, **kw: object) -> ReplyEffect:
-    """Claim the active step at ``now`` and apply one reply a second later."""
+def attempt(
+    order: Order,
+    now: datetime,
+    outcome: ReplyOutcome,
+    *,
+    error: str = "declined",
+    applied: Applied | None = None,
+    not_before: datetime | None = None,
+) -> ReplyEffect:
+    """Claim the active step at ``now`` and apply one reply (as ``reply`` makes it) a second
+    later."""
     order.claim("i-1", now)
-    return order.apply_reply(reply(order, outcome, **kw), now + timedelta(seconds=1), POLICY)  # type: ignore[arg-type]
+    sent = reply(order, outcome, error=error, applied=applied, not_before=not_before)
+    return order.apply_reply(sent, now + timedelta(seconds=1), POLICY)
 
 
-def fail_until_given_up(order: Order, applied: list[str], now: datetime = T0) -> datetime:
+def fail_until_given_up(order: Order, applied: list[Applied], now: datetime = T0) -> datetime:
     """One transient report per attempt with the given 'applied' values, then (when the
     last failure came before the time budget was spent and the step is held) the
     supervisor's pass that makes it final; returns the time."""
@@ -33,7 +43,7 @@ def fail_until_given_up(order: Order, applied: list[str], now: datetime = T0) ->
         step = order.active_step()
         assert step is not None
         now = max(now, step.complete_by)
-        attempt(order, now, "transient", error="HTTP 503", applied=value)
+        attempt(order, now, ReplyOutcome.TRANSIENT, error="HTTP 503", applied=value)
         now += timedelta(seconds=2)
     step = order.active_step()
     if step is not None and step.held:
@@ -45,7 +55,7 @@ def fail_until_given_up(order: Order, applied: list[str], now: datetime = T0) ->
 def reach(order: Order, step: str, now: datetime = T0) -> datetime:
     """Succeed every step before ``step``."""
     while (active := order.active_step()) is not None and active.step != step:
-        attempt(order, max(now, active.complete_by), "succeeded")
+        attempt(order, max(now, active.complete_by), ReplyOutcome.SUCCEEDED)
         now += timedelta(seconds=2)
     return now
 
@@ -80,7 +90,7 @@ def test_ship_refused_by_503_every_time_unwinds_to_compensated() -> None:
     for name in ("refund-payment", "release-stock"):
         step = order.active_step()
         assert step is not None and step.step == name
-        attempt(order, max(now, step.complete_by), "succeeded")
+        attempt(order, max(now, step.complete_by), ReplyOutcome.SUCCEEDED)
     assert order.status is OrderStatus.COMPENSATED
     assert alerts(order) == []  # handled without people
     assert states(order) == [
@@ -109,7 +119,7 @@ def test_a_deferral_is_no_failure_and_waits_for_the_time_asked() -> None:
     order.claim("i", T0)
     asked = T0 + timedelta(seconds=90)  # Retry-After well past the step's deadline
     order.apply_reply(
-        reply(order, "deferred", error="Retry-After 90 s", not_before=asked),
+        reply(order, ReplyOutcome.DEFERRED, error="Retry-After 90 s", not_before=asked),
         T0 + timedelta(seconds=1),
         POLICY,
     )
@@ -132,7 +142,7 @@ def test_deferrals_grow_capped_and_end_at_the_window_as_a_definite_failure() -> 
         step = order.active_step()
         assert step is not None
         now = max(now, step.complete_by)
-        attempt(order, now, "deferred", error="circuit open", not_before=now)
+        attempt(order, now, ReplyOutcome.DEFERRED, error="circuit open", not_before=now)
         if step.process_state is StepState.PENDING:
             delays.append((step.complete_by - (now + timedelta(seconds=1))).total_seconds())
         assert step.failure_count == 0
@@ -148,10 +158,10 @@ def test_deferrals_grow_capped_and_end_at_the_window_as_a_definite_failure() -> 
 
 def test_a_counted_failure_ends_the_deferral_streak() -> None:
     order = new_order()
-    attempt(order, T0, "deferred", error="open", not_before=T0)
+    attempt(order, T0, ReplyOutcome.DEFERRED, error="open", not_before=T0)
     step = order.steps[0]
-    assert step.deferred_since is not None
-    attempt(order, step.complete_by, "transient", error="503", applied="no")
+    assert (step.deferrals, step.deferred_since is not None, step.failure_count) == (1, True, 0)
+    attempt(order, step.complete_by, ReplyOutcome.TRANSIENT, error="503", applied="no")
     assert (step.deferrals, step.deferred_since, step.failure_count) == (0, None, 1)
 
 
@@ -165,7 +175,7 @@ def test_a_late_not_applied_report_clears_the_doubt_of_an_expiry() -> None:
     step = order.steps[0]
     assert step.maybe_applied == [1] and step.failure_count == 1
     effect = order.apply_reply(
-        reply(order, "transient", attempt=1, error="503", applied="no"),
+        reply(order, ReplyOutcome.TRANSIENT, attempt=1, error="503", applied="no"),
         T0 + timedelta(seconds=32),
         POLICY,
     )
@@ -173,7 +183,7 @@ def test_a_late_not_applied_report_clears_the_doubt_of_an_expiry() -> None:
     assert step.maybe_applied == [] and step.failure_count == 1
     with pytest.raises(TransitionRefused):  # a second copy changes nothing
         order.apply_reply(
-            reply(order, "transient", attempt=1, error="503", applied="no"),
+            reply(order, ReplyOutcome.TRANSIENT, attempt=1, error="503", applied="no"),
             T0 + timedelta(seconds=33),
             POLICY,
         )
@@ -186,7 +196,7 @@ def test_a_late_deferral_gives_back_the_failure_the_expiry_counted() -> None:
     order.claim("i", T0 + timedelta(seconds=31))
     step = order.steps[0]
     order.apply_reply(
-        reply(order, "deferred", attempt=1, error="open", not_before=T0),
+        reply(order, ReplyOutcome.DEFERRED, attempt=1, error="open", not_before=T0),
         T0 + timedelta(seconds=32),
         POLICY,
     )
@@ -203,16 +213,17 @@ def test_a_late_report_turns_an_ambiguous_error_into_a_definite_one() -> None:
     now = max(now + timedelta(seconds=10), ship.complete_by)
     order.claim("i", now)
     order.expire(now + timedelta(seconds=31), POLICY)  # the third attempt's report was slow
-    assert order.status is OrderStatus.ERROR
+    assert (order.status, ship.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     assert "may have been applied" in alerts(order)[-1]["reason"]
     order.apply_reply(
-        reply(order, "transient", step="ship", attempt=3, error="503", applied="no"),
+        reply(order, ReplyOutcome.TRANSIENT, step="ship", attempt=3, error="503", applied="no"),
         now + timedelta(seconds=32),
         POLICY,
     )
     assert order.status is OrderStatus.COMPENSATING
     assert "not applied after all" in alerts(order)[-1]["reason"]
-    assert order.active_step().step == "refund-payment"  # type: ignore[union-attr]
+    refund = order.active_step()
+    assert refund is not None and refund.step == "refund-payment"
 
 
 # --- a success is evidence, whenever it arrives -------------------------------------------
@@ -225,7 +236,7 @@ def test_a_late_success_resolves_an_order_waiting_for_the_operator() -> None:
         step = order.claim("i", max(now, order.steps[0].complete_by))
         now = step.complete_by + timedelta(seconds=3)
         order.expire(now, POLICY)
-    assert order.status is OrderStatus.ERROR
+    assert (order.status, step.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     effect = order.apply_reply(reply(order, step="process", attempt=2), now, POLICY)
     assert effect is ReplyEffect.NOTED
     assert order.status is OrderStatus.COMPLETED
@@ -237,19 +248,21 @@ def test_a_late_success_of_a_step_being_undone_gets_it_undone_too() -> None:
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
     fail_until_given_up(order, ["no", "no", "no"], now)  # definite: charge not compensated
-    assert order.status is OrderStatus.COMPENSATING
-    assert order.active_step().step == "release-stock"  # type: ignore[union-attr]
+    undoing = order.active_step()
+    assert undoing is not None
+    assert (order.status, undoing.step) == (OrderStatus.COMPENSATING, "release-stock")
     order.apply_reply(
         reply(order, step="charge-payment", attempt=2), now + timedelta(seconds=20), POLICY
     )
     charge = order.find("charge-payment")
-    assert charge is not None and charge.process_state is StepState.PROCESSED
+    assert charge is not None
+    assert (charge.process_state, order.status) == (StepState.PROCESSED, OrderStatus.COMPENSATING)
     release = order.active_step()
     assert release is not None
-    attempt(order, max(now, release.complete_by) + timedelta(seconds=30), "succeeded")
+    attempt(order, max(now, release.complete_by) + timedelta(seconds=30), ReplyOutcome.SUCCEEDED)
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
-    attempt(order, refund.complete_by + timedelta(seconds=31), "succeeded")
+    attempt(order, refund.complete_by + timedelta(seconds=31), ReplyOutcome.SUCCEEDED)
     assert order.status is OrderStatus.COMPENSATED
     assert charge.process_state is StepState.COMPENSATED
 
@@ -279,7 +292,7 @@ def test_cancel_with_ship_unanswered_asks_the_operator_who_can_cancel_again() ->
     ship = order.claim("i", now)
     order.cancel(now + timedelta(seconds=1), "app")
     order.expire(ship.complete_by + timedelta(seconds=3), POLICY)
-    assert order.status is OrderStatus.ERROR and ship.process_state is StepState.ERROR
+    assert (order.status, ship.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     [alert] = alerts(order)
     assert "may have been applied" in alert["reason"] and "cancel again" in alert["reason"]
     with pytest.raises(TransitionRefused) as refused:  # not around the doubt, unasked
@@ -288,12 +301,14 @@ def test_cancel_with_ship_unanswered_asks_the_operator_who_can_cancel_again() ->
     order.cancel(
         now + timedelta(minutes=5), "operator", "carrier says nothing shipped", not_applied="ship"
     )
-    assert order.status is OrderStatus.COMPENSATING
+    undoing = order.active_step()
+    assert undoing is not None
+    assert (order.status, undoing.step) == (OrderStatus.COMPENSATING, "refund-payment")
     later = now + timedelta(minutes=6)
     for _ in range(2):
         step = order.active_step()
         assert step is not None
-        attempt(order, max(later, step.complete_by), "succeeded")
+        attempt(order, max(later, step.complete_by), ReplyOutcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
     assert [s for s, _ in states(order)][-2:] == ["refund-payment", "release-stock"]
 
@@ -305,7 +320,7 @@ def test_cancel_with_ship_unanswered_then_resubmit_finds_it_applied() -> None:
     order.cancel(now + timedelta(seconds=1), "app")
     order.expire(ship.complete_by + timedelta(seconds=3), POLICY)
     order.resubmit(now + timedelta(minutes=5), "operator")
-    attempt(order, now + timedelta(minutes=5), "succeeded")  # the key's stored answer
+    attempt(order, now + timedelta(minutes=5), ReplyOutcome.SUCCEEDED)  # the key's stored answer
     assert order.status is OrderStatus.COMPLETED
 
 
@@ -315,20 +330,22 @@ def test_cancel_during_a_compensable_step_that_fails_transiently_undoes_the_rest
     order.claim("i", now)
     order.cancel(now + timedelta(seconds=1), "app")
     order.apply_reply(
-        reply(order, "transient", error="503", applied="no"), now + timedelta(seconds=2), POLICY
+        reply(order, ReplyOutcome.TRANSIENT, error="503", applied="no"),
+        now + timedelta(seconds=2),
+        POLICY,
     )
     charge = order.find("charge-payment")
     assert charge is not None and charge.process_state is StepState.COMPENSATED
     release = order.active_step()
     assert release is not None and release.step == "release-stock"
-    attempt(order, now + timedelta(seconds=3), "succeeded")
+    attempt(order, now + timedelta(seconds=3), ReplyOutcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
 
 
 def test_compensations_under_a_cancel_get_retries_and_supervision() -> None:
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
-    attempt(order, now, "succeeded")
+    attempt(order, now, ReplyOutcome.SUCCEEDED)
     ship = order.active_step()
     assert ship is not None and ship.step == "ship"
     order.cancel(now + timedelta(seconds=5), "app")
@@ -336,12 +353,15 @@ def test_compensations_under_a_cancel_get_retries_and_supervision() -> None:
     assert refund is not None and refund.step == "refund-payment"
     claimed = order.claim("i", now + timedelta(seconds=5))
     order.expire(claimed.complete_by + timedelta(seconds=3), POLICY)  # one missed deadline
-    assert refund.process_state is StepState.PENDING and refund.failure_count == 1
-    assert order.status is OrderStatus.COMPENSATING
-    attempt(order, refund.complete_by, "succeeded")
+    assert (order.status, refund.process_state, refund.failure_count) == (
+        OrderStatus.COMPENSATING,
+        StepState.PENDING,
+        1,
+    )
+    attempt(order, refund.complete_by, ReplyOutcome.SUCCEEDED)
     release = order.active_step()
     assert release is not None
-    attempt(order, release.complete_by, "succeeded")
+    attempt(order, release.complete_by, ReplyOutcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
 
 
@@ -359,11 +379,12 @@ def test_cancel_of_a_step_that_may_have_applied_compensates_it() -> None:
 def test_cancel_of_a_step_deferred_so_far_needs_no_undo() -> None:
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
-    attempt(order, now, "deferred", error="open", not_before=now)
+    attempt(order, now, ReplyOutcome.DEFERRED, error="open", not_before=now)
     order.cancel(now + timedelta(seconds=2), "app")
     charge = order.find("charge-payment")
     assert charge is not None and charge.process_state is StepState.COMPENSATED
-    assert order.active_step().step == "release-stock"  # type: ignore[union-attr]
+    release = order.active_step()
+    assert release is not None and release.step == "release-stock"
 
 
 def test_a_second_cancel_of_an_order_whose_compensation_failed_retries_it() -> None:
@@ -371,17 +392,17 @@ def test_a_second_cancel_of_an_order_whose_compensation_failed_retries_it() -> N
     now = reach(order, "ship")
     order.claim("i", now)
     order.cancel(now + timedelta(seconds=1), "app")
-    order.apply_reply(reply(order, "failed"), now + timedelta(seconds=2), POLICY)  # refused
+    order.apply_reply(reply(order, ReplyOutcome.REFUSED), now + timedelta(seconds=2), POLICY)
     refund = order.active_step()
     assert refund is not None
-    attempt(order, refund.complete_by, "failed")  # refund refused: unwinding stops
-    assert order.status is OrderStatus.ERROR
+    attempt(order, refund.complete_by, ReplyOutcome.REFUSED)  # refund refused: unwinding stops
+    assert (order.status, refund.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     order.cancel(now + timedelta(minutes=1), "operator")
-    assert order.status is OrderStatus.COMPENSATING and refund.process_state is StepState.PENDING
+    assert (order.status, refund.process_state) == (OrderStatus.COMPENSATING, StepState.PENDING)
     for _ in range(2):
         step = order.active_step()
         assert step is not None
-        attempt(order, max(now + timedelta(minutes=1), step.complete_by), "succeeded")
+        attempt(order, max(now + timedelta(minutes=1), step.complete_by), ReplyOutcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
 
 
@@ -390,15 +411,15 @@ def test_reply_json_round_trip_of_every_outcome() -> None:
 
     order = new_order()
     order.claim("i", T0)
-    for outcome in ("succeeded", "failed", "transient", "deferred"):
+    for outcome in ReplyOutcome:
         original = reply(order, outcome, not_before=T0 + timedelta(seconds=5))
         decoded = decode_reply(original.encode())
         assert decoded.outcome == outcome
         assert decoded.applied == original.applied
-        if outcome == "deferred":
+        if outcome is ReplyOutcome.DEFERRED:
             assert decoded.not_before == T0 + timedelta(seconds=5)
         body = json.loads(original.encode())
-        assert ("applied" in body) is (outcome != "succeeded")
+        assert ("applied" in body) is (outcome is not ReplyOutcome.SUCCEEDED)
 
 
 def test_an_old_agents_failed_reply_without_applied_still_means_refused() -> None:
@@ -489,18 +510,19 @@ def test_a_refusal_of_the_key_settles_the_doubt_of_an_earlier_attempt() -> None:
     ship = order.claim("i", now)
     order.expire(ship.complete_by + timedelta(seconds=3), POLICY)  # may have applied
     order.claim("i", ship.complete_by + timedelta(seconds=3))
-    settling = replace(reply(order, "failed", error="HTTP 422"), settled=True)
+    settling = replace(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), settled=True)
     order.apply_reply(settling, now + timedelta(seconds=40), POLICY)
     assert order.status is OrderStatus.COMPENSATING  # unwinding: not "ask the operator"
     assert alerts(order) == []
-    assert ship.attempts.get(1).settled_by  # type: ignore[union-attr]
+    first = ship.attempts.get(1)
+    assert first is not None and first.settled_by
 
 
 def test_a_refusal_after_a_try_that_may_have_applied_in_the_same_attempt_is_ambiguous() -> None:
     order = new_order()
     order.claim("i", T0)
     order.apply_reply(
-        reply(order, "failed", error="409 after a 500", applied="maybe"),
+        reply(order, ReplyOutcome.REFUSED, error="409 after a 500", applied="maybe"),
         T0 + timedelta(seconds=1),
         POLICY,
     )
@@ -515,14 +537,24 @@ def test_a_late_deferral_takes_back_the_expiry_that_failed_the_step() -> None:
     now = step.complete_by
     order.claim("i", now)
     order.expire(now + timedelta(seconds=33), POLICY)  # the deferral report was slow
-    assert order.status is OrderStatus.ERROR and step.failure_count == 3
+    assert (order.status, step.failure_count) == (OrderStatus.ERROR, 3)
     order.apply_reply(
-        reply(order, "deferred", step="process", attempt=3, error="circuit open", not_before=now),
+        reply(
+            order,
+            ReplyOutcome.DEFERRED,
+            step="process",
+            attempt=3,
+            error="circuit open",
+            not_before=now,
+        ),
         now + timedelta(seconds=34),
         POLICY,
     )
-    assert order.status is OrderStatus.PROCESSING
-    assert step.process_state is StepState.PENDING and step.failure_count == 2
+    assert (order.status, step.process_state, step.failure_count) == (
+        OrderStatus.PROCESSING,
+        StepState.PENDING,
+        2,
+    )
     assert "back to work" in alerts(order)[-1]["reason"]
 
 
@@ -538,10 +570,11 @@ def test_a_late_report_does_not_skip_a_compensation_that_failed_after_it() -> No
     order.cancel(later + timedelta(seconds=40), "operator", not_applied="ship")  # undo the rest
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
-    attempt(order, later + timedelta(seconds=41), "failed")  # refund refused: error again
+    # refund refused: error again
+    attempt(order, later + timedelta(seconds=41), ReplyOutcome.REFUSED)
     assert order.status is OrderStatus.ERROR
     order.apply_reply(
-        reply(order, "transient", step="ship", attempt=3, error="503", applied="no"),
+        reply(order, ReplyOutcome.TRANSIENT, step="ship", attempt=3, error="503", applied="no"),
         later + timedelta(seconds=50),
         POLICY,
     )
@@ -555,40 +588,45 @@ def test_resubmitting_a_step_after_a_cancel_gives_it_the_usual_retries() -> None
     ship = order.claim("i", now)
     order.cancel(now + timedelta(seconds=1), "app")
     order.expire(ship.complete_by + timedelta(seconds=3), POLICY)
-    assert order.status is OrderStatus.ERROR
+    assert (order.status, ship.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     order.resubmit(now + timedelta(minutes=5), "operator")
     assert not order.cancel_requested
-    attempt(order, now + timedelta(minutes=5), "deferred", error="open", not_before=now)
-    assert order.status is OrderStatus.PROCESSING and ship.failure_count == 0
-    attempt(order, ship.complete_by, "succeeded")
+    attempt(order, now + timedelta(minutes=5), ReplyOutcome.DEFERRED, error="open", not_before=now)
+    assert (order.status, ship.failure_count) == (OrderStatus.PROCESSING, 0)
+    attempt(order, ship.complete_by, ReplyOutcome.SUCCEEDED)
     assert order.status is OrderStatus.COMPLETED
 
 
 def test_a_success_for_a_step_cancelled_as_not_applied_gets_it_undone() -> None:
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
-    attempt(order, now, "transient", error="503", applied="no")
+    attempt(order, now, ReplyOutcome.TRANSIENT, error="503", applied="no")
     charge = order.find("charge-payment")
     assert charge is not None
     order.claim("i", charge.complete_by)
     order.cancel(charge.complete_by + timedelta(seconds=1), "app")
     order.apply_reply(
-        reply(order, "transient", error="503", applied="no"),
+        reply(order, ReplyOutcome.TRANSIENT, error="503", applied="no"),
         charge.complete_by + timedelta(seconds=2),
         POLICY,
     )
-    assert charge.process_state is StepState.COMPENSATED  # "not applied: nothing to undo"
-    assert order.status is OrderStatus.COMPENSATING  # releasing the stock
+    assert (charge.process_state, order.status) == (
+        StepState.COMPENSATED,  # "not applied: nothing to undo"
+        OrderStatus.COMPENSATING,  # releasing the stock
+    )
     # a redelivered copy of attempt 1 succeeded after all
     order.apply_reply(
         reply(order, step="charge-payment", attempt=1), now + timedelta(seconds=90), POLICY
     )
-    assert charge.process_state is StepState.PROCESSED  # so it will be refunded
+    assert (charge.process_state, order.status) == (
+        StepState.PROCESSED,  # so it will be refunded
+        OrderStatus.COMPENSATING,
+    )
     for _ in range(3):
         step = order.active_step()
         if step is None:
             break
-        attempt(order, max(now + timedelta(seconds=100), step.complete_by), "succeeded")
+        attempt(order, max(now + timedelta(seconds=100), step.complete_by), ReplyOutcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
     assert charge.process_state is StepState.COMPENSATED
     assert order.find("refund-payment") is not None
@@ -600,7 +638,7 @@ def test_a_late_deferral_keeps_the_time_the_remote_asked_for() -> None:
     order.expire(T0 + timedelta(seconds=33), POLICY)  # back to Pending, due at once
     asked = T0 + timedelta(seconds=150)
     order.apply_reply(
-        reply(order, "deferred", attempt=1, error="Retry-After 120", not_before=asked),
+        reply(order, ReplyOutcome.DEFERRED, attempt=1, error="Retry-After 120", not_before=asked),
         T0 + timedelta(seconds=34),
         POLICY,
     )
@@ -622,7 +660,9 @@ def test_a_late_report_of_an_earlier_expiry_corrects_the_verdict_of_a_later_atte
     assert order.status is OrderStatus.ERROR
     assert "may have been applied" in alerts(order)[-1]["reason"]
     order.apply_reply(
-        reply(order, "transient", step="process", attempt=1, error="HTTP 503", applied="no"),
+        reply(
+            order, ReplyOutcome.TRANSIENT, step="process", attempt=1, error="HTTP 503", applied="no"
+        ),
         now,
         POLICY,
     )
@@ -639,7 +679,9 @@ def test_a_late_report_of_an_earlier_expiry_corrects_the_verdict_of_a_later_atte
     other.resubmit(later, "ops")
     told = len(alerts(other))
     other.apply_reply(
-        reply(other, "transient", step="process", attempt=1, error="HTTP 503", applied="no"),
+        reply(
+            other, ReplyOutcome.TRANSIENT, step="process", attempt=1, error="HTTP 503", applied="no"
+        ),
         later + timedelta(seconds=1),
         POLICY,
     )

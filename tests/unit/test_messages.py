@@ -501,7 +501,8 @@ def test_reply_keeps_the_request_identity() -> None:
 def _valid(kind: str) -> dict[str, Any]:
     request = make_request()
     reply = request.refused("declined")
-    return json.loads((request if kind == "request" else reply).encode())
+    data: dict[str, Any] = json.loads((request if kind == "request" else reply).encode())
+    return data
 
 
 def _changed(kind: str, **changes: Any) -> str:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Literal, TypedDict
 
 import pytest
 
 from core.errors import TransitionRefused
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply, Applied, ReplyOutcome
 from core.model import IN_FLIGHT_GRACE, Order, ReplyEffect
 from core.orders import decode_order
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
+from core.steps import StepRecord
 from core.timefmt import parse_iso
 from core.workflows import WORKFLOWS, Plan
 
@@ -33,21 +36,23 @@ def new_order(
 
 def reply(
     order: Order,
-    outcome: str = "succeeded",
+    outcome: ReplyOutcome = ReplyOutcome.SUCCEEDED,
     step: str | None = None,
     attempt: int | None = None,
     error: str = "declined",
-    applied: str | None = None,
+    applied: Applied | None = None,
     not_before: datetime | None = None,
 ) -> AgentReply:
-    active = order.active_step()
-    assert active is not None or (step and attempt)
-    name = step or active.step  # type: ignore[union-attr]
-    number = attempt if attempt is not None else active.attempt  # type: ignore[union-attr]
+    """A reply for ``step``'s ``attempt``, by default the active step's current attempt."""
+    if not step or attempt is None:
+        active = order.active_step()
+        assert active is not None, "no step is active: name the step and the attempt"
+        step = step or active.step
+        attempt = attempt if attempt is not None else active.attempt
     return AgentReply(
         order.order_id,
-        name,
-        number,
+        step,
+        attempt,
         T0,
         outcome,
         result={"ok": True} if outcome == ReplyOutcome.SUCCEEDED else None,
@@ -66,11 +71,21 @@ def statuses(order: Order) -> list[str]:
     return [json.loads(n.body)["status"] for n in order.outbox if n.kind == "status"]
 
 
-def alerts(order: Order) -> list[dict[str, object]]:
+class Alert(TypedDict):
+    """An operator alert's body, as ``core.messages.alert_message`` writes it."""
+
+    orderId: str
+    step: str
+    reason: str
+    failureCount: int
+    at: str
+
+
+def alerts(order: Order) -> list[Alert]:
     return [json.loads(n.body) for n in order.outbox if n.kind == "alert"]
 
 
-def run_step(order: Order, now: datetime, outcome: str = "succeeded") -> None:
+def run_step(order: Order, now: datetime, outcome: ReplyOutcome = ReplyOutcome.SUCCEEDED) -> None:
     order.claim("i-1", now)
     order.apply_reply(reply(order, outcome), now + timedelta(seconds=1))
 
@@ -127,7 +142,9 @@ def test_success_reply_completes_the_order() -> None:
         ),
     ],
 )
-def test_reply_for_another_attempt_or_step_is_refused(tamper, reason) -> None:  # type: ignore[no-untyped-def]
+def test_reply_for_another_attempt_or_step_is_refused(
+    tamper: Callable[[Order, AgentReply], AgentReply], reason: str
+) -> None:
     order = new_order()
     order.claim("i", T0)
     before = (order.steps[0].process_state, order.steps[0].attempt)
@@ -164,7 +181,7 @@ def test_duplicate_reply_is_refused_after_the_first_applies() -> None:
 
 def test_permanent_failure_makes_the_step_error_with_an_alert() -> None:
     order = new_order()
-    run_step(order, T0, "failed")
+    run_step(order, T0, ReplyOutcome.REFUSED)
     [step] = order.steps
     assert step.process_state is StepState.ERROR
     assert step.failure_count == 1
@@ -191,7 +208,7 @@ def test_expiry_retries_then_backs_off_then_gives_up_with_an_alert() -> None:
 
     now += timedelta(seconds=31)
     order.expire(now, POLICY)  # failure 2: past the soft threshold, backoff about 2 s
-    assert step.process_state is StepState.PENDING
+    assert (step.process_state, step.failure_count, step.locked_by) == (StepState.PENDING, 2, "")
     delay = (step.complete_by - now).total_seconds()
     assert 1.6 <= delay <= 2.4
     with pytest.raises(TransitionRefused) as not_due:
@@ -233,7 +250,7 @@ def test_a_non_success_report_for_an_old_attempt_changes_nothing_it_should_not()
     order = new_order()
     order.claim("i", T0)
     order.apply_reply(
-        reply(order, "transient", error="503", applied="no"), T0 + timedelta(seconds=5)
+        reply(order, ReplyOutcome.TRANSIENT, error="503", applied="no"), T0 + timedelta(seconds=5)
     )
     due = order.steps[0].complete_by  # paced: not before one step timeout after attempt 1
     assert due >= T0 + timedelta(seconds=30)
@@ -241,7 +258,7 @@ def test_a_non_success_report_for_an_old_attempt_changes_nothing_it_should_not()
     # attempt 1's report again (a duplicate delivery): it adds nothing
     with pytest.raises(TransitionRefused) as refused:
         order.apply_reply(
-            reply(order, "transient", attempt=1, error="503", applied="no"),
+            reply(order, ReplyOutcome.TRANSIENT, attempt=1, error="503", applied="no"),
             due + timedelta(seconds=1),
         )
     assert refused.value.reason == "stale-attempt"
@@ -252,12 +269,16 @@ def test_a_non_success_report_for_an_old_attempt_changes_nothing_it_should_not()
 
 def test_resubmit_puts_an_error_order_back_at_its_failed_step_keeping_history() -> None:
     order = new_order()
-    run_step(order, T0, "failed")
+    run_step(order, T0, ReplyOutcome.REFUSED)
     with pytest.raises(TransitionRefused):
         new_order().resubmit(T0, "op")
     step = order.resubmit(T0 + timedelta(minutes=5), "alice")
-    assert (step.process_state, step.failure_count, step.attempt) == (StepState.PENDING, 0, 1)
-    assert order.status is OrderStatus.PROCESSING
+    assert (order.status, step.process_state, step.failure_count, step.attempt) == (
+        OrderStatus.PROCESSING,
+        StepState.PENDING,
+        0,
+        1,
+    )
     run_step(order, T0 + timedelta(minutes=5))
     assert order.status is OrderStatus.COMPLETED
     assert step.attempt == 2
@@ -275,19 +296,29 @@ def test_resubmit_puts_an_error_order_back_at_its_failed_step_keeping_history() 
 # --- fulfilment: multi-step with compensation ----------------------------------------
 
 
+def named(order: Order, step: str) -> StepRecord:
+    """The order's latest record of ``step``, which the test expects to be there."""
+    record = order.find(step)
+    assert record is not None, f"{order.order_id} has no step {step!r}"
+    return record
+
+
 def states(order: Order) -> list[tuple[str, str]]:
     return [(s.step, str(s.process_state)) for s in order.steps]
 
 
-def drive(order: Order, outcomes: dict[str, str], now: datetime = T0) -> None:
-    """Run the active steps until none is left; outcomes: step -> succeeded|failed|expire."""
+def drive(
+    order: Order, outcomes: dict[str, ReplyOutcome | Literal["expire"]], now: datetime = T0
+) -> None:
+    """Run the active steps until none is left; outcomes: step -> a reply's outcome, or
+    "expire" (no reply: the step's deadlines pass until it errs); by default, succeeded."""
     for _ in range(50):
         step = order.active_step()
         if step is None:
             return
         now = max(now, step.complete_by)  # a compensation may be due later
         order.claim("i", now)
-        how = outcomes.get(step.step, "succeeded")
+        how = outcomes.get(step.step, ReplyOutcome.SUCCEEDED)
         if how == "expire":
             while step.process_state is not StepState.ERROR and order.active_step() is step:
                 now = step.complete_by + timedelta(seconds=1)
@@ -336,9 +367,11 @@ def test_fulfilment_runs_its_steps_in_order() -> None:
         ),
     ],
 )
-def test_permanent_failure_compensates_completed_steps_in_reverse(failing, expected_states) -> None:  # type: ignore[no-untyped-def]
+def test_permanent_failure_compensates_completed_steps_in_reverse(
+    failing: str, expected_states: list[tuple[str, str]]
+) -> None:
     order = new_order("fulfilment")
-    drive(order, {failing: "failed"})
+    drive(order, {failing: ReplyOutcome.REFUSED})
     assert states(order) == expected_states
     assert order.status is OrderStatus.COMPENSATED
     assert alerts(order) == []  # undone without anyone's help: the app hears "compensated"
@@ -372,12 +405,10 @@ def test_ambiguous_failure_compensates_the_failed_step_too() -> None:
 def test_ambiguous_failure_without_compensation_waits_for_the_operator() -> None:
     order = new_order("fulfilment")
     drive(order, {"ship": "expire"})
-    assert states(order) == [
-        ("reserve-stock", "Processed"),
-        ("charge-payment", "Processed"),
-        ("ship", "Error"),
-    ]
-    assert order.status is OrderStatus.ERROR
+    assert (order.status, states(order)) == (
+        OrderStatus.ERROR,
+        [("reserve-stock", "Processed"), ("charge-payment", "Processed"), ("ship", "Error")],
+    )
     [alert] = alerts(order)
     assert alert["step"] == "ship"
     assert "may have been applied" in str(alert["reason"])
@@ -388,23 +419,27 @@ def test_ambiguous_failure_without_compensation_waits_for_the_operator() -> None
 
 
 @pytest.mark.parametrize("failing_compensation", ["refund-payment", "release-stock"])
-def test_failed_compensation_stops_unwinding_and_can_be_resubmitted(failing_compensation) -> None:  # type: ignore[no-untyped-def]
+def test_failed_compensation_stops_unwinding_and_can_be_resubmitted(
+    failing_compensation: str,
+) -> None:
     order = new_order("fulfilment")
-    drive(order, {"ship": "failed", failing_compensation: "failed"})
-    assert order.status is OrderStatus.ERROR
-    assert order.find(failing_compensation).process_state is StepState.ERROR  # type: ignore[union-attr]
+    drive(order, {"ship": ReplyOutcome.REFUSED, failing_compensation: ReplyOutcome.REFUSED})
+    assert (order.status, named(order, failing_compensation).process_state) == (
+        OrderStatus.ERROR,
+        StepState.ERROR,
+    )
     [alert] = alerts(order)
     assert alert["step"] == failing_compensation
     assert "unwinding stopped" in str(alert["reason"])
     if failing_compensation == "refund-payment":  # release never started
         assert order.find("release-stock") is None
-        assert order.find("reserve-stock").process_state is StepState.PROCESSED  # type: ignore[union-attr]
-    order.resubmit(T0 + timedelta(hours=1), "op")
-    assert order.status is OrderStatus.COMPENSATING
+        assert named(order, "reserve-stock").process_state is StepState.PROCESSED
+    retried = order.resubmit(T0 + timedelta(hours=1), "op")
+    assert (order.status, retried.step) == (OrderStatus.COMPENSATING, failing_compensation)
     drive(order, {}, T0 + timedelta(hours=1))
     assert order.status is OrderStatus.COMPENSATED
-    assert order.find("reserve-stock").process_state is StepState.COMPENSATED  # type: ignore[union-attr]
-    assert order.find("charge-payment").process_state is StepState.COMPENSATED  # type: ignore[union-attr]
+    assert named(order, "reserve-stock").process_state is StepState.COMPENSATED
+    assert named(order, "charge-payment").process_state is StepState.COMPENSATED
 
 
 # --- cancellation ---------------------------------------------------------------------
@@ -424,7 +459,7 @@ def test_cancel_while_a_step_is_in_flight_undoes_it_after_its_reply() -> None:
     order.apply_reply(reply(order), T0 + timedelta(seconds=1))
     order.claim("i", T0 + timedelta(seconds=2))  # charge-payment in flight
     order.cancel(T0 + timedelta(seconds=3), "app", "customer changed mind")
-    assert order.status is OrderStatus.PROCESSING
+    assert (order.status, order.cancel_requested) == (OrderStatus.PROCESSING, True)
     order.apply_reply(reply(order), T0 + timedelta(seconds=4))
     drive(order, {}, T0 + timedelta(seconds=5))
     assert order.status is OrderStatus.CANCELLED
@@ -460,7 +495,7 @@ def test_random_histories_keep_the_invariants(seed: int) -> None:
     """A seeded random walk over every transition and every kind of reply (on time, late,
     for old attempts, duplicated); the invariants hold after each move."""
     rng = random.Random(seed)
-    outcomes = ["succeeded", "failed", "transient", "deferred"]
+    outcomes = list(ReplyOutcome)
     for _ in range(400):
         order = new_order(rng.choice(["order", "fulfilment"]))
         now = T0
@@ -527,12 +562,13 @@ def check_invariants(order: Order) -> None:
     late = {
         s.step for s in order.steps if any(h.get("note") == "applied after all" for h in s.history)
     }
-    undone = [
-        s.compensates
-        for s in order.steps
-        if s.kind is StepKind.COMPENSATION and s.compensates not in late
-    ]
-    seqs = [order.find(name).seq for name in undone]  # type: ignore[union-attr]
+    undone: list[str] = []
+    for s in order.steps:
+        if s.kind is StepKind.COMPENSATION:
+            assert s.compensates is not None, f"{s.step} compensates no step"
+            if s.compensates not in late:
+                undone.append(s.compensates)
+    seqs = [named(order, name).seq for name in undone]
     assert seqs == sorted(seqs, reverse=True)
     # one compensation record per undone step, never two
     assert len(undone) == len(set(undone))

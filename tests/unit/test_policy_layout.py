@@ -211,7 +211,7 @@ def accept(workflow: str = "order", order_id: str = "o-1") -> Order:
     return Order.accept(message, Plan.of(WORKFLOWS[workflow], 30), T0)
 
 
-def reply(order: Order, outcome: str, now: datetime) -> None:
+def reply(order: Order, outcome: ReplyOutcome, now: datetime) -> None:
     step = order.active_step()
     assert step is not None
     order.apply_reply(
@@ -253,7 +253,7 @@ def test_claimed_order_is_indexed_by_its_deadline() -> None:
 def test_completed_order_leaves_the_sweep_ranges() -> None:
     order = accept()
     order.claim("instance-a", T0)
-    reply(order, "succeeded", T0 + timedelta(seconds=5))
+    reply(order, ReplyOutcome.SUCCEEDED, T0 + timedelta(seconds=5))
 
     assert layout.index_rows(order) == {layout.status_row("completed", "o-1", T0): STATUS_PROPS}
 
@@ -296,7 +296,7 @@ def test_order_in_error_has_only_its_status_row() -> None:
 def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a_step() -> None:
     order = accept("fulfilment")
     order.claim("instance-a", T0)
-    reply(order, "succeeded", T0 + timedelta(seconds=1))
+    reply(order, ReplyOutcome.SUCCEEDED, T0 + timedelta(seconds=1))
 
     assert layout.index_rows(order) == {
         layout.status_row("processing", "o-1", T0): FULFILMENT_PROPS,
@@ -307,7 +307,7 @@ def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a
     }
 
     order.claim("instance-a", T0 + timedelta(seconds=2))
-    reply(order, "failed", T0 + timedelta(seconds=3))
+    reply(order, ReplyOutcome.REFUSED, T0 + timedelta(seconds=3))
 
     assert layout.index_rows(order) == {
         layout.status_row("compensating", "o-1", T0): FULFILMENT_PROPS,

@@ -16,7 +16,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -94,7 +94,9 @@ class Seen:
     at: datetime
 
 
-Step = httpx.Response | type[Exception] | Callable[[httpx.Request], httpx.Response]
+#: One try of the scripted remote: its answer, a transport error raised as httpx raises it
+#: (with the request), or a function of the request.
+Step = httpx.Response | type[httpx.RequestError] | Callable[[httpx.Request], httpx.Response]
 
 
 @dataclass
@@ -123,7 +125,8 @@ class Remote:
         script = self.by_key.get(key or "", self.script)
         step = script.pop(0) if len(script) > 1 else script[0]
         if isinstance(step, type):
-            raise step("simulated", request=request)  # type: ignore[call-arg]
+            assert issubclass(step, httpx.RequestError), step
+            raise step("simulated", request=request)
         if callable(step) and not isinstance(step, httpx.Response):
             return step(request)
         return step
@@ -132,8 +135,8 @@ class Remote:
         return [s for s in self.seen if key is None or s.idempotency_key == key]
 
 
-def remote(clock: FakeClock, *script: Step, **by_key: list[Step]) -> Remote:
-    return Remote(clock, list(script), dict(by_key))
+def remote(clock: FakeClock, *script: Step, **by_key: Sequence[Step]) -> Remote:
+    return Remote(clock, list(script), {key: list(steps) for key, steps in by_key.items()})
 
 
 def ok(body: Any = None) -> httpx.Response:
@@ -364,7 +367,7 @@ def test_every_status_is_classified(code: int, applied: str, retryable: bool) ->
         (httpx.LocalProtocolError, "maybe"),
     ],
 )
-def test_every_transport_error_is_classified(error: type[Exception], applied: str) -> None:
+def test_every_transport_error_is_classified(error: type[httpx.RequestError], applied: str) -> None:
     attempt = one_try(error)
 
     assert (attempt.applied, attempt.retryable, attempt.status) == (applied, True, None)
@@ -409,7 +412,7 @@ def test_transient_statuses_are_retried(code: int) -> None:
     "error",
     [httpx.ConnectError, httpx.ReadTimeout, httpx.RemoteProtocolError, httpx.ConnectTimeout],
 )
-def test_connection_errors_and_timeouts_are_retried(error: type[Exception]) -> None:
+def test_connection_errors_and_timeouts_are_retried(error: type[httpx.RequestError]) -> None:
     r = remote(FakeClock(), error, ok({"done": 1}))
     client, clock = make_client(r)
 
@@ -750,7 +753,7 @@ def test_backoff_waits_grow_are_capped_and_jittered() -> None:
     )
     runs: list[list[float]] = []
     for _ in range(100):
-        r.script = [status(503)] * 6 + [ok()]
+        r.script = [*[status(503)] * 6, ok()]
         clock.sleeps.clear()
         outcome = client.call(make_request(complete_by=clock.now + timedelta(seconds=60)))
         assert outcome.kind == "succeeded"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import azure.core
+import pytest
 from azure.core.pipeline import _base as pipeline_base
 
 from stores import sdk_patches
@@ -17,7 +18,7 @@ def test_the_patch_is_applied_to_the_pinned_azure_core() -> None:
     )
 
 
-def test_another_version_is_left_alone(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_another_version_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(sdk_patches, "_applied", False)
     monkeypatch.setattr(azure.core, "__version__", "9.9.9")
     assert sdk_patches.apply() is False

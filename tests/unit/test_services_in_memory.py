@@ -18,7 +18,7 @@ import pytest
 from admin.service import OrderAdmin
 from bootstrap import bootstrap
 from core.errors import ConcurrencyConflict, StorageUnavailable, TransitionRefused
-from core.messages import AgentReply, AgentRequest
+from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
 from core.names import Names
 from core.orders import decode_order
@@ -160,8 +160,10 @@ def submit(s: Services, order_id: str, **extra: Any) -> Handled:
     return s.scheduler.submit(json.dumps(body).encode())
 
 
-def reply_to(request: AgentRequest, outcome: str = "succeeded", **kw: Any) -> AgentReply:
-    if outcome == "succeeded":
+def reply_to(
+    request: AgentRequest, outcome: ReplyOutcome = ReplyOutcome.SUCCEEDED, **kw: Any
+) -> AgentReply:
+    if outcome is ReplyOutcome.SUCCEEDED:
         kw.setdefault("result", {"ok": True})
     return AgentReply(
         request.order_id, request.step, request.attempt, request.complete_by, outcome, **kw

@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,7 +197,7 @@ def test_parse_latency() -> None:
 # --- the engine: counting, dedup, compensation (no HTTP) ------------------------
 
 
-def call(sim: Simulator, order_id: str, step: str, **fields: object) -> tuple[int, dict]:
+def call(sim: Simulator, order_id: str, step: str, **fields: object) -> tuple[int, dict[str, Any]]:
     outcome = sim.handle(step, f"{order_id}:{step}", body(order_id, **fields))
     return outcome.status, json.loads(outcome.body) if outcome.body else {}
 
@@ -320,7 +321,7 @@ def test_reset_forgets_everything() -> None:
 # --- ledger helpers -------------------------------------------------------------
 
 
-def effect(seq: int, order_id: str, step: str, **extra: object) -> dict:
+def effect(seq: int, order_id: str, step: str, **extra: object) -> dict[str, object]:
     return {"seq": seq, "orderId": order_id, "step": step, "kind": "effect", **extra}
 
 

@@ -330,4 +330,4 @@ def test_an_old_word_for_a_transient_ending_reads_as_today_s() -> None:
         "transient",
         "refused",
     ]
-    assert ReplyOutcome.REFUSED == "failed"  # on the wire a refusal keeps contract 3.3's word
+    assert ReplyOutcome.REFUSED.value == "failed"  # on the wire a refusal keeps contract 3.3's word

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from core.messages import ReplyOutcome
 from core.model import Order, StepRecord
 from core.states import OrderStatus, StepState
 from demo.verify import VIOLATIONS, Verdict, check_history, said_not_applied, verify
@@ -63,7 +64,7 @@ def completed(order_id: str) -> Order:
 def refused(order_id: str) -> Order:
     """A single-step order whose service refused it (a permanent 4xx): error, alerted."""
     order = new_order(orderId=order_id)
-    run_step(order, T0, "failed")
+    run_step(order, T0, ReplyOutcome.REFUSED)
     return order
 
 
@@ -76,7 +77,7 @@ def fulfilled(order_id: str) -> Order:
 def unwound_at_ship(order_id: str) -> Order:
     """ship refused: charge-payment and reserve-stock compensated in reverse."""
     order = new_order("fulfilment", orderId=order_id)
-    drive(order, {"ship": "failed"})
+    drive(order, {"ship": ReplyOutcome.REFUSED})
     return order
 
 
@@ -386,7 +387,7 @@ def test_an_alert_for_another_step_or_order_does_not_count(run: Run) -> None:
 
 def test_a_failed_compensation_must_be_the_step_alerted(run: Run) -> None:
     order = new_order("fulfilment", orderId="stopped")
-    drive(order, {"ship": "failed", "refund-payment": "failed"})
+    drive(order, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
     assert order.status is OrderStatus.ERROR
     run.orders["stopped"] = order
     run.effects["stopped"] = ["reserve-stock", "charge-payment"]
@@ -527,11 +528,11 @@ def long_history(order_id: str) -> Order:
     now = T0
     for _ in range(40):
         step = order.claim("i", now)
-        order.apply_reply(reply(order, "deferred", applied="no"), now, POLICY)
+        order.apply_reply(reply(order, ReplyOutcome.DEFERRED, applied="no"), now, POLICY)
         now = step.complete_by
     for _ in range(2):
         order.claim("i", now)
-        report = reply(order, "transient", applied="no")
+        report = reply(order, ReplyOutcome.TRANSIENT, applied="no")
         now += timedelta(seconds=31)
         order.expire(now, POLICY)
         order.apply_reply(report, now, POLICY)
@@ -560,7 +561,7 @@ def test_a_long_history_with_its_middle_dropped_replays_from_its_next_claim(run:
 
 def test_check_history_replays_every_kind_of_ending_cleanly(run: Run) -> None:
     stopped = new_order("fulfilment", orderId="stopped")
-    drive(stopped, {"ship": "failed", "refund-payment": "failed"})
+    drive(stopped, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
     stopped.resubmit(T0 + timedelta(hours=1), "op")
     drive(stopped, {}, T0 + timedelta(hours=1))
     cancelled = new_order("fulfilment", orderId="cancelled")
