@@ -10,6 +10,7 @@ import types
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Literal, TypedDict
 
 import pytest
 
@@ -85,14 +86,18 @@ def test_an_order_going_forward_needs_its_step_the_later_ones_and_every_undo() -
 
 def test_an_order_unwinding_needs_only_the_compensations_still_to_run() -> None:
     order = new_order("fulfilment")
-    drive(order, {"ship": "failed", "refund-payment": "failed"})
-    assert order.status is OrderStatus.ERROR  # the refund failed for good: resubmit retries it
-    assert needs(order) == [("refund-payment", "payments", "retry", "charge-payment"), RELEASE]
+    drive(order, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
+    # the refund failed for good: resubmit retries it
+    assert (order.status, needs(order)) == (
+        OrderStatus.ERROR,
+        [("refund-payment", "payments", "retry", "charge-payment"), RELEASE],
+    )
     order.resubmit(T0 + timedelta(hours=1), "op")
     assert order.status is OrderStatus.COMPENSATING
     assert needs(order) == [("refund-payment", "payments", "running", "charge-payment"), RELEASE]
     order = new_order("fulfilment")
-    drive(order, {"ship": "failed", "release-stock": "failed"})  # the refund done: undone
+    # the refund done: undone
+    drive(order, {"ship": ReplyOutcome.REFUSED, "release-stock": ReplyOutcome.REFUSED})
     assert needs(order) == [("release-stock", "inventory", "retry", "reserve-stock")]
 
 
@@ -104,7 +109,7 @@ def test_an_error_order_at_an_action_needs_it_and_every_undo() -> None:
     assert order.status is OrderStatus.ERROR
     assert needs(order) == [(*SHIP, "retry", None), REFUND, RELEASE]
     order = new_order("order")
-    drive(order, {"process": "failed"})
+    drive(order, {"process": ReplyOutcome.REFUSED})
     assert needs(order) == [("process", "orders", "retry", None)]
 
 
@@ -121,7 +126,11 @@ def test_a_cancel_drops_the_later_steps_once_the_running_one_will_be_undone() ->
 
 
 def test_a_finished_order_needs_nothing() -> None:
-    for outcomes in ({}, {"ship": "failed"}):
+    choices: list[dict[str, ReplyOutcome | Literal["expire"]]] = [
+        {},
+        {"ship": ReplyOutcome.REFUSED},
+    ]
+    for outcomes in choices:
         order = new_order("fulfilment")
         drive(order, outcomes)
         assert order.status.finished
@@ -136,7 +145,7 @@ def test_every_step_an_order_runs_was_needed_at_every_moment_before(seed: int) -
     earlier ``still_needed`` listed, with that agent. So the check never lets an agent go
     that an order could still call."""
     rng = random.Random(seed)
-    outcomes = ["succeeded", "failed", "transient", "deferred"]
+    outcomes = list(ReplyOutcome)
     claims: Counter[str] = Counter()
     for _ in range(300):
         order = new_order(rng.choice(["order", "fulfilment"]))
@@ -214,7 +223,17 @@ CHARGE_SPEC = StepSpec(
     "charge-payment", agent="payments", compensation=Compensation("refund-payment")
 )
 FULFILMENT = Workflow("fulfilment", (RESERVE_SPEC, CHARGE_SPEC, StepSpec("ship", agent="carrier")))
-PRODUCT = {"agents": [ORDERS, INVENTORY, PAYMENTS, CARRIER], "workflows": [ORDER, FULFILMENT]}
+
+
+class Declared(TypedDict):
+    agents: list[Agent]
+    workflows: list[Workflow]
+
+
+PRODUCT: Declared = {
+    "agents": [ORDERS, INVENTORY, PAYMENTS, CARRIER],
+    "workflows": [ORDER, FULFILMENT],
+}
 
 
 def target(
@@ -234,7 +253,11 @@ def checked(target_: Target, *orders: Order, finished: tuple[Order, ...] = ()) -
     return check
 
 
-def done(workflow: str, order_id: str, outcomes: dict[str, str] | None = None) -> Order:
+def done(
+    workflow: str,
+    order_id: str,
+    outcomes: dict[str, ReplyOutcome | Literal["expire"]] | None = None,
+) -> Order:
     order = accepted(workflow, order_id)
     drive(order, outcomes or {})
     assert order.status.finished
@@ -245,7 +268,9 @@ def test_removing_an_agent_orders_in_flight_need_is_refused_naming_them() -> Non
     shipping, charging = at("ship", order_id="o-ship"), at("charge-payment", order_id="o-charge")
     reserving, single = at("reserve-stock", order_id="o-reserve"), new_order("order")
     unwinding = accepted("fulfilment", "o-unwinding")
-    drive(unwinding, {"ship": "failed", "refund-payment": "failed"})  # error, needs no carrier
+    drive(
+        unwinding, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED}
+    )  # error, needs no carrier
     without_carrier = target(
         [ORDERS, INVENTORY, PAYMENTS], [ORDER, Workflow("fulfilment", (RESERVE_SPEC, CHARGE_SPEC))]
     )
@@ -325,7 +350,7 @@ def test_removing_an_agent_orders_in_flight_need_is_refused_naming_them() -> Non
 def test_a_compensation_agent_still_needed_is_refused_too() -> None:
     """An order unwinding, or one that may unwind, needs its compensations' agents."""
     unwinding = new_order("fulfilment")
-    drive(unwinding, {"ship": "failed", "refund-payment": "failed"})
+    drive(unwinding, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
     no_inventory = [
         ORDERS,
         PAYMENTS,
