@@ -24,7 +24,7 @@ import secrets
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from admin.service import OrderAdmin, order_view
@@ -59,6 +59,8 @@ class PurgeReport:
     #: read and kept, by reason
     kept: Counter[str] = field(default_factory=Counter)
     examined: int = 0
+    #: rows left by orders archived more than ARCHIVE_DAYS ago (their blobs are gone)
+    tombstones_expired: int = 0
     complete: bool = True
     errors: list[str] = field(default_factory=list)
 
@@ -72,6 +74,7 @@ class PurgeReport:
             "blobs": self.blobs,
             "kept": dict(sorted(self.kept.items())),
             "examined": self.examined,
+            "tombstonesExpired": self.tombstones_expired,
             "complete": self.complete,
             "errors": self.errors,
         }
@@ -88,6 +91,7 @@ class Retainer:
         clock: Clock,
         *,
         limit: int = 1000,
+        archive_days: int = 730,
         before_delete: Callable[[], None] = lambda: hit("purge-after-archive"),
     ):
         self._table = table
@@ -95,6 +99,7 @@ class Retainer:
         self.rules = rules
         self._clock = clock
         self.limit = limit
+        self.archive_days = archive_days
         self._before_delete = before_delete
 
     # --- purge -------------------------------------------------------------------------
@@ -143,6 +148,9 @@ class Retainer:
                     due = []
         if due:
             self._archive_and_delete(due, now, report)
+        if not dry_run:
+            expired_before = now - timedelta(days=self.archive_days)
+            report.tombstones_expired = self._table.expire(expired_before, limit)
         log.info(
             "retention %s: %d orders %s, %d examined, kept %s",
             "dry run" if dry_run else "run",

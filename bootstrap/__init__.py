@@ -262,6 +262,7 @@ class AppContext:
             self.settings.retention,
             self.clock,
             limit=self.settings.retention_batch,
+            archive_days=self.settings.archive_days,
         )
 
     @cached_property

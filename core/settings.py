@@ -35,6 +35,7 @@ CONSOLE_READ_ONLY: Final = "CONSOLE_READ_ONLY"
 RETENTION: Final = "RETENTION"
 RETENTION_SCHEDULE: Final = "RETENTION_SCHEDULE"
 RETENTION_BATCH: Final = "RETENTION_BATCH"
+ARCHIVE_DAYS: Final = "ARCHIVE_DAYS"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
 DECLARATIONS: Final = "ORDERS_DECLARATIONS"
@@ -76,6 +77,7 @@ APP_SETTINGS: Final = (
     RETENTION,
     RETENTION_SCHEDULE,
     RETENTION_BATCH,
+    ARCHIVE_DAYS,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -89,6 +91,9 @@ DEFAULT_DEFERRAL_WINDOW_SECONDS: Final = 1800
 #: (about 96,000 a day by default; raise the batch for more).
 DEFAULT_RETENTION_SCHEDULE: Final = "0 */15 * * * *"
 DEFAULT_RETENTION_BATCH: Final = 1000
+#: How long the archive keeps an order (Bicep's lifecycle rule deletes blobs then, and
+#: sets this setting from the same parameter); after it the table forgets the order too.
+DEFAULT_ARCHIVE_DAYS: Final = 730
 
 #: What the Functions host can honour (host.json; tests/unit/test_settings.py keeps
 #: these equal to it). An agent invocation lasts up to a step's timeout: it must end
@@ -330,6 +335,7 @@ class Settings:
     retention: Retention = field(default_factory=lambda: Retention.parse(DEFAULT_RETENTION))
     retention_schedule: str = DEFAULT_RETENTION_SCHEDULE
     retention_batch: int = DEFAULT_RETENTION_BATCH
+    archive_days: int = DEFAULT_ARCHIVE_DAYS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -378,6 +384,7 @@ class Settings:
             retention=_retention(env),
             retention_schedule=retention_schedule_of(env),
             retention_batch=_positive_int(env, RETENTION_BATCH, DEFAULT_RETENTION_BATCH, 100_000),
+            archive_days=_positive_int(env, ARCHIVE_DAYS, DEFAULT_ARCHIVE_DAYS, 36_500),
         )
 
     def require_remote_service_url(self) -> str:

@@ -261,6 +261,7 @@ module functionApp 'app/function-app.bicep' = {
     retention: retention
     retentionSchedule: retentionSchedule
     retentionBatch: retentionBatch
+    archiveDays: archiveDeleteAfterDays
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
     zoneRedundant: zoneRedundant

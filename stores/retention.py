@@ -8,7 +8,10 @@ that finished before the cutoff was created before it).
 
 An archived order leaves one small row behind, in the same transaction that deletes its
 rows: ``archived|<orderId>`` in its partition, naming the blob that holds it. The API
-answers an archived order's id with where it went, and ``restore`` finds it by id.
+answers an archived order's id with where it went, and ``restore`` finds it by id. Its
+twin ``archived-at|<when>|<orderId>`` orders them by time, so that ``expire`` removes
+both once the archive's lifecycle rule has deleted the blob (``ARCHIVE_DAYS``): the
+table keeps nothing of an order for ever.
 """
 
 from __future__ import annotations
@@ -25,16 +28,24 @@ from azure.data.tables import TableClient, TableTransactionError
 
 from core.errors import StorageUnavailable
 from core.states import OrderStatus
+from core.timefmt import sortable
 from stores import entities, layout
 
 log = logging.getLogger(__name__)
 
+IF_UNCHANGED: Final = MatchConditions.IfNotModified
 #: Operations in one entity group transaction.
 MAX_TRANSACTION: Final = 100
 
 
 def tombstone_row(order_id: str) -> str:
     return f"archived|{order_id}"
+
+
+def expiry_row(archived_at: datetime, order_id: str) -> str:
+    """The tombstone's twin, in time order: what ``expire`` reads (``archived-at|`` does
+    not share the ``archived|`` prefix)."""
+    return f"archived-at|{sortable(archived_at)}|{order_id}"
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,7 @@ class Tombstone:
     workflow: str
     status: str
     etag: str
+    expiry_row: str
 
 
 class TableRetention:
@@ -155,6 +167,7 @@ class TableRetention:
             )
             for row in stored.rows
         ]
+        twin = expiry_row(archived_at, stored.order_id)
         ops.append(
             (
                 "create",
@@ -166,9 +179,11 @@ class TableRetention:
                     "ArchivedAt": archived_at,
                     "Workflow": stored.workflow,
                     "Status": str(stored.status),
+                    "ExpiryRow": twin,
                 },
             )
         )
+        ops.append(("create", {"PartitionKey": partition, "RowKey": twin, "Ref": stored.order_id}))
         try:
             self._table.submit_transaction(ops)
         except TableTransactionError as exc:
@@ -201,6 +216,7 @@ class TableRetention:
             str(row.get("Workflow", "")),
             str(row.get("Status", "")),
             str(row.metadata["etag"]),
+            str(row.get("ExpiryRow") or ""),
         )
 
     def put_back(self, tomb: Tombstone, rows: list[dict[str, Any]], restored_at: datetime) -> None:
@@ -215,6 +231,8 @@ class TableRetention:
                 {"etag": tomb.etag, "match_condition": MatchConditions.IfNotModified},
             )
         ]
+        if tomb.expiry_row:
+            ops.append(("delete", {"PartitionKey": partition, "RowKey": tomb.expiry_row}))
         for row in rows:
             if row.get("PartitionKey") != partition:
                 raise ValueError(
@@ -235,6 +253,42 @@ class TableRetention:
                 f"restoring order {tomb.order_id} may not have completed: {exc}",
                 order_id=tomb.order_id,
             ) from exc
+
+    def expire(self, before: datetime, limit: int) -> int:
+        """Remove the tombstones of orders archived before ``before`` (their blobs are gone
+        by then), with their twins, up to ``limit``; how many went."""
+        gone = 0
+        high = f"archived-at|{sortable(before)}"
+        for shard in layout.all_shards():
+            try:
+                for row in self._range(shard, "archived-at|", high):
+                    if gone >= limit:
+                        return gone
+                    order_id = str(row.get("Ref", ""))
+                    ops: list[tuple[Any, ...]] = [
+                        ("delete", {"PartitionKey": shard, "RowKey": row["RowKey"]}),
+                    ]
+                    tomb = self.tombstone(order_id) if order_id else None
+                    if tomb is not None and tomb.expiry_row == row["RowKey"]:
+                        ops.append(
+                            (
+                                "delete",
+                                {"PartitionKey": shard, "RowKey": tombstone_row(order_id)},
+                                {
+                                    "etag": tomb.etag,
+                                    "match_condition": MatchConditions.IfNotModified,
+                                },
+                            )
+                        )
+                    try:
+                        self._table.submit_transaction(ops)
+                        gone += 1
+                    except TableTransactionError as exc:
+                        if exc.status_code not in (404, 409, 412):
+                            raise
+            except AzureError as exc:
+                raise StorageUnavailable(f"could not expire archive rows: {exc}") from exc
+        return gone
 
     # --- reads ---------------------------------------------------------------------
 

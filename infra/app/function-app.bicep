@@ -56,6 +56,9 @@ param retentionSchedule string
 @description('RETENTION_BATCH: orders archived per retention run at most.')
 param retentionBatch int
 
+@description('ARCHIVE_DAYS: how long the archive keeps an order; the lifecycle rule deletes its blob then (the same parameter).')
+param archiveDays int
+
 @allowed([
   512
   2048
@@ -274,6 +277,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'RETENTION_BATCH'
           value: string(retentionBatch)
+        }
+        {
+          name: 'ARCHIVE_DAYS'
+          value: string(archiveDays)
         }
         // Telemetry: the connection string names the component; ingestion is
         // authorised by the identity's Entra token, not by the key in it.

@@ -182,6 +182,7 @@ def test_parameter_defaults_match_the_code_defaults() -> None:
     assert params["retention"]["default"] == DEFAULT_RETENTION
     assert params["retentionSchedule"]["default"] == settings.DEFAULT_RETENTION_SCHEDULE
     assert params["retentionBatch"]["default"] == settings.DEFAULT_RETENTION_BATCH
+    assert params["archiveDeleteAfterDays"]["default"] == settings.DEFAULT_ARCHIVE_DAYS
     Retention.parse(params["retention"]["default"])  # a default the app accepts
 
 

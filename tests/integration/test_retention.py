@@ -254,6 +254,28 @@ def test_restore_brings_an_archived_order_back_readable_by_the_api(ctx: AppConte
     assert ctx.retainer.purge(rules=Retention.parse("completed=30d")).archived == 0
 
 
+def test_the_rows_left_by_an_archived_order_go_when_its_blob_does(
+    ctx: AppContext, clock: FakeClock
+) -> None:
+    seed(ctx, "t-1", T0, "completed")
+    seed(ctx, "t-2", T0 + timedelta(days=20), "completed")
+    rules = Retention.parse("completed=10d")
+    ctx.retainer.purge(rules=rules)
+    assert partition_rows(ctx, "t-1") == ["archived|t-1"]  # and its twin, named by Ref
+
+    clock.advance(ctx.retainer.archive_days * 86400 - 86400)  # a day short for both
+    assert ctx.retainer.purge(rules=rules).tombstones_expired == 0
+    clock.advance(2 * 86400)
+    report = ctx.retainer.purge(rules=rules)
+
+    assert report.tombstones_expired == 2
+    assert ctx.retainer.where("t-1") is None and ctx.retainer.where("t-2") is None
+    left = ctx.store.table.query_entities(
+        "PartitionKey eq @pk", parameters={"pk": layout.shard_of("t-1")}
+    )
+    assert not [r for r in left if "t-1" in str(r["RowKey"])]
+
+
 def test_restore_of_an_id_never_archived_is_not_found(ctx: AppContext) -> None:
     with pytest.raises(OrderNotFound):
         ctx.retainer.restore("never-was")

@@ -40,6 +40,7 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "RETENTION",
         "RETENTION_SCHEDULE",
         "RETENTION_BATCH",
+        "ARCHIVE_DAYS",
     )
 
 
