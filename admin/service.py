@@ -9,10 +9,12 @@ storage access.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from core.attempts import Applied, Ending
+from core.control_view import ControlSource
+from core.controls import AgentControl
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -122,14 +124,35 @@ def step_view(step: StepRecord, agent: str | None = None) -> dict[str, Any]:
         "mayHaveApplied": step.maybe_applied,
         "history": step.history,
         "historyDropped": step.history_dropped,
+        # waiting (Pending) because an operator paused its agent, since then
+        "pausedFor": step.paused_for or None,
+        "pausedSince": iso(step.paused_since) if step.paused_since else None,
     }
 
 
-def order_view(order: Order) -> dict[str, Any]:
+def paused_view(order: Order, pauses: Mapping[str, AgentControl]) -> dict[str, Any] | None:
+    """Whether the order waits for a paused agent: its active step's agent is paused
+    (``core.controls``) — who paused it, since when, why — or None."""
+    step = order.active_step()
+    if step is None or order.status.terminal:
+        return None
+    agent = _agent(order, step.step)
+    control = pauses.get(agent) if agent else None
+    if control is None or control.pause is None:
+        return None
+    return {"agent": agent, "step": step.step, "held": bool(step.paused_for)} | (
+        control.pause.to_json()
+    )
+
+
+def order_view(order: Order, pauses: Mapping[str, AgentControl] | None = None) -> dict[str, Any]:
+    """``pauses``: the agents' runtime controls, to say whether the order waits for a
+    paused agent (``paused``)."""
     reached = {s.step for s in order.steps}
     return {
         "orderId": order.order_id,
         "status": str(order.status),
+        "paused": paused_view(order, pauses or {}),
         "workflow": order.workflow,
         "replyTo": order.reply_to,
         "createdAt": iso(order.created_at),
@@ -149,9 +172,10 @@ def _agent(order: Order, step: str) -> str | None:
         return None
 
 
-def order_summary(order: Order) -> dict[str, Any]:
+def order_summary(order: Order, pauses: Mapping[str, AgentControl] | None = None) -> dict[str, Any]:
     failed = [s for s in order.steps if s.process_state is StepState.ERROR]
     active = order.active_step()
+    paused = paused_view(order, pauses or {})
     summary: dict[str, Any] = {
         "orderId": order.order_id,
         "status": str(order.status),
@@ -159,6 +183,7 @@ def order_summary(order: Order) -> dict[str, Any]:
         "createdAt": iso(order.created_at),
         "updatedAt": iso(order.updated_at),
         "activeStep": active.step if active else None,
+        "pausedAgent": paused["agent"] if paused else None,
     }
     if failed:
         last = max(failed, key=lambda s: s.seq)
@@ -170,13 +195,26 @@ def order_summary(order: Order) -> dict[str, Any]:
 
 class OrderAdmin:
     def __init__(
-        self, store: StateStore, notices: NoticeSender, dispatch: Dispatcher, clock: Clock
+        self,
+        store: StateStore,
+        notices: NoticeSender,
+        dispatch: Dispatcher,
+        clock: Clock,
+        *,
+        controls: ControlSource | None = None,
     ):
         """``dispatch`` queues an order whose step is Pending (a resubmitted step, a
-        compensation a cancel starts) for the scheduler, which claims it."""
+        compensation a cancel starts) for the scheduler, which claims it; ``controls``:
+        the agents' runtime controls, read (once a view or page) to show the orders that
+        wait for a paused agent."""
         self._store = store
         self._changes = OrderChanges(store, notices, dispatch)
         self._clock = clock
+        self._controls = controls
+
+    def pauses(self) -> Mapping[str, AgentControl]:
+        """The agents' runtime controls now (none known: every agent as declared)."""
+        return self._controls.read_controls() if self._controls is not None else {}
 
     def get(self, order_id: str) -> Order:
         order = self._store.load(order_id)
@@ -185,7 +223,7 @@ class OrderAdmin:
         return order
 
     def show(self, order_id: str) -> dict[str, Any]:
-        return order_view(self.get(order_id))
+        return order_view(self.get(order_id), self.pauses())
 
     def page(
         self,
@@ -199,6 +237,7 @@ class OrderAdmin:
         page_size = max(1, min(page_size, MAX_PAGE))
         # A bad token is stores.listing.InvalidContinuationToken (a ValueError): a 400.
         ids, next_token = self._store.list_by_status(where, page_size, token)
+        pauses = self.pauses() if ids else {}
         orders = []
         unreadable = []
         for order_id in ids:
@@ -212,7 +251,7 @@ class OrderAdmin:
             # The index row moves with the status in one transaction; an order
             # that moved on since this page was read is skipped, not misreported.
             if order is not None and order.status is status:
-                orders.append(order_summary(order))
+                orders.append(order_summary(order, pauses))
         page: dict[str, Any] = {"orders": orders, "continuationToken": next_token}
         if unreadable:
             page["unreadable"] = unreadable
@@ -311,4 +350,4 @@ class OrderAdmin:
             ) from exc
         if changed is None:
             raise OrderNotFound(f"no order with id {order_id!r}", order_id=order_id)
-        return order_view(changed.order)
+        return order_view(changed.order, self.pauses())

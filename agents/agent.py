@@ -186,4 +186,5 @@ def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:
         outcome.applied,
         running_until=running,
         runner=runner,
+        paused=outcome.paused,
     )

@@ -9,7 +9,9 @@ Each is an ``AttemptRunner`` (``agents.runner``) around the agent's kind of try:
 - ``kind="python"``: ``PythonTry`` calling the declared handler
   (``agents.python``).
 
-Both take at most ``concurrency`` calls at once on this instance (``agents.limits``).
+Both take at most ``concurrency`` calls at once on this instance, and at most ``rate``
+calls a second if it has one (``agents.limits``), unless an operator changed them at
+runtime; a paused agent calls nothing (``runtime``: ``core.control_view``).
 A setting that is missing is a ``SettingsError`` naming it, raised here, when the
 agent is first used, before any call.
 """
@@ -28,6 +30,7 @@ from agents.python import PythonTry, check_handler
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from core import workflows
+from core.control_view import AgentRuntime
 from core.ports import AgentTransport, Clock
 from core.settings import Settings, SettingsError, agent_url
 
@@ -89,10 +92,19 @@ def client_of(
     *,
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
+    runtime: Callable[[], AgentRuntime] | None = None,
 ) -> AttemptRunner[TryKind]:
-    """The attempts of one agent: its kind of try under its policy and concurrency limit."""
+    """The attempts of one agent: its kind of try under its policy and limits (those
+    declared, or what ``runtime`` says is in force: an operator's pause and limits)."""
     kind = try_kind_of(spec, settings, clock, env=env, credential=credential)
-    return AttemptRunner(kind, policy_of(spec), clock=clock, concurrency=spec.concurrency)
+    return AttemptRunner(
+        kind,
+        policy_of(spec),
+        clock=clock,
+        concurrency=spec.concurrency,
+        rate=spec.rate,
+        runtime=runtime,
+    )
 
 
 def build_agent(
@@ -104,8 +116,9 @@ def build_agent(
     load_order: Callable[[str], dict[str, Any]] | None = None,
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
+    runtime: Callable[[], AgentRuntime] | None = None,
 ) -> AgentWorker:
-    client = client_of(spec, settings, clock, env=env, credential=credential)
+    client = client_of(spec, settings, clock, env=env, credential=credential, runtime=runtime)
     return AgentWorker(
         client,
         transport,

@@ -1,4 +1,9 @@
-"""At most N calls of one agent at once, per instance (``core.workflows.Agent.concurrency``).
+"""An agent's limits, per instance: at most N calls at once (``CallSlots``) and at most R
+calls a second (``CallRate``, a token bucket). Both come from the agent's declaration
+(``core.workflows.Agent.concurrency`` and ``rate``) unless an operator changed them at
+runtime (``core.controls``): the runner applies what is in force before each attempt
+(``resize``, ``set_rate``), so a change reaches calls that start after it; a call already
+running is never stopped.
 
 An attempt takes a slot before its first try and gives it back when it ends (its
 retries and their backoff included: N attempts in progress); each try is handed the
@@ -6,12 +11,18 @@ slot (``agents.outcomes.TryKind.run``). A call that cannot be stopped when its
 attempt ends (a Python handler still running in its thread) holds the slot until it
 returns, so "at most N at once" holds for what really runs. An
 attempt that gets no slot while a try could still start is not called at all: the
-client reports it ``deferred`` (no failure of the order).
+client reports it ``deferred`` (no failure of the order). Lowering N lets the calls
+running finish; new ones wait until fewer than N run.
+
+Each try (a call of the remote) takes a token first. Tokens come at R a second, at most
+max(1, R) saved up (a burst of one second's worth); a try that would have to wait past
+the time left for it is not made (``deferred``, not counted).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 
 class Slot:
@@ -41,25 +52,97 @@ class CallSlots:
     def __init__(self, limit: int):
         if limit < 1:
             raise ValueError("a concurrency limit is at least 1")
-        self.limit = limit
-        self._semaphore = threading.BoundedSemaphore(limit)
-        self._lock = threading.Lock()
+        self._limit = limit
+        self._free = threading.Condition()
         self._taken = 0
+
+    @property
+    def limit(self) -> int:
+        with self._free:
+            return self._limit
+
+    def resize(self, limit: int) -> None:
+        """A new limit for the attempts that start from now on."""
+        if limit < 1:
+            raise ValueError("a concurrency limit is at least 1")
+        with self._free:
+            if limit != self._limit:
+                self._limit = limit
+                self._free.notify_all()
 
     def take(self, wait: float) -> Slot | None:
         """A slot, waiting at most ``wait`` seconds for one; None if none came free."""
-        if not self._semaphore.acquire(timeout=max(wait, 0.0)):
-            return None
-        with self._lock:
+        deadline = time.monotonic() + max(wait, 0.0)
+        with self._free:
+            while self._taken >= self._limit:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._free.wait(left)  # given back, resized, or timed out: look again
             self._taken += 1
         return Slot(self)
 
     def _give_back(self) -> None:
-        with self._lock:
+        with self._free:
             self._taken -= 1
-        self._semaphore.release()
+            self._free.notify()
 
     @property
     def in_use(self) -> int:
-        with self._lock:
+        with self._free:
             return self._taken
+
+
+class CallRate:
+    """At most ``rate`` calls a second (None: no limit): a token bucket holding at most
+    max(1, rate) tokens. ``reserve`` takes the next token and says how long to wait for
+    it; tokens taken ahead are owed, so callers queue in the order they asked."""
+
+    def __init__(self, rate: float | None = None):
+        self._lock = threading.Lock()
+        self._rate: float | None = None
+        self._tokens = 0.0
+        self._at: float | None = None
+        self.set_rate(rate)
+
+    @property
+    def rate(self) -> float | None:
+        return self._rate
+
+    def set_rate(self, rate: float | None, now: float | None = None) -> None:
+        if rate is not None and not rate > 0:
+            raise ValueError("a call rate is more than 0 calls a second")
+        with self._lock:
+            if rate == self._rate:
+                return
+            if self._rate is not None and now is not None:
+                self._refill(now)
+            self._rate = rate
+            if rate is None:
+                self._tokens, self._at = 0.0, None
+            else:
+                self._tokens = min(self._tokens, self._burst) if self._at is not None else 1.0
+
+    @property
+    def _burst(self) -> float:
+        return max(1.0, self._rate or 1.0)
+
+    def _refill(self, now: float) -> None:
+        assert self._rate is not None
+        if self._at is not None and now > self._at:
+            self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        if self._at is None or now > self._at:
+            self._at = now
+
+    def reserve(self, now: float, max_wait: float) -> float | None:
+        """Take a token at ``now`` (seconds): how long to wait before the call, or None
+        (nothing taken) if that would be longer than ``max_wait``."""
+        with self._lock:
+            if self._rate is None:
+                return 0.0
+            self._refill(now)
+            wait = 0.0 if self._tokens >= 1.0 else (1.0 - self._tokens) / self._rate
+            if wait > max_wait:
+                return None
+            self._tokens -= 1.0
+            return wait

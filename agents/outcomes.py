@@ -87,6 +87,8 @@ class CallOutcome:
     #: a call of this attempt runs on past it (a Python handler): the agent reports it,
     #: and its outcome when it ends
     running: Running | None = None
+    #: deferred because an operator paused the agent (``core.controls``)
+    paused: bool = False
 
 
 def applied_of(tries: Sequence[Try]) -> Applied:

@@ -2,10 +2,13 @@
 
 The attempt is made of four parts, each its own:
 
-- **admission**: an order that cannot be sent is refused before anything is asked; a
-  concurrency slot (``agents.limits``) must come while a try could still start, else
-  the attempt is deferred, not called; the endpoint's breaker (``agents.health``) lets
-  the call out, or defers it until the remote may be called again;
+- **admission**: an order that cannot be sent is refused before anything is asked; an
+  agent an operator paused (``core.controls``, read through ``runtime``) is not called:
+  the attempt is deferred as paused, and its step waits for the resume; a concurrency
+  slot (``agents.limits``) must come while a try could still start, else the attempt is
+  deferred, not called; the endpoint's breaker (``agents.health``) lets the call out, or
+  defers it until the remote may be called again; each try waits for a token of the
+  agent's call rate, if it has one (none in time: deferred, not called);
 - **budget and pacing** (``agents.pacing``): when tries stop, how long each may take,
   and the wait between them;
 - **the try** (``agents.outcomes.TryKind``): an HTTP call (``agents.remote``) or a
@@ -28,9 +31,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Generic, TypeVar
 
 from agents.health import EndpointHealth, HostActivity, Mark
-from agents.limits import CallSlots, Slot
+from agents.limits import CallRate, CallSlots, Slot
 from agents.outcomes import CallOutcome, Try, TryKind, applied_of
 from agents.pacing import Backoff, Budget, RemotePolicy
+from core.control_view import HOLD_MIN, AgentRuntime
+from core.controls import Limits
 from core.messages import AgentRequest
 from core.timefmt import iso
 from observability.logs import get_logger
@@ -54,11 +59,17 @@ class AttemptRunner(Generic[K]):
         rng: random.Random | None = None,
         *,
         concurrency: int | None = None,
+        rate: float | None = None,
+        runtime: Callable[[], AgentRuntime] | None = None,
     ):
+        """``runtime``: what an operator set for the agent now (paused, its limits), asked
+        before each attempt; without it, ``concurrency`` and ``rate`` hold for good."""
         self.kind = kind
         self.policy = policy or RemotePolicy()
         #: None: no limit of its own (the host's concurrency limits it).
         self.slots = CallSlots(concurrency) if concurrency is not None else None
+        self.rate = CallRate(rate)
+        self._runtime = runtime
         self._clock = clock
         self._sleep = sleep
         self._backoff = Backoff(self.policy, rng)
@@ -88,6 +99,20 @@ class AttemptRunner(Generic[K]):
             return CallOutcome("refused", error=unsendable)
         now = self._clock()
         budget = Budget.of(request, self.policy, now)
+        if self._runtime is not None:
+            runtime = self._runtime()
+            if runtime.pause is not None:
+                METRICS.inc("agent_paused_deferrals")
+                pause = runtime.pause
+                return CallOutcome(
+                    "deferred",
+                    error=f"{request.path}: not called: agent {runtime.agent} is paused (by "
+                    f"{pause.by} at {iso(pause.since)}: {pause.reason}); the step waits for "
+                    "the resume",
+                    not_before=now + HOLD_MIN,
+                    paused=True,
+                )
+            self._limit(runtime.limits, now)
         if self.slots is None:
             return self._attempt(request, budget, None)
         wait = budget.slot_wait(now)
@@ -105,6 +130,14 @@ class AttemptRunner(Generic[K]):
             return self._attempt(request, budget, slot)
         finally:
             slot.release()
+
+    def _limit(self, limits: Limits, now: datetime) -> None:
+        """The limits in force now: a change reaches the attempts that start after it."""
+        if self.slots is None:
+            self.slots = CallSlots(limits.concurrency)
+        else:
+            self.slots.resize(limits.concurrency)
+        self.rate.set_rate(limits.rate, now.timestamp())
 
     def _attempt(self, request: AgentRequest, budget: Budget, slot: Slot | None) -> CallOutcome:
         tries = _Tries()
@@ -125,6 +158,23 @@ class AttemptRunner(Generic[K]):
                 # Too little time for an answer: a try cut this short would only turn a
                 # call into "may have applied". Not starting it is honest: not applied.
                 break
+            if self.rate.rate is not None:
+                token = self.rate.reserve(
+                    now.timestamp(), budget.left(now) - self.policy.min_try_seconds
+                )
+                if token is None:
+                    METRICS.inc("agent_rate_deferrals")
+                    return tries.deferred(
+                        f"{path}: the agent's call rate ({self.rate.rate:g} a second on this "
+                        "instance) leaves no time for a call before the deadline; not called",
+                        now,
+                    )
+                if token > 0:
+                    self._sleep(token)
+                    now = self._clock()
+                    timeout = budget.try_seconds(now)
+                    if timeout is None:  # pragma: no cover - the token came in time for one
+                        break
             admission = health.admit(
                 key, now.timestamp(), singled_out=request.singled_out or tries.mark is not None
             )

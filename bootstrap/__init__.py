@@ -23,12 +23,14 @@ from datetime import UTC, datetime
 from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from admin.agents import AgentAdmin
 from admin.drain import LegacyQueue, ServiceBusLegacyQueue, StorageLegacyQueue
 from admin.service import OrderAdmin
 from agents.agent import AgentWorker
 from agents.build import build_agent
 from bootstrap import clients
 from core import workflows
+from core.control_view import ControlView
 from core.errors import OrderNotFound
 from core.names import Names
 from core.policy import RetryPolicy
@@ -47,6 +49,7 @@ from messaging.outbox import NoticeSender
 from messaging.resilience import ride_out
 from messaging.storage_queues import StorageQueues, StorageQueueTransport
 from observability import failpoints, telemetry
+from observability.logs import get_logger
 from scheduler.service import Scheduler, SchedulerConfig
 from stores.kept import KeptMessages
 from stores.tables import TableStateStore
@@ -58,6 +61,7 @@ if TYPE_CHECKING:
     from admin.retention import Retainer
 
 T = TypeVar("T")
+_control_log = get_logger("core.control_view")
 
 
 def utc_now() -> datetime:
@@ -188,7 +192,14 @@ class AppContext:
             self.kept,
             self.notices,
             self.dispatch_queue,
+            controls=self.agent_controls,
         )
+
+    @cached_property
+    def agent_controls(self) -> ControlView:
+        """The agents' runtime controls (paused, limits) as this process knows them: read
+        at most every few seconds (``core.control_view``), by the scheduler and agents."""
+        return ControlView(self.store, self.clock, warn=_control_log.warning)
 
     @cached_property
     def notices(self) -> NoticeSender:
@@ -221,12 +232,15 @@ class AppContext:
         with _agents_lock:
             agent = self._agents.get(name)
             if agent is None:
+                spec = AGENTS[name]
+                controls = self.agent_controls
                 agent = self._agents[name] = build_agent(
-                    AGENTS[name],
+                    spec,
                     self.settings,
                     self.agent_transport,
                     self.clock,
                     load_order=self._order_body,
+                    runtime=lambda: controls.runtime(spec),
                 )
         return agent
 
@@ -243,7 +257,15 @@ class AppContext:
 
     @cached_property
     def admin(self) -> OrderAdmin:
-        return OrderAdmin(self.store, self.notices, self.dispatch_queue, self.clock)
+        return OrderAdmin(
+            self.store, self.notices, self.dispatch_queue, self.clock, controls=self.store
+        )
+
+    @cached_property
+    def agents_admin(self) -> AgentAdmin:
+        """Pause, resume and limit agents at runtime, with the audit (operator API, CLI,
+        console); this process's own view is refreshed after each change."""
+        return AgentAdmin(self.store, self.clock, AGENTS, changed=self.agent_controls.forget)
 
     @cached_property
     def retainer(self) -> Retainer:

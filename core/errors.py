@@ -39,6 +39,10 @@ class OrderNotFound(OrderError):
     pass
 
 
+class AgentNotFound(OrderError):
+    """An agent name that the declarations do not declare (``core.workflows.AGENTS``)."""
+
+
 class InvalidContinuationToken(ValueError):
     """A ``continuationToken`` the store did not hand out (forged, cut or mangled): a 400."""
 

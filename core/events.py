@@ -55,6 +55,10 @@ class Event(StrEnum):
     LATE_REPORT = "late-report"  # a report for an attempt already decided
     LATE_SUCCESS = "late-success"  # a success after the step or order had moved on
     HANDLER_RUNNING = "handler-running"  # a Python agent's handler still runs
+    #: the step waits because an operator paused its agent (not counted, no alert)
+    AGENT_PAUSED = "agent-paused"
+    #: that wait is over (the agent was resumed, or another wait took over)
+    PAUSE_OVER = "pause-over"
 
     @classmethod
     def _missing_(cls, value: object) -> Event | None:

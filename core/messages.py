@@ -196,9 +196,11 @@ class AgentRequest(_StepMessage):
         *,
         running_until: datetime | None = None,
         runner: str | None = None,
+        paused: bool = False,
     ) -> AgentReply:
-        """Not called (circuit open, Retry-After past the deadline, too late), or the remote
-        is down for everyone: no failure of this order; run again at ``not_before``."""
+        """Not called (circuit open, Retry-After past the deadline, too late, the agent
+        paused by an operator), or the remote is down for everyone: no failure of this
+        order; run again at ``not_before`` (``paused``: once the agent is resumed)."""
         return self._reply(
             ReplyOutcome.DEFERRED,
             error=reason[:MAX_ERROR_CHARS],
@@ -206,6 +208,7 @@ class AgentRequest(_StepMessage):
             not_before=not_before,
             running_until=running_until,
             runner=runner,
+            paused=paused,
         )
 
 
@@ -225,6 +228,9 @@ class AgentReply(_StepMessage):
     runner: str | None = None
     #: the report of that run's end (its outcome, like a remote's late answer)
     run_ended: bool = False
+    #: for deferred: not called because an operator paused the agent (``core.controls``):
+    #: the step waits for the resume, and the wait spends none of its deferral window
+    paused: bool = False
 
     def __post_init__(self) -> None:
         # One type however it was built (ValueError for an outcome that does not exist).
@@ -253,6 +259,8 @@ class AgentReply(_StepMessage):
             out["runner"] = self.runner
         if self.run_ended:
             out["runEnded"] = True
+        if self.paused and self.outcome == "deferred":
+            out["paused"] = True
         if self.trace:
             out["trace"] = self.trace
         return out
@@ -432,6 +440,14 @@ def decode_reply(raw: bytes | str) -> AgentReply:
                     order_id=order_id,
                     step=step,
                 )
+        paused = value.get("paused", False)
+        if not isinstance(paused, bool) or (paused and outcome != ReplyOutcome.DEFERRED):
+            raise InvalidMessage(
+                f"agent reply: paused must be true or false, and true only on a deferral, "
+                f"got {paused!r}",
+                order_id=order_id,
+                step=step,
+            )
         return AgentReply(
             order_id,
             step,
@@ -446,6 +462,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             running_until=running_until,
             runner=runner,
             run_ended=run_ended,
+            paused=paused,
         )
     raise InvalidMessage(
         f"agent reply: outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}",

@@ -31,6 +31,7 @@ from typing import Any, Final
 
 from core.attempts import Applied, Attempt, Ending
 from core.cancel import CancelPreview
+from core.control_view import hold_until
 from core.events import Event
 from core.evidence import Evidence, ReplyEffect, applied_of
 from core.messages import AgentReply, ReplyOutcome
@@ -99,9 +100,12 @@ class Order(Evidence):
 
     # --- transitions: attempts --------------------------------------------------------
 
-    def claim(self, instance: str, now: datetime) -> StepRecord:
-        """Take the active Pending step: Processing, locked, with a new deadline and attempt."""
-        step = self._claimable(now)
+    def claim(self, instance: str, now: datetime, *, resumed: bool = False) -> StepRecord:
+        """Take the active Pending step: Processing, locked, with a new deadline and attempt.
+        ``resumed``: its agent's pause is over, so a step that waited only for that may go
+        before the time it was to be looked at again."""
+        step = self._claimable(now, resumed=resumed)
+        step.end_pause(now, "claimed")
         step.process_state = StepState.PROCESSING
         step.locked_by = instance
         step.attempt += 1
@@ -121,7 +125,7 @@ class Order(Evidence):
         self._touch(now)
         return step
 
-    def _claimable(self, now: datetime) -> StepRecord:
+    def _claimable(self, now: datetime, *, resumed: bool = False) -> StepRecord:
         if self.status.terminal:
             raise self._refuse("order-not-running", f"the order is {self.status}")
         step = self.active_step()
@@ -133,11 +137,31 @@ class Order(Evidence):
                 f"step {step.step} is held by {step.locked_by} until {iso(step.complete_by)}",
                 step.step,
             )
-        if step.complete_by > now:
+        if step.complete_by > now and not (resumed and step.paused_for):
             raise self._refuse(
                 "not-due", f"step {step.step} may run again at {iso(step.complete_by)}", step.step
             )
         return step
+
+    # --- transitions: an agent paused at runtime (core.controls) ------------------------
+
+    def hold_for_pause(self, agent: str, now: datetime, until: datetime) -> StepRecord:
+        """The scheduler's move on a due Pending step whose agent an operator paused: it
+        is not claimed (no attempt, nothing counted, no deferral window spent, no alert);
+        it stays Pending, to be looked at again at ``until``, or sooner after a resume."""
+        step = self._claimable(now)
+        self._hold(step, agent, now, until)
+        self._touch(now)
+        return step
+
+    def _hold(self, step: StepRecord, agent: str, now: datetime, until: datetime) -> None:
+        if step.paused_for != agent:
+            step.paused_for, step.paused_since = agent, now
+            step.record(now, Event.AGENT_PAUSED, agent=agent, until=iso(until))
+        step.process_state = StepState.PENDING
+        step.locked_by = ""
+        step.complete_by = until
+        step.changed = True
 
     def apply_reply(
         self, reply: AgentReply, now: datetime, policy: RetryPolicy = DEFAULT_POLICY
@@ -341,8 +365,17 @@ class Order(Evidence):
                 reason=reply.error,
                 notBefore=iso(reply.not_before) if reply.not_before else None,
                 applied=str(attempt.applied),
+                paused=True if reply.paused else None,
             )
-            self._wait(step, now, policy, reply.not_before, reply.error or "deferred")
+            if not reply.paused:
+                self._wait(step, now, policy, reply.not_before, reply.error or "deferred")
+            elif self.cancel_requested and step.kind is StepKind.ACTION:
+                self._stop_for_cancel(step, now, f"{step.step} had not run when cancelled")
+            else:
+                # Its agent is paused: the step waits for the resume, not for the remote,
+                # so none of its deferral window is spent (a pause may last any time).
+                until = max(reply.not_before or now, hold_until(now, step.paused_since))
+                self._hold(step, self.plan.agent_of(step.step), now, until)
 
     def _count_failure(
         self,

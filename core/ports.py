@@ -3,6 +3,8 @@
 ``StateStore`` has two adapters that pass one contract suite
 (``tests/integration/test_store_contract.py``): ``stores.tables.TableStateStore`` (Azure
 Table Storage) and ``stores.memory.InMemoryStateStore`` (for unit tests of the services).
+``AgentControlStore`` (the agents' runtime controls and their audit, ``core.controls``)
+is kept by the same two stores, beside the orders, under the same contract suite.
 ``AgentTransport`` has two adapters that pass one contract suite
 (``tests/integration/test_transport_contract.py``):
 ``messaging.storage_queues.StorageQueueTransport`` (on Azurite) and
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from core.controls import AgentControl, AuditEntry
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.states import OrderStatus
@@ -102,6 +105,10 @@ class StateStore(Protocol):
         """Active Pending steps that may run at ``now``."""
         ...
 
+    def held_pending(self, agent: str, limit_per_shard: int = 1000) -> Iterator[IndexEntry]:
+        """Active Pending steps that wait for ``agent``'s pause, whatever their due time."""
+        ...
+
     def expired_processing(
         self, before: datetime, limit_per_shard: int = 500
     ) -> Iterator[IndexEntry]:
@@ -124,6 +131,28 @@ class StateStore(Protocol):
     def count_by_status(self, where: ListFilter, cap: int = 1000) -> int: ...
 
     def repair_index(self, order_id: str, attempts: int = 5) -> dict[str, Any]: ...
+
+
+class AgentControlStore(Protocol):
+    """The agents' runtime controls: one record per agent ever changed, each write
+    conditional on the ETag read (``ConcurrencyConflict`` if another came first; a
+    control read as new must not exist yet) and made with its audit entry in one
+    transaction. ``StorageUnavailable`` if the store does not answer, or the outcome of a
+    write is unknown."""
+
+    def read_controls(self) -> dict[str, AgentControl]: ...
+
+    def write_control(self, control: AgentControl, entry: AuditEntry) -> AgentControl:
+        """Store ``control`` (If-Match its ``etag``; None: create) and append ``entry``;
+        returns it with its new ETag."""
+        ...
+
+    def audit_page(
+        self, page_size: int, token: str | None = None, agent: str | None = None
+    ) -> tuple[list[AuditEntry], str | None]:
+        """Audit entries, newest first (of one agent, or all), a page at a time
+        (``InvalidContinuationToken`` for a token this store did not hand out)."""
+        ...
 
 
 class Clock(Protocol):

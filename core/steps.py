@@ -49,6 +49,10 @@ class StepRecord:
     gave_up: GaveUp | None = None
     #: For an action: the compensation that undid it (it is then Compensated).
     undone_by: str | None = None
+    #: Pending because an operator paused this agent (``core.controls``), since then: the
+    #: wait is not a deferral (no window spent) and a resume ends it at once.
+    paused_for: str = ""
+    paused_since: datetime | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     history_dropped: int = 0
     etag: str | None = None
@@ -107,6 +111,17 @@ class StepRecord:
         deadline, or a Python handler's reported run, whichever is later."""
         return self.attempts.last_deadline() or self.complete_by
 
+    def end_pause(self, now: datetime, why: str) -> None:
+        """The wait for the agent's pause is over: a deferral streak that it interrupted
+        goes on as if the pause had not been (the pause spends none of its window)."""
+        if not self.paused_for:
+            return
+        since = self.paused_since or now
+        if self.deferred_since is not None and since >= self.deferred_since:
+            self.deferred_since = min(self.deferred_since + (now - since), now)
+        self.record(now, Event.PAUSE_OVER, agent=self.paused_for, since=iso(since), why=why)
+        self.paused_for, self.paused_since = "", None
+
     def reset_for_retry(self) -> None:
         self.failure_count = 0
         self.deferrals = 0
@@ -127,6 +142,10 @@ class StepRecord:
             out["gaveUp"] = self.gave_up.to_json()
         if self.undone_by:
             out["undoneBy"] = self.undone_by
+        if self.paused_for:
+            out["pausedFor"] = self.paused_for
+            if self.paused_since is not None:
+                out["pausedSince"] = iso_exact(self.paused_since)
         return out
 
     def load_decision_state(self, value: dict[str, Any]) -> None:
@@ -137,3 +156,6 @@ class StepRecord:
         gave_up = value.get("gaveUp")
         self.gave_up = GaveUp.from_json(gave_up) if gave_up else None
         self.undone_by = value.get("undoneBy") or None
+        self.paused_for = str(value.get("pausedFor") or "")
+        since = value.get("pausedSince")
+        self.paused_since = parse_iso(since) if since else None

@@ -395,6 +395,7 @@ class Unwinding:
             if record.process_state is StepState.PENDING:
                 due = max(now, step.last_deadline() + IN_FLIGHT_GRACE)
                 if due != record.complete_by:
+                    record.end_pause(now, "held for its step's handler")  # looked at when due
                     record.complete_by = due
                     record.record(now, Event.RETRY_SCHEDULED, notBefore=iso(due), note="held")
             elif record.process_state is StepState.PROCESSING and running is not None:

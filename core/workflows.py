@@ -43,6 +43,12 @@ MAX_AGENT_NAME: Final = 24
 DECLARATIONS_SETTING: Final = DECLARATIONS
 #: The agent a step runs on when its declaration names none.
 LEGACY_AGENT: Final = "orders"
+#: An agent's limits, per instance: calls at once, and calls a second (declared, or set
+#: at runtime: ``core.controls``).
+MIN_CONCURRENCY: Final = 1
+MAX_CONCURRENCY: Final = 1000
+MIN_RATE: Final = 0.1
+MAX_RATE: Final = 1000.0
 
 
 class DeclarationError(ValueError):
@@ -99,7 +105,9 @@ class Agent:
     ``AGENT_<NAME>_URL``, else ``REMOTE_SERVICE_URL``. ``kind="python"``: ``handler`` is
     called instead (``agents/python.py`` says how it reports). Each agent has its own
     request queue and function (``agent-requests-<name>``, ``run_agent_<name>``), its own
-    circuit breaker, and at most ``concurrency`` calls at once per instance.
+    circuit breaker, at most ``concurrency`` calls at once per instance and, with a
+    ``rate``, at most that many calls a second per instance (none by default). An
+    operator can pause an agent and change both limits at runtime (``core.controls``).
     """
 
     name: str
@@ -107,6 +115,7 @@ class Agent:
     auth: Auth = field(default_factory=NoAuth)
     handler: Callable[..., Any] | None = None
     concurrency: int = 32  # at least what one instance runs at once (16 + 8 on Storage)
+    rate: float | None = None  # calls a second per instance (a token bucket); None: no limit
     max_try_seconds: float = 10.0
     connect_seconds: float = 3.0
     backoff_initial_seconds: float = 0.2
@@ -137,8 +146,16 @@ class Agent:
                 pass
         if self.kind == "http" and self.handler is not None:
             raise DeclarationError(f"{where}: an http agent has no handler (kind='python'?)")
-        if not 1 <= self.concurrency <= 1000:
-            raise DeclarationError(f"{where}: concurrency must be 1-1000")
+        if not MIN_CONCURRENCY <= self.concurrency <= MAX_CONCURRENCY:
+            raise DeclarationError(
+                f"{where}: concurrency must be {MIN_CONCURRENCY}-{MAX_CONCURRENCY}"
+            )
+        if self.rate is not None and (
+            isinstance(self.rate, bool) or not MIN_RATE <= self.rate <= MAX_RATE
+        ):
+            raise DeclarationError(
+                f"{where}: rate must be {MIN_RATE:g}-{MAX_RATE:g} calls a second, or None"
+            )
         if self.kind == "python" and not isinstance(self.auth, NoAuth):
             raise DeclarationError(f"{where}: a python agent authenticates in its own code")
         if isinstance(self.auth, EntraToken) and not self.auth.scope.strip():
@@ -172,6 +189,7 @@ class Agent:
             "kind": self.kind,
             "auth": self.auth.kind,
             "concurrency": self.concurrency,
+            "rate": self.rate,
             "function": self.function_name,
         }
         if self.kind == "http":

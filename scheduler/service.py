@@ -4,14 +4,22 @@ Each one loads the order aggregate, asks the pure model for the transition,
 and saves it conditionally. A ``ConcurrencyConflict`` means another instance
 moved the order first: reload and decide again (a claim that lost simply
 moves on: the winner sends the request).
+
+An agent an operator paused (``core.controls``, as this instance last read them:
+``core.control_view``) gets no claim: its due step stays Pending, held for the pause
+(``Order.hold_for_pause``: no attempt, nothing counted, no alert), and is looked at
+again by the sweep; once the resume has reached every instance, the sweep releases
+the held steps of that agent (``StateStore.held_pending``) and they go on.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 
+from core.control_view import ControlView, hold_until
+from core.controls import Pause
 from core.errors import (
     ConcurrencyConflict,
     InvalidOrder,
@@ -25,7 +33,7 @@ from core.model import Order, ReplyEffect, StepRecord
 from core.names import Names
 from core.orders import decode_order
 from core.policy import RetryPolicy
-from core.ports import AgentTransport, Clock, QueueSender, StateStore
+from core.ports import AgentTransport, Clock, IndexEntry, QueueSender, StateStore
 from core.states import StepState
 from core.timefmt import iso
 from core.unit_of_work import OrderChanges
@@ -61,12 +69,15 @@ class Handled(StrEnum):
     APPLIED = "applied"
     NOTED = "noted"  # late evidence recorded (a success that came late, a late report)
     STALE = "stale"
+    HELD = "held"  # its agent is paused: not claimed, waits for the resume
 
 
 @dataclass
 class SweepReport:
     dispatched: int = 0
     notices: int = 0
+    held: int = 0  # due steps of a paused agent, held again
+    released: int = 0  # steps that waited for a pause, claimed after the resume
     errors: list[str] = field(default_factory=list)
 
 
@@ -89,10 +100,13 @@ class Scheduler:
         keeper: Keeper,
         notices: NoticeSender,
         later: DispatchQueue,
+        *,
+        controls: ControlView | None = None,
     ):
         """``notices`` delivers what a change committed (the process's one sender, so an
         order that cannot be handled alerts once per process); ``later`` queues an order
-        whose step is not due yet for when it is."""
+        whose step is not due yet for when it is; ``controls``: the agents' runtime
+        controls as this instance knows them (None: every agent runs as declared)."""
         self._store = store
         self._queues = queues
         self._transport = transport
@@ -102,6 +116,7 @@ class Scheduler:
         self._keeper = keeper
         self._notices = notices
         self._later = later
+        self._controls = controls
         self._changes = OrderChanges(store, notices, self._dispatch_now)
 
     # --- submit --------------------------------------------------------------------
@@ -124,8 +139,14 @@ class Scheduler:
             # Accept and claim in one transaction: the first step is due now, and nobody
             # else can hold a claim on an order that does not exist yet. A process that
             # dies after this save leaves a claimed step whose request was never sent:
-            # the supervisor retries it at its deadline, as after any claim.
-            claimed = order.claim(self._config.instance_id, now)
+            # the supervisor retries it at its deadline, as after any claim. (Its agent
+            # paused: accepted with the step held for the resume, nothing claimed.)
+            agent = plan.agent_of(plan.steps[0].name)
+            claimed: StepRecord | None = None
+            if self._pause_of(agent) is not None:
+                order.hold_for_pause(agent, now, hold_until(now, None))
+            else:
+                claimed = order.claim(self._config.instance_id, now)
             try:
                 saved = self._store.create(order)
             except OrderAlreadyExists:
@@ -135,6 +156,11 @@ class Scheduler:
             METRICS.inc("orders_accepted")
             log.info("order accepted (workflow %s)", message.workflow)
             failpoints.hit("after-submit-save")
+            if claimed is None:
+                METRICS.inc("paused_holds")
+                log.info("accepted while agent %s is paused: its step waits", agent)
+                self._changes.created(order, saved)
+                return Handled.ACCEPTED
             self._claimed(order, claimed)
             self._changes.created(order, saved)
             self._send_request(order, claimed)
@@ -217,16 +243,29 @@ class Scheduler:
         with telemetry.span("order.dispatch", order.trace, orderId=order.order_id, step=step.step):
             return self._dispatch_in_span(order, step)
 
+    def _pause_of(self, agent: str) -> Pause | None:
+        return self._controls.pause_of(agent) if self._controls is not None else None
+
     def _dispatch_in_span(self, order: Order, step: StepRecord) -> Handled:
         now = self._clock()
-        if step.not_before > now:
-            self._later(order)
+        agent = order.plan.agent_of(step.step)
+        paused = self._pause_of(agent) is not None
+        # A step held for a pause goes as soon as every instance knows of the resume; it
+        # is not queued for its due time: the sweep looks at it then (and after a resume).
+        resumed = bool(step.paused_for) and (
+            self._controls is None or self._controls.released(agent, now)
+        )
+        if step.not_before > now and not resumed:
+            if not step.paused_for:
+                self._later(order)
             return Handled.NOT_DUE
+        if paused:
+            return self._hold(order, step, agent, now)
 
         try:
             changed = self._changes.change(
                 order.order_id,
-                lambda o: o.claim(self._config.instance_id, now),
+                lambda o: o.claim(self._config.instance_id, now, resumed=resumed),
                 attempts=1,  # a claim that lost moves on: the winner sends the request
                 loaded=order,
                 after_save=self._claimed,
@@ -241,6 +280,25 @@ class Scheduler:
             return Handled.NOTHING_TO_DO
         self._send_request(order, changed.result)
         return Handled.DISPATCHED
+
+    def _hold(self, order: Order, step: StepRecord, agent: str, now: datetime) -> Handled:
+        """Its agent is paused: the due step is not claimed; it waits (and is looked at
+        again at a later due time, or released after the resume)."""
+        until = hold_until(now, step.paused_since)
+        try:
+            changed = self._changes.change(
+                order.order_id,
+                lambda o: o.hold_for_pause(agent, now, until),
+                attempts=1,  # whoever moved it first decided; the sweep looks again
+                loaded=order,
+            )
+        except (TransitionRefused, ConcurrencyConflict):
+            return Handled.NOTHING_TO_DO
+        if changed is None:
+            return Handled.NOTHING_TO_DO
+        METRICS.inc("paused_holds")
+        log.info("agent %s is paused: step held until %s", agent, iso(until))
+        return Handled.HELD
 
     def _claimed(self, order: Order, claimed: StepRecord) -> None:
         """After a claim is saved (by the submit or a dispatch), before its request."""
@@ -373,21 +431,37 @@ class Scheduler:
             report.errors.append(f"outbox: {type(exc).__name__}: {exc}")
             log.error("sweep: the outbox could not be delivered: %s", exc, exc_info=exc)
         for entry in self._store.due_pending(now - SWEEP_GRACE):
-            try:
-                if self.dispatch(entry.order_id) is Handled.DISPATCHED:
-                    report.dispatched += 1
-                    METRICS.inc("sweep_dispatches")
-            except Exception as exc:  # noqa: BLE001 - one bad order must not stop the rest
-                report.errors.append(f"{entry.order_id}: {type(exc).__name__}: {exc}")
-                METRICS.inc("sweep_errors")
-                self._notices.contain_failure(
-                    entry.order_id, entry.step, exc, now, who="scheduler's sweep"
-                )
-        if report.dispatched or report.notices or report.errors:
+            handled = self._sweep_dispatch(entry, now, report)
+            if handled is Handled.DISPATCHED:
+                report.dispatched += 1
+                METRICS.inc("sweep_dispatches")
+            elif handled is Handled.HELD:
+                report.held += 1
+        # After a resume (once every instance has read it), the steps that waited for it.
+        resumed = self._controls.resumed_recently(now) if self._controls is not None else []
+        for agent in resumed:
+            for entry in self._store.held_pending(agent):
+                if self._sweep_dispatch(entry, now, report) is Handled.DISPATCHED:
+                    report.released += 1
+                    METRICS.inc("pause_releases")
+        if report.dispatched or report.notices or report.errors or report.released:
             log.info(
-                "sweep: %d lost dispatches sent, %d notices resent, %d errors",
+                "sweep: %d lost dispatches sent, %d notices resent, %d released after a "
+                "resume, %d errors",
                 report.dispatched,
                 report.notices,
+                report.released,
                 len(report.errors),
             )
         return report
+
+    def _sweep_dispatch(self, entry: IndexEntry, now: datetime, report: SweepReport) -> Handled:
+        try:
+            return self.dispatch(entry.order_id)
+        except Exception as exc:  # noqa: BLE001 - one bad order must not stop the rest
+            report.errors.append(f"{entry.order_id}: {type(exc).__name__}: {exc}")
+            METRICS.inc("sweep_errors")
+            self._notices.contain_failure(
+                entry.order_id, entry.step, exc, now, who="scheduler's sweep"
+            )
+            return Handled.NOTHING_TO_DO

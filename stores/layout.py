@@ -8,6 +8,7 @@ cost grows with the work in flight, not with history):
     order|<id>|order                       the order record
     order|<id>|step|<seq>|<step>           one state record per step (docs/contracts.md §3.2)
     pending|<due>|<id>|<step>              the active step, Pending, may run at <due>
+                                           (``PausedFor``: it waits for that agent's pause)
     processing|<completeBy>|<id>|<step>    the active step, Processing, deadline <completeBy>
     status|<status>|<newest>|<id>          every order, by status, newest first (listing.py)
     outbox|<createdAt>|<id>|<n>            notices committed but maybe not yet sent
@@ -113,6 +114,8 @@ def index_rows(order: Order) -> dict[str, dict[str, str]]:
         rows[pending_row(step.complete_by, order.order_id, step.step)] = {
             "OrderRef": order.order_id,
             "StepName": step.step,
+            # waiting for its agent's pause: the sweep finds it after a resume
+            **({"PausedFor": step.paused_for} if step.paused_for else {}),
         }
     elif step is not None and step.process_state is StepState.PROCESSING:
         rows[processing_row(step.complete_by, order.order_id, step.step)] = {

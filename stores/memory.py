@@ -40,9 +40,10 @@ from core.errors import (
 )
 from core.model import Order
 from core.orders import utf16_units
-from core.ports import ListFilter, OutboxEntry, SavedNotices, StateStore
+from core.ports import AgentControlStore, ListFilter, OutboxEntry, SavedNotices, StateStore
 from core.states import OrderStatus
-from stores import entities, layout, listing, writes
+from stores import controls, entities, layout, listing, writes
+from stores.controls import ControlRows
 from stores.sweeps import SweepReads
 from stores.writes import Op
 
@@ -91,7 +92,7 @@ class _Partition:
         del self.keys[bisect.bisect_left(self.keys, row)]
 
 
-class InMemoryStateStore(SweepReads):
+class InMemoryStateStore(SweepReads, ControlRows):
     """``core.ports.StateStore`` in memory, with ``TableStateStore``'s observable semantics."""
 
     def __init__(self) -> None:
@@ -279,6 +280,18 @@ class InMemoryStateStore(SweepReads):
             part.put(op.row, wire, etags[op.row])
         return etags
 
+    def _control_commit(self, ops: list[Op], row: str, write_id: str) -> str:
+        """An agent's control row and its audit row, all or nothing (``stores.controls``)."""
+        with self._lock:
+            self._fault("write_control")
+            try:
+                etags = self._apply(controls.PARTITION, ops)
+            except _Refused as exc:
+                raise ConcurrencyConflict(f"{row} changed while it was being updated") from exc
+            except _Invalid as exc:
+                raise StorageUnavailable(f"the change to {row} failed: {exc}") from exc
+        return etags[row]
+
     # --- repair --------------------------------------------------------------------
 
     def repair_index(self, order_id: str, attempts: int = 5) -> dict[str, Any]:
@@ -363,5 +376,6 @@ def _select(entity: TableEntity, names: list[str]) -> TableEntity:
     return selected
 
 
-if TYPE_CHECKING:  # the port, checked by mypy (tests are not type-checked)
+if TYPE_CHECKING:  # the ports, checked by mypy (tests are not type-checked)
     _PORT: StateStore = InMemoryStateStore()
+    _CONTROLS: AgentControlStore = InMemoryStateStore()

@@ -7,6 +7,7 @@ A store provides ``_range(shard, low, high, select, limit)`` (its rows with RowK
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from typing import Any
@@ -37,6 +38,23 @@ class SweepReads:
         """Active Pending steps that may run at ``now`` (due at or before it)."""
         self._before_read("due_pending")
         return self._index("pending", now, limit_per_shard, inclusive=True)
+
+    def held_pending(self, agent: str, limit_per_shard: int = 1000) -> Iterator[IndexEntry]:
+        """Active Pending steps that wait for ``agent``'s pause, whatever their due time:
+        the whole ``pending|`` range of each shard (the work in flight, not history)."""
+        self._before_read("held_pending")
+        for shard in layout.all_shards():
+            try:
+                select = ["RowKey", "OrderRef", "StepName", "PausedFor"]
+                rows = (
+                    e
+                    for e in self._range(shard, "pending|", "pending|" + layout.HIGH, select)
+                    if e.get("PausedFor") == agent
+                )
+                entries = entities.well_formed(rows, entities.index_entry, f"index row in {shard}")
+                yield from itertools.islice(entries, limit_per_shard)
+            except AzureError as exc:
+                raise StorageUnavailable(f"could not read the pending index: {exc}") from exc
 
     def expired_processing(
         self, before: datetime, limit_per_shard: int = 500

@@ -47,7 +47,8 @@ from core.errors import (
 from core.model import Order
 from core.ports import ListFilter, OutboxEntry, SavedNotices
 from core.states import OrderStatus
-from stores import entities, layout, listing, sdk_patches, writes
+from stores import controls, entities, layout, listing, sdk_patches, writes
+from stores.controls import ControlRows
 from stores.sweeps import SweepReads
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class TableStateStore(SweepReads):
+class TableStateStore(SweepReads, ControlRows):
     def __init__(self, table: TableClient):
         sdk_patches.apply()
         self._table = table
@@ -242,6 +243,29 @@ class TableStateStore(SweepReads):
         order.store_meta = fresh.store_meta
         order.outbox = []
         return SavedNotices(partition, tuple(outbox))
+
+    def _control_commit(self, ops: list[writes.Op], row: str, write_id: str) -> str:
+        """An agent's control row and its audit row, in one transaction
+        (``stores.controls``); an outcome in doubt is settled by the row's ``WriteId``."""
+        try:
+            results = self._table.submit_transaction([_sdk(op) for op in ops])
+        except AzureError as exc:
+            try:
+                stored = self._table.get_entity(controls.PARTITION, row, select=["WriteId"])
+            except ResourceNotFoundError:
+                stored = None
+            except AzureError:
+                raise StorageUnavailable(
+                    f"the outcome of the change to {row} is unknown: the store did not confirm "
+                    "it and could not be asked afterwards; read the agents again, and retry "
+                    "if it did not change"
+                ) from exc
+            if stored is not None and stored.get("WriteId") == write_id:
+                return str(stored.metadata["etag"])  # ours applied; its answer was lost
+            if isinstance(exc, TableTransactionError) and exc.status_code in (404, 409, 412):
+                raise ConcurrencyConflict(f"{row} changed while it was being updated") from exc
+            raise StorageUnavailable(f"the change to {row} failed: {exc}") from exc
+        return str(results[0]["etag"])
 
     # --- repair --------------------------------------------------------------------
 

@@ -108,7 +108,7 @@ def adopt(order: Order, commit: Commit, etags: Mapping[str, str]) -> SavedNotice
 
 
 #: What a repair reads of each index row.
-INDEX_FIELDS = ["RowKey", "OrderRef", "StepName", "Workflow"]
+INDEX_FIELDS = ["RowKey", "OrderRef", "StepName", "Workflow", "PausedFor"]
 
 
 def plan_repair(
