@@ -16,6 +16,12 @@
     python -m admin agents-json [--write]
     python -m admin deploy-check [--declarations MODULE] [--sample N] [--max-orders N]
                                  [--recent N]
+    python -m admin agents [list]
+    python -m admin agents pause NAME --reason TEXT [--as NAME]
+    python -m admin agents resume NAME [--reason TEXT] [--as NAME]
+    python -m admin agents limits NAME [--concurrency N|declared] [--rate R|declared]
+                                       [--reset] [--reason TEXT] [--as NAME]
+    python -m admin agents audit [--agent NAME] [--page-size N] [--token T]
 
 Storage comes from ``AzureWebJobsStorage`` (connection string) or
 ``AzureWebJobsStorage__accountName`` (your az login / managed identity), or
@@ -39,6 +45,13 @@ was not UTF-8); ``kept delete ROW`` removes one once dealt with.
 ``--older-than``; ``error`` orders only with ``--status error``) to the Blob container
 ``orders-archive`` and then deletes their rows; ``--dry-run`` says what would go.
 ``restore`` puts an archived order back (docs/contracts.md §3.12).
+
+``agents``: the agents at runtime (docs/contracts.md §3.7, as ``GET /api/agents``):
+pause one (its steps wait, Pending, uncounted, without an alert, on every instance
+within seconds), resume it, override its limits per instance (``--concurrency`` calls
+at once, ``--rate`` calls a second; ``declared`` or ``--reset`` goes back to the
+declaration), and the audit of every such change, newest first. Exit 4: no such agent;
+1: refused (already paused, not paused, nothing to change).
 
 ``workflows`` and ``agents-json`` read only the declarations (``declarations/``, or the
 module ``ORDERS_DECLARATIONS`` names), never storage. ``workflows`` prints the workflows
@@ -73,6 +86,7 @@ from typing import Any, Final
 from azure.core.exceptions import AzureError
 
 from admin import deploycheck, inflight
+from admin.agents import apply_change, parse_change
 from admin.drain import drain
 from admin.retention import show_or_where
 from bootstrap import (
@@ -83,6 +97,7 @@ from bootstrap import (
 )
 from core import workflows
 from core.errors import (
+    AgentNotFound,
     ConcurrencyConflict,
     CorruptOrder,
     OrderAlreadyExists,
@@ -324,6 +339,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=inflight.RECENT,
         help="newest orders of each finished status to read (what the deployed version plans)",
     )
+    _agents_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "kept":
         words = list(args.words)
@@ -336,6 +352,62 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         else:
             kept.error("use: kept [list] | kept show ROW | kept delete ROW | kept ROW")
     return args
+
+
+def _agents_parser(sub: Any) -> None:
+    agents = sub.add_parser(
+        "agents", help="the agents at runtime: list, pause, resume, limits, audit"
+    )
+    words = agents.add_subparsers(dest="agents_command")
+    words.add_parser("list", help="every declared agent: paused or not, its limits")
+    who = argparse.ArgumentParser(add_help=False)
+    who.add_argument(
+        "--as",
+        "--by",
+        dest="by",
+        default=None,
+        metavar="NAME",
+        help="who, for the audit (default: your OS user name)",
+    )
+    pause = words.add_parser("pause", parents=[who], help="stop calling the agent's remote")
+    pause.add_argument("name")
+    pause.add_argument("--reason", required=True, help="why, for the audit")
+    resume = words.add_parser("resume", parents=[who], help="call the agent's remote again")
+    resume.add_argument("name")
+    resume.add_argument("--reason", default="")
+    limits = words.add_parser(
+        "limits", parents=[who], help="override the agent's limits (per instance)"
+    )
+    limits.add_argument("name")
+    limits.add_argument("--concurrency", metavar="N|declared", help="calls at once")
+    limits.add_argument("--rate", metavar="R|declared", help="calls a second")
+    limits.add_argument("--reset", action="store_true", help="both back to the declaration")
+    limits.add_argument("--reason", default="")
+    audit = words.add_parser("audit", help="every pause, resume and limit change, newest first")
+    audit.add_argument("--agent", default=None)
+    audit.add_argument("--page-size", type=int, default=50)
+    audit.add_argument("--token", default=None, help="continuationToken of the last page")
+
+
+def _agents(ctx: AppContext, args: argparse.Namespace) -> int:
+    admin = ctx.agents_admin
+    command = args.agents_command or "list"
+    if command == "list":
+        _print({"agents": admin.list()})
+        return 0
+    if command == "audit":
+        _print(admin.audit(args.page_size, args.token, args.agent))
+        return 0
+    fields: dict[str, object] = {"reason": args.reason}
+    if command == "limits":
+        if args.reset and (args.concurrency or args.rate):
+            raise ValueError("--reset sets both limits back: give it alone")
+        fields["concurrency"] = "declared" if args.reset else args.concurrency
+        fields["rate"] = "declared" if args.reset else args.rate
+    admin.spec(args.name)  # an unknown agent: exit 4, whatever else is wrong
+    change = parse_change(command, fields)
+    _print(apply_change(admin, args.name, change, args.by or os_user()))
+    return 0
 
 
 def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
@@ -430,6 +502,8 @@ def _run(ctx: AppContext, args: argparse.Namespace) -> int:
         )
     elif args.command == "kept":
         return _kept(ctx, args)
+    elif args.command == "agents":
+        return _agents(ctx, args)
     elif args.command == "purge":
         _print(_purge(ctx, args))
     elif args.command == "restore":
@@ -493,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         return _deploy_check(args)
     try:
         return _run(_context(args.connection), args)
-    except OrderNotFound as exc:
+    except (OrderNotFound, AgentNotFound) as exc:
         _print({"error": exc.message})
         return 4
     except OrderAlreadyExists as exc:

@@ -1,9 +1,14 @@
 """The operator API (docs/contracts.md §3.7): HTTP routes, function-key protected in Azure.
 
 Every answer is JSON; every failure has an ``error`` sentence: 400 bad input, 404
-unknown order, 409 refused by the order's state, 503 the store did not answer or the
-outcome of a change is unknown (retry), 500 only for an order whose records cannot be
-read (a person must repair them).
+unknown order or agent, 409 refused by the order's (or agent's) state, 503 the store did
+not answer or the outcome of a change is unknown (retry), 500 only for an order whose
+records cannot be read (a person must repair them).
+
+Orders: ``orders/{orderId}``, ``orders``, ``orders/{orderId}/resubmit``,
+``orders/{orderId}/cancel``. Agents at runtime (``admin/agents.py``): ``agents`` (list),
+``agents/{agent}/pause``, ``agents/{agent}/resume``, ``agents/{agent}/limits``,
+``agents/audit``.
 
 Who did it (kept in the order's history): the signed-in principal's name, but only
 where App Service authentication (Easy Auth) put it there. The platform sets
@@ -23,9 +28,11 @@ from typing import Any
 
 import azure.functions as func
 
+from admin.agents import CHANGE_FIELDS, apply_change, parse_change
 from admin.query import parse_filter, parse_page_size
 from bootstrap import app_context, index_time
 from core.errors import (
+    AgentNotFound,
     ConcurrencyConflict,
     CorruptOrder,
     InvalidContinuationToken,
@@ -77,7 +84,7 @@ def _answer(order_id: str | None, call: Callable[[], Any]) -> func.HttpResponse:
     ids = {"orderId": order_id} if order_id else {}
     try:
         return _json(200, call())
-    except OrderNotFound as exc:
+    except (OrderNotFound, AgentNotFound) as exc:
         return _error(404, exc.message, **ids)
     except TransitionRefused as exc:
         return _error(409, exc.message, reason=exc.reason, **ids)
@@ -192,3 +199,69 @@ def workflows_view() -> dict[str, Any]:
         "workflows": [WORKFLOWS[name].describe() for name in sorted(WORKFLOWS)],
         "agents": [AGENTS[name].describe() for name in sorted(AGENTS)],
     }
+
+
+# --- agents at runtime (docs/contracts.md §3.7) -------------------------------------------
+
+
+@bp.route(route="agents", methods=["GET"])
+def list_agents(req: func.HttpRequest) -> func.HttpResponse:
+    """Every declared agent: ``name``, ``paused`` (and ``pause``: since, by, reason),
+    ``limits`` in force, ``declared`` limits, ``overrides``."""
+    return _answer(None, lambda: {"agents": app_context().agents_admin.list()})
+
+
+def _agent_change(req: func.HttpRequest, action: str) -> func.HttpResponse:
+    agent = req.route_params.get("agent", "")
+    admin = app_context().agents_admin
+    try:
+        admin.spec(agent)
+    except AgentNotFound as exc:
+        return _error(404, exc.message)
+    fields: Any = {}
+    if req.get_body():
+        try:
+            fields = strict_json(req.get_body().decode("utf-8"))
+        except ValueError:
+            fields = None
+    if not isinstance(fields, dict):
+        shape = ", ".join(f'"{f}": ...' for f in sorted(CHANGE_FIELDS[action]))
+        return _error(400, f"the body, if any, must be a JSON object like {{{shape}}}")
+    try:
+        change = parse_change(action, fields)
+    except ValueError as exc:
+        return _error(400, str(exc))
+    by = caller(req)
+    return _answer(None, lambda: apply_change(admin, agent, change, by))
+
+
+@bp.route(route="agents/{agent}/pause", methods=["POST"])
+def pause_agent(req: func.HttpRequest) -> func.HttpResponse:
+    """``{"reason": ...}`` (required): calls to the agent's remote stop on every instance
+    within seconds; its steps wait, Pending, uncounted, without an alert."""
+    return _agent_change(req, "pause")
+
+
+@bp.route(route="agents/{agent}/resume", methods=["POST"])
+def resume_agent(req: func.HttpRequest) -> func.HttpResponse:
+    """``{"reason": ...}`` (optional): calls start again; the waiting steps go on."""
+    return _agent_change(req, "resume")
+
+
+@bp.route(route="agents/{agent}/limits", methods=["POST"])
+def set_agent_limits(req: func.HttpRequest) -> func.HttpResponse:
+    """``{"concurrency": N | "declared", "rate": R | "declared", "reason": ...}``."""
+    return _agent_change(req, "limits")
+
+
+@bp.route(route="agents/audit", methods=["GET"])
+def agent_audit(req: func.HttpRequest) -> func.HttpResponse:
+    """Every pause, resume and limit change, newest first: ``?agent=``, ``pageSize``
+    (1-100, default 50), ``continuationToken``."""
+    try:
+        page_size = parse_page_size(req.params.get("pageSize"))
+    except ValueError as exc:
+        return _error(400, str(exc))
+    agent = req.params.get("agent") or None
+    token = req.params.get("continuationToken") or None
+    return _answer(None, lambda: app_context().agents_admin.audit(page_size, token, agent))

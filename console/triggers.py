@@ -17,10 +17,10 @@ from typing import Any
 import azure.functions as func
 
 from admin.query import parse_filter, parse_page_size
-from admin.service import BULK_ACTIONS, MAX_BULK, order_view
+from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
-from console import inbox, security, views
+from console import agent_pages, inbox, security, views
 from console.pages import ASSETS, Page, filters_of, form_of, guard, trouble
 from core.errors import (
     InvalidContinuationToken,
@@ -96,15 +96,19 @@ def _order_id(req: func.HttpRequest) -> str | None:
 
 
 def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.HttpResponse:
-    order = app_context().admin.get(order_id)
+    admin = app_context().admin
+    order = admin.get(order_id)
     now = datetime.now(UTC)
+    pauses = admin.pauses()
+    paused = paused_view(order, pauses)
     return page.render(
         "detail.html",
         status,
         order=order,
-        view=order_view(order),
+        view=order_view(order, pauses),
+        paused=paused,
         timeline=views.timeline(order, now),
-        why=views.why(order),
+        why=views.why(order, paused),
         can_resubmit=views.can_resubmit(order),
         can_cancel=views.can_cancel(order),
         **extra,
@@ -267,6 +271,31 @@ def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
         return page.render("bulk_result.html", filters=filters, result=result)
 
     return trouble(page, run)
+
+
+# --- agents at runtime ----------------------------------------------------------------------
+
+
+@bp.route(route="console/agents", methods=["GET"])
+def console_agents(req: func.HttpRequest) -> func.HttpResponse:
+    page = Page(req)
+    return trouble(page, lambda: agent_pages.listing(page, app_context().agents_admin))
+
+
+@bp.route(route="console/agents/{agent}/confirm", methods=["GET"])
+def console_agent_confirm(req: func.HttpRequest) -> func.HttpResponse:
+    page = Page(req)
+    agent = req.route_params.get("agent", "")
+    admin = app_context().agents_admin
+    return trouble(page, lambda: agent_pages.confirm(page, admin, agent, caller(req)))
+
+
+@bp.route(route="console/agents/{agent}/change", methods=["POST"])
+def console_agent_change(req: func.HttpRequest) -> func.HttpResponse:
+    page = Page(req)
+    agent = req.route_params.get("agent", "")
+    admin = app_context().agents_admin
+    return trouble(page, lambda: agent_pages.change(page, admin, agent, caller(req)))
 
 
 # --- alerts and assets ---------------------------------------------------------------------

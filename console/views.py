@@ -139,10 +139,24 @@ def timeline(order: Order, now: datetime) -> Timeline:
     )
 
 
-def why(order: Order) -> str:
-    """One sentence: why the order is in its state, and what happens next."""
+def why(order: Order, paused: dict[str, Any] | None = None) -> str:
+    """One sentence: why the order is in its state, and what happens next. ``paused``:
+    the order waits for a paused agent (``admin.service.paused_view``)."""
     status = order.status
     active = order.active_step()
+    if paused is not None and active is not None:
+        running = active.process_state is StepState.PROCESSING
+        return (
+            f"Waiting: agent {paused['agent']} is paused (by {paused['by']} since "
+            f"{paused['since']}: {paused['reason']}). "
+            + (
+                f"Attempt {active.attempt} of step {active.step} was already running and "
+                "finishes; the next attempt waits for the resume."
+                if running
+                else f"Step {active.step} runs when the agent is resumed; nothing is counted "
+                "against it meanwhile."
+            )
+        )
     failed = [s for s in order.steps if s.process_state is StepState.ERROR]
     alerts = [h for h in order.history if h.get("event") == Event.ALERTED]
     if status is OrderStatus.ERROR and failed:
