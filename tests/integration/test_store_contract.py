@@ -1,5 +1,5 @@
-"""The ``StateStore`` contract, one suite run on both adapters: ``TableStateStore`` on
-Azurite and ``InMemoryStateStore``. What passes here may be relied on of either, so the
+"""The ``StateStore`` contract (and ``AgentControlStore``'s, kept by the same stores), one
+suite run on both adapters: ``TableStateStore`` on Azurite and ``InMemoryStateStore``. What passes here may be relied on of either, so the
 services' unit tests on the in-memory store say something about Azure.
 
 A few tests damage or add rows below the store (a stray row, a manual edit, an index
@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from azure.data.tables import UpdateMode
 
+from core import controls
+from core.controls import AgentControl, Limits, Pause
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -549,3 +551,135 @@ def test_a_malformed_index_row_is_skipped_not_read_as_an_order(store: StateStore
     expired = [e.order_id for e in store.expired_processing(T0 + timedelta(seconds=1))]
     assert "None" not in due and "o-bad-index" not in due
     assert "o-bad-index" not in expired  # no StepName: skipped as well
+
+
+# --- the agents' runtime controls (AgentControlStore) ----------------------------------------
+
+DECLARED_LIMITS = Limits(32, None)
+
+
+def test_a_control_round_trips_with_its_audit_entry(store: Any) -> None:
+    assert store.read_controls() == {}
+    paused, entry = controls.pause(AgentControl("carrier"), DECLARED_LIMITS, "alice", "r1", T0)
+    stored = store.write_control(paused, entry)
+    assert stored.etag is not None
+    [(name, found)] = store.read_controls().items()
+    assert name == "carrier" and found == stored  # every field, the ETag included
+    later = T0 + timedelta(seconds=90)
+    limited, entry2 = controls.set_limits(
+        found, DECLARED_LIMITS, "bob", "quota", later, concurrency=3, rate=0.25
+    )
+    stored2 = store.write_control(limited, entry2)
+    assert stored2.etag != stored.etag
+    again = store.read_controls()["carrier"]
+    assert (again.concurrency, again.rate, again.version) == (3, 0.25, 2)
+    assert again.pause == Pause(T0, "alice", "r1") and again.changed_by == "bob"
+    resumed, entry3 = controls.resume(again, DECLARED_LIMITS, "carol", "", later)
+    store.write_control(resumed, entry3)
+    final = store.read_controls()["carrier"]
+    assert final.pause is None and final.resumed_at == later
+    entries, token = store.audit_page(10)
+    assert token is None
+    assert [e.to_json() for e in entries] == [e.to_json() for e in (entry3, entry2, entry)]
+
+
+def test_a_control_write_is_conditional_and_all_or_nothing(store: Any) -> None:
+    paused, entry = controls.pause(AgentControl("orders"), DECLARED_LIMITS, "alice", "r", T0)
+    first = store.write_control(paused, entry)
+    # someone else created it meanwhile: a create over it is a conflict
+    with pytest.raises(ConcurrencyConflict):
+        store.write_control(paused, entry)
+    # a write on what was read before the last change is a conflict
+    resumed, entry2 = controls.resume(first, DECLARED_LIMITS, "bob", "", T0)
+    store.write_control(resumed, entry2)
+    stale, entry3 = controls.set_limits(
+        first, DECLARED_LIMITS, "carol", "", T0 + timedelta(seconds=5), concurrency=2
+    )
+    with pytest.raises(ConcurrencyConflict):
+        store.write_control(stale, entry3)
+    # neither refused write left anything: the control, and two audit entries
+    assert store.read_controls()["orders"].pause is None
+    assert store.read_controls()["orders"].concurrency is None
+    entries, _ = store.audit_page(10)
+    assert [e.action for e in entries] == ["resume", "pause"]
+
+
+def test_the_audit_pages_newest_first_and_filters_by_agent(store: Any) -> None:
+    made = []
+    control = {"orders": AgentControl("orders"), "carrier": AgentControl("carrier")}
+    for n in range(7):
+        agent = "orders" if n % 2 else "carrier"
+        at = T0 + timedelta(seconds=n // 2)  # two changes in the same millisecond, often
+        current = control[agent]
+        change = controls.resume if current.paused else controls.pause
+        after, entry = change(current, DECLARED_LIMITS, "op", f"change {n}", at)
+        control[agent] = store.write_control(after, entry)
+        made.append(entry)
+    newest_first = sorted(made, key=lambda e: e.at, reverse=True)
+    seen, token = [], None
+    while True:
+        page, token = store.audit_page(3, token)
+        seen += page
+        assert len(page) <= 3
+        if token is None:
+            break
+    assert [e.at for e in seen] == [e.at for e in newest_first]
+    assert sorted(e.reason for e in seen) == sorted(e.reason for e in made)
+    carrier, token = store.audit_page(10, None, "carrier")
+    assert token is None and [e.reason for e in carrier] == [f"change {n}" for n in (6, 4, 2, 0)]
+    for bad in ("audit|x", "", "status|pending|x", "audit|123|orders|abc"):
+        with pytest.raises(InvalidContinuationToken):
+            store.audit_page(3, bad)
+
+
+def test_controls_are_not_orders_and_orders_are_not_controls(store: Any) -> None:
+    paused, entry = controls.pause(AgentControl("orders"), DECLARED_LIMITS, "alice", "r", T0)
+    store.write_control(paused, entry)
+    store.create(accept("o-beside", replyTo="app-q"))
+    far = T0 + timedelta(days=3650)
+    assert [e.order_id for e in store.due_pending(far)] == ["o-beside"]
+    assert list(store.expired_processing(far)) == []
+    assert [e.order_id for e in store.stale_outbox(far)] == ["o-beside"]
+    assert store.list_by_status(OrderStatus.PENDING, 10, None) == (["o-beside"], None)
+    assert list(store.read_controls()) == ["orders"]
+
+
+def test_steps_held_for_a_pause_are_found_whatever_their_due_time(
+    store: StateStore, raw: Raw
+) -> None:
+    for order_id, agent in (("h-1", "orders"), ("h-2", "orders"), ("h-3", "inventory")):
+        order = accept(order_id, "order" if agent == "orders" else "fulfilment")
+        order.hold_for_pause(agent, T0, T0 + timedelta(hours=1 + len(order_id)))
+        store.create(order)
+    store.create(accept("h-free"))  # Pending, due, not held
+    assert sorted(e.order_id for e in store.held_pending("orders")) == ["h-1", "h-2"]
+    assert [(e.order_id, e.step) for e in store.held_pending("inventory")] == [
+        ("h-3", "reserve-stock")
+    ]
+    assert list(store.held_pending("carrier")) == []
+    assert [e.order_id for e in store.due_pending(T0)] == ["h-free"]  # the held wait
+
+    # claimed after the resume: no longer held
+    order = loaded(store, "h-1")
+    order.claim("i-1", T0 + timedelta(seconds=10), resumed=True)
+    store.save(order)
+    assert [e.order_id for e in store.held_pending("orders")] == ["h-2"]
+    fresh = loaded(store, "h-1").steps[0]
+    assert fresh.paused_for == "" and fresh.process_state is StepState.PROCESSING
+
+    # the mark is part of the index row: a repair keeps it, or puts it back
+    assert store.repair_index("h-2")["repaired"] is False
+    [row] = [k for k in raw.rows("h-2") if k.startswith("pending|")]
+    raw.put(
+        {
+            "PartitionKey": layout.shard_of("h-2"),
+            "RowKey": row,
+            "OrderRef": "h-2",
+            "StepName": "process",
+        }
+    )
+    assert list(store.held_pending("orders")) == []
+    assert store.repair_index("h-2")["rewritten"] == [row]
+    assert [e.order_id for e in store.held_pending("orders")] == ["h-2"]
+    held = loaded(store, "h-2").steps[0]
+    assert (held.paused_for, held.paused_since) == ("orders", T0)
