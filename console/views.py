@@ -145,17 +145,15 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
     status = order.status
     active = order.active_step()
     if paused is not None and active is not None:
-        running = active.process_state is StepState.PROCESSING
-        return (
-            f"Waiting: agent {paused['agent']} is paused (by {paused['by']} since "
-            f"{paused['since']}: {paused['reason']}). "
-            + (
-                f"Attempt {active.attempt} of step {active.step} was already running and "
-                "finishes; the next attempt waits for the resume."
-                if running
-                else f"Step {active.step} runs when the agent is resumed; nothing is counted "
-                "against it meanwhile."
+        agent = paused["agent"]
+        if active.process_state is StepState.PROCESSING:
+            return (
+                f"Attempt {active.attempt} of step {active.step} was running when agent {agent} "
+                "was paused and finishes; the next attempt waits for the resume."
             )
+        return (
+            f"Waiting for agent {agent} to be resumed: step {active.step} runs then; nothing is "
+            "counted against it meanwhile."
         )
     failed = [s for s in order.steps if s.process_state is StepState.ERROR]
     alerts = [h for h in order.history if h.get("event") == Event.ALERTED]

@@ -479,7 +479,7 @@ def test_the_console_pauses_an_agent_through_a_confirmation(installed: App) -> N
     installed.submit("o-1")
     detail = page("/orders/o-1", console.console_order, orderId="o-1")
     assert 'id="agent-paused"' in detail and 'data-agent="orders"' in detail
-    assert "Waiting: agent orders is paused" in detail
+    assert "Waiting for agent orders to be resumed: step process runs then" in detail
     assert "paused" in page("", console.console_list, {"status": "pending"})
 
 
