@@ -7,6 +7,7 @@ for bad input (never 500), 409 for a change the state refuses.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -515,3 +516,31 @@ def test_the_console_refuses_a_forged_or_bad_change(installed: App) -> None:
         )
     )
     assert unknown.status_code == 404
+
+
+def test_a_read_only_console_shows_the_agents_and_changes_none(installed: App) -> None:
+    installed.ctx.settings = dataclasses.replace(installed.ctx.settings, console_read_only=True)
+    listing = page("/agents", console.console_agents)
+    assert 'class="agent-row" data-agent="orders"' in listing
+    assert "pause-form" not in listing and "limits-form" not in listing
+    confirm = console.console_agent_confirm(
+        func.HttpRequest(
+            "GET",
+            f"{BASE}/agents/orders/confirm",
+            params={"action": "pause", "reason": "x"},
+            route_params={"agent": "orders"},
+            body=b"",
+        )
+    )
+    assert confirm.status_code == 403
+    posted = console.console_agent_change(
+        func.HttpRequest(
+            "POST",
+            f"{BASE}/agents/orders/change",
+            body=b"action=pause&reason=x",
+            route_params={"agent": "orders"},
+            headers={"host": "h:7071"},
+        )
+    )
+    assert posted.status_code == 403
+    assert not installed.ctx.agents_admin.show("orders")["paused"]
