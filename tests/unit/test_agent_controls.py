@@ -143,7 +143,7 @@ def test_a_change_takes_only_its_own_fields() -> None:
     assert parse_change("resume", {}).reason == ""
     limits = parse_change("limits", {"concurrency": "declared", "rate": 3})
     assert (limits.concurrency, limits.rate) == (DECLARED, 3.0)
-    for action, fields, says in [
+    cases: list[tuple[str, dict[str, object], str]] = [
         ("pause", {}, "give a reason"),
         ("pause", {"reason": 5}, "reason must be text"),
         ("pause", {"reason": "x" * 501}, "at most 500"),
@@ -151,7 +151,8 @@ def test_a_change_takes_only_its_own_fields() -> None:
         ("limits", {"reason": "x"}, 'needs "concurrency", "rate" or both'),
         ("limits", {"concurency": 3}, "not concurency"),
         ("explode", {}, "must be one of"),
-    ]:
+    ]
+    for action, fields, says in cases:
         with pytest.raises(ValueError, match=re.escape(says)):
             parse_change(action, fields)
 
@@ -162,7 +163,7 @@ def test_a_declared_rate_is_checked_like_one_set_at_runtime() -> None:
     assert Agent("quota", rate=2.5).describe()["rate"] == 2.5
     for bad in (0.0, 5000.0, True):
         with pytest.raises(DeclarationError, match="rate must be"):
-            Agent("quota", rate=bad)  # type: ignore[arg-type]
+            Agent("quota", rate=bad)
 
 
 # --- what one instance knows -------------------------------------------------------------
@@ -183,7 +184,7 @@ class Source:
 
 def test_an_instance_reads_the_controls_at_most_once_a_period_whoever_asks() -> None:
     app = build()
-    source, warnings = Source(), []
+    source, warnings = Source(), list[str]()
     view = ControlView(source, app.clock, warn=warnings.append)
     for _ in range(100):  # every dispatch and every call asks
         assert view.pause_of("orders") is None
@@ -207,7 +208,7 @@ def test_an_instance_reads_the_controls_at_most_once_a_period_whoever_asks() -> 
 
 def test_an_instance_that_never_read_the_controls_runs_every_agent_as_declared() -> None:
     app = build()
-    source, warnings = Source(), []
+    source, warnings = Source(), list[str]()
     source.fail = True
     view = ControlView(source, app.clock, warn=warnings.append)
     runtime = view.runtime(AGENTS["orders"])
@@ -413,7 +414,7 @@ def test_two_operators_at_once_both_win_in_turn(installed: App) -> None:
     store = installed.store
     admin = installed.ctx.agents_admin
     real = store.write_control
-    raced = []
+    raced: list[bool] = []
 
     def first_another(control: AgentControl, entry: Any) -> AgentControl:
         if not raced:

@@ -66,7 +66,7 @@ class App:
         self, script: list[Try], *, concurrency: int = 32
     ) -> tuple[AgentWorker, ScriptedKind]:
         """The ``orders`` agent over a scripted remote, reading this app's controls."""
-        kind = ScriptedKind(script, self.clock)  # type: ignore[arg-type]
+        kind = ScriptedKind(script, self.clock)
         spec = AGENTS["orders"]
         runner = AttemptRunner(
             kind,
@@ -245,7 +245,7 @@ def test_a_call_already_running_when_the_pause_lands_finishes(app: App) -> None:
     remote.run = pause_meanwhile  # type: ignore[method-assign]
     app.deliver(worker, first)
     assert app.order("o-1").status is OrderStatus.COMPLETED
-    remote.run = lambda r, t, s: ScriptedKind.run(remote, r, t, s)  # type: ignore[method-assign]
+    remote.run = lambda r, t, s: ScriptedKind.run(remote, r, t, s)  # type: ignore[method-assign,assignment]
     app.clock.advance(control_view.PERIOD.total_seconds())  # every instance knows now
     app.deliver(worker, second)
     assert len(remote.calls) == 1
@@ -360,7 +360,7 @@ def test_a_concurrency_set_at_runtime_limits_the_next_attempts(app: App) -> None
             held = runner.call(replace(r, order_id="o-x", complete_by=soon))
         return ScriptedKind.run(remote, r, timeout, slot)
 
-    remote.run = hold_a_slot  # type: ignore[method-assign]
+    remote.run = hold_a_slot  # type: ignore[method-assign,assignment]
     outcome = runner.call(request)
     assert outcome.kind == "succeeded"
     assert held is not None and held.kind == "deferred" and "all 1 call slots" in held.error
@@ -368,7 +368,7 @@ def test_a_concurrency_set_at_runtime_limits_the_next_attempts(app: App) -> None
 
     app.ctx.agents_admin.limits("orders", "alice", "back", concurrency="declared")
     app.clock.advance(control_view.PERIOD.total_seconds())
-    remote.run = lambda r, t, s: ScriptedKind.run(remote, r, t, s)  # type: ignore[method-assign]
+    remote.run = lambda r, t, s: ScriptedKind.run(remote, r, t, s)  # type: ignore[method-assign,assignment]
     assert runner.call(request).kind == "succeeded"
     assert runner.slots.limit == AGENTS["orders"].concurrency
 
