@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
 .PHONY: infra-checks run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
-	index-check chaos chaos-short bench \
+	index-check runtime-check chaos chaos-short bench \
 	clean start test-servicebus localbus
 
 $(BIN)/.ok: requirements.txt requirements-dev.txt
@@ -117,6 +117,22 @@ index-check:
 	@$(MAKE) --no-print-directory .venv-index/.ok PY313="$(PY313)"
 	INDEX_CHECK_REQUIRED=1 .venv-index/bin/python -m pytest tests/indexing -q -p no:cacheprovider
 
+## make runtime-check: the trigger-shape tests, function_app.py's triggers through
+## azure-functions-runtime as the host drives it (hostrun/; Python 3.13, its own venv)
+.venv-runtime/.ok: requirements.txt requirements-index.txt requirements-runtime.txt
+	$(PY313) -m venv .venv-runtime
+	grep -v '^azure-functions==' requirements.txt > .venv-runtime/requirements.txt
+	.venv-runtime/bin/pip install -q --disable-pip-version-check -r .venv-runtime/requirements.txt \
+	  -r requirements-index.txt -r requirements-runtime.txt
+	.venv-runtime/bin/python -c 'import hostrun.rpc; hostrun.rpc.load()'  # compile the protos
+	touch $@
+
+runtime-check:
+	@if [ -z "$(PY313)" ]; then \
+	  echo "runtime-check FAILED: no Python 3.13 found (see index-check)" >&2; exit 1; fi
+	@$(MAKE) --no-print-directory .venv-runtime/.ok PY313="$(PY313)"
+	RUNTIME_CHECK_REQUIRED=1 .venv-runtime/bin/python -m pytest tests/runtime -q -p no:cacheprovider
+
 .venv-iac/.ok: requirements-iac.txt
 	$(PYTHON) -m venv .venv-iac && .venv-iac/bin/pip install -q -r requirements-iac.txt && touch $@
 
@@ -147,4 +163,4 @@ bench: deps
 	if [ -n "$$failed" ]; then echo "bench FAILED:$$failed" >&2; exit 1; fi
 
 clean:
-	rm -rf $(VENV) .venv-iac .venv-index node_modules run .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-iac .venv-index .venv-runtime node_modules run .mypy_cache .ruff_cache

@@ -1,7 +1,7 @@
 """``python -m devhost``: run every function of a v2-model ``function_app.py`` locally.
 
     python -m devhost [--app function_app] [--http-port 7071] [--only fn1,fn2]
-                      [--exclude fn3] [--instance-id ID] [--verbose]
+                      [--exclude fn3] [--instance-id ID] [--verbose] [--runtime worker]
 
 Run it from the app folder (the one with ``function_app.py`` and ``host.json``), with the
 app settings in the environment (``AzureWebJobsStorage``: the storage, Azurite or Azure;
@@ -26,6 +26,7 @@ from typing import Any
 from core.settings import DEVHOST_INSTANCE_ID, disabled_setting
 from devhost import app_loader
 from devhost.host import DevHost
+from devhost.invoke import Invoker
 from devhost.settings import ConfigError, load_host_json
 
 log = logging.getLogger("devhost")
@@ -43,6 +44,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--exclude", default="", help="comma-separated functions to skip")
     parser.add_argument("--instance-id", default=None, help=f"exported as {DEVHOST_INSTANCE_ID}")
     parser.add_argument("--verbose", action="store_true", help="log successes at DEBUG")
+    runtimes = ("direct", "worker")  # worker: through azure-functions-runtime (Python 3.13)
+    parser.add_argument("--runtime", choices=runtimes, default=os.environ.get("DEVHOST_RUNTIME"))
     return parser.parse_args(argv)
 
 
@@ -77,7 +80,12 @@ def build(args: argparse.Namespace) -> DevHost:
             os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
     host_json = load_host_json(Path(root, "host.json"))
-    return DevHost.build(specs, host_json, os.environ, args.http_port)
+    runner = None
+    if args.runtime == "worker":  # hostrun.worker: loads the app as the host does, or refuses
+        from hostrun.worker import start
+
+        runner = start(root).call
+    return DevHost.build(specs, host_json, os.environ, args.http_port, Invoker(runner))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,9 +53,10 @@ class DevHost:
         host_json: Mapping[str, Any],
         environ: Mapping[str, str],
         http_port: int,
+        invoker: Invoker | None = None,
     ) -> DevHost:
         """Check every function's configuration and build (not start) what runs it."""
-        devhost = cls(Invoker(), environ)
+        devhost = cls(invoker or Invoker(), environ)
         queue_options: QueueOptions | None = None  # read only if there is a queue trigger
         lease = LeaseOptions.from_env(environ)
         bus_options = ServiceBusOptions.from_host_json(host_json)

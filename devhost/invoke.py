@@ -42,10 +42,11 @@ class Outcome:
 
 
 class Invoker:
-    """Runs user functions (async ones in a private event loop) and counts them."""
+    """Runs user functions (async ones in a private event loop), or hands them to ``runner``
+    (``--runtime worker``: azure-functions-runtime, see hostrun/), and counts them."""
 
-    def __init__(self) -> None:
-        self._running = 0
+    def __init__(self, runner: Callable[[FunctionSpec, Any], Any] | None = None) -> None:
+        self._running, self.runner = 0, runner
         self._lock = threading.Lock()
 
     @property
@@ -61,7 +62,10 @@ class Invoker:
         with self._lock:
             self._running += 1
         try:
-            result = spec.func(**{spec.trigger_arg: trigger_value})
+            if self.runner is not None:  # the runtime raises when the invocation failed
+                result = self.runner(spec, trigger_value)
+            else:
+                result = spec.func(**{spec.trigger_arg: trigger_value})
             if inspect.iscoroutine(result):
                 result = asyncio.run(result)
         except Exception as error:  # any user error is one failed invocation
