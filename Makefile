@@ -36,9 +36,10 @@ start: deps
 ## in Chromium), chaos (short), infra
 test: deps lint typecheck unit integration localbus e2e browser chaos-short infra-checks
 
-## the Bicep checks and the worker's indexer: independent (each its own venv), side by side
+## the Bicep checks, the worker's indexer and the trigger shapes through the runtime:
+## independent (each its own venv), side by side
 infra-checks:
-	@$(MAKE) --no-print-directory -j2 iac-check index-check
+	@$(MAKE) --no-print-directory -j2 iac-check index-check runtime-check
 
 lint: deps
 	$(BIN)/ruff check .

@@ -66,6 +66,11 @@ def build(args: argparse.Namespace) -> DevHost:
     root = os.getcwd()
     default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
     os.environ[DEVHOST_INSTANCE_ID] = args.instance_id or default_id
+    runner = None
+    if args.runtime == "worker":  # hostrun.worker: indexes and loads the app as the host does
+        from hostrun.worker import start
+
+        runner = start(root, args.app).call
     app = app_loader.find_app(app_loader.load_module(args.app, root))
     only, exclude = (
         {n.strip() for n in text.split(",") if n.strip()} for text in (args.only, args.exclude)
@@ -80,11 +85,6 @@ def build(args: argparse.Namespace) -> DevHost:
             os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
     host_json = load_host_json(Path(root, "host.json"))
-    runner = None
-    if args.runtime == "worker":  # hostrun.worker: loads the app as the host does, or refuses
-        from hostrun.worker import start
-
-        runner = start(root).call
     return DevHost.build(specs, host_json, os.environ, args.http_port, Invoker(runner))
 
 

@@ -28,6 +28,7 @@ driven: devhost never starts as a placeholder.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import os
 import sys
@@ -86,10 +87,14 @@ class WorkerRequest:
 class WorkerRuntime:
     """``function_app.py`` in ``app_dir``, loaded and invoked through the runtime."""
 
-    def __init__(self, app_dir: str | Path, protos: Any = None) -> None:
+    def __init__(
+        self, app_dir: str | Path, script: str = "function_app", protos: Any = None
+    ) -> None:
         import azure_functions_runtime as runtime
 
-        self.app_dir = str(Path(app_dir).resolve())
+        self.app_dir, self.script = str(Path(app_dir).resolve()), script
+        # What the runtime imports (azure_functions_runtime/utils/constants.py)
+        os.environ.setdefault("PYTHON_SCRIPT_FILE_NAME", f"{script}.py")
         self.protos = protos if protos is not None else rpc.load()
         self.runtime = runtime
         self.functions: dict[str, Any] = {}  # name -> RpcFunctionMetadata
@@ -107,6 +112,7 @@ class WorkerRuntime:
         # then imports function_app by name (azure_functions_runtime/loader.py).
         if self.app_dir not in sys.path:
             sys.path.insert(0, self.app_dir)
+        index_once(self.script)
         self._thread.start()
         p = self.protos
         self.runtime.start_threadpool_executor()
@@ -224,9 +230,34 @@ class WorkerRuntime:
         return result.value
 
 
-def start(app_dir: str | Path | None = None) -> WorkerRuntime:
+def index_once(module_name: str) -> None:
+    """Import the app module and make its FunctionApp index once: the runtime indexes it at
+    worker init (``app.get_functions()``), and devhost reads the same functions' bindings;
+    azure-functions 2.x refuses a second ``get_functions()`` ("does not have a unique
+    function name"), so later calls get the first call's functions."""
+    import azure.functions as func
+
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # as the worker reports an app that does not import
+        raise WorkerError(f"worker init: cannot import {module_name}: {error!r}") from error
+    for app in [v for v in vars(module).values() if isinstance(v, func.FunctionRegister)]:
+        if not getattr(app.get_functions, "indexed_once", False):
+            first = app.get_functions
+            indexed: list[Any] = []
+
+            def get_functions(first: Any = first, indexed: list[Any] = indexed) -> list[Any]:
+                if not indexed:
+                    indexed.extend(first())
+                return list(indexed)
+
+            get_functions.indexed_once = True  # type: ignore[attr-defined]
+            app.get_functions = get_functions  # type: ignore[method-assign]
+
+
+def start(app_dir: str | Path | None = None, script: str = "function_app") -> WorkerRuntime:
     """Load the app in ``app_dir`` (default: the current folder) through the runtime."""
-    return WorkerRuntime(app_dir or os.getcwd()).start()
+    return WorkerRuntime(app_dir or os.getcwd(), script).start()
 
 
 __all__ = ["FunctionFailed", "Result", "WorkerError", "WorkerRuntime", "start"]
