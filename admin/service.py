@@ -30,7 +30,7 @@ from core.timefmt import iso
 from core.unit_of_work import Dispatcher, OrderChanges
 from messaging.outbox import NoticeSender
 from observability.logs import get_logger, order_context
-from observability.metrics import METRICS
+from observability.metrics import METRICS, order_ended
 
 log = get_logger(__name__)
 
@@ -208,7 +208,7 @@ class OrderAdmin:
         the agents' runtime controls, read (once a view or page) to show the orders that
         wait for a paused agent."""
         self._store = store
-        self._changes = OrderChanges(store, notices, dispatch)
+        self._changes = OrderChanges(store, notices, dispatch, ended=order_ended)
         self._clock = clock
         self._controls = controls
 

@@ -110,7 +110,14 @@ class AgentWorker:
             self._send(reply, reply_to)
             if outcome.running is not None:
                 self._follow(request, outcome.running, reply_to)
-            METRICS.inc("agent_replies", outcome=reply.outcome)
+            # By agent and answer kind: the outcome and whether it may have applied (a
+            # success carries no ``applied``: it applied).
+            METRICS.inc(
+                "agent_replies",
+                outcome=reply.outcome,
+                applied=reply.applied or "yes",
+                agent=request.agent,
+            )
             log.info(
                 "replied %s after %d tries%s",
                 reply.outcome,

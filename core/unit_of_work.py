@@ -41,6 +41,12 @@ class Dispatcher(Protocol):
     def __call__(self, order: Order) -> None: ...
 
 
+class Ended(Protocol):
+    """Told when a change brought the order to a terminal status (its workflow, the status)."""
+
+    def __call__(self, workflow: str, status: str) -> None: ...
+
+
 @dataclass(frozen=True)
 class Changed(Generic[T]):
     order: Order
@@ -49,10 +55,19 @@ class Changed(Generic[T]):
 
 
 class OrderChanges:
-    def __init__(self, store: StateStore, notices: Notices, dispatch: Dispatcher):
+    def __init__(
+        self,
+        store: StateStore,
+        notices: Notices,
+        dispatch: Dispatcher,
+        ended: Ended | None = None,
+    ):
+        """``ended``: told when a saved change ends the order (the count of orders
+        finished per workflow, ``observability.metrics.order_ended``)."""
         self._store = store
         self._notices = notices
         self._dispatch = dispatch
+        self._ended = ended
 
     def change(
         self,
@@ -74,6 +89,7 @@ class OrderChanges:
             order = loaded if attempt == 0 and loaded is not None else self._store.load(order_id)
             if order is None:
                 return None
+            before = order.status
             result = decide(order)  # TransitionRefused propagates: nothing to save
             try:
                 saved = self._store.save(order)
@@ -83,6 +99,8 @@ class OrderChanges:
                 continue
             if after_save is not None:
                 after_save(order, result)
+            if self._ended is not None and order.status is not before and order.status.terminal:
+                self._ended(order.plan.workflow, str(order.status))
             self._notices.deliver(saved)
             active = order.active_step()
             if (

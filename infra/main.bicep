@@ -301,6 +301,21 @@ module alerts 'app/alerts.bicep' = {
   }
 }
 
+// The operators' workbook (README, "Observability"): the console dashboard's figures in
+// the portal, linked to Application Insights.
+module workbook 'app/workbook.bicep' = {
+  name: 'workbook'
+  scope: rg
+  params: {
+    displayName: 'Orders (${environmentName})'
+    location: location
+    tags: tags
+    appInsightsId: monitoring.outputs.appInsightsId
+    serviceBusNamespaceId: serviceBus.outputs.id
+    storageAccountId: storage.outputs.id
+  }
+}
+
 // azd stores these in .azure/<env>/.env (`azd env get-values`).
 output AZURE_LOCATION string = location
 output AZURE_TENANT_ID string = tenant().tenantId
@@ -316,3 +331,5 @@ output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
 output AZURE_LOG_ANALYTICS_WORKSPACE_ID string = monitoring.outputs.workspaceId
+// The operators' workbook (Monitor > Workbooks).
+output WORKBOOK_ID string = workbook.outputs.id

@@ -2,7 +2,10 @@
 
 Exported as OpenTelemetry counters named ``orders.<name>`` once a meter is
 set (``observability/telemetry.py``, when Application Insights is configured);
-until then ``inc`` does nothing.
+until then ``inc`` does nothing. Their attributes become the custom dimensions of
+``customMetrics`` rows, which the workbook in infra/ (``infra/app/workbook.json``)
+reads: tests/infra/test_workbook.py checks its names against the calls here and
+in the services.
 """
 
 from __future__ import annotations
@@ -31,3 +34,10 @@ class Metrics:
 
 
 METRICS = Metrics()
+
+
+def order_ended(workflow: str, status: str) -> None:
+    """An order reached a terminal status (``OrderStatus.terminal``: completed,
+    compensated, cancelled, or error, which waits for an operator). ``OrderChanges``
+    calls it after the save that made the change, whichever role made it."""
+    METRICS.inc("orders_ended", workflow=workflow, status=status)

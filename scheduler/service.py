@@ -44,7 +44,7 @@ from messaging.quarantine import record_of
 from messaging.resilience import ride_out
 from observability import failpoints, telemetry
 from observability.logs import get_logger, order_context
-from observability.metrics import METRICS
+from observability.metrics import METRICS, order_ended
 from stores.kept import Keeper
 
 log = get_logger(__name__)
@@ -117,7 +117,7 @@ class Scheduler:
         self._notices = notices
         self._later = later
         self._controls = controls
-        self._changes = OrderChanges(store, notices, self._dispatch_now)
+        self._changes = OrderChanges(store, notices, self._dispatch_now, ended=order_ended)
 
     # --- submit --------------------------------------------------------------------
 
@@ -153,7 +153,7 @@ class Scheduler:
                 # Not ours: a store's create that applied but was retried is adopted by
                 # the store itself (its WriteId), and lands below as accepted.
                 return self._duplicate(raw, message.order_id, message.content_hash)
-            METRICS.inc("orders_accepted")
+            METRICS.inc("orders_accepted", workflow=message.workflow)
             log.info("order accepted (workflow %s)", message.workflow)
             failpoints.hit("after-submit-save")
             if claimed is None:
@@ -381,11 +381,25 @@ class Scheduler:
             def applied(order: Order, effect: ReplyEffect) -> None:
                 failpoints.hit("after-reply-save")
                 METRICS.inc("replies_applied", outcome=reply.outcome, effect=str(effect))
+                # The workbook's step durations (infra/app/workbook.json) read these
+                # dimensions: percentiles need one row per attempt, which a histogram's
+                # customMetrics rows (sum, count, min, max) do not give.
+                fields: dict[str, object] = {
+                    "event": "reply_applied",
+                    "workflow": order.plan.workflow,
+                    "agent": _agent_of(order, reply.step),
+                    "outcome": str(reply.outcome),
+                    "effect": str(effect),
+                }
+                took = _attempt_ms(order, reply) if effect is ReplyEffect.APPLIED else None
+                if took is not None:
+                    fields["durationMs"] = took
                 log.info(
                     "reply %s (%s); order is %s",
                     "applied" if effect is ReplyEffect.APPLIED else "noted as late evidence",
                     reply.outcome,
                     order.status,
+                    extra=fields,
                 )
 
             try:
@@ -465,3 +479,22 @@ class Scheduler:
                 entry.order_id, entry.step, exc, now, who="scheduler's sweep"
             )
             return Handled.NOTHING_TO_DO
+
+
+def _agent_of(order: Order, step: str) -> str:
+    """The agent that runs ``step`` in the order's plan ("" if the plan has no such step:
+    this runs after a save, where nothing may raise)."""
+    try:
+        return order.plan.agent_of(step)
+    except KeyError:
+        return ""
+
+
+def _attempt_ms(order: Order, reply: AgentReply) -> int | None:
+    """How long the attempt ``reply`` ended took, from its claim to its end (the bar the
+    console's timeline draws), in milliseconds; None if it is not known."""
+    record = order.find(reply.step)
+    attempt = record.attempts.get(reply.attempt) if record is not None else None
+    if attempt is None or attempt.ended_at is None:
+        return None
+    return max(0, round((attempt.ended_at - attempt.claimed_at).total_seconds() * 1000))

@@ -24,7 +24,7 @@ from core.unit_of_work import Dispatcher, OrderChanges
 from messaging.outbox import NoticeSender
 from observability import telemetry
 from observability.logs import get_logger, order_context
-from observability.metrics import METRICS
+from observability.metrics import METRICS, order_ended
 
 log = get_logger(__name__)
 
@@ -58,7 +58,7 @@ class Supervisor:
         backoff, a compensation to run) for the time it may run: the scheduler claims it."""
         self._store = store
         self._notices = notices
-        self._changes = OrderChanges(store, notices, dispatch)
+        self._changes = OrderChanges(store, notices, dispatch, ended=order_ended)
         self._policy = policy
         self._clock = clock
         self._grace = grace

@@ -121,7 +121,8 @@ def documented_skips() -> list[Skip]:
 #
 # Without the Bicep CLI, what a loop or a conditional in infra/ produces is computed
 # here, from pycep's tree, for the few constructs infra/ uses to deploy the agents
-# (loadJsonContent, for-expressions, concat, flatten, contains, ==, &&, ?:, [], .).
+# and the workbook (loadJsonContent, loadTextContent, for-expressions, concat, flatten,
+# contains, replace, toLower, ==, &&, ?:, [], .).
 # pycep writes a name and a string literal alike ("remoteServiceUrl", "http"): a string
 # that names a parameter, a variable or a loop variable in scope is read as that name;
 # any other stays itself, as `Unresolved` (a str) when it could be a name the scope
@@ -282,8 +283,15 @@ def _function(function: dict[str, Any], scope: Scope) -> Any:
         if function.get("property_name"):
             value = value[function["property_name"]]
         return value
+    if kind == "load_text_content":
+        return (scope.path.parent / function["parameters"]["file_path"]).read_text(encoding="utf-8")
     if not _known(*args):
         return UNKNOWN
+    if kind == "replace":
+        original, old, new = args
+        return str(original).replace(str(old), str(new))
+    if kind == "to_lower":
+        return str(args[0]).lower()
     if kind == "concat":
         if all(isinstance(a, list) for a in args):
             return [item for a in args for item in a]
