@@ -19,7 +19,7 @@ from admin.deploycheck import DeployCheck, Target
 from admin.plans import differences, fingerprint
 from core import workflows
 from core.errors import TransitionRefused
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import ReplyOutcome
 from core.model import Order
 from core.needs import Need, Why, still_needed
 from core.orders import decode_order
@@ -28,7 +28,7 @@ from core.states import OrderStatus
 from core.workflows import Agent, Compensation, Plan, StepSpec, Workflow, validate
 from stores import layout
 from stores.memory import InMemoryStateStore
-from tests.unit.test_model import POLICY, T0, drive, new_order, reply
+from tests.unit.test_model import POLICY, T0, drive, new_order, random_reply, reply
 
 # --- what an unfinished order still needs -------------------------------------------------
 
@@ -175,25 +175,8 @@ def test_every_step_an_order_runs_was_needed_at_every_moment_before(seed: int) -
                         continue
                     number = target.attempt if move == "reply" else rng.randint(1, target.attempt)
                     outcome = rng.choice(outcomes)
-                    order.apply_reply(
-                        AgentReply(
-                            order.order_id,
-                            target.step,
-                            number,
-                            T0,
-                            outcome,
-                            result={} if outcome == ReplyOutcome.SUCCEEDED else None,
-                            error=None if outcome == ReplyOutcome.SUCCEEDED else "no",
-                            applied=None
-                            if outcome == ReplyOutcome.SUCCEEDED
-                            else rng.choice(["no", "maybe"]),
-                            not_before=now + timedelta(seconds=rng.choice([0, 3, 90]))
-                            if outcome == ReplyOutcome.DEFERRED
-                            else None,
-                        ),
-                        now,
-                        POLICY,
-                    )
+                    reply = random_reply(order.order_id, target.step, number, outcome, rng, now)
+                    order.apply_reply(reply, now, POLICY)
                 elif move == "expire":
                     order.expire(now, POLICY)
                 elif move == "resubmit":

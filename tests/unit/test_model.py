@@ -514,25 +514,8 @@ def test_random_histories_keep_the_invariants(seed: int) -> None:
                     if move == "late":
                         number = rng.randint(1, target.attempt)
                     outcome = rng.choice(outcomes)
-                    order.apply_reply(
-                        AgentReply(
-                            order.order_id,
-                            target.step,
-                            number,
-                            T0,
-                            outcome,
-                            result={} if outcome == ReplyOutcome.SUCCEEDED else None,
-                            error=None if outcome == ReplyOutcome.SUCCEEDED else "no",
-                            applied=None
-                            if outcome == ReplyOutcome.SUCCEEDED
-                            else rng.choice(["no", "maybe"]),
-                            not_before=now + timedelta(seconds=rng.choice([0, 3, 90]))
-                            if outcome == ReplyOutcome.DEFERRED
-                            else None,
-                        ),
-                        now,
-                        POLICY,
-                    )
+                    reply = random_reply(order.order_id, target.step, number, outcome, rng, now)
+                    order.apply_reply(reply, now, POLICY)
                 elif move == "expire":
                     order.expire(now, POLICY)
                 elif move == "resubmit":
@@ -602,3 +585,28 @@ def check_invariants(order: Order) -> None:
             and order.planned(s.step).compensation
             for s in order.steps
         )
+
+
+def random_reply(
+    order_id: str,
+    step: str,
+    number: int,
+    outcome: ReplyOutcome,
+    rng: random.Random,
+    now: datetime,
+) -> AgentReply:
+    """A reply a random walk sends: ``outcome``, with a random doubt (not applied or may
+    have applied) when it is not a success, and a random wait when it is a deferral."""
+    return AgentReply(
+        order_id,
+        step,
+        number,
+        T0,
+        outcome,
+        result={} if outcome == ReplyOutcome.SUCCEEDED else None,
+        error=None if outcome == ReplyOutcome.SUCCEEDED else "no",
+        applied=None if outcome == ReplyOutcome.SUCCEEDED else rng.choice(["no", "maybe"]),
+        not_before=now + timedelta(seconds=rng.choice([0, 3, 90]))
+        if outcome == ReplyOutcome.DEFERRED
+        else None,
+    )
