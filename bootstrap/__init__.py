@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,10 +38,12 @@ from core.ports import AgentTransport, Clock
 from core.settings import (
     Settings,
     Transport,
+    dashboard_schedule_of,
     declarations_of,
     retention_schedule_of,
     transport_from_env,
 )
+from core.unit_of_work import OrderChanges
 from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue
 from messaging.inline import InlineReplies
@@ -51,8 +53,10 @@ from messaging.storage_queues import StorageQueues, StorageQueueTransport
 from observability import failpoints, telemetry
 from observability.logs import get_logger
 from scheduler.service import Scheduler, SchedulerConfig
+from stores import layout
 from stores.kept import KeptMessages
 from stores.tables import TableStateStore
+from supervisor.dashboard import DashboardAggregator
 from supervisor.expired import ExpiredRequests
 from supervisor.poison import PoisonWatch
 from supervisor.service import Supervisor
@@ -83,6 +87,7 @@ class IndexTime:
     transport: Transport
     declarations: str
     retention_schedule: str
+    dashboard_schedule: str
 
 
 @cache
@@ -91,7 +96,12 @@ def index_time() -> IndexTime:
     the agent queues' trigger type; the declarations, which agents get a function;
     ``RETENTION_SCHEDULE``, when the retention timer fires)."""
     env: Mapping[str, str] = os.environ
-    found = IndexTime(transport_from_env(env), declarations_of(env), retention_schedule_of(env))
+    found = IndexTime(
+        transport_from_env(env),
+        declarations_of(env),
+        retention_schedule_of(env),
+        dashboard_schedule_of(env),
+    )
     workflows.use(found.declarations)
     return found
 
@@ -221,7 +231,20 @@ class AppContext:
 
     @cached_property
     def poison(self) -> PoisonWatch:
-        return PoisonWatch(self.queues, self.names, self.kept, self.clock)
+        return PoisonWatch(
+            self.queues, self.names, self.kept, self.clock, record=self.store.add_activity
+        )
+
+    @cached_property
+    def dashboard(self) -> DashboardAggregator:
+        """The dashboard's timer: figures from activity rows, and the stuck check."""
+        return DashboardAggregator(
+            self.store,
+            self.clock,
+            shards=layout.all_shards(),
+            changes=OrderChanges(self.store, self.notices, self.dispatch_queue),
+            floor=timedelta(seconds=self.settings.stuck_floor_seconds),
+        )
 
     @cached_property
     def expired_requests(self) -> ExpiredRequests:

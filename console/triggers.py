@@ -20,8 +20,9 @@ from admin.query import parse_filter, parse_page_size
 from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
-from console import agent_pages, inbox, security, views
+from console import agent_pages, dashboard, inbox, security, views
 from console.pages import ASSETS, Page, filters_of, form_of, guard, trouble
+from core.dashboard import STUCK_ROW
 from core.errors import (
     InvalidContinuationToken,
     OrderNotFound,
@@ -308,13 +309,29 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
     def show() -> func.HttpResponse:
         ctx = app_context()
         attention = ctx.admin.page(ListFilter(OrderStatus.ERROR), 100)
+        stuck_rows = ctx.store.dashboard_rows(STUCK_ROW, STUCK_ROW + "~")
+        stuck, checked = dashboard.stuck_of(stuck_rows)
         return page.render(
             "alerts.html",
+            dash={"stuck": stuck, "stuck_checked": checked},
             alerts=inbox.alerts(ctx),
             rejected=inbox.rejected(ctx),
             kept=ctx.kept.summaries(limit=50),
             attention=attention["orders"],
         )
+
+    return trouble(page, show)
+
+
+@bp.route(route="console/dashboard", methods=["GET"])
+def console_dashboard(req: func.HttpRequest) -> func.HttpResponse:
+    """The figures the dashboard timer keeps, and the stuck steps (console/dashboard.py)."""
+    page = Page(req)
+
+    def show() -> func.HttpResponse:
+        now = datetime.now(UTC)
+        dash = dashboard.load(app_context().store, now)
+        return page.render("dashboard.html", dash=dash, fmt=dashboard.ms)
 
     return trouble(page, show)
 

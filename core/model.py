@@ -68,6 +68,9 @@ class Order(Evidence):
     updated_at: datetime
     steps: list[StepRecord] = field(default_factory=list)
     cancel_requested: bool = False
+    #: The step the stuck check alerted about ("<step>:<attempt>"; "" never): one alert per
+    #: order, however many sweeps see it stuck (``mark_stuck``).
+    stuck_alerted: str = ""
     history: list[dict[str, Any]] = field(default_factory=list)
     #: W3C trace context of the span that accepted the order: every later step of the
     #: order continues this trace (one order, one trace).
@@ -199,6 +202,20 @@ class Order(Evidence):
             effect = self._late_report(step, attempt, reply, now, policy)
         self._touch(now)
         return effect
+
+    def mark_stuck(self, step: str, reason: str, now: datetime) -> StepRecord:
+        """The stuck check's alert (supervisor/dashboard.py): the active step ``step`` has
+        been in its state far longer than it usually takes. One alert per order: a second
+        call is refused, and so is one for a step that has moved on."""
+        if self.stuck_alerted:
+            raise self._refuse("stuck-alerted", f"already alerted: {self.stuck_alerted}", step)
+        active = self.active_step()
+        if active is None or active.step != step:
+            raise self._refuse("moved-on", f"step {step} is no longer active", step)
+        self.stuck_alerted = f"{step}:{active.attempt}"
+        self._alert(active, reason, now)
+        self._touch(now)
+        return active
 
     def expire(
         self, now: datetime, policy: RetryPolicy, grace: timedelta = timedelta(0)

@@ -36,6 +36,8 @@ RETENTION: Final = "RETENTION"
 RETENTION_SCHEDULE: Final = "RETENTION_SCHEDULE"
 RETENTION_BATCH: Final = "RETENTION_BATCH"
 ARCHIVE_DAYS: Final = "ARCHIVE_DAYS"
+DASHBOARD_SCHEDULE: Final = "DASHBOARD_SCHEDULE"
+STUCK_FLOOR_SECONDS: Final = "STUCK_FLOOR_SECONDS"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
 DECLARATIONS: Final = "ORDERS_DECLARATIONS"
@@ -78,6 +80,8 @@ APP_SETTINGS: Final = (
     RETENTION_SCHEDULE,
     RETENTION_BATCH,
     ARCHIVE_DAYS,
+    DASHBOARD_SCHEDULE,
+    STUCK_FLOOR_SECONDS,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -94,6 +98,10 @@ DEFAULT_RETENTION_BATCH: Final = 1000
 #: How long the archive keeps an order (Bicep's lifecycle rule deletes blobs then, and
 #: sets this setting from the same parameter); after it the table forgets the order too.
 DEFAULT_ARCHIVE_DAYS: Final = 730
+#: The dashboard's timer (figures and the stuck check) runs once a minute.
+DEFAULT_DASHBOARD_SCHEDULE: Final = "30 * * * * *"
+#: A step is stuck past its p99 over the last day, and never under this.
+DEFAULT_STUCK_FLOOR_SECONDS: Final = 300
 
 #: What the Functions host can honour (host.json; tests/unit/test_settings.py keeps
 #: these equal to it). An agent invocation lasts up to a step's timeout: it must end
@@ -248,6 +256,12 @@ def retention_schedule_of(env: Mapping[str, str]) -> str:
     return _schedule(env, RETENTION_SCHEDULE, DEFAULT_RETENTION_SCHEDULE)
 
 
+def dashboard_schedule_of(env: Mapping[str, str]) -> str:
+    """``DASHBOARD_SCHEDULE``: read when ``function_app.py`` is indexed, as the retention
+    timer's schedule is."""
+    return _schedule(env, DASHBOARD_SCHEDULE, DEFAULT_DASHBOARD_SCHEDULE)
+
+
 def _retention(env: Mapping[str, str]) -> Retention:
     try:
         return Retention.parse(env.get(RETENTION, "").strip() or DEFAULT_RETENTION, RETENTION)
@@ -336,6 +350,9 @@ class Settings:
     retention_schedule: str = DEFAULT_RETENTION_SCHEDULE
     retention_batch: int = DEFAULT_RETENTION_BATCH
     archive_days: int = DEFAULT_ARCHIVE_DAYS
+    #: the dashboard's timer, and the least time in one state that makes a step stuck
+    dashboard_schedule: str = DEFAULT_DASHBOARD_SCHEDULE
+    stuck_floor_seconds: int = DEFAULT_STUCK_FLOOR_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -385,6 +402,10 @@ class Settings:
             retention_schedule=retention_schedule_of(env),
             retention_batch=_positive_int(env, RETENTION_BATCH, DEFAULT_RETENTION_BATCH, 100_000),
             archive_days=_positive_int(env, ARCHIVE_DAYS, DEFAULT_ARCHIVE_DAYS, 36_500),
+            dashboard_schedule=dashboard_schedule_of(env),
+            stuck_floor_seconds=_positive_int(
+                env, STUCK_FLOOR_SECONDS, DEFAULT_STUCK_FLOOR_SECONDS, 7 * 86_400
+            ),
         )
 
     def require_remote_service_url(self) -> str:

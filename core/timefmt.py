@@ -32,3 +32,8 @@ def parse_iso(text: str) -> datetime:
 def sortable(value: datetime) -> str:
     """``20261122T101530.123456Z``: fixed width, so text order is time order."""
     return ensure_utc(value).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def parse_sortable(text: str) -> datetime:
+    """The inverse of ``sortable``."""
+    return datetime.strptime(text, "%Y%m%dT%H%M%S.%fZ").replace(tzinfo=UTC)

@@ -73,6 +73,14 @@ param retentionSchedule string = '0 */15 * * * *'
 @description('RETENTION_BATCH: orders archived per retention run at most; the next run goes on where it stopped.')
 param retentionBatch int = 1000
 
+@description('DASHBOARD_SCHEDULE: NCRONTAB (six fields) of the dashboard timer (figures and the stuck check).')
+param dashboardSchedule string = '30 * * * * *'
+
+@minValue(1)
+@maxValue(604800)
+@description('STUCK_FLOOR_SECONDS: a step is stuck past its p99 over the last day and never under this.')
+param stuckFloorSeconds int = 300
+
 @minValue(1)
 @description('Days after which archived orders (blobs in orders-archive) move to the cool tier.')
 param archiveCoolAfterDays int = 30
@@ -262,6 +270,8 @@ module functionApp 'app/function-app.bicep' = {
     retentionSchedule: retentionSchedule
     retentionBatch: retentionBatch
     archiveDays: archiveDeleteAfterDays
+    dashboardSchedule: dashboardSchedule
+    stuckFloorSeconds: stuckFloorSeconds
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
     zoneRedundant: zoneRedundant

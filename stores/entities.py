@@ -23,7 +23,7 @@ from core.ports import IndexEntry, OutboxEntry
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import ensure_utc
 from core.workflows import Plan
-from stores import layout, migrate
+from stores import activity, layout, migrate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -115,6 +115,7 @@ def order_entity(order: Order, write_id: str) -> dict[str, Any]:
         "ContentHash": order.content_hash,
         "Plan": _dumps(order.plan.to_json()),
         "CancelRequested": order.cancel_requested,
+        "StuckAlerted": order.stuck_alerted,
         "CreatedAt": order.created_at,
         "UpdatedAt": order.updated_at,
         "Version": order.version,
@@ -224,6 +225,7 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
         updated_at=ensure_utc(record["UpdatedAt"]),
         steps=steps,
         cancel_requested=bool(record.get("CancelRequested", False)),
+        stuck_alerted=str(record.get("StuckAlerted") or ""),
         history=json.loads(record.get("History") or "[]"),
         trace=json.loads(record.get("TraceContext") or "{}"),
         version=int(record.get("Version", 0)),
@@ -231,6 +233,7 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
     )
     order.store_meta["index"] = layout.index_rows(order)
     order.store_meta["write_id"] = record.get("WriteId", "")
+    order.store_meta["activity"] = activity.tags(order)
     return order
 
 

@@ -12,6 +12,10 @@ cost grows with the work in flight, not with history):
     processing|<completeBy>|<id>|<step>    the active step, Processing, deadline <completeBy>
     status|<status>|<newest>|<id>          every order, by status, newest first (listing.py)
     outbox|<createdAt>|<id>|<n>            notices committed but maybe not yet sent
+    activity|<at>|<id>|<event>             what the order did, for the dashboard (activity.py)
+
+Activity rows are not index rows: no state implies them once the dashboard's
+aggregator has counted (and deleted) them, so a repair never touches them.
 
 Index rows move with the state in the same partition transaction. Their
 properties use other names than the state fields (``OrderRef``, ``StepName``),
@@ -110,16 +114,29 @@ def index_rows(order: Order) -> dict[str, dict[str, str]]:
     if order.status.terminal:
         return rows
     step = order.active_step()
-    if step is not None and step.process_state is StepState.PENDING:
+    if step is None:
+        return rows
+    try:
+        agent = order.plan.agent_of(step.step)
+    except KeyError:
+        agent = ""
+    # Agent and Since are for the stuck-step check (supervisor/dashboard.py): a Pending
+    # step is late from its due time (the key), a Processing one from its claim.
+    if step.process_state is StepState.PENDING:
         rows[pending_row(step.complete_by, order.order_id, step.step)] = {
             "OrderRef": order.order_id,
             "StepName": step.step,
             # waiting for its agent's pause: the sweep finds it after a resume
             **({"PausedFor": step.paused_for} if step.paused_for else {}),
+            "Agent": agent,
         }
-    elif step is not None and step.process_state is StepState.PROCESSING:
+    elif step.process_state is StepState.PROCESSING:
+        current = step.current
+        since = current.claimed_at if current is not None else step.complete_by
         rows[processing_row(step.complete_by, order.order_id, step.step)] = {
             "OrderRef": order.order_id,
             "StepName": step.step,
+            "Agent": agent,
+            "Since": sortable(since),
         }
     return rows

@@ -40,10 +40,18 @@ from core.errors import (
 )
 from core.model import Order
 from core.orders import utf16_units
-from core.ports import AgentControlStore, ListFilter, OutboxEntry, SavedNotices, StateStore
+from core.ports import (
+    AgentControlStore,
+    DashboardStore,
+    ListFilter,
+    OutboxEntry,
+    SavedNotices,
+    StateStore,
+)
 from core.states import OrderStatus
 from stores import controls, entities, layout, listing, writes
 from stores.controls import ControlRows
+from stores.dashboard import DashboardRows
 from stores.sweeps import SweepReads
 from stores.writes import Op
 
@@ -92,7 +100,7 @@ class _Partition:
         del self.keys[bisect.bisect_left(self.keys, row)]
 
 
-class InMemoryStateStore(SweepReads, ControlRows):
+class InMemoryStateStore(SweepReads, ControlRows, DashboardRows):
     """``core.ports.StateStore`` in memory, with ``TableStateStore``'s observable semantics."""
 
     def __init__(self) -> None:
@@ -257,6 +265,8 @@ class InMemoryStateStore(SweepReads, ControlRows):
                 raise _Refused(404, n, op.row)
             if op.kind in ("update", "merge") and current is not None and current[1] != op.etag:
                 raise _Refused(412, n, op.row)
+            if op.kind == "delete" and op.etag and current is not None and current[1] != op.etag:
+                raise _Refused(412, n, op.row)
             if op.kind == "delete" and current is None:
                 if not layout.is_index_row(op.row):
                     raise _Refused(404, n, op.row)
@@ -324,6 +334,26 @@ class InMemoryStateStore(SweepReads, ControlRows):
         )
         return report
 
+    # --- the dashboard's rows (stores/dashboard.py) -----------------------------------------
+
+    def _transact(self, partition: str, ops: list[Op]) -> dict[str, str]:
+        with self._lock:
+            self._fault("write_dashboard")
+            try:
+                return self._apply(partition, ops)
+            except _Refused as exc:
+                raise ConcurrencyConflict(f"rows of {partition} changed meanwhile ({exc})") from exc
+            except _Invalid as exc:
+                raise StorageUnavailable(f"transaction in {partition} failed: {exc}") from exc
+
+    def _delete_rows(self, partition: str, rows: list[str]) -> None:
+        self._fault("delete_activity")
+        with self._lock:
+            part = self._partitions.get(partition)
+            for row in rows:
+                if part is not None and row in part.rows:
+                    part.delete(row)
+
     def delete_outbox(self, saved: SavedNotices | list[OutboxEntry]) -> None:
         entries = saved.entries if isinstance(saved, SavedNotices) else tuple(saved)
         if not entries:
@@ -376,6 +406,7 @@ def _select(entity: TableEntity, names: list[str]) -> TableEntity:
     return selected
 
 
-if TYPE_CHECKING:  # the ports, checked by mypy (tests are not type-checked)
+if TYPE_CHECKING:  # the ports, checked by mypy
     _PORT: StateStore = InMemoryStateStore()
     _CONTROLS: AgentControlStore = InMemoryStateStore()
+    _DASHBOARD: DashboardStore = InMemoryStateStore()

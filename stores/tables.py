@@ -49,6 +49,7 @@ from core.ports import ListFilter, OutboxEntry, SavedNotices
 from core.states import OrderStatus
 from stores import controls, entities, layout, listing, sdk_patches, writes
 from stores.controls import ControlRows
+from stores.dashboard import DashboardRows
 from stores.sweeps import SweepReads
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class TableStateStore(SweepReads, ControlRows):
+class TableStateStore(SweepReads, ControlRows, DashboardRows):
     def __init__(self, table: TableClient):
         sdk_patches.apply()
         self._table = table
@@ -328,6 +329,35 @@ class TableStateStore(SweepReads, ControlRows):
             order_id=order_id,
         )
 
+    # --- the dashboard's rows (stores/dashboard.py) -----------------------------------------
+
+    def _transact(self, partition: str, ops: list[writes.Op]) -> dict[str, str]:
+        try:
+            results = self._table.submit_transaction([_sdk(op) for op in ops])
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 409, 412):
+                raise ConcurrencyConflict(
+                    f"rows of {partition} changed meanwhile ({exc.status_code})"
+                ) from exc
+            raise StorageUnavailable(f"transaction in {partition} failed: {exc}") from exc
+        except AzureError as exc:
+            raise StorageUnavailable(f"transaction in {partition} failed: {exc}") from exc
+        return {op.row: r["etag"] for op, r in zip(ops, results, strict=True) if r.get("etag")}
+
+    def _delete_rows(self, partition: str, rows: list[str]) -> None:
+        for start in range(0, len(rows), 100):
+            chunk = rows[start : start + 100]
+            try:
+                self._table.submit_transaction(
+                    [("delete", {"PartitionKey": partition, "RowKey": r}) for r in chunk]
+                )
+            except TableTransactionError as exc:
+                if exc.status_code != 404:
+                    raise
+                for row in chunk:  # one was already gone: the others one by one
+                    with contextlib.suppress(ResourceNotFoundError):
+                        self._table.delete_entity(partition, row)
+
     def delete_outbox(self, saved: SavedNotices | list[OutboxEntry]) -> None:
         entries = saved.entries if isinstance(saved, SavedNotices) else tuple(saved)
         for entry in entries:
@@ -361,6 +391,12 @@ def _missing_index_row(exc: AzureError, ops: list[writes.Op]) -> int | None:
 
 def _sdk(op: writes.Op) -> tuple[Any, ...]:
     """An operation as ``TableClient.submit_transaction`` takes it."""
+    if op.kind == "delete" and op.etag is not None:
+        return (
+            "delete",
+            op.entity,
+            {"etag": op.etag, "match_condition": MatchConditions.IfNotModified},
+        )
     if op.kind == "delete":
         return ("delete", op.entity)
     if op.kind == "create":

@@ -17,7 +17,7 @@ from typing import Any
 
 from core.model import Order, StepRecord
 from core.ports import OutboxEntry, SavedNotices
-from stores import entities, layout
+from stores import activity, entities, layout
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,14 @@ def plan_commit(order: Order, write_id: str, *, creating: bool) -> Commit:
         )
         for n, notice in enumerate(order.outbox)
     )
+    # What the order did in this save, time-ordered, for the dashboard (stores/activity.py).
+    before_events = order.store_meta.get("activity")
+    if before_events is None:
+        before_events = set() if creating else activity.tags(order)
+    ops += [
+        Op("create", key, activity.entity(partition, key, event))
+        for key, event in activity.activities(order, before_events)
+    ]
     ops += [
         Op(
             "create",
@@ -103,12 +111,13 @@ def adopt(order: Order, commit: Commit, etags: Mapping[str, str]) -> SavedNotice
         step.changed = False
     order.store_meta["index"] = commit.index
     order.store_meta["write_id"] = commit.write_id
+    order.store_meta["activity"] = activity.tags(order)
     order.outbox = []
     return SavedNotices(commit.partition, commit.outbox)
 
 
 #: What a repair reads of each index row.
-INDEX_FIELDS = ["RowKey", "OrderRef", "StepName", "Workflow", "PausedFor"]
+INDEX_FIELDS = ["RowKey", "OrderRef", "StepName", "Workflow", "PausedFor", "Agent", "Since"]
 
 
 def plan_repair(

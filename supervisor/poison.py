@@ -24,9 +24,11 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from core.dashboard import POISON, Activity
 from core.messages import alert_message
 from core.names import Names, poison
 from core.orders import is_valid_order_id
@@ -66,7 +68,16 @@ class _Original:
 
 
 class PoisonWatch:
-    def __init__(self, queues: QueueSender, names: Names, keeper: Keeper, clock: Clock):
+    def __init__(
+        self,
+        queues: QueueSender,
+        names: Names,
+        keeper: Keeper,
+        clock: Clock,
+        record: Callable[[Activity], None] | None = None,
+    ):
+        """``record`` counts each alert for the dashboard (an activity row; best effort)."""
+        self._record = record
         self._queues = queues
         self._names = names
         self._keeper = keeper
@@ -129,6 +140,11 @@ class PoisonWatch:
         )
         self._queues.send(self._names.operator_alerts, body)
         METRICS.inc("poison_alerts", queue=source)
+        if self._record is not None:
+            try:  # the dashboard's count; the alert itself is sent
+                self._record(Activity(now, POISON, original.order_id or "", step=source))
+            except Exception as exc:  # noqa: BLE001 - never fail an alert for a figure
+                log.warning("could not count the poison alert for the dashboard: %s", exc)
         return alert
 
     def _original(self, poisoned: Poisoned) -> tuple[_Original, str | None]:

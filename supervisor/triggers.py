@@ -24,6 +24,18 @@ def supervise(timer: func.TimerRequest) -> None:
     app_context().supervisor.run()
 
 
+@bp.timer_trigger(
+    arg_name="timer",
+    schedule=index_time().dashboard_schedule,
+    run_on_startup=False,
+    use_monitor=True,
+)
+def aggregate_dashboard(timer: func.TimerRequest) -> None:
+    """The console dashboard's figures from the orders' activity rows, and the stuck
+    check (``supervisor/dashboard.py``; ``DASHBOARD_SCHEDULE``)."""
+    app_context().dashboard.run()
+
+
 def _poison_queue_trigger(queue: str) -> None:
     def handler(msg: func.QueueMessage) -> None:
         # The copy on the poison queue has its own dequeue count (1 on its first

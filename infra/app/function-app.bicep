@@ -59,6 +59,12 @@ param retentionBatch int
 @description('ARCHIVE_DAYS: how long the archive keeps an order; the lifecycle rule deletes its blob then (the same parameter).')
 param archiveDays int
 
+@description('DASHBOARD_SCHEDULE: NCRONTAB (six fields) of the dashboard timer.')
+param dashboardSchedule string
+
+@description('STUCK_FLOOR_SECONDS: the least time in one state that makes a step stuck.')
+param stuckFloorSeconds int
+
 @allowed([
   512
   2048
@@ -281,6 +287,14 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'ARCHIVE_DAYS'
           value: string(archiveDays)
+        }
+        {
+          name: 'DASHBOARD_SCHEDULE'
+          value: dashboardSchedule
+        }
+        {
+          name: 'STUCK_FLOOR_SECONDS'
+          value: string(stuckFloorSeconds)
         }
         // Telemetry: the connection string names the component; ingestion is
         // authorised by the identity's Entra token, not by the key in it.

@@ -183,6 +183,8 @@ def test_parameter_defaults_match_the_code_defaults() -> None:
     assert params["retentionSchedule"]["default"] == settings.DEFAULT_RETENTION_SCHEDULE
     assert params["retentionBatch"]["default"] == settings.DEFAULT_RETENTION_BATCH
     assert params["archiveDeleteAfterDays"]["default"] == settings.DEFAULT_ARCHIVE_DAYS
+    assert params["dashboardSchedule"]["default"] == settings.DEFAULT_DASHBOARD_SCHEDULE
+    assert params["stuckFloorSeconds"]["default"] == settings.DEFAULT_STUCK_FLOOR_SECONDS
     Retention.parse(params["retention"]["default"])  # a default the app accepts
 
 

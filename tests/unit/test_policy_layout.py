@@ -233,7 +233,11 @@ def test_new_order_is_pending_and_due_now() -> None:
 
     assert layout.index_rows(order) == {
         layout.status_row("pending", "o-1", T0): STATUS_PROPS,
-        "pending|20261122T100000.000000Z|o-1|process": {"OrderRef": "o-1", "StepName": "process"},
+        "pending|20261122T100000.000000Z|o-1|process": {
+            "OrderRef": "o-1",
+            "StepName": "process",
+            "Agent": "orders",
+        },
     }
 
 
@@ -246,6 +250,9 @@ def test_claimed_order_is_indexed_by_its_deadline() -> None:
         "processing|20261122T100031.000000Z|o-1|process": {
             "OrderRef": "o-1",
             "StepName": "process",
+            "Agent": "orders",
+            # the stuck check counts a Processing step's age from its claim
+            "Since": "20261122T100001.000000Z",
         },
     }
 
@@ -266,7 +273,11 @@ def test_expired_step_is_pending_again_at_its_backoff_time() -> None:
 
     assert layout.index_rows(order) == {
         layout.status_row("processing", "o-1", T0): STATUS_PROPS,
-        "pending|20261122T100031.000000Z|o-1|process": {"OrderRef": "o-1", "StepName": "process"},
+        "pending|20261122T100031.000000Z|o-1|process": {
+            "OrderRef": "o-1",
+            "StepName": "process",
+            "Agent": "orders",
+        },
     }
 
     order.claim("instance-b", now)
@@ -277,7 +288,11 @@ def test_expired_step_is_pending_again_at_its_backoff_time() -> None:
     assert due > later
     assert layout.index_rows(order) == {
         layout.status_row("processing", "o-1", T0): STATUS_PROPS,
-        layout.pending_row(due, "o-1", "process"): {"OrderRef": "o-1", "StepName": "process"},
+        layout.pending_row(due, "o-1", "process"): {
+            "OrderRef": "o-1",
+            "StepName": "process",
+            "Agent": "orders",
+        },
     }
 
 
@@ -303,6 +318,7 @@ def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a
         "pending|20261122T100001.000000Z|o-1|charge-payment": {
             "OrderRef": "o-1",
             "StepName": "charge-payment",
+            "Agent": "payments",
         },
     }
 
@@ -314,5 +330,6 @@ def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a
         "pending|20261122T100003.000000Z|o-1|release-stock": {
             "OrderRef": "o-1",
             "StepName": "release-stock",
+            "Agent": "inventory",
         },
     }

@@ -41,6 +41,8 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "RETENTION_SCHEDULE",
         "RETENTION_BATCH",
         "ARCHIVE_DAYS",
+        "DASHBOARD_SCHEDULE",
+        "STUCK_FLOOR_SECONDS",
     )
 
 
