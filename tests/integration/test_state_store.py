@@ -55,6 +55,8 @@ def test_create_writes_order_step_and_index_rows_in_one_partition(store: TableSt
             f"pending|{T0.strftime('%Y%m%dT%H%M%S.%fZ')}|o-create|process",
             layout.status_row("pending", "o-create", T0),
             saved.entries[0].row,
+            # for the dashboard: the order started (stores/activity.py)
+            f"activity|{T0.strftime('%Y%m%dT%H%M%S.%fZ')}|o-create|start",
         ]
     )
     step = store.table.get_entity(layout.shard_of("o-create"), "order|o-create|step|000|process")
