@@ -321,6 +321,9 @@ class InFlight:
     agent: str
     state: str  # "Pending" or "Processing"
     since: datetime
+    #: the paused agent a Pending step is held for ("": not held): an operator's choice,
+    #: shown on the Agents page and the order, never stuck
+    paused_for: str = ""
 
 
 @dataclass(frozen=True)
@@ -347,6 +350,8 @@ def stuck_steps(
     first."""
     out = []
     for entry in in_flight:
+        if entry.paused_for:
+            continue
         age = (now - entry.since).total_seconds()
         limit = stuck_threshold(entry.step, p99_ms, floor)
         if age > limit:

@@ -112,7 +112,7 @@ class DashboardRows:
         """Every active step: the whole ``pending|`` and ``processing|`` ranges of each
         shard (work in flight, never history)."""
         out: list[InFlight] = []
-        select = ["RowKey", "OrderRef", "StepName", "Agent", "Since"]
+        select = ["RowKey", "OrderRef", "StepName", "Agent", "Since", "PausedFor"]
         for shard in layout.all_shards():
             for prefix, state in (("pending|", "Pending"), ("processing|", "Processing")):
                 try:
@@ -142,6 +142,7 @@ def _in_flight(row: dict[str, Any], state: str) -> InFlight | None:
             str(row.get("Agent") or ""),
             state,
             since,
+            str(row.get("PausedFor") or ""),
         )
     except (IndexError, ValueError):
         log.error("malformed index row %s: skipped by the stuck check", row.get("RowKey"))

@@ -399,3 +399,24 @@ def test_the_stuck_check_reads_only_work_in_flight() -> None:
     w.submit("o-1")
     entries = w.store.in_flight()
     assert [(e.order_id, e.state) for e in entries] == [("o-1", "Processing")]
+
+
+def test_a_step_held_for_a_paused_agent_is_never_stuck() -> None:
+    """A pause is an operator's choice, shown on the Agents page and the order: its
+    steps wait, Pending, with no alert however long (docs/contracts.md §3.7)."""
+    from tests.unit.test_agent_pause import build
+
+    paused = build()
+    paused.pause()
+    paused.submit("held-1")
+    paused.submit("free-1", workflow="fulfilment")  # its first step is not on orders
+    assert paused.order("held-1").steps[0].paused_for == "orders"
+    flight = {e.order_id: e for e in paused.store.in_flight()}
+    assert flight["held-1"].paused_for == "orders" and flight["free-1"].paused_for == ""
+
+    paused.clock.advance(6 * 3600)
+    hours_later = paused.clock()
+    entries = [replace(e, since=T0) for e in flight.values()]
+    found = stuck_steps(entries, {}, timedelta(minutes=5), hours_later)
+
+    assert [s.order_id for s in found] == ["free-1"]
