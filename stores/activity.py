@@ -3,7 +3,10 @@ transaction as the transition that did it, for the dashboard's aggregator to cou
 
     activity|<at>|<orderId>|start              the order was accepted
     activity|<at>|<orderId>|a-<seq>-<n>        attempt n of step record seq ended
-    activity|<at>|<orderId>|end-<status>       the order reached a terminal status
+    activity|<at>|<orderId>|end-<status>-<v>   the order reached a terminal status (in its
+                                               save number v: an error order resubmitted
+                                               can reach error again, at the same time on
+                                               a coarse or frozen clock)
     activity|<at>|<orderId>|alert-<v>-<n>      an operator alert was committed (outbox)
     activity|<at>|~poison|<id>                 a poisoned message became an alert
 
@@ -106,7 +109,7 @@ def activities(order: Order, before: set[str]) -> list[tuple[str, Activity]]:
     if end in new:
         at = ensure_utc(order.updated_at)
         activity = Activity(at, FINISHED, oid, wf, status=str(order.status))
-        out.append((row_key(at, order.order_id, end), activity))
+        out.append((row_key(at, order.order_id, f"{end}-{order.version}"), activity))
     for n, notice in enumerate(order.outbox):
         if notice.kind == "alert":
             at = ensure_utc(order.updated_at)

@@ -13,8 +13,11 @@ import pytest
 
 from core.dashboard import POISON, Activity, Figures
 from core.errors import ConcurrencyConflict
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.model import Order
+from core.policy import RetryPolicy
 from core.ports import RowWrite, StateStore
+from core.states import OrderStatus
 from stores import layout
 from stores.memory import InMemoryStateStore
 from stores.tables import TableStateStore
@@ -27,6 +30,13 @@ __all__ = ["raw", "store"]  # the contract suite's fixtures, parametrised by ada
 def dash(store: StateStore) -> InMemoryStateStore | TableStateStore:
     assert isinstance(store, InMemoryStateStore | TableStateStore)
     return store
+
+
+def refused(order: Order) -> AgentReply:
+    step = order.active_step()
+    assert step is not None
+    request = AgentRequest(order.order_id, step.step, step.attempt, step.complete_by, "", {})
+    return request.refused("HTTP 422 no")
 
 
 def activity_keys(store: StateStore, order_id: str) -> list[str]:
@@ -47,6 +57,24 @@ def complete(store: StateStore, order_id: str, workflow: str = "order") -> None:
 # --- the contract ---------------------------------------------------------------------------
 
 
+def test_an_order_that_ends_in_error_twice_at_one_instant_writes_two_end_rows(
+    store: StateStore,
+) -> None:
+    """Resubmitted and refused again at the same instant (a frozen or coarse clock): the
+    second end row must not collide with the first (it would refuse the whole save)."""
+    order = accept("o-twice")
+    store.create(order)
+    for _ in range(2):
+        order.claim("i-1", T0)
+        order.apply_reply(refused(order), T0, RetryPolicy(max_failure_count=1))
+        assert order.status is OrderStatus.ERROR
+        store.save(order)
+        order.resubmit(T0, "op")
+        store.save(order)
+    ends = [k for k in activity_keys(store, "o-twice") if "|end-error-" in k]
+    assert len(ends) == 2
+
+
 def test_transitions_write_their_activity_rows_in_time_order(store: StateStore) -> None:
     order = accept("o-a")
     store.create(order)
@@ -58,7 +86,7 @@ def test_transitions_write_their_activity_rows_in_time_order(store: StateStore) 
     store.save(order)
     rows = dash(store).activity(layout.shard_of("o-a"), T0 + timedelta(days=1), 10)
     mine = [(k, a) for k, a in rows if a is not None and a.order_id == "o-a"]
-    assert [k.rsplit("|", 1)[1] for k, _ in mine] == ["start", "a-0-1", "end-completed"]
+    assert [k.rsplit("|", 1)[1] for k, _ in mine] == ["start", "a-0-1", "end-completed-3"]
     attempt = mine[1][1]
     assert (attempt.kind, attempt.step, attempt.agent, attempt.ending, attempt.millis) == (
         "attempt",
