@@ -46,6 +46,7 @@ class Devhost:
     http_url: str | None = None
     _log: IO[str] | None = None
     starts: int = 0
+    module: str = "devhost"  # bench.cpuhost: devhost under a profiler
 
     def start(self) -> None:
         self.starts += 1
@@ -54,7 +55,7 @@ class Devhost:
             [
                 sys.executable,
                 "-m",
-                "devhost",
+                self.module,
                 *self.args,
                 "--instance-id",
                 f"devhost-{self.index}-{self.starts}",
@@ -111,6 +112,7 @@ class LocalStack:
     #: Service Bus only: queue options for both agent queues, e.g. {"lock-duration": "10"};
     #: the defaults are infra/app/servicebus.bicep's (localbus.entities.QueueConfig).
     bus_options: dict[str, str] = field(default_factory=dict)
+    devhost_module: str = "devhost"  # what ``python -m`` runs for each instance
 
     azurite: Azurite | None = None
     bus: LocalBus | None = None
@@ -163,7 +165,8 @@ class LocalStack:
         for index, extra in enumerate(per_host):
             args = [*extra, "--http-port", "0"] if "--http-port" not in extra else list(extra)
             env = {**self.env, **(self.devhost_env[index] if self.devhost_env else {})}
-            host = Devhost(index, args, env, self.workdir / f"devhost-{index}.log")
+            log_path = self.workdir / f"devhost-{index}.log"
+            host = Devhost(index, args, env, log_path, module=self.devhost_module)
             self.hosts.append(host)
         if self.autostart:
             for host in self.hosts:
