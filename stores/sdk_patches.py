@@ -1,4 +1,5 @@
-"""A workaround for azure-core's table transactions: no thread pool per transaction.
+"""Workarounds for azure-core's table transactions: no thread pool per transaction, and
+no ``email`` package to write and read their multipart bodies.
 
 azure-core 1.41.0 runs the per-operation policies of a multipart (batch)
 request, and of its response, through a fresh ``ThreadPoolExecutor`` each
@@ -8,6 +9,13 @@ benchmark's profile showed that as about half of a scheduler's CPU. These
 replacements do the same work in a loop, in the calling thread (the policies
 are CPU-only header and serialization steps: nothing is gained by threads).
 
+Writing the ``multipart/mixed`` body of a transaction through ``email.message`` and
+reading the answer with ``email.message_from_bytes`` cost more CPU than all the rest
+of the request (``bench.cpu``'s profile: about half of a transaction). The
+replacements below write the same bytes and read the same parts directly; whatever
+they are not sure to handle as ``email`` would (a line ending other than CRLF in a part,
+a body they cannot split) goes to azure-core's own code.
+
 Applied only to the pinned azure-core version; with any other version it
 does nothing and says so, so an upgrade can never run a stale copy.
 """
@@ -15,6 +23,7 @@ does nothing and says so, so an upgrade can never run a stale copy.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +32,7 @@ from azure.core.pipeline import PipelineContext, PipelineRequest, PipelineRespon
 from azure.core.pipeline import _base as pipeline_base
 from azure.core.pipeline._tools import await_result
 from azure.core.pipeline.transport import _base as transport_base
+from azure.core.rest import _helpers as rest_helpers
 from azure.core.rest import _http_response_impl as rest_response
 from azure.core.utils import _pipeline_transport_rest_shared as shared
 
@@ -30,6 +40,117 @@ log = logging.getLogger(__name__)
 
 PATCHED_VERSION = "1.41.0"
 _applied = False
+_CRLF = b"\r\n"
+_original_prepare_body = shared._prepare_multipart_body_helper
+_original_raw_parts = shared._get_raw_parts_helper
+
+
+def _crlf_only(data: bytes) -> bool:
+    """Every line ending in ``data`` is CRLF (what ``email`` writes unchanged)."""
+    crlf = data.count(_CRLF)
+    return data.count(b"\n") == crlf and data.count(b"\r") == crlf
+
+
+def _prepare_multipart_body_helper(http_request: Any, content_index: int = 0) -> int:
+    """azure-core's helper without ``email.message``: the same body, byte for byte
+    (``tests/unit/test_sdk_patches.py`` compares them)."""
+    info = http_request.multipart_mixed_info
+    if not info:
+        return 0
+    start = content_index
+    requests, boundary = info[0], info[2] or f"==============={uuid.uuid4().int:019d}=="
+    parts: list[bytes] = []
+    for req in requests:
+        if req.multipart_mixed_info:
+            content_index = req.prepare_multipart_body(content_index=content_index)
+            head = f"Content-Type: {req.headers['Content-Type']}\r\n"
+            payload = req.serialize()
+            payload = payload[payload.index(b"--") :]
+        else:
+            head = (
+                "Content-Type: application/http\r\nContent-Transfer-Encoding: binary\r\n"
+                f"Content-ID: {content_index}\r\n"
+            )
+            payload = req.serialize()
+            content_index += 1
+        if not _crlf_only(payload) or not head.isascii():
+            return _original_prepare_body(http_request, start)
+        parts.append(f"--{boundary}\r\n{head}\r\n".encode() + payload + _CRLF)
+    http_request.set_bytes_body(b"".join(parts) + f"--{boundary}--\r\n".encode())
+    http_request.headers["Content-Type"] = "multipart/mixed; boundary=" + boundary
+    return content_index
+
+
+class _Part:
+    """The little of ``email.message.Message`` that azure-core's ``_decode_parts`` reads."""
+
+    def __init__(self, content_type: str, payload: bytes | list[_Part]) -> None:
+        self.content_type, self.payload = content_type, payload
+
+    def get_content_type(self) -> str:
+        return self.content_type
+
+    def get_payload(self, decode: bool = False) -> bytes | list[_Part]:
+        return self.payload
+
+
+def _content_type(value: str) -> tuple[str, str | None]:
+    """``multipart/mixed; boundary=x`` -> (``multipart/mixed``, ``x``)."""
+    kind, _, params = value.partition(";")
+    boundary = None
+    for param in params.split(";"):
+        name, _, text = param.strip().partition("=")
+        if name.lower() == "boundary":
+            boundary = text.strip().strip('"')
+    return kind.strip().lower(), boundary
+
+
+def _split(body: bytes, boundary: str) -> list[_Part] | None:
+    """The parts of a CRLF multipart body, nested multiparts too; None when unsure."""
+    delimiter = b"--" + boundary.encode("ascii")
+    if not body.startswith(delimiter + _CRLF):
+        return None
+    parts: list[_Part] = []
+    at = len(delimiter) + 2
+    while True:
+        end = body.find(_CRLF + delimiter, at)
+        if end < 0:
+            return None
+        head, blank, payload = body[at:end].partition(_CRLF + _CRLF)
+        if not blank:
+            return None
+        kind = "text/plain"
+        inner: str | None = None
+        for line in head.decode("latin-1").split("\r\n"):
+            name, colon, value = line.partition(":")
+            if not colon:
+                return None
+            if name.strip().lower() == "content-type":
+                kind, inner = _content_type(value)
+        if kind.startswith("multipart/"):
+            nested = _split(payload, inner) if inner else None
+            if nested is None:
+                return None
+            parts.append(_Part(kind, nested))
+        else:
+            parts.append(_Part(kind, payload))
+        at = end + 2 + len(delimiter)
+        if body.startswith(b"--", at):
+            return parts
+        if not body.startswith(_CRLF, at):
+            return None
+        at += 2
+
+
+def _get_raw_parts_helper(response: Any, http_response_type: Any) -> Any:
+    """azure-core's helper without ``email.message_from_bytes``, same parts."""
+    kind, boundary = _content_type(response.content_type)
+    body = response.body()
+    parts = _split(body, boundary) if boundary and kind == "multipart/mixed" else None
+    if parts is None:
+        return _original_raw_parts(response, http_response_type)
+    requests = response.request.multipart_mixed_info[0]
+    return response._decode_parts(_Part(kind, parts), http_response_type, requests)
 
 
 def _prepare_multipart_mixed_request(request: Any) -> None:
@@ -80,5 +201,9 @@ def apply() -> bool:
     shared._parts_helper = _parts_helper
     rest_response._parts_helper = _parts_helper  # type: ignore[attr-defined]
     transport_base._parts_helper = _parts_helper  # type: ignore[attr-defined]
+    for module in (shared, rest_helpers, transport_base):
+        module._prepare_multipart_body_helper = _prepare_multipart_body_helper  # type: ignore[attr-defined]
+    for module in (shared, rest_response, transport_base):
+        module._get_raw_parts_helper = _get_raw_parts_helper  # type: ignore[attr-defined]
     _applied = True
     return True
