@@ -25,7 +25,7 @@ CPU is split
   ``app`` (the app's own packages), ``host`` (devhost/), ``runtime`` (the rest of the
   standard library: threading, typing, re, uuid, enum, dataclasses ...).
 
-A profiler slows what it profiles (here about 3x), so the split is reported as shares
+A profiler slows what it profiles (here about 4x), so the split is reported as shares
 of the profiled run and as milliseconds scaled to the unprofiled figure.
 
 Numbers from a shared 2-core machine are noisy: compare runs made together, not digits.
