@@ -40,9 +40,18 @@ class Emitted:
 
 
 def app_sources() -> list[Path]:
-    return sorted(
-        path for path in REPO.rglob("*.py") if not _NOT_APP & set(path.relative_to(REPO).parts[:-1])
-    )
+    """``function_app.py`` and the app's packages (the folders at the root with an
+    ``__init__.py``): never a virtual environment or a cache beside them (``make test``
+    builds ``.venv-index`` and ``.venv-runtime`` in the tree while this runs)."""
+    packages = [
+        folder
+        for folder in REPO.iterdir()
+        if (folder / "__init__.py").is_file()
+        and folder.name not in _NOT_APP
+        and not folder.name.startswith(".")
+    ]
+    found = [path for package in packages for path in package.rglob("*.py")]
+    return sorted([REPO / "function_app.py", *found])
 
 
 def _string(node: ast.AST | None) -> str | None:
