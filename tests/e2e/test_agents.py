@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from bench import isolation
 from core.states import OrderStatus, StepState
 from demo.stack import LocalStack
 from tests.e2e.test_processes import log_tail, wait_terminal
@@ -58,3 +59,20 @@ def test_a_slow_agent_does_not_delay_another_agents_steps() -> None:
     for order_id in fast:
         for step in orders[order_id].steps:
             assert step.attempt == 1 and step.failure_count == 0, (order_id, step.history)
+
+
+#: The e2e bound on p50 beside the hang / p50 alone. The target (issue 23) is 2; the
+#: benchmark (``python -m bench.isolation``: 120 hanging orders, 80 orders a window)
+#: reports the real figure; README "Isolation".
+ISOLATION_BOUND = 2.0
+
+
+def test_a_hanging_agent_does_not_slow_another_agents_orders() -> None:
+    # 40 fulfilment orders whose ship call hangs for good, then 40 "order" orders at 4 a
+    # second: their p50 against the same load before the hang. (The carrier's breaker
+    # opens after 3 orders' calls time out: the rest are deferred, not called.)
+    result = isolation.run(hanging=40, rate=4, seconds=10)
+    alone, beside = result["alone"], result["beside"]
+    assert alone["unfinished"] == 0 and beside["unfinished"] == 0, result
+    assert beside["hangingAtEnd"]["hangsBegun"] >= 3, result  # the carrier did hang
+    assert result["ratio"] <= ISOLATION_BOUND, result
