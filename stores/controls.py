@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -39,6 +38,7 @@ from core.controls import Action, AgentControl, AuditEntry, Pause
 from core.errors import InvalidContinuationToken, StorageUnavailable
 from core.timefmt import ensure_utc
 from stores import layout
+from stores.rows import RowReads
 from stores.writes import Op
 
 PARTITION: Final = "agents"
@@ -134,25 +134,12 @@ def parse_audit(e: Any) -> AuditEntry:
     )
 
 
-class ControlRows:
+class ControlRows(RowReads):
     """``AgentControlStore`` over a store's rows (``TableStateStore``, ``InMemoryStateStore``)."""
-
-    def _range(
-        self,
-        shard: str,
-        low: str,
-        high: str,
-        select: list[str] | None = None,
-        limit: int | None = None,
-    ) -> Iterable[dict[str, Any]]:
-        raise NotImplementedError
 
     def _control_commit(self, ops: list[Op], row: str, write_id: str) -> str:
         """Submit ``ops`` as one transaction; the new ETag of ``row``."""
         raise NotImplementedError
-
-    def _before_read(self, method: str) -> None:
-        """Called before each read (the in-memory store injects faults here)."""
 
     def read_controls(self) -> dict[str, AgentControl]:
         self._before_read("read_controls")

@@ -17,7 +17,6 @@ no error).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Final
 
@@ -28,6 +27,7 @@ from core.errors import StorageUnavailable
 from core.ports import RowWrite, StoredRow
 from core.timefmt import parse_sortable, sortable
 from stores import activity, layout
+from stores.rows import RowReads
 from stores.writes import Op
 
 log = logging.getLogger(__name__)
@@ -35,17 +35,7 @@ log = logging.getLogger(__name__)
 PARTITION: Final = "dashboard"
 
 
-class DashboardRows:
-    def _range(
-        self,
-        shard: str,
-        low: str,
-        high: str,
-        select: list[str] | None = None,
-        limit: int | None = None,
-    ) -> Iterable[dict[str, Any]]:
-        raise NotImplementedError
-
+class DashboardRows(RowReads):
     def _transact(self, partition: str, ops: list[Op]) -> dict[str, str]:
         raise NotImplementedError
 

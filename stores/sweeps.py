@@ -8,9 +8,8 @@ A store provides ``_range(shard, low, high, select, limit)`` (its rows with RowK
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
 from azure.core.exceptions import AzureError
 
@@ -18,22 +17,10 @@ from core.errors import StorageUnavailable
 from core.ports import IndexEntry, OutboxEntry
 from core.timefmt import sortable
 from stores import entities, layout
+from stores.rows import RowReads
 
 
-class SweepReads:
-    def _range(
-        self,
-        shard: str,
-        low: str,
-        high: str,
-        select: list[str] | None = None,
-        limit: int | None = None,
-    ) -> Iterable[dict[str, Any]]:
-        raise NotImplementedError
-
-    def _before_read(self, method: str) -> None:
-        """Called before each read (the in-memory store injects faults here)."""
-
+class SweepReads(RowReads):
     def due_pending(self, now: datetime, limit_per_shard: int = 500) -> Iterator[IndexEntry]:
         """Active Pending steps that may run at ``now`` (due at or before it)."""
         self._before_read("due_pending")
