@@ -485,37 +485,39 @@ def test_the_console_pauses_an_agent_through_a_confirmation(installed: App) -> N
     assert "paused" in page("", console.console_list, {"status": "pending"})
 
 
-def test_the_console_refuses_a_forged_or_bad_change(installed: App) -> None:
-    forged = console.console_agent_change(
-        func.HttpRequest(
-            "POST",
-            f"{BASE}/agents/orders/change",
-            body=b"action=pause&reason=x",
-            route_params={"agent": "orders"},
-            headers={"host": "h:7071"},
-        )
+def confirm_page(agent: str, params: dict[str, str]) -> func.HttpResponse:
+    """GET the console's confirmation of a change to ``agent``."""
+    request = func.HttpRequest(
+        "GET",
+        f"{BASE}/agents/{agent}/confirm",
+        params=params,
+        route_params={"agent": agent},
+        body=b"",
     )
+    response: func.HttpResponse = console.console_agent_confirm(request)
+    return response
+
+
+def change_without_token(agent: str, body: bytes) -> func.HttpResponse:
+    """POST a change to ``agent`` the way a forged form would: no CSRF token."""
+    request = func.HttpRequest(
+        "POST",
+        f"{BASE}/agents/{agent}/change",
+        body=body,
+        route_params={"agent": agent},
+        headers={"host": "h:7071"},
+    )
+    response: func.HttpResponse = console.console_agent_change(request)
+    return response
+
+
+def test_the_console_refuses_a_forged_or_bad_change(installed: App) -> None:
+    forged = change_without_token("orders", b"action=pause&reason=x")
     assert forged.status_code == 403
     assert not installed.ctx.agents_admin.show("orders")["paused"]
-    bad = console.console_agent_confirm(
-        func.HttpRequest(
-            "GET",
-            f"{BASE}/agents/orders/confirm",
-            params={"action": "limits", "concurrency": "0"},
-            route_params={"agent": "orders"},
-            body=b"",
-        )
-    )
+    bad = confirm_page("orders", {"action": "limits", "concurrency": "0"})
     assert bad.status_code == 303 and "failed=1" in bad.headers["Location"]
-    unknown = console.console_agent_confirm(
-        func.HttpRequest(
-            "GET",
-            f"{BASE}/agents/nobody/confirm",
-            params={"action": "pause", "reason": "x"},
-            route_params={"agent": "nobody"},
-            body=b"",
-        )
-    )
+    unknown = confirm_page("nobody", {"action": "pause", "reason": "x"})
     assert unknown.status_code == 404
 
 
@@ -524,24 +526,8 @@ def test_a_read_only_console_shows_the_agents_and_changes_none(installed: App) -
     listing = page("/agents", console.console_agents)
     assert 'class="agent-row" data-agent="orders"' in listing
     assert "pause-form" not in listing and "limits-form" not in listing
-    confirm = console.console_agent_confirm(
-        func.HttpRequest(
-            "GET",
-            f"{BASE}/agents/orders/confirm",
-            params={"action": "pause", "reason": "x"},
-            route_params={"agent": "orders"},
-            body=b"",
-        )
-    )
+    confirm = confirm_page("orders", {"action": "pause", "reason": "x"})
     assert confirm.status_code == 403
-    posted = console.console_agent_change(
-        func.HttpRequest(
-            "POST",
-            f"{BASE}/agents/orders/change",
-            body=b"action=pause&reason=x",
-            route_params={"agent": "orders"},
-            headers={"host": "h:7071"},
-        )
-    )
+    posted = change_without_token("orders", b"action=pause&reason=x")
     assert posted.status_code == 403
     assert not installed.ctx.agents_admin.show("orders")["paused"]
