@@ -125,11 +125,17 @@ class TableRetention:
             assert order is not None
             wanted = layout.index_rows(order)
             index = self._points(partition, sorted(wanted))
-            outbox = [
-                row
-                for row in self._range(partition, "outbox|", "outbox|" + layout.HIGH)
-                if row.get("OrderRef") == order_id
-            ]
+            unsent = self._table.query_entities(
+                "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi and OrderRef eq @id",
+                parameters={
+                    "pk": partition,
+                    "lo": "outbox|",
+                    "hi": "outbox|" + layout.HIGH,
+                    "id": order_id,
+                },
+                select=["RowKey"],
+            )
+            outbox = list(unsent)
         except AzureError as exc:
             raise StorageUnavailable(
                 f"could not read order {order_id}: {exc}", order_id=order_id
