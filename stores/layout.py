@@ -13,6 +13,8 @@ cost grows with the work in flight, not with history):
     status|<status>|<newest>|<id>          every order, by status, newest first (listing.py)
     outbox|<createdAt>|<id>|<n>            notices committed but maybe not yet sent
     activity|<at>|<id>|<event>             what the order did, for the dashboard (activity.py)
+    archived|<id>                          an archived order: where it went (retention.py)
+    archived-at|<when>|<id>                its twin in time order, for their expiry
 
 Activity rows are not index rows: no state implies them once the dashboard's
 aggregator has counted (and deleted) them, so a repair never touches them.
