@@ -1,6 +1,9 @@
 # Two commands matter: `make run` (the demo) and `make test` (everything CI checks).
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# Python 3.13: what the app runs on in Azure, and the first version azure-functions-runtime
+# (the Functions Python runtime, which devhost drives) installs on. pyenv's first, then PATH.
+PYTHON ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) \
+	$(shell command -v python3.13 2>/dev/null))
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
@@ -9,9 +12,17 @@ PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 	index-check runtime-check chaos chaos-short bench \
 	clean start test-servicebus localbus
 
+# No Python 3.13 is a failure that says how to get one, not a skip.
 $(BIN)/.ok: requirements.txt requirements-dev.txt
+	@if [ -z "$(PYTHON)" ]; then \
+	  echo "deps FAILED: no Python 3.13 found (the app and azure-functions-runtime, which" \
+	       "runs it locally, need it). Install it, e.g. 'pyenv install 3.13' (looked in" \
+	       "~/.pyenv/versions/3.13*/bin and on PATH), or point to one: make PYTHON=/path/to/python3.13" >&2; \
+	  exit 1; \
+	fi
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -c 'import hostrun.rpc; hostrun.rpc.load()'  # compile the vendored protos
 	touch $@
 
 node_modules/.ok: package.json package-lock.json
@@ -33,24 +44,18 @@ start: deps
 	$(BIN)/python -m demo --serve --transport $(TRANSPORT)
 
 ## make test: lint, types, unit, integration (Azurite), e2e (processes), browser (the console
-## in Chromium), chaos (short), infra. The infra checks' three virtual environments (pip
-## installs, mostly waiting on the network) are built while the suites run, one at a time
-## each side; the checks themselves run last.
+## in Chromium), chaos (short), infra. The Bicep checks' virtual environment (pip installs,
+## mostly waiting on the network) is built while the suites run; the checks run last.
 test: deps
-	@$(MAKE) --no-print-directory -j2 infra-venvs suites
+	@$(MAKE) --no-print-directory -j2 .venv-iac/.ok suites
 	@$(MAKE) --no-print-directory infra-checks
 
 suites:
 	@$(MAKE) --no-print-directory -j1 lint typecheck unit integration localbus e2e browser \
 	  chaos-short
 
-## without Python 3.13 only the Bicep one: index-check then fails and says why
-infra-venvs:
-	@$(MAKE) --no-print-directory -j1 .venv-iac/.ok \
-	  $(if $(PY313),.venv-index/.ok .venv-runtime/.ok PY313="$(PY313)")
-
-## the Bicep checks, the worker's indexer and the trigger shapes through the runtime:
-## independent (each its own venv), side by side
+## the Bicep checks (their own venv), the worker's indexer and the trigger shapes through
+## the runtime, side by side
 infra-checks:
 	@$(MAKE) --no-print-directory -j2 iac-check index-check runtime-check
 
@@ -109,43 +114,14 @@ chaos-short: deps
 chaos: deps
 	$(PYTEST) tests/chaos -q
 
-## make index-check: function_app.py through the Functions worker's own indexer (Python 3.13)
-PY313 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.13*/bin/python3.13) \
-	$(shell command -v python3.13 2>/dev/null))
+## make index-check: function_app.py through the Functions worker's own indexer
+index-check: deps
+	$(PYTEST) tests/indexing -q
 
-.venv-index/.ok: requirements.txt requirements-index.txt
-	$(PY313) -m venv .venv-index
-	grep -v '^azure-functions==' requirements.txt > .venv-index/requirements.txt
-	.venv-index/bin/pip install -q -r .venv-index/requirements.txt -r requirements-index.txt
-	touch $@
-
-# No Python 3.13 is a failure, not a skip: `make test` must not pass without this check.
-index-check:
-	@if [ -z "$(PY313)" ]; then \
-	  echo "index-check FAILED: no Python 3.13 found (azure-functions-runtime, the worker's" \
-	       "indexer, needs it). Install it, e.g. 'pyenv install 3.13' (looked in" \
-	       "~/.pyenv/versions/3.13*/bin and on PATH), or point to one: make index-check" \
-	       "PY313=/path/to/python3.13" >&2; \
-	  exit 1; \
-	fi
-	@$(MAKE) --no-print-directory .venv-index/.ok PY313="$(PY313)"
-	INDEX_CHECK_REQUIRED=1 .venv-index/bin/python -m pytest tests/indexing -q -p no:cacheprovider
-
-## make runtime-check: the trigger-shape tests, function_app.py's triggers through
-## azure-functions-runtime as the host drives it (hostrun/; Python 3.13, its own venv)
-.venv-runtime/.ok: requirements.txt requirements-index.txt requirements-runtime.txt
-	$(PY313) -m venv .venv-runtime
-	grep -v '^azure-functions==' requirements.txt > .venv-runtime/requirements.txt
-	.venv-runtime/bin/pip install -q --disable-pip-version-check -r .venv-runtime/requirements.txt \
-	  -r requirements-index.txt -r requirements-runtime.txt
-	.venv-runtime/bin/python -c 'import hostrun.rpc; hostrun.rpc.load()'  # compile the protos
-	touch $@
-
-runtime-check:
-	@if [ -z "$(PY313)" ]; then \
-	  echo "runtime-check FAILED: no Python 3.13 found (see index-check)" >&2; exit 1; fi
-	@$(MAKE) --no-print-directory .venv-runtime/.ok PY313="$(PY313)"
-	RUNTIME_CHECK_REQUIRED=1 .venv-runtime/bin/python -m pytest tests/runtime -q -p no:cacheprovider
+## make runtime-check: the trigger-shape tests: what each function receives through
+## azure-functions-runtime, driven as the host drives it (hostrun/), against the host's source
+runtime-check: deps
+	$(PYTEST) tests/runtime -q
 
 .venv-iac/.ok: requirements-iac.txt
 	$(PYTHON) -m venv .venv-iac && .venv-iac/bin/pip install -q -r requirements-iac.txt && touch $@
@@ -177,4 +153,4 @@ bench: deps
 	if [ -n "$$failed" ]; then echo "bench FAILED:$$failed" >&2; exit 1; fi
 
 clean:
-	rm -rf $(VENV) .venv-iac .venv-index .venv-runtime node_modules run .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-iac node_modules run .mypy_cache .ruff_cache

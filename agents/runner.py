@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
-from typing import Generic, TypeVar
 
 from agents.health import EndpointHealth, HostActivity, Mark
 from agents.limits import CallRate, CallSlots, Slot
@@ -43,10 +42,8 @@ from observability.metrics import METRICS
 
 log = get_logger(__name__)
 
-K = TypeVar("K", bound=TryKind)
 
-
-class AttemptRunner(Generic[K]):
+class AttemptRunner[K: TryKind]:
     """The attempts of one agent: its breakers (one per endpoint), its concurrency limit
     and its pacing, around its kind of try."""
 

@@ -1,20 +1,19 @@
-"""What running the app through azure-functions-runtime costs (devhost --runtime worker).
+"""What running the app through azure-functions-runtime costs (devhost's one path).
 
-    .venv-runtime/bin/python -m bench.runtime [--calls 2000]
+    python -m bench.runtime [--calls 2000]
 
 Prints one JSON object:
 
 - ``invocationUs``: per invocation, devhost's ``Invoker.call`` of a queue function that
   does nothing and of an HTTP function (tests/fixtures/runtime_probe_app), ``direct``
-  (the function called with devhost's ``func`` object) and ``worker`` (that object turned
+  (the function called with devhost's ``func`` object: the floor, what devhost did before
+  it ran everything through the runtime) and ``worker`` (that object turned
   into the host's ``InvocationRequest``, through the runtime's ``invocation_request`` on
   its event loop and thread pool, and the response decoded): p50 / p99 / mean in µs,
   and ``overheadUs``, the difference of the means.
 - ``coldStartMs``: a fresh process (median of 3) that loads function_app.py (the real app,
   ``AGENT_TRANSPORT=storage``) ``direct`` (import, ``get_functions()``, as devhost's loader)
   and ``worker`` (the compiled protos, worker init, functions metadata, function loads).
-
-Needs Python 3.13 and the runtime (``make runtime-check`` builds .venv-runtime).
 """
 
 from __future__ import annotations
@@ -94,7 +93,10 @@ def invocations(calls: int) -> dict[str, Any]:
 def compare(runtime: Any, spec: Any, value: Any, calls: int) -> dict[str, Any]:
     from devhost.invoke import Invoker
 
-    direct, worker = Invoker(), Invoker(runtime.call)
+    def call_directly(spec: Any, value: Any) -> Any:
+        return spec.func(**{spec.trigger_arg: value})
+
+    direct, worker = Invoker(call_directly), Invoker(runtime.call)
     row: dict[str, Any] = {
         "direct": summary(timed(lambda: direct.call(spec, value), calls)),
         "worker": summary(timed(lambda: worker.call(spec, value), calls)),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from core.errors import ConcurrencyConflict
 from core.model import Order
@@ -48,7 +48,7 @@ class Ended(Protocol):
 
 
 @dataclass(frozen=True)
-class Changed(Generic[T]):
+class Changed[T]:
     order: Order
     result: T
     saved: SavedNotices

@@ -1,11 +1,13 @@
 """``python -m devhost``: run every function of a v2-model ``function_app.py`` locally.
 
     python -m devhost [--app function_app] [--http-port 7071] [--only fn1,fn2]
-                      [--exclude fn3] [--instance-id ID] [--verbose] [--runtime worker]
+                      [--exclude fn3] [--instance-id ID] [--verbose]
 
 Run it from the app folder (the one with ``function_app.py`` and ``host.json``), with the
 app settings in the environment (``AzureWebJobsStorage``: the storage, Azurite or Azure;
-local.settings.json is not read). It prints a line per function, ``DEVHOST_HTTP=<url>``
+local.settings.json is not read). Every invocation goes through azure-functions-runtime,
+the Functions Python runtime the app pins, loaded and driven as the host drives it
+(:mod:`hostrun.worker`). It prints a line per function, ``DEVHOST_HTTP=<url>``
 when it serves HTTP routes, then ``DEVHOST_READY``. SIGINT/SIGTERM stop it: polling and
 serving stop, running invocations get up to 10 s, then it exits 0. Exit code 2: the
 configuration cannot run (the message says which function and setting).
@@ -28,6 +30,8 @@ from devhost import app_loader
 from devhost.host import DevHost
 from devhost.invoke import Invoker
 from devhost.settings import ConfigError, load_host_json
+from hostrun import pool
+from hostrun import worker as hostrun
 
 log = logging.getLogger("devhost")
 SHUTDOWN_GRACE_SECONDS = 10.0
@@ -44,8 +48,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--exclude", default="", help="comma-separated functions to skip")
     parser.add_argument("--instance-id", default=None, help=f"exported as {DEVHOST_INSTANCE_ID}")
     parser.add_argument("--verbose", action="store_true", help="log successes at DEBUG")
-    runtimes = ("direct", "worker")  # worker: through azure-functions-runtime (Python 3.13)
-    parser.add_argument("--runtime", choices=runtimes, default=os.environ.get("DEVHOST_RUNTIME"))
     return parser.parse_args(argv)
 
 
@@ -66,11 +68,9 @@ def build(args: argparse.Namespace) -> DevHost:
     root = os.getcwd()
     default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
     os.environ[DEVHOST_INSTANCE_ID] = args.instance_id or default_id
-    runner = None
-    if args.runtime == "worker":  # hostrun.worker: indexes and loads the app as the host does
-        from hostrun.worker import start
-
-        runner = start(root, args.app).call
+    # The runtime indexes and loads the app as the host has it do (worker init, metadata,
+    # a load per function); devhost reads the same indexed functions' bindings.
+    runtime = hostrun.start(root, args.app)
     app = app_loader.find_app(app_loader.load_module(args.app, root))
     only, exclude = (
         {n.strip() for n in text.split(",") if n.strip()} for text in (args.only, args.exclude)
@@ -85,7 +85,12 @@ def build(args: argparse.Namespace) -> DevHost:
             os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
     host_json = load_host_json(Path(root, "host.json"))
-    return DevHost.build(specs, host_json, os.environ, args.http_port, Invoker(runner))
+    short = pool.shortfall(specs, host_json, os.environ)
+    if short:
+        log.warning("%s", short)
+    devhost = DevHost.build(specs, host_json, os.environ, args.http_port, Invoker(runtime.call))
+    runtime.deliver = devhost.deliver  # type: ignore[method-assign]  # output bindings
+    return devhost
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,7 +13,7 @@ import inspect
 import json
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -27,6 +27,7 @@ TIMER = "timerTrigger"
 HTTP = "httpTrigger"
 SERVICE_BUS = "serviceBusTrigger"
 SUPPORTED_TRIGGERS = (QUEUE, TIMER, HTTP, SERVICE_BUS)
+QUEUE_OUTPUT = "queue"  # the one output binding devhost delivers (DevHost.deliver)
 
 
 class UnsupportedFunction(ConfigError):
@@ -35,12 +36,14 @@ class UnsupportedFunction(ConfigError):
 
 @dataclass(frozen=True)
 class FunctionSpec:
-    """One function as devhost runs it: its trigger binding (``%NAME%`` resolved) and callable."""
+    """One function as devhost runs it: its trigger binding (``%NAME%`` resolved), its
+    callable, and its Storage queue output bindings by name (resolved too)."""
 
     name: str
     trigger_type: str
     trigger: Mapping[str, Any]
     func: Callable[..., Any]
+    outputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def trigger_arg(self) -> str:
@@ -115,14 +118,25 @@ def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
             f"not supported by devhost (supported: {', '.join(SUPPORTED_TRIGGERS)}); "
             f"exclude it with --exclude {name}"
         )
+    outputs: dict[str, Mapping[str, Any]] = {}
     for binding in bindings:
         if binding is trigger or (kind == HTTP and binding.get("name") == "$return"):
+            continue
+        if binding.get("type") == QUEUE_OUTPUT and str(binding.get("direction")).lower() == "out":
+            where = f"function {name!r} binding {binding.get('name')!r}"
+            if binding.get("name") == "$return" or not binding.get("queueName"):
+                raise UnsupportedFunction(
+                    f"{where}: devhost delivers a Storage queue output binding set through "
+                    "a named func.Out parameter with a queueName"
+                )
+            outputs[str(binding["name"])] = resolve_binding(binding, environ, where)
             continue
         raise UnsupportedFunction(
             f"function {name!r}: binding {binding.get('name')!r} of type {binding.get('type')!r} "
             f"(direction {binding.get('direction')}) is not supported by devhost; it runs only "
-            "queue, timer, HTTP and Service Bus triggers (the HTTP response returned), so use "
-            f"the SDK in the function instead, or exclude it with --exclude {name}"
+            "queue, timer, HTTP and Service Bus triggers (the HTTP response returned) and "
+            "Storage queue output bindings, so use the SDK in the function instead, or exclude "
+            f"it with --exclude {name}"
         )
     if kind == SERVICE_BUS and (
         trigger.get("isSessionsEnabled")
@@ -135,10 +149,10 @@ def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
         )
     user_function = fn.get_user_function()
     parameters = list(inspect.signature(user_function).parameters)
-    if parameters != [trigger["name"]]:
+    if sorted(parameters) != sorted([trigger["name"], *outputs]):
         raise UnsupportedFunction(
             f"function {name!r}: its parameters ({', '.join(parameters)}) must be just the "
-            f"trigger's {trigger['name']!r}"
+            f"trigger's {trigger['name']!r} and its output bindings"
         )
     resolved = resolve_binding(trigger, environ, f"function {name!r} binding {trigger['name']!r}")
-    return FunctionSpec(name, kind, resolved, user_function)
+    return FunctionSpec(name, kind, resolved, user_function, outputs)

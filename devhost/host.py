@@ -6,11 +6,14 @@ Connections are read and clients built as the app does it (``core.settings``,
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
 
 from bootstrap import clients
 from core.settings import OPCOUNT_DIR, STORAGE
@@ -53,10 +56,10 @@ class DevHost:
         host_json: Mapping[str, Any],
         environ: Mapping[str, str],
         http_port: int,
-        invoker: Invoker | None = None,
+        invoker: Invoker,
     ) -> DevHost:
         """Check every function's configuration and build (not start) what runs it."""
-        devhost = cls(invoker or Invoker(), environ)
+        devhost = cls(invoker, environ)
         queue_options: QueueOptions | None = None  # read only if there is a queue trigger
         lease = LeaseOptions.from_env(environ)
         bus_options = ServiceBusOptions.from_host_json(host_json)
@@ -99,6 +102,30 @@ class DevHost:
             except ValueError as error:
                 raise ConfigError(f"setting {setting}: not usable for Storage ({error})") from error
         return self.queue_services[setting]
+
+    def deliver(self, spec: FunctionSpec, outputs: Mapping[str, Any]) -> None:
+        """A successful invocation's output bindings, as the host flushes them: each Storage
+        queue output's value sent to its queue (created if missing, as the host does), a
+        list as one message per item; raises if a send fails (the invocation then fails)."""
+        for name, value in outputs.items():
+            binding = spec.outputs.get(name)
+            if binding is None:  # the runtime only returns declared bindings
+                raise ConfigError(f"function {spec.name}: no output binding {name!r}")
+            service = self.queue_service(str(binding.get("connection") or STORAGE))
+            queue = service.get_queue_client(str(binding["queueName"]))
+            for item in value if isinstance(value, list) else [value]:
+                text = (
+                    bytes(item).decode("utf-8")  # messageEncoding none: text only
+                    if isinstance(item, bytes | bytearray)
+                    else item
+                    if isinstance(item, str)
+                    else json.dumps(item)
+                )
+                try:
+                    queue.send_message(text)
+                except ResourceNotFoundError:
+                    queue.create_queue()
+                    queue.send_message(text)
 
     def _add_queue(self, spec: FunctionSpec, options: QueueOptions, lease: LeaseOptions) -> None:
         name = str(spec.trigger.get("queueName", ""))

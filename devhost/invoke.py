@@ -1,14 +1,15 @@
-"""Call a user function the way the Python worker does, and count what is running.
+"""Hand each invocation to the Functions Python runtime, and count what is running.
 
 Every trigger kind goes through :class:`Invoker`, so shutdown waits for all running
 invocations at one place and every failure is logged the same way (one ERROR record with
-the traceback); successes are logged at DEBUG.
+the traceback); successes are logged at DEBUG. What calls the function is the ``runner``:
+for ``python -m devhost``, always :meth:`hostrun.worker.WorkerRuntime.call` (the app
+through azure-functions-runtime, as the host drives it); devhost's own unit tests pass a
+runner that calls a test handler.
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
 import threading
 import time
@@ -41,11 +42,16 @@ class Outcome:
         return self.error is None
 
 
-class Invoker:
-    """Runs user functions (async ones in a private event loop), or hands them to ``runner``
-    (``--runtime worker``: azure-functions-runtime, see hostrun/), and counts them."""
+#: What runs one invocation: (the function, devhost's trigger value) -> its return value;
+#: raises when the invocation failed.
+Runner = Callable[[FunctionSpec, Any], Any]
 
-    def __init__(self, runner: Callable[[FunctionSpec, Any], Any] | None = None) -> None:
+
+class Invoker:
+    """Hands invocations to ``runner`` (azure-functions-runtime, see hostrun/) and counts
+    them."""
+
+    def __init__(self, runner: Runner) -> None:
         self._running, self.runner = 0, runner
         self._lock = threading.Lock()
 
@@ -62,12 +68,7 @@ class Invoker:
         with self._lock:
             self._running += 1
         try:
-            if self.runner is not None:  # the runtime raises when the invocation failed
-                result = self.runner(spec, trigger_value)
-            else:
-                result = spec.func(**{spec.trigger_arg: trigger_value})
-            if inspect.iscoroutine(result):
-                result = asyncio.run(result)
+            result = self.runner(spec, trigger_value)  # raises if the invocation failed
         except Exception as error:  # any user error is one failed invocation
             elapsed = time.monotonic() - started
             log.exception("function %s failed after %.3f s%s", spec.name, elapsed, suffix)

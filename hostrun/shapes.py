@@ -222,4 +222,10 @@ def from_rpc(data: Any) -> Any:
         return json.loads(data.json)
     if kind in ("string", "bytes", "int", "double"):
         return getattr(data, kind)
+    if kind in ("collection_string", "collection_bytes"):  # func.Out[list[str]], say
+        return list(
+            getattr(data, kind).string
+            if kind == "collection_string"
+            else data.collection_bytes.bytes
+        )
     return None if kind is None else getattr(data, kind)

@@ -218,16 +218,21 @@ class WorkerRuntime:
         return Result(value, outputs)
 
     def call(self, spec: Any, trigger_value: Any) -> Any:
-        """devhost's runner: what :meth:`devhost.invoke.Invoker.call` calls instead of the
-        function itself (the return value; an HTTP function's is an ``HttpResponse``)."""
+        """devhost's runner (:class:`devhost.invoke.Invoker`): one invocation, its output
+        bindings delivered (``deliver``: after success only, as the host flushes them; a
+        delivery that fails fails the invocation, so the trigger's message is retried);
+        returns the return value (an HTTP function's is an ``HttpResponse``)."""
         result = self.invoke(spec.name, trigger_value)
         if result.outputs:
-            log.warning(
-                "function %s wrote output bindings %s; devhost does not deliver them",
-                spec.name,
-                ", ".join(sorted(result.outputs)),
-            )
+            self.deliver(spec, result.outputs)
         return result.value
+
+    def deliver(self, spec: Any, outputs: dict[str, Any]) -> None:
+        """Where output bindings go: devhost sets its own (``DevHost.deliver``)."""
+        raise WorkerError(
+            f"function {spec.name} wrote output bindings {', '.join(sorted(outputs))} and "
+            "nothing here delivers them"
+        )
 
 
 def index_once(module_name: str) -> None:

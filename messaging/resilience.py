@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Final, TypeVar
+from typing import Final
 
 from tenacity import (
     RetryCallState,
@@ -31,7 +31,6 @@ from observability.metrics import METRICS
 
 log = get_logger(__name__)
 
-T = TypeVar("T")
 
 #: Two minutes of trouble inside one invocation; with maxDequeueCount 5 that is about
 #: ten minutes before a message is given up on (``Settings.ride_out_seconds``, which
@@ -39,7 +38,7 @@ T = TypeVar("T")
 RIDE_OUT_SECONDS: Final = DEFAULT_RIDE_OUT_SECONDS
 
 
-def ride_out(
+def ride_out[T](
     work: Callable[[], T],
     *,
     what: str,

@@ -13,7 +13,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from core.errors import CorruptOrder
 from core.events import read_history
@@ -26,7 +26,6 @@ from core.workflows import Plan
 from stores import activity, layout, migrate
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 MAX_JSON_CHARS: Final = 30_000  # a Table string property holds 32K UTF-16 units
 MAX_RESULT_CHARS: Final = 8_000
@@ -243,7 +242,7 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
 PARSE_ERRORS = (KeyError, ValueError, TypeError, AttributeError, IndexError, OverflowError)
 
 
-def well_formed(
+def well_formed[T](
     rows: Iterator[dict[str, Any]], parse: Callable[[dict[str, Any]], T], what: str
 ) -> Iterator[T]:
     """``parse`` of each row; a malformed one (a manual edit) is skipped with an ERROR log

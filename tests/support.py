@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient
@@ -16,8 +18,8 @@ from azure.storage.queue import QueueClient
 from bootstrap import AppContext, bootstrap, reset_app_context
 from core.names import Names
 from core.settings import Settings
-
-T = TypeVar("T")
+from devhost.app_loader import FunctionSpec
+from devhost.invoke import Invoker
 
 
 class FakeClock:
@@ -94,7 +96,7 @@ def drain_json(ctx: AppContext, queue: str) -> list[dict[str, Any]]:
     return [json.loads(t) for t in drain(ctx, queue)]
 
 
-def wait_for(
+def wait_for[T](
     condition: Callable[[], T | None],
     timeout: float,
     interval: float = 0.1,
@@ -156,3 +158,16 @@ def handle_request(ctx: AppContext, request: Any) -> Any:
 
     decoded = decode_request(request) if isinstance(request, str | bytes) else request
     return ctx.agent_for(decoded.agent).handle(decoded)
+
+
+def call_handler(spec: FunctionSpec, value: Any) -> Any:
+    """devhost's runner for its own unit tests: calls the test's handler with the trigger
+    value (an async one to completion). The app never runs this way: ``python -m devhost``
+    always goes through azure-functions-runtime (hostrun/)."""
+    result = spec.func(**{spec.trigger_arg: value})
+    return asyncio.run(result) if inspect.iscoroutine(result) else result
+
+
+def direct_invoker() -> Invoker:
+    """An :class:`Invoker` calling test handlers (:func:`call_handler`)."""
+    return Invoker(call_handler)

@@ -1,4 +1,4 @@
-// The Function App on the Flex Consumption plan (FC1), Python 3.11.
+// The Function App on the Flex Consumption plan (FC1), Python 3.13.
 //
 // On Flex Consumption the runtime and its version live in functionAppConfig,
 // not in FUNCTIONS_WORKER_RUNTIME / FUNCTIONS_EXTENSION_VERSION app settings
@@ -206,7 +206,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
       }
       runtime: {
         name: 'python'
-        version: '3.11'
+        version: '3.13'
       }
     }
     siteConfig: {
@@ -246,6 +246,15 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'AGENT_TRANSPORT'
           value: 'servicebus'
+        }
+        {
+          // The Python runtime runs every function on one thread pool, by default
+          // min(32, CPUs + 4) threads: the calls of one agent whose remote hangs would
+          // hold them all. Sized to every function's host.json concurrency at once, so
+          // host.json alone bounds each function (hostrun/pool.py, a unit test checks it);
+          // threads start only when invocations need them.
+          name: 'PYTHON_THREADPOOL_THREAD_COUNT'
+          value: '400'
         }
         {
           name: 'REMOTE_SERVICE_URL'

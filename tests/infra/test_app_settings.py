@@ -2,7 +2,8 @@
 
 core.settings.APP_SETTINGS names them (docs/contracts.md §3.6). A connection name may
 appear as its identity-based `<Name>__<part>` variants instead of itself; the
-two Application Insights settings are read by the platform, not the code.
+two Application Insights settings and the Python runtime's thread pool size are read by
+the platform, not the code.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from tests.infra.bicep import (
 PLATFORM_SETTINGS = {
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
+    # azure-functions-runtime's pool (hostrun/pool.py; tests/unit/test_thread_pool.py)
+    "PYTHON_THREADPOOL_THREAD_COUNT",
 }
 CONNECTIONS = {settings.STORAGE, settings.SERVICE_BUS}
 # The parts the Functions host and core.settings.Connection understand.
@@ -170,7 +173,10 @@ def test_flex_consumption_runtime_is_not_an_app_setting() -> None:
     app = parse(INFRA / "app" / "function-app.bicep")
     (site,) = resources_of_type(app, "Microsoft.Web/sites").values()
     runtime = body(site)["properties"]["functionAppConfig"]["runtime"]
-    assert runtime == {"name": "python", "version": "3.11"}
+    # The Python the app is built and tested on (pyproject.toml's requires-python)
+    pyproject = (INFRA.parent / "pyproject.toml").read_text(encoding="utf-8")
+    (python,) = re.findall(r'requires-python = ">=(3\.\d+)"', pyproject)
+    assert runtime == {"name": "python", "version": python} == {"name": "python", "version": "3.13"}
 
 
 def test_parameter_defaults_match_the_code_defaults() -> None:

@@ -14,10 +14,10 @@ from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from core.settings import Connection
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker
 from devhost.servicebus import ServiceBusListener, sdk_receiver_factory
 from devhost.settings import ServiceBusOptions
 from localbus.process import LocalBus
+from tests.support import direct_invoker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,7 +40,7 @@ def listen(bus: LocalBus, queue: str, handler: Any) -> tuple[threading.Event, th
     spec = FunctionSpec("fn", "serviceBusTrigger", trigger, handler)
     connection = Connection("ServiceBusConnection", connection_string=bus.connection_string)
     listener = ServiceBusListener(
-        spec, sdk_receiver_factory(connection, queue), Invoker(), ServiceBusOptions(4, 60.0)
+        spec, sdk_receiver_factory(connection, queue), direct_invoker(), ServiceBusOptions(4, 60.0)
     )
     stop = threading.Event()
     return stop, listener.start(stop)

@@ -278,3 +278,71 @@ def test_the_wire_shapes_are_the_hosts(runtime: WorkerRuntime) -> None:
     }
     assert json.loads(bus["EnqueuedTime"].json) == "2024-05-01T12:30:45.123456+00:00"
     assert json.loads(bus["EnqueuedTimeUtc"].json) == "2024-05-01T12:30:45.123456"
+
+
+class FakeQueueService:
+    """A QueueServiceClient holding what was sent; ``missing`` queues raise 404 once."""
+
+    def __init__(self, missing: set[str] | None = None, broken: bool = False) -> None:
+        self.sent: dict[str, list[str]] = {}
+        self.created: list[str] = []
+        self.missing, self.broken = missing or set(), broken
+
+    def get_queue_client(self, name: str) -> Any:
+        from azure.core.exceptions import ResourceNotFoundError, ServiceRequestError
+
+        service = self
+
+        class Client:
+            def send_message(self, text: str) -> None:
+                if service.broken:
+                    raise ServiceRequestError("storage unreachable")
+                if name in service.missing:
+                    raise ResourceNotFoundError("The specified queue does not exist.")
+                service.sent.setdefault(name, []).append(text)
+
+            def create_queue(self) -> None:
+                service.missing.discard(name)
+                service.created.append(name)
+
+        return Client()
+
+
+def probe_spec(name: str) -> FunctionSpec:
+    """The probe function as devhost builds it from its bindings (its outputs included)."""
+    import sys
+
+    from devhost.app_loader import build_spec, find_app
+
+    app = find_app(sys.modules["function_app"])
+    (fn,) = [f for f in app.get_functions() if f.get_function_name() == name]
+    return build_spec(fn, {})
+
+
+def test_an_output_binding_is_delivered_after_success_only(runtime: WorkerRuntime) -> None:
+    from devhost.host import DevHost
+
+    spec_ = probe_spec("probe_queue")
+    assert set(spec_.outputs) == {"out"} and spec_.outputs["out"]["queueName"] == "probe-out"
+    devhost = DevHost(Invoker(runtime.call), {})
+    service = FakeQueueService(missing={"probe-out"})
+    devhost.queue_services["AzureWebJobsStorage"] = service
+    runtime.deliver = devhost.deliver  # type: ignore[method-assign]
+    try:
+        outcome = devhost.invoker.call(spec_, _queue_value("m-4", "hello"))
+        assert outcome.succeeded, outcome.error
+        assert service.created == ["probe-out"]  # created on first use, as the host does
+        (sent,) = service.sent["probe-out"]
+        assert json.loads(sent)["body"] == "hello"
+        # a delivery that fails fails the invocation: the trigger message is retried
+        devhost.queue_services["AzureWebJobsStorage"] = FakeQueueService(broken=True)
+        failed = devhost.invoker.call(spec_, _queue_value("m-5", "again"))
+        assert not failed.succeeded and "storage unreachable" in str(failed.error)
+        # a function that raises writes nothing
+        fail_spec = probe_spec("probe_fail")
+        quiet = FakeQueueService()
+        devhost.queue_services["AzureWebJobsStorage"] = quiet
+        assert not devhost.invoker.call(fail_spec, _queue_value("m-6", "z")).succeeded
+        assert quiet.sent == {}
+    finally:
+        del runtime.deliver

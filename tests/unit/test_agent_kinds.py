@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -70,10 +70,9 @@ def settings(url: str = "http://remote.test/api") -> Settings:
 
 
 _CLIENTS: list[AttemptRunner[Any]] = []
-C = TypeVar("C", bound=AttemptRunner[Any])
 
 
-def closing(client: C) -> C:
+def closing[C: AttemptRunner[Any]](client: C) -> C:
     _CLIENTS.append(client)
     return client
 

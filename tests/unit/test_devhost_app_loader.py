@@ -49,11 +49,22 @@ def test_every_supported_trigger_is_found_from_its_bindings() -> None:
     assert by_name["on_bus"].trigger["queueName"] == "orders-x/$DeadLetterQueue"
 
 
-def test_an_output_binding_is_refused_naming_function_and_binding() -> None:
+def test_a_storage_queue_output_binding_is_kept_resolved() -> None:
     app = func.FunctionApp()
 
     @app.queue_trigger(arg_name="msg", queue_name="in", connection="AzureWebJobsStorage")
-    @app.queue_output(arg_name="out", queue_name="out", connection="AzureWebJobsStorage")
+    @app.queue_output(arg_name="out", queue_name="%OUT_QUEUE%", connection="AzureWebJobsStorage")
+    def forward(msg: func.QueueMessage, out: func.Out[str]) -> None: ...
+
+    (spec,) = [app_loader.build_spec(fn, {"OUT_QUEUE": "out-x"}) for fn in app.get_functions()]
+    assert spec.outputs["out"]["queueName"] == "out-x"  # delivered by DevHost.deliver
+
+
+def test_another_output_binding_is_refused_naming_function_and_binding() -> None:
+    app = func.FunctionApp()
+
+    @app.queue_trigger(arg_name="msg", queue_name="in", connection="AzureWebJobsStorage")
+    @app.blob_output(arg_name="out", path="docs/x", connection="AzureWebJobsStorage")
     def forward(msg: func.QueueMessage, out: func.Out[str]) -> None: ...
 
     with pytest.raises(UnsupportedFunction) as error:
@@ -61,7 +72,7 @@ def test_an_output_binding_is_refused_naming_function_and_binding() -> None:
     message = str(error.value)
     assert "'forward'" in message
     assert "'out'" in message
-    assert "'queue'" in message
+    assert "'blob'" in message
     assert "--exclude forward" in message
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from devhost.app_loader import FunctionSpec
 from devhost.http import HttpServer, url_map
-from devhost.invoke import Invoker
 from devhost.settings import ConfigError
+from tests.support import direct_invoker
 
 
 def http_spec(
@@ -107,7 +107,7 @@ def server() -> Iterator[HttpServer]:
         http_spec("fails", fails, "fails", None),
         http_spec("wrong", wrong, "wrong", None),
     ]
-    srv = HttpServer(0, specs, "api", Invoker())
+    srv = HttpServer(0, specs, "api", direct_invoker())
     srv.start()
     try:
         yield srv
@@ -171,4 +171,4 @@ def test_a_busy_port_is_a_config_error() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match="--http-port 0"):
-            HttpServer(port, [http_spec("x", nothing, "x", None)], "api", Invoker())
+            HttpServer(port, [http_spec("x", nothing, "x", None)], "api", direct_invoker())

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker
 from devhost.queues import (
     MIN_POLL_SECONDS,
     EnqueueWatcher,
@@ -19,6 +18,7 @@ from devhost.queues import (
     next_back_off,
 )
 from devhost.settings import LeaseOptions, QueueOptions
+from tests.support import direct_invoker
 
 
 @dataclass
@@ -90,7 +90,13 @@ def listener(
     queue, poison = FakeQueue("q"), FakeQueue("q-poison")
     options = QueueOptions(4, 2, 1.0, 7.0, max_dequeue)
     built = QueueListener(
-        spec, queue, poison, options, LeaseOptions(30, 10.0), Invoker(), clock=clock or Clock()
+        spec,
+        queue,
+        poison,
+        options,
+        LeaseOptions(30, 10.0),
+        direct_invoker(),
+        clock=clock or Clock(),
     )
     return built, queue, poison
 

@@ -14,7 +14,6 @@ import pytest
 
 from devhost.app_loader import FunctionSpec
 from devhost.host import DevHost
-from devhost.invoke import Invoker
 from devhost.servicebus import (
     ServiceBusListener,
     close_within,
@@ -22,6 +21,7 @@ from devhost.servicebus import (
     message_body,
 )
 from devhost.settings import ServiceBusOptions
+from tests.support import direct_invoker
 
 ENQUEUED = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -138,7 +138,7 @@ def test_success_completes_and_failure_abandons() -> None:
     renewer = FakeRenewer()
     options = ServiceBusOptions(max_concurrent_calls=4, max_auto_lock_renewal=60.0)
     listener = ServiceBusListener(
-        spec(handler), lambda: receiver, Invoker(), options, renewer_factory=lambda: renewer
+        spec(handler), lambda: receiver, direct_invoker(), options, renewer_factory=lambda: renewer
     )
     stop = threading.Event()
     thread = listener.start(stop)
@@ -171,7 +171,11 @@ def test_a_failing_receiver_is_reopened() -> None:
         return receiver
 
     listener = ServiceBusListener(
-        spec(handler), open_receiver, Invoker(), ServiceBusOptions(), renewer_factory=FakeRenewer
+        spec(handler),
+        open_receiver,
+        direct_invoker(),
+        ServiceBusOptions(),
+        renewer_factory=FakeRenewer,
     )
     stop = threading.Event()
     thread = listener.start(stop)
@@ -213,7 +217,7 @@ def test_the_reconnect_back_off_starts_over_after_the_receiver_worked() -> None:
     listener = ServiceBusListener(
         spec(handler),
         lambda: receivers.pop(0),
-        Invoker(),
+        direct_invoker(),
         ServiceBusOptions(),
         renewer_factory=FakeRenewer,
     )
@@ -236,7 +240,7 @@ def test_settle_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -
     listener = ServiceBusListener(
         spec(handler),
         lambda: LockLost([]),
-        Invoker(),
+        direct_invoker(),
         ServiceBusOptions(),
         renewer_factory=FakeRenewer,
     )
@@ -257,7 +261,7 @@ def test_closing_a_hung_receiver_is_bounded() -> None:
 def test_not_configured_means_skipped_with_a_reason() -> None:
     only_client_id = {"ServiceBusConnection__clientId": "00000000-0000-0000-0000-000000000000"}
     for environ in ({}, only_client_id):
-        devhost = DevHost.build([spec(handler)], {}, environ, http_port=0)
+        devhost = DevHost.build([spec(handler)], {}, environ, http_port=0, invoker=direct_invoker())
         assert devhost.service_bus == []
         assert "SKIPPED" in devhost.lines[0]
         assert "ServiceBusConnection__fullyQualifiedNamespace" in devhost.lines[0]
@@ -265,7 +269,7 @@ def test_not_configured_means_skipped_with_a_reason() -> None:
 
 def test_a_configured_namespace_gets_a_listener_with_the_apps_client() -> None:
     namespace = {"ServiceBusConnection__fullyQualifiedNamespace": "ns.servicebus.windows.net"}
-    devhost = DevHost.build([spec(handler)], {}, namespace, http_port=0)
+    devhost = DevHost.build([spec(handler)], {}, namespace, http_port=0, invoker=direct_invoker())
     assert len(devhost.service_bus) == 1
     assert "queue 'agent-requests'" in devhost.lines[0]
 
@@ -274,7 +278,13 @@ def test_a_bad_connection_string_is_a_config_error() -> None:
     from devhost.settings import ConfigError
 
     with pytest.raises(ConfigError, match="ServiceBusConnection"):
-        DevHost.build([spec(handler)], {}, {"ServiceBusConnection": "nonsense"}, http_port=0)
+        DevHost.build(
+            [spec(handler)],
+            {},
+            {"ServiceBusConnection": "nonsense"},
+            http_port=0,
+            invoker=direct_invoker(),
+        )
 
 
 def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
@@ -287,7 +297,7 @@ def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
             never.wait(30)  # ignores max_wait_time, as a hung connection would
             return []
 
-    devhost = DevHost(Invoker(), {})
+    devhost = DevHost(direct_invoker(), {})
     devhost.service_bus.append(
         ServiceBusListener(
             spec(handler),
@@ -321,7 +331,11 @@ def test_the_pump_runs_the_next_message_while_one_is_still_running() -> None:
     )
     options = ServiceBusOptions(max_concurrent_calls=4, max_auto_lock_renewal=60.0)
     listener = ServiceBusListener(
-        spec(slow_or_quick), lambda: receiver, Invoker(), options, renewer_factory=FakeRenewer
+        spec(slow_or_quick),
+        lambda: receiver,
+        direct_invoker(),
+        options,
+        renewer_factory=FakeRenewer,
     )
     stop = threading.Event()
     thread = listener.start(stop)
@@ -354,7 +368,11 @@ def test_a_stop_lets_running_messages_finish_and_settles_them() -> None:
 
     receiver = FakeReceiver([[FakeMessage(b"slow", message_id="a")]])
     listener = ServiceBusListener(
-        spec(slow), lambda: receiver, Invoker(), ServiceBusOptions(), renewer_factory=FakeRenewer
+        spec(slow),
+        lambda: receiver,
+        direct_invoker(),
+        ServiceBusOptions(),
+        renewer_factory=FakeRenewer,
     )
     stop = threading.Event()
     thread = listener.start(stop)

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker
 from devhost.settings import ConfigError
 from devhost.timers import TimerRunner, parse_schedule
+from tests.support import direct_invoker
 
 T0 = datetime(2026, 1, 1, 0, 0, 3, tzinfo=UTC)  # a Thursday
 
@@ -78,7 +78,7 @@ def test_a_tick_passes_past_due_and_the_schedule_status() -> None:
     def handler(timer: Any) -> None:
         calls.append(timer)
 
-    runner = TimerRunner(spec(handler), parse_schedule("*/1 * * * * *"), Invoker())
+    runner = TimerRunner(spec(handler), parse_schedule("*/1 * * * * *"), direct_invoker())
     runner.fire(T0, past_due=False)
     runner.fire(T0 + timedelta(seconds=1), past_due=True)
     assert [c.past_due for c in calls] == [False, True]
@@ -105,7 +105,7 @@ def test_ticks_that_pass_while_the_function_runs_are_skipped() -> None:
             stop.set()
 
     schedule = parse_schedule("*/1 * * * * *")
-    TimerRunner(spec(handler), schedule, Invoker(), now=lambda: clock[0]).run(stop)
+    TimerRunner(spec(handler), schedule, direct_invoker(), now=lambda: clock[0]).run(stop)
     # The first tick at T0 + 1 s ends at T0 + 4.5 s: the next is T0 + 5 s, not a catch-up.
     assert seen == [(T0 + timedelta(seconds=1), False), (T0 + timedelta(seconds=5), False)]
 
@@ -121,7 +121,7 @@ def test_runner_fires_on_schedule_and_on_startup() -> None:
 
     stop = threading.Event()
     runner = TimerRunner(
-        spec(handler), parse_schedule("*/1 * * * * *"), Invoker(), run_on_startup=True
+        spec(handler), parse_schedule("*/1 * * * * *"), direct_invoker(), run_on_startup=True
     )
     thread = runner.start(stop)
     try:
