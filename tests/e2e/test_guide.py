@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "add-a-workflow.md"
 BLOCK = re.compile(r"```python\n# (file|append to): (\S+)\n(.*?)```", re.DOTALL)
-NOT_COPIED = {".git", ".venv", ".venv-iac", ".venv-index", "node_modules", "run"}
+NOT_COPIED = {".git", ".venv", ".venv-iac", "node_modules", "run"}
 
 RUN = r"""
 import json, sys, time

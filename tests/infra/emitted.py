@@ -42,7 +42,7 @@ class Emitted:
 def app_sources() -> list[Path]:
     """``function_app.py`` and the app's packages (the folders at the root with an
     ``__init__.py``): never a virtual environment or a cache beside them (``make test``
-    builds ``.venv-index`` and ``.venv-runtime`` in the tree while this runs)."""
+    builds ``.venv-iac`` in the tree while this runs)."""
     packages = [
         folder
         for folder in REPO.iterdir()
