@@ -62,6 +62,8 @@ def to_response(result: Any) -> Response:
             mimetype = result.mimetype or "text/plain"
             charset = f"; charset={result.charset}" if mimetype.startswith("text/") else ""
             headers.append(("Content-Type", f"{mimetype}{charset}"))
+        # the runtime moves Set-Cookie into RpcHttp.cookies; hostrun renders them back
+        headers += [("Set-Cookie", cookie) for cookie in getattr(result, "set_cookies", ())]
         return Response(result.get_body() or b"", result.status_code, headers)
     raise TypeError(f"an HTTP function must return an HttpResponse, not {type(result).__name__}")
 

@@ -37,14 +37,16 @@ DEPLOYED_THREADS = "400"
 
 def needed(specs: Iterable[FunctionSpec], host_json: Mapping[str, Any]) -> int:
     """Threads for every function's host.json maximum at once, on one instance."""
-    queues = QueueOptions.from_host_json(host_json)
-    bus = ServiceBusOptions.from_host_json(host_json)
-    per_kind = {
-        loader.QUEUE: queues.batch_size + queues.new_batch_threshold,
-        loader.SERVICE_BUS: bus.max_concurrent_calls,
-        loader.TIMER: 1,  # a timer does not start a run while its last one runs
-    }
     specs = list(specs)
+    kinds = {spec.trigger_type for spec in specs}
+    per_kind = {loader.TIMER: 1}  # a timer does not start a run while its last one runs
+    if loader.QUEUE in kinds:  # host.json's queue options are read only when they apply
+        queues = QueueOptions.from_host_json(host_json)
+        per_kind[loader.QUEUE] = queues.batch_size + queues.new_batch_threshold
+    if loader.SERVICE_BUS in kinds:
+        per_kind[loader.SERVICE_BUS] = ServiceBusOptions.from_host_json(
+            host_json
+        ).max_concurrent_calls
     total = sum(per_kind.get(spec.trigger_type, 0) for spec in specs)
     if any(spec.trigger_type == loader.HTTP for spec in specs):
         total += HTTP_CONCURRENCY

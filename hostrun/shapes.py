@@ -204,6 +204,31 @@ def http_request(protos: Any, req: func.HttpRequest, name: str) -> tuple[Any, Me
     return data, metadata(protos, binding)
 
 
+def set_cookie(cookie: Any) -> str:
+    """An ``RpcHttpCookie`` as the host writes it: ``response.Cookies.Append(name, value,
+    CookieOptions)`` (azure-functions-host, ``RpcHttpCookieConverter`` /
+    ``HttpResponseExtensions``), so ASP.NET Core's ``SetCookieHeaderValue`` format: lower-case
+    attributes, ``path=/`` when the cookie names none (``CookieOptions.Path``'s default)."""
+    parts = [f"{cookie.name}={cookie.value}"]
+    if cookie.HasField("expires"):
+        when = cookie.expires.value.ToDatetime(tzinfo=UTC)
+        parts.append("expires=" + when.strftime("%a, %d %b %Y %H:%M:%S GMT"))
+    if cookie.HasField("max_age"):
+        parts.append(f"max-age={int(cookie.max_age.value)}")
+    if cookie.HasField("domain") and cookie.domain.value:
+        parts.append(f"domain={cookie.domain.value}")
+    path = cookie.path.value if cookie.HasField("path") and cookie.path.value else "/"
+    parts.append(f"path={path}")
+    if cookie.HasField("secure") and cookie.secure.value:
+        parts.append("secure")
+    same_site = {1: "lax", 2: "strict", 3: "none"}.get(int(cookie.same_site))
+    if same_site:
+        parts.append(f"samesite={same_site}")
+    if cookie.HasField("http_only") and cookie.http_only.value:
+        parts.append("httponly")
+    return "; ".join(parts)
+
+
 def from_rpc(data: Any) -> Any:
     """A ``TypedData`` the runtime returned, as a Python value (an ``HttpResponse`` for
     ``http``, as the host turns it into the HTTP response)."""
@@ -213,11 +238,13 @@ def from_rpc(data: Any) -> Any:
     if kind == "http":
         http = data.http
         body = from_rpc(http.body) if http.HasField("body") else b""
-        return func.HttpResponse(
+        response = func.HttpResponse(
             body=body.encode("utf-8") if isinstance(body, str) else body or b"",
             status_code=int(http.status_code or 200),
             headers=dict(http.headers),
         )
+        response.set_cookies = [set_cookie(c) for c in http.cookies]  # type: ignore[attr-defined]
+        return response
     if kind == "json":
         return json.loads(data.json)
     if kind in ("string", "bytes", "int", "double"):

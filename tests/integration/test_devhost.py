@@ -303,7 +303,9 @@ def test_http_routes_call_the_functions(setup: Setup) -> None:
     status, body, headers = fetch(f"{base}/api/items/books/42?colour=red")
     assert status == 200
     assert headers["X-Devhost-Test"] == "yes"
-    assert headers["Set-Cookie"] == "seen=1; HttpOnly"
+    # The runtime moves Set-Cookie into RpcHttp.cookies and the host writes each with
+    # ASP.NET Core's cookie options (hostrun/shapes.py, set_cookie): path=/ by default.
+    assert headers["Set-Cookie"] == "seen=1; path=/; httponly"
     assert json.loads(body) == {
         "route": {"category": "books", "id": "42"},
         "query": {"colour": "red"},

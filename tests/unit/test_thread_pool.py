@@ -64,6 +64,9 @@ def test_needed_sums_each_functions_host_json_limit() -> None:
     # the HTTP routes count once, whatever their number
     with_http = [spec(k) for k in [*kinds, "httpTrigger", "httpTrigger"]]
     assert pool.needed(with_http, host) == 18 + pool.HTTP_CONCURRENCY
+    # host.json's queue options are read only when a queue function runs (devhost refuses
+    # base64 messages, host.json's default)
+    assert pool.needed([spec("httpTrigger")], {}) == pool.HTTP_CONCURRENCY
 
 
 def test_a_pool_below_the_need_is_a_warning_naming_the_setting() -> None:
