@@ -89,7 +89,7 @@ def build(args: argparse.Namespace) -> DevHost:
     if short:
         log.warning("%s", short)
     devhost = DevHost.build(specs, host_json, os.environ, args.http_port, Invoker(runtime.call))
-    runtime.deliver = devhost.deliver  # type: ignore[method-assign]  # output bindings
+    runtime.deliver = devhost.deliver  # output bindings
     return devhost
 
 

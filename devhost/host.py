@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from azure.core.exceptions import ResourceNotFoundError
-
 from bootstrap import clients
 from core.settings import OPCOUNT_DIR, STORAGE
 from core.settings import connection as read_connection
@@ -112,7 +110,7 @@ class DevHost:
             if binding is None:  # the runtime only returns declared bindings
                 raise ConfigError(f"function {spec.name}: no output binding {name!r}")
             service = self.queue_service(str(binding.get("connection") or STORAGE))
-            queue = service.get_queue_client(str(binding["queueName"]))
+            queues = StorageQueues(service)  # its send creates a missing queue, as the host
             for item in value if isinstance(value, list) else [value]:
                 text = (
                     bytes(item).decode("utf-8")  # messageEncoding none: text only
@@ -121,11 +119,7 @@ class DevHost:
                     if isinstance(item, str)
                     else json.dumps(item)
                 )
-                try:
-                    queue.send_message(text)
-                except ResourceNotFoundError:
-                    queue.create_queue()
-                    queue.send_message(text)
+                queues.send(str(binding["queueName"]), text)
 
     def _add_queue(self, spec: FunctionSpec, options: QueueOptions, lease: LeaseOptions) -> None:
         name = str(spec.trigger.get("queueName", ""))

@@ -53,9 +53,9 @@ def needed(specs: Iterable[FunctionSpec], host_json: Mapping[str, Any]) -> int:
     return total
 
 
-def configured(environ: Mapping[str, str] | None = None) -> int:
+def configured(environ: Mapping[str, str]) -> int:
     """The pool size the runtime will use (Python's default when the setting is unset)."""
-    value = (environ if environ is not None else os.environ).get(SETTING, "").strip()
+    value = environ.get(SETTING, "").strip()
     return int(value) if value.isdigit() else min(32, (os.cpu_count() or 1) + 4)
 
 

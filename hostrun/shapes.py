@@ -249,10 +249,8 @@ def from_rpc(data: Any) -> Any:
         return json.loads(data.json)
     if kind in ("string", "bytes", "int", "double"):
         return getattr(data, kind)
-    if kind in ("collection_string", "collection_bytes"):  # func.Out[list[str]], say
-        return list(
-            getattr(data, kind).string
-            if kind == "collection_string"
-            else data.collection_bytes.bytes
-        )
+    if kind == "collection_string":  # func.Out[list[str]], say
+        return list(data.collection_string.string)
+    if kind == "collection_bytes":
+        return list(data.collection_bytes.bytes)
     return None if kind is None else getattr(data, kind)

@@ -99,6 +99,8 @@ class WorkerRuntime:
         self.runtime = runtime
         self.functions: dict[str, Any] = {}  # name -> RpcFunctionMetadata
         self.capabilities: dict[str, str] = {}
+        #: Where output bindings go (devhost sets ``DevHost.deliver``); by default refused.
+        self.deliver: Callable[[Any, dict[str, Any]], None] = self._undelivered
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="worker", daemon=True)
         self.started = False
@@ -227,8 +229,8 @@ class WorkerRuntime:
             self.deliver(spec, result.outputs)
         return result.value
 
-    def deliver(self, spec: Any, outputs: dict[str, Any]) -> None:
-        """Where output bindings go: devhost sets its own (``DevHost.deliver``)."""
+    @staticmethod
+    def _undelivered(spec: Any, outputs: dict[str, Any]) -> None:
         raise WorkerError(
             f"function {spec.name} wrote output bindings {', '.join(sorted(outputs))} and "
             "nothing here delivers them"

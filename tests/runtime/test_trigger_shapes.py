@@ -294,7 +294,7 @@ class FakeQueueService:
         service = self
 
         class Client:
-            def send_message(self, text: str) -> None:
+            def send_message(self, text: str, **options: Any) -> None:
                 if service.broken:
                     raise ServiceRequestError("storage unreachable")
                 if name in service.missing:
@@ -327,7 +327,7 @@ def test_an_output_binding_is_delivered_after_success_only(runtime: WorkerRuntim
     devhost = DevHost(Invoker(runtime.call), {})
     service = FakeQueueService(missing={"probe-out"})
     devhost.queue_services["AzureWebJobsStorage"] = service
-    runtime.deliver = devhost.deliver  # type: ignore[method-assign]
+    undelivered, runtime.deliver = runtime.deliver, devhost.deliver
     try:
         outcome = devhost.invoker.call(spec_, _queue_value("m-4", "hello"))
         assert outcome.succeeded, outcome.error
@@ -345,4 +345,4 @@ def test_an_output_binding_is_delivered_after_success_only(runtime: WorkerRuntim
         assert not devhost.invoker.call(fail_spec, _queue_value("m-6", "z")).succeeded
         assert quiet.sent == {}
     finally:
-        del runtime.deliver
+        runtime.deliver = undelivered
