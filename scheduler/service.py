@@ -406,6 +406,7 @@ class Scheduler:
                 changed = self._changes.change(
                     reply.order_id,
                     lambda o: o.apply_reply(reply, self._clock(), self._config.policy),
+                    loaded=self._recent_for(reply),
                     after_save=applied,
                 )
             except TransitionRefused as refused:
@@ -424,6 +425,24 @@ class Scheduler:
                 log.warning("reply for an unknown order; dropped")
                 return Handled.STALE
             return Handled.APPLIED if changed.result is ReplyEffect.APPLIED else Handled.NOTED
+
+    def _recent_for(self, reply: AgentReply) -> Order | None:
+        """The order as this process last wrote it, when that is the claim this reply
+        reports on (its step Processing on the reply's attempt, still in flight): then the
+        read would return it, unless another instance changed the order since, which the
+        save's If-Match catches (read again, decide again). Anything else: read it."""
+        order = self._store.recent(reply.order_id)
+        step = order.find(reply.step) if order is not None else None
+        current = step.current if step is not None else None
+        if (
+            step is None
+            or step.process_state is not StepState.PROCESSING
+            or step.attempt != reply.attempt
+            or current is None
+            or not current.in_flight
+        ):
+            return None
+        return order
 
     # --- safety sweep ------------------------------------------------------------------
 

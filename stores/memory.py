@@ -109,6 +109,7 @@ class InMemoryStateStore(SweepReads, ControlRows, DashboardRows):
         self._etags = itertools.count(1)
         self._write_ids = itertools.count(1)
         self._faults: list[tuple[int, BaseException, frozenset[str] | None]] = []
+        self._written: set[str] = set()  # orders saved through this store (``recent``)
 
     # --- test hooks ----------------------------------------------------------------
 
@@ -158,6 +159,14 @@ class InMemoryStateStore(SweepReads, ControlRows, DashboardRows):
         prefix = layout.order_prefix(order_id)
         rows = self._range(layout.shard_of(order_id), prefix, prefix + layout.HIGH)
         return entities.parse_stored(order_id, rows)
+
+    def recent(self, order_id: str) -> Order | None:
+        """The order as this store last wrote it (``TableStateStore.recent``; one store
+        object stands for every process here, so it is what ``load`` returns, with no
+        fault injected: a read that makes no request cannot fail)."""
+        with self._lock:
+            written = order_id in self._written
+        return self._load(order_id) if written else None
 
     def _range(
         self,
@@ -246,6 +255,8 @@ class InMemoryStateStore(SweepReads, ControlRows, DashboardRows):
         except BaseException:
             order.version -= 1
             raise
+        with self._lock:
+            self._written.add(order.order_id)
         return writes.adopt(order, commit, etags)
 
     def _apply(self, partition: str, ops: list[Op]) -> dict[str, str]:

@@ -36,10 +36,16 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceNotFoundError,
 )
-from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
+
+# The SDK's own wire conversion (azure-data-tables 12.7), as stores/memory.py uses it: a
+# written entity as a read returns it, for the rows this process remembers (stores/recent.py).
+from azure.data.tables._deserialize import _convert_to_entity
+from azure.data.tables._serialize import _add_entity_properties
 
 from core.errors import (
     ConcurrencyConflict,
+    CorruptOrder,
     OrderAlreadyExists,
     OrderNotFound,
     StorageUnavailable,
@@ -50,6 +56,7 @@ from core.states import OrderStatus
 from stores import controls, entities, layout, listing, sdk_patches, writes
 from stores.controls import ControlRows
 from stores.dashboard import DashboardRows
+from stores.recent import MAX_BODY_CHARS, RecentWrites
 from stores.sweeps import SweepReads
 
 log = logging.getLogger(__name__)
@@ -58,9 +65,12 @@ T = TypeVar("T")
 
 
 class TableStateStore(SweepReads, ControlRows, DashboardRows):
-    def __init__(self, table: TableClient):
+    def __init__(self, table: TableClient, recent: RecentWrites | None = None):
+        """``recent``: what this process wrote last of each order (``stores/recent.py``);
+        a store of its own by default."""
         sdk_patches.apply()
         self._table = table
+        self._recent = recent if recent is not None else RecentWrites()
 
     @property
     def table(self) -> TableClient:
@@ -89,7 +99,28 @@ class TableStateStore(SweepReads, ControlRows, DashboardRows):
             raise StorageUnavailable(
                 f"could not read order {order_id}: {exc}", order_id=order_id
             ) from exc
-        return entities.parse_stored(order_id, rows)
+        order = entities.parse_stored(order_id, rows)
+        if order is not None:
+            order.store_meta["rows"] = {
+                str(e["RowKey"]): e for e in rows if e.get("Kind") in _RECORD_KINDS
+            }
+        return order
+
+    def recent(self, order_id: str) -> Order | None:
+        """The order as this process last wrote it, if it still has it: no request. A hint
+        that may be stale (another instance may have changed it since): saving it is
+        conditional on its ETags like any save, and refused if so (``stores/recent.py``)."""
+        rows = self._recent.rows(order_id)
+        if rows is None:
+            return None
+        try:
+            order = entities.parse_stored(order_id, list(rows.values()))
+        except CorruptOrder:  # pragma: no cover - rows this process wrote itself
+            self._recent.forget(order_id)
+            return None
+        if order is not None:
+            order.store_meta["rows"] = rows
+        return order
 
     def _range(
         self,
@@ -154,6 +185,7 @@ class TableStateStore(SweepReads, ControlRows, DashboardRows):
             results = self._submit(order.order_id, ops)
         except AzureError as exc:
             order.version -= 1
+            self._recent.forget(order.order_id)
             refused = isinstance(exc, TableTransactionError) and exc.status_code in (409, 412, 404)
             # Refused: maybe our own first try, applied, then retried by the SDK (it
             # retries a POST answered 500, 503 or 504: a create then meets 409, an update
@@ -187,9 +219,29 @@ class TableStateStore(SweepReads, ControlRows, DashboardRows):
             ) from exc
         except BaseException:  # not the store's answer (a transport bug): nothing to adopt
             order.version -= 1
+            self._recent.forget(order.order_id)
             raise
         etags = {op.row: r["etag"] for op, r in zip(ops, results, strict=True) if r.get("etag")}
-        return writes.adopt(order, commit, etags)
+        saved = writes.adopt(order, commit, etags)
+        self._remember(order, ops, etags, creating=creating)
+        return saved
+
+    def _remember(
+        self, order: Order, ops: list[writes.Op], etags: dict[str, str], *, creating: bool
+    ) -> None:
+        """Keep the order's records as a read would now return them (``stores/recent.py``):
+        those read before (``load``), with the ones this transaction wrote in their place."""
+        rows: dict[str, Any] = {} if creating else dict(order.store_meta.get("rows") or {})
+        for op in ops:
+            entity = op.entity
+            if op.kind in ("create", "update") and entity and entity.get("Kind") in _RECORD_KINDS:
+                rows[op.row] = _as_read(entity, etags[op.row])
+        order.store_meta["rows"] = rows
+        record = rows.get(layout.order_row(order.order_id))
+        if record is None or _body_chars(record) > MAX_BODY_CHARS:
+            self._recent.forget(order.order_id)
+        else:
+            self._recent.remember(order.order_id, rows)
 
     def _submit(self, order_id: str, ops: list[writes.Op]) -> list[Any]:
         """``submit_transaction``, tolerating index rows that are already gone (a missing
@@ -369,6 +421,22 @@ class TableStateStore(SweepReads, ControlRows, DashboardRows):
                 # The notice went out; the row stays, and the sweep sends it again later
                 # (at-least-once). Never an error for the caller: its work is done.
                 log.warning("could not delete outbox row %s (the sweep will): %s", entry.row, exc)
+
+
+#: The rows ``entities.parse_order`` reads: what ``RecentWrites`` keeps of an order.
+_RECORD_KINDS = frozenset({"order", "step"})
+
+
+def _as_read(entity: dict[str, Any], etag: str) -> TableEntity:
+    """A written entity as a query returns it: through the SDK's own serializer and
+    deserializer (None not stored, types as the service gives them back), with its ETag."""
+    wire = _add_entity_properties({k: v for k, v in entity.items() if v is not None})
+    read: TableEntity = _convert_to_entity({**wire, "odata.etag": etag})  # type: ignore[no-untyped-call]
+    return read
+
+
+def _body_chars(record: dict[str, Any]) -> int:
+    return sum(len(v) for k, v in record.items() if k.startswith("Body") and isinstance(v, str))
 
 
 def _missing_index_row(exc: AzureError, ops: list[writes.Op]) -> int | None:

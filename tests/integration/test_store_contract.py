@@ -123,6 +123,25 @@ def mine(entries: Iterator[IndexEntry], order_id: str) -> list[tuple[str, dateti
 # --- round trips ---------------------------------------------------------------------------
 
 
+def test_recent_is_the_order_as_last_written_and_no_read(store: StateStore) -> None:
+    order = accept("o-recent", "fulfilment", replyTo="app-q", note="ü" * 10)
+    assert store.recent("o-recent") is None
+    store.create(order)
+    assert store.recent("o-recent") == loaded(store, "o-recent") == order
+    order.claim("instance-1", T0)
+    order.apply_reply(succeeded(order), T0 + US)
+    store.save(order)
+    recent = store.recent("o-recent")
+    assert recent == loaded(store, "o-recent") == order  # ETags and store_meta included
+    assert recent is not None and recent is not order  # a copy of its own, to decide on
+    recent.claim("instance-1", T0 + 2 * US)
+    store.save(recent)
+    assert loaded(store, "o-recent").steps[1].attempt == 1
+    with pytest.raises(ConcurrencyConflict):  # stale: If-Match like any save
+        order.claim("instance-2", T0 + 3 * US)
+        store.save(order)
+
+
 def test_create_then_load_gives_back_the_same_order(store: StateStore) -> None:
     order = accept("o-rt", "fulfilment", replyTo="app-q", sku="A-1", qty=2)
     saved = store.create(order)
