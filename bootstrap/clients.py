@@ -51,8 +51,10 @@ def _options(service: str, opcount_dir: str | None) -> dict[str, Any]:
     import requests
     from azure.core.pipeline.transport import RequestsTransport
 
+    from bootstrap import http_headers
     from observability import opcount
 
+    http_headers.apply()  # every response's headers read without the email package
     session = requests.Session()
     # No ~/.netrc or proxy lookups on every request (profiled: a fifth of a worker's CPU).
     session.trust_env = False
