@@ -15,10 +15,13 @@ Then, unless ``--no-profile``, the same burst again per workflow with the devhos
 yappi (``bench/cpuhost.py``: CPU clock, every thread; a builtin's time is its caller's).
 CPU is split
 
-- by function, from the thread that spent it: ``devhost-<function>_<n>`` is an invocation
-  of ``<function>`` and the settling of its message (``run_agent_<agent>`` includes the
-  reply applied in process and the next step's claim and request), ``timer-<function>``
-  a timer (sweeps), ``poll-*`` and ``renew-*`` devhost's polling and lease renewal;
+- by function, from the thread that spent it: ``devhost-<function>_<n>`` is devhost's side
+  of an invocation of ``<function>`` and the settling of its message; the function itself
+  runs on the runtime's shared thread pool, whose CPU is split between the functions by
+  the CPU each spent there (``bench/cpuhost.py``; ``run_agent_<agent>`` includes the
+  reply applied in process and the next step's claim and request); ``worker`` is the
+  runtime's event loop (invocation requests and responses), ``timer-<function>`` a
+  timer's schedule, ``poll-*`` and ``renew-*`` devhost's polling and lease renewal;
 - by kind of work, from the module of the function that spent it (self time): ``sdk``
   (azure-*, requests, urllib3, httpx, http.client, sockets, SSL), ``json+validation``
   (json, pydantic), ``logging+telemetry`` (logging, OpenTelemetry, observability/),
@@ -138,6 +141,8 @@ def function_of(thread: str) -> str:
     """Which function a devhost thread's CPU belongs to (see the docstring)."""
     if thread.startswith("devhost-"):
         return thread[len("devhost-") :].rsplit("_", 1)[0]
+    if thread == "worker":  # the runtime's event loop: invocation requests and responses
+        return "runtime's invocation dispatch"
     if thread.startswith("timer-"):
         return thread[len("timer-") :]
     if thread.startswith("remote-"):  # agents/remote.py's event loop: the HTTP calls
@@ -152,7 +157,16 @@ def split(profile: dict[str, Any], scale_ms: float, orders: int) -> dict[str, An
     unprofiled figure ``scale_ms``."""
     matrix: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     others: dict[str, float] = defaultdict(float)
+    pool = profile.get("pool", {"functions": {}, "threads": []})
+    ran = sum(pool["functions"].values())
     for thread in profile["threads"]:
+        if thread["name"] in pool["threads"] and ran > 0:
+            # The runtime's pool: its CPU split between the functions it ran, by the CPU
+            # each spent there (bench/cpuhost.py); each gets the pool's split by kind.
+            for function, seconds in pool["functions"].items():
+                for module, module_seconds in thread["modules"].items():
+                    matrix[function][kind_of(module)] += module_seconds * seconds / ran
+            continue
         function = function_of(thread["name"])
         if function == "other threads":
             others[thread["name"].rstrip("0123456789-_")] += thread["cpu"]
