@@ -16,8 +16,17 @@ replacements below write the same bytes and read the same parts directly; whatev
 they are not sure to handle as ``email`` would (a line ending other than CRLF in a part,
 a body they cannot split) goes to azure-core's own code.
 
-Applied only to the pinned azure-core version; with any other version it
-does nothing and says so, so an upgrade can never run a stale copy.
+Each operation of a transaction is written as an HTTP request (``application/http``)
+through ``http.client``'s ``HTTPConnection`` with a fake socket; the replacement writes
+the same bytes directly (a sixth of a transaction's CPU). And azure-data-tables deep-copies
+the whole batch request, every sub-request with it, before it sends it
+(``AzureTable.send_request``), although ``_batch_send`` builds that request for this one
+call and never reads it again (a tenth of a transaction's CPU): the replacement sends it
+as it is.
+
+Applied only to the pinned azure-core (and, for the copy, azure-data-tables) version;
+with any other version it does nothing and says so, so an upgrade can never run a stale
+copy.
 """
 
 from __future__ import annotations
@@ -35,14 +44,65 @@ from azure.core.pipeline.transport import _base as transport_base
 from azure.core.rest import _helpers as rest_helpers
 from azure.core.rest import _http_response_impl as rest_response
 from azure.core.utils import _pipeline_transport_rest_shared as shared
+from azure.data.tables import _version as tables_version
+from azure.data.tables._generated import _client as tables_client
 
 log = logging.getLogger(__name__)
 
 PATCHED_VERSION = "1.41.0"
+PATCHED_TABLES_VERSION = "12.7.0"
 _applied = False
 _CRLF = b"\r\n"
 _original_prepare_body = shared._prepare_multipart_body_helper
 _original_raw_parts = shared._get_raw_parts_helper
+_original_serialize = shared._serialize_request
+_BODY_METHODS = frozenset({"PATCH", "POST", "PUT"})  # http.client's: Content-Length: 0
+_SKIPPED = frozenset({"Host", "Accept-Encoding"})  # azure-core's serializer drops these
+
+
+def _plain(text: object) -> bool:
+    return isinstance(text, str) and text.isascii() and text.isprintable()
+
+
+def _serialize_request(http_request: Any) -> bytes:
+    """azure-core's ``_serialize_request`` (an ``HTTPConnection`` writing to a buffer)
+    written directly, for plain requests: an ASCII URL and headers, a bytes, ASCII text
+    or no body. Anything else goes to azure-core's own code."""
+    method, url, body = http_request.method, http_request.url, http_request.body
+    headers = list(http_request.headers.items())
+    if isinstance(body, str) and body.isascii():
+        body = body.encode("ascii")
+    plain = (
+        (body is None or isinstance(body, bytes))
+        and _plain(method)
+        and " " not in method
+        and _plain(url)
+        and " " not in url
+        and all(_plain(name) and _plain(value) for name, value in headers)
+        and not any(c in name for name, _ in headers for c in ": ")
+    )
+    if not plain:
+        return _original_serialize(http_request)
+    names = {name.lower() for name, _ in headers}
+    lines = [f"{method} {url} HTTP/1.1"]
+    if "content-length" not in names and "transfer-encoding" not in names:
+        if body is not None:
+            lines.append(f"Content-Length: {len(body)}")
+        elif method.upper() in _BODY_METHODS:
+            lines.append("Content-Length: 0")
+    lines.extend(f"{name}: {value}" for name, value in headers if name not in _SKIPPED)
+    head = ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+    return head + body if body else head
+
+
+def _send_request_as_built(self: Any, request: Any, **kwargs: Any) -> Any:
+    """``AzureTable.send_request`` without its deep copy of the request (only
+    ``_batch_send`` calls it, with a request it built for this call alone)."""
+    path_format_arguments = {
+        "url": self._serialize.url("self._config.url", self._config.url, "str", skip_quote=True),
+    }
+    request.url = self._client.format_url(request.url, **path_format_arguments)
+    return self._client.send_request(request, **kwargs)
 
 
 def _crlf_only(data: bytes) -> bool:
@@ -205,5 +265,16 @@ def apply() -> bool:
         module._prepare_multipart_body_helper = _prepare_multipart_body_helper  # type: ignore[attr-defined]
     for module in (shared, rest_response, transport_base):
         module._get_raw_parts_helper = _get_raw_parts_helper  # type: ignore[attr-defined]
+    for module in (shared, rest_helpers, transport_base):
+        module._serialize_request = _serialize_request  # type: ignore[attr-defined]
+    if tables_version.VERSION == PATCHED_TABLES_VERSION:
+        tables_client.AzureTable.send_request = _send_request_as_built  # type: ignore[method-assign]
+    else:
+        log.warning(
+            "azure-data-tables %s is not %s: table transactions keep their deep copy "
+            "(see stores/sdk_patches.py)",
+            tables_version.VERSION,
+            PATCHED_TABLES_VERSION,
+        )
     _applied = True
     return True
