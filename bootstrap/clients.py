@@ -52,10 +52,11 @@ def _options(service: str, opcount_dir: str | None) -> dict[str, Any]:
     from azure.core.pipeline.transport import RequestsTransport
 
     from bootstrap import http_headers
+    from bootstrap.storage_session import StorageSession
     from observability import opcount
 
     http_headers.apply()  # every response's headers read without the email package
-    session = requests.Session()
+    session = StorageSession()
     # No ~/.netrc or proxy lookups on every request (profiled: a fifth of a worker's CPU).
     session.trust_env = False
     adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=POOL_SIZE)
