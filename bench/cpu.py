@@ -9,8 +9,8 @@ all of them. The CPU the processes used meanwhile (``/proc/<pid>/stat``: user + 
 every process in the group) divided by the orders is the figure: ``devhostMsPerOrder``
 (the app's functions and devhost's host work), ``azuriteMsPerOrder`` (all the storage
 work), ``simulatorMsPerOrder``; ``devhostSystemMsPerOrder`` is the kernel's part of
-devhost's figure (system calls, thread wake-ups). The window includes what runs anyway (the timers, idle
-polling): ``idle`` says how much that is per second with no orders.
+devhost's figure (system calls, thread wake-ups). The window includes what runs anyway
+(the timers, idle polling): ``idle`` says how much that is per second with no orders.
 
 Then, unless ``--no-profile``, the same burst again per workflow with the devhost under
 yappi (``bench/cpuhost.py``: CPU clock, every thread; a builtin's time is its caller's).

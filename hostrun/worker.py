@@ -101,6 +101,7 @@ class WorkerRuntime:
         self.capabilities: dict[str, str] = {}
         #: Where output bindings go (devhost sets ``DevHost.deliver``); by default refused.
         self.deliver: Callable[[Any, dict[str, Any]], None] = self._undelivered
+        self._triggers: dict[str, str] = {}  # invocation id -> trigger type, while it runs
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="worker", daemon=True)
         self.started = False
@@ -206,7 +207,23 @@ class WorkerRuntime:
         host sends. Raises :class:`FunctionFailed` when the response says Failure."""
         _, kind = self.trigger_of(name)
         trigger, metadata = BUILDERS[kind](self.protos, value, name)
-        return self.outcome(name, self.send(self.request(name, trigger, metadata)))
+        invocation_id = str(uuid.uuid4())
+        self._triggers[invocation_id] = kind
+        try:
+            return self.outcome(
+                name, self.send(self.request(name, trigger, metadata, invocation_id))
+            )
+        finally:
+            del self._triggers[invocation_id]
+
+    def current_trigger(self) -> str | None:
+        """The trigger type (``timerTrigger`` ...) of the invocation the calling thread runs
+        for this runtime, if it runs one (the runtime names it in its ``invocation_id``
+        context variable on the pool thread)."""
+        from azure_functions_runtime.utils.executor import invocation_id_cv
+
+        invocation_id = invocation_id_cv.get()
+        return self._triggers.get(invocation_id) if invocation_id else None
 
     def outcome(self, name: str, response: Any) -> Result:
         """Act on an ``InvocationResponse`` as the host does: Failure is an exception."""

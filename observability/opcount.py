@@ -15,6 +15,7 @@ import json
 import os
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,21 @@ from azure.core.pipeline import PipelineRequest
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
 _started = False
+#: The trigger type of the invocation the calling thread runs, if the host can tell
+#: (devhost sets it: through the runtime, every function runs on its shared thread pool,
+#: so a thread's name no longer says a timer runs on it).
+_current_trigger: Callable[[], str | None] | None = None
+
+
+def set_trigger_lookup(lookup: Callable[[], str | None] | None) -> None:
+    """How ``OpCounter`` learns that a request comes from a timer (``timerTrigger``)."""
+    global _current_trigger  # noqa: PLW0603
+    _current_trigger = lookup
+
+
+def current_trigger() -> str | None:
+    """The trigger type of the invocation the calling thread runs, when the host says."""
+    return _current_trigger() if _current_trigger is not None else None
 
 
 def _kind(service: str, method: str, path: str) -> str:
@@ -49,11 +65,12 @@ def _kind(service: str, method: str, path: str) -> str:
 HOST_KINDS = frozenset({"queue.receive", "queue.delete", "queue.update"})
 
 
-def origin(kind: str, thread: str) -> str:
+def origin(kind: str, thread: str, trigger: str | None = None) -> str:
     """Who made a request: ``timer`` (a timer function: sweeps, whatever the order count),
     ``host`` (a trigger's receive, delete and lease renewal) or ``app`` (the functions'
-    own requests for the orders they handle)."""
-    if thread.startswith("timer-"):  # devhost's timer threads (devhost/timers.py)
+    own requests for the orders they handle). ``trigger``: the trigger type of the
+    invocation that made it, when known."""
+    if trigger == "timerTrigger" or thread.startswith("timer-"):  # devhost/timers.py
         return "timer"
     return "host" if kind in HOST_KINDS else "app"
 
@@ -69,7 +86,7 @@ class OpCounter:
         http = request.http_request
         path = http.url.split("?", 1)[0]
         kind = _kind(self._service, http.method, path)
-        key = f"{origin(kind, threading.current_thread().name)}:{kind}"
+        key = f"{origin(kind, threading.current_thread().name, current_trigger())}:{kind}"
         with _lock:
             _counts[key] += 1
 

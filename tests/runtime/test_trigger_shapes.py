@@ -36,6 +36,7 @@ from devhost.servicebus import functions_message
 from devhost.settings import LeaseOptions, QueueOptions
 from devhost.timers import TimerRunner, parse_schedule
 from hostrun.worker import FunctionFailed, Result, WorkerRuntime
+from observability import opcount
 from tests.unit.test_devhost_queues import FakeQueue, Message
 
 APP = Path(__file__).resolve().parents[1] / "fixtures" / "runtime_probe_app"
@@ -190,9 +191,15 @@ def test_timer_tick(runtime: WorkerRuntime) -> None:
     capture = Capture(runtime)
     timer_spec = spec("probe_timer", "timerTrigger", {"schedule": "0 0 * * * *"})
     schedule = parse_schedule("0 0 * * * *")
-    TimerRunner(timer_spec, schedule, Invoker(capture), now=lambda: AT).fire(AT, past_due=True)
-    # TimerInfo as JSON: IsPastDue, ScheduleStatus (Last, Next, LastUpdated).
+    opcount.set_trigger_lookup(runtime.current_trigger)  # as devhost does
+    try:
+        TimerRunner(timer_spec, schedule, Invoker(capture), now=lambda: AT).fire(AT, past_due=True)
+    finally:
+        opcount.set_trigger_lookup(None)
+    # TimerInfo as JSON: IsPastDue, ScheduleStatus (Last, Next, LastUpdated); and the
+    # trigger type the runtime's pool thread is known to run (for observability.opcount).
     assert capture.seen() == {
+        "trigger": "timerTrigger",
         "past_due": True,
         "schedule_status": {
             "Last": None,

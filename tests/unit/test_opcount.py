@@ -38,3 +38,10 @@ def test_requests_are_attributed_to_the_app_the_host_or_a_timer(
     kind: str, thread: str, who: str
 ) -> None:
     assert origin(kind, thread) == who
+
+
+def test_a_request_from_a_timer_invocation_is_the_timers_on_any_thread() -> None:
+    # Through the runtime every function runs on its shared pool ("ThreadPoolExecutor-0_3").
+    assert origin("table.query", "ThreadPoolExecutor-0_3", "timerTrigger") == "timer"
+    assert origin("table.query", "ThreadPoolExecutor-0_3", "queueTrigger") == "app"
+    assert origin("queue.delete", "ThreadPoolExecutor-0_3", None) == "host"
