@@ -26,7 +26,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from bootstrap import AppContext, bootstrap
 from core.names import Names
-from core.settings import Settings, Transport
+from core.settings import OPCOUNT_DIR, Settings, Transport
 from hostrun.pool import DEPLOYED_THREADS as POOL_THREADS
 from hostrun.pool import SETTING as POOL_SETTING
 from localrun.azurite import Azurite
@@ -243,7 +243,9 @@ class LocalStack:
     def context(self) -> AppContext:
         """The app's own view of the storage (same names as the devhosts use)."""
         if self._context is None:
-            self._context = bootstrap(Settings.from_env(self.env))
+            # The client's own requests are not the app's: never counted (opcount).
+            env = {k: v for k, v in self.env.items() if k != OPCOUNT_DIR}
+            self._context = bootstrap(Settings.from_env(env))
         return self._context
 
     @property
