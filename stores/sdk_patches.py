@@ -60,10 +60,6 @@ _BODY_METHODS = frozenset({"PATCH", "POST", "PUT"})  # http.client's: Content-Le
 _SKIPPED = frozenset({"Host", "Accept-Encoding"})  # azure-core's serializer drops these
 
 
-def _plain(text: object) -> bool:
-    return isinstance(text, str) and text.isascii() and text.isprintable()
-
-
 def _serialize_request(http_request: Any) -> bytes:
     """azure-core's ``_serialize_request`` (an ``HTTPConnection`` writing to a buffer)
     written directly, for plain requests: an ASCII URL and headers, a bytes, ASCII text
@@ -72,20 +68,18 @@ def _serialize_request(http_request: Any) -> bytes:
     headers = list(http_request.headers.items())
     if isinstance(body, str) and body.isascii():
         body = body.encode("ascii")
-    plain = (
-        (body is None or isinstance(body, bytes))
-        and _plain(method)
-        and " " not in method
-        and _plain(url)
-        and " " not in url
-        and all(_plain(name) and _plain(value) for name, value in headers)
-        and not any(c in name for name, _ in headers for c in ": ")
-    )
-    if not plain:
+    texts = [method, url, *(text for header in headers for text in header)]
+    if not (body is None or isinstance(body, bytes)) or not all(type(t) is str for t in texts):
         return _original_serialize(http_request)
-    names = {name.lower() for name, _ in headers}
+    names = "".join(name for name, _ in headers)
+    every = "".join(texts)
+    if " " in method or " " in url or ":" in names or " " in names:
+        return _original_serialize(http_request)
+    if not (every.isascii() and every.isprintable()):
+        return _original_serialize(http_request)
+    lowered = {name.lower() for name, _ in headers}
     lines = [f"{method} {url} HTTP/1.1"]
-    if "content-length" not in names and "transfer-encoding" not in names:
+    if "content-length" not in lowered and "transfer-encoding" not in lowered:
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
         elif method.upper() in _BODY_METHODS:
