@@ -245,6 +245,8 @@ def run(
             spent["devhostSystem"] = group_cpu_seconds(host.pid, system_only=True)
             return spent
 
+        figures = [*groups, "devhostSystem"]  # what cpu() measures
+
         for workflow in WORKFLOWS:
             burst(stack, workflow, WARM_UP, timeout)
         time.sleep(2)
@@ -253,7 +255,7 @@ def run(
         after, idle_seconds = cpu(), time.monotonic() - idle_started
         out["idle"] = {
             f"{name}MsPerSecond": round(1000 * (after[name] - before[name]) / idle_seconds, 1)
-            for name in [*groups, "devhostSystem"]
+            for name in figures
         }
         results: dict[str, Any] = {}
         for workflow in WORKFLOWS:
@@ -269,12 +271,12 @@ def run(
                             f"{name}MsPerOrder": round(
                                 1000 * (after[name] - before[name]) / orders, 2
                             )
-                            for name in [*groups, "devhostSystem"]
+                            for name in figures
                         },
                     }
                 )
             results[workflow] = {"orders": orders, "rounds": samples}
-            for name in [*groups, "devhostSystem"]:
+            for name in figures:
                 values = sorted(s[f"{name}MsPerOrder"] for s in samples)
                 results[workflow][f"{name}MsPerOrder"] = values[len(values) // 2]
         if profile:

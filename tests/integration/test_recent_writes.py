@@ -8,7 +8,6 @@ applied on a fresh read, and the other instance's change is kept.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Any
 
 import pytest
@@ -54,7 +53,7 @@ def same_as_read(store: TableStateStore, order_id: str) -> Order:
     return recent
 
 
-def success(order: Order, step: str, now: datetime) -> AgentReply:
+def success(order: Order, step: str) -> AgentReply:
     record = order.find(step)
     assert record is not None
     return AgentReply(
@@ -74,7 +73,7 @@ def test_recent_is_what_a_read_returns_after_every_save(
     loads = count_loads(ctx.store, monkeypatch)
     for step in ("reserve-stock", "charge-payment", "ship"):
         clock.advance(1.5)
-        assert ctx.scheduler.apply_reply(success(order, step, clock())) is Handled.APPLIED
+        assert ctx.scheduler.apply_reply(success(order, step)) is Handled.APPLIED
         assert loads == []  # applied on what this process wrote: no read
         order = same_as_read(ctx.store, order_id)  # the reply's save and the next claim
         loads.clear()
@@ -100,7 +99,7 @@ def test_a_reply_on_a_stale_recent_write_is_applied_on_a_fresh_read(
 
     clock.advance(1)
     loads = count_loads(mine.store, monkeypatch)
-    assert mine.scheduler.apply_reply(success(kept, "process", clock())) is Handled.APPLIED
+    assert mine.scheduler.apply_reply(success(kept, "process")) is Handled.APPLIED
     assert loads == [order_id]  # the save on the stale copy was refused: read, decided again
     final = mine.store.load(order_id)
     assert final is not None
@@ -119,7 +118,7 @@ def test_a_reply_for_another_attempt_reads_the_order(
     ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())
     kept = ctx.store.recent(order_id)
     assert kept is not None
-    late = success(kept, "process", clock())
+    late = success(kept, "process")
     stale = AgentReply(late.order_id, late.step, 2, late.complete_by, late.outcome, {})
     loads = count_loads(ctx.store, monkeypatch)
     assert ctx.scheduler.apply_reply(stale) is Handled.STALE  # no attempt 2: refused
