@@ -48,24 +48,17 @@ def retry_options(service: str) -> dict[str, Any]:
 
 
 def _options(service: str, opcount_dir: str | None) -> dict[str, Any]:
-    import requests
-    from azure.core.pipeline.transport import RequestsTransport
-
-    from bootstrap import http_headers
-    from bootstrap.storage_session import StorageSession
+    from bootstrap import http_headers, storage_transport
     from observability import opcount
 
     http_headers.apply()  # every response's headers read without the email package
-    session = StorageSession()
-    # No ~/.netrc or proxy lookups on every request (profiled: a fifth of a worker's CPU).
-    session.trust_env = False
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=POOL_SIZE)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    transport = RequestsTransport(session=session, session_owner=True)
     return {
         **retry_options(service),
-        "transport": transport,
+        # The timeouts are given to the transport itself: azure-core's transports take
+        # them from their constructor, not from the client's options.
+        "transport": storage_transport.transport(
+            POOL_SIZE, STORAGE_OPTIONS["connection_timeout"], STORAGE_OPTIONS["read_timeout"]
+        ),
         **opcount.policies(service, opcount_dir),
     }
 
