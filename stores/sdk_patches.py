@@ -24,7 +24,12 @@ the whole batch request, every sub-request with it, before it sends it
 call and never reads it again (a tenth of a transaction's CPU): the replacement sends it
 as it is.
 
-Applied only to the pinned azure-core (and, for the copy, azure-data-tables) version;
+With azure-data-tables 12.7.0, ``TableClient.submit_transaction`` itself is replaced by
+``stores/table_transactions.py`` (the whole body written and its answer read directly);
+the patches above still serve whatever it hands back to the SDK.
+
+Applied only to the pinned azure-core (and, for the copy and the transactions,
+azure-data-tables) version;
 with any other version it does nothing and says so, so an upgrade can never run a stale
 copy.
 """
@@ -262,10 +267,14 @@ def apply() -> bool:
     for module in (shared, rest_helpers, transport_base):
         module._serialize_request = _serialize_request  # type: ignore[attr-defined]
     if tables_version.VERSION == PATCHED_TABLES_VERSION:
+        from stores import table_transactions
+
         tables_client.AzureTable.send_request = _send_request_as_built  # type: ignore[method-assign]
+        table_transactions.install()
     else:
         log.warning(
-            "azure-data-tables %s is not %s: table transactions keep their deep copy "
+            "azure-data-tables %s is not %s: table transactions keep their deep copy and "
+            "are written by the SDK "
             "(see stores/sdk_patches.py)",
             tables_version.VERSION,
             PATCHED_TABLES_VERSION,
