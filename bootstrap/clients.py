@@ -117,6 +117,9 @@ def queue_service(connection: Connection, opcount_dir: str | None = None) -> Que
     """``opcount_dir``: count this client's requests there (``observability.opcount``)."""
     from azure.storage.queue import QueueServiceClient
 
+    from messaging import queue_send
+
+    queue_send.install()  # plain text messages sent directly (same request, same errors)
     options = _options("queue", opcount_dir)
     if connection.connection_string:
         return QueueServiceClient.from_connection_string(connection.connection_string, **options)
