@@ -50,7 +50,7 @@ from messaging.inline import InlineReplies
 from messaging.outbox import NoticeSender
 from messaging.resilience import ride_out
 from messaging.storage_queues import StorageQueues, StorageQueueTransport
-from observability import failpoints, telemetry
+from observability import failpoints, logs, telemetry
 from observability.logs import get_logger
 from scheduler.service import Scheduler, SchedulerConfig
 from stores import layout
@@ -125,6 +125,7 @@ def bootstrap(
     ``queues``, ``transport`` ...): tests pass in-memory twins and fakes this way."""
     workflows.use(settings.declarations)
     failpoints.arm(settings.failpoints)
+    logs.quiet_request_logs()
     telemetry.setup(settings.telemetry_connection, settings.telemetry_authentication)
     context = AppContext(settings, names or Names(), clock)
     for name, part in parts.items():

@@ -17,6 +17,13 @@ from types import MappingProxyType
 from typing import Any
 
 _FIELDS = ("orderId", "step", "attempt")
+#: Loggers that write a line or two for every HTTP request at INFO: the Azure SDKs' HTTP
+#: logging policy (each Storage request and its answer, headers listed) and httpx (each
+#: remote call, which the agent logs itself). In Azure the Functions worker forwards INFO
+#: to the host and Application Insights: about 0.1 ms of CPU per Storage request measured
+#: with a handler that writes nowhere (more through the worker's), and a trace per request
+#: in the bill. ``quiet_request_logs`` sets them to WARNING unless a level was set.
+REQUEST_LOGGERS = ("azure.core.pipeline.policies.http_logging_policy", "httpx")
 _context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "order_context", default=MappingProxyType({})
 )
@@ -35,6 +42,15 @@ def order_context(
         yield
     finally:
         _context.reset(token)
+
+
+def quiet_request_logs() -> None:
+    """Per-request INFO lines off (``REQUEST_LOGGERS``); a level set elsewhere (an
+    operator's logging configuration, a test) is kept."""
+    for name in REQUEST_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 class OrderContextFilter(logging.Filter):
