@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 
@@ -15,13 +16,17 @@ OK = (
 class Server:
     """A loopback HTTP/1.1 server that keeps each request's raw bytes and answers what
     ``answer`` returns (None: never answers; b"": closes without a word), then closes the
-    connection if ``close_after``."""
+    connection if ``close_after``; over TLS with ``tls`` (a server context)."""
 
     def __init__(
-        self, answer: Callable[[bytes], bytes | None] = lambda _: OK, close_after: bool = False
+        self,
+        answer: Callable[[bytes], bytes | None] = lambda _: OK,
+        close_after: bool = False,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.answer = answer
         self.close_after = close_after
+        self.tls = tls
         self.requests: list[bytes] = []
         self._sock = socket.create_server(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
@@ -40,9 +45,11 @@ class Server:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            if self.tls is not None:
+                conn = self.tls.wrap_socket(conn, server_side=True)
             self._exchange(conn)
         except OSError:
-            return  # closed by close()
+            return  # closed by close(), or a handshake the client refused
 
     def _exchange(self, conn: socket.socket) -> None:
         buffer = b""
@@ -75,7 +82,8 @@ class Server:
                 return
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def close(self) -> None:
         self._stop.set()

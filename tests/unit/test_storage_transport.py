@@ -5,6 +5,7 @@ timeouts it is given (the requests transport built for a client had kept 300 s).
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -151,6 +152,61 @@ def test_a_lost_answer_is_the_same_error_as_under_requests(answer: bytes, kind: 
         ours = _error(_ours(), server.url("/x"))
         assert ours is theirs
         assert issubclass(ours, kind)
+    finally:
+        server.close()
+
+
+def _self_signed(tmp_path: Any) -> ssl.SSLContext:
+    """A server context with a certificate for 127.0.0.1 that no CA signed."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    return context
+
+
+def test_a_certificate_no_ca_signed_is_refused_as_under_requests(tmp_path: Any) -> None:
+    """Certificates are verified (certifi's CAs, as requests): a server with a self-signed
+    one gets no request from either transport."""
+    server = Server(tls=_self_signed(tmp_path))
+    try:
+        theirs = _error(_requests(), server.url("/x"))
+        ours = _error(_ours(), server.url("/x"))
+        assert ours is theirs
+        assert issubclass(ours, ServiceRequestError)
+        assert server.requests == []
     finally:
         server.close()
 
