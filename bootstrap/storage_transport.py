@@ -14,8 +14,9 @@ retries of its own (azure-core's policies do both), and the same errors:
 ``ServiceRequestError`` when the request could not be sent, ``ServiceResponseError`` when
 its answer was lost, their timeout kinds, ``IncompleteReadError`` for a short body. (One
 difference: a connection broken while the body is read, other than a short body, is a
-``ServiceResponseError``, which the retry policies retry; through requests it is a bare
-``HttpResponseError``.)
+``ServiceResponseError``, as when the answer's head is lost; through requests it is a
+bare ``HttpResponseError``. The Storage retry policies retry both.) A header requests
+would refuse (a line break in it, say) is handed to requests, which refuses it as before.
 
 It also gives the clients the connect and read timeouts they ask for: azure-core's
 ``RequestsTransport`` takes them from its own constructor only, so a transport built for a
@@ -29,9 +30,10 @@ which streams, keeps azure-core's own transport. Anything else this transport do
 handle the same way (a multipart file upload, a body that is not bytes or ASCII text,
 proxies, a client certificate, a CA bundle of one's own: any option but the timeouts) is
 sent by azure-core's ``RequestsTransport``, configured alike.
-The response class builds on azure-core's ``HttpResponseImpl`` (a private module), so the
-transport is used only with the azure-core version it was checked against; with another
-one ``transport()`` returns that ``RequestsTransport``, and says so.
+The response class builds on azure-core's ``HttpResponseImpl`` (a private module) and the
+error mapping on urllib3's exceptions, so the transport is used only with the azure-core
+and urllib3 versions it was checked against; with others ``transport()`` returns that
+``RequestsTransport``, and says so.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import azure.core
 import certifi
 import requests
 import urllib3
+from azure.core.configuration import ConnectionConfiguration
 from azure.core.exceptions import (
     IncompleteReadError,
     ServiceRequestError,
@@ -55,6 +58,7 @@ from azure.core.pipeline.transport import HttpTransport, RequestsTransport
 from azure.core.rest._http_response_impl import HttpResponseImpl
 from azure.core.utils import case_insensitive_dict
 from requests.utils import default_headers, requote_uri
+from urllib3._version import __version__ as urllib3_version
 from urllib3.exceptions import (
     ConnectTimeoutError,
     HTTPError,
@@ -67,6 +71,7 @@ from urllib3.exceptions import (
 log = logging.getLogger(__name__)
 
 CHECKED_AZURE_CORE = "1.41.0"
+CHECKED_URLLIB3 = "2.8.0"
 _NO_BODY_LENGTH = frozenset({"GET", "HEAD"})  # requests: Content-Length: 0 for the rest
 _OPTIONS = frozenset({"stream", "connection_timeout", "read_timeout", "connection_verify"})
 
@@ -92,18 +97,35 @@ def transport(
 ) -> HttpTransport[Any, Any]:
     """The transport for a Table or Queue client: ``StorageTransport`` on the checked
     azure-core version, else a ``RequestsTransport`` with the same pool and timeouts."""
-    if azure.core.__version__ != CHECKED_AZURE_CORE:
+    if (azure.core.__version__, urllib3_version) != (CHECKED_AZURE_CORE, CHECKED_URLLIB3):
         log.warning(
-            "azure-core %s is not %s: the Storage clients send through requests "
-            "(see bootstrap/storage_transport.py)",
+            "azure-core %s and urllib3 %s are not %s and %s: the Storage clients send "
+            "through requests (see bootstrap/storage_transport.py)",
             azure.core.__version__,
+            urllib3_version,
             CHECKED_AZURE_CORE,
+            CHECKED_URLLIB3,
         )
         fallback: HttpTransport[Any, Any] = _requests_transport(
             pool_size, connection_timeout, read_timeout
         )
         return fallback
     return StorageTransport(pool_size, connection_timeout, read_timeout)
+
+
+def _plain_header(name: Any, value: Any) -> bool:
+    """A header requests sends unchanged (its ``check_header_validity``: a name without
+    colons, line breaks or leading white space; a value without line breaks or leading
+    white space)."""
+    if type(name) is not str or not name or name[0].isspace() or ":" in name:
+        return False
+    if "\r" in name or "\n" in name:
+        return False
+    if value is None:
+        return True
+    if type(value) is not str:
+        return False
+    return not (value and value[0].isspace()) and "\r" not in value and "\n" not in value
 
 
 class StorageResponse(HttpResponseImpl):
@@ -137,6 +159,10 @@ class StorageTransport(HttpTransport[Any, Any]):
         self._connection_timeout = connection_timeout
         self._read_timeout = read_timeout
         self._timeout = urllib3.Timeout(connect=connection_timeout, read=read_timeout)
+        # What azure-core's retry policy reads of a transport (to fit a call's timeout).
+        self.connection_config = ConnectionConfiguration(
+            connection_timeout=connection_timeout, read_timeout=read_timeout
+        )
         self._pool = self._new_pool()
         self._fallback: RequestsTransport | None = None
         self._defaults = list(default_headers().items())
@@ -192,12 +218,16 @@ class StorageTransport(HttpTransport[Any, Any]):
                 read=kwargs.get("read_timeout", self._read_timeout),
             )
         method = request.method.upper()
+        headers = self._headers(request.headers, method, body)
+        if headers is None:  # a header requests would refuse: it raises its own error
+            self.handed_over += 1
+            return self._requests().send(request, **kwargs)
         try:
             raw = self._pool.urlopen(
                 method,
                 requote_uri(request.url),
                 body=body,
-                headers=self._headers(request.headers, method, body),
+                headers=headers,
                 redirect=False,
                 retries=False,
                 timeout=timeout,
@@ -220,12 +250,15 @@ class StorageTransport(HttpTransport[Any, Any]):
             raise ServiceResponseError(err, error=err) from err
         return StorageResponse(request, raw, self._block_size)
 
-    def _headers(self, given: Any, method: str, body: bytes | None) -> dict[str, str]:
+    def _headers(self, given: Any, method: str, body: bytes | None) -> dict[str, str] | None:
         """requests' default headers under the request's own (a None value removes one),
-        and Content-Length as requests writes it."""
+        and Content-Length as requests writes it; None for a header requests would not
+        send as it is (not text, a line break, leading white space, a colon in a name)."""
         headers: dict[str, str] = {}
         spelled: dict[str, str] = {}
         for name, value in (*self._defaults, *given.items()):
+            if not _plain_header(name, value):
+                return None
             lowered = name.lower()
             headers.pop(spelled.pop(lowered, lowered), None)
             if value is not None:

@@ -51,8 +51,23 @@ from azure.storage.queue._shared import response_handlers
 log = logging.getLogger(__name__)
 
 CHECKED_VERSION = "12.18.1"
-_sdk_method = QueueClient.send_message
-_original: Any = getattr(_sdk_method, "__wrapped__", _sdk_method)
+
+
+def _chain(method: Any) -> list[Any]:
+    """``method`` and what it wraps, outermost first (``functools.wraps``' ``__wrapped__``)."""
+    chain = [method]
+    while getattr(chain[-1], "__wrapped__", None) is not None:
+        chain.append(chain[-1].__wrapped__)
+    return chain
+
+
+#: The SDK's own method, undecorated, and as the SDK ships it (its tracing decorator over
+#: it): found through any wrapper installed before this module was imported.
+_original: Any = _chain(QueueClient.send_message)[-1]
+_sdk_traced: Any = next(
+    (m for m in _chain(QueueClient.send_message) if getattr(m, "__wrapped__", None) is _original),
+    None,
+)
 _process_storage_error: Any = response_handlers.process_storage_error
 _failsafe_deserialize_xml: Any = getattr(generated_operations, "_failsafe_deserialize_xml")  # noqa: B009
 _deserialize_xml: Any = getattr(generated_operations, "_deserialize_xml")  # noqa: B009
@@ -118,7 +133,8 @@ def send_message(
             "x-ms-version": self._client._config.version,
             "Accept": "application/xml",
         },
-        content=_PREFIX + escape(content).encode("utf-8") + _SUFFIX,
+        # ElementTree's writer: a character it cannot encode becomes a character reference.
+        content=_PREFIX + escape(content).encode("utf-8", "xmlcharrefreplace") + _SUFFIX,
     )
     try:
         response = self._client._client._pipeline.run(request, stream=False).http_response
@@ -170,12 +186,9 @@ def install() -> bool:
     """Put ``send_message`` in the SDK's place (once); False if the version differs or
     the SDK's method was already replaced by someone else (said once)."""
     global _warned  # noqa: PLW0603
-    current: Any = QueueClient.send_message
-    while current is not None:  # ours, maybe under a wrapper installed since
-        if current is send_message:
-            return True
-        current = getattr(current, "__wrapped__", None)
-    if queue_version.VERSION != CHECKED_VERSION or QueueClient.send_message is not _sdk_method:
+    if send_message in _chain(QueueClient.send_message):  # ours, maybe under a wrapper since
+        return True
+    if queue_version.VERSION != CHECKED_VERSION or QueueClient.send_message is not _sdk_traced:
         if _warned:
             return False
         _warned = True

@@ -210,29 +210,68 @@ def _if_match(options: dict[str, Any]) -> str:
 def _answers(
     table: TableClient, response: Any, methods: list[tuple[str, str]]
 ) -> list[Mapping[str, Any]]:
+    """Each operation's result, read as the SDK reads the answer (``_batch_send``): every
+    ``application/http`` part, the changeset's and any outside it (a batch-level refusal
+    comes that way); the first that is not a success is the error."""
+    payloads = _parts(response)
+    heads = [_head(payload) for payload in payloads]
+    for index, (status, _) in enumerate(heads):
+        if not 200 <= status < 300:
+            request = methods[min(index, len(methods) - 1)]
+            raise _refused(table, response, payloads[index], request)
+    results: list[Mapping[str, Any]] = []
+    for _, headers in heads:
+        etag = headers.get("etag")
+        results.append({} if etag is None else {"etag": etag})
+    return results
+
+
+def _head(payload: bytes) -> tuple[int, dict[str, str]]:
+    """A part's status (0 if it has none) and headers (lower-case names, the last of a
+    repeated one), its lines ending in CRLF or LF as ``http.client`` reads them."""
+    lines = iter(payload.split(b"\n"))
+    words = next(lines).rstrip(b"\r").split(b" ", 2)
+    status = int(words[1]) if len(words) > 1 and words[1].isdigit() else 0
+    headers: dict[str, str] = {}
+    for raw in lines:
+        line = raw.rstrip(b"\r").decode("latin-1")
+        if not line:
+            break
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+def _parts(response: Any) -> list[bytes]:
+    """The answer's ``application/http`` parts, in order: split directly, or by ``email``
+    when the body is not one ``stores.sdk_patches._split`` is sure of (as azure-core)."""
+    import email
+
     from stores import sdk_patches
 
     kind, boundary = sdk_patches._content_type(response.content_type or "")
     body = response.read()
-    outer = sdk_patches._split(body, boundary) if boundary and kind == "multipart/mixed" else None
-    if not outer or len(outer) != 1 or not isinstance(outer[0].payload, list):
-        raise _decode_error(response)  # not the changeset answer the SDK would parse either
-    results: list[Mapping[str, Any]] = []
-    for index, part in enumerate(outer[0].payload):
-        payload = part.payload
-        assert isinstance(payload, bytes)
-        head, _, _ = payload.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = lines[0].split(" ", 2)
-        if len(status) < 2 or not status[1].isdigit() or not 200 <= int(status[1]) < 300:
-            raise _refused(table, response, payload, methods[min(index, len(methods) - 1)])
-        metadata: dict[str, Any] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "etag":
-                metadata["etag"] = value.strip()
-        results.append(metadata)
-    return results
+    split = sdk_patches._split(body, boundary) if boundary and kind == "multipart/mixed" else None
+    outer: list[Any] = split if split is not None else []
+    if split is None:
+        head = b"Content-Type: " + (response.content_type or "").encode("ascii") + b"\r\n\r\n"
+        message = email.message_from_bytes(head + body)
+        if not message.is_multipart():
+            raise _decode_error(response)  # no parts at all: the SDK could not read it either
+        outer = list(message.get_payload())
+    flat: list[bytes] = []
+    for index, part in enumerate(outer):
+        kind = part.get_content_type()
+        if kind == "application/http":
+            flat.append(part.get_payload(decode=True))
+        elif kind == "multipart/mixed" and index == 0:  # the changeset
+            for inner in part.get_payload():
+                if inner.get_content_type() != "application/http":
+                    raise ValueError("Multipart doesn't support part other than application/http")
+                flat.append(inner.get_payload(decode=True))
+        else:
+            raise ValueError("Multipart doesn't support part other than application/http")
+    return flat
 
 
 def _refused(

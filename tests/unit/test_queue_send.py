@@ -95,6 +95,7 @@ CONTENTS = {
     "markup and quotes": "a<b>&c'd\"e ]]> &amp;",
     "non-ASCII": "café ☃ 😀",
     "line endings": "one\r\ntwo\nthree\r",
+    "a lone surrogate": "half a pair: \ud800 ok",
 }
 OPTIONS: dict[str, dict[str, Any]] = {
     "none": {},
@@ -192,16 +193,43 @@ def test_another_encoding_is_the_sdks(server: Server, queue: QueueClient) -> Non
     assert b"AP8=" in server.requests[-1]
 
 
-def test_installed_once_under_a_wrapper_and_never_over_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert queue_send.install()
-    ours = QueueClient.send_message
+def _devhost_watcher() -> Any:
+    """devhost's enqueue watcher, installed over whatever ``send_message`` is now."""
+    from types import SimpleNamespace
 
-    def watcher(client: Any, *args: Any, **kwargs: Any) -> Any:
-        return ours(client, *args, **kwargs)
+    from devhost.queues import EnqueueWatcher
 
-    watcher.__wrapped__ = ours  # type: ignore[attr-defined]  # as functools.wraps sets it
-    monkeypatch.setattr(QueueClient, "send_message", watcher)
+    watcher = EnqueueWatcher()
+    listener = SimpleNamespace(queue=SimpleNamespace(address=("acct", "q")), wake=lambda: None)
+    watcher.register(listener)  # type: ignore[arg-type]
+    watcher.install()
+    return QueueClient.__dict__["send_message"]
+
+
+def test_installed_under_devhosts_watcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(QueueClient, "send_message", queue_send._sdk_traced)  # as shipped
     assert queue_send.install()
-    assert QueueClient.__dict__["send_message"] is watcher  # the wrapper installed since stays
-    monkeypatch.setattr(QueueClient, "send_message", lambda *a, **k: None)
-    assert not queue_send.install()  # someone else's method: not replaced
+    wrapper = _devhost_watcher()  # installed after ours: it wraps ours
+    assert queue_send.install()
+    assert QueueClient.__dict__["send_message"] is wrapper
+
+
+def test_never_over_devhosts_watcher_whatever_the_import_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(QueueClient, "send_message", queue_send._sdk_traced)  # as shipped
+    wrapper = _devhost_watcher()  # installed before ours
+    assert not queue_send.install()
+    assert QueueClient.__dict__["send_message"] is wrapper
+    # This module imported only now, with the watcher already in place: it still finds
+    # the SDK's own method under the watcher, and still leaves the watcher alone.
+    spec = importlib.util.spec_from_file_location("queue_send_late", queue_send.__file__)
+    assert spec is not None and spec.loader is not None
+    late = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(late)
+    assert late._original is queue_send._original
+    assert late._sdk_traced is queue_send._sdk_traced
+    assert not late.install()
+    assert QueueClient.__dict__["send_message"] is wrapper

@@ -279,6 +279,29 @@ def test_what_it_does_not_handle_goes_to_requests(server: Server) -> None:
     assert transport._fallback.connection_config.read_timeout == 20
 
 
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("x-ms-meta", "a\r\nInjected: yes"), ("x-ms-meta", " leading"), ("x-ms-meta", 5), ("bad:name", "v")],
+    ids=["a line break", "leading space", "not text", "a colon in the name"],
+)  # fmt: skip
+def test_a_header_requests_refuses_is_refused_as_requests_does(
+    server: Server, name: str, value: Any
+) -> None:
+    def request() -> HttpRequest:
+        built = HttpRequest("GET", server.url("/x"))
+        built.headers[name] = value
+        return built
+
+    with pytest.raises(Exception) as caught_theirs:
+        _requests().send(request(), stream=False)
+    ours = _ours()
+    with pytest.raises(Exception) as caught_ours:
+        ours.send(request(), stream=False)
+    assert type(caught_ours.value) is type(caught_theirs.value)
+    assert ours.handed_over == 1
+    assert server.requests == []  # nothing was sent
+
+
 def test_another_azure_core_gets_requests_with_the_timeouts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

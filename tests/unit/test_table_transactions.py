@@ -268,6 +268,46 @@ def test_the_parts_are_read_by_status_not_position(server: Server, table: TableC
     assert ours[0] is TableTransactionError and ours[4] == 1
 
 
+def test_a_refusal_outside_the_changeset_raises_what_the_sdk_raises(
+    server: Server, table: TableClient
+) -> None:
+    """A batch-level refusal is a bare part of the batch, not of a changeset."""
+    error = b'{"odata.error":{"code":"InvalidInput","message":{"value":"99:One of the request inputs is not valid."}}}'
+    body = (
+        b"--batchresponse_1\r\nContent-Type: application/http\r\n"
+        b"Content-Transfer-Encoding: binary\r\n\r\n"
+        b"HTTP/1.1 400 Bad Request\r\nx-ms-error-code: InvalidInput\r\n"
+        b"Content-Type: application/json;odata=minimalmetadata\r\n\r\n"
+        + error
+        + b"\r\n--batchresponse_1--\r\n"
+    )
+    server.answer = lambda _: (
+        b"HTTP/1.1 202 Accepted\r\nContent-Type: multipart/mixed; boundary=batchresponse_1\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    theirs, ours = _both(server, table, OPERATIONS["upper-case kinds"])
+    assert theirs[0] is TableTransactionError and theirs[3] == "InvalidInput"
+    assert ours == theirs
+
+
+def test_an_answer_it_cannot_split_is_read_as_azure_core_reads_it(
+    server: Server, table: TableClient
+) -> None:
+    """Parts with bare LF line endings: not what the direct reader splits; ``email`` does."""
+    succeeded = _succeeded(b"Content-ID: 0 Content-ID: 1")
+    head, _, body = succeeded.partition(b"\r\n\r\n")
+    body = body.replace(b"\r\n", b"\n")
+    head = head.replace(
+        f"Content-Length: {len(succeeded) - len(head) - 4}".encode(),
+        f"Content-Length: {len(body)}".encode(),
+    )
+    server.answer = lambda _: head + b"\r\n\r\n" + body
+    theirs, ours = _both(server, table, OPERATIONS["upper-case kinds"])
+    assert theirs[0] == "ok" and len(theirs[1]) == 2
+    assert ours == theirs
+
+
 def test_it_is_what_a_table_client_runs(table: TableClient) -> None:
     assert TableClient.submit_transaction.__wrapped__ is table_transactions.submit_transaction  # type: ignore[attr-defined]
     assert re.match(r"^\w+$", table_transactions._original.__name__)
