@@ -39,6 +39,7 @@ and urllib3 versions it was checked against; with others ``transport()`` returns
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,6 +58,7 @@ from azure.core.exceptions import (
 from azure.core.pipeline.transport import HttpTransport, RequestsTransport
 from azure.core.rest._http_response_impl import HttpResponseImpl
 from azure.core.utils import case_insensitive_dict
+from requests._internal_utils import HEADER_VALIDATORS
 from requests.utils import default_headers, requote_uri
 from urllib3._version import __version__ as urllib3_version
 from urllib3.exceptions import (
@@ -74,6 +76,11 @@ CHECKED_AZURE_CORE = "1.41.0"
 CHECKED_URLLIB3 = "2.8.0"
 _NO_BODY_LENGTH = frozenset({"GET", "HEAD"})  # requests: Content-Length: 0 for the rest
 _OPTIONS = frozenset({"stream", "connection_timeout", "read_timeout", "connection_verify"})
+_BLOCK_SIZE = 4096  # azure-core's default for a response's iter_bytes
+#: requests' own rules for a header it sends (``check_header_validity``'s patterns).
+_VALID_NAME: re.Pattern[str]
+_VALID_VALUE: re.Pattern[str]
+_VALID_NAME, _VALID_VALUE = HEADER_VALIDATORS[str]  # type: ignore[assignment]
 
 
 def _requests_transport(
@@ -114,18 +121,11 @@ def transport(
 
 
 def _plain_header(name: Any, value: Any) -> bool:
-    """A header requests sends unchanged (its ``check_header_validity``: a name without
-    colons, line breaks or leading white space; a value without line breaks or leading
-    white space)."""
-    if type(name) is not str or not name or name[0].isspace() or ":" in name:
+    """A header requests sends unchanged: text that passes its ``check_header_validity``
+    (a None value is one requests drops)."""
+    if type(name) is not str or not _VALID_NAME.match(name):
         return False
-    if "\r" in name or "\n" in name:
-        return False
-    if value is None:
-        return True
-    if type(value) is not str:
-        return False
-    return not (value and value[0].isspace()) and "\r" not in value and "\n" not in value
+    return value is None or (type(value) is str and bool(_VALID_VALUE.match(value)))
 
 
 class StorageResponse(HttpResponseImpl):
@@ -163,19 +163,12 @@ class StorageTransport(HttpTransport[Any, Any]):
         self.connection_config = ConnectionConfiguration(
             connection_timeout=connection_timeout, read_timeout=read_timeout
         )
-        self._pool = self._new_pool()
+        self._pool = urllib3.PoolManager(
+            num_pools=4, maxsize=pool_size, cert_reqs="CERT_REQUIRED", ca_certs=certifi.where()
+        )
         self._fallback: RequestsTransport | None = None
         self._defaults = list(default_headers().items())
-        self._block_size = 4096
         self.handed_over = 0  # requests sent through requests (tests check it stays 0)
-
-    def _new_pool(self) -> urllib3.PoolManager:
-        return urllib3.PoolManager(
-            num_pools=4,
-            maxsize=self._pool_size,
-            cert_reqs="CERT_REQUIRED",
-            ca_certs=certifi.where(),
-        )
 
     def __enter__(self) -> StorageTransport:
         return self
@@ -192,12 +185,14 @@ class StorageTransport(HttpTransport[Any, Any]):
         if self._fallback is not None:
             self._fallback.close()
 
-    def _requests(self) -> RequestsTransport:
+    def _hand_over(self, request: Any, kwargs: dict[str, Any]) -> Any:
+        """Send ``request`` through azure-core's ``RequestsTransport``, configured alike."""
         if self._fallback is None:
             self._fallback = _requests_transport(
                 self._pool_size, self._connection_timeout, self._read_timeout
             )
-        return self._fallback
+        self.handed_over += 1
+        return self._fallback.send(request, **kwargs)
 
     def send(self, request: Any, **kwargs: Any) -> Any:
         body = request.data
@@ -209,8 +204,7 @@ class StorageTransport(HttpTransport[Any, Any]):
             or request.files
             or not (body is None or isinstance(body, bytes))
         ):
-            self.handed_over += 1
-            return self._requests().send(request, **kwargs)
+            return self._hand_over(request, kwargs)
         timeout = self._timeout
         if "connection_timeout" in kwargs or "read_timeout" in kwargs:
             timeout = urllib3.Timeout(
@@ -220,8 +214,7 @@ class StorageTransport(HttpTransport[Any, Any]):
         method = request.method.upper()
         headers = self._headers(request.headers, method, body)
         if headers is None:  # a header requests would refuse: it raises its own error
-            self.handed_over += 1
-            return self._requests().send(request, **kwargs)
+            return self._hand_over(request, kwargs)
         try:
             raw = self._pool.urlopen(
                 method,
@@ -248,12 +241,12 @@ class StorageTransport(HttpTransport[Any, Any]):
             raise ServiceResponseError(err, error=err) from err
         except HTTPError as err:
             raise ServiceResponseError(err, error=err) from err
-        return StorageResponse(request, raw, self._block_size)
+        return StorageResponse(request, raw, _BLOCK_SIZE)
 
     def _headers(self, given: Any, method: str, body: bytes | None) -> dict[str, str] | None:
         """requests' default headers under the request's own (a None value removes one),
         and Content-Length as requests writes it; None for a header requests would not
-        send as it is (not text, a line break, leading white space, a colon in a name)."""
+        send as it is (``_plain_header``)."""
         headers: dict[str, str] = {}
         spelled: dict[str, str] = {}
         for name, value in (*self._defaults, *given.items()):

@@ -100,6 +100,7 @@ def send_message(
         or self.key_encryption_key is not None
         or self.require_encryption
         or not all(isinstance(v, int | None) for v in (visibility_timeout, time_to_live, timeout))
+        or "?" in self._client._config.url  # a SAS in the URL: the SDK knows where it goes
     ):
         return _original(  # type: ignore[no-any-return]
             self,
@@ -118,13 +119,7 @@ def send_message(
         )
         if value is not None
     ]
-    base = self._client._config.url
-    if "?" in base:  # a SAS in the URL: the SDK knows where it goes
-        return _original(  # type: ignore[no-any-return]
-            self, content, visibility_timeout=visibility_timeout, time_to_live=time_to_live,
-            timeout=timeout,
-        )  # fmt: skip
-    url = f"{base}/messages" + ("?" + "&".join(query) if query else "")
+    url = f"{self._client._config.url}/messages" + ("?" + "&".join(query) if query else "")
     request = HttpRequest(
         "POST",
         url,

@@ -27,6 +27,8 @@ are not strings, an operation tuple of another shape) goes to the SDK's
 
 from __future__ import annotations
 
+import email
+import http.client
 import json
 import time
 import uuid
@@ -44,6 +46,8 @@ from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 from azure.data.tables import _error as tables_error
 from azure.data.tables._error import RequestTooLargeError
 from azure.data.tables._serialize import _add_entity_properties
+
+from stores import sdk_patches
 
 # The SDK's own (untyped) helpers, so that errors are built exactly as it builds them.
 _decode_error: Any = tables_error._decode_error
@@ -88,16 +92,27 @@ def submit_transaction(
     )
     response = self._client.send_request(request, stream=True)
     if response.status_code == 413:
-        raise _decode_error(
-            response,
-            error_message="The transaction request was too large",
-            error_type=RequestTooLargeError,
-        )
+        raise _too_large(response)
     if response.status_code != 202:
-        decoded = _decode_error(response)
-        _validate_tablename_error(decoded, self.table_name)
-        raise decoded
+        raise _error(self, response)
     return _answers(self, response, methods)
+
+
+def _too_large(response: Any) -> Exception:
+    """The SDK's error for a transaction refused as too large (the whole answer's)."""
+    error: Exception = _decode_error(
+        response,
+        error_message="The transaction request was too large",
+        error_type=RequestTooLargeError,
+    )
+    return error
+
+
+def _error(table: TableClient, response: Any, error_type: Any = None) -> Exception:
+    """The SDK's error for ``response``, checked for a bad table name as the SDK does."""
+    decoded: Exception = _decode_error(response=response, error_type=error_type)
+    _validate_tablename_error(decoded, table.table_name)
+    return decoded
 
 
 def install() -> None:
@@ -245,15 +260,11 @@ def _head(payload: bytes) -> tuple[int, dict[str, str]]:
 def _parts(response: Any) -> list[bytes]:
     """The answer's ``application/http`` parts, in order: split directly, or by ``email``
     when the body is not one ``stores.sdk_patches._split`` is sure of (as azure-core)."""
-    import email
-
-    from stores import sdk_patches
-
     kind, boundary = sdk_patches._content_type(response.content_type or "")
     body = response.read()
     split = sdk_patches._split(body, boundary) if boundary and kind == "multipart/mixed" else None
-    outer: list[Any] = split if split is not None else []
-    if split is None:
+    outer: list[Any] | None = split
+    if outer is None:
         head = b"Content-Type: " + (response.content_type or "").encode("ascii") + b"\r\n\r\n"
         message = email.message_from_bytes(head + body)
         if not message.is_multipart():
@@ -278,18 +289,9 @@ def _refused(
     table: TableClient, response: Any, payload: bytes, request: tuple[str, str]
 ) -> Exception:
     """The SDK's error for a refused operation: its part read as the SDK reads it."""
-    import http.client
-
     raw = http.client.HTTPResponse(_socket(payload), method=request[0])
     raw.begin()
     part = _part_response(request=HttpRequest(request[0], request[1]), internal_response=raw)
     if part.status_code == 413:
-        too_large: Exception = _decode_error(
-            response,
-            error_message="The transaction request was too large",
-            error_type=RequestTooLargeError,
-        )
-        return too_large
-    decoded: Exception = _decode_error(response=part, error_type=TableTransactionError)
-    _validate_tablename_error(decoded, table.table_name)
-    return decoded
+        return _too_large(response)
+    return _error(table, part, TableTransactionError)
