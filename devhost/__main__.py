@@ -1,7 +1,8 @@
 """``python -m devhost``: run every function of a v2-model ``function_app.py`` locally.
 
     python -m devhost [--app function_app] [--http-port 7071] [--only fn1,fn2]
-                      [--exclude fn3] [--instance-id ID] [--verbose]
+                      [--exclude fn3] [--instance-id ID] [--timers singleton|every]
+                      [--verbose]
 
 Run it from the app folder (the one with ``function_app.py`` and ``host.json``), with the
 app settings in the environment (``AzureWebJobsStorage``: the storage, Azurite or Azure;
@@ -30,6 +31,7 @@ from devhost import app_loader
 from devhost.host import DevHost
 from devhost.invoke import Invoker
 from devhost.settings import ConfigError, load_host_json
+from devhost.singleton import host_id
 from hostrun import pool
 from hostrun import worker as hostrun
 from observability import opcount
@@ -48,6 +50,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default="", help="comma-separated functions to run")
     parser.add_argument("--exclude", default="", help="comma-separated functions to skip")
     parser.add_argument("--instance-id", default=None, help=f"exported as {DEVHOST_INSTANCE_ID}")
+    parser.add_argument(
+        "--timers",
+        choices=["singleton", "every"],
+        default="singleton",
+        help="singleton (as in Azure): each timer fires on one instance at a time, through "
+        "the host's blob lease; every: in every devhost process",
+    )
     parser.add_argument("--verbose", action="store_true", help="log successes at DEBUG")
     return parser.parse_args(argv)
 
@@ -89,7 +98,13 @@ def build(args: argparse.Namespace) -> DevHost:
     short = pool.shortfall(specs, host_json, os.environ)
     if short:
         log.warning("%s", short)
-    devhost = DevHost.build(specs, host_json, os.environ, args.http_port, Invoker(runtime.call))
+    singleton = None
+    if args.timers == "singleton":
+        app_dir = str(Path(root, args.app).resolve())
+        singleton = (host_id(os.environ, app_dir), os.environ[DEVHOST_INSTANCE_ID])
+    devhost = DevHost.build(
+        specs, host_json, os.environ, args.http_port, Invoker(runtime.call), singleton
+    )
     runtime.deliver = devhost.deliver  # output bindings
     # Storage requests counted for the benchmarks: which ones a timer invocation made.
     opcount.set_trigger_lookup(runtime.current_trigger)

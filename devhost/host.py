@@ -19,7 +19,7 @@ from core.settings import connection as read_connection
 from devhost import app_loader as loader
 from devhost.app_loader import FunctionSpec
 from devhost.http import HttpServer, route_path
-from devhost.invoke import Invoker
+from devhost.invoke import Invoker, start_thread
 from devhost.queues import POISON_SUFFIX, EnqueueWatcher, QueueListener, StorageQueue
 from devhost.servicebus import ServiceBusListener, sdk_receiver_factory
 from devhost.settings import (
@@ -29,6 +29,7 @@ from devhost.settings import (
     ServiceBusOptions,
     route_prefix,
 )
+from devhost.singleton import LOCK_CONTAINER, BlobLeases, TimerLocks
 from devhost.timers import TimerRunner, parse_schedule
 from messaging.storage_queues import StorageQueues
 
@@ -46,6 +47,8 @@ class DevHost:
     http: HttpServer | None = None
     queue_services: dict[str, Any] = field(default_factory=dict)  # by connection setting
     enqueued: EnqueueWatcher = field(default_factory=EnqueueWatcher)
+    #: The timers' singleton locks (None: every timer fires in this process)
+    timer_locks: TimerLocks | None = None
 
     @classmethod
     def build(
@@ -55,9 +58,16 @@ class DevHost:
         environ: Mapping[str, str],
         http_port: int,
         invoker: Invoker,
+        singleton: tuple[str, str] | None = None,
     ) -> DevHost:
-        """Check every function's configuration and build (not start) what runs it."""
+        """Check every function's configuration and build (not start) what runs it.
+        ``singleton``: (host id, instance id) to fire each timer on one instance at a time
+        (``devhost/singleton.py``); None fires every timer here."""
         devhost = cls(invoker, environ)
+        timers = [spec for spec in specs if spec.trigger_type == loader.TIMER]
+        if timers and singleton is not None:
+            devhost.timer_locks = devhost._timer_locks(*singleton)
+            devhost.timer_locks.add(spec.name for spec in timers)
         queue_options: QueueOptions | None = None  # read only if there is a queue trigger
         lease = LeaseOptions.from_env(environ)
         bus_options = ServiceBusOptions.from_host_json(host_json)
@@ -69,7 +79,10 @@ class DevHost:
                 where = f"function {spec.name!r} schedule"
                 schedule = parse_schedule(str(spec.trigger.get("schedule", "")), where)
                 startup = bool(spec.trigger.get("runOnStartup", False))
-                runner = TimerRunner(spec, schedule, devhost.invoker, run_on_startup=startup)
+                gate = devhost.timer_locks.gate(spec.name) if devhost.timer_locks else None
+                runner = TimerRunner(
+                    spec, schedule, devhost.invoker, run_on_startup=startup, gate=gate
+                )
                 devhost.timers.append(runner)
                 devhost._line(spec, runner.describe())
             elif spec.trigger_type == loader.SERVICE_BUS:
@@ -81,6 +94,19 @@ class DevHost:
 
     def _line(self, spec: FunctionSpec, text: str) -> None:
         self.lines.append(f"devhost: {spec.name}: {spec.trigger_type} {text}")
+
+    def _timer_locks(self, host: str, instance: str) -> TimerLocks:
+        connection = read_connection(self.environ, STORAGE)
+        if connection is None:
+            raise ConfigError(
+                f"timer functions take their singleton locks in {STORAGE}, which is not set: "
+                "set it, or run every timer in every process with --timers every"
+            )
+        try:
+            container = clients.blob_service(connection).get_container_client(LOCK_CONTAINER)
+        except ValueError as error:
+            raise ConfigError(f"setting {STORAGE}: not usable for blobs ({error})") from error
+        return TimerLocks(BlobLeases(container), host, instance)
 
     def queue_service(self, setting: str) -> Any:
         """The process's QueueServiceClient for a connection setting, built on first use."""
@@ -163,6 +189,9 @@ class DevHost:
         self.enqueued.install()
         for queue in self.queues:
             queue.start(stop)
+        if self.timer_locks is not None:
+            self.timer_locks.try_all()  # before the first tick (and runOnStartup)
+            start_thread("timer-locks", self.timer_locks.run, stop)
         for timer in self.timers:
             timer.start(stop)
         for bus in self.service_bus:
@@ -181,6 +210,8 @@ class DevHost:
         while self.busy() and time.monotonic() < deadline:
             time.sleep(0.05)
         settled = not self.busy()
+        if self.timer_locks is not None:  # another instance takes the timers at once
+            self.timer_locks.release_all()
         self.enqueued.uninstall()
         for queue in self.queues:
             queue.shutdown()

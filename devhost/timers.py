@@ -6,8 +6,9 @@ A ``%SETTING%`` schedule is resolved before it gets here.
 
 Differences from Azure, on purpose:
 
-- Timers run in **every** devhost process (the host takes a blob lease so that one
-  instance fires): ``--exclude`` them in all but one devhost if that matters.
+- Each timer fires in one devhost process at a time, as in Azure, through the host's own
+  singleton lock (a blob lease; ``devhost/singleton.py`` says where devhost's periods
+  differ); ``--timers every`` fires them in every process.
 - No schedule monitor: nothing is persisted, so ``past_due`` is only true when a tick
   fires more than a second late in this process (e.g. the machine slept), never for ticks
   missed while devhost was down.
@@ -69,27 +70,32 @@ class TimerRunner:
         invoker: Invoker,
         run_on_startup: bool = False,
         now: Callable[[], datetime] = utc_now,
+        gate: Callable[[], bool] | None = None,
     ) -> None:
         self.spec = spec
         self.schedule = schedule
         self.invoker = invoker
         self.run_on_startup = run_on_startup
         self._now = now
+        #: Whether this process may fire now (it holds the timer's singleton lock);
+        #: None: always.
+        self.gate = gate
         self._last: datetime | None = None
 
     def describe(self) -> str:
         startup = "runOnStartup, " if self.run_on_startup else ""
         next_fire = self.schedule.next_after(self._now())
+        where = "every devhost process" if self.gate is None else "one instance at a time"
         return (
             f"schedule {self.schedule.text!r} (UTC; {startup}next {next_fire:%H:%M:%S}; "
-            "fires in every devhost process)"
+            f"fires in {where})"
         )
 
     def start(self, stop: threading.Event) -> threading.Thread:
         return start_thread(f"timer-{self.spec.name}", self.run, stop)
 
     def run(self, stop: threading.Event) -> None:
-        if self.run_on_startup:
+        if self.run_on_startup and self._may_fire():
             self.fire(self._now(), past_due=False)
         due = self.schedule.next_after(self._now())
         while not stop.is_set():
@@ -98,9 +104,13 @@ class TimerRunner:
                 # Short waits, so a wall-clock jump cannot put a tick hours away.
                 stop.wait(min(wait, 1.0))
                 continue
-            self.fire(due, past_due=self._now() - due > LATE_TOLERANCE)
+            if self._may_fire():  # another instance holds the timer: its tick, not ours
+                self.fire(due, past_due=self._now() - due > LATE_TOLERANCE)
             # Ticks that passed while the function ran are skipped, not caught up.
             due = self.schedule.next_after(max(self._now(), due))
+
+    def _may_fire(self) -> bool:
+        return self.gate is None or self.gate()
 
     def fire(self, scheduled: datetime, past_due: bool) -> None:
         """One invocation (a failure is logged by the invoker)."""

@@ -480,6 +480,10 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         transport=plan.transport,
         # A killed process's messages are back after 10 s, in either transport.
         bus_options={"lock-duration": "10"},
+        # Every instance runs the sweeps, not one at a time as in Azure (devhost/singleton.py):
+        # overlapping supervisors (a deployment's overlap) are part of what chaos exercises,
+        # and a sweep must not wait out a killed holder's lease every few seconds.
+        devhost_args=[["--timers", "every"] for _ in range(plan.devhosts)],
         settings={
             "STEP_TIMEOUT_SECONDS": str(STEP_TIMEOUT),
             "MAX_FAILURE_COUNT": str(MAX_FAILURES),

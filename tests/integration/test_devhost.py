@@ -26,6 +26,8 @@ import pytest
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueServiceClient
 
+from devhost.singleton import LEASE_SECONDS, TRY_EVERY_SECONDS
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 APP = FIXTURES / "devhost_app"
@@ -140,6 +142,9 @@ def setup(storage_connection: str, tag: str, tmp_path: Path) -> Iterator[Setup]:
         DEVHOST_TEST_SLOW_QUEUE=f"dh-slow-{tag}",
         DEVHOST_TEST_RECORDS=f"dh-records-{tag}",
         DEVHOST_TEST_TIMER_SCHEDULE="*/1 * * * * *",
+        # Each test's own timer locks (devhost/singleton.py): a devhost another test
+        # killed must not hold this one's timers for the 15 s its lease lasts.
+        AzureFunctionsWebHost__hostid=f"dh-{tag}",
     )
     service = QueueServiceClient.from_connection_string(
         storage_connection, connection_timeout=5, read_timeout=15, retry_total=2
@@ -331,6 +336,55 @@ def test_timer_fires_every_second_and_service_bus_is_skipped(setup: Setup) -> No
     seconds = sorted(int(r["at"]) for r in of(seen, "tick"))
     assert len(set(seconds)) == len(seconds)  # one invocation per tick
     assert host.stop(signal.SIGINT) == 0
+
+
+def test_two_devhosts_fire_each_tick_once_and_a_killed_holders_timer_moves_on(
+    setup: Setup,
+) -> None:
+    """As in Azure, a timer fires on one instance at a time (the host's blob lease); when
+    that instance dies, another takes the timer once the lease lapses."""
+    first = setup.start("--only", "tick", "--instance-id", "dh-a")
+    first.wait_for("DEVHOST_READY")
+    second = setup.start("--only", "tick", "--instance-id", "dh-b")
+    second.wait_for("DEVHOST_READY")
+    assert any("one instance at a time" in line for line in second.lines)
+    seen = setup.records.wait(lambda rs: len(of(rs, "tick")) >= 4, 15, "four ticks")
+    ticks = of(seen, "tick")
+    assert {r["instance"] for r in ticks} == {"dh-a"}, ticks
+    seconds = [int(r["at"]) for r in ticks]
+    assert len(set(seconds)) == len(seconds)  # each tick once
+    killed_at = time.time()
+    first.stop(signal.SIGKILL)  # no chance to release: the lease lapses
+    seen = setup.records.wait(
+        lambda rs: bool(of(rs, "tick", instance="dh-b")), 30, "a tick on the other instance"
+    )
+    took = min(r["at"] for r in of(seen, "tick", instance="dh-b")) - killed_at
+    assert took <= LEASE_SECONDS + TRY_EVERY_SECONDS + 2, took
+    assert not [r for r in of(seen, "tick", instance="dh-a") if r["at"] > killed_at + 1]
+    assert second.stop(signal.SIGINT) == 0
+
+
+def test_a_stopping_holder_hands_its_timers_over_and_every_fires_everywhere(
+    setup: Setup,
+) -> None:
+    first = setup.start("--only", "tick", "--instance-id", "dh-a")
+    first.wait_for("DEVHOST_READY")
+    second = setup.start("--only", "tick", "--instance-id", "dh-b")
+    second.wait_for("DEVHOST_READY")
+    setup.records.wait(lambda rs: bool(of(rs, "tick", instance="dh-a")), 10, "a tick on dh-a")
+    assert first.stop(signal.SIGINT) == 0  # releases its lease on the way out
+    stopped_at = time.time()
+    seen = setup.records.wait(
+        lambda rs: bool(of(rs, "tick", instance="dh-b")), 15, "a tick on the other instance"
+    )
+    took = min(r["at"] for r in of(seen, "tick", instance="dh-b")) - stopped_at
+    assert took <= TRY_EVERY_SECONDS + 2, took
+    # --timers every: the devhost of before, every timer in every process.
+    third = setup.start("--only", "tick", "--instance-id", "dh-c", "--timers", "every")
+    third.wait_for("DEVHOST_READY")
+    assert any("every devhost process" in line for line in third.lines)
+    setup.records.wait(lambda rs: bool(of(rs, "tick", instance="dh-c")), 10, "a tick on dh-c")
+    assert second.stop(signal.SIGINT) == 0 and third.stop(signal.SIGINT) == 0
 
 
 def test_shutdown_waits_for_running_invocations(setup: Setup) -> None:

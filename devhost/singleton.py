@@ -1,0 +1,238 @@
+"""Timer triggers fire on one instance at a time, as the Functions host fires them.
+
+The host wraps every timer trigger's listener in a singleton lock (the WebJobs SDK's
+``SingletonListener``): a lease on the blob
+``azure-webjobs-hosts/locks/<host id>/Host.Functions.<function>.Listener`` of the app's
+storage account (``AzureWebJobsStorage``). The instance holding the lease runs the timer;
+the others try again now and then, so that when the holder dies the timer goes on
+elsewhere. devhost takes the same leases on the same blobs, so several devhost
+processes on one storage account run each timer once per tick, not once per process.
+
+Where devhost differs, on purpose (a local host is killed and restarted far more often
+than an Azure instance, and a test cannot wait minutes for a sweep):
+
+- the lease lasts 15 s (the shortest Azure Storage grants; the host takes 60 s) and is
+  taken again every 5 s by its holder; an instance without it tries every 5 s (the host:
+  once a minute). A killed holder's timers go on elsewhere within 20 s;
+- a stopping devhost releases its leases, so another instance takes them at its next try;
+- the lease id is the instance's own (a UUID from the host id, the instance id and the
+  function), so "take it again" and "take it" are one request: Azure Storage grants an
+  acquire to the lease's current holder, and the host's renewal is a separate call.
+
+``python -m devhost --timers every`` runs every timer in every process instead, as devhost
+did before: overlapping sweeps, as during a deployment's overlap (the chaos tests use it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
+
+log = logging.getLogger("devhost.singleton")
+
+#: The host's container and folder for its locks (WebJobs' HostContainerNames.Hosts and
+#: HostDirectoryNames.SingletonLocks).
+LOCK_CONTAINER = "azure-webjobs-hosts"
+LOCK_FOLDER = "locks"
+#: What overrides the host id, as in Azure (``AzureFunctionsWebHost__hostid``).
+HOST_ID_SETTING = "AzureFunctionsWebHost__hostid"
+LEASE_SECONDS = 15  # Azure Storage's shortest lease
+TRY_EVERY_SECONDS = 5.0  # holders take it again, the others try to take it
+#: How long before the lease's end the holder stops firing, should it fail to take it
+#: again (the request's own time, clocks of two processes): never two holders at once.
+SAFETY_SECONDS = 2.0
+
+
+def host_id(environ: Mapping[str, str], app_dir: str) -> str:
+    """The host id the locks are named by: ``AzureFunctionsWebHost__hostid`` if set, else,
+    as Core Tools does locally, the machine's name and a hash of the app's folder;
+    lower case, letters, digits and dashes, at most 32 characters (the host's rules)."""
+    given = environ.get(HOST_ID_SETTING, "").strip()
+    if not given:
+        digest = hashlib.sha256(app_dir.encode("utf-8")).hexdigest()[:10]
+        given = f"{socket.gethostname()[:20]}-{digest}"
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", given.lower())[:32].strip("-")
+    return cleaned or "devhost"
+
+
+def lock_blob_name(host: str, function: str) -> str:
+    """The blob the host leases for a timer function's listener."""
+    return f"{LOCK_FOLDER}/{host}/Host.Functions.{function}.Listener"
+
+
+class Leases(Protocol):
+    """Leases on named blobs (``BlobLeases``; tests pass ``MemoryLeases``)."""
+
+    def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
+        """Take (or, with the holder's id, take again) the lease on ``name`` for
+        ``seconds``: True if this id holds it now, False if another does."""
+
+    def release(self, name: str, lease_id: str) -> None:
+        """Give it up, if ``lease_id`` holds it (else nothing)."""
+
+
+class BlobLeases:
+    """:class:`Leases` on Azure Storage blobs (Azurite too), as the host's
+    ``BlobLeaseDistributedLockManager`` takes them: a missing blob (or container) is
+    created empty, then leased."""
+
+    def __init__(self, container: Any) -> None:
+        self._container = container  # azure.storage.blob.ContainerClient
+
+    def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
+        blob = self._container.get_blob_client(name)
+        try:
+            blob.acquire_lease(lease_duration=seconds, lease_id=lease_id)
+            return True
+        except ResourceNotFoundError:
+            self._create(blob)
+        except HttpResponseError as error:
+            if error.status_code == 409:  # leased by another
+                return False
+            raise
+        try:
+            blob.acquire_lease(lease_duration=seconds, lease_id=lease_id)
+            return True
+        except HttpResponseError as error:
+            if error.status_code == 409:
+                return False
+            raise
+
+    def _create(self, blob: Any) -> None:
+        try:
+            blob.upload_blob(b"", overwrite=False)
+        except ResourceNotFoundError:  # no container yet
+            with contextlib.suppress(ResourceExistsError):
+                self._container.create_container()
+            with contextlib.suppress(ResourceExistsError, HttpResponseError):
+                blob.upload_blob(b"", overwrite=False)
+        except (ResourceExistsError, HttpResponseError):  # created or leased meanwhile
+            pass
+
+    def release(self, name: str, lease_id: str) -> None:
+        from azure.storage.blob import BlobLeaseClient
+
+        blob = self._container.get_blob_client(name)
+        try:
+            BlobLeaseClient(blob, lease_id=lease_id).release()
+        except HttpResponseError as error:
+            # 404: no blob; 409: another holds it now. Nothing of ours to give up.
+            if error.status_code not in (404, 409):
+                raise
+
+
+@dataclass
+class _Lock:
+    function: str
+    blob: str
+    lease_id: str
+    held_until: float = 0.0  # monotonic; 0: not held
+    warned: bool = False
+
+
+@dataclass
+class TimerLocks:
+    """The singleton locks of this process's timer functions, kept by one thread."""
+
+    leases: Leases
+    host: str
+    instance: str
+    clock: Callable[[], float] = time.monotonic
+    lease_seconds: int = LEASE_SECONDS
+    try_every: float = TRY_EVERY_SECONDS
+    _locks: dict[str, _Lock] = field(default_factory=dict)
+    _round: threading.Lock = field(default_factory=threading.Lock)  # one round at a time
+    _closed: bool = False  # released for good: no more rounds
+
+    def add(self, functions: Iterable[str]) -> None:
+        for function in functions:
+            key = uuid.uuid5(uuid.NAMESPACE_URL, f"{self.host}/{self.instance}/{function}")
+            self._locks[function] = _Lock(function, lock_blob_name(self.host, function), str(key))
+
+    def holds(self, function: str) -> bool:
+        """Whether this process may fire ``function`` now (a function without a lock here
+        always may)."""
+        lock = self._locks.get(function)
+        return lock is None or self.clock() < lock.held_until
+
+    def gate(self, function: str) -> Callable[[], bool]:
+        return lambda: self.holds(function)
+
+    def try_all(self) -> None:
+        """One round: take every lock (again); a lock another holds is left to it."""
+        with self._round:
+            if not self._closed:
+                for lock in self._locks.values():
+                    self._try(lock)
+
+    def _try(self, lock: _Lock) -> None:
+        asked = self.clock()
+        try:
+            got = self.leases.acquire(lock.blob, lock.lease_id, self.lease_seconds)
+        except Exception as error:  # noqa: BLE001 - storage trouble: try again next round
+            if not lock.warned:
+                log.warning(
+                    "timer %s: cannot take its singleton lock (%s): it does not fire here "
+                    "until the lock is taken",
+                    lock.function,
+                    error,
+                )
+                lock.warned = True
+            return  # held_until stands: a lease taken earlier lasts its time, not more
+        lock.warned = False
+        was_held = self.holds(lock.function)
+        lock.held_until = asked + self.lease_seconds - SAFETY_SECONDS if got else 0.0
+        if got and not was_held:
+            log.info("timer %s: this instance runs it (singleton lock taken)", lock.function)
+        elif was_held and not got:
+            log.info("timer %s: another instance runs it now", lock.function)
+
+    def run(self, stop: threading.Event) -> None:
+        """Rounds every ``try_every`` seconds until ``stop`` (the caller releases)."""
+        while not stop.wait(self.try_every):
+            self.try_all()
+
+    def release_all(self) -> None:
+        """Give up the locks this process holds, for good (the process stops), so another
+        instance takes them at its next round rather than when the lease lapses."""
+        with self._round:
+            self._closed = True
+            for lock in self._locks.values():
+                if lock.held_until:
+                    lock.held_until = 0.0
+                    try:
+                        self.leases.release(lock.blob, lock.lease_id)
+                    except Exception as error:  # noqa: BLE001 - the lease lapses by itself
+                        log.warning("timer %s: cannot release its lock: %s", lock.function, error)
+
+
+@dataclass
+class MemoryLeases:
+    """:class:`Leases` in memory, with a clock: for unit tests (the same contract tests as
+    :class:`BlobLeases` run on both)."""
+
+    clock: Callable[[], float] = time.monotonic
+    _held: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
+        holder = self._held.get(name)
+        if holder is not None and holder[0] != lease_id and self.clock() < holder[1]:
+            return False
+        self._held[name] = (lease_id, self.clock() + seconds)
+        return True
+
+    def release(self, name: str, lease_id: str) -> None:
+        holder = self._held.get(name)
+        if holder is not None and holder[0] == lease_id:
+            del self._held[name]
