@@ -128,11 +128,12 @@ def queue_service(connection: Connection, opcount_dir: str | None = None) -> Que
     )
 
 
-def blob_service(connection: Connection) -> BlobServiceClient:
-    """For the archive (retention runs and restores; never on an order's path)."""
+def blob_service(connection: Connection, **overrides: Any) -> BlobServiceClient:
+    """For the archive (retention runs and restores; never on an order's path), and
+    devhost's timer locks (``overrides``: their own quicker retry and timeouts)."""
     from azure.storage.blob import BlobServiceClient
 
-    options = retry_options("blob")
+    options = {**retry_options("blob"), **overrides}
     if connection.connection_string:
         return BlobServiceClient.from_connection_string(connection.connection_string, **options)
     return BlobServiceClient(

@@ -15,9 +15,16 @@ than an Azure instance, and a test cannot wait minutes for a sweep):
   taken again every 5 s by its holder; an instance without it tries every 5 s (the host:
   once a minute). A killed holder's timers go on elsewhere within 20 s;
 - a stopping devhost releases its leases, so another instance takes them at its next try;
-- the lease id is the instance's own (a UUID from the host id, the instance id and the
-  function), so "take it again" and "take it" are one request: Azure Storage grants an
-  acquire to the lease's current holder, and the host's renewal is a separate call.
+- the lease id is the process's own (a random UUID per process), so "take it again"
+  and "take it" are one request: Azure Storage grants an acquire that proposes the
+  current holder's id (the host renews with a separate call);
+- a holder stops firing 2 s before its lease could have lapsed, by the monotonic clock
+  and by the wall clock both (a machine that slept has a monotonic clock that did not
+  move while Storage's lease ran out);
+- the lock requests retry once, quickly, with short timeouts, so that a storage outage
+  neither holds devhost's start nor its stop for long;
+- ``runOnStartup`` fires when devhost starts holding the lock, not again when it takes
+  the lock over later (the host fires it whenever its listener starts).
 
 ``python -m devhost --timers every`` runs every timer in every process instead, as devhost
 did before: overlapping sweeps, as during a deployment's overlap (the chaos tests use it).
@@ -35,7 +42,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 
@@ -52,12 +59,27 @@ TRY_EVERY_SECONDS = 5.0  # holders take it again, the others try to take it
 #: How long before the lease's end the holder stops firing, should it fail to take it
 #: again (the request's own time, clocks of two processes): never two holders at once.
 SAFETY_SECONDS = 2.0
+#: The lock client's options: one quick retry, short timeouts (a lock request that
+#: cannot be answered soon is tried again at the next round anyway).
+RELEASE_WAIT_SECONDS = 5.0  # how long a stop waits for a round under way
+
+
+def _lock_client_options() -> dict[str, Any]:
+    from azure.storage.blob import LinearRetry
+
+    # backoff is annotated int but used as a float (random.uniform in get_backoff_time)
+    retry = LinearRetry(backoff=0.5, retry_total=1, random_jitter_range=0)  # type: ignore[arg-type]
+    return {"retry_policy": retry, "connection_timeout": 3, "read_timeout": 4}
+
+
+LOCK_CLIENT_OPTIONS: Final = _lock_client_options()
 
 
 def host_id(environ: Mapping[str, str], app_dir: str) -> str:
-    """The host id the locks are named by: ``AzureFunctionsWebHost__hostid`` if set, else,
-    as Core Tools does locally, the machine's name and a hash of the app's folder;
-    lower case, letters, digits and dashes, at most 32 characters (the host's rules)."""
+    """The host id the locks are named by: ``AzureFunctionsWebHost__hostid`` if set, else
+    the machine's name and a hash of the app's folder (devhosts on several machines that
+    share one storage account should set it); lower case, letters, digits and dashes,
+    at most 32 characters (the host's rules)."""
     given = environ.get(HOST_ID_SETTING, "").strip()
     if not given:
         digest = hashlib.sha256(app_dir.encode("utf-8")).hexdigest()[:10]
@@ -115,9 +137,9 @@ class BlobLeases:
         except ResourceNotFoundError:  # no container yet
             with contextlib.suppress(ResourceExistsError):
                 self._container.create_container()
-            with contextlib.suppress(ResourceExistsError, HttpResponseError):
+            with contextlib.suppress(ResourceExistsError):  # created meanwhile
                 blob.upload_blob(b"", overwrite=False)
-        except (ResourceExistsError, HttpResponseError):  # created or leased meanwhile
+        except ResourceExistsError:  # created (or leased: 412) by another meanwhile
             pass
 
     def release(self, name: str, lease_id: str) -> None:
@@ -136,8 +158,8 @@ class BlobLeases:
 class _Lock:
     function: str
     blob: str
-    lease_id: str
     held_until: float = 0.0  # monotonic; 0: not held
+    held_until_wall: float = 0.0  # the same moment by the wall clock
     warned: bool = False
 
 
@@ -149,22 +171,26 @@ class TimerLocks:
     host: str
     instance: str
     clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
     lease_seconds: int = LEASE_SECONDS
     try_every: float = TRY_EVERY_SECONDS
     _locks: dict[str, _Lock] = field(default_factory=dict)
     _round: threading.Lock = field(default_factory=threading.Lock)  # one round at a time
     _closed: bool = False  # released for good: no more rounds
+    #: This process's lease id: two processes given the same instance id still differ.
+    lease_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     def add(self, functions: Iterable[str]) -> None:
         for function in functions:
-            key = uuid.uuid5(uuid.NAMESPACE_URL, f"{self.host}/{self.instance}/{function}")
-            self._locks[function] = _Lock(function, lock_blob_name(self.host, function), str(key))
+            self._locks[function] = _Lock(function, lock_blob_name(self.host, function))
 
     def holds(self, function: str) -> bool:
         """Whether this process may fire ``function`` now (a function without a lock here
         always may)."""
         lock = self._locks.get(function)
-        return lock is None or self.clock() < lock.held_until
+        if lock is None:
+            return True
+        return self.clock() < lock.held_until and self.wall() < lock.held_until_wall
 
     def gate(self, function: str) -> Callable[[], bool]:
         return lambda: self.holds(function)
@@ -177,9 +203,9 @@ class TimerLocks:
                     self._try(lock)
 
     def _try(self, lock: _Lock) -> None:
-        asked = self.clock()
+        asked, asked_wall = self.clock(), self.wall()
         try:
-            got = self.leases.acquire(lock.blob, lock.lease_id, self.lease_seconds)
+            got = self.leases.acquire(lock.blob, self.lease_id, self.lease_seconds)
         except Exception as error:  # noqa: BLE001 - storage trouble: try again next round
             if not lock.warned:
                 log.warning(
@@ -191,12 +217,16 @@ class TimerLocks:
                 lock.warned = True
             return  # held_until stands: a lease taken earlier lasts its time, not more
         lock.warned = False
+        if self._closed:  # released meanwhile: release_all gives this one up too
+            return
         was_held = self.holds(lock.function)
-        lock.held_until = asked + self.lease_seconds - SAFETY_SECONDS if got else 0.0
+        lasts = self.lease_seconds - SAFETY_SECONDS
+        lock.held_until = asked + lasts if got else 0.0
+        lock.held_until_wall = asked_wall + lasts if got else 0.0
         if got and not was_held:
-            log.info("timer %s: this instance runs it (singleton lock taken)", lock.function)
+            log.info("timer %s: %s runs it (singleton lock taken)", lock.function, self.instance)
         elif was_held and not got:
-            log.info("timer %s: another instance runs it now", lock.function)
+            log.info("timer %s: another instance than %s runs it now", lock.function, self.instance)
 
     def run(self, stop: threading.Event) -> None:
         """Rounds every ``try_every`` seconds until ``stop`` (the caller releases)."""
@@ -206,15 +236,22 @@ class TimerLocks:
     def release_all(self) -> None:
         """Give up the locks this process holds, for good (the process stops), so another
         instance takes them at its next round rather than when the lease lapses."""
-        with self._round:
-            self._closed = True
+        self._closed = True  # a round that starts from now takes nothing
+        for lock in self._locks.values():  # and none fires from now on
+            lock.held_until = lock.held_until_wall = 0.0
+        # A round under way may still take a lock: wait for it (not for long: storage may
+        # be down; then the leases lapse by themselves), then release every lock.
+        waited = self._round.acquire(timeout=RELEASE_WAIT_SECONDS)
+        try:
             for lock in self._locks.values():
-                if lock.held_until:
-                    lock.held_until = 0.0
-                    try:
-                        self.leases.release(lock.blob, lock.lease_id)
-                    except Exception as error:  # noqa: BLE001 - the lease lapses by itself
-                        log.warning("timer %s: cannot release its lock: %s", lock.function, error)
+                try:
+                    self.leases.release(lock.blob, self.lease_id)
+                except Exception as error:  # noqa: BLE001 - the lease lapses by itself
+                    log.warning("timer %s: cannot release its lock: %s", lock.function, error)
+                    break  # storage is not answering: the others would wait as long
+        finally:
+            if waited:
+                self._round.release()
 
 
 @dataclass

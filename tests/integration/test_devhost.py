@@ -356,10 +356,12 @@ def test_two_devhosts_fire_each_tick_once_and_a_killed_holders_timer_moves_on(
     killed_at = time.time()
     first.stop(signal.SIGKILL)  # no chance to release: the lease lapses
     seen = setup.records.wait(
-        lambda rs: bool(of(rs, "tick", instance="dh-b")), 30, "a tick on the other instance"
+        lambda rs: bool(of(rs, "tick", instance="dh-b")), 45, "a tick on the other instance"
     )
     took = min(r["at"] for r in of(seen, "tick", instance="dh-b")) - killed_at
-    assert took <= LEASE_SECONDS + TRY_EVERY_SECONDS + 2, took
+    # The lease lapses 15 s after dh-a last took it; dh-b tries every 5 s (a loaded
+    # machine's slack on top).
+    assert took <= LEASE_SECONDS + 2 * TRY_EVERY_SECONDS + 5, took
     assert not [r for r in of(seen, "tick", instance="dh-a") if r["at"] > killed_at + 1]
     assert second.stop(signal.SIGINT) == 0
 
@@ -375,10 +377,10 @@ def test_a_stopping_holder_hands_its_timers_over_and_every_fires_everywhere(
     assert first.stop(signal.SIGINT) == 0  # releases its lease on the way out
     stopped_at = time.time()
     seen = setup.records.wait(
-        lambda rs: bool(of(rs, "tick", instance="dh-b")), 15, "a tick on the other instance"
+        lambda rs: bool(of(rs, "tick", instance="dh-b")), 20, "a tick on the other instance"
     )
     took = min(r["at"] for r in of(seen, "tick", instance="dh-b")) - stopped_at
-    assert took <= TRY_EVERY_SECONDS + 2, took
+    assert took <= 2 * TRY_EVERY_SECONDS + 3, took  # its next round, not the lease's end
     # --timers every: the devhost of before, every timer in every process.
     third = setup.start("--only", "tick", "--instance-id", "dh-c", "--timers", "every")
     third.wait_for("DEVHOST_READY")

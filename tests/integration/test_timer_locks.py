@@ -63,12 +63,18 @@ def test_only_the_holders_release_frees_it(subject: Subject) -> None:
     leases.release("locks/app/never-taken", a)  # no blob: nothing to release, no error
 
 
-def test_a_lease_no_one_takes_again_lapses(subject: Subject) -> None:
+def test_taking_it_again_restarts_the_lease_and_one_not_taken_again_lapses(
+    subject: Subject,
+) -> None:
     leases = subject.leases
     a, b = "00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b"
-    assert leases.acquire(NAME, a, LEASE_SECONDS)
-    subject.pass_time(LEASE_SECONDS - 3)
-    assert not leases.acquire(NAME, b, LEASE_SECONDS)
-    subject.pass_time(4)
-    assert leases.acquire(NAME, b, LEASE_SECONDS)
-    assert not leases.acquire(NAME, a, LEASE_SECONDS)
+    kept, left = NAME, "locks/app/Host.Functions.sweep.Listener"
+    assert LEASE_SECONDS == 15
+    assert leases.acquire(kept, a, LEASE_SECONDS)
+    assert leases.acquire(left, a, LEASE_SECONDS)
+    subject.pass_time(8)
+    assert leases.acquire(kept, a, LEASE_SECONDS)  # the holder again: 15 s from now
+    subject.pass_time(9)  # 17 s after both were first taken
+    assert not leases.acquire(kept, b, LEASE_SECONDS)  # taken again at 8 s: still a's
+    assert leases.acquire(left, b, LEASE_SECONDS)  # not taken again: lapsed at 15 s
+    assert not leases.acquire(left, a, LEASE_SECONDS)

@@ -29,9 +29,11 @@ class Clock:
         return self.now
 
 
-def pair(clock: Clock) -> tuple[TimerLocks, TimerLocks, MemoryLeases]:
+def pair(
+    clock: Clock, names: tuple[str, str] = ("one", "two")
+) -> tuple[TimerLocks, TimerLocks, MemoryLeases]:
     leases = MemoryLeases(clock)
-    first, second = (TimerLocks(leases, "app", name, clock) for name in ("one", "two"))
+    first, second = (TimerLocks(leases, "app", name, clock, clock) for name in names)
     for locks in (first, second):
         locks.add(["supervise", "sweep"])
     return first, second, leases
@@ -67,19 +69,44 @@ def test_a_dead_holders_timers_move_on_when_its_lease_lapses() -> None:
 
 
 def test_the_holder_stops_firing_before_its_lease_ends_if_it_cannot_renew() -> None:
+    assert (LEASE_SECONDS, SAFETY_SECONDS) == (15, 2.0)
     clock = Clock()
     first, _, leases = pair(clock)
-    first.try_all()
+    taken = leases.acquire
+
+    def slow(*args: Any) -> bool:  # the answer comes 1 s after the request left
+        clock.now += 1
+        return taken(*args)
+
+    leases.acquire = slow  # type: ignore[method-assign,assignment]
+    first.try_all()  # asked at 1000 (answered at 1001 and 1002): held until 1013
 
     def broken(*_: Any) -> bool:
         raise ConnectionError("storage unreachable")
 
     leases.acquire = broken  # type: ignore[method-assign,assignment]
-    clock.now += LEASE_SECONDS - SAFETY_SECONDS - 0.1
+    clock.now = 1012.9
     first.try_all()  # fails: what it took before still counts, no longer
     assert first.holds("supervise")
-    clock.now += 0.2
-    assert not first.holds("supervise")  # stopped 2 s before another may take it
+    clock.now = 1013.1
+    assert not first.holds("supervise")  # 2 s before the lease, asked at 1000, ends
+
+
+def test_a_holder_whose_machine_slept_stops_by_the_wall_clock() -> None:
+    mono, wall = Clock(), Clock()
+    locks = TimerLocks(MemoryLeases(mono), "app", "one", mono, wall)
+    locks.add(["supervise"])
+    locks.try_all()
+    wall.now += 60  # asleep: the monotonic clock stood still, Storage's lease ran out
+    assert not locks.holds("supervise")
+
+
+def test_two_processes_given_the_same_instance_id_still_take_turns() -> None:
+    clock = Clock()
+    first, second, _ = pair(clock, ("same", "same"))
+    first.try_all()
+    second.try_all()
+    assert first.holds("supervise") and not second.holds("supervise")
 
 
 def test_a_stopping_instance_releases_so_another_takes_over_at_its_next_round() -> None:
@@ -91,6 +118,9 @@ def test_a_stopping_instance_releases_so_another_takes_over_at_its_next_round() 
     second.try_all()
     assert second.holds("supervise") and second.holds("sweep")
     first.try_all()  # released for good: a last round after the release takes nothing
+    assert not first.holds("supervise")
+    second.release_all()
+    first.try_all()  # nobody holds them now, and still it takes nothing
     assert not first.holds("supervise")
 
 
