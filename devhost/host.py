@@ -29,7 +29,7 @@ from devhost.settings import (
     ServiceBusOptions,
     route_prefix,
 )
-from devhost.singleton import LOCK_CLIENT_OPTIONS, LOCK_CONTAINER, BlobLeases, TimerLocks
+from devhost.singleton import LOCK_CONTAINER, BlobLeases, TimerLocks, lock_client_options
 from devhost.timers import TimerRunner, parse_schedule
 from messaging.storage_queues import StorageQueues
 
@@ -103,7 +103,7 @@ class DevHost:
                 "set it, or run every timer in every process with --timers every"
             )
         try:
-            service = clients.blob_service(connection, **LOCK_CLIENT_OPTIONS)
+            service = clients.blob_service(connection, **lock_client_options())
             container = service.get_container_client(LOCK_CONTAINER)
         except ValueError as error:
             raise ConfigError(f"setting {STORAGE}: not usable for blobs ({error})") from error

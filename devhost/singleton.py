@@ -42,7 +42,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 
@@ -59,20 +59,17 @@ TRY_EVERY_SECONDS = 5.0  # holders take it again, the others try to take it
 #: How long before the lease's end the holder stops firing, should it fail to take it
 #: again (the request's own time, clocks of two processes): never two holders at once.
 SAFETY_SECONDS = 2.0
-#: The lock client's options: one quick retry, short timeouts (a lock request that
-#: cannot be answered soon is tried again at the next round anyway).
 RELEASE_WAIT_SECONDS = 5.0  # how long a stop waits for a round under way
 
 
-def _lock_client_options() -> dict[str, Any]:
+def lock_client_options() -> dict[str, Any]:
+    """The lock client's options: one quick retry, short timeouts (a lock request that
+    cannot be answered soon is tried again at the next round anyway)."""
     from azure.storage.blob import LinearRetry
 
     # backoff is annotated int but used as a float (random.uniform in get_backoff_time)
     retry = LinearRetry(backoff=0.5, retry_total=1, random_jitter_range=0)  # type: ignore[arg-type]
     return {"retry_policy": retry, "connection_timeout": 3, "read_timeout": 4}
-
-
-LOCK_CLIENT_OPTIONS: Final = _lock_client_options()
 
 
 def host_id(environ: Mapping[str, str], app_dir: str) -> str:
@@ -115,19 +112,18 @@ class BlobLeases:
     def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
         blob = self._container.get_blob_client(name)
         try:
-            blob.acquire_lease(lease_duration=seconds, lease_id=lease_id)
-            return True
-        except ResourceNotFoundError:
+            return self._acquire(blob, lease_id, seconds)
+        except ResourceNotFoundError:  # no blob yet: create it, then ask once more
             self._create(blob)
-        except HttpResponseError as error:
-            if error.status_code == 409:  # leased by another
-                return False
-            raise
+        return self._acquire(blob, lease_id, seconds)
+
+    @staticmethod
+    def _acquire(blob: Any, lease_id: str, seconds: int) -> bool:
         try:
             blob.acquire_lease(lease_duration=seconds, lease_id=lease_id)
             return True
         except HttpResponseError as error:
-            if error.status_code == 409:
+            if error.status_code == 409:  # leased by another
                 return False
             raise
 
