@@ -374,6 +374,23 @@ def chromium() -> WebDriver:
     return chrome
 
 
+def _gone(page: WebElement) -> Callable[[WebDriver], bool]:
+    """``ec.staleness_of``, also for the other way Chromium says the page was replaced:
+    asked about the old page's node mid-navigation, it may answer "Node with given id
+    does not belong to the document" (an "unknown error", not a stale reference)."""
+    stale = ec.staleness_of(page)
+
+    def check(driver: WebDriver) -> bool:
+        try:
+            return bool(stale(driver))
+        except WebDriverException as error:
+            if "does not belong to the document" in str(error.msg or ""):
+                return True
+            raise
+
+    return check
+
+
 class Browser:
     """The session's Chromium with bounded waits and readable failures."""
 
@@ -405,7 +422,7 @@ class Browser:
         page = self.driver.find_element(By.TAG_NAME, "html")
         action()
         try:
-            WebDriverWait(self.driver, timeout).until(ec.staleness_of(page))
+            WebDriverWait(self.driver, timeout).until(_gone(page))
         except TimeoutException:
             raise AssertionError(
                 f"{what}: still on {self.driver.current_url} after {timeout:.0f} s"
