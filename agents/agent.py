@@ -46,15 +46,18 @@ class AgentWorker:
         remote: AttemptRunner[Any],
         transport: AgentTransport,
         clock: Clock,
-        load_order: Callable[[str], dict[str, Any]] | None = None,
+        bind: Callable[[AgentRequest], AgentRequest] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         *,
         ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS,
     ):
+        """``bind``: the request as its claim says it (``agents.binding``: path, key and
+        body from the state store; ``UnboundMessage`` for a request no claim speaks for).
+        Without it (unit tests of the calling discipline) the request is taken as it is."""
         self._remote = remote
         self._transport = transport
         self._clock = clock
-        self._load_order = load_order
+        self._bind = bind
         self._sleep = sleep
         self._ride_out_seconds = ride_out_seconds
 
@@ -75,22 +78,21 @@ class AgentWorker:
                 attempt=request.attempt,
             ),
         ):
-            if request.order is None:  # too large to travel in the message
-                if self._load_order is None:
-                    raise StorageUnavailable(
-                        "the request carries no order body and this agent cannot read orders",
-                        order_id=request.order_id,
-                        step=request.step,
-                    )
-                load, order_id = self._load_order, request.order_id
-                # Before any call, so waiting out a storage outage here is safe.
-                request = request.with_order(
-                    ride_out(
-                        lambda: load(order_id),
-                        what="order load",
-                        seconds=self._ride_out_seconds,
-                        sleep=self._sleep,
-                    )
+            if self._bind is not None:
+                bind, asked = self._bind, request
+                # Before any call, so waiting out a storage outage here is safe; a request
+                # no claim speaks for raises UnboundMessage: quarantined, never called.
+                request = ride_out(
+                    lambda: bind(asked),
+                    what="request binding",
+                    seconds=self._ride_out_seconds,
+                    sleep=self._sleep,
+                )
+            elif request.order is None:  # too large to travel, and no state to read it from
+                raise StorageUnavailable(
+                    "the request carries no order body and this agent cannot read orders",
+                    order_id=request.order_id,
+                    step=request.step,
                 )
             outcome = self._remote.call(request)
             if deliveries > 1 and outcome.kind != "succeeded" and not outcome.settled:
@@ -103,6 +105,8 @@ class AgentWorker:
                     "this request may have called the remote)",
                 )
             reply = replace(_reply(request, outcome), trace=telemetry.carrier() or request.trace)
+            if reply.outcome is ReplyOutcome.SUCCEEDED:
+                reply = replace(reply, answered_at=self._clock())
             failpoints.hit("agent-after-call")
             if self._clock() >= request.complete_by:
                 METRICS.inc("agent_late_replies", outcome=reply.outcome)
@@ -148,7 +152,7 @@ class AgentWorker:
             METRICS.inc("python_agent_late_outcomes", applied=result.applied)
             log.warning("the handler that outlived its attempt ended: applied %s", result.applied)
             if result.applied == "yes":
-                late = request.succeeded(result.result or {})
+                late = replace(request.succeeded(result.result or {}), answered_at=self._clock())
             elif not result.retryable:
                 late = request.refused(result.error, "no", settled=result.settles)
             else:

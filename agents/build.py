@@ -19,7 +19,6 @@ agent is first used, before any call.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from agents.agent import AgentWorker
 from agents.auth import TokenCredential, auth_for
@@ -31,6 +30,7 @@ from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from core import workflows
 from core.control_view import AgentRuntime
+from core.messages import AgentRequest
 from core.ports import AgentTransport, Clock
 from core.settings import Settings, SettingsError, agent_url
 
@@ -113,7 +113,7 @@ def build_agent(
     transport: AgentTransport,
     clock: Clock,
     *,
-    load_order: Callable[[str], dict[str, Any]] | None = None,
+    bind: Callable[[AgentRequest], AgentRequest] | None = None,
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
@@ -123,6 +123,6 @@ def build_agent(
         client,
         transport,
         clock,
-        load_order=load_order,
+        bind=bind,
         ride_out_seconds=settings.ride_out_seconds,
     )

@@ -16,7 +16,7 @@ import azure.functions as func
 
 from bootstrap import app_context, index_time
 from core import names
-from core.errors import InvalidMessage
+from core.errors import InvalidMessage, UnboundMessage
 from core.messages import decode_request
 from core.settings import SERVICE_BUS, STORAGE, Transport
 from core.workflows import AGENTS
@@ -34,7 +34,11 @@ def _handle(raw: bytes, reply_to: str | None, agent: str, deliveries: int | None
         queue = ctx.names.agent_queue(agent)
         quarantine(ctx.queues, queue, raw, exc.message, ctx.clock, keeper=ctx.kept)
         return
-    ctx.agent_for(agent).handle(request, reply_to, max(deliveries or 1, 1))
+    try:
+        ctx.agent_for(agent).handle(request, reply_to, max(deliveries or 1, 1))
+    except UnboundMessage as exc:  # forged, or for an attempt never claimed: never called
+        queue = ctx.names.agent_queue(agent)
+        quarantine(ctx.queues, queue, raw, exc.message, ctx.clock, keeper=ctx.kept)
 
 
 def _register(function_name: str, queue: str, agent: str) -> None:

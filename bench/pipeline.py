@@ -124,8 +124,15 @@ def bare_replay(ctx: AppContext, prefix: str, count: int) -> dict[str, float]:
         text = json.dumps({"orderId": f"{prefix}-{n:05d}", "workflow": "order", "amount": 10})
         order = Order.accept(decode_order(text), plan, now)
         step = order.claim("bench-replay", now)
+        token = step.token_for(step.attempt)
         request = AgentRequest(
-            order.order_id, step.step, step.attempt, step.complete_by, step.path, order.body
+            order.order_id,
+            step.step,
+            step.attempt,
+            step.complete_by,
+            step.path,
+            order.body,
+            token=token,
         )
         reply = AgentReply(
             order.order_id,
@@ -134,6 +141,7 @@ def bare_replay(ctx: AppContext, prefix: str, count: int) -> dict[str, float]:
             step.complete_by,
             ReplyOutcome.SUCCEEDED,
             result={},
+            token=token,
         )
         prepared.append((text, order, request.encode(), reply))
     policy = RetryPolicy()

@@ -82,6 +82,7 @@ def completed_order(order_id: str, created: datetime, plan: Plan) -> Order:
         step.complete_by,
         ReplyOutcome.SUCCEEDED,
         result={"status": "ok", "reference": f"ref-{order_id}"},
+        token=step.token_for(step.attempt),
     )
     order.apply_reply(reply, created + timedelta(milliseconds=180))
     order.outbox = []  # delivered long ago: the outbox rows are gone

@@ -27,11 +27,11 @@ from admin.agents import AgentAdmin
 from admin.drain import LegacyQueue, ServiceBusLegacyQueue, StorageLegacyQueue
 from admin.service import OrderAdmin
 from agents.agent import AgentWorker
+from agents.binding import RequestBinding
 from agents.build import build_agent
 from bootstrap import clients
 from core import workflows
 from core.control_view import ControlView
-from core.errors import OrderNotFound
 from core.names import Names
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
@@ -187,6 +187,7 @@ class AppContext:
         return RetryPolicy(
             max_failure_count=self.settings.max_failure_count,
             deferral_window_seconds=self.settings.deferral_window_seconds,
+            clock_skew_seconds=self.settings.max_clock_skew_seconds,
         )
 
     @cached_property
@@ -263,7 +264,7 @@ class AppContext:
                     self.settings,
                     self.agent_transport,
                     self.clock,
-                    load_order=self._order_body,
+                    bind=RequestBinding(self.store, name),
                     runtime=lambda: controls.runtime(spec),
                 )
         return agent
@@ -271,13 +272,6 @@ class AppContext:
     @cached_property
     def _agents(self) -> dict[str, AgentWorker]:
         return {}
-
-    def _order_body(self, order_id: str) -> dict[str, Any]:
-        """For an agent request too large to carry its order: read it from the state store."""
-        order = self.store.load(order_id)
-        if order is None:
-            raise OrderNotFound(f"no order {order_id} for its agent request", order_id=order_id)
-        return order.body
 
     @cached_property
     def admin(self) -> OrderAdmin:

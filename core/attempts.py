@@ -29,7 +29,7 @@ nothing. Past ``MAX_KEPT`` entries the oldest are folded: their number is kept i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
@@ -88,6 +88,21 @@ class Attempt:
     running: dict[str, datetime] = field(default_factory=dict)
     sent: bool = True
     error: str | None = None
+    #: How far apart the instances' clocks may be (``MAX_CLOCK_SKEW_SECONDS`` when it was
+    #: claimed): a call of this attempt may still run until ``deadline + skew`` as another
+    #: instance's clock reads it, and a handler run until its ``running`` time + skew.
+    skew_seconds: float = 0.0
+
+    @property
+    def skew(self) -> timedelta:
+        return timedelta(seconds=self.skew_seconds)
+
+    @property
+    def reach(self) -> datetime:
+        """Until when, on any instance's clock, a call of this attempt may still run: its
+        deadline (no agent calls after it, on the agent's own clock) or its handler runs'
+        reported ends, plus the allowed skew."""
+        return max([self.deadline, *self.running.values()]) + self.skew
 
     @property
     def in_flight(self) -> bool:
@@ -175,6 +190,8 @@ class Attempt:
             out["sent"] = False
         if self.error:
             out["error"] = self.error
+        if self.skew_seconds:
+            out["skew"] = self.skew_seconds
         return out
 
     @classmethod
@@ -195,6 +212,7 @@ class Attempt:
             running={str(k): parse_iso(v) for k, v in (value.get("running") or {}).items()},
             sent=bool(value.get("sent", True)),
             error=value.get("error") or None,
+            skew_seconds=float(value.get("skew", 0.0)),
         )
 
 
@@ -208,9 +226,14 @@ class GaveUp:
     by_expiry_of: int | None = None
     #: an operator acted on this failure since (a cancel that left the step as it is)
     operator: str | None = None
+    #: why, where it is not the attempts' own failure: ``"overtaken"`` for a compensation
+    #: whose step applied after it began (its next run is a new effect, with a new key)
+    kind: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"at": iso_exact(self.at), "ambiguous": self.ambiguous}
+        if self.kind:
+            out["kind"] = self.kind
         if self.by_expiry_of is not None:
             out["byExpiryOf"] = self.by_expiry_of
         if self.operator:
@@ -225,6 +248,7 @@ class GaveUp:
             ambiguous=bool(value["ambiguous"]),
             by_expiry_of=int(expiry) if expiry is not None else None,
             operator=value.get("operator") or None,
+            kind=str(value.get("kind") or ""),
         )
 
 
@@ -317,9 +341,9 @@ class AttemptLog:
         return max(times) if times else None  # type: ignore[type-var]
 
     def last_deadline(self) -> datetime | None:
-        """After this, no call of any attempt can still be running (as far as is known)."""
-        times = [a.deadline for a in self.items]
-        times += [until for a in self.items for until in a.running.values()]
+        """After this, no call of any attempt can still be running (as far as is known), on
+        any instance's clock: each attempt's ``reach``."""
+        times = [a.reach for a in self.items]
         return max(times) if times else None
 
     # --- storage ---------------------------------------------------------------------

@@ -72,6 +72,12 @@ class TransitionRefused(OrderError):
         self.reason = reason
 
 
+class UnboundMessage(OrderError):
+    """An agent request or reply that no claim speaks for: no such order, step or attempt,
+    or a token that is not the attempt's own (docs/contracts.md §3.3). Never applied and
+    never run: the message is quarantined, which alerts an operator."""
+
+
 class StorageUnavailable(OrderError):
     """The state store or a queue did not answer (after its own retries)."""
 

@@ -33,6 +33,8 @@ class Event(StrEnum):
     CANCEL_TOO_LATE = "cancel-too-late"
     #: an operator stated that a doubtful step did not happen (with a cancel)
     STATED_NOT_APPLIED = "stated-not-applied"
+    #: a step applied after its compensation began: the compensation may have missed it
+    OVERTAKEN = "overtaken"
 
     # --- a step's history -------------------------------------------------------------
     CREATED = "created"
@@ -59,6 +61,8 @@ class Event(StrEnum):
     AGENT_PAUSED = "agent-paused"
     #: that wait is over (the agent was resumed, or another wait took over)
     PAUSE_OVER = "pause-over"
+    #: a compensation runs again as a new effect, under a new idempotency key
+    NEW_KEY = "new-key"
 
     @classmethod
     def _missing_(cls, value: object) -> Event | None:

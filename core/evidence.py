@@ -10,7 +10,7 @@ flight; this is everything that comes after, read from the typed attempt state.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from core.attempts import Applied, Attempt, Ending
@@ -45,18 +45,22 @@ class Evidence(Unwinding):
     ) -> ReplyEffect:
         """A success reply, on time or not: the effect exists."""
         state = step.process_state
-        if (
-            state is StepState.COMPENSATING
-            and attempt is not None
-            and reply.run_ended
-            and (reply.runner or "") in attempt.running
-        ):
-            # A handler that ran on while its step is being undone has ended: the
-            # compensation need not wait for it any longer (it undoes this success).
-            attempt.report(Applied.YES, None, reply.runner or "", run_ended=True)
-            step.record(now, Event.LATE_SUCCESS, attempt=reply.attempt, note="being undone")
-            self._hold_compensation(step, now)
-            return ReplyEffect.NOTED
+        undo = self.undo_of(step) if state in _UNDONE else None
+        # A step already known applied has one effect, whichever attempt reports it (one
+        # idempotency key): its undo began after it, so covers it.
+        if undo is not None and not step.attempts.applied:
+            if attempt is not None:
+                attempt.report(Applied.YES, None, reply.runner or "", run_ended=reply.run_ended)
+                if attempt.in_flight:  # pragma: no cover - an undone step's attempts ended
+                    attempt.end(Ending.SUCCEEDED, now)
+            skew = attempt.skew if attempt is not None else timedelta(0)
+            if undo.attempt == 0 or self._before_undo(reply, undo, skew, now):
+                # Its undo has not begun, or began after the effect existed: the undo
+                # covers it. A handler that ran on has ended: the undo waits no longer.
+                step.record(now, Event.LATE_SUCCESS, attempt=reply.attempt, note="being undone")
+                self._hold_compensation(step, now)
+                return ReplyEffect.NOTED
+            return self._applied_after_undo(step, undo, reply, now)
         if (
             state in (StepState.PROCESSED, StepState.COMPENSATING)
             or (state is StepState.COMPENSATED and step.undone_by is not None)
@@ -120,6 +124,42 @@ class Evidence(Unwinding):
             + (f"stands; undo it with {compensation} if needed" if compensation else "stands"),
             now,
         )
+        return ReplyEffect.NOTED
+
+    def _before_undo(
+        self, reply: AgentReply, undo: StepRecord, skew: timedelta, now: datetime
+    ) -> bool:
+        """Whether the success existed before ``undo``'s first claim of this key round began,
+        on every clock: then the undo's call met the effect. The success's own time is the
+        agent's (``answeredAt``; its arrival, when the agent did not say), less the skew
+        its attempt allowed."""
+        began = undo.round_began()
+        answered = reply.answered_at or now
+        return began is not None and answered + skew < began
+
+    def _applied_after_undo(
+        self, step: StepRecord, undo: StepRecord, reply: AgentReply, now: datetime
+    ) -> ReplyEffect:
+        """The worst news the order can get (docs/contracts.md §3.11): ``step`` applied after
+        its undo began, so the undo may have missed it and its effect may stand. Never
+        swallowed: the step is being undone again; once no attempt of the undo is in
+        flight the order is ``error`` with an alert that says what happened, and a resubmit
+        (console, API, CLI) runs the undo again as a new effect, with the key
+        ``<orderId>:<undo>:<round>``."""
+        answered = reply.answered_at or now
+        step.applied_after_undo = answered
+        step.result = reply.result
+        step.record(
+            now,
+            Event.LATE_SUCCESS,
+            attempt=reply.attempt,
+            answeredAt=iso(answered),
+            note=f"applied after its undo {undo.step} began",
+        )
+        current = undo.current
+        if undo.process_state is StepState.PROCESSING and current is not None and current.in_flight:
+            return ReplyEffect.NOTED  # decided when the undo's attempt ends (``_overtaken``)
+        self._overtaken(undo, now)
         return ReplyEffect.NOTED
 
     def _late_report(
@@ -313,6 +353,10 @@ class Evidence(Unwinding):
                 f"its service whether {key} happened, and undo it by hand if it did",
                 now,
             )
+
+
+#: States of an action whose undo has been started.
+_UNDONE = frozenset({StepState.COMPENSATING, StepState.COMPENSATED})
 
 
 def _note_report(step: StepRecord, reply: AgentReply, now: datetime, **extra: object) -> None:

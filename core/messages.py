@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final, Literal
 
 from core.errors import InvalidMessage
-from core.orders import ORDER_ID_RULE, describe, is_valid_order_id, strict_json
+from core.orders import MAX_NESTING, ORDER_ID_RULE, describe, is_valid_order_id, strict_json
 from core.timefmt import iso, parse_iso
 
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -53,35 +53,61 @@ MAX_INLINE_ORDER_BYTES: Final = 40_000
 # --- agent request and reply (docs/contracts.md §3.3) --------------------------------------------
 
 
-def idempotency_key(order_id: str, step: str) -> str:
-    return f"{order_id}:{step}"
+def idempotency_key(order_id: str, step: str, key_round: int = 1) -> str:
+    """``<orderId>:<step>``; a compensation run again as a new effect (its step applied
+    after it ran, docs/contracts.md §3.11) is ``<orderId>:<step>:<round>``."""
+    base = f"{order_id}:{step}"
+    return base if key_round == 1 else f"{base}:{key_round}"
+
+
+#: Rounds of one step's idempotency key (``idempotency_key``): 1 and up to this.
+MAX_KEY_ROUND: Final = 99
+#: Internal messages wrap an order (or a result) under their own fields: their decoders
+#: allow this many levels more than an order may nest, so that every message the app
+#: writes is one the app can read (docs/contracts.md §3.1, §3.3).
+ENVELOPE_LEVELS: Final = 4
+#: Every time a message carries is inside these bounds, so that no arithmetic on it can
+#: overflow (a datetime ends at 9999-12-31) and nothing is put off for ever.
+EARLIEST_TIME: Final = datetime(2000, 1, 1, tzinfo=UTC)
+LATEST_TIME: Final = datetime(2100, 1, 1, tzinfo=UTC)
+_TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 @dataclass(frozen=True)
 class _StepMessage:
-    """What every agent message says about the attempt it belongs to (docs/contracts.md §3.3)."""
+    """What every agent message says about the attempt it belongs to (docs/contracts.md §3.3).
+
+    ``token``: the attempt's own token (``core.steps.StepRecord.token_for``), written by
+    the claim into the request and carried back by every report of it: a message whose
+    token does not match a claimed attempt is quarantined, never applied or run. It is a
+    secret: never logged (it is left out of ``repr``)."""
 
     order_id: str
     step: str
     attempt: int
     complete_by: datetime
+    token: str = field(default="", repr=False, kw_only=True)
+    key_round: int = field(default=1, kw_only=True)
 
     @property
     def idempotency_key(self) -> str:
-        return idempotency_key(self.order_id, self.step)
+        return idempotency_key(self.order_id, self.step, self.key_round)
 
     @property
     def message_id(self) -> str:
         return f"{self.order_id}:{self.step}:{self.attempt}"
 
     def _head(self) -> dict[str, Any]:
-        return {
+        head: dict[str, Any] = {
             "orderId": self.order_id,
             "step": self.step,
             "attempt": self.attempt,
             "idempotencyKey": self.idempotency_key,
             "completeBy": iso(self.complete_by),
         }
+        if self.token:
+            head["token"] = self.token
+        return head
 
     def to_json(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -154,6 +180,8 @@ class AgentRequest(_StepMessage):
             self.complete_by,
             outcome,
             trace=self.trace,
+            token=self.token,
+            key_round=self.key_round,
             **fields,
         )
 
@@ -228,6 +256,10 @@ class AgentReply(_StepMessage):
     runner: str | None = None
     #: the report of that run's end (its outcome, like a remote's late answer)
     run_ended: bool = False
+    #: for succeeded: when the agent got the success (the remote's answer, the handler's
+    #: return), by its clock: a success that lands after its step's undo began is told
+    #: apart from one that only arrived late (docs/contracts.md §3.11)
+    answered_at: datetime | None = None
     #: for deferred: not called because an operator paused the agent (``core.controls``):
     #: the step waits for the resume, and the wait spends none of its deferral window
     paused: bool = False
@@ -259,6 +291,8 @@ class AgentReply(_StepMessage):
             out["runner"] = self.runner
         if self.run_ended:
             out["runEnded"] = True
+        if self.answered_at is not None and self.outcome == "succeeded":
+            out["answeredAt"] = iso(self.answered_at)
         if self.paused and self.outcome == "deferred":
             out["paused"] = True
         if self.trace:
@@ -272,7 +306,8 @@ def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise InvalidMessage(f"{what} is not UTF-8: {exc}") from None
     try:
-        value = strict_json(text)  # never raises anything but ValueError
+        # never raises anything but ValueError; an envelope's own levels on top of an order's
+        value = strict_json(text, max_nesting=MAX_NESTING + ENVELOPE_LEVELS)
     except ValueError as exc:
         raise InvalidMessage(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
@@ -280,7 +315,44 @@ def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
     return value
 
 
-def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
+@dataclass(frozen=True)
+class _Head:
+    order_id: str
+    step: str
+    attempt: int
+    complete_by: datetime
+    token: str
+    key_round: int
+
+    def fields(self) -> dict[str, Any]:
+        return {"token": self.token, "key_round": self.key_round}
+
+
+def _key_round(key: object, order_id: str, step: str) -> int | None:
+    """The round an ``idempotencyKey`` names for the step, or None if it names another."""
+    base = idempotency_key(order_id, step)
+    if key == base:
+        return 1
+    if isinstance(key, str) and key.startswith(base + ":"):
+        tail = key[len(base) + 1 :]
+        if tail.isdigit() and tail.isascii() and 2 <= int(tail) <= MAX_KEY_ROUND:
+            return int(tail)
+    return None
+
+
+def _head(value: dict[str, Any], what: str) -> _Head:
+    order_id, step, attempt, complete_by, key_round = _common(value, what)
+    token = value.get("token", "")
+    if token != "" and not (isinstance(token, str) and _TOKEN.fullmatch(token)):
+        raise InvalidMessage(
+            f"{what}: token must be 1-128 characters of A-Z a-z 0-9 - _",
+            order_id=order_id,
+            step=step,
+        )
+    return _Head(order_id, step, attempt, complete_by, token, key_round)
+
+
+def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime, int]:
     order_id, step, attempt = value.get("orderId"), value.get("step"), value.get("attempt")
     if not isinstance(order_id, str) or not is_valid_order_id(order_id):
         raise InvalidMessage(f"{what}: orderId must be {ORDER_ID_RULE}, got {order_id!r}")
@@ -288,16 +360,17 @@ def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
         raise InvalidMessage(
             f"{what}: step must be a kebab-case name, got {step!r}", order_id=order_id
         )
-    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= MAX_ATTEMPT:
         raise InvalidMessage(
-            f"{what}: attempt must be a whole number >= 1, got {attempt!r}",
+            f"{what}: attempt must be a whole number from 1 to {MAX_ATTEMPT}, got {attempt!r}",
             order_id=order_id,
             step=step,
         )
-    key = value.get("idempotencyKey")
-    if key != idempotency_key(order_id, step):
+    key_round = _key_round(value.get("idempotencyKey"), order_id, step)
+    if key_round is None:
         raise InvalidMessage(
-            f"{what}: idempotencyKey must be '{idempotency_key(order_id, step)}', got {key!r}",
+            f"{what}: idempotencyKey must be '{idempotency_key(order_id, step)}' (or that "
+            f"and ':<round>', 2-{MAX_KEY_ROUND}), got {value.get('idempotencyKey')!r}",
             order_id=order_id,
             step=step,
         )
@@ -305,11 +378,12 @@ def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime]:
     complete_by = _utc_time(raw_deadline)
     if complete_by is None:
         raise InvalidMessage(
-            f"{what}: completeBy must be an ISO 8601 UTC time, got {raw_deadline!r}",
+            f"{what}: completeBy must be an ISO 8601 UTC time {_TIME_RANGE}, got "
+            f"{_shown(raw_deadline)}",
             order_id=order_id,
             step=step,
         )
-    return order_id, step, attempt, complete_by
+    return order_id, step, attempt, complete_by, key_round
 
 
 #: W3C trace context only, bounded: it rides in every message and header.
@@ -318,12 +392,26 @@ _MAX_TRACE_CHARS: Final = 512
 _TRACE_VALUE: Final = re.compile(r"[\x20-\x7e]*")  # printable ASCII: it becomes a header
 
 
+#: An attempt number no step reaches (its message id must fit 128 characters, too).
+MAX_ATTEMPT: Final = 999_999
+_TIME_RANGE: Final = f"from {EARLIEST_TIME.year} to {LATEST_TIME.year - 1}"
+
+
+def _shown(raw: object) -> str:
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _utc_time(raw: object) -> datetime | None:
-    """An ISO 8601 time with an offset, as UTC; None if it is anything else."""
-    try:
-        return parse_iso(raw) if isinstance(raw, str) else None
-    except ValueError:
+    """An ISO 8601 time with an offset, as UTC, between ``EARLIEST_TIME`` and
+    ``LATEST_TIME``; None if it is anything else."""
+    if not isinstance(raw, str) or len(raw) > 64:
         return None
+    try:
+        value = parse_iso(raw)
+    except (ValueError, OverflowError):
+        return None
+    return value if EARLIEST_TIME <= value < LATEST_TIME else None
 
 
 def _trace(value: dict[str, Any]) -> dict[str, str]:
@@ -342,7 +430,8 @@ def _trace(value: dict[str, Any]) -> dict[str, str]:
 
 def decode_request(raw: bytes | str) -> AgentRequest:
     value = _load_object(raw, "agent request")
-    order_id, step, attempt, complete_by = _common(value, "agent request")
+    head = _head(value, "agent request")
+    order_id, step, attempt, complete_by = head.order_id, head.step, head.attempt, head.complete_by
     path = value.get("path", step)
     if not isinstance(path, str) or not _PATH.fullmatch(path):
         raise InvalidMessage(
@@ -369,19 +458,39 @@ def decode_request(raw: bytes | str) -> AgentRequest:
             step=step,
         )
     return AgentRequest(
-        order_id, step, attempt, complete_by, path, order, _trace(value), singled_out, agent
+        order_id,
+        step,
+        attempt,
+        complete_by,
+        path,
+        order,
+        _trace(value),
+        singled_out,
+        agent,
+        **head.fields(),
     )
 
 
 def decode_reply(raw: bytes | str) -> AgentReply:
     value = _load_object(raw, "agent reply")
-    order_id, step, attempt, complete_by = _common(value, "agent reply")
+    head = _head(value, "agent reply")
+    order_id, step, attempt, complete_by = head.order_id, head.step, head.attempt, head.complete_by
     outcome = value.get("outcome")
     runner, run_ended = _run_fields(value, order_id, step)
     if outcome == "succeeded":
         result = value.get("result", {})
         if not isinstance(result, dict):
             result = {"value": result}
+        answered_at = None
+        if "answeredAt" in value:
+            answered_at = _utc_time(value["answeredAt"])
+            if answered_at is None:
+                raise InvalidMessage(
+                    f"agent reply: answeredAt must be an ISO 8601 UTC time {_TIME_RANGE}, "
+                    f"got {_shown(value['answeredAt'])}",
+                    order_id=order_id,
+                    step=step,
+                )
         return AgentReply(
             order_id,
             step,
@@ -392,6 +501,8 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             trace=_trace(value),
             runner=runner,
             run_ended=run_ended,
+            answered_at=answered_at,
+            **head.fields(),
         )
     if outcome in ("failed", "transient", "deferred"):
         error = value.get("error")
@@ -416,8 +527,8 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             not_before = _utc_time(raw_not_before)
             if not_before is None:
                 raise InvalidMessage(
-                    f"agent reply: a deferred reply needs notBefore, an ISO 8601 UTC time, "
-                    f"got {raw_not_before!r}",
+                    f"agent reply: a deferred reply needs notBefore, an ISO 8601 UTC time "
+                    f"{_TIME_RANGE}, got {_shown(raw_not_before)}",
                     order_id=order_id,
                     step=step,
                 )
@@ -435,8 +546,8 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             running_until = _utc_time(value["runningUntil"])
             if running_until is None:
                 raise InvalidMessage(
-                    f"agent reply: runningUntil must be an ISO 8601 UTC time, got "
-                    f"{value['runningUntil']!r}",
+                    f"agent reply: runningUntil must be an ISO 8601 UTC time {_TIME_RANGE}, "
+                    f"got {_shown(value['runningUntil'])}",
                     order_id=order_id,
                     step=step,
                 )
@@ -463,6 +574,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             runner=runner,
             run_ended=run_ended,
             paused=paused,
+            **head.fields(),
         )
     raise InvalidMessage(
         f"agent reply: outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}",

@@ -32,6 +32,7 @@ from typing import Any, Final
 from core.attempts import Applied, Attempt, Ending
 from core.cancel import CancelPreview
 from core.control_view import hold_until
+from core.errors import UnboundMessage
 from core.events import Event
 from core.evidence import Evidence, ReplyEffect, applied_of
 from core.messages import AgentReply, ReplyOutcome
@@ -103,17 +104,37 @@ class Order(Evidence):
 
     # --- transitions: attempts --------------------------------------------------------
 
-    def claim(self, instance: str, now: datetime, *, resumed: bool = False) -> StepRecord:
+    def claim(
+        self,
+        instance: str,
+        now: datetime,
+        *,
+        resumed: bool = False,
+        skew: timedelta = DEFAULT_POLICY.skew,
+    ) -> StepRecord:
         """Take the active Pending step: Processing, locked, with a new deadline and attempt.
         ``resumed``: its agent's pause is over, so a step that waited only for that may go
-        before the time it was to be looked at again."""
+        before the time it was to be looked at again. ``skew``: how far other instances'
+        clocks may be from this one's (``MAX_CLOCK_SKEW_SECONDS``), kept with the attempt so
+        that no instance undoes the step while this attempt may still reach its remote."""
         step = self._claimable(now, resumed=resumed)
         step.end_pause(now, "claimed")
         step.process_state = StepState.PROCESSING
         step.locked_by = instance
         step.attempt += 1
+        step.ensure_secret(step.attempt)
+        if step.round_began_at is None:
+            step.round_began_at = now
         step.complete_by = now + timedelta(seconds=step.timeout_seconds)
-        step.attempts.add(Attempt(step.attempt, now, step.complete_by, instance))
+        step.attempts.add(
+            Attempt(
+                step.attempt,
+                now,
+                step.complete_by,
+                instance,
+                skew_seconds=skew.total_seconds(),
+            )
+        )
         if step.budget_since is None:
             step.budget_since = now
         step.record(
@@ -177,16 +198,7 @@ class Order(Evidence):
         of the attempt, a report after its expiry) adds its evidence (``_late_report``).
         A report that adds nothing is refused (``TransitionRefused``: nothing to save).
         """
-        step = self.find(reply.step)
-        if step is None:
-            raise self._refuse("unknown-step", f"the order has no step {reply.step}", reply.step)
-        if reply.attempt > step.attempt:
-            raise self._refuse(
-                "stale-attempt",
-                f"reply for attempt {reply.attempt} but step {step.step} has only had "
-                f"{step.attempt}",
-                step.step,
-            )
+        step = self.bound_step(reply.step, reply.attempt, reply.token)
         attempt = step.attempts.get(reply.attempt)
         if reply.outcome is ReplyOutcome.SUCCEEDED:
             effect = self._success_evidence(step, attempt, reply, now)
@@ -202,6 +214,33 @@ class Order(Evidence):
             effect = self._late_report(step, attempt, reply, now, policy)
         self._touch(now)
         return effect
+
+    def bound_step(self, name: str, attempt: int, token: str) -> StepRecord:
+        """The step record a request or report of attempt ``attempt`` speaks for, if its
+        ``token`` is that attempt's own (``StepRecord.binds``); else ``UnboundMessage``:
+        forged, or for an attempt never claimed. Its compensation's records are searched
+        too (a compensation is a step of its own name)."""
+        step = self.find(name)
+        if step is None:
+            raise UnboundMessage(
+                f"the order has no step {name!r}: no claim speaks for this message",
+                order_id=self.order_id,
+                step=name[:64],
+            )
+        if not step.binds(attempt, token):
+            why = (
+                f"attempt {attempt} was never claimed (the step has had {step.attempt})"
+                if not 1 <= attempt <= step.attempt
+                else "its token is not that attempt's"
+                if token
+                else "it carries no token"
+            )
+            raise UnboundMessage(
+                f"a message for attempt {attempt} of step {name} that no claim speaks for: {why}",
+                order_id=self.order_id,
+                step=name,
+            )
+        return step
 
     def mark_stuck(self, step: str, reason: str, now: datetime) -> StepRecord:
         """The stuck check's alert (supervisor/dashboard.py): the active step ``step`` has

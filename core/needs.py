@@ -6,7 +6,10 @@ about to deploy: an agent a need names must still have its function and queue.
 
 Everything here follows from the transitions (``core/unwinding.py``, ``core/model.py``):
 
-- A finished order (``completed``, ``compensated``, ``cancelled``) runs nothing more.
+- A finished order (``completed``, ``compensated``, ``cancelled``) runs nothing more,
+  but for one thing: a step undone while nothing showed it applied may still report a
+  success that came after its undo began (docs/contracts.md §3.11); the order is then
+  ``error`` and its undo runs again (``Why.REDO``).
 - An order going **forward** (``pending``, ``processing``, or ``error`` at a failed
   action) runs its active or failed action again (a retry, an operator's resubmit, a
   late success that moves it on), then every later action; and, because a later failure
@@ -27,7 +30,7 @@ whatever path a request names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from core.model import Order
@@ -47,6 +50,8 @@ class Why(StrEnum):
     LATER = "later"
     #: a compensation: runs if the order unwinds (a later failure, a cancel)
     UNDO = "undo"
+    #: a compensation that ran: runs again if its step reports it applied after all
+    REDO = "redo"
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ def still_needed(order: Order) -> tuple[Need, ...]:
     """Every step ``order`` may still send to an agent, in the order it would run them
     (the compensations last, latest first), each once."""
     if order.status.finished:
-        return ()
+        return _redo(order)
     active = order.active_step()
     failed = _failed(order) if order.status is OrderStatus.ERROR else None
     current = active or failed
@@ -72,8 +77,11 @@ def still_needed(order: Order) -> tuple[Need, ...]:
     why = Why.RUNNING if current is active else Why.RETRY
     try:
         if current.kind is StepKind.COMPENSATION:
-            return _unwinding(order, current, why)
-        return _forward(order, current, why)
+            needs = _unwinding(order, current, why)
+        else:
+            needs = _forward(order, current, why)
+        named = {n.step for n in needs}
+        return needs + tuple(n for n in _redo(order) if n.step not in named)
     except KeyError:  # a record its plan does not name: edited by hand
         return _everything(order)
 
@@ -109,6 +117,23 @@ def _unwinding(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:
         planned = plan.steps[plan.index_of(record.step)]
         if planned.compensation:
             needs.append(_undo(planned))
+    return tuple(needs)
+
+
+def _redo(order: Order) -> tuple[Need, ...]:
+    """A finished order: the undos that ran before their step was known applied (a success
+    of it may still come, and overtake them)."""
+    needs: list[Need] = []
+    for record in sorted(order.steps, key=lambda s: s.seq, reverse=True):
+        if (
+            record.kind is StepKind.ACTION
+            and record.process_state is StepState.COMPENSATED
+            and record.undone_by
+            and not record.attempts.applied
+        ):
+            planned = order.plan.steps[order.plan.index_of(record.step)]
+            if planned.compensation:
+                needs.append(replace(_undo(planned), why=Why.REDO))
     return tuple(needs)
 
 

@@ -197,8 +197,8 @@ _STRUCTURE = re.compile(r'["\[\]{}]')
 _STRING_REST = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
-def _too_deep(text: str) -> bool:
-    """Whether arrays and objects nest deeper than ``MAX_NESTING`` (before parsing, so the
+def _too_deep(text: str, max_nesting: int = MAX_NESTING) -> bool:
+    """Whether arrays and objects nest deeper than ``max_nesting`` (before parsing, so the
     parser never recurses that far). Invalid JSON is left for the parser to report."""
     depth, pos = 0, 0
     while (found := _STRUCTURE.search(text, pos)) is not None:
@@ -212,18 +212,18 @@ def _too_deep(text: str) -> bool:
         pos = found.end()
         if char in "[{":
             depth += 1
-            if depth > MAX_NESTING:
+            if depth > max_nesting:
                 return True
         else:
             depth -= 1
     return False
 
 
-def _parse(text: str) -> Any:
+def _parse(text: str, max_nesting: int = MAX_NESTING) -> Any:
     """``json.loads`` with every escape turned into ``_NotJson`` or ``JSONDecodeError``."""
-    if _too_deep(text):
+    if _too_deep(text, max_nesting):
         raise _NotJson(
-            f"the message nests arrays and objects more than {MAX_NESTING} levels deep; "
+            f"the message nests arrays and objects more than {max_nesting} levels deep; "
             f"flatten the order's data to at most {MAX_NESTING} levels"
         )
     try:
@@ -265,14 +265,14 @@ def _lone_surrogate_reason(where: str) -> str:
     )
 
 
-def strict_json(text: str) -> Any:
+def strict_json(text: str, *, max_nesting: int = MAX_NESTING) -> Any:
     """Parse JSON text as ``decode_order`` does, for other decoders of untrusted messages.
 
     Raises ``ValueError`` (its text a sentence) for what is not JSON, NaN/Infinity, a
     repeated key, an integer over ``MAX_INT_DIGITS`` digits, a number beyond a float,
-    nesting deeper than ``MAX_NESTING`` and a lone surrogate; never another exception.
+    nesting deeper than ``max_nesting`` and a lone surrogate; never another exception.
     """
-    value = _parse(text)
+    value = _parse(text, max_nesting)
     where = _lone_surrogate_at(value)
     if where is not None:
         raise _NotJson(_lone_surrogate_reason(where))

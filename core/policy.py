@@ -39,6 +39,14 @@ class RetryPolicy:
     deferral_window_seconds: float = 1800.0
     base_deferral_seconds: float = 1.0
     max_deferral_seconds: float = 10.0
+    #: How far apart two instances' clocks may be (``MAX_CLOCK_SKEW_SECONDS``). A decision
+    #: to undo never rests on one instance's clock against another's deadline: an attempt
+    #: is taken to reach until its deadline plus this (``core.attempts.Attempt.reach``).
+    clock_skew_seconds: float = 10.0
+
+    @property
+    def skew(self) -> timedelta:
+        return timedelta(seconds=self.clock_skew_seconds)
 
     def backoff(self, failure_count: int, order_id: str = "") -> timedelta:
         """After an expiry with no report: at once up to the soft threshold, then growing."""

@@ -38,6 +38,7 @@ RETENTION_BATCH: Final = "RETENTION_BATCH"
 ARCHIVE_DAYS: Final = "ARCHIVE_DAYS"
 DASHBOARD_SCHEDULE: Final = "DASHBOARD_SCHEDULE"
 STUCK_FLOOR_SECONDS: Final = "STUCK_FLOOR_SECONDS"
+MAX_CLOCK_SKEW_SECONDS: Final = "MAX_CLOCK_SKEW_SECONDS"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
 DECLARATIONS: Final = "ORDERS_DECLARATIONS"
@@ -82,6 +83,7 @@ APP_SETTINGS: Final = (
     ARCHIVE_DAYS,
     DASHBOARD_SCHEDULE,
     STUCK_FLOOR_SECONDS,
+    MAX_CLOCK_SKEW_SECONDS,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -102,6 +104,12 @@ DEFAULT_ARCHIVE_DAYS: Final = 730
 DEFAULT_DASHBOARD_SCHEDULE: Final = "30 * * * * *"
 #: A step is stuck past its p99 over the last day, and never under this.
 DEFAULT_STUCK_FLOOR_SECONDS: Final = 300
+#: How far apart two instances' clocks may be. No instance undoes a step before an
+#: attempt of it can no longer reach its remote by any instance's clock: its deadline plus
+#: this (docs/contracts.md §3.11). NTP keeps Azure instances within a second or two; the
+#: price of a larger value is only a later compensation of a step in doubt.
+DEFAULT_MAX_CLOCK_SKEW_SECONDS: Final = 10
+MAX_MAX_CLOCK_SKEW_SECONDS: Final = 300
 
 #: What the Functions host can honour (host.json; tests/unit/test_settings.py keeps
 #: these equal to it). An agent invocation lasts up to a step's timeout: it must end
@@ -353,6 +361,8 @@ class Settings:
     #: the dashboard's timer, and the least time in one state that makes a step stuck
     dashboard_schedule: str = DEFAULT_DASHBOARD_SCHEDULE
     stuck_floor_seconds: int = DEFAULT_STUCK_FLOOR_SECONDS
+    #: how far apart instances' clocks may be (an undo waits that long past a deadline)
+    max_clock_skew_seconds: int = DEFAULT_MAX_CLOCK_SKEW_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -405,6 +415,12 @@ class Settings:
             dashboard_schedule=dashboard_schedule_of(env),
             stuck_floor_seconds=_positive_int(
                 env, STUCK_FLOOR_SECONDS, DEFAULT_STUCK_FLOOR_SECONDS, 7 * 86_400
+            ),
+            max_clock_skew_seconds=_positive_int(
+                env,
+                MAX_CLOCK_SKEW_SECONDS,
+                DEFAULT_MAX_CLOCK_SKEW_SECONDS,
+                MAX_MAX_CLOCK_SKEW_SECONDS,
             ),
         )
 

@@ -8,12 +8,15 @@ The history is for people (``record``): bounded, and never read by a decision.
 
 from __future__ import annotations
 
+import hmac
+import secrets
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
 from core.attempts import Attempt, AttemptLog, GaveUp
 from core.events import Event
+from core.messages import idempotency_key
 from core.states import StepKind, StepState
 from core.timefmt import iso, iso_exact, parse_iso
 
@@ -53,6 +56,22 @@ class StepRecord:
     #: wait is not a deferral (no window spent) and a resume ends it at once.
     paused_for: str = ""
     paused_since: datetime | None = None
+    #: The key every attempt's token is derived from (``token_for``): only the state store
+    #: and the messages of this step's own attempts know a token, so a request or reply
+    #: nobody claimed cannot pass for one (docs/contracts.md §3.3). Never shown or logged.
+    secret: str = field(default="", repr=False)
+    #: The first attempt claimed with a secret (attempts before it are from before tokens).
+    secret_since: int = 0
+    #: Which run of the idempotency key this is: 1 is ``<orderId>:<step>``; a compensation
+    #: run again after its step applied behind it (``core.evidence``) is a new effect, with
+    #: the key ``<orderId>:<step>:<round>``.
+    key_round: int = 1
+    #: For an action: evidence that it applied after its compensation began (when that
+    #: evidence came, and the report's own time): the worst news; the order waits for an
+    #: operator to run the compensation again (``core.evidence``).
+    applied_after_undo: datetime | None = None
+    #: When the first attempt of this key round was claimed (what an undo's "began" means).
+    round_began_at: datetime | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     history_dropped: int = 0
     etag: str | None = None
@@ -79,6 +98,41 @@ class StepRecord:
     @property
     def is_active(self) -> bool:
         return self.process_state in (StepState.PENDING, StepState.PROCESSING)
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key(self.order_id, self.step, self.key_round)
+
+    def round_began(self) -> datetime | None:
+        """When the first attempt of the current key round was claimed (None: not yet)."""
+        if self.round_began_at is not None:
+            return self.round_began_at
+        first = self.attempts.items[0] if self.attempts.items else None
+        return first.claimed_at if first is not None else None  # rows from before rounds
+
+    def ensure_secret(self, attempt: int) -> None:
+        """Give the step its token key before attempt ``attempt`` is claimed (once)."""
+        if not self.secret:
+            self.secret = secrets.token_hex(32)
+            self.secret_since = attempt
+
+    def token_for(self, attempt: int) -> str:
+        """The token of attempt ``attempt``: what its request carries and every report of it
+        must carry back (an HMAC of the attempt under the step's secret)."""
+        if not self.secret:
+            return ""
+        mac = hmac.new(bytes.fromhex(self.secret), f"{self.step}:{attempt}".encode(), "sha256")
+        return mac.hexdigest()[:32]
+
+    def binds(self, attempt: int, token: str) -> bool:
+        """Whether a message carrying ``token`` speaks for attempt ``attempt`` of this step:
+        an attempt that was claimed, with its own token. An attempt claimed before tokens
+        existed (``secret_since``) is taken at its word, as it was then."""
+        if attempt < 1 or attempt > self.attempt:
+            return False
+        if not self.secret or attempt < self.secret_since:
+            return True
+        return hmac.compare_digest(self.token_for(attempt), token)
 
     @property
     def current(self) -> Attempt | None:
@@ -146,6 +200,15 @@ class StepRecord:
             out["pausedFor"] = self.paused_for
             if self.paused_since is not None:
                 out["pausedSince"] = iso_exact(self.paused_since)
+        if self.secret:
+            out["secret"] = self.secret
+            out["secretSince"] = self.secret_since
+        if self.key_round != 1:
+            out["keyRound"] = self.key_round
+        if self.applied_after_undo is not None:
+            out["appliedAfterUndo"] = iso_exact(self.applied_after_undo)
+        if self.round_began_at is not None:
+            out["roundBegan"] = iso_exact(self.round_began_at)
         return out
 
     def load_decision_state(self, value: dict[str, Any]) -> None:
@@ -159,3 +222,10 @@ class StepRecord:
         self.paused_for = str(value.get("pausedFor") or "")
         since = value.get("pausedSince")
         self.paused_since = parse_iso(since) if since else None
+        self.secret = str(value.get("secret") or "")
+        self.secret_since = int(value.get("secretSince", 0))
+        self.key_round = int(value.get("keyRound", 1))
+        late = value.get("appliedAfterUndo")
+        self.applied_after_undo = parse_iso(late) if late else None
+        began = value.get("roundBegan")
+        self.round_began_at = parse_iso(began) if began else None

@@ -20,7 +20,13 @@ from core.attempts import GaveUp
 from core.cancel import CancelPreview, preview_cancel
 from core.errors import TransitionRefused
 from core.events import Event
-from core.messages import AgentReply, alert_message, idempotency_key, status_message
+from core.messages import (
+    MAX_KEY_ROUND,
+    AgentReply,
+    alert_message,
+    idempotency_key,
+    status_message,
+)
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
 from core.timefmt import iso
@@ -30,6 +36,8 @@ from core.workflows import Plan, PlannedStep
 #: somewhere (agents stop before the deadline; this covers clock skew). A compensation
 #: of a step that may have applied is not dispatched before then (it must not race it).
 IN_FLIGHT_GRACE: Final = timedelta(seconds=2)
+#: ``GaveUp.kind`` of a compensation whose step applied after it began (``_overtaken``).
+OVERTAKEN: Final = "overtaken"
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,13 @@ class Unwinding:
 
     def planned(self, step: str) -> PlannedStep:
         return self.plan.steps[self.plan.index_of(step)]
+
+    def undo_of(self, step: StepRecord) -> StepRecord | None:
+        """The latest record of the compensation that undoes ``step`` (None: not begun)."""
+        undos = [
+            s for s in self.steps if s.kind is StepKind.COMPENSATION and s.compensates == step.step
+        ]
+        return max(undos, key=lambda s: s.seq) if undos else None
 
     # --- operator actions ------------------------------------------------------------
 
@@ -199,6 +214,8 @@ class Unwinding:
         return max(failed, key=lambda s: s.seq)
 
     def _restart(self, step: StepRecord, now: datetime) -> None:
+        if step.kind is StepKind.COMPENSATION:
+            self._new_round_if_overtaken(step, now)
         step.process_state = StepState.PENDING
         step.reset_for_retry()
         step.complete_by = now
@@ -229,6 +246,9 @@ class Unwinding:
     def _after_success(self, step: StepRecord, now: datetime) -> None:
         if step.kind is StepKind.COMPENSATION:
             target = self.find(step.compensates or "")
+            if target is not None and target.applied_after_undo is not None:
+                self._overtaken(step, now)  # its step applied after it began: it may have missed it
+                return
             if target is not None:
                 target.process_state = StepState.COMPENSATED
                 target.undone_by = step.step
@@ -354,7 +374,16 @@ class Unwinding:
 
     def _continue_unwinding(self, now: datetime) -> None:
         target = self._next_to_compensate()
-        if target is None:
+        overtaken = [
+            s
+            for s in self.steps
+            if s.process_state is StepState.ERROR
+            and s.gave_up is not None
+            and s.gave_up.kind == OVERTAKEN
+        ]
+        if target is None and overtaken:
+            self._tell_overtaken(max(overtaken, key=lambda s: s.seq), now)
+        elif target is None:
             self._finish_unwinding(now)
         else:
             self._begin_compensation(target, now)
@@ -380,6 +409,62 @@ class Unwinding:
             now=now,
             due=max(now, not_before) if not_before else now,
         )
+
+    def _overtaken(self, undo: StepRecord, now: datetime) -> None:
+        """``undo``'s step applied after ``undo`` began: it may have missed that effect. The
+        order is ``error``, with an alert that says what happened; a resubmit runs the undo
+        again as a new effect (``_new_round_if_overtaken``: a new idempotency key)."""
+        target = self.find(undo.compensates or "")
+        assert target is not None and target.applied_after_undo is not None
+        undo.process_state = StepState.ERROR
+        undo.locked_by = ""
+        undo.gave_up = GaveUp(now, False, kind=OVERTAKEN)
+        target.process_state = StepState.COMPENSATING
+        target.undone_by = None
+        undo.record(
+            now, Event.ERROR, reason=f"{target.step} applied after this began", applied="no"
+        )
+        self._event(now, Event.OVERTAKEN, step=target.step, undo=undo.step)
+        if any(s.is_active for s in self.steps):
+            # Another compensation is under way: it finishes first (one step at a time);
+            # the unwinding then stops here and tells (``_continue_unwinding``).
+            return
+        self._tell_overtaken(undo, now)
+
+    def _tell_overtaken(self, undo: StepRecord, now: datetime) -> None:
+        target = self.find(undo.compensates or "")
+        assert target is not None and target.applied_after_undo is not None
+        began = undo.round_began()
+        next_key = idempotency_key(self.order_id, undo.step, undo.key_round + 1)
+        reason = (
+            f"{target.step} applied at {iso(target.applied_after_undo)}, after {undo.step} began "
+            f"undoing it at {iso(began) if began else 'an earlier time'}: {undo.step} may have "
+            f"missed it, so its effect may stand. Undo it: resubmit the order to run "
+            f"{undo.step} again as a new effect (idempotency key {next_key}); if its service "
+            f"shows the effect already undone, it will answer that"
+        )
+        self._alert(undo, reason, now)
+        self._set_status(OrderStatus.ERROR, now)
+
+    def _new_round_if_overtaken(self, undo: StepRecord, now: datetime) -> None:
+        """Before an undo whose step applied after it began runs again: a new key round, so
+        the service sees a new request (``<orderId>:<undo>:<round>``), not a repeat of the
+        one it answered before the effect existed."""
+        target = self.find(undo.compensates or "")
+        if target is None or target.applied_after_undo is None:
+            return
+        if undo.key_round >= MAX_KEY_ROUND:
+            raise self._refuse(
+                "key-rounds-spent",
+                f"{undo.step} has run under {MAX_KEY_ROUND} idempotency keys: undo the effect "
+                "by hand",
+                undo.step,
+            )
+        undo.key_round += 1
+        undo.round_began_at = None
+        target.applied_after_undo = None
+        target.process_state = StepState.COMPENSATING
+        undo.record(now, Event.NEW_KEY, key=undo.idempotency_key)
 
     def _hold_compensation(self, step: StepRecord, now: datetime) -> None:
         """A Python handler of ``step`` runs on (or has ended): its compensation, while
@@ -409,6 +494,14 @@ class Unwinding:
     def _retry_at(
         self, step: StepRecord, due: datetime, now: datetime, deferral: int | None = None
     ) -> None:
+        if step.kind is StepKind.COMPENSATION:
+            target = self.find(step.compensates or "")
+            if target is not None and target.applied_after_undo is not None:
+                # Its step applied after this undo began: no retry under the same key (it
+                # may already have answered for a state without the effect); an operator
+                # runs it again as a new effect.
+                self._overtaken(step, now)
+                return
         step.process_state = StepState.PENDING
         step.locked_by = ""
         step.complete_by = due

@@ -61,6 +61,11 @@ param supervisorSchedule string = '*/10 * * * * *'
 @description('DEFERRAL_WINDOW_SECONDS: how long a step may keep waiting for its remote service (circuit open, Retry-After, the service down for everyone) before it fails for good. Outages shorter than this end without an operator alert. At most 7 days.')
 param deferralWindowSeconds int = 1800
 
+@minValue(1)
+@maxValue(300)
+@description('MAX_CLOCK_SKEW_SECONDS: how far apart two instances\' clocks may be. A step in doubt is not undone before its last attempt\'s deadline plus this has passed on every clock.')
+param maxClockSkewSeconds int = 10
+
 @description('RETENTION: how long finished orders stay in the state table before the retention timer archives them to the orders-archive container and deletes them: comma-separated [workflow/]status=duration (s, m, h, d). error orders stay until a rule names them.')
 param retention string = 'completed=30d,compensated=90d,cancelled=90d'
 
@@ -265,6 +270,7 @@ module functionApp 'app/function-app.bicep' = {
     maxFailureCount: maxFailureCount
     supervisorSchedule: supervisorSchedule
     deferralWindowSeconds: deferralWindowSeconds
+    maxClockSkewSeconds: maxClockSkewSeconds
     consoleReadOnly: consoleReadOnly
     retention: retention
     retentionSchedule: retentionSchedule

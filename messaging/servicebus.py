@@ -3,7 +3,9 @@
 Contract 3.3: ``message_id`` = ``<orderId>:<step>:<attempt>`` (the queues have
 duplicate detection on, so a request sent twice is delivered once),
 ``correlation_id`` of a reply = its request's ``message_id``, ``reply_to`` =
-the reply queue, time-to-live = the time left before ``completeBy``.
+the reply queue, time-to-live = the time left before ``completeBy``. A reply's own
+``message_id`` is unique per report (``reply_message``): duplicate detection must never
+drop a report that carries new evidence.
 
 The SDK's sync senders are not thread-safe and the Functions worker runs sync
 functions on a thread pool: one lock per sender.
@@ -23,6 +25,7 @@ authorization included (a new role assignment takes minutes to propagate), is
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -86,12 +89,13 @@ def reply_message(reply: AgentReply, now: datetime) -> ServiceBusMessage:
 
     return ServiceBusMessage(
         reply.encode(),
-        # A success keeps the attempt's id; any other report adds its outcome, so that
-        # duplicate detection can never drop a success as a copy of an earlier failure
-        # report for the same attempt (a redelivered request runs twice).
-        message_id=reply.message_id
-        if reply.outcome == "succeeded"
-        else f"{reply.message_id}:{reply.outcome}",
+        # Every report is its own message: two reports of one attempt may carry different
+        # evidence (a redelivered copy's "may have applied" after the first copy's "not
+        # applied", a Python handler's renewals and its end), and the queues have duplicate
+        # detection on (infra/app/servicebus.bicep), which would drop the second of two
+        # messages that share an id. A report sent twice is harmless: applying one is
+        # idempotent. The attempt's id stays in correlation_id.
+        message_id=uuid.uuid4().hex,
         correlation_id=reply.message_id,  # = the request's message_id
         # Not the time left: a late success is still evidence (docs/contracts.md §3.11).
         time_to_live=timedelta(seconds=REPLY_TTL_SECONDS),

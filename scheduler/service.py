@@ -27,6 +27,7 @@ from core.errors import (
     OrderError,
     StorageUnavailable,
     TransitionRefused,
+    UnboundMessage,
 )
 from core.messages import AgentReply, AgentRequest
 from core.model import Order, ReplyEffect, StepRecord
@@ -40,7 +41,7 @@ from core.unit_of_work import OrderChanges
 from core.workflows import WORKFLOWS, Plan
 from messaging.dispatch import DispatchQueue
 from messaging.outbox import NoticeSender
-from messaging.quarantine import record_of
+from messaging.quarantine import quarantine, record_of
 from messaging.resilience import ride_out
 from observability import failpoints, telemetry
 from observability.logs import get_logger, order_context
@@ -69,6 +70,8 @@ class Handled(StrEnum):
     APPLIED = "applied"
     NOTED = "noted"  # late evidence recorded (a success that came late, a late report)
     STALE = "stale"
+    #: no claim speaks for it (forged, or for an attempt never claimed): quarantined
+    UNBOUND = "unbound"
     HELD = "held"  # its agent is paused: not claimed, waits for the resume
 
 
@@ -146,7 +149,7 @@ class Scheduler:
             if self._pause_of(agent) is not None:
                 order.hold_for_pause(agent, now, hold_until(now, None))
             else:
-                claimed = order.claim(self._config.instance_id, now)
+                claimed = order.claim(self._config.instance_id, now, skew=self._config.policy.skew)
             try:
                 saved = self._store.create(order)
             except OrderAlreadyExists:
@@ -265,7 +268,9 @@ class Scheduler:
         try:
             changed = self._changes.change(
                 order.order_id,
-                lambda o: o.claim(self._config.instance_id, now, resumed=resumed),
+                lambda o: o.claim(
+                    self._config.instance_id, now, resumed=resumed, skew=self._config.policy.skew
+                ),
                 attempts=1,  # a claim that lost moves on: the winner sends the request
                 loaded=order,
                 after_save=self._claimed,
@@ -326,6 +331,8 @@ class Scheduler:
                 telemetry.carrier(),
                 singled_out=claimed.singled_out,
                 agent=order.plan.agent_of(claimed.step),
+                token=claimed.token_for(claimed.attempt),
+                key_round=claimed.key_round,
             )
             try:
                 sent = self._transport.send_request(request)
@@ -413,6 +420,9 @@ class Scheduler:
                 METRICS.inc("stale_replies", reason=refused.reason)
                 log.warning("stale reply dropped (%s): %s", refused.reason, refused.message)
                 return Handled.STALE
+            except UnboundMessage as unbound:
+                self._quarantine_reply(reply, unbound.message)
+                return Handled.UNBOUND
             except ConcurrencyConflict as exc:
                 METRICS.inc("reply_conflicts")
                 raise ConcurrencyConflict(
@@ -421,10 +431,24 @@ class Scheduler:
                     step=reply.step,
                 ) from exc
             if changed is None:
-                METRICS.inc("stale_replies")
-                log.warning("reply for an unknown order; dropped")
-                return Handled.STALE
+                self._quarantine_reply(
+                    reply, f"a reply for order {reply.order_id}, which does not exist"
+                )
+                return Handled.UNBOUND
             return Handled.APPLIED if changed.result is ReplyEffect.APPLIED else Handled.NOTED
+
+    def _quarantine_reply(self, reply: AgentReply, why: str) -> None:
+        """A report no claim speaks for is never applied: it goes to the reply queue's
+        poison queue with the reason, whose trigger alerts an operator."""
+        METRICS.inc("unbound_replies")
+        quarantine(
+            self._queues,
+            self._names.agent_replies,
+            reply.encode().encode("utf-8"),
+            f"not applied: {why}",
+            self._clock,
+            keeper=self._keeper,
+        )
 
     def _recent_for(self, reply: AgentReply) -> Order | None:
         """The order as this process last wrote it, when that is the claim this reply

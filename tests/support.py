@@ -22,6 +22,12 @@ from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
 
 
+def unanswered[M](reply: M) -> M:
+    """A reply without the time its agent got the answer (``answeredAt``), to compare
+    with one built from its request in a test."""
+    return replace(reply, answered_at=None)  # type: ignore[type-var]
+
+
 class FakeClock:
     """A settable UTC clock, shared by everything one test builds."""
 

@@ -44,6 +44,10 @@ param supervisorSchedule string
 @maxValue(604800)
 param deferralWindowSeconds int
 
+@minValue(1)
+@maxValue(300)
+param maxClockSkewSeconds int
+
 @description('CONSOLE_READ_ONLY: the console shows orders but offers and accepts no action.')
 param consoleReadOnly bool
 
@@ -275,6 +279,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'DEFERRAL_WINDOW_SECONDS'
           value: string(deferralWindowSeconds)
+        }
+        {
+          name: 'MAX_CLOCK_SKEW_SECONDS'
+          value: string(maxClockSkewSeconds)
         }
         {
           // Written out: string() of a bool gives 'True'/'False'.

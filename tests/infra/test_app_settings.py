@@ -191,6 +191,7 @@ def test_parameter_defaults_match_the_code_defaults() -> None:
     assert params["archiveDeleteAfterDays"]["default"] == settings.DEFAULT_ARCHIVE_DAYS
     assert params["dashboardSchedule"]["default"] == settings.DEFAULT_DASHBOARD_SCHEDULE
     assert params["stuckFloorSeconds"]["default"] == settings.DEFAULT_STUCK_FLOOR_SECONDS
+    assert params["maxClockSkewSeconds"]["default"] == settings.DEFAULT_MAX_CLOCK_SKEW_SECONDS
     Retention.parse(params["retention"]["default"])  # a default the app accepts
 
 
@@ -224,6 +225,15 @@ def test_the_archive_container_and_its_lifecycle_rule_are_core_names() -> None:
     text = (INFRA / "app" / "storage.bicep").read_text(encoding="utf-8")
     assert "name: archiveContainerName" in text and "'${archiveContainerName}/'" in text
     assert {"archiveCoolAfterDays", "archiveDeleteAfterDays"} <= set(storage["parameters"])
+
+
+def test_clock_skew_bounds_match_the_code() -> None:
+    for path in (MAIN, INFRA / "app" / "function-app.bicep"):
+        param = parse(path)["parameters"]["maxClockSkewSeconds"]
+        assert _bounds(param) == {
+            "min_value": 1,
+            "max_value": settings.MAX_MAX_CLOCK_SKEW_SECONDS,
+        }, rel(path)
 
 
 def test_deferral_window_bounds_match_the_code() -> None:

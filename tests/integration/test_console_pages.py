@@ -241,7 +241,13 @@ def doubtful_ship(ctx: AppContext, order_id: str) -> None:
     while (step := order.active_step()) is not None and step.step != "ship":
         claimed = order.claim("i", now)
         request = AgentRequest(
-            order_id, claimed.step, claimed.attempt, claimed.complete_by, claimed.path, {}
+            order_id,
+            claimed.step,
+            claimed.attempt,
+            claimed.complete_by,
+            claimed.path,
+            {},
+            token=claimed.token_for(claimed.attempt),
         )
         order.apply_reply(request.succeeded({}), now, policy)
     for _ in range(3):

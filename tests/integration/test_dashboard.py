@@ -35,7 +35,15 @@ def dash(store: StateStore) -> InMemoryStateStore | TableStateStore:
 def refused(order: Order) -> AgentReply:
     step = order.active_step()
     assert step is not None
-    request = AgentRequest(order.order_id, step.step, step.attempt, step.complete_by, "", {})
+    request = AgentRequest(
+        order.order_id,
+        step.step,
+        step.attempt,
+        step.complete_by,
+        "",
+        {},
+        token=step.token_for(step.attempt),
+    )
     return request.refused("HTTP 422 no")
 
 
@@ -210,7 +218,13 @@ def refuse(store: TableStateStore, order_id: str) -> None:
     step = order.active_step()
     assert step is not None
     reply = AgentReply(
-        order_id, step.step, 1, step.complete_by, ReplyOutcome.REFUSED, error="HTTP 400"
+        order_id,
+        step.step,
+        1,
+        step.complete_by,
+        ReplyOutcome.REFUSED,
+        error="HTTP 400",
+        token=step.token_for(1),
     )
     order.apply_reply(reply, T0 + timedelta(seconds=1))
     store.save(order)

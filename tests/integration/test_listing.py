@@ -39,7 +39,15 @@ def fail(ctx: AppContext, order_id: str) -> None:
     order = ctx.store.load(order_id)
     assert order is not None
     step = order.claim("i", order.created_at)
-    request = AgentRequest(order_id, step.step, step.attempt, step.complete_by, step.path, {})
+    request = AgentRequest(
+        order_id,
+        step.step,
+        step.attempt,
+        step.complete_by,
+        step.path,
+        {},
+        token=step.token_for(step.attempt),
+    )
     order.apply_reply(request.refused("HTTP 422 invalid"), order.created_at, POLICY)
     assert order.status is OrderStatus.ERROR and not step.may_have_applied
     ctx.store.save(order)

@@ -57,7 +57,13 @@ def success(order: Order, step: str) -> AgentReply:
     record = order.find(step)
     assert record is not None
     return AgentReply(
-        order.order_id, step, record.attempt, record.complete_by, ReplyOutcome.SUCCEEDED, {}
+        order.order_id,
+        step,
+        record.attempt,
+        record.complete_by,
+        ReplyOutcome.SUCCEEDED,
+        {},
+        token=record.token_for(record.attempt),
     )
 
 
@@ -119,9 +125,11 @@ def test_a_reply_for_another_attempt_reads_the_order(
     kept = ctx.store.recent(order_id)
     assert kept is not None
     late = success(kept, "process")
-    stale = AgentReply(late.order_id, late.step, 2, late.complete_by, late.outcome, {})
+    stale = AgentReply(
+        late.order_id, late.step, 2, late.complete_by, late.outcome, {}, token=late.token
+    )
     loads = count_loads(ctx.store, monkeypatch)
-    assert ctx.scheduler.apply_reply(stale) is Handled.STALE  # no attempt 2: refused
+    assert ctx.scheduler.apply_reply(stale) is Handled.UNBOUND  # no attempt 2: quarantined
     assert loads == [order_id]  # not the claim it reports on: read as before
     assert ctx.scheduler.apply_reply(late) is Handled.APPLIED
     assert loads == [order_id]

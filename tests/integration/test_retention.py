@@ -66,7 +66,15 @@ def seed(ctx: AppContext, order_id: str, at: datetime, end: str, workflow: str =
     later = at + timedelta(minutes=1)
     for _ in range(len(order.plan.steps)):  # every step succeeds, or the first is refused
         step = order.claim("i", later)
-        request = AgentRequest(order_id, step.step, step.attempt, step.complete_by, step.path, {})
+        request = AgentRequest(
+            order_id,
+            step.step,
+            step.attempt,
+            step.complete_by,
+            step.path,
+            {},
+            token=step.token_for(step.attempt),
+        )
         if end == "completed":
             order.apply_reply(request.succeeded({"ok": True}), later, POLICY)
         else:
@@ -82,7 +90,15 @@ def test_an_order_whose_notices_were_not_sent_waits_for_them(ctx: AppContext) ->
     order = ctx.store.load("n-1")
     assert order is not None
     step = order.claim("i", T0)
-    request = AgentRequest("n-1", step.step, step.attempt, step.complete_by, step.path, {})
+    request = AgentRequest(
+        "n-1",
+        step.step,
+        step.attempt,
+        step.complete_by,
+        step.path,
+        {},
+        token=step.token_for(step.attempt),
+    )
     order.apply_reply(request.refused("HTTP 422 invalid"), T0, POLICY)
     saved = ctx.store.save(order)  # the operator alert is committed, not yet sent
     assert saved.entries
@@ -232,7 +248,15 @@ def test_workflow_rules_and_recently_finished_orders_are_kept(ctx: AppContext) -
     assert late is not None
     yesterday = NOW - timedelta(days=1)
     step = late.claim("i", yesterday)
-    request = AgentRequest("w-late", step.step, step.attempt, step.complete_by, step.path, {})
+    request = AgentRequest(
+        "w-late",
+        step.step,
+        step.attempt,
+        step.complete_by,
+        step.path,
+        {},
+        token=step.token_for(step.attempt),
+    )
     late.apply_reply(request.succeeded({}), yesterday, POLICY)
     ctx.store.save(late)
 

@@ -202,7 +202,9 @@ def test_index_rows_follow_the_state_and_leave_when_finished(store: TableStateSt
     assert [(e.step, e.at) for e in expired] == [("process", step.complete_by)]
     assert not [e for e in store.expired_processing(step.complete_by) if e.order_id == "o-idx"]
     order.apply_reply(
-        AgentReply("o-idx", "process", 1, T0, ReplyOutcome.SUCCEEDED, {"ok": 1}),
+        AgentReply(
+            "o-idx", "process", 1, T0, ReplyOutcome.SUCCEEDED, {"ok": 1}, token=step.token_for(1)
+        ),
         T0 + timedelta(seconds=1),
     )
     store.save(order)
@@ -227,7 +229,9 @@ def test_supervisor_and_late_reply_racing_on_one_step_exactly_one_wins(
         by_reply, by_supervisor = store.load(order_id), store.load(order_id)
         assert by_reply is not None and by_supervisor is not None
         by_reply.apply_reply(
-            AgentReply(order_id, "process", 1, T0, ReplyOutcome.SUCCEEDED, {}),
+            AgentReply(
+                order_id, "process", 1, T0, ReplyOutcome.SUCCEEDED, {}, token=step.token_for(1)
+            ),
             step.complete_by - timedelta(seconds=1),
         )
         by_supervisor.expire(step.complete_by + timedelta(seconds=5), RetryPolicy())
@@ -276,7 +280,15 @@ def test_a_refused_transition_leaves_the_store_untouched(storage_connection: str
     done = accept("o-done")
     done.claim("i", T0)
     done.apply_reply(
-        AgentReply("o-done", "process", 1, T0, ReplyOutcome.SUCCEEDED, {}),
+        AgentReply(
+            "o-done",
+            "process",
+            1,
+            T0,
+            ReplyOutcome.SUCCEEDED,
+            {},
+            token=done.steps[0].token_for(1),
+        ),
         T0 + timedelta(seconds=1),
     )
     store.create(done)  # completed: nothing left to cancel

@@ -61,6 +61,7 @@ def succeeded(order: Order, result: dict[str, Any] | None = None) -> AgentReply:
         step.complete_by,
         ReplyOutcome.SUCCEEDED,
         result or {},
+        token=step.token_for(step.attempt),
     )
 
 
@@ -175,7 +176,14 @@ def test_a_transition_round_trips_every_field_of_the_step(store: StateStore) -> 
     order.claim("instance-1", T0)
     store.save(order)
     reply = AgentReply(
-        "o-fields", "process", 1, T0, ReplyOutcome.TRANSIENT, error="HTTP 503 é😀", applied="maybe"
+        "o-fields",
+        "process",
+        1,
+        T0,
+        ReplyOutcome.TRANSIENT,
+        error="HTTP 503 é😀",
+        applied="maybe",
+        token=order.steps[0].token_for(1),
     )
     order.apply_reply(reply, T0 + timedelta(seconds=1, microseconds=7), RetryPolicy())
     store.save(order)

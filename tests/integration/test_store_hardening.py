@@ -264,7 +264,13 @@ def test_a_save_succeeds_when_the_processing_row_was_deleted_by_hand(
 
     order.apply_reply(
         AgentReply(
-            order_id, "process", step.attempt, step.complete_by, ReplyOutcome.SUCCEEDED, {"ok": 1}
+            order_id,
+            "process",
+            step.attempt,
+            step.complete_by,
+            ReplyOutcome.SUCCEEDED,
+            {"ok": 1},
+            token=step.token_for(step.attempt),
         ),
         ctx.clock(),
     )
@@ -376,7 +382,13 @@ def test_repair_cannot_race_a_save(
             step = order.steps[0]
             order.apply_reply(
                 AgentReply(
-                    order_id, "process", step.attempt, step.complete_by, ReplyOutcome.SUCCEEDED, {}
+                    order_id,
+                    "process",
+                    step.attempt,
+                    step.complete_by,
+                    ReplyOutcome.SUCCEEDED,
+                    {},
+                    token=step.token_for(step.attempt),
                 ),
                 ctx.clock(),
             )

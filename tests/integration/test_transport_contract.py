@@ -479,7 +479,7 @@ def test_requests_and_replies_carry_the_ids_of_contract_3_3(adapter: Adapter) ->
         assert got.message_id == f"{order_id}:process:3"
         assert got.reply_to == adapter.names.agent_replies
         assert got.content_type == "application/json"
-        assert answer.message_id == got.message_id  # a success keeps the attempt's id
+        assert answer.message_id != got.message_id  # every report is its own message
         assert answer.correlation_id == got.message_id
         assert {k: got.properties.get(k) for k in ("orderId", "step", "attempt")} == {
             "orderId": order_id,
@@ -492,6 +492,30 @@ def test_requests_and_replies_carry_the_ids_of_contract_3_3(adapter: Adapter) ->
         assert got.message_id != f"{order_id}:process:3"
         assert (got.correlation_id, got.reply_to, got.properties) == (None, None, {})
         assert (answer.correlation_id, answer.reply_to, answer.properties) == (None, None, {})
+
+
+def test_every_report_of_an_attempt_arrives_even_alike_ones(adapter: Adapter) -> None:
+    """Reports of one attempt that look alike carry different evidence: the first copy's
+    "transient, not applied" and a redelivered copy's "transient, may have applied"; a
+    Python handler's renewals, then its end. The Service Bus queues have duplicate
+    detection on (infra/app/servicebus.bicep; localbus is configured the same), which drops
+    a message whose id it saw within ten minutes: no two reports may share one."""
+    request = make_request(attempt=2)
+    order_id, receiver = request.order_id, adapter.receiver
+    reports = [
+        request.transient("process: HTTP 503", "no"),
+        request.transient("process: HTTP 500", "maybe"),
+        request.transient("still runs", "maybe", running_until=request.complete_by, runner="r"),
+        request.transient("still runs", "maybe", running_until=request.complete_by, runner="r"),
+        request.succeeded({"late": True}),
+        request.succeeded({"late": True}),
+    ]
+    for report in reports:
+        assert adapter.transport.send_reply(report) is True
+    got = receiver.take_settled(adapter.names.agent_replies, {order_id}, len(reports))
+    assert sorted(decode_reply(g.body).error or "" for g in got) == sorted(
+        r.error or "" for r in reports
+    )
 
 
 def test_a_reply_goes_to_the_default_reply_queue_or_the_one_it_is_addressed_to(

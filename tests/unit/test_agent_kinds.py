@@ -43,6 +43,7 @@ from core import workflows
 from core.messages import AgentRequest, ReplyOutcome
 from core.settings import Settings, SettingsError
 from simulator import SimulatorServer
+from tests.support import unanswered
 from tests.unit.test_remote_client import (
     ORDER,
     T0,
@@ -500,7 +501,9 @@ def test_a_python_agent_calls_its_handler_and_replies_its_result() -> None:
 
     assert AgentWorker(client, transport, clock, sleep=clock.sleep).handle(request) == "succeeded"
 
-    assert transport.replies == [(request.succeeded({"reservation": "r-1"}), None)]
+    [(sent, to)] = transport.replies
+    assert (unanswered(sent), to) == (request.succeeded({"reservation": "r-1"}), None)
+    assert sent.answered_at == clock()  # when the handler returned, by the agent's clock
     (call,) = handler.calls
     assert call["order"] == {**ORDER, "mutated": True}
     assert request.order == ORDER

@@ -175,7 +175,7 @@ def test_every_step_an_order_runs_was_needed_at_every_moment_before(seed: int) -
                         continue
                     number = target.attempt if move == "reply" else rng.randint(1, target.attempt)
                     outcome = rng.choice(outcomes)
-                    reply = random_reply(order.order_id, target.step, number, outcome, rng, now)
+                    reply = random_reply(order, target.step, number, outcome, rng, now)
                     order.apply_reply(reply, now, POLICY)
                 elif move == "expire":
                     order.expire(now, POLICY)

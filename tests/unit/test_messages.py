@@ -524,50 +524,93 @@ COMMON_REJECTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("step-uppercase", {"step": "Reserve"}, "step must be a kebab-case name, got 'Reserve'"),
     ("step-empty", {"step": ""}, "step must be a kebab-case name, got ''"),
     ("step-missing", {"step": _MISSING}, "step must be a kebab-case name, got None"),
-    ("attempt-0", {"attempt": 0}, "attempt must be a whole number >= 1, got 0"),
-    ("attempt-negative", {"attempt": -1}, "attempt must be a whole number >= 1, got -1"),
-    ("attempt-string", {"attempt": "1"}, "attempt must be a whole number >= 1, got '1'"),
-    ("attempt-true", {"attempt": True}, "attempt must be a whole number >= 1, got True"),
-    ("attempt-float", {"attempt": 1.0}, "attempt must be a whole number >= 1, got 1.0"),
+    ("attempt-0", {"attempt": 0}, "attempt must be a whole number from 1 to 999999, got 0"),
+    (
+        "attempt-negative",
+        {"attempt": -1},
+        "attempt must be a whole number from 1 to 999999, got -1",
+    ),
+    (
+        "attempt-string",
+        {"attempt": "1"},
+        "attempt must be a whole number from 1 to 999999, got '1'",
+    ),
+    (
+        "attempt-true",
+        {"attempt": True},
+        "attempt must be a whole number from 1 to 999999, got True",
+    ),
+    ("attempt-float", {"attempt": 1.0}, "attempt must be a whole number from 1 to 999999, got 1.0"),
     (
         "key-order-only",
         {"idempotencyKey": "o-1"},
-        "idempotencyKey must be 'o-1:reserve-stock', got 'o-1'",
+        "idempotencyKey must be 'o-1:reserve-stock' (or that and ':<round>', 2-99), got 'o-1'",
     ),
     (
         "key-other-step",
         {"idempotencyKey": "o-1:ship"},
-        "idempotencyKey must be 'o-1:reserve-stock', got 'o-1:ship'",
+        "idempotencyKey must be 'o-1:reserve-stock' (or that and ':<round>', 2-99), got 'o-1:ship'",
     ),
     (
-        "key-with-attempt",
-        {"idempotencyKey": "o-1:reserve-stock:2"},
-        "idempotencyKey must be 'o-1:reserve-stock', got 'o-1:reserve-stock:2'",
+        "key-round-one",
+        {"idempotencyKey": "o-1:reserve-stock:1"},
+        "idempotencyKey must be 'o-1:reserve-stock' (or that and ':<round>', 2-99), got 'o-1:reserve-stock:1'",
     ),
     (
         "key-missing",
         {"idempotencyKey": _MISSING},
-        "idempotencyKey must be 'o-1:reserve-stock', got None",
+        "idempotencyKey must be 'o-1:reserve-stock' (or that and ':<round>', 2-99), got None",
     ),
     (
         "complete-by-missing",
         {"completeBy": _MISSING},
-        "completeBy must be an ISO 8601 UTC time, got None",
+        "completeBy must be an ISO 8601 UTC time from 2000 to 2099, got None",
     ),
     (
         "complete-by-naive",
         {"completeBy": "2026-11-22T10:15:30.123"},
-        "completeBy must be an ISO 8601 UTC time, got '2026-11-22T10:15:30.123'",
+        "completeBy must be an ISO 8601 UTC time from 2000 to 2099, got '2026-11-22T10:15:30.123'",
     ),
     (
         "complete-by-garbage",
         {"completeBy": "tomorrow"},
-        "completeBy must be an ISO 8601 UTC time, got 'tomorrow'",
+        "completeBy must be an ISO 8601 UTC time from 2000 to 2099, got 'tomorrow'",
+    ),
+    (
+        "key-round-too-high",
+        {"idempotencyKey": "o-1:reserve-stock:100"},
+        "idempotencyKey must be 'o-1:reserve-stock' (or that and ':<round>', 2-99), got "
+        "'o-1:reserve-stock:100'",
+    ),
+    (
+        "attempt-huge",
+        {"attempt": 10**7},
+        "attempt must be a whole number from 1 to 999999, got 10000000",
+    ),
+    (
+        "complete-by-far-future",
+        {"completeBy": "9999-12-31T23:59:59Z"},
+        "completeBy must be an ISO 8601 UTC time from 2000 to 2099, got '9999-12-31T23:59:59Z'",
+    ),
+    (
+        "complete-by-long-ago",
+        {"completeBy": "0001-01-01T00:00:00Z"},
+        "completeBy must be an ISO 8601 UTC time from 2000 to 2099, got '0001-01-01T00:00:00Z'",
+    ),
+    (
+        "token-bad",
+        {"token": "a b"},
+        "token must be 1-128 characters of A-Z a-z 0-9 - _",
+    ),
+    (
+        "token-number",
+        {"token": 7},
+        "token must be 1-128 characters of A-Z a-z 0-9 - _",
     ),
     (
         "complete-by-number",
         {"completeBy": 1795342530},
-        "completeBy must be an ISO 8601 UTC time, got 1795342530",
+        "completeBy must be an ISO 8601 UTC time from 2000 to 2099, got 1795342530",
     ),
 ]
 
@@ -616,7 +659,9 @@ def test_invalid_request_error_names_the_order_and_step() -> None:
         decode_request(_changed("request", attempt=0))
 
     assert (info.value.order_id, info.value.step) == ("o-1", "reserve-stock")
-    assert str(info.value) == "agent request: attempt must be a whole number >= 1, got 0"
+    assert (
+        str(info.value) == "agent request: attempt must be a whole number from 1 to 999999, got 0"
+    )
 
 
 @pytest.mark.parametrize("path", ["Stock", "/stock", "stock/", "../x", 5])

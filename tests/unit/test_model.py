@@ -10,7 +10,7 @@ from typing import Literal, TypedDict
 
 import pytest
 
-from core.errors import TransitionRefused
+from core.errors import TransitionRefused, UnboundMessage
 from core.messages import AgentReply, Applied, ReplyOutcome
 from core.model import IN_FLIGHT_GRACE, Order, ReplyEffect
 from core.orders import decode_order
@@ -49,6 +49,7 @@ def reply(
         assert active is not None, "no step is active: name the step and the attempt"
         step = step or active.step
         attempt = attempt if attempt is not None else active.attempt
+    record = order.find(step)
     return AgentReply(
         order.order_id,
         step,
@@ -64,6 +65,8 @@ def reply(
         if outcome != ReplyOutcome.SUCCEEDED
         else None,
         not_before=not_before if outcome == ReplyOutcome.DEFERRED else None,
+        # the attempt's own token, as the agent carries it back from its request
+        token=record.token_for(attempt) if record is not None else "",
     )
 
 
@@ -132,26 +135,40 @@ def test_success_reply_completes_the_order() -> None:
     [
         (
             lambda o, r: AgentReply(
-                r.order_id, r.step, r.attempt + 1, T0, ReplyOutcome.SUCCEEDED, {}
+                r.order_id, r.step, r.attempt + 1, T0, ReplyOutcome.SUCCEEDED, {}, token=r.token
             ),
-            "stale-attempt",
+            "attempt 2 was never claimed",
         ),
         (
-            lambda o, r: AgentReply(r.order_id, "nope", r.attempt, T0, ReplyOutcome.SUCCEEDED, {}),
-            "unknown-step",
+            lambda o, r: AgentReply(
+                r.order_id, "nope", r.attempt, T0, ReplyOutcome.SUCCEEDED, {}, token=r.token
+            ),
+            "the order has no step 'nope'",
+        ),
+        (
+            lambda o, r: AgentReply(r.order_id, r.step, r.attempt, T0, ReplyOutcome.SUCCEEDED, {}),
+            "it carries no token",
+        ),
+        (
+            lambda o, r: AgentReply(
+                r.order_id, r.step, r.attempt, T0, ReplyOutcome.SUCCEEDED, {}, token="f" * 32
+            ),
+            "its token is not that attempt's",
         ),
     ],
 )
-def test_reply_for_another_attempt_or_step_is_refused(
+def test_a_reply_no_claim_speaks_for_is_unbound_and_changes_nothing(
     tamper: Callable[[Order, AgentReply], AgentReply], reason: str
 ) -> None:
+    """docs/contracts.md §3.3: a report must carry its attempt's own token; a forged one
+    (a success the remote never gave, or for an attempt never claimed) is never applied."""
     order = new_order()
     order.claim("i", T0)
-    before = (order.steps[0].process_state, order.steps[0].attempt)
-    with pytest.raises(TransitionRefused) as refused:
+    before = (order.steps[0].process_state, order.steps[0].attempt, order.status)
+    with pytest.raises(UnboundMessage) as unbound:
         order.apply_reply(tamper(order, reply(order)), T0 + timedelta(seconds=1))
-    assert refused.value.reason == reason
-    assert (order.steps[0].process_state, order.steps[0].attempt) == before
+    assert reason in unbound.value.message
+    assert (order.steps[0].process_state, order.steps[0].attempt, order.status) == before
 
 
 def test_success_after_the_deadline_is_evidence_and_completes_the_step() -> None:
@@ -262,9 +279,8 @@ def test_a_non_success_report_for_an_old_attempt_changes_nothing_it_should_not()
             due + timedelta(seconds=1),
         )
     assert refused.value.reason == "stale-attempt"
-    with pytest.raises(TransitionRefused) as future:
+    with pytest.raises(UnboundMessage):  # an attempt never claimed: no token can be its own
         order.apply_reply(reply(order, attempt=7), T0 + timedelta(seconds=6))
-    assert future.value.reason == "stale-attempt"
 
 
 def test_resubmit_puts_an_error_order_back_at_its_failed_step_keeping_history() -> None:
@@ -514,7 +530,7 @@ def test_random_histories_keep_the_invariants(seed: int) -> None:
                     if move == "late":
                         number = rng.randint(1, target.attempt)
                     outcome = rng.choice(outcomes)
-                    reply = random_reply(order.order_id, target.step, number, outcome, rng, now)
+                    reply = random_reply(order, target.step, number, outcome, rng, now)
                     order.apply_reply(reply, now, POLICY)
                 elif move == "expire":
                     order.expire(now, POLICY)
@@ -588,7 +604,7 @@ def check_invariants(order: Order) -> None:
 
 
 def random_reply(
-    order_id: str,
+    order: Order,
     step: str,
     number: int,
     outcome: ReplyOutcome,
@@ -597,8 +613,9 @@ def random_reply(
 ) -> AgentReply:
     """A reply a random walk sends: ``outcome``, with a random doubt (not applied or may
     have applied) when it is not a success, and a random wait when it is a deferral."""
+    record = order.find(step)
     return AgentReply(
-        order_id,
+        order.order_id,
         step,
         number,
         T0,
@@ -609,4 +626,5 @@ def random_reply(
         not_before=now + timedelta(seconds=rng.choice([0, 3, 90]))
         if outcome == ReplyOutcome.DEFERRED
         else None,
+        token=record.token_for(number) if record is not None else "",
     )

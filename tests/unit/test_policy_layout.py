@@ -223,6 +223,7 @@ def reply(order: Order, outcome: ReplyOutcome, now: datetime) -> None:
             outcome,
             result={"ok": True} if outcome == ReplyOutcome.SUCCEEDED else None,
             error="declined" if outcome == ReplyOutcome.REFUSED else None,
+            token=step.token_for(step.attempt),
         ),
         now,
     )

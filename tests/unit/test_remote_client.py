@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 from typing import Any
@@ -30,9 +30,10 @@ from agents.outcomes import CallOutcome, Try
 from agents.pacing import RemotePolicy
 from agents.remote import HttpTry, classify
 from agents.runner import AttemptRunner
-from core.errors import StorageUnavailable
+from core.errors import StorageUnavailable, UnboundMessage
 from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome, decode_reply
 from core.timefmt import iso
+from tests.support import unanswered
 
 T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 BASE = "http://remote.test/api"
@@ -971,6 +972,8 @@ def test_the_agent_sends_exactly_one_reply_per_outcome(
         "idempotencyKey": KEY,
         "completeBy": iso(request.complete_by),
     }
+    if expected["outcome"] == "succeeded":  # when the agent got the answer, by its clock
+        expected = {**expected, "answeredAt": iso(clock())}
     assert sent == {**head, **expected}
     assert decode_reply(reply.encode()) == reply
 
@@ -981,7 +984,8 @@ def test_the_agent_end_to_end_success() -> None:
 
     assert agent.handle(request, reply_to="agent-replies-x") is ReplyOutcome.SUCCEEDED
 
-    assert transport.replies == [(request.succeeded({"reservation": "r-1"}), "agent-replies-x")]
+    [(sent, to)] = transport.replies
+    assert (unanswered(sent), to) == (request.succeeded({"reservation": "r-1"}), "agent-replies-x")
     assert len(r.seen) == 2
 
 
@@ -1013,7 +1017,9 @@ def test_the_agent_reports_a_success_that_arrives_after_the_deadline() -> None:
     assert AgentWorker(client, transport, clock).handle(request) is ReplyOutcome.SUCCEEDED
 
     assert clock.now > request.complete_by
-    assert transport.replies == [(request.succeeded({"late": True}), None)]
+    [(sent, _)] = transport.replies
+    assert unanswered(sent) == request.succeeded({"late": True})
+    assert sent.answered_at == clock.now > request.complete_by  # its own time, after it
 
 
 @pytest.mark.parametrize("kind", ["refused", "transient", "deferred"])
@@ -1050,31 +1056,38 @@ def test_a_request_past_its_deadline_is_not_called_and_replied_deferred(
     assert (reply.outcome, reply.applied, reply.not_before) == ("deferred", "no", T0)
 
 
-def test_the_agent_loads_an_order_body_that_did_not_travel_inline() -> None:
-    loaded: list[str] = []
+def test_the_agent_calls_with_what_the_binding_reads_from_the_state() -> None:
+    """Path, key and body come from the claim the request is bound to (agents/binding.py),
+    never from the message: a body too large to travel, or one that was tampered with."""
+    bound: list[str] = []
     big = {"orderId": "o-1", "lines": ["x" * 100] * 500}
 
-    def load_order(order_id: str) -> dict[str, Any]:
-        loaded.append(order_id)
-        return big
+    def bind(request: AgentRequest) -> AgentRequest:
+        bound.append(request.order_id)
+        return replace(request, order=big, path="process", key_round=2)
 
-    agent, r, transport = make_agent(ok(), load_order=load_order)
+    agent, r, transport = make_agent(ok(), bind=bind)
 
+    tampered = replace(make_request(order={"orderId": "o-1", "forged": True}), path="ship")
+    assert agent.handle(tampered) is ReplyOutcome.SUCCEEDED
     assert agent.handle(make_request(order=None)) is ReplyOutcome.SUCCEEDED
 
-    assert loaded == ["o-1"]
-    assert [s.body for s in r.seen] == [big]
-    assert len(transport.replies) == 1
+    assert bound == ["o-1", "o-1"]
+    assert [s.body for s in r.seen] == [big, big]
+    assert [s.url.rsplit("/", 1)[1] for s in r.seen] == ["process", "process"]
+    assert {s.idempotency_key for s in r.seen} == {"o-1:process:2"}
+    assert len(transport.replies) == 2
 
 
-def test_an_inline_order_body_is_not_loaded() -> None:
-    def load_order(order_id: str) -> dict[str, Any]:
-        raise AssertionError("not needed")
+def test_a_request_its_binding_refuses_calls_nothing_and_replies_nothing() -> None:
+    def bind(request: AgentRequest) -> AgentRequest:
+        raise UnboundMessage("no claim speaks for it", order_id=request.order_id)
 
-    agent, r, _ = make_agent(ok(), load_order=load_order)
+    agent, r, transport = make_agent(ok(), bind=bind)
 
-    assert agent.handle(make_request()) is ReplyOutcome.SUCCEEDED
-    assert r.seen[0].body == ORDER
+    with pytest.raises(UnboundMessage):
+        agent.handle(make_request())
+    assert r.seen == [] and transport.replies == []
 
 
 def test_an_agent_that_cannot_load_orders_calls_nothing_and_fails_the_invocation() -> None:
@@ -1094,7 +1107,8 @@ def test_the_reply_send_is_retried_on_storage_trouble() -> None:
     assert agent.handle(request) is ReplyOutcome.SUCCEEDED
 
     assert transport.sends == 4
-    assert transport.replies == [(request.succeeded({"ok": True}), None)]
+    [(sent, to)] = transport.replies
+    assert (unanswered(sent), to) == (request.succeeded({"ok": True}), None)
     assert len(r.seen) == 1  # the remote is not called again
     assert len(r.clock.sleeps) == 3  # through the injected sleep
 

@@ -73,7 +73,7 @@ def test_reply_message_correlates_with_its_request() -> None:
 
     assert message.correlation_id == request_message(request, "agent-replies", T0).message_id
     assert message.correlation_id == "o-1:reserve-stock:3"
-    assert message.message_id == "o-1:reserve-stock:3"
+    assert message.message_id != message.correlation_id  # its own: one per report
     # A reply outlives the deadline: a late success is still evidence (docs/contracts.md §3.11).
     assert message.time_to_live == timedelta(seconds=REPLY_TTL_SECONDS)
     assert message.content_type == "application/json"
@@ -95,9 +95,25 @@ def test_failed_reply_message_carries_its_outcome() -> None:
     assert decode_reply(body_of(message)).error == "reserve-stock: HTTP 409 out of stock"
     assert message.application_properties is not None
     assert message.application_properties["outcome"] == "failed"
-    # never a duplicate of the attempt's success, which keeps the plain id
-    assert message.message_id == "o-1:reserve-stock:3:failed"
     assert message.correlation_id == "o-1:reserve-stock:3"
+
+
+def test_every_report_is_its_own_message_so_duplicate_detection_keeps_each() -> None:
+    """The queues detect duplicates by message id (infra/app/servicebus.bicep): two reports
+    of one attempt with the same outcome may carry different evidence (a redelivered copy's
+    "may have applied" after "not applied"; a handler's renewals), so no two share an id."""
+    request = make_request()
+    reports = [
+        request.transient("HTTP 503", "no"),
+        request.transient("HTTP 500", "maybe"),
+        request.transient("still runs", "maybe", running_until=T0, runner="r"),
+        request.transient("still runs", "maybe", running_until=T0, runner="r"),
+        request.succeeded({}),
+        request.succeeded({}),
+    ]
+    ids = [reply_message(r, T0).message_id for r in reports]
+    assert len(set(ids)) == len(ids)
+    assert all(i is not None and len(i) <= 128 for i in ids)
 
 
 @pytest.mark.parametrize(("seconds_left", "ttl"), [(42.5, 42), (1.9, 1)])

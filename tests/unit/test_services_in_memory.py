@@ -165,6 +165,7 @@ def reply_to(
 ) -> AgentReply:
     if outcome is ReplyOutcome.SUCCEEDED:
         kw.setdefault("result", {"ok": True})
+    kw.setdefault("token", request.token)  # carried back, as an agent does
     return AgentReply(
         request.order_id, request.step, request.attempt, request.complete_by, outcome, **kw
     )

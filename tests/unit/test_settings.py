@@ -43,6 +43,7 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "ARCHIVE_DAYS",
         "DASHBOARD_SCHEDULE",
         "STUCK_FLOOR_SECONDS",
+        "MAX_CLOCK_SKEW_SECONDS",
     )
 
 

@@ -72,6 +72,7 @@ def _reply(order: Order, step: str, attempt: int, outcome: str, now: datetime) -
         "transient-maybe": ReplyOutcome.TRANSIENT,
         "deferred": ReplyOutcome.DEFERRED,
     }[outcome]
+    record = order.find(step)
     return AgentReply(
         order.order_id,
         step,
@@ -85,6 +86,7 @@ def _reply(order: Order, step: str, attempt: int, outcome: str, now: datetime) -
         else ("maybe" if outcome == "transient-maybe" else "no"),
         not_before=now + timedelta(seconds=5) if kind is ReplyOutcome.DEFERRED else None,
         settled=outcome == "settling",
+        token=record.token_for(attempt) if record is not None else "",
     )
 
 

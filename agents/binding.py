@@ -1,0 +1,77 @@
+"""What an agent request may do, read from the state it claims to belong to.
+
+Anyone who can put a message on an agent's queue could otherwise make the agent call its
+remote, with the agent's credentials, for an order that does not exist, with a body of
+their choosing, on a path of another agent (a confused deputy). So before any call the
+agent binds the request to its claim (docs/contracts.md §3.3): the order exists, the
+step is one of its steps that runs on this agent, and the request carries the token of
+an attempt that was claimed (``core.model.Order.bound_step``). What is then sent comes
+from the state, not from the message: the remote path and the idempotency key the
+order's plan gives that step, and the body the step was given.
+
+The order as this process last wrote it (``StateStore.recent``) is tried first: the
+claim that sent the request was most often made here, and reading it back would return
+the same rows. A cached copy that does not know the attempt (another instance claimed it
+since) is no verdict: the order is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from core.errors import UnboundMessage
+from core.messages import AgentRequest
+from core.model import Order, StepRecord
+from core.ports import StateStore
+
+
+class RequestBinding:
+    """Binds the requests of one agent (``agent``) to the claims they speak for."""
+
+    def __init__(self, store: StateStore, agent: str):
+        self._store = store
+        self._agent = agent
+
+    def __call__(self, request: AgentRequest) -> AgentRequest:
+        """``request`` as its claim says it: path, key and body from the state; raises
+        ``UnboundMessage`` for a request no claim speaks for (StorageUnavailable when the
+        state cannot be read: the host retries it)."""
+        cached = self._store.recent(request.order_id)
+        if cached is not None:
+            try:
+                return self._bound(cached, request)
+            except UnboundMessage:
+                pass  # stale: another instance may have claimed since; read it
+        order = self._store.load(request.order_id)
+        if order is None:
+            raise UnboundMessage(
+                f"a request for order {request.order_id}, which does not exist: no claim "
+                "speaks for it",
+                order_id=request.order_id,
+                step=request.step,
+            )
+        return self._bound(order, request)
+
+    def _bound(self, order: Order, request: AgentRequest) -> AgentRequest:
+        step = order.bound_step(request.step, request.attempt, request.token)
+        agent = _agent_of(order, step)
+        if agent != self._agent:
+            raise UnboundMessage(
+                f"step {step.step} of order {order.order_id} runs on agent {agent!r}, not on "
+                f"{self._agent!r}: this agent does not run it",
+                order_id=order.order_id,
+                step=step.step,
+            )
+        return replace(
+            request,
+            path=step.path,
+            key_round=step.key_round,
+            order=order.body,
+        )
+
+
+def _agent_of(order: Order, step: StepRecord) -> str:
+    try:
+        return order.plan.agent_of(step.step)
+    except KeyError:
+        return ""
