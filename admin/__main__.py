@@ -2,8 +2,10 @@
 
     python -m admin show ORDER_ID
     python -m admin list --status error [--page-size 50] [--token T] [--all]
-    python -m admin resubmit ORDER_ID [--as NAME]
+    python -m admin resubmit ORDER_ID [--reason TEXT] [--as NAME]
     python -m admin cancel ORDER_ID [--reason TEXT] [--not-applied STEP] [--as NAME]
+    python -m admin event ORDER_ID NAME (--result JSON | --refuse REASON) [--reason TEXT]
+                                        [--as NAME]
     python -m admin repair-index ORDER_ID
     python -m admin drain-legacy-requests [--dry-run]
     python -m admin alerts [--peek N]
@@ -241,6 +243,22 @@ def _retention_parsers(sub: Any) -> None:
     restore.add_argument("order_id")
 
 
+def _event_parser(sub: Any) -> None:
+    """``event`` (docs/contracts.md §3.13), as ``POST /api/orders/{id}/events/{name}``."""
+    event = sub.add_parser(
+        "event",
+        help="deliver an event to an order (an approval, a callback): its waiting step takes "
+        "it, or it is kept for the step that will",
+    )
+    event.add_argument("order_id")
+    event.add_argument("name", help="the event's name, as the order's workflow declares it")
+    given = event.add_mutually_exclusive_group(required=True)
+    given.add_argument("--result", metavar="JSON", help="the event's result: a JSON object")
+    given.add_argument("--refuse", metavar="REASON", help="refuse it: the step fails for good")
+    event.add_argument("--reason", default="", help="a note for the order's history")
+    event.add_argument("--as", "--by", dest="by", default=None, metavar="NAME")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m admin", description="Operate on orders.")
     parser.add_argument("--connection", help="storage connection string (default: env)")
@@ -266,8 +284,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             metavar="NAME",
             help="who, for the order's history (default: your OS user name)",
         )
+        command.add_argument("--reason", default="", help="why, for the order's history")
         if name == "cancel":
-            command.add_argument("--reason", default="")
             command.add_argument(
                 "--not-applied",
                 default=None,
@@ -275,6 +293,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 help="state that STEP (which may have applied and cannot be undone) did not "
                 "happen: a cancel that would undo the other steps around it needs this",
             )
+    _event_parser(sub)
     repair = sub.add_parser(
         "repair-index", help="rebuild an order's index rows from its state (idempotent)"
     )
@@ -485,7 +504,17 @@ def _run(ctx: AppContext, args: argparse.Namespace) -> int:
             page = {"orders": orders, "continuationToken": None}
         _print(page)
     elif args.command == "resubmit":
-        _print(admin.resubmit(args.order_id, args.by or os_user()))
+        _print(admin.resubmit(args.order_id, args.by or os_user(), args.reason))
+    elif args.command == "event":
+        body: dict[str, Any] = (
+            {"result": json.loads(args.result)}  # not JSON: a ValueError, exit 2
+            if args.result is not None
+            else {"refused": args.refuse}
+        )
+        if args.reason:
+            body["reason"] = args.reason
+        effect, view = admin.deliver_event(args.order_id, args.name, body, args.by or os_user())
+        _print({"event": args.name, "effect": effect, **view})
     elif args.command == "cancel":
         _print(admin.cancel(args.order_id, args.by or os_user(), args.reason, args.not_applied))
     elif args.command == "repair-index":

@@ -12,6 +12,11 @@ declarations still decide for an order in flight:
   then ``error`` or compensation, which may need the same agent. So an agent that an order
   in flight still needs (``core.needs``) may not be removed, from the declarations or from
   ``infra/agents.json``.
+- **Its steps' functions.** A step's ``input``, ``when`` and ``until`` (and a
+  compensation's ``input``) are called when it starts, from today's declarations, by
+  workflow and step name (docs/contracts.md §3.13). A function that an order in flight
+  will still call (a step it has not started, or one whose function raised) may not be
+  removed, and neither may its workflow or step.
 - **Steps of plans stored before agents.** Such a plan names no agent; when the order is
   read, each step gets the agent today's declarations give a step of that name. A step
   no workflow declares any more makes the order unreadable. So for those plans, a step
@@ -117,6 +122,8 @@ class DeployCheck:
         self._workflows: Counter[str] = Counter()  # in flight
         self._finished: Counter[str] = Counter()  # the newest finished, by workflow
         self._newest: dict[str, _Newest] = {}
+        #: (workflow, step, function) -> orders in flight that will still call it
+        self._functions: dict[tuple[str, str, str], _Group] = {}
 
     # --- orders in ------------------------------------------------------------------
 
@@ -132,9 +139,15 @@ class DeployCheck:
         needs = still_needed(order)
         missing: dict[str, list[Need]] = {}
         for need in needs:
-            if self._problem(need.agent) is not None:
+            if need.agent and self._problem(need.agent) is not None:
                 missing.setdefault(need.agent, []).append(need)
-        for agent in {n.agent for n in needs}:
+            for function in need.functions:
+                if not self._declares(order.workflow, need.step, function):
+                    key = (order.workflow, need.step, function)
+                    self._add(
+                        self._functions.setdefault(key, _Group(order.plan)), order.order_id, status
+                    )
+        for agent in {n.agent for n in needs if n.agent}:
             self._needed_by[agent] += 1
         for agent, wanted in missing.items():
             entry = self._missing.setdefault(agent, _Missing())
@@ -175,11 +188,25 @@ class DeployCheck:
     def _seen(self, order: Order) -> None:
         newest = self._newest.get(order.workflow)
         if newest is None or order.created_at > newest.created_at:
-            agents = {s.agent for s in order.plan.steps}
+            agents = {s.agent for s in order.plan.steps if s.agent}
             agents |= {s.compensation_agent or s.agent for s in order.plan.steps if s.compensation}
             self._newest[order.workflow] = _Newest(
                 order.created_at, order.order_id, frozenset(agents)
             )
+
+    def _declares(self, workflow: str, step: str, function: str) -> bool:
+        """Whether the target declares ``function`` for ``step`` of ``workflow`` (a
+        compensation's by its own step name)."""
+        declared = self.target.workflows.get(workflow)
+        if declared is None:
+            return False
+        for leaf, _ in declared.leaves():
+            if leaf.name == step:
+                return getattr(leaf, function, None) is not None
+            compensation = getattr(leaf, "compensation", None)
+            if compensation is not None and compensation.step == step:
+                return function == "input" and compensation.input is not None
+        return False
 
     def _add(self, group: _Group, order_id: str, status: str) -> None:
         group.orders += 1
@@ -293,6 +320,27 @@ class DeployCheck:
                     "evidence is stale: use the override)"
                 )
             out.append(refusal)
+        for (workflow, step, function), group in sorted(self._functions.items()):
+            out.append(
+                {
+                    "problem": "function-removed",
+                    "workflow": workflow,
+                    "step": step,
+                    "function": function,
+                    "orders": group.orders,
+                    "byStatus": dict(sorted(group.by_status.items())),
+                    "sample": group.sample,
+                    "detail": (
+                        f"these orders will still call the {function} of step {step} "
+                        f"(workflow {workflow}) when it starts, and {self.target.module} "
+                        "does not declare it: the step would fail for good"
+                    ),
+                    "fix": (
+                        f"keep {step}'s {function}= in workflow {workflow} until deploy-check "
+                        "shows no order needing it (let them reach or pass the step)"
+                    ),
+                }
+            )
         for (workflow, step), group in sorted(self._stranded.items()):
             out.append(
                 {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from core.workflows import Plan, PlannedStep, Workflow
+from core.workflows import Plan, PlannedStep, StepSpec, Workflow
 
 
 def fingerprint(plan: Plan) -> str:
@@ -26,13 +26,28 @@ def differences(plan: Plan, declared: Workflow | None) -> list[str]:
     where the declaration names one: else the plan holds the setting's value then)."""
     if declared is None:
         return [f"workflow {plan.workflow} is not declared"]
-    specs = {s.name: s for s in declared.steps}
+    leaves = list(declared.leaves())
+    specs = {s.name: (s, group) for s, group in leaves}
     out: list[str] = []
     for step in plan.steps:
-        spec = specs.get(step.name)
-        if spec is None:
-            out.append(f"step {step.name} ({step.agent}) is no longer declared")
+        found = specs.get(step.name)
+        if found is None:
+            out.append(f"step {step.name} ({step.agent or step.kind}) is no longer declared")
             continue
+        leaf, group = found
+        if leaf.kind != step.kind:
+            out.append(f"step {step.name}: {step.kind} -> {leaf.kind}")
+            continue
+        beside = sorted(s.name for s in plan.group(step.group) if s.name != step.name)
+        beside_now = sorted(s.name for s, g in leaves if g == group and s.name != step.name)
+        if beside != beside_now:
+            out.append(
+                f"step {step.name}: in parallel with {', '.join(beside) or 'nothing'} -> "
+                f"{', '.join(beside_now) or 'nothing'}"
+            )
+        if not isinstance(leaf, StepSpec):
+            continue
+        spec = leaf
         if spec.agent != step.agent:
             out.append(f"step {step.name}: agent {step.agent} -> {spec.agent}")
         if spec.remote_path != step.path:
@@ -47,8 +62,8 @@ def differences(plan: Plan, declared: Workflow | None) -> list[str]:
         if then != now:
             out.append(f"step {step.name}: undone by {_undo(*then)} -> {_undo(*now)}")
     planned = [s.name for s in plan.steps]
-    out += [f"step {s.name} is new" for s in declared.steps if s.name not in planned]
-    common = [s.name for s in declared.steps if s.name in planned]
+    out += [f"step {s.name} is new" for s, _ in leaves if s.name not in planned]
+    common = [s.name for s, _ in leaves if s.name in planned]
     if common != [n for n in planned if n in common]:
         out.append("the steps are in another order")
     return out

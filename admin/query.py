@@ -55,7 +55,14 @@ def parse_time(name: str, raw: str, *, end: bool = False) -> datetime | None:
 
 
 def parse_filter(params: Mapping[str, str], default_status: str | None = None) -> ListFilter:
-    status = parse_status(params.get("status") or default_status or "")
+    """``waiting=<event>``: the orders waiting for that event (the operators' inbox); they
+    are ``processing``, the status it implies."""
+    waiting = (params.get("waiting") or "").strip() or None
+    if waiting is not None and params.get("status") not in (None, "", "processing"):
+        raise ValueError("an order waiting for an event is processing: drop ?status= or say so")
+    status = parse_status(
+        params.get("status") or ("processing" if waiting else None) or default_status or ""
+    )
     workflow = (params.get("workflow") or "").strip() or None
     try:
         return ListFilter(
@@ -63,6 +70,7 @@ def parse_filter(params: Mapping[str, str], default_status: str | None = None) -
             workflow,
             parse_time("from", params.get("from", "")),
             parse_time("to", params.get("to", ""), end=True),
+            waiting,
         )
     except ValueError as exc:
         raise ValueError(str(exc)) from None

@@ -24,8 +24,10 @@ from core.errors import (
 )
 from core.events import ATTEMPT_ENDINGS
 from core.model import CancelPreview, Order, StepRecord
+from core.plans import PlannedStep
 from core.ports import Clock, ListFilter, StateStore
-from core.states import OrderStatus, StepState
+from core.progress import check_event
+from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import iso
 from core.unit_of_work import Dispatcher, OrderChanges
 from messaging.outbox import NoticeSender
@@ -102,10 +104,20 @@ def preview_view(preview: CancelPreview) -> dict[str, Any]:
     }
 
 
-def step_view(step: StepRecord, agent: str | None = None) -> dict[str, Any]:
+def step_view(
+    step: StepRecord, agent: str | None = None, order: Order | None = None
+) -> dict[str, Any]:
+    planned = _planned(order, step)
     return {
         "step": step.step,
-        "agent": agent,
+        "agent": agent or None,
+        # task (a remote call), event or delay (docs/contracts.md §3.13); the steps of one
+        # Parallel share a group
+        "type": order.kind_of(step) if order is not None else "task",
+        "group": planned.group if planned is not None else None,
+        "waitingFor": step.waiting_for if step.is_active else None,
+        "completesOn": planned.completes_on if planned is not None else None,
+        "input": step.input,
         # the state fields of docs/contracts.md §3.2, named as in the table
         "OrderID": step.order_id,
         "Step": step.step,
@@ -128,6 +140,39 @@ def step_view(step: StepRecord, agent: str | None = None) -> dict[str, Any]:
         "pausedFor": step.paused_for or None,
         "pausedSince": iso(step.paused_since) if step.paused_since else None,
     }
+
+
+def _planned(order: Order | None, step: StepRecord) -> PlannedStep | None:
+    if order is None or step.kind is not StepKind.ACTION:
+        return None
+    try:
+        return order.plan.planned(step.step)
+    except KeyError:  # pragma: no cover - a record its plan does not name
+        return None
+
+
+def waiting_view(order: Order) -> list[dict[str, Any]]:
+    """What the order waits for from outside or from time: each active step's event (an
+    ``Event``, a callback of a remote that accepted) or delay."""
+    out: list[dict[str, Any]] = []
+    for step in order.active_steps():
+        if step.waiting_for and step.process_state is StepState.PROCESSING:
+            out.append({"step": step.step, **step.waiting_for})
+    return out
+
+
+def events_view(order: Order) -> dict[str, Any]:
+    """Events delivered to the order: when, by whom, and the step that took each (none:
+    kept for a step that has not started)."""
+    out: dict[str, Any] = {}
+    for name, entry in sorted(order.events.items()):
+        view = {k: v for k, v in entry.items() if k in ("at", "by", "reason", "taken", "kind")}
+        payload = entry.get("payload")
+        if isinstance(payload, dict):
+            view["kind"] = "result" if "result" in payload else "refused"
+            view["payload"] = payload
+        out[name] = view
+    return out
 
 
 def paused_view(order: Order, pauses: Mapping[str, AgentControl]) -> dict[str, Any] | None:
@@ -158,8 +203,10 @@ def order_view(order: Order, pauses: Mapping[str, AgentControl] | None = None) -
         "createdAt": iso(order.created_at),
         "updatedAt": iso(order.updated_at),
         "cancelRequested": order.cancel_requested,
-        "steps": [step_view(s, _agent(order, s.step)) for s in order.steps],
+        "steps": [step_view(s, _agent(order, s.step), order) for s in order.steps],
         "notStarted": [p.name for p in order.plan.steps if p.name not in reached],
+        "waitingFor": waiting_view(order),
+        "events": events_view(order),
         "history": order.history,
         "order": order.body,
     }
@@ -183,6 +230,8 @@ def order_summary(order: Order, pauses: Mapping[str, AgentControl] | None = None
         "createdAt": iso(order.created_at),
         "updatedAt": iso(order.updated_at),
         "activeStep": active.step if active else None,
+        "activeSteps": [s.step for s in order.active_steps()],
+        "waitingFor": waiting_view(order),
         "pausedAgent": paused["agent"] if paused else None,
     }
     if failed:
@@ -191,6 +240,14 @@ def order_summary(order: Order, pauses: Mapping[str, AgentControl] | None = None
             failedStep=last.step, failureCount=last.failure_count, lastError=last.last_error
         )
     return summary
+
+
+class _Unchanged(Exception):
+    """The same event again: nothing to save."""
+
+    def __init__(self, order: Order) -> None:
+        super().__init__("unchanged")
+        self.order = order
 
 
 class OrderAdmin:
@@ -250,7 +307,7 @@ class OrderAdmin:
                 continue
             # The index row moves with the status in one transaction; an order
             # that moved on since this page was read is skipped, not misreported.
-            if order is not None and order.status is status:
+            if order is not None and where.matches(order):
                 orders.append(order_summary(order, pauses))
         page: dict[str, Any] = {"orders": orders, "continuationToken": next_token}
         if unreadable:
@@ -330,6 +387,39 @@ class OrderAdmin:
                 "cancelled",
                 by,
             )
+
+    def deliver_event(
+        self, order_id: str, name: str, body: Any, by: str
+    ) -> tuple[str, dict[str, Any]]:
+        """Deliver the event ``name`` (``body``: ``{"result": {...}}`` or ``{"refused":
+        "..."}``, with an optional ``reason``) to the order (docs/contracts.md §3.13).
+        Returns ``"taken"``, ``"kept"`` or ``"same"`` and the order as it is now.
+        ``InvalidEvent`` (400), ``OrderNotFound`` (404), ``TransitionRefused`` (409). An
+        event acknowledged is written first, with If-Match, as every change."""
+        payload, note = check_event(body)
+        with order_context(order_id=order_id):
+
+            def decide(order: Order) -> str:
+                effect = order.deliver_event(name, payload, self._clock(), by, note)
+                if effect == "same":
+                    raise _Unchanged(order)
+                return effect
+
+            def done(order: Order, effect: str) -> None:
+                METRICS.inc("events_delivered", effect=effect)
+                log.info("event %s delivered by %s: %s; status %s", name, by, effect, order.status)
+
+            try:
+                changed = self._changes.change(order_id, decide, after_save=done)
+            except _Unchanged as same:
+                return "same", order_view(same.order, self.pauses())
+            except ConcurrencyConflict as exc:
+                raise ConcurrencyConflict(
+                    f"order {order_id} kept changing; deliver the event again", order_id=order_id
+                ) from exc
+            if changed is None:
+                raise OrderNotFound(f"no order with id {order_id!r}", order_id=order_id)
+            return changed.result, order_view(changed.order, self.pauses())
 
     def cancel_preview(self, order_id: str, not_applied: str | None = None) -> dict[str, Any]:
         """What a cancel would do now (nothing changes)."""

@@ -36,6 +36,7 @@ from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
     InvalidContinuationToken,
+    InvalidEvent,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
@@ -48,6 +49,9 @@ bp = func.Blueprint()
 FUNCTION_KEY_CALLER = "function-key"
 MAX_NAME_CHARS = 64
 MAX_REASON_CHARS = 500
+#: An event's body: an order's limit (a Storage queue message's 64 KiB), with room for
+#: its envelope.
+MAX_EVENT_BODY_BYTES = 4 * 65_536
 RETRY_AFTER_SECONDS = 5
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -79,11 +83,19 @@ def caller(req: func.HttpRequest) -> str:
     return f"{FUNCTION_KEY_CALLER} (claims: {claimed})" if claimed else FUNCTION_KEY_CALLER
 
 
-def _answer(order_id: str | None, call: Callable[[], Any]) -> func.HttpResponse:
-    """Run an admin call; its domain errors become the status codes of docs/contracts.md §3.7."""
+def _answer(
+    order_id: str | None, call: Callable[[], Any], *, with_status: bool = False
+) -> func.HttpResponse:
+    """Run an admin call; its domain errors become the status codes of docs/contracts.md §3.7.
+    ``with_status``: the call gives the status with its answer."""
     ids = {"orderId": order_id} if order_id else {}
     try:
+        if with_status:
+            status, body = call()
+            return _json(status, body)
         return _json(200, call())
+    except InvalidEvent as exc:
+        return _error(400, exc.message, **ids)
     except (OrderNotFound, AgentNotFound) as exc:
         return _error(404, exc.message, **ids)
     except TransitionRefused as exc:
@@ -186,6 +198,39 @@ def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="orders/{orderId}/cancel", methods=["POST"])
 def cancel_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "cancel")
+
+
+@bp.route(route="orders/{orderId}/events/{name}", methods=["POST"])
+def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
+    """docs/contracts.md §3.13: ``{"result": {...}}`` or ``{"refused": "<reason>"}`` (and an
+    optional ``reason``, kept in the history). 202 kept for a step that has not started,
+    200 taken (or the same event again), 409 another body for an event delivered before
+    or an order already finished, 404 an unknown order, 400 a name the order's workflow
+    does not declare or a body that is neither. Written (If-Match) before the answer."""
+    order_id = _order_id(req)
+    if order_id is None:
+        return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
+    name = req.route_params.get("name", "")
+    if not _STEP.fullmatch(name) or len(name) > MAX_NAME_CHARS:
+        return _error(400, "an event name is kebab-case (a-z, 0-9, -), at most 64 characters")
+    raw = req.get_body()
+    if len(raw) > MAX_EVENT_BODY_BYTES:
+        return _error(
+            400,
+            f"the event is {len(raw):,} bytes; at most {MAX_EVENT_BODY_BYTES:,} (an order's "
+            "size): keep large documents elsewhere and send a reference",
+        )
+    try:
+        body = strict_json(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        return _error(400, f'the body must be JSON like {{"result": {{...}}}} ({exc})')
+    by = caller(req)
+
+    def deliver() -> tuple[int, dict[str, Any]]:
+        effect, view = app_context().events.deliver_event(order_id, name, body, by)
+        return 202 if effect == "kept" else 200, {"event": name, "effect": effect, **view}
+
+    return _answer(order_id, deliver, with_status=True)
 
 
 @bp.route(route="workflows", methods=["GET"])

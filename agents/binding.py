@@ -66,7 +66,8 @@ class RequestBinding:
             request,
             path=step.path,
             key_round=step.key_round,
-            order=order.body,
+            # what the step's input decided when it started (docs/contracts.md §3.13)
+            order=step.input if step.input is not None else order.body,
         )
 
 

@@ -280,6 +280,18 @@ class AppContext:
         )
 
     @cached_property
+    def events(self) -> OrderAdmin:
+        """Events delivered over HTTP (docs/contracts.md §3.13): the next step is claimed
+        and its request sent in the same invocation (the CLI's go through order-dispatch)."""
+        return OrderAdmin(
+            self.store,
+            self.notices,
+            self.scheduler.dispatch_loaded,
+            self.clock,
+            controls=self.store,
+        )
+
+    @cached_property
     def agents_admin(self) -> AgentAdmin:
         """Pause, resume and limit agents at runtime, with the audit (operator API, CLI,
         console); this process's own view is refreshed after each change."""

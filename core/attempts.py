@@ -88,6 +88,9 @@ class Attempt:
     running: dict[str, datetime] = field(default_factory=dict)
     sent: bool = True
     error: str | None = None
+    #: For a step that completes on an event: the remote answered 2xx, accepting the work
+    #: (it may apply from then on; the event says when it did).
+    accepted: bool = False
     #: How far apart the instances' clocks may be (``MAX_CLOCK_SKEW_SECONDS`` when it was
     #: claimed): a call of this attempt may still run until ``deadline + skew`` as another
     #: instance's clock reads it, and a handler run until its ``running`` time + skew.
@@ -192,6 +195,8 @@ class Attempt:
             out["error"] = self.error
         if self.skew_seconds:
             out["skew"] = self.skew_seconds
+        if self.accepted:
+            out["accepted"] = True
         return out
 
     @classmethod
@@ -213,6 +218,7 @@ class Attempt:
             sent=bool(value.get("sent", True)),
             error=value.get("error") or None,
             skew_seconds=float(value.get("skew", 0.0)),
+            accepted=bool(value.get("accepted", False)),
         )
 
 
@@ -229,11 +235,16 @@ class GaveUp:
     #: why, where it is not the attempts' own failure: ``"overtaken"`` for a compensation
     #: whose step applied after it began (its next run is a new effect, with a new key)
     kind: str = ""
+    #: the sentence that says why it failed (an alert is built from it when the step's
+    #: group is decided: the other steps of a ``Parallel`` finish first)
+    reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"at": iso_exact(self.at), "ambiguous": self.ambiguous}
         if self.kind:
             out["kind"] = self.kind
+        if self.reason:
+            out["reason"] = self.reason[:2000]
         if self.by_expiry_of is not None:
             out["byExpiryOf"] = self.by_expiry_of
         if self.operator:
@@ -249,6 +260,7 @@ class GaveUp:
             by_expiry_of=int(expiry) if expiry is not None else None,
             operator=value.get("operator") or None,
             kind=str(value.get("kind") or ""),
+            reason=str(value.get("reason") or ""),
         )
 
 

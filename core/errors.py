@@ -78,6 +78,12 @@ class UnboundMessage(OrderError):
     never run: the message is quarantined, which alerts an operator."""
 
 
+class InvalidEvent(OrderError):
+    """An event the order cannot take: a name its workflow does not declare, or a body that
+    is neither ``{"result": {...}}`` nor ``{"refused": "..."}`` (a 400, whatever the
+    order's state)."""
+
+
 class StorageUnavailable(OrderError):
     """The state store or a queue did not answer (after its own retries)."""
 

@@ -63,6 +63,22 @@ class Event(StrEnum):
     PAUSE_OVER = "pause-over"
     #: a compensation runs again as a new effect, under a new idempotency key
     NEW_KEY = "new-key"
+    #: what a step's functions decided when it started (``input``, ``when``, ``until``)
+    DECIDED = "decided"
+    #: its ``when`` said no: never called, never compensated
+    SKIPPED = "skipped"
+    #: an event or a delay began: the step waits (``waitingFor``)
+    WAITING = "waiting"
+    #: an event the step waited for was taken (its result, or a refusal)
+    EVENT_TAKEN = "event-taken"
+    #: a remote's 2xx for a step that completes on an event: accepted, it may apply
+    ACCEPTED = "accepted"
+    #: a step of a group that failed for good stopped the others that had not started
+    HALTED = "halted"
+
+    # --- the order's own history: events delivered ----------------------------------
+    #: an event arrived before the step that takes it started: kept for it
+    EVENT_KEPT = "event-kept"
 
     @classmethod
     def _missing_(cls, value: object) -> Event | None:

@@ -43,7 +43,10 @@ class Evidence(Unwinding):
     def _success_evidence(
         self, step: StepRecord, attempt: Attempt | None, reply: AgentReply, now: datetime
     ) -> ReplyEffect:
-        """A success reply, on time or not: the effect exists."""
+        """A success reply, on time or not: the effect exists (for a step that completes
+        on an event, only the remote's acceptance: ``_accepted``)."""
+        if step.kind is StepKind.ACTION and self.planned(step.step).completes_on:
+            return self._accepted(step, attempt, reply, now)
         state = step.process_state
         undo = self.undo_of(step) if state in _UNDONE else None
         # A step already known applied has one effect, whichever attempt reports it (one
@@ -124,6 +127,41 @@ class Evidence(Unwinding):
             + (f"stands; undo it with {compensation} if needed" if compensation else "stands"),
             now,
         )
+        return ReplyEffect.NOTED
+
+    def _accepted(
+        self, step: StepRecord, attempt: Attempt | None, reply: AgentReply, now: datetime
+    ) -> ReplyEffect:
+        """A 2xx for a step that ``completes_on`` an event: the remote accepted the work. It
+        may apply from then on (doubt), and the step stays Processing until the event
+        comes (or its deadline passes: the supervisor calls again, with the same key, so a
+        lost callback is asked for again). An event that came first is taken now."""
+        name = self.planned(step.step).completes_on
+        assert name is not None
+        if attempt is None or attempt.accepted:
+            raise self._stale(step, reply)
+        attempt.accepted = True
+        attempt.report(Applied.MAYBE, None, reply.runner or "", reply.run_ended)
+        on_time = (
+            step.process_state is StepState.PROCESSING
+            and step.attempt == reply.attempt
+            and attempt.in_flight
+        )
+        step.record(
+            now,
+            Event.ACCEPTED,
+            attempt=reply.attempt,
+            waitingFor={"event": name},
+            late=None if on_time else True,
+        )
+        if on_time:
+            step.waiting_for = {"event": name}
+            kept = self.events.get(name)
+            if kept is not None and not kept.get("taken"):
+                self._take_event(step, name, kept, now)
+            return ReplyEffect.APPLIED
+        if not step.is_active and step.process_state is StepState.ERROR:
+            self._new_doubt(step, reply.attempt, now)
         return ReplyEffect.NOTED
 
     def _before_undo(

@@ -81,6 +81,12 @@ class Order(Evidence):
     outbox: list[Notice] = field(default_factory=list)
     #: Whatever the store needs to remember between load and save (opaque here).
     store_meta: dict[str, Any] = field(default_factory=dict)
+    #: Events delivered to the order (docs/contracts.md §3.13), by name: the payload, when,
+    #: by whom, and the step that took it (none yet: kept for its step).
+    events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Not stored: times a transition wants the order looked at again (a delay that
+    #: began), for the dispatcher to queue after the save (the sweeps are the safety net).
+    wakeups: list[datetime] = field(default_factory=list)
 
     # --- creation ---------------------------------------------------------------
 
@@ -99,7 +105,7 @@ class Order(Evidence):
         )
         order._event(now, Event.RECEIVED, workflow=plan.workflow)
         order._notify("received", now)
-        order._add_step(plan.steps[0], StepKind.ACTION, now)
+        order._start_group(plan.groups()[0], now)
         return order
 
     # --- transitions: attempts --------------------------------------------------------
@@ -109,15 +115,20 @@ class Order(Evidence):
         instance: str,
         now: datetime,
         *,
+        step: str | None = None,
         resumed: bool = False,
         skew: timedelta = DEFAULT_POLICY.skew,
     ) -> StepRecord:
-        """Take the active Pending step: Processing, locked, with a new deadline and attempt.
-        ``resumed``: its agent's pause is over, so a step that waited only for that may go
-        before the time it was to be looked at again. ``skew``: how far other instances'
-        clocks may be from this one's (``MAX_CLOCK_SKEW_SECONDS``), kept with the attempt so
-        that no instance undoes the step while this attempt may still reach its remote."""
-        step = self._claimable(now, resumed=resumed)
+        """Take a Pending step (``step``, or the first active one): Processing, locked, with
+        a new deadline and attempt. ``resumed``: its agent's pause is over, so a step that
+        waited only for that may go before the time it was to be looked at again.
+        ``skew``: how far other instances' clocks may be from this one's
+        (``MAX_CLOCK_SKEW_SECONDS``), kept with the attempt so that no instance undoes the
+        step while this attempt may still reach its remote."""
+        record = self._claimable(now, step, resumed=resumed)
+        return self._claim(record, instance, now, skew)
+
+    def _claim(self, step: StepRecord, instance: str, now: datetime, skew: timedelta) -> StepRecord:
         step.end_pause(now, "claimed")
         step.process_state = StepState.PROCESSING
         step.locked_by = instance
@@ -149,12 +160,18 @@ class Order(Evidence):
         self._touch(now)
         return step
 
-    def _claimable(self, now: datetime, *, resumed: bool = False) -> StepRecord:
+    def _claimable(
+        self, now: datetime, name: str | None = None, *, resumed: bool = False
+    ) -> StepRecord:
         if self.status.terminal:
             raise self._refuse("order-not-running", f"the order is {self.status}")
-        step = self.active_step()
-        if step is None:
-            raise self._refuse("no-active-step", "the order has no step waiting to run")
+        tasks = [s for s in self.active_steps() if not self.waits(s)]
+        if name is not None:
+            tasks = [s for s in tasks if s.step == name]
+        pending = [s for s in tasks if s.process_state is StepState.PENDING]
+        if not tasks:
+            raise self._refuse("no-active-step", "the order has no step waiting to run", name)
+        step = (pending or tasks)[0]
         if step.process_state is StepState.PROCESSING:
             raise self._refuse(
                 "already-claimed",
@@ -169,14 +186,16 @@ class Order(Evidence):
 
     # --- transitions: an agent paused at runtime (core.controls) ------------------------
 
-    def hold_for_pause(self, agent: str, now: datetime, until: datetime) -> StepRecord:
+    def hold_for_pause(
+        self, agent: str, now: datetime, until: datetime, step: str | None = None
+    ) -> StepRecord:
         """The scheduler's move on a due Pending step whose agent an operator paused: it
         is not claimed (no attempt, nothing counted, no deferral window spent, no alert);
         it stays Pending, to be looked at again at ``until``, or sooner after a resume."""
-        step = self._claimable(now)
-        self._hold(step, agent, now, until)
+        record = self._claimable(now, step)
+        self._hold(record, agent, now, until)
         self._touch(now)
-        return step
+        return record
 
     def _hold(self, step: StepRecord, agent: str, now: datetime, until: datetime) -> None:
         if step.paused_for != agent:
@@ -248,8 +267,8 @@ class Order(Evidence):
         call is refused, and so is one for a step that has moved on."""
         if self.stuck_alerted:
             raise self._refuse("stuck-alerted", f"already alerted: {self.stuck_alerted}", step)
-        active = self.active_step()
-        if active is None or active.step != step:
+        active = self.find(step)
+        if active is None or not active.is_active:
             raise self._refuse("moved-on", f"step {step} is no longer active", step)
         self.stuck_alerted = f"{step}:{active.attempt}"
         self._alert(active, reason, now)
@@ -257,27 +276,59 @@ class Order(Evidence):
         return active
 
     def expire(
-        self, now: datetime, policy: RetryPolicy, grace: timedelta = timedelta(0)
+        self,
+        now: datetime,
+        policy: RetryPolicy,
+        grace: timedelta = timedelta(0),
+        step: str | None = None,
     ) -> StepRecord:
-        """The supervisor's move on a Processing step whose CompleteBy has passed.
+        """The supervisor's move on a Processing step (``step``, or the first) whose
+        CompleteBy has passed.
 
         No report came, so the attempt counts as a failure that may have applied (a
         late report may still correct that). ``grace`` absorbs clock skew between
         instances: a step counts as expired only once ``now`` is past ``CompleteBy +
         grace``. A step held at its last counted failure (``StepRecord.held``) gives up
-        now: its time budget is spent.
+        now: its time budget is spent. A delay whose time has come is over (``Processed``);
+        an event that did not come in time fails the step for good, not applied.
         """
-        step = self.active_step()
-        if step is None or step.process_state is not StepState.PROCESSING:
-            raise self._refuse("not-processing", "no step of the order is Processing")
-        if step.complete_by + grace > now:
+        processing = [
+            s
+            for s in self.active_steps()
+            if s.process_state is StepState.PROCESSING and (step is None or s.step == step)
+        ]
+        if not processing:
+            raise self._refuse("not-processing", "no step of the order is Processing", step)
+        expired = [s for s in processing if s.complete_by + grace <= now]
+        if not expired:
+            first = processing[0]
             raise self._refuse(
-                "not-expired", f"step {step.step} has until {iso(step.complete_by)}", step.step
+                "not-expired", f"step {first.step} has until {iso(first.complete_by)}", first.step
             )
+        record = expired[0]
+        kind = self.kind_of(record)
+        if kind == "delay":
+            self._end_delay(record, now)
+            self._touch(now)
+            return record
+        if kind == "event":
+            waited = record.waiting_for or {}
+            self._fail_for_good(
+                record,
+                now,
+                f"{record.step}: no event {waited.get('event', record.step)} within "
+                f"{record.timeout_seconds} s (nothing to retry)",
+                False,
+            )
+            self._touch(now)
+            return record
+        return self._expire_attempt(record, now, policy)
+
+    def _expire_attempt(self, step: StepRecord, now: datetime, policy: RetryPolicy) -> StepRecord:
         attempt = step.current
         if attempt is not None and not attempt.in_flight:
             step.locked_by = ""
-            if self.cancel_requested and step.kind is StepKind.ACTION:
+            if self._halting() and step.kind is StepKind.ACTION:
                 self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
             elif not policy.gives_up(step.failure_count):  # pragma: no cover - a refund un-holds
                 self._retry_at(step, now, now)
@@ -425,7 +476,7 @@ class Order(Evidence):
             )
             if not reply.paused:
                 self._wait(step, now, policy, reply.not_before, reply.error or "deferred")
-            elif self.cancel_requested and step.kind is StepKind.ACTION:
+            elif self._halting() and step.kind is StepKind.ACTION:
                 self._stop_for_cancel(step, now, f"{step.step} had not run when cancelled")
             else:
                 # Its agent is paused: the step waits for the resume, not for the remote,
@@ -463,7 +514,7 @@ class Order(Evidence):
             applied=str(attempt.applied),
             failureCount=step.failure_count,
         )
-        if self.cancel_requested and step.kind is StepKind.ACTION:
+        if self._halting() and step.kind is StepKind.ACTION:
             step.locked_by = ""
             self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
             return
@@ -506,7 +557,7 @@ class Order(Evidence):
         if step.deferred_since is None:
             step.deferred_since = now
         window_end = step.deferred_since + policy.deferral_window
-        if self.cancel_requested and step.kind is StepKind.ACTION:
+        if self._halting() and step.kind is StepKind.ACTION:
             self._stop_for_cancel(step, now, f"{step.step} had not run when cancelled")
         elif now >= window_end:
             waited = int((now - step.deferred_since).total_seconds())

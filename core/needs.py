@@ -57,16 +57,41 @@ class Why(StrEnum):
 @dataclass(frozen=True)
 class Need:
     step: str
+    #: "" for an event or a delay (no agent runs them)
     agent: str
     path: str
     why: Why
     #: for a compensation: the action it undoes
     undoes: str | None = None
+    #: the functions of today's declarations it will still call when it starts (``input``,
+    #: ``when``, ``until``: docs/contracts.md §3.13): those not decided yet
+    functions: tuple[str, ...] = ()
 
 
 def still_needed(order: Order) -> tuple[Need, ...]:
-    """Every step ``order`` may still send to an agent, in the order it would run them
-    (the compensations last, latest first), each once."""
+    """Every step ``order`` may still run (send to an agent, or wait for), in the order it
+    would run them (the compensations last, latest first), each once, with the functions
+    of the declarations it will still call."""
+    return tuple(_with_functions(order, n) for n in _needed(order))
+
+
+def _with_functions(order: Order, need: Need) -> Need:
+    """``need`` with the functions it will still call: those its plan names that its record
+    (if it started) has not decided yet."""
+    try:
+        if need.undoes is not None:
+            uses = order.plan.planned(need.undoes).compensation_uses
+        else:
+            uses = order.plan.planned(need.step).uses
+    except KeyError:  # pragma: no cover - a record its plan does not name
+        return need
+    record = order.find(need.step)
+    decided = record.decided if record is not None else {}
+    left = tuple(u for u in uses if u not in decided)
+    return replace(need, functions=left) if left else need
+
+
+def _needed(order: Order) -> tuple[Need, ...]:
     if order.status.finished:
         return _redo(order)
     active = order.active_step()
@@ -93,16 +118,26 @@ def _failed(order: Order) -> StepRecord | None:
 
 def _forward(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:
     plan = order.plan
-    index = plan.index_of(current.step)
-    planned = plan.steps[index]
+    planned = plan.planned(current.step)
+    group = plan.group(planned.group)
     needs = [Need(current.step, planned.agent, current.path, why)]
+    # the other steps of its group (a Parallel) that may still run, or run again
+    siblings = [
+        s
+        for s in group
+        if s.name != current.step
+        and (record := order.find(s.name)) is not None
+        and record.process_state not in (StepState.PROCESSED, StepState.SKIPPED)
+    ]
+    needs += [Need(s.name, s.agent, s.path, why) for s in siblings]
     cancel_undoes_it = (
         order.cancel_requested and why is Why.RUNNING and planned.compensation is not None
     )
-    later = () if cancel_undoes_it else plan.steps[index + 1 :]
+    later = () if cancel_undoes_it else tuple(s for s in plan.steps if s.group > planned.group)
     needs += [Need(s.name, s.agent, s.path, Why.LATER) for s in later]
     done = {s.step for s in order.steps if s.kind is StepKind.ACTION and _undoable(s)}
-    may_undo = [s for s in plan.steps[:index] if s.name in done] + [planned, *later]
+    before = [s for s in plan.steps if s.group < planned.group and s.name in done]
+    may_undo = before + list(group) + list(later)
     needs += [_undo(s) for s in reversed(may_undo) if s.compensation]
     return tuple(needs)
 

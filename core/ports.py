@@ -26,6 +26,7 @@ from core.model import Order
 from core.states import OrderStatus
 
 _WORKFLOW = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_EVENT = re.compile(r"(?=.{1,48}\Z)[a-z0-9]+(?:-[a-z0-9]+)*")
 
 
 @dataclass(frozen=True)
@@ -67,10 +68,15 @@ class ListFilter:
     workflow: str | None = None
     created_from: datetime | None = None
     created_to: datetime | None = None
+    #: only orders that wait for this event (an ``Event`` step, or a remote's callback):
+    #: the operators' inbox (docs/contracts.md §3.13); they are ``processing``
+    waiting: str | None = None
 
     def __post_init__(self) -> None:
         if self.workflow is not None and not _WORKFLOW.fullmatch(self.workflow):
             raise ValueError("workflow must be 1-64 characters of A-Z a-z 0-9 - _")
+        if self.waiting is not None and not _EVENT.fullmatch(self.waiting):
+            raise ValueError("waiting must name an event: kebab-case (a-z, 0-9, -), 1-48")
         for name in ("created_from", "created_to"):
             value = getattr(self, name)
             if value is not None and value.tzinfo is None:
@@ -79,7 +85,7 @@ class ListFilter:
             raise ValueError("the time range is empty: 'from' must be before 'to'")
 
     def with_status(self, status: OrderStatus) -> ListFilter:
-        return ListFilter(status, self.workflow, self.created_from, self.created_to)
+        return ListFilter(status, self.workflow, self.created_from, self.created_to, self.waiting)
 
     def matches(self, order: Order) -> bool:
         return (
@@ -87,6 +93,7 @@ class ListFilter:
             and (self.workflow is None or order.workflow == self.workflow)
             and (self.created_from is None or order.created_at >= self.created_from)
             and (self.created_to is None or order.created_at < self.created_to)
+            and (self.waiting is None or self.waiting in order.awaited_events())
         )
 
 

@@ -12,6 +12,8 @@ class StepState(StrEnum):
     ERROR = "Error"
     COMPENSATING = "Compensating"
     COMPENSATED = "Compensated"
+    #: its ``when`` said no: never called, never compensated (docs/contracts.md §3.13)
+    SKIPPED = "Skipped"
 
 
 class OrderStatus(StrEnum):

@@ -72,6 +72,15 @@ class StepRecord:
     applied_after_undo: datetime | None = None
     #: When the first attempt of this key round was claimed (what an undo's "began" means).
     round_began_at: datetime | None = None
+    #: The body its calls send, as its ``input`` decided when it started (None: the
+    #: order's JSON); what every attempt and every agent sends (docs/contracts.md §3.13).
+    input: dict[str, Any] | None = None
+    #: An event or a delay: what it waits for (``{"event": name}`` or ``{"until": time}``).
+    waiting_for: dict[str, str] | None = None
+    #: What its functions decided when it started (``when``, ``input``, ``until``): never
+    #: decided again, not even when it runs again (a resubmit); one that raised decided
+    #: nothing, and is called again then.
+    decided: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     history_dropped: int = 0
     etag: str | None = None
@@ -209,6 +218,10 @@ class StepRecord:
             out["appliedAfterUndo"] = iso_exact(self.applied_after_undo)
         if self.round_began_at is not None:
             out["roundBegan"] = iso_exact(self.round_began_at)
+        if self.waiting_for is not None:
+            out["waitingFor"] = self.waiting_for
+        if self.decided:
+            out["decided"] = self.decided
         return out
 
     def load_decision_state(self, value: dict[str, Any]) -> None:
@@ -229,3 +242,7 @@ class StepRecord:
         self.applied_after_undo = parse_iso(late) if late else None
         began = value.get("roundBegan")
         self.round_began_at = parse_iso(began) if began else None
+        waiting = value.get("waitingFor")
+        self.waiting_for = dict(waiting) if isinstance(waiting, dict) else None
+        decided = value.get("decided")
+        self.decided = dict(decided) if isinstance(decided, dict) else {}

@@ -102,13 +102,9 @@ class OrderChanges:
             if self._ended is not None and order.status is not before and order.status.terminal:
                 self._ended(order.plan.workflow, str(order.status))
             self._notices.deliver(saved)
-            active = order.active_step()
-            if (
-                active is not None
-                and active.process_state is StepState.PENDING
-                and not order.status.terminal
-            ):
+            if needs_dispatch(order):
                 self._dispatch(order)
+            order.wakeups.clear()
             return Changed(order, result, saved)
         raise ConcurrencyConflict(  # attempts < 1
             f"order {order_id} was not changed (no attempt allowed)", order_id=order_id
@@ -117,4 +113,16 @@ class OrderChanges:
     def created(self, order: Order, saved: SavedNotices) -> None:
         """After a ``create``: the same notices and dispatch as after a change."""
         self._notices.deliver(saved)
-        self._dispatch(order)
+        if needs_dispatch(order):
+            self._dispatch(order)
+        order.wakeups.clear()
+
+
+def needs_dispatch(order: Order) -> bool:
+    """Whether the scheduler should look at the order after a save: a step is Pending (to
+    claim now or later), or a transition asked to be woken (a delay that began)."""
+    if order.status.terminal:
+        return False
+    return bool(order.wakeups) or any(
+        s.process_state is StepState.PENDING for s in order.active_steps()
+    )

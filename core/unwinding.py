@@ -27,6 +27,7 @@ from core.messages import (
     idempotency_key,
     status_message,
 )
+from core.progress import Progress, StepFunctionFailed, json_object
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
 from core.timefmt import iso
@@ -49,9 +50,9 @@ class Notice:
     queue: str | None = None  # the replyTo queue for a status notice
 
 
-class Unwinding:
-    """Workflow progress and operator actions of ``core.model.Order`` (its fields are
-    declared there)."""
+class Unwinding(Progress):
+    """Unwinding and operator actions of ``core.model.Order`` (its fields are declared
+    there); going forward, group by group, is ``core.progress``."""
 
     order_id: str
     plan: Plan
@@ -68,12 +69,6 @@ class Unwinding:
     @property
     def workflow(self) -> str:
         return self.plan.workflow
-
-    def active_step(self) -> StepRecord | None:
-        active = [s for s in self.steps if s.is_active]
-        if len(active) > 1:  # pragma: no cover - guarded by every transition
-            raise AssertionError(f"order {self.order_id} has {len(active)} active steps")
-        return active[0] if active else None
 
     def find(self, step: str) -> StepRecord | None:
         """The latest record of the named step (a resubmitted step keeps its record)."""
@@ -105,10 +100,22 @@ class Unwinding:
             # undone (cancel it again for that). Its attempts get the usual retries.
             self.cancel_requested = False
             self._event(now, Event.CANCEL_WITHDRAWN, by=by, step=step.step)
-        self._restart(step, now)
         why = reason or None
+        if step.kind is StepKind.ACTION:
+            # The group goes back to work: the step that failed, the others of its group
+            # that failed or were stopped because it did (the ones done stay done).
+            for record in self.group_records():
+                if record is not step and (
+                    record.process_state is StepState.ERROR
+                    or (record.process_state is StepState.COMPENSATED and not record.undone_by)
+                ):
+                    self._restart(record, now)
+                    record.record(now, Event.RESUBMITTED, by=by, reason=why, note="its group")
+        self._restart(step, now)
         step.record(now, Event.RESUBMITTED, by=by, reason=why)
         self._event(now, Event.RESUBMITTED, by=by, step=step.step, reason=why)
+        if step.kind is StepKind.ACTION:
+            self._group_progress(now)  # a wait that starts over may end at once
         self._touch(now)
         return step
 
@@ -173,25 +180,27 @@ class Unwinding:
                 self._start_unwinding(now, None)
             self._touch(now)
             return
-        step = self.active_step()
-        if step is not None and step.held and step.kind is StepKind.ACTION:
-            # Its attempt has ended; only the count's final decision was waiting: stop now.
-            step.locked_by = ""
-            self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
-        elif (
-            step is not None
-            and step.process_state is StepState.PENDING
-            and step.kind is StepKind.ACTION
-        ):
-            if step.attempt == 0:
+        for step in self.active_steps():
+            if not step.is_active or step.kind is not StepKind.ACTION:
+                continue  # stopped meanwhile (its group settled), or a compensation
+            if self.waits(step):
+                # An event or a delay applies nothing: it stops at once.
+                step.waiting_for = None
+                step.process_state = StepState.COMPENSATED
+                step.record(now, Event.CANCELLED, note="waited; nothing to undo")
+            elif step.held:
+                # Its attempt has ended; only the count's final decision was waiting.
+                step.locked_by = ""
+                self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
+            elif step.process_state is StepState.PENDING and step.attempt == 0:
                 step.process_state = StepState.COMPENSATED
                 step.record(now, Event.CANCELLED, note="never ran: nothing to undo")
-                self._start_unwinding(now, None)
-            else:
+            elif step.process_state is StepState.PENDING:
                 self._stop_for_cancel(
                     step, now, f"{step.step} was waiting for another attempt when cancelled"
                 )
-        # Processing: in flight; its reply or its expiry decides.
+            # Processing: in flight; its reply or its expiry decides.
+        self._group_progress(now)
         self._touch(now)
 
     def cancel_preview(self, now: datetime, not_applied: str | None = None) -> CancelPreview:
@@ -216,28 +225,52 @@ class Unwinding:
     def _restart(self, step: StepRecord, now: datetime) -> None:
         if step.kind is StepKind.COMPENSATION:
             self._new_round_if_overtaken(step, now)
-        step.process_state = StepState.PENDING
-        step.reset_for_retry()
-        step.complete_by = now
         self._set_status(
             OrderStatus.COMPENSATING
             if step.kind is StepKind.COMPENSATION
             else OrderStatus.PROCESSING,
             now,
         )
+        if step.kind is StepKind.ACTION:
+            # An event it took (or refused) was this run's: the next run takes a new one.
+            planned = self.planned(step.step)
+            for name in (planned.name if planned.kind == "event" else None, planned.completes_on):
+                if name and self.events.get(name, {}).get("taken"):
+                    del self.events[name]
+            self._start_again(step, now)
+            return
+        step.process_state = StepState.PENDING
+        step.reset_for_retry()
+        step.complete_by = now
+        self._decide_compensation_input(step, now)
 
     def _complete(
         self, step: StepRecord, reply: AgentReply, now: datetime, instance: str, *, late: bool
     ) -> None:
+        self._complete_with(
+            step, reply.result or {}, now, attempt=reply.attempt, instance=instance, late=late
+        )
+
+    def _complete_with(
+        self,
+        step: StepRecord,
+        result: dict[str, Any],
+        now: datetime,
+        *,
+        attempt: int | None,
+        instance: str,
+        late: bool,
+    ) -> None:
         step.process_state = StepState.PROCESSED
         step.locked_by = ""
-        step.result = reply.result
+        step.waiting_for = None
+        step.result = result
         step.last_error = None
         step.deferrals, step.deferred_since = 0, None
         step.record(
             now,
             Event.SUCCEEDED,
-            attempt=reply.attempt,
+            attempt=attempt,
             instance=instance or None,
             late=True if late else None,
         )
@@ -255,30 +288,26 @@ class Unwinding:
                 target.record(now, Event.COMPENSATED, by=step.step)
             self._continue_unwinding(now)
             return
-        if self.cancel_requested:
-            if self.planned(step.step).compensation is not None:
-                self._start_unwinding(now, None)
-                return
-            # Done, and nothing can undo it: the cancel came too late.
-            self.cancel_requested = False
-            note = f"{step.step} succeeded after the cancel and cannot be undone: the order goes on"
-            step.record(now, Event.CANCEL_TOO_LATE, note=note)
-            self._event(now, Event.CANCEL_TOO_LATE, step=step.step, note=note)
-        index = self.plan.index_of(step.step)
-        if index + 1 < len(self.plan.steps):
-            self._add_step(self.plan.steps[index + 1], StepKind.ACTION, now)
-        else:
-            self._set_status(OrderStatus.COMPLETED, now)
+        # Going forward: the group moves on once all of it is done (or settles: a cancel,
+        # a step of it that failed; a cancel that came too late, ``core.progress``).
+        self._group_progress(now)
 
     def _stop_for_cancel(self, step: StepRecord, now: datetime, why: str) -> None:
-        """An action of a cancelled order that has not succeeded gets no further attempt."""
+        """An action of a cancelled order (or of a group that failed) that has not succeeded
+        gets no further attempt."""
+        if not self.cancel_requested:
+            why = why.replace("when cancelled", "when its group failed")
         if step.may_have_applied:
             self._fail_for_good(step, now, f"{why}; an attempt may have applied it", True)
             return
         step.process_state = StepState.COMPENSATED
         step.locked_by = ""
-        step.record(now, Event.CANCELLED, note="not applied: nothing to undo")
-        self._start_unwinding(now, None)
+        step.record(
+            now,
+            Event.CANCELLED if self.cancel_requested else Event.HALTED,
+            note="not applied: nothing to undo",
+        )
+        self._group_progress(now)
 
     def _fail_for_good(
         self,
@@ -299,7 +328,8 @@ class Unwinding:
         """
         step.process_state = StepState.ERROR
         step.locked_by = ""
-        step.gave_up = GaveUp(now, ambiguous, by_expiry_of)
+        step.waiting_for = None
+        step.gave_up = GaveUp(now, ambiguous, by_expiry_of, reason=reason)
         verdict = "it was not applied"
         if ambiguous:
             numbers = ", ".join(map(str, step.maybe_applied))
@@ -321,32 +351,28 @@ class Unwinding:
             )
             self._set_status(OrderStatus.ERROR, now)
             return
-        compensation = self.planned(step.step).compensation
-        if ambiguous and compensation is not None:
-            self._start_unwinding(now, step)
-            return
-        if ambiguous:
-            key = idempotency_key(self.order_id, step.step)
-            advice = (
-                "it cannot be compensated, so the cancel stops here: ask its service whether "
-                f"{key} happened, then resubmit (if it was applied, the same idempotency key "
-                "returns its result and the order completes) or cancel again, stating it did "
-                "not happen, to undo the other steps"
-                if self.cancel_requested
-                else f"it has no compensation: ask its service whether {key} happened, then "
-                "resubmit to retry it with the same idempotency key (safe either way), or "
-                "cancel, stating it did not happen, to undo the completed steps"
-            )
-            self._alert(step, f"{reason}; {verdict}, and {advice}", now)
-            self._set_status(OrderStatus.ERROR, now)
-            return
-        if self.cancel_requested or self.plan.compensates:
-            self._start_unwinding(now, None)
-            return
-        self._alert(
-            step, f"{reason}; {verdict}: it is safe to resubmit once the cause is fixed", now
+        # The group decides, once none of it is active (``core.progress._settle``): the
+        # other steps of a Parallel finish their attempt first.
+        self._group_progress(now)
+
+    def _tell_ambiguous(self, step: StepRecord, now: datetime) -> None:
+        """A step that may have applied and cannot be undone failed for good: nothing is
+        undone around it; an operator is told what to check."""
+        numbers = ", ".join(map(str, step.maybe_applied))
+        verdict = f"it may have been applied (attempt(s) {numbers} may have reached it)"
+        reason = step.gave_up.reason if step.gave_up is not None else step.last_error or ""
+        key = idempotency_key(self.order_id, step.step)
+        advice = (
+            "it cannot be compensated, so the cancel stops here: ask its service whether "
+            f"{key} happened, then resubmit (if it was applied, the same idempotency key "
+            "returns its result and the order completes) or cancel again, stating it did "
+            "not happen, to undo the other steps"
+            if self.cancel_requested
+            else f"it has no compensation: ask its service whether {key} happened, then "
+            "resubmit to retry it with the same idempotency key (safe either way), or "
+            "cancel, stating it did not happen, to undo the completed steps"
         )
-        self._set_status(OrderStatus.ERROR, now)
+        self._alert(step, f"{reason}; {verdict}, and {advice}", now)
 
     def _start_unwinding(self, now: datetime, ambiguous: StepRecord | None) -> None:
         if ambiguous is not None:
@@ -363,17 +389,35 @@ class Unwinding:
         self._continue_unwinding(now)
 
     def _next_to_compensate(self) -> StepRecord | None:
+        """The latest action still to undo: one that succeeded, or one of a group that
+        failed for good as "may have applied" and can be undone (the group's other steps
+        finished first)."""
         candidates = [
             s
             for s in self.steps
             if s.kind is StepKind.ACTION
-            and s.process_state is StepState.PROCESSED
             and self.planned(s.step).compensation
+            and (
+                s.process_state is StepState.PROCESSED
+                or (
+                    s.process_state is StepState.ERROR
+                    and s.gave_up is not None
+                    and s.gave_up.ambiguous
+                    and s.gave_up.operator is None
+                )
+            )
         ]
         return max(candidates, key=lambda s: s.seq) if candidates else None
 
     def _continue_unwinding(self, now: datetime) -> None:
         target = self._next_to_compensate()
+        if target is not None and target.process_state is StepState.ERROR:
+            # It may have applied: not before its last call can no longer be running.
+            self._set_status(OrderStatus.COMPENSATING, now)
+            self._begin_compensation(
+                target, now, not_before=target.last_deadline() + IN_FLIGHT_GRACE
+            )
+            return
         overtaken = [
             s
             for s in self.steps
@@ -400,7 +444,7 @@ class Unwinding:
         assert planned.compensation is not None
         target.process_state = StepState.COMPENSATING
         target.record(now, Event.COMPENSATING, by=planned.compensation)
-        self._add_record(
+        record = self._add_record(
             step=planned.compensation,
             path=planned.compensation_path or planned.compensation,
             timeout=planned.compensation_timeout_seconds or planned.timeout_seconds,
@@ -409,6 +453,20 @@ class Unwinding:
             now=now,
             due=max(now, not_before) if not_before else now,
         )
+        self._decide_compensation_input(record, now)
+
+    def _decide_compensation_input(self, record: StepRecord, now: datetime) -> None:
+        """A compensation's ``input``, decided once (one that raised is called again when it
+        runs again); a bug in a declaration never reaches a remote: the unwinding stops."""
+        planned = self.planned(record.compensates or "")
+        if "input" not in planned.compensation_uses or "input" in record.decided:
+            return
+        try:
+            record.input = json_object(self._call(record.step, "input"), f"input of {record.step}")
+            record.decided["input"] = True
+            record.record(now, Event.DECIDED, input=True)
+        except StepFunctionFailed as exc:
+            self._fail_for_good(record, now, str(exc), False)
 
     def _overtaken(self, undo: StepRecord, now: datetime) -> None:
         """``undo``'s step applied after ``undo`` began: it may have missed that effect. The
@@ -513,16 +571,6 @@ class Unwinding:
             deferral=deferral,
         )
 
-    def _add_step(self, planned: PlannedStep, kind: StepKind, now: datetime) -> None:
-        self._add_record(
-            step=planned.name,
-            path=planned.path,
-            timeout=planned.timeout_seconds,
-            kind=kind,
-            compensates=None,
-            now=now,
-        )
-
     def _add_record(
         self,
         *,
@@ -533,9 +581,9 @@ class Unwinding:
         compensates: str | None,
         now: datetime,
         due: datetime | None = None,
-    ) -> None:
-        if self.active_step() is not None:  # pragma: no cover - guarded by the callers
-            raise AssertionError(f"order {self.order_id}: a step is already active")
+    ) -> StepRecord:
+        if any(s.is_active and s.step == step for s in self.steps):  # pragma: no cover
+            raise AssertionError(f"order {self.order_id}: step {step} is already active")
         record = StepRecord(
             order_id=self.order_id,
             step=step,
@@ -556,6 +604,7 @@ class Unwinding:
             notBefore=iso(due) if due and due > now else None,
         )
         self.steps.append(record)
+        return record
 
     # --- notices and history (private) ---------------------------------------------------
 

@@ -32,7 +32,7 @@ class DispatchQueue:
         self._queues.send(self._names.order_dispatch, body, delay_seconds=delay)
 
     def __call__(self, order: Order) -> None:
-        """Queue the order's Pending step for the time it may run (``Dispatcher``)."""
-        step = order.active_step()
-        due = step.complete_by if step is not None else self._clock()
+        """Queue the order for when its next step may run (``Dispatcher``): the earliest
+        Pending step's due time, or a delay's end (``Order.next_due``)."""
+        due = order.next_due() or self._clock()
         self.send(order.order_id, (due - self._clock()).total_seconds())

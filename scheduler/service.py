@@ -14,6 +14,7 @@ the held steps of that agent (``StateStore.held_pending``) and they go on.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -139,17 +140,15 @@ class Scheduler:
             now = self._clock()
             order = Order.accept(message, plan, now)
             order.trace = telemetry.carrier()
-            # Accept and claim in one transaction: the first step is due now, and nobody
+            # Accept and claim in one transaction: the first steps are due now, and nobody
             # else can hold a claim on an order that does not exist yet. A process that
             # dies after this save leaves a claimed step whose request was never sent:
             # the supervisor retries it at its deadline, as after any claim. (Its agent
             # paused: accepted with the step held for the resume, nothing claimed.)
-            agent = plan.agent_of(plan.steps[0].name)
-            claimed: StepRecord | None = None
-            if self._pause_of(agent) is not None:
-                order.hold_for_pause(agent, now, hold_until(now, None))
-            else:
-                claimed = order.claim(self._config.instance_id, now, skew=self._config.policy.skew)
+            try:
+                claims = self._claim_due(order, now)
+            except TransitionRefused:  # nothing to claim: it starts with a wait
+                claims = []
             try:
                 saved = self._store.create(order)
             except OrderAlreadyExists:
@@ -159,15 +158,63 @@ class Scheduler:
             METRICS.inc("orders_accepted", workflow=message.workflow)
             log.info("order accepted (workflow %s)", message.workflow)
             failpoints.hit("after-submit-save")
-            if claimed is None:
+            if any(s.paused_for for s in order.active_steps()):
                 METRICS.inc("paused_holds")
-                log.info("accepted while agent %s is paused: its step waits", agent)
-                self._changes.created(order, saved)
-                return Handled.ACCEPTED
-            self._claimed(order, claimed)
+                log.info("accepted while an agent is paused: its step waits")
+            self._claimed(order, claims)
             self._changes.created(order, saved)
-            self._send_request(order, claimed)
+            for claimed in claims:
+                self._send_request(order, claimed)
             return Handled.ACCEPTED
+
+    def _claim_due(self, order: Order, now: datetime) -> list[StepRecord]:
+        """Claim every due Pending step of the order (a ``Parallel``'s all at once); hold
+        those whose agent is paused; end the delays whose time has come (a group that then
+        starts is claimed too). The claims to send; ``TransitionRefused`` if nothing was due."""
+        changed = False
+        for _ in range(len(order.plan.steps) + 1):  # each round may start the next group
+            due = [
+                s
+                for s in order.active_steps()
+                if s.process_state is StepState.PROCESSING
+                and order.kind_of(s) == "delay"
+                and s.complete_by <= now
+            ]
+            for wait in due:
+                order.expire(now, self._config.policy, step=wait.step)
+            changed = changed or bool(due)
+            if not due:
+                break
+        claims: list[StepRecord] = []
+        for step in [s for s in order.active_steps() if s.process_state is StepState.PENDING]:
+            agent = order.plan.agent_of(step.step)
+            resumed = bool(step.paused_for) and (
+                self._controls is None or self._controls.released(agent, now)
+            )
+            if step.not_before > now and not resumed:
+                continue
+            if self._pause_of(agent) is not None:
+                # Paused: not claimed; it waits for the resume (nothing counted, no alert).
+                with contextlib.suppress(TransitionRefused):  # not due: it waits anyway
+                    order.hold_for_pause(
+                        agent, now, hold_until(now, step.paused_since), step=step.step
+                    )
+                    changed = True
+                continue
+            claims.append(
+                order.claim(
+                    self._config.instance_id,
+                    now,
+                    step=step.step,
+                    resumed=resumed,
+                    skew=self._config.policy.skew,
+                )
+            )
+        if not claims and not changed:
+            raise TransitionRefused(
+                "not-due", "no step of the order is due", order_id=order.order_id
+            )
+        return claims
 
     def _duplicate(self, raw: bytes, order_id: str, content_hash: str) -> Handled:
         existing = self._store.load(order_id)
@@ -187,22 +234,23 @@ class Scheduler:
         # request may never have left. Sending it again is safe (the same attempt, the
         # same idempotency key: a second copy only adds its report); sending nothing
         # would leave an attempt that may or may not have been sent.
-        first = existing.active_step()
-        current = first.current if first is not None else None
-        if (
-            first is not None
-            and first.seq == 0
-            and first.process_state is StepState.PROCESSING
-            and current is not None
+        first_group = existing.plan.groups()[0]
+        resend = [
+            step
+            for step in existing.active_steps()
+            if existing.planned(step.step).group == first_group
+            and step.process_state is StepState.PROCESSING
+            and (current := step.current) is not None
             and current.number == 1
             and current.in_flight
             and not current.reports
-            and first.complete_by > self._clock()
-        ):
+            and step.complete_by > self._clock()
+        ]
+        for step in resend:
             METRICS.inc("requests_resent")
-            self._send_request(existing, first)
-            return Handled.DUPLICATE
-        self._dispatch(existing)
+            self._send_request(existing, step)
+        if not resend:
+            self._dispatch(existing)
         return Handled.DUPLICATE
 
     def reject(self, raw: bytes, reason: str) -> None:
@@ -239,81 +287,69 @@ class Scheduler:
     def _dispatch_now(self, order: Order) -> None:
         self._dispatch(order)
 
+    def dispatch_loaded(self, order: Order) -> None:
+        """Claim what is due of an order just saved (by another use case: an event) and send
+        its requests now, in this invocation (``Dispatcher``)."""
+        self._dispatch(order)
+
     def _dispatch(self, order: Order) -> Handled:
-        step = order.active_step()
-        if step is None or step.process_state is not StepState.PENDING or order.status.terminal:
+        if order.status.terminal or not order.active_steps():
             return Handled.NOTHING_TO_DO
-        with telemetry.span("order.dispatch", order.trace, orderId=order.order_id, step=step.step):
-            return self._dispatch_in_span(order, step)
+        with telemetry.span("order.dispatch", order.trace, orderId=order.order_id):
+            return self._dispatch_in_span(order)
 
     def _pause_of(self, agent: str) -> Pause | None:
         return self._controls.pause_of(agent) if self._controls is not None else None
 
-    def _dispatch_in_span(self, order: Order, step: StepRecord) -> Handled:
+    def _dispatch_in_span(self, order: Order) -> Handled:
+        """Claim what is due (``_claim_due``) in one save, then send the requests; queue
+        the order again for what is due later. A step held for a pause goes as soon as
+        every instance knows of the resume; it is not queued for its due time: the sweep
+        looks at it then (and after a resume)."""
         now = self._clock()
-        agent = order.plan.agent_of(step.step)
-        paused = self._pause_of(agent) is not None
-        # A step held for a pause goes as soon as every instance knows of the resume; it
-        # is not queued for its due time: the sweep looks at it then (and after a resume).
-        resumed = bool(step.paused_for) and (
-            self._controls is None or self._controls.released(agent, now)
-        )
-        if step.not_before > now and not resumed:
-            if not step.paused_for:
-                self._later(order)
-            return Handled.NOT_DUE
-        if paused:
-            return self._hold(order, step, agent, now)
-
         try:
             changed = self._changes.change(
                 order.order_id,
-                lambda o: o.claim(
-                    self._config.instance_id, now, resumed=resumed, skew=self._config.policy.skew
-                ),
+                lambda o: self._claim_due(o, now),
                 attempts=1,  # a claim that lost moves on: the winner sends the request
                 loaded=order,
                 after_save=self._claimed,
             )
         except TransitionRefused:
-            return Handled.NOTHING_TO_DO
+            # Nothing due now: look again when something is (a step held for a pause
+            # waits for the sweep after the resume).
+            later = any(
+                not s.paused_for
+                for s in order.active_steps()
+                if s.process_state is StepState.PENDING
+            ) or any(order.kind_of(s) == "delay" for s in order.active_steps())
+            if later:
+                self._later(order)
+            return Handled.NOT_DUE
         except ConcurrencyConflict:
             METRICS.inc("claim_conflicts")
-            log.info("claim lost to another instance", extra={"step": step.step})
+            log.info("claim lost to another instance")
             return Handled.NOTHING_TO_DO
         if changed is None:
             return Handled.NOTHING_TO_DO
-        self._send_request(order, changed.result)
-        return Handled.DISPATCHED
-
-    def _hold(self, order: Order, step: StepRecord, agent: str, now: datetime) -> Handled:
-        """Its agent is paused: the due step is not claimed; it waits (and is looked at
-        again at a later due time, or released after the resume)."""
-        until = hold_until(now, step.paused_since)
-        try:
-            changed = self._changes.change(
-                order.order_id,
-                lambda o: o.hold_for_pause(agent, now, until),
-                attempts=1,  # whoever moved it first decided; the sweep looks again
-                loaded=order,
-            )
-        except (TransitionRefused, ConcurrencyConflict):
-            return Handled.NOTHING_TO_DO
-        if changed is None:
-            return Handled.NOTHING_TO_DO
+        for claimed in changed.result:
+            self._send_request(changed.order, claimed)
+        if changed.result:
+            return Handled.DISPATCHED
         METRICS.inc("paused_holds")
-        log.info("agent %s is paused: step held until %s", agent, iso(until))
         return Handled.HELD
 
-    def _claimed(self, order: Order, claimed: StepRecord) -> None:
-        """After a claim is saved (by the submit or a dispatch), before its request."""
-        METRICS.inc("claims")
-        failpoints.hit("after-claim")
-        log.info(
-            "claimed; deadline %s",
-            iso(claimed.complete_by),
-            extra={"step": claimed.step, "attempt": claimed.attempt},
-        )
+    def _claimed(self, order: Order, claims: list[StepRecord]) -> None:
+        """After claims are saved (by the submit or a dispatch), before their requests."""
+        for claimed in claims:
+            METRICS.inc("claims")
+            log.info(
+                "claimed; deadline %s",
+                iso(claimed.complete_by),
+                extra={"step": claimed.step, "attempt": claimed.attempt},
+            )
+        if claims:
+            failpoints.hit("after-claim")
 
     def _send_request(self, order: Order, claimed: StepRecord) -> None:
         """Send the agent request of a claim just saved. A request that could not be sent
@@ -327,7 +363,8 @@ class Scheduler:
                 claimed.attempt,
                 claimed.complete_by,
                 claimed.path,
-                order.body,
+                # what its input decided when it started (docs/contracts.md §3.13)
+                claimed.input if claimed.input is not None else order.body,
                 telemetry.carrier(),
                 singled_out=claimed.singled_out,
                 agent=order.plan.agent_of(claimed.step),

@@ -28,7 +28,8 @@ from stores import activity, layout, migrate
 log = logging.getLogger(__name__)
 
 MAX_JSON_CHARS: Final = 30_000  # a Table string property holds 32K UTF-16 units
-MAX_RESULT_CHARS: Final = 8_000
+MAX_RESULT_CHARS: Final = 8_000  # a cut result's preview
+MAX_RESULT_UNITS: Final = 2 * 65_536
 
 
 def _dumps(value: Any) -> str:
@@ -43,13 +44,26 @@ def _bounded_history(history: list[dict[str, Any]]) -> str:
     return text
 
 
-def _result_json(result: dict[str, Any] | None) -> str:
+def _result_properties(result: dict[str, Any] | None) -> dict[str, Any]:
+    """A step's result, whole: later steps read it (docs/contracts.md §3.13). Up to an
+    order's size (``MAX_RESULT_UNITS``) over ``Result``, ``Result1``, ...; one larger
+    (it cannot come from a reply, which carries 16,000 characters) is cut with a marker."""
     if result is None:
-        return ""
+        return {"Result": "", "ResultParts": 0}
     text = _dumps(result)
-    if utf16_units(text) > MAX_RESULT_CHARS:
-        text = _dumps({"truncated": True, "preview": text[: MAX_RESULT_CHARS - 100]})
-    return text
+    if utf16_units(text) > MAX_RESULT_UNITS:
+        text = _dumps({"truncated": True, "preview": text[:MAX_RESULT_CHARS]})
+    return _split("Result", text)
+
+
+def _result(record: Any) -> dict[str, Any] | None:
+    """What ``_result_properties`` wrote; a row written before results were split has one
+    ``Result`` (empty: none)."""
+    if record.get("ResultParts") is None:
+        raw = record.get("Result")
+        return json.loads(raw) if raw else None
+    value = _optional_json(record, "Result") if record.get("ResultParts") else None
+    return value if isinstance(value, dict) else None
 
 
 BODY_PART_UNITS: Final = MAX_JSON_CHARS  # UTF-16 units per Body, Body1, Body2, ... property
@@ -77,28 +91,45 @@ def _body_properties(order: Order) -> dict[str, Any]:
     """The body's JSON over ``Body``, ``Body1``, ``Body2``, ... (one Table string property
     holds 32K UTF-16 units; an order can carry up to 64 KiB, and more once re-serialized).
     ``BodyParts`` says how many there are, so a missing part is an error, not a cut body."""
-    parts = split_utf16(_dumps(order.body), BODY_PART_UNITS) or [""]
-    props: dict[str, Any] = {_body_name(n): part for n, part in enumerate(parts)}
-    props["BodyParts"] = len(parts)
+    return _split("Body", _dumps(order.body))
+
+
+def _split(name: str, text: str) -> dict[str, Any]:
+    """``text`` over ``<name>``, ``<name>1``, ... and ``<name>Parts`` (their count)."""
+    parts = split_utf16(text, BODY_PART_UNITS) or [""]
+    props: dict[str, Any] = {_part_name(name, n): part for n, part in enumerate(parts)}
+    props[f"{name}Parts"] = len(parts)
     return props
 
 
-def _body_name(n: int) -> str:
-    return "Body" if n == 0 else f"Body{n}"
+def _part_name(name: str, n: int) -> str:
+    return name if n == 0 else f"{name}{n}"
 
 
 def _body_json(record: Any) -> str:
     """Join the body's parts; a record written before bodies were split has only ``Body``."""
-    count = record.get("BodyParts")
-    if count is None:
+    if record.get("BodyParts") is None:
         return str(record["Body"])
-    missing = [_body_name(n) for n in range(int(count)) if record.get(_body_name(n)) is None]
+    return _joined(record, "Body")
+
+
+def _joined(record: Any, name: str) -> str:
+    """The text ``_split`` wrote (a missing part is an error, not a cut value)."""
+    count = int(record[f"{name}Parts"])
+    missing = [_part_name(name, n) for n in range(count) if record.get(_part_name(name, n)) is None]
     if missing:
         raise ValueError(
-            f"order record {record.get('OrderID')!r} lacks body part(s) {', '.join(missing)} "
-            f"of {int(count)}"
+            f"record {record.get('RowKey')!r} lacks {name.lower()} part(s) "
+            f"{', '.join(missing)} of {count}"
         )
-    return "".join(record[_body_name(n)] for n in range(int(count)))
+    return "".join(record[_part_name(name, n)] for n in range(count))
+
+
+def _optional_json(record: Any, name: str) -> Any:
+    """A JSON value ``_split`` wrote under ``name``, or None where there is none."""
+    if record.get(f"{name}Parts") is None:
+        return None
+    return json.loads(_joined(record, name))
 
 
 def order_entity(order: Order, write_id: str) -> dict[str, Any]:
@@ -121,6 +152,8 @@ def order_entity(order: Order, write_id: str) -> dict[str, Any]:
         "WriteId": write_id,
         "History": _bounded_history(order.history),
         "TraceContext": _dumps(order.trace) if order.trace else "",
+        # events delivered (docs/contracts.md §3.13): each up to an order's size
+        **(_split("Events", _dumps(order.events)) if order.events else {"EventsParts": 0}),
     }
 
 
@@ -143,7 +176,7 @@ def step_entity(step: StepRecord) -> dict[str, Any]:
         "Path": step.path,
         "TimeoutSeconds": step.timeout_seconds,
         "Compensates": step.compensates or "",
-        "Result": _result_json(step.result),
+        **_result_properties(step.result),
         "LastError": (step.last_error or "")[:4000],
         "History": _bounded_history(step.history),
         "HistoryDropped": step.history_dropped,
@@ -153,6 +186,8 @@ def step_entity(step: StepRecord) -> dict[str, Any]:
         "Deferrals": step.deferrals,
         "DeferredSince": step.deferred_since or _NEVER,
         "SingledOut": step.singled_out,
+        # the body its ``input`` decided (docs/contracts.md §3.13), over as many parts
+        **(_split("Input", _dumps(step.input)) if step.input is not None else {"InputParts": 0}),
     }
 
 
@@ -199,13 +234,14 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
                 failure_count=int(e.get("FailureCount", 0)),
                 attempt=int(e.get("Attempt", 0)),
                 compensates=e.get("Compensates") or None,
-                result=json.loads(e["Result"]) if e.get("Result") else None,
+                result=_result(e),
                 last_error=e.get("LastError") or None,
                 history=read_history(json.loads(e.get("History") or "[]")),
                 history_dropped=int(e.get("HistoryDropped", 0)),
                 deferrals=int(e.get("Deferrals", 0)),
                 deferred_since=_since(e.get("DeferredSince")),
                 singled_out=bool(e.get("SingledOut", False)),
+                input=_optional_json(e, "Input") if e.get("InputParts") else None,
                 etag=e.metadata["etag"],
             ),
         )
@@ -229,6 +265,7 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
         trace=json.loads(record.get("TraceContext") or "{}"),
         version=int(record.get("Version", 0)),
         etag=record.metadata["etag"],
+        events=_optional_json(record, "Events") if record.get("EventsParts") else {},
     )
     order.store_meta["index"] = layout.index_rows(order)
     order.store_meta["write_id"] = record.get("WriteId", "")

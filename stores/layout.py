@@ -7,9 +7,13 @@ cost grows with the work in flight, not with history):
 
     order|<id>|order                       the order record
     order|<id>|step|<seq>|<step>           one state record per step (docs/contracts.md §3.2)
-    pending|<due>|<id>|<step>              the active step, Pending, may run at <due>
+    pending|<due>|<id>|<step>              an active step, Pending, may run at <due>
                                            (``PausedFor``: it waits for that agent's pause)
-    processing|<completeBy>|<id>|<step>    the active step, Processing, deadline <completeBy>
+    processing|<completeBy>|<id>|<step>    an active step, Processing, deadline <completeBy>
+                                           (an event's timeout, a delay's end: ``Waits``)
+    waiting|<event>|<newest>|<id>          an order waiting for the event <event> (an Event
+                                           step, or a task that completes on it): the
+                                           operators' inbox, newest first
     status|<status>|<newest>|<id>          every order, by status, newest first (listing.py)
     outbox|<createdAt>|<id>|<n>            notices committed but maybe not yet sent
     activity|<at>|<id>|<event>             what the order did, for the dashboard (activity.py)
@@ -30,8 +34,8 @@ import hashlib
 from datetime import UTC, datetime
 from typing import Final
 
-from core.model import Order
-from core.states import StepState
+from core.model import Order, StepRecord
+from core.states import StepKind, StepState
 from core.timefmt import ensure_utc, sortable
 
 SHARDS: Final = 16  # changing this re-homes every order: a migration, not a setting
@@ -67,6 +71,14 @@ def processing_row(deadline: datetime, order_id: str, step: str) -> str:
     return f"processing|{sortable(deadline)}|{order_id}|{step}"
 
 
+def waiting_prefix(event: str) -> str:
+    return f"waiting|{event}|"
+
+
+def waiting_row(event: str, order_id: str, created_at: datetime) -> str:
+    return f"{waiting_prefix(event)}{newest_first(created_at)}|{order_id}"
+
+
 def status_prefix(status: str) -> str:
     return f"status|{status}|"
 
@@ -98,7 +110,7 @@ def outbox_row(created: datetime, order_id: str, n: str) -> str:
 
 
 #: The RowKey prefixes of index rows: what ``index_rows`` writes, what a repair may delete.
-INDEX_PREFIXES: Final = ("pending|", "processing|", "status|")
+INDEX_PREFIXES: Final = ("pending|", "processing|", "status|", "waiting|")
 
 
 def is_index_row(row_key: str) -> bool:
@@ -115,13 +127,17 @@ def index_rows(order: Order) -> dict[str, dict[str, str]]:
     }
     if order.status.terminal:
         return rows
-    step = order.active_step()
-    if step is None:
-        return rows
+    for step in order.active_steps():
+        rows.update(_step_rows(order, step))
+    return rows
+
+
+def _step_rows(order: Order, step: StepRecord) -> dict[str, dict[str, str]]:
     try:
         agent = order.plan.agent_of(step.step)
     except KeyError:
         agent = ""
+    rows: dict[str, dict[str, str]] = {}
     # Agent and Since are for the stuck-step check (supervisor/dashboard.py): a Pending
     # step is late from its due time (the key), a Processing one from its claim.
     if step.process_state is StepState.PENDING:
@@ -135,10 +151,36 @@ def index_rows(order: Order) -> dict[str, dict[str, str]]:
     elif step.process_state is StepState.PROCESSING:
         current = step.current
         since = current.claimed_at if current is not None else step.complete_by
+        waits = order.waits(step)
         rows[processing_row(step.complete_by, order.order_id, step.step)] = {
             "OrderRef": order.order_id,
             "StepName": step.step,
             "Agent": agent,
             "Since": sortable(since),
+            **({"Waits": order.kind_of(step)} if waits else {}),
+        }
+    event = _awaited_event(order, step)
+    if event is not None:
+        rows[waiting_row(event, order.order_id, order.created_at)] = {
+            "OrderRef": order.order_id,
+            "StepName": step.step,
+            "Workflow": order.workflow,
         }
     return rows
+
+
+def _awaited_event(order: Order, step: StepRecord) -> str | None:
+    """The event an active step waits for: an Event step's own, or a ``completes_on``
+    task's once the remote accepted (the operators' inbox lists both)."""
+    if step.kind is not StepKind.ACTION:
+        return None
+    try:
+        planned = order.plan.planned(step.step)
+    except KeyError:
+        return None
+    if planned.kind == "event" and step.process_state is StepState.PROCESSING:
+        return planned.name
+    current = step.current
+    if planned.completes_on and current is not None and current.accepted:
+        return planned.completes_on
+    return None

@@ -38,9 +38,17 @@ _TOKEN = re.compile(r"[0-9]{13}\|[A-Za-z0-9_-]{1,64}|~[A-Za-z0-9_-]{1,64}")
 _LEGACY: Final = "~"
 
 
+def _prefix(where: ListFilter) -> str:
+    """The rows a filter reads: by status, or (``waiting``) the orders waiting for an event,
+    which have the same key shape (``layout.waiting_row``)."""
+    if where.waiting is not None:
+        return layout.waiting_prefix(where.waiting)
+    return layout.status_prefix(str(where.status))
+
+
 def key_range(where: ListFilter) -> tuple[str, str]:
     """The status rows' RowKey range ``[low, high)`` a filter reads."""
-    prefix = layout.status_prefix(str(where.status))
+    prefix = _prefix(where)
     low = prefix
     high = prefix + layout.HIGH
     if where.created_to is not None:  # newest first: a later time is a smaller key
@@ -100,7 +108,7 @@ def list_page(
 ) -> tuple[list[str], str | None]:
     """Order ids matching ``where``, newest first, ``page_size`` at most, and the token of
     the next page (None at the end)."""
-    prefix = layout.status_prefix(str(where.status))
+    prefix = _prefix(where)
     low, high = key_range(where)
     after = prefix + parse_token(token) if token is not None else None
     if after is not None and after >= low:

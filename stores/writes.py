@@ -117,7 +117,16 @@ def adopt(order: Order, commit: Commit, etags: Mapping[str, str]) -> SavedNotice
 
 
 #: What a repair reads of each index row.
-INDEX_FIELDS = ["RowKey", "OrderRef", "StepName", "Workflow", "PausedFor", "Agent", "Since"]
+INDEX_FIELDS = [
+    "RowKey",
+    "OrderRef",
+    "StepName",
+    "Workflow",
+    "PausedFor",
+    "Agent",
+    "Since",
+    "Waits",
+]
 
 
 def plan_repair(

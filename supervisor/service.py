@@ -73,7 +73,7 @@ class Supervisor:
         for entry in self._store.expired_processing(now - self._grace):
             report.examined += 1
             try:
-                self.recover(entry.order_id, report)
+                self.recover(entry.order_id, report, entry.step)
             except Exception as exc:  # noqa: BLE001 - one bad order must not stop the rest
                 report.errors.append(f"{entry.order_id}: {type(exc).__name__}: {exc}")
                 METRICS.inc("supervisor_errors")
@@ -90,20 +90,21 @@ class Supervisor:
             )
         return report
 
-    def recover(self, order_id: str, report: SupervisionReport) -> None:
+    def recover(self, order_id: str, report: SupervisionReport, step: str | None = None) -> None:
+        """Expire ``step`` of the order (default: its first Processing step past its time)."""
         with order_context(order_id=order_id):
             order = self._store.load(order_id)
             if order is None:
                 return
             with telemetry.span("order.supervise", order.trace, orderId=order_id):
-                self._recover(order, report)
+                self._recover(order, report, step)
 
-    def _recover(self, order: Order, report: SupervisionReport) -> None:
+    def _recover(self, order: Order, report: SupervisionReport, step: str | None) -> None:
         now = self._clock()
         try:
             changed = self._changes.change(
                 order.order_id,
-                lambda o: o.expire(now, self._policy, self._grace),
+                lambda o: o.expire(now, self._policy, self._grace, step),
                 attempts=1,  # a reply or another supervisor moved it: theirs is the decision
                 loaded=order,
             )
@@ -115,16 +116,19 @@ class Supervisor:
             return
         if changed is None:
             return
-        step = changed.result
-        with order_context(step=step.step, attempt=step.attempt):
-            if step.process_state is StepState.PENDING:
+        expired = changed.result
+        with order_context(step=expired.step, attempt=expired.attempt):
+            if changed.order.waits(expired):
+                METRICS.inc("waits_ended", state=str(expired.process_state))
+                log.info("%s ended at its time: %s", expired.step, expired.process_state)
+            elif expired.process_state is StepState.PENDING:
                 report.retried += 1
                 METRICS.inc("retries")
                 log.warning(
                     "deadline passed (failure %d of %d); retry at %s",
-                    step.failure_count,
+                    expired.failure_count,
                     self._policy.max_failure_count,
-                    iso(step.not_before),
+                    iso(expired.not_before),
                 )
             else:
                 report.failed += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import threading
@@ -20,6 +21,20 @@ from core.names import Names
 from core.settings import Settings
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
+
+
+@contextlib.contextmanager
+def declarations(module: str = "tests.fixtures.flows") -> Iterator[None]:
+    """The agents and workflows of ``module`` as the declarations, for the block (the
+    tests' own: they never depend on what ``declarations/`` holds)."""
+    from core import workflows
+    from core.settings import DEFAULT_DECLARATIONS
+
+    workflows.use(module)
+    try:
+        yield
+    finally:
+        workflows.use(DEFAULT_DECLARATIONS)
 
 
 def unanswered[M](reply: M) -> M:

@@ -710,3 +710,116 @@ def test_steps_held_for_a_pause_are_found_whatever_their_due_time(
     assert [e.order_id for e in store.held_pending("orders")] == ["h-2"]
     held = loaded(store, "h-2").steps[0]
     assert (held.paused_for, held.paused_since) == ("orders", T0)
+
+
+# --- what a workflow can say (docs/contracts.md §3.13) ------------------------------------------
+
+
+@pytest.fixture
+def flows() -> Iterator[None]:
+    from tests.support import declarations
+
+    with declarations():
+        yield
+
+
+def test_a_parallel_group_has_an_index_row_per_step_and_both_round_trip(
+    store: StateStore, raw: Raw, flows: None
+) -> None:
+    order = accept("o-trip", "trip")
+    store.create(order)
+    order.claim("i", T0, step="book-flight")
+    store.save(order)
+    keys = raw.rows("o-trip")
+    assert any(k.startswith("processing|") and k.endswith("|book-flight") for k in keys)
+    assert any(k.startswith("pending|") and k.endswith("|book-hotel") for k in keys)
+    fresh = loaded(store, "o-trip")
+    assert {s.step: str(s.process_state) for s in fresh.steps} == {
+        "book-flight": "Processing",
+        "book-hotel": "Pending",
+    }
+    due = {e.step for e in store.due_pending(T0) if e.order_id == "o-trip"}
+    assert due == {"book-hotel"}
+
+
+def test_inputs_events_waits_decisions_and_results_round_trip(
+    store: StateStore, raw: Raw, flows: None
+) -> None:
+    order = accept("o-appr", "approval", amount=5000)
+    order.deliver_event("captured", {"result": {"ref": "é" * 40_000}}, T0, "bank", "early")
+    store.create(order)
+    order = loaded(store, "o-appr")
+    assert order.events["captured"]["payload"] == {"result": {"ref": "é" * 40_000}}
+    order.claim("i", T0)
+    reserve = order.find("reserve")
+    assert reserve is not None
+    big = {"reservation": "r" * 50_000}  # over one property: kept whole, in parts
+    order.apply_reply(
+        AgentReply(
+            "o-appr", "reserve", 1, T0, ReplyOutcome.SUCCEEDED, big, token=reserve.token_for(1)
+        ),
+        T0,
+        RetryPolicy(),
+    )
+    store.save(order)
+    fresh = loaded(store, "o-appr")
+    approved = fresh.find("approved")
+    assert approved is not None and approved.waiting_for == {"event": "approved"}
+    assert approved.decided == {"when": True}
+    assert fresh.find("reserve").result == big  # type: ignore[union-attr]
+    keys = raw.rows("o-appr")
+    assert any(k.startswith("waiting|approved|") for k in keys)
+    page, _ = store.list_by_status(ListFilter(OrderStatus.PROCESSING, waiting="approved"), 10, None)
+    assert page == ["o-appr"]
+    fresh.deliver_event("approved", {"result": {"by": "ann"}}, T0, "ops")
+    store.save(fresh)
+    again = loaded(store, "o-appr")
+    assert again.find("approved").result == {"by": "ann"}  # type: ignore[union-attr]
+    assert (
+        again.events["approved"]["taken"] == "approved"
+        and "payload" not in again.events["approved"]
+    )
+    assert not any(k.startswith("waiting|approved|") for k in raw.rows("o-appr"))
+    hold = again.find("hold")
+    assert hold is not None and hold.waiting_for == {"until": "2026-11-22T10:10:00.000Z"}
+
+
+def test_a_skipped_step_and_an_input_round_trip(store: StateStore, flows: None) -> None:
+    order = accept("o-ret", "returns", items=["boots"])
+    store.create(order)
+    order = loaded(store, "o-ret")
+    order.claim("i", T0)
+    desk = order.find("receive-return")
+    assert desk is not None
+    order.apply_reply(
+        AgentReply(
+            "o-ret",
+            "receive-return",
+            1,
+            T0,
+            ReplyOutcome.SUCCEEDED,
+            {"rma": "R"},
+            token=desk.token_for(1),
+        ),
+        T0,
+        RetryPolicy(),
+    )
+    store.save(order)
+    restock = loaded(store, "o-ret").find("restock")
+    assert restock is not None and restock.input == {"rma": "R", "items": ["boots"]}
+    small = accept("o-small", "approval", amount=5)
+    store.create(small)
+    small = loaded(store, "o-small")
+    small.claim("i", T0)
+    reserve = small.find("reserve")
+    assert reserve is not None
+    small.apply_reply(
+        AgentReply(
+            "o-small", "reserve", 1, T0, ReplyOutcome.SUCCEEDED, {}, token=reserve.token_for(1)
+        ),
+        T0,
+        RetryPolicy(),
+    )
+    store.save(small)
+    skipped = loaded(store, "o-small").find("approved")
+    assert skipped is not None and skipped.process_state is StepState.SKIPPED

@@ -18,7 +18,10 @@ from core.workflows import (
     ApiKey,
     Compensation,
     DeclarationError,
+    Delay,
     EntraToken,
+    Event,
+    Parallel,
     Plan,
     StepSpec,
     Workflow,
@@ -37,7 +40,7 @@ def test_the_product_declares_four_agents_one_per_remote_service() -> None:
     agent_of = {
         step: spec.agent
         for workflow in WORKFLOWS.values()
-        for s in workflow.steps
+        for s in workflow.tasks()
         for step, spec in [(s.name, s)]
     }
     assert agent_of == {
@@ -167,3 +170,84 @@ def test_get_workflows_lists_each_step_with_its_agent() -> None:
     agents = {a["agent"]: a for a in body["agents"]}
     assert agents["carrier"]["function"] == "run_agent_carrier"
     assert agents["carrier"]["baseUrlSetting"] == "AGENT_CARRIER_URL"
+
+
+# --- what a workflow can say (docs/contracts.md §3.13) ---------------------------------------
+
+
+def two_args(ctx: object, extra: object) -> object:
+    return {}
+
+
+def no_args() -> object:
+    return {}
+
+
+@pytest.mark.parametrize(
+    ("build", "fragment"),
+    [
+        (lambda: Workflow("w", (Parallel(StepSpec("a")),)), "needs at least two"),
+        (lambda: Workflow("w", (Parallel(),)), "needs at least two"),
+        (
+            lambda: Workflow(
+                "w",
+                (Parallel(StepSpec("a"), Parallel(StepSpec("b"), StepSpec("c"))),),  # type: ignore[arg-type]
+            ),
+            "a Parallel inside a Parallel",
+        ),
+        (lambda: Workflow("w", (Event("approval"),)), "needs timeout_seconds"),
+        (lambda: Workflow("w", (Event("approval", timeout_seconds=0),)), "1-31536000"),
+        (lambda: Workflow("w", (Delay("d"),)), "seconds=... or until=..."),
+        (lambda: Workflow("w", (Delay("d", seconds=5, until=lambda c: 1),)), "one of them"),
+        (lambda: Workflow("w", (StepSpec("a", input={"x": 1}),)), "input must be a function"),  # type: ignore[arg-type]
+        (lambda: Workflow("w", (StepSpec("a", when=two_args),)), "exactly one argument"),  # type: ignore[arg-type]
+        (lambda: Workflow("w", (Delay("d", until=no_args),)), "exactly one argument"),  # type: ignore[arg-type]
+        (lambda: Workflow("w", (StepSpec("a"), Event("a", timeout_seconds=5))), "repeats"),
+        (
+            lambda: Workflow("w", (StepSpec("a", completes_on="a"),)),
+            "must name an event of its own",
+        ),
+        (
+            lambda: Workflow(
+                "w",
+                (Event("done", timeout_seconds=5), StepSpec("a", completes_on="done")),
+            ),
+            "must name an event of its own",
+        ),
+        (lambda: Workflow("w", ("a",)), "a workflow's steps are StepSpec"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_workflow_that_cannot_work_is_refused_naming_its_line(
+    build: object, fragment: str
+) -> None:
+    with pytest.raises(DeclarationError, match=fragment) as error:
+        build()  # type: ignore[operator]
+    assert f"{HERE}:" in str(error.value)
+
+
+def test_completes_on_is_refused_on_a_python_agent() -> None:
+    order = Workflow("order", (StepSpec("process", agent="orders"),))
+    python = Agent("desk", kind="python", handler=handler)
+    flow = Workflow("w", (StepSpec("a", agent="desk", completes_on="done"),))
+    with pytest.raises(DeclarationError, match="completes_on on a python agent") as error:
+        validate(module(AGENTS=[Agent("orders"), python], WORKFLOWS=[order, flow]))
+    assert f"{HERE}:" in str(error.value)
+
+
+def test_get_workflows_shows_groups_conditions_events_and_delays() -> None:
+    flow = Workflow(
+        "w",
+        (
+            Parallel(StepSpec("a", agent="orders", when=lambda c: True), Delay("d", seconds=9)),
+            Event("ok", timeout_seconds=60),
+            StepSpec("b", agent="orders", completes_on="b-done"),
+        ),
+    )
+    described = flow.describe()
+    assert described["events"] == ["ok", "b-done"]
+    [group, event, callback] = described["steps"]
+    assert [s["step"] for s in group["parallel"]] == ["a", "d"]
+    assert group["parallel"][0]["when"].endswith("<lambda>")
+    assert group["parallel"][1] == {"step": "d", "kind": "delay", "seconds": 9}
+    assert event == {"step": "ok", "kind": "event", "event": "ok", "timeout": 60}
+    assert callback["completesOn"] == "b-done"

@@ -174,7 +174,7 @@ def test_step_names_are_bounded_so_every_message_id_fits() -> None:
 
 def test_the_built_in_workflows_fit_the_message_id() -> None:
     for workflow in WORKFLOWS.values():
-        for spec in workflow.steps:
+        for spec in workflow.tasks():
             names = [spec.name] + ([spec.compensation.step] if spec.compensation else [])
             assert all(len(f"{'o' * 64}:{name}:999999") <= 128 for name in names)
 

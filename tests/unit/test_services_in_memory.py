@@ -102,6 +102,8 @@ class Services:
     scheduler: Scheduler
     supervisor: Supervisor
     admin: OrderAdmin
+    #: the admin the HTTP API delivers events through (the next step claimed in process)
+    events: OrderAdmin
 
 
 def build(
@@ -147,6 +149,7 @@ def build(
         scheduler=app.scheduler,
         supervisor=app.supervisor,
         admin=app.admin,
+        events=app.events,
     )
 
 

@@ -1,0 +1,386 @@
+"""What a workflow can say (docs/contracts.md §3.8, §3.13): its steps, and how they relate.
+
+A ``Workflow`` is a named sequence of elements, each one of:
+
+- ``StepSpec``: a call to a remote service (or a Python handler) through its agent. With
+  ``input=`` a function of the step's context gives the body sent (default: the order's
+  JSON); with ``when=`` a function decides whether it runs at all (false: ``Skipped``);
+  with ``completes_on="<event>"`` a 2xx is the remote's acceptance and the step ends when
+  that event arrives (a callback). ``compensation=Compensation(...)`` undoes it.
+- ``Event(name, timeout_seconds)``: wait for an event delivered to the order
+  (``POST /api/orders/{orderId}/events/{name}``): an approval, a webhook.
+- ``Delay(name, seconds=... | until=...)``: wait until then.
+- ``Parallel(a, b, ...)``: the steps run at once; the workflow goes on when each has
+  succeeded or been skipped.
+
+Functions (``input``, ``when``, ``until``) take one argument, the step's ``Context``, and
+are called when the step is about to start; what they decide is recorded with the step
+and never decided again. An order keeps its plan (``core.plans``) from submission: kinds,
+groups, events, delays and timeouts; the functions are looked up in today's declarations
+by workflow and step name (``core.workflows.function_of``), and ``python -m admin
+deploy-check`` refuses a deployment that drops one an order in flight still needs.
+
+Every mistake is a ``DeclarationError`` naming the file and line of the declaration.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from core.agent_spec import (
+    LEGACY_AGENT,
+    MAX_STEP_NAME,
+    PATH_PATTERN,
+    STEP_NAME,
+    DeclarationError,
+    declared_at,
+)
+from core.settings import MAX_STEP_TIMEOUT_SECONDS
+
+#: A function of a step's context (``input``, ``when``, ``until``).
+Fn = Callable[[Any], Any]
+#: How long an event may be waited for, or a delay last: a year.
+MAX_WAIT_SECONDS: Final = 365 * 86_400
+#: The functions a step can have, as plans name them.
+FUNCTIONS: Final = ("input", "when", "until")
+StepKindName = Literal["task", "event", "delay"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What ``input``, ``when`` and ``until`` see: the order's id, its JSON as submitted (a
+    copy of their own), and each succeeded step's result by step name (a remote's 2xx
+    JSON object, a Python handler's dict, an event's ``result``; a delay's is ``{}``)."""
+
+    order_id: str
+    order: dict[str, Any]
+    results: Mapping[str, dict[str, Any]]
+
+
+def _check_function(fn: object, what: str, where: str) -> None:
+    """``fn`` must be callable with one positional argument (the context)."""
+    if fn is None:
+        return
+    if not callable(fn):
+        raise DeclarationError(f"{where}: {what} must be a function of one argument (ctx)")
+    try:
+        inspect.signature(fn).bind(object())
+    except TypeError as exc:
+        raise DeclarationError(
+            f"{where}: {what} must take exactly one argument, the step's context ({exc})"
+        ) from None
+    except ValueError:  # no signature to read (a builtin): checked when it runs
+        pass
+
+
+def _check_name(name: object, where: str, what: str = "a step name") -> None:
+    if not isinstance(name, str) or not STEP_NAME.fullmatch(name):
+        raise DeclarationError(f"{where}: {what} is kebab-case (a-z, 0-9, -), got {name!r}")
+    if len(name) > MAX_STEP_NAME:
+        raise DeclarationError(
+            f"{where}: {name!r} is {len(name)} characters; at most {MAX_STEP_NAME}, so that "
+            "the Service Bus message id <orderId>:<step>:<attempt> fits 128 characters"
+        )
+
+
+def _check_wait(seconds: object, where: str, what: str) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise DeclarationError(f"{where}: {what} must be a whole number of seconds")
+    if not 1 <= seconds <= MAX_WAIT_SECONDS:
+        raise DeclarationError(
+            f"{where}: {what} of {seconds} s; it must be 1-{MAX_WAIT_SECONDS} s (a year)"
+        )
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """The step that undoes another. ``input`` (a function of the context, where
+    ``ctx.results[<the step it undoes>]`` is what that step returned) gives its body."""
+
+    step: str
+    agent: str | None = None  # None: the agent of the step it undoes
+    path: str | None = None  # remote path; None: the compensation step's name
+    timeout_seconds: int | None = None  # None: STEP_TIMEOUT_SECONDS
+    input: Fn | None = None
+    declared_at: str = field(default_factory=declared_at, compare=False)
+
+    @property
+    def remote_path(self) -> str:
+        return self.path or self.step
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """A call to a remote service through ``agent`` (docs/contracts.md §3.4, §3.13)."""
+
+    name: str
+    agent: str = LEGACY_AGENT
+    input: Fn | None = None
+    when: Fn | None = None
+    completes_on: str | None = None
+    compensation: Compensation | None = None
+    timeout_seconds: int | None = None  # None: STEP_TIMEOUT_SECONDS
+    path: str | None = None  # remote path; None: the step's name
+    declared_at: str = field(default_factory=declared_at, compare=False)
+
+    @property
+    def remote_path(self) -> str:
+        return self.path or self.name
+
+    @property
+    def kind(self) -> StepKindName:
+        return "task"
+
+    def functions(self) -> tuple[str, ...]:
+        return tuple(n for n in ("input", "when") if getattr(self, n) is not None)
+
+    def check(self) -> None:
+        at = f"{self.declared_at}: step {self.name!r}"
+        _check_name(self.name, at)
+        if not PATH_PATTERN.fullmatch(self.remote_path):
+            raise DeclarationError(f"{at}: path {self.remote_path!r} is not a-z, 0-9, - and /")
+        _check_timeout(self.timeout_seconds, at)
+        _check_function(self.input, "input", at)
+        _check_function(self.when, "when", at)
+        if self.completes_on is not None:
+            _check_name(self.completes_on, at, "completes_on (an event name)")
+        c = self.compensation
+        if c is not None:
+            cat = f"{c.declared_at}: compensation {c.step!r} of step {self.name!r}"
+            _check_name(c.step, cat)
+            if not PATH_PATTERN.fullmatch(c.remote_path):
+                raise DeclarationError(f"{cat}: path {c.remote_path!r} is not a-z, 0-9, - and /")
+            _check_timeout(c.timeout_seconds, cat)
+            _check_function(c.input, "input", cat)
+
+
+def _check_timeout(timeout: int | None, where: str) -> None:
+    if timeout is not None and not 1 <= timeout <= MAX_STEP_TIMEOUT_SECONDS:
+        raise DeclarationError(
+            f"{where}: a timeout of {timeout} s; it must be 1-{MAX_STEP_TIMEOUT_SECONDS} s, "
+            "what the host can honour (an agent invocation lasts up to it; see "
+            "core/settings.py)"
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """Wait for the event ``name`` to be delivered to the order (an approval, a webhook),
+    at most ``timeout_seconds``: then the step fails for good, not applied, and the
+    workflow unwinds. ``when`` false: skipped."""
+
+    name: str
+    timeout_seconds: int | None = None
+    when: Fn | None = None
+    declared_at: str = field(default_factory=declared_at, compare=False)
+
+    @property
+    def kind(self) -> StepKindName:
+        return "event"
+
+    def functions(self) -> tuple[str, ...]:
+        return ("when",) if self.when is not None else ()
+
+    def check(self) -> None:
+        at = f"{self.declared_at}: event {self.name!r}"
+        _check_name(self.name, at, "an event name")
+        if self.timeout_seconds is None:
+            raise DeclarationError(
+                f"{at}: an Event needs timeout_seconds (how long to wait for it; then the "
+                "step fails and the workflow unwinds)"
+            )
+        _check_wait(self.timeout_seconds, at, "timeout_seconds")
+        _check_function(self.when, "when", at)
+
+
+@dataclass(frozen=True)
+class Delay:
+    """Wait ``seconds`` after the step starts, or until ``until(ctx)`` (an aware datetime);
+    then the step is ``Processed`` with the result ``{}``. Kept in the state store."""
+
+    name: str
+    seconds: int | None = None
+    until: Fn | None = None
+    when: Fn | None = None
+    declared_at: str = field(default_factory=declared_at, compare=False)
+
+    @property
+    def kind(self) -> StepKindName:
+        return "delay"
+
+    def functions(self) -> tuple[str, ...]:
+        return tuple(n for n in ("until", "when") if getattr(self, n) is not None)
+
+    def check(self) -> None:
+        at = f"{self.declared_at}: delay {self.name!r}"
+        _check_name(self.name, at)
+        if (self.seconds is None) == (self.until is None):
+            raise DeclarationError(f"{at}: a Delay takes seconds=... or until=..., one of them")
+        if self.seconds is not None:
+            _check_wait(self.seconds, at, "seconds")
+        _check_function(self.until, "until", at)
+        _check_function(self.when, "when", at)
+
+
+Leaf = StepSpec | Event | Delay
+
+
+class Parallel:
+    """Steps that run at once (``Parallel(a, b, ...)``, at least two, not nested): each
+    has its own state record, deadline, retries and supervision."""
+
+    def __init__(self, *steps: Leaf) -> None:
+        self.steps: tuple[Leaf, ...] = tuple(steps)
+        self.declared_at = declared_at()
+
+    def __repr__(self) -> str:
+        return f"Parallel({', '.join(s.name for s in self.steps if hasattr(s, 'name'))})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Parallel) and other.steps == self.steps
+
+    def __hash__(self) -> int:
+        return hash(self.steps)
+
+    def check(self) -> None:
+        at = f"{self.declared_at}: Parallel"
+        for step in self.steps:
+            if isinstance(step, Parallel):
+                raise DeclarationError(
+                    f"{step.declared_at}: a Parallel inside a Parallel; list its steps in the "
+                    "outer one"
+                )
+            if not isinstance(step, StepSpec | Event | Delay):
+                raise DeclarationError(
+                    f"{at} holds {step!r}: a Parallel holds StepSpec, Event or Delay"
+                )
+        if len(self.steps) < 2:
+            raise DeclarationError(f"{at} has {len(self.steps)} step(s); it needs at least two")
+
+
+Element = Leaf | Parallel
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    steps: tuple[Element, ...]
+    declared_at: str = field(default_factory=declared_at, compare=False)
+
+    def __post_init__(self) -> None:
+        where = f"{self.declared_at}: workflow {self.name!r}"
+        if (
+            not isinstance(self.name, str)
+            or not STEP_NAME.fullmatch(self.name)
+            or len(self.name) > 64
+        ):
+            raise DeclarationError(f"{where}: a name is 1-64 characters of a-z, 0-9, hyphens")
+        object.__setattr__(self, "steps", tuple(self.steps))
+        if not self.steps:
+            raise DeclarationError(f"{where} has no steps")
+        for element in self.steps:
+            if not isinstance(element, StepSpec | Event | Delay | Parallel):
+                raise DeclarationError(
+                    f"{where} holds {element!r}: a workflow's steps are StepSpec, Event, "
+                    "Delay or Parallel"
+                )
+            element.check()
+        leaves = list(self.leaves())
+        names = [s.name for s, _ in leaves]
+        names += [
+            s.compensation.step for s, _ in leaves if isinstance(s, StepSpec) and s.compensation
+        ]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise DeclarationError(f"{where} repeats a step name: {', '.join(twice)}")
+        events = [s.name for s, _ in leaves if isinstance(s, Event)]
+        callbacks = [
+            s.completes_on for s, _ in leaves if isinstance(s, StepSpec) and s.completes_on
+        ]
+        for name in callbacks:
+            if name in names or callbacks.count(name) > 1 or name in events:
+                raise DeclarationError(
+                    f"{where}: completes_on={name!r} must name an event of its own (not a "
+                    "step, an Event or another step's completes_on)"
+                )
+
+    def leaves(self) -> Iterator[tuple[Leaf, int]]:
+        """Every step (not Parallel) with the index of the element it belongs to: steps of
+        one ``Parallel`` share it (its group)."""
+        for group, element in enumerate(self.steps):
+            members = element.steps if isinstance(element, Parallel) else (element,)
+            for leaf in members:
+                yield leaf, group
+
+    def tasks(self) -> Iterator[StepSpec]:
+        """The steps that call a remote (``StepSpec``)."""
+        return (s for s, _ in self.leaves() if isinstance(s, StepSpec))
+
+    def agents(self) -> set[str]:
+        used = {s.agent for s in self.tasks()}
+        used |= {
+            s.compensation.agent for s in self.tasks() if s.compensation and s.compensation.agent
+        }
+        return used
+
+    def event_names(self) -> tuple[str, ...]:
+        """The events an order of this workflow accepts (``Event`` steps, ``completes_on``)."""
+        out = [s.name for s, _ in self.leaves() if isinstance(s, Event)]
+        out += [s.completes_on for s in self.tasks() if s.completes_on]
+        return tuple(out)
+
+    def describe(self) -> dict[str, Any]:
+        """For ``GET /api/workflows`` and ``python -m admin workflows``: each element in
+        order, a ``Parallel`` as ``{"parallel": [...]}``."""
+
+        def leaf(s: Leaf) -> dict[str, Any]:
+            if isinstance(s, Event):
+                out: dict[str, Any] = {"step": s.name, "kind": "event", "event": s.name}
+                out["timeout"] = s.timeout_seconds
+            elif isinstance(s, Delay):
+                out = {"step": s.name, "kind": "delay"}
+                out["seconds" if s.seconds is not None else "until"] = (
+                    s.seconds if s.seconds is not None else _name_of(s.until)
+                )
+            else:
+                out = {
+                    "step": s.name,
+                    "kind": "task",
+                    "agent": s.agent,
+                    "path": s.remote_path,
+                    "timeout": s.timeout_seconds,
+                }
+                if s.input is not None:
+                    out["input"] = _name_of(s.input)
+                if s.completes_on:
+                    out["completesOn"] = s.completes_on
+                if s.compensation:
+                    c = s.compensation
+                    out["compensation"] = {
+                        "step": c.step,
+                        "agent": c.agent or s.agent,
+                        "path": c.remote_path,
+                        "timeout": c.timeout_seconds,
+                    }
+                    if c.input is not None:
+                        out["compensation"]["input"] = _name_of(c.input)
+            if s.when is not None:
+                out["when"] = _name_of(s.when)
+            return out
+
+        steps: list[dict[str, Any]] = []
+        for element in self.steps:
+            if isinstance(element, Parallel):
+                steps.append({"parallel": [leaf(s) for s in element.steps]})
+            else:
+                steps.append(leaf(element))
+        return {"workflow": self.name, "steps": steps, "events": list(self.event_names())}
+
+
+def _name_of(fn: object) -> str:
+    module = getattr(fn, "__module__", "") or ""
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    return f"{module}.{name}" if module else str(name)
