@@ -45,14 +45,15 @@ start: deps
 
 ## make test: lint, types, unit, integration (Azurite), e2e (processes), browser (the console
 ## in Chromium), chaos (short), infra. The Bicep checks' virtual environment (pip installs,
-## mostly waiting on the network) is built while the suites run; the checks run last.
+## mostly waiting on the network) is built while the suites run, and the localbus suite
+## (its own broker; mostly waiting on lock and expiry timers) runs beside them; the infra
+## checks run last.
 test: deps
-	@$(MAKE) --no-print-directory -j2 .venv-iac/.ok suites
+	@$(MAKE) --no-print-directory -j3 .venv-iac/.ok suites localbus
 	@$(MAKE) --no-print-directory infra-checks
 
 suites:
-	@$(MAKE) --no-print-directory -j1 lint typecheck unit integration localbus e2e browser \
-	  chaos-short
+	@$(MAKE) --no-print-directory -j1 lint typecheck unit integration e2e browser chaos-short
 
 ## the Bicep checks (their own venv), the worker's indexer and the trigger shapes through
 ## the runtime, side by side
