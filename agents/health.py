@@ -150,6 +150,8 @@ class EndpointHealth:
         """Is a failed attempt of ``key`` its own failure (rather than the endpoint's)?
 
         ``mark``: the counters read before this attempt's first failing try.
+        ``singled_out``: the order failed on its own recently (the flag ages:
+        ``core.steps.StepRecord.singled_out_now``).
         """
         with self._lock:
             if self._open:
@@ -169,6 +171,16 @@ class EndpointHealth:
             return max(self._open_until, now) if self._open else now
 
     # --- what calls found -------------------------------------------------------------
+
+    def record_refusal(self, key: str, now: float) -> None:
+        """A permanent 4xx: something in front of the service (a gateway, a validator) or
+        the service answered about this request. That proves the host answers, not that the
+        endpoint serves orders: it counts neither as a success (no breaker closes on it, no
+        other order is blamed because of it) nor as a failure; a probe it answered frees the
+        probe slot."""
+        with self._lock:
+            if self._probe is not None and self._probe[0] == key:
+                self._probe = None
 
     def record_answer(self, key: str, now: float) -> None:
         """The endpoint answered (2xx, or a permanent 4xx about the request): it is up."""

@@ -138,6 +138,12 @@ class _Running:
                             f"the handler still runs after {self._max_hold:.0f} s: given up on "
                             "(it may have applied)",
                         )
+                        # No longer held, but still the step's: when it does end, its
+                        # outcome is reported like a remote's late answer (a success after
+                        # its undo began is the worst news: never swallowed).
+                        self._future.add_done_callback(
+                            lambda done: context.copy().run(ended, done.result())
+                        )
                         break
                     heartbeat(self.until())
             ended(outcome)

@@ -192,7 +192,7 @@ class AttemptRunner[K: TryKind]:
                 health.record_answer(key, now.timestamp())
                 return CallOutcome("succeeded", result=attempt.result, tries=tries.count + 1)
             if not attempt.retryable:
-                health.record_answer(key, now.timestamp())
+                health.record_refusal(key, now.timestamp())
                 # Refused now; an earlier try of this attempt may still have applied.
                 return CallOutcome(
                     "refused",
@@ -215,11 +215,15 @@ class AttemptRunner[K: TryKind]:
             tries.failed.append(attempt)
             wait = self._backoff.after(attempt, tries.count)
             if not budget.fits_after(now, wait):
-                if attempt.retry_after is not None and attempt.retry_after >= wait:
+                if attempt.retry_after is not None:
+                    # The service said when it may be called again: never before that, even
+                    # when our own backoff is the longer wait (then not before that either).
+                    later = max(wait, attempt.retry_after)
                     return tries.deferred(
-                        f"{attempt.error}; the service asked to wait {wait:.0f} s (Retry-After), "
-                        "past the step's deadline",
-                        now + timedelta(seconds=wait),
+                        f"{attempt.error}; the service asked to wait {attempt.retry_after:.0f} s "
+                        f"(Retry-After), which with the backoff ({wait:.0f} s) is past the "
+                        "step's deadline",
+                        now + timedelta(seconds=later),
                     )
                 break
             METRICS.inc("remote_retries")

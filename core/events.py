@@ -63,6 +63,9 @@ class Event(StrEnum):
     PAUSE_OVER = "pause-over"
     #: a compensation runs again as a new effect, under a new idempotency key
     NEW_KEY = "new-key"
+    #: an operator stated a step did not happen, so the compensation that failed to undo
+    #: it is not needed: the unwinding goes on past it
+    NOT_NEEDED = "not-needed"
     #: what a step's functions decided when it started (``input``, ``when``, ``until``)
     DECIDED = "decided"
     #: its ``when`` said no: never called, never compensated

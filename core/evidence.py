@@ -383,6 +383,10 @@ class Evidence(Unwinding):
                 now,
             )
             return
+        if step.attempts.applied:
+            # One key, one effect, and it is known to have applied (and, if the step was
+            # undone, undone): another attempt's "maybe" adds no doubt about anything.
+            return
         if step.process_state in (StepState.ERROR, StepState.COMPENSATED):
             self._event(now, Event.RECLASSIFIED, step=step.step, note="may have been applied")
             self._alert(

@@ -55,6 +55,8 @@ __all__ = [
 ]
 
 DEFAULT_POLICY: Final = RetryPolicy()
+#: Stuck episodes an order remembers having alerted (the latest ones).
+MAX_STUCK_EPISODES: Final = 10
 
 
 @dataclass
@@ -263,14 +265,18 @@ class Order(Evidence):
 
     def mark_stuck(self, step: str, reason: str, now: datetime) -> StepRecord:
         """The stuck check's alert (supervisor/dashboard.py): the active step ``step`` has
-        been in its state far longer than it usually takes. One alert per order: a second
-        call is refused, and so is one for a step that has moved on."""
-        if self.stuck_alerted:
-            raise self._refuse("stuck-alerted", f"already alerted: {self.stuck_alerted}", step)
+        been in its state far longer than it usually takes. One alert per stuck episode (a
+        step and its attempt): a second call for the same one is refused, and so is one
+        for a step that has moved on; a later episode (another step, a later attempt) is
+        alerted again."""
         active = self.find(step)
         if active is None or not active.is_active:
             raise self._refuse("moved-on", f"step {step} is no longer active", step)
-        self.stuck_alerted = f"{step}:{active.attempt}"
+        episode = f"{step}:{active.attempt}"
+        alerted = [e for e in self.stuck_alerted.split(",") if e]
+        if episode in alerted:
+            raise self._refuse("stuck-alerted", f"already alerted: {episode}", step)
+        self.stuck_alerted = ",".join([*alerted, episode][-MAX_STUCK_EPISODES:])
         self._alert(active, reason, now)
         self._touch(now)
         return active
@@ -504,6 +510,7 @@ class Order(Evidence):
         step.deferrals, step.deferred_since = 0, None
         if singled_out:
             step.singled_out = True
+            step.singled_out_at = now
         step.last_error = error
         step.record(
             now,

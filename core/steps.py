@@ -11,7 +11,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from core.attempts import Attempt, AttemptLog, GaveUp
@@ -21,6 +21,7 @@ from core.states import StepKind, StepState
 from core.timefmt import iso, iso_exact, parse_iso
 
 MAX_HISTORY: Final = 100
+SINGLED_OUT_MIN_SECONDS: Final = 60
 
 
 @dataclass
@@ -45,6 +46,8 @@ class StepRecord:
     deferred_since: datetime | None = None
     #: An attempt failed while the remote served other orders: its failures are its own.
     singled_out: bool = False
+    #: ... when that was last seen: evidence ages (``singled_out_now``).
+    singled_out_at: datetime | None = None
     #: When the first attempt since the failure count was last reset began (the time
     #: budget of docs/contracts.md §3.11 counts from it).
     budget_since: datetime | None = None
@@ -107,6 +110,17 @@ class StepRecord:
     @property
     def is_active(self) -> bool:
         return self.process_state in (StepState.PENDING, StepState.PROCESSING)
+
+    def singled_out_now(self, now: datetime) -> bool:
+        """Whether its failures are still its own: it failed while others were served, and
+        that was recently (within three of its timeouts, a minute at least). An order
+        singled out long ago is not blamed for what fails in an outage that came later."""
+        if not self.singled_out:
+            return False
+        if self.singled_out_at is None:  # a row from before the flag aged: as it was
+            return True
+        horizon = timedelta(seconds=max(SINGLED_OUT_MIN_SECONDS, 3 * self.timeout_seconds))
+        return now - self.singled_out_at <= horizon
 
     @property
     def idempotency_key(self) -> str:
@@ -190,6 +204,7 @@ class StepRecord:
         self.deferrals = 0
         self.deferred_since = None
         self.singled_out = False
+        self.singled_out_at = None
         self.budget_since = None
         self.gave_up = None
         self.locked_by = ""
@@ -222,6 +237,8 @@ class StepRecord:
             out["waitingFor"] = self.waiting_for
         if self.decided:
             out["decided"] = self.decided
+        if self.singled_out_at is not None:
+            out["singledOutAt"] = iso_exact(self.singled_out_at)
         return out
 
     def load_decision_state(self, value: dict[str, Any]) -> None:
@@ -246,3 +263,5 @@ class StepRecord:
         self.waiting_for = dict(waiting) if isinstance(waiting, dict) else None
         decided = value.get("decided")
         self.decided = dict(decided) if isinstance(decided, dict) else {}
+        singled = value.get("singledOutAt")
+        self.singled_out_at = parse_iso(singled) if singled else None

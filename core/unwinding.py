@@ -158,7 +158,9 @@ class Unwinding(Progress):
             self._state_not_applied(doubtful, now, by, reason)
         if self.status is OrderStatus.ERROR:
             failed = self.failed_step()
-            if failed.kind is StepKind.COMPENSATION:
+            if failed.kind is StepKind.COMPENSATION and not_applied == failed.compensates:
+                self._not_needed(failed, now, by, reason)
+            elif failed.kind is StepKind.COMPENSATION:
                 self._restart(failed, now)
                 failed.record(now, Event.RESUBMITTED, by=by, note="cancel: retry the unwinding")
             elif failed.may_have_applied:  # and it can be undone (else: refused above)
@@ -206,6 +208,21 @@ class Unwinding(Progress):
     def cancel_preview(self, now: datetime, not_applied: str | None = None) -> CancelPreview:
         """What a cancel would do now, and why it would be refused (``core.cancel``)."""
         return preview_cancel(self, now, not_applied)
+
+    def _not_needed(self, undo: StepRecord, now: datetime, by: str, reason: str) -> None:
+        """The operator states that the step ``undo`` would undo did not happen (its
+        service refused the undo for good: "no charge to refund"): the undo is not needed,
+        and the unwinding goes on past it. Who said so, and why, is kept."""
+        target = self.find(undo.compensates or "")
+        assert target is not None
+        self._state_not_applied(target, now, by, reason)
+        undo.process_state = StepState.SKIPPED
+        undo.gave_up = None
+        undo.record(now, Event.NOT_NEEDED, by=by, reason=reason or None)
+        target.process_state = StepState.COMPENSATED
+        target.record(now, Event.NOT_NEEDED, by=by, reason=reason or None, undo=undo.step)
+        self._set_status(OrderStatus.COMPENSATING, now)
+        self._continue_unwinding(now)
 
     def _state_not_applied(self, step: StepRecord, now: datetime, by: str, reason: str) -> None:
         """The operator's statement that ``step`` did not happen settles its doubt."""
@@ -442,6 +459,12 @@ class Unwinding(Progress):
     ) -> None:
         planned = self.planned(target.step)
         assert planned.compensation is not None
+        running = target.attempts.running_until(now)
+        if running is not None:
+            # A handler of the step still runs (it may apply yet): its undo waits until it
+            # cannot be running any more, on any instance's clock.
+            held = (target.last_deadline() or running) + IN_FLIGHT_GRACE
+            not_before = max(not_before or now, held)
         target.process_state = StepState.COMPENSATING
         target.record(now, Event.COMPENSATING, by=planned.compensation)
         record = self._add_record(

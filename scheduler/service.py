@@ -366,7 +366,7 @@ class Scheduler:
                 # what its input decided when it started (docs/contracts.md §3.13)
                 claimed.input if claimed.input is not None else order.body,
                 telemetry.carrier(),
-                singled_out=claimed.singled_out,
+                singled_out=claimed.singled_out_now(self._clock()),
                 agent=order.plan.agent_of(claimed.step),
                 token=claimed.token_for(claimed.attempt),
                 key_round=claimed.key_round,

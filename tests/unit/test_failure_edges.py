@@ -630,6 +630,11 @@ def test_review_a_run_that_never_ends_is_given_up_on_after_the_cap() -> None:
         time.sleep(0.01)
     assert ended and ended[0].applied == "maybe" and "given up" in ended[0].error
     assert beats  # renewed while it was held
+    # it ends at last, after the cap: its outcome is still reported (a late answer)
+    from agents.outcomes import Try
+
+    future.set_result(Try("yes", False, "", result={"charged": True}))
+    assert len(ended) == 2 and ended[1].applied == "yes" and ended[1].result == {"charged": True}
 
 
 def test_review_a_cancel_of_a_held_step_acts_at_once() -> None:

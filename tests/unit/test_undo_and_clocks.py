@@ -259,3 +259,120 @@ def test_an_undone_step_of_the_right_kind_only() -> None:
     order.apply_reply(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), now, POLICY)
     undo = order.undo_of(reserve)
     assert undo is not None and undo.kind is StepKind.COMPENSATION
+
+
+# --- medium and low: flags that age, refusals that prove nothing, doubt already settled ------
+
+
+def test_a_singled_out_flag_ages_so_an_old_failure_is_not_blamed_in_a_later_outage() -> None:
+    order = new_order()
+    now, _ = claim_due(order, T0)
+    order.apply_reply(reply(order, ReplyOutcome.TRANSIENT, applied="no"), now, POLICY)
+    step = order.steps[0]
+    assert step.singled_out and step.singled_out_now(now + timedelta(seconds=60))
+    assert not step.singled_out_now(now + timedelta(minutes=4))  # evidence ages
+
+
+def test_a_refusal_proves_the_host_answers_not_that_the_endpoint_serves() -> None:
+    from agents.health import EndpointHealth
+
+    health = EndpointHealth("ship")
+    for key in ("a", "b", "c"):
+        health.record_failure(key, 1.0, explained=False, probe=False)
+    assert health.is_open
+    mark = health.mark()
+    health.record_refusal("malformed", 2.0)  # a 400 for a bad order, from a gateway
+    assert health.is_open  # no breaker closes on it
+    assert not health.blames("d", mark=mark, singled_out=False)  # nobody blamed for it
+
+
+def test_a_retry_after_shorter_than_the_backoff_is_still_honoured_when_neither_fits() -> None:
+    from tests.unit.test_remote_client import T0 as R0
+    from tests.unit.test_remote_client import FakeClock as RemoteClock
+    from tests.unit.test_remote_client import MaxRng, make_client, make_request, remote, status
+
+    r = remote(RemoteClock(), status(503, **{"Retry-After": "3"}))
+    # the backoff at its ceiling: 5 s, longer than what the service asked for
+    client, _ = make_client(r, rng=MaxRng(), backoff_initial_seconds=5, backoff_max_seconds=5)
+    outcome = client.call(make_request(seconds_left=6))
+    assert outcome.kind == "deferred" and len(r.seen) == 1
+    assert outcome.not_before is not None and outcome.not_before >= R0 + timedelta(seconds=5)
+
+
+def test_a_late_maybe_for_a_key_known_applied_and_undone_raises_no_alert() -> None:
+    """charge attempt 1 said "not applied", attempt 2 succeeded, ship failed, the charge was
+    refunded; a redelivered copy of attempt 1 then says "may have applied": one key, one
+    effect, known applied and undone. No "undo it by hand" (that would refund twice)."""
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    now, _ = claim_due(order, now)
+    order.apply_reply(reply(order, ReplyOutcome.TRANSIENT, applied="no"), now, POLICY)
+    now = succeed_active(order, now + timedelta(seconds=60))  # attempt 2: charged
+    now, _ = claim_due(order, now)
+    order.apply_reply(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), now, POLICY)  # ship
+    now = succeed_active(order, now)  # refund
+    now = succeed_active(order, now)  # release
+    assert order.status is OrderStatus.COMPENSATED
+    order.outbox.clear()
+    copy = reply(order, ReplyOutcome.TRANSIENT, step="charge-payment", attempt=1, applied="maybe")
+    order.apply_reply(copy, now, POLICY)
+    assert alerts(order) == [] and order.status is OrderStatus.COMPENSATED
+
+
+def test_an_operator_states_a_refused_undo_is_not_needed_and_the_unwinding_goes_on() -> None:
+    """The refund of an ambiguous charge is refused for good ("no charge to refund"): the
+    operator states the charge did not happen; the refund is not needed, the stock is
+    released, the order ends cancelled, and the history says who and why."""
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    for _ in range(3):
+        now, _ = claim_due(order, now)
+        order.expire(now + timedelta(seconds=31), POLICY)
+        now += timedelta(seconds=31)
+    assert order.status is OrderStatus.COMPENSATING  # the ambiguous charge is refunded first
+    now, _ = claim_due(order, now)
+    refund = order.active_step()
+    assert refund is not None and refund.step == "refund-payment"
+    order.apply_reply(
+        reply(order, ReplyOutcome.REFUSED, error="HTTP 422 no charge to refund"), now, POLICY
+    )
+    assert order.status is OrderStatus.ERROR
+    order.cancel(now, "ops@example.com", "the bank shows no charge", not_applied="charge-payment")
+    assert refund.process_state is StepState.SKIPPED
+    charge = order.find("charge-payment")
+    assert charge is not None and charge.process_state is StepState.COMPENSATED
+    assert any(h["event"] == "not-needed" and h["by"] == "ops@example.com" for h in refund.history)
+    now = succeed_active(order, now)  # release-stock
+    assert order.status is OrderStatus.CANCELLED
+
+
+def test_an_undo_waits_while_its_steps_handler_still_runs_even_after_a_success() -> None:
+    order = new_order("fulfilment")
+    now = reach(order, "charge-payment")
+    now, _ = claim_due(order, now)
+    running = replace(
+        reply(order, ReplyOutcome.TRANSIENT, applied="maybe", error="still runs"),
+        running_until=now + timedelta(seconds=120),
+        runner="r-1",
+    )
+    order.apply_reply(running, now + timedelta(seconds=20), POLICY)
+    now = succeed_active(order, now + timedelta(seconds=60))  # attempt 2 succeeds meanwhile
+    now, _ = claim_due(order, now)
+    order.apply_reply(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), now, POLICY)  # ship
+    refund = order.active_step()
+    assert refund is not None and refund.step == "refund-payment"
+    charge = order.find("charge-payment")
+    assert charge is not None
+    assert refund.not_before >= charge.attempts.running_until(now) + POLICY.skew  # type: ignore[operator]
+
+
+def test_the_stuck_check_alerts_each_stuck_episode_once() -> None:
+    order = new_order("fulfilment")
+    now, _ = claim_due(order, T0)
+    order.mark_stuck("reserve-stock", "stuck at reserve", now)
+    with pytest.raises(TransitionRefused):
+        order.mark_stuck("reserve-stock", "stuck at reserve", now)
+    order.apply_reply(reply(order), now, POLICY)
+    claim_due(order, now)
+    order.mark_stuck("charge-payment", "stuck at charge", now)  # a later episode: told
+    assert [a["step"] for a in alerts(order)] == ["reserve-stock", "charge-payment"]
