@@ -72,6 +72,11 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
+def _offset(settings: Settings) -> Clock:
+    offset = timedelta(seconds=settings.clock_offset_seconds)
+    return lambda: datetime.now(UTC) + offset
+
+
 def settings_from_environment(
     overrides: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None
 ) -> Settings:
@@ -118,11 +123,15 @@ def bootstrap(
     settings: Settings,
     *,
     names: Names | None = None,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
     **parts: Any,
 ) -> AppContext:
     """The app, wired from ``settings``. ``parts`` replaces any part by name (``store``,
-    ``queues``, ``transport`` ...): tests pass in-memory twins and fakes this way."""
+    ``queues``, ``transport`` ...): tests pass in-memory twins and fakes this way. The
+    clock is the system's, or (a test switch: ``ORDERS_CLOCK_OFFSET_SECONDS``) the
+    system's moved by an offset: an instance whose clock is off, for the chaos suite."""
+    if clock is None:
+        clock = utc_now if not settings.clock_offset_seconds else _offset(settings)
     workflows.use(settings.declarations)
     failpoints.arm(settings.failpoints)
     logs.quiet_request_logs()

@@ -58,6 +58,8 @@ AGENT_SETTINGS_PREFIX: Final = "AGENT_"
 DEVHOST_INSTANCE_ID: Final = "DEVHOST_INSTANCE_ID"
 RIDE_OUT_SECONDS: Final = "ORDERS_RIDE_OUT_SECONDS"
 FAILPOINTS: Final = "ORDERS_FAILPOINTS"
+#: Tests only: this instance's clock runs this many seconds ahead (negative: behind).
+CLOCK_OFFSET: Final = "ORDERS_CLOCK_OFFSET_SECONDS"
 OPCOUNT_DIR: Final = "ORDERS_OPCOUNT_DIR"
 #: The function that applies agent replies (scheduler/triggers.py): where an instance
 #: does not run it (``AzureWebJobs.handle_agent_reply.Disabled``), its agents send their
@@ -194,6 +196,19 @@ def _positive_int(env: Mapping[str, str], name: str, default: int, maximum: int)
     value = int(raw)
     if not 1 <= value <= maximum:
         raise SettingsError(f"{name} must be from 1 to {maximum}, got {value}")
+    return value
+
+
+def _clock_offset(env: Mapping[str, str]) -> float:
+    raw = env.get(CLOCK_OFFSET, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{CLOCK_OFFSET} must be a number of seconds, got {raw!r}") from None
+    if not -300 <= value <= 300:
+        raise SettingsError(f"{CLOCK_OFFSET} must be from -300 to 300 seconds, got {raw!r}")
     return value
 
 
@@ -352,6 +367,7 @@ class Settings:
     ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS
     #: test switches: failpoints armed, and where storage requests are counted
     failpoints: str = ""
+    clock_offset_seconds: float = 0.0
     opcount_dir: str | None = None
     #: how long finished orders stay before they are archived (core.retention)
     retention: Retention = field(default_factory=lambda: Retention.parse(DEFAULT_RETENTION))
@@ -407,6 +423,7 @@ class Settings:
             ),
             ride_out_seconds=_seconds(env, RIDE_OUT_SECONDS, DEFAULT_RIDE_OUT_SECONDS),
             failpoints=env.get(FAILPOINTS, "").strip(),
+            clock_offset_seconds=_clock_offset(env),
             opcount_dir=env.get(OPCOUNT_DIR) or None,
             retention=_retention(env),
             retention_schedule=retention_schedule_of(env),

@@ -9,6 +9,10 @@
 - every instance runs the supervisor's timer, so several supervisors race;
 - a meddler steals agent replies and puts each back twice, delayed, so replies
   arrive duplicated, out of order, and some after their step was reset;
+- a storm redelivers agent requests: some are taken off their queue and put back three
+  times (Storage queues), so agents run one attempt several times at once;
+- one instance's clock runs ahead (``ORDERS_CLOCK_OFFSET_SECONDS``, within the skew the
+  app allows, ``MAX_CLOCK_SKEW_SECONDS``): it expires and decides on its own time;
 - some orders' remote stalls for 2.5 step timeouts (every call held until then): they
   must complete with no alert, whatever else happens (docs/contracts.md §3.11, paced
   retries);
@@ -39,7 +43,7 @@ from typing import Any
 
 from core.attempts import Attempt, Ending
 from core.model import Order, StepRecord
-from core.settings import REPLY_HANDLER, disabled_setting
+from core.settings import CLOCK_OFFSET, REPLY_HANDLER, disabled_setting
 from core.states import StepState
 from core.timefmt import parse_iso
 from demo.stack import Devhost, LocalStack
@@ -61,6 +65,11 @@ RANDOM_FAULTS = frozenset({"transient", "hang", "drop"})
 DEATH_NOTICE_SLACK = timedelta(seconds=3)
 #: How often the meddler looks at the reply queue (a share of the replies, not all of them).
 MEDDLER_POLL_SECONDS = 0.2
+#: One instance's clock runs this far ahead of the others'.
+CLOCK_OFFSET_SECONDS = 1.5
+#: The request storm: how often it looks, and how many copies of a request it puts back.
+STORM_POLL_SECONDS = 0.2
+STORM_COPIES = 3
 #: The stalled orders' remote holds every call for this long after the key's first call.
 STALL = {"fail": "stall", "seconds": 2.5 * STEP_TIMEOUT}
 
@@ -156,6 +165,34 @@ class ReplyMeddler(threading.Thread):
             return
         if delay > 0:
             self.held[key] = min(delay, self.held.get(key, delay))
+
+
+class RequestStorm(threading.Thread):
+    """Takes some agent requests off their queues and puts each back ``STORM_COPIES`` times
+    (0, 1 and 2 s later): the same attempt delivered several times at once, as a host
+    that lost its lease would. Storage queues only (the Service Bus queues detect
+    duplicate message ids: a copy with the same id would be dropped by the broker)."""
+
+    def __init__(self, stack: LocalStack, rng: random.Random, stop: threading.Event):
+        super().__init__(name="request-storm", daemon=True)
+        ctx = stack.context
+        self._queues = [ctx.queues.client(q) for q in ctx.names.agent_queues()]
+        self._rng = rng
+        self._halt = stop
+        self.copied = 0
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            queue = self._rng.choice(self._queues)
+            try:
+                for message in queue.receive_messages(max_messages=8, visibility_timeout=60):
+                    for delay in range(STORM_COPIES):
+                        queue.send_message(message.content, visibility_timeout=delay or None)
+                    queue.delete_message(message)
+                    self.copied += 1
+            except Exception:
+                pass
+            self._halt.wait(STORM_POLL_SECONDS)
 
 
 class ServiceBusReplyMeddler(threading.Thread):
@@ -499,6 +536,8 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
                 # process (messaging/inline.py). It is the one without failpoints, so that
                 # replies keep reaching the queue between the kills.
                 **({disabled_setting(REPLY_HANDLER): "true"} if i % 3 == 0 else {}),
+                # The last instance's clock runs ahead of the others'.
+                **({CLOCK_OFFSET: str(CLOCK_OFFSET_SECONDS)} if i == plan.devhosts - 1 else {}),
             }
             for i in range(plan.devhosts)
         ],
@@ -533,6 +572,9 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             else ReplyMeddler(stack, rng, stop)
         )
         meddler.start()
+        storm = RequestStorm(stack, rng, stop) if plan.transport == "storage" else None
+        if storm is not None:
+            storm.start()
         began = datetime.now(UTC)
         started = time.monotonic()
         pending = list(orders.items())
@@ -568,6 +610,9 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             stack.submit(message)
         stop.set()
         meddler.join(timeout=10)
+        if storm is not None:
+            storm.join(timeout=10)
+        timings["stormCopied"] = storm.copied if storm is not None else None
         timings["chaosSeconds"] = round(time.monotonic() - started, 1)
         # Settle: no more kills; failpoints off, so the last stragglers can finish.
         for host in stack.hosts:

@@ -29,6 +29,8 @@ def _run(plan: ChaosPlan) -> None:
     assert not timings["exhaustedUnexplained"], timings["exhausted"]
     assert timings["kills"] >= 3, "the run must actually kill processes"
     assert timings["duplicatedReplies"] > 0, "the run must actually duplicate replies"
+    if timings["stormCopied"] is not None:
+        assert timings["stormCopied"] > 0, "the run must actually redeliver requests"
     assert timings["rejected"] == 0
     # Orders whose remote only stalled (2.5 step timeouts): every one completed, unalerted.
     assert timings["stalled"] > 0, "the run must actually stall some orders"
