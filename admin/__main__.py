@@ -593,7 +593,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("workflows", "agents-json"):
         return _declarations_command(args, declarations_from_environment())
     if args.command == "deploy-check":
-        return _deploy_check(args)
+        try:
+            return _deploy_check(args)
+        except Exception as exc:  # noqa: BLE001 - exit 1 means "refused": never for a crash
+            _print({"error": f"the check could not run: {exc!r}"})
+            return 2
     try:
         return _run(_context(args.connection), args)
     except (OrderNotFound, AgentNotFound) as exc:

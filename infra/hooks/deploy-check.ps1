@@ -23,9 +23,42 @@ if (-not $account) {
     exit 1
 }
 
-$python = 'python'
+# The Python to run it with: the checkout's .venv when it can import what the app needs,
+# else one the hook builds once (.venv-deploycheck, from requirements.txt, with Python
+# 3.13). A Python that cannot run the check is never taken for a refusal.
+function Test-Usable([string] $candidate) {
+    if (-not (Test-Path $candidate)) { return $false }
+    & $candidate -c 'import azure.data.tables, azure.identity, azure.storage.queue, pydantic' 2>$null | Out-Null
+    return ($LASTEXITCODE -eq 0)
+}
+function Stop-Unchecked([string] $why) {
+    Write-Host "deploy-check: could not check: $why; to $Phase without the check: SKIP_DEPLOY_CHECK=true azd $Phase"
+    exit 2
+}
+$python = $null
 foreach ($candidate in @('.venv/Scripts/python.exe', '.venv/bin/python')) {
-    if (Test-Path $candidate) { $python = $candidate; break }
+    if (Test-Usable $candidate) { $python = $candidate; break }
+}
+if (-not $python) {
+    $own = if (Test-Path '.venv-deploycheck/Scripts') { '.venv-deploycheck/Scripts/python.exe' } else { '.venv-deploycheck/bin/python' }
+    $want = (Get-FileHash requirements.txt).Hash
+    $built = if (Test-Path '.venv-deploycheck/.requirements') { Get-Content '.venv-deploycheck/.requirements' } else { '' }
+    if (($built -ne $want) -or -not (Test-Usable $own)) {
+        $base = $null
+        foreach ($launcher in @(@('py', '-3.13'), @('python3.13'))) {
+            if (Get-Command $launcher[0] -ErrorAction SilentlyContinue) { $base = $launcher; break }
+        }
+        if (-not $base) { Stop-Unchecked 'it needs Python 3.13 (the app''s) to build its environment, and none was found: install it (winget install Python.Python.3.13) or run make deps, then run azd again' }
+        Write-Host 'deploy-check: building its environment once (.venv-deploycheck, from requirements.txt): about a minute'
+        Remove-Item -Recurse -Force '.venv-deploycheck' -ErrorAction SilentlyContinue
+        & $base[0] $base[1..($base.Length - 1)] -m venv .venv-deploycheck
+        $own = if (Test-Path '.venv-deploycheck/Scripts') { '.venv-deploycheck/Scripts/python.exe' } else { '.venv-deploycheck/bin/python' }
+        & $own -m pip install -q --disable-pip-version-check -r requirements.txt
+        if ($LASTEXITCODE -ne 0) { Stop-Unchecked 'building .venv-deploycheck from requirements.txt failed (pip''s output above)' }
+        if (-not (Test-Usable $own)) { Stop-Unchecked '.venv-deploycheck was built but cannot import the app''s packages' }
+        Set-Content '.venv-deploycheck/.requirements' $want
+    }
+    $python = $own
 }
 
 foreach ($name in @('AzureWebJobsStorage', 'AzureWebJobsStorage__credential', 'AzureWebJobsStorage__clientId',

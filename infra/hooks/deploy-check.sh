@@ -32,10 +32,43 @@ if [ -z "$account" ]; then
     exit 1
 fi
 
-if [ -x .venv/bin/python ]; then
+# The Python to run it with: the checkout's .venv when it has what the app needs (make
+# deps), else one the hook builds for itself once (.venv-deploycheck, from
+# requirements.txt, with Python 3.13, what the app runs on; rebuilt when requirements.txt
+# changes). A Python that cannot run the check is never taken for a refusal.
+usable() {
+    "$1" -c 'import azure.data.tables, azure.identity, azure.storage.queue, pydantic' \
+        >/dev/null 2>&1
+}
+cannot() {
+    echo "deploy-check: could not check: $1; to $phase without the check:" \
+        "SKIP_DEPLOY_CHECK=true azd $phase" >&2
+    exit 2
+}
+if [ -x .venv/bin/python ] && usable .venv/bin/python; then
     python=.venv/bin/python
 else
-    python="$(command -v python3 || command -v python)"
+    python=.venv-deploycheck/bin/python
+    want="$(cksum < requirements.txt)"
+    if ! [ -x "$python" ] || [ "$(cat .venv-deploycheck/.requirements 2>/dev/null)" != "$want" ] ||
+        ! usable "$python"; then
+        base="$(command -v python3.13 || ls "$HOME"/.pyenv/versions/3.13*/bin/python3.13 \
+            2>/dev/null | head -n 1)"
+        [ -n "$base" ] || cannot "it needs Python 3.13 (the app's) to build its environment, \
+and none is on the PATH or under ~/.pyenv: install it (pyenv install 3.13, or your \
+system's python3.13) or run make deps, then run azd $phase again"
+        echo "deploy-check: building its environment once (.venv-deploycheck, from" \
+            "requirements.txt, with $base): about a minute" >&2
+        rm -rf .venv-deploycheck
+        "$base" -m venv .venv-deploycheck &&
+            .venv-deploycheck/bin/python -m pip install -q --disable-pip-version-check \
+                -r requirements.txt ||
+            cannot "building .venv-deploycheck from requirements.txt failed (pip's output \
+above): fix that (a network or proxy problem?), or run make deps, then run azd $phase again"
+        usable "$python" || cannot ".venv-deploycheck was built but cannot import the app's \
+packages (output above)"
+        echo "$want" > .venv-deploycheck/.requirements
+    fi
 fi
 
 # This environment's account, identity-based, whatever the shell holds (a connection

@@ -16,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 HOOK = ROOT / "infra" / "hooks" / "deploy-check.sh"
 FAKE_PYTHON = """#!/bin/sh
+# the hook's probe that it can import the app's packages: yes
+case "$1" in -c) exit 0 ;; esac
 {
   echo "args=$*"
   echo "storage=${AzureWebJobsStorage-unset}"
@@ -104,3 +106,89 @@ def test_azure_yaml_runs_the_hook_before_provision_and_deploy() -> None:
     for phase in ("provision", "deploy"):
         assert f"run: sh ./infra/hooks/deploy-check.sh {phase}" in text
         assert f"run: ./infra/hooks/deploy-check.ps1 -Phase {phase}" in text
+
+
+# --- without a .venv: the hook builds its own, or says exactly what is missing ------------------
+
+FAKE_BASE = """#!/bin/sh
+# a python3.13 that "builds" a venv whose python is the recording fake
+echo "base $*" >> "$FAKE_CALLS"
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  mkdir -p "$3/bin"
+  cp "$FAKE_PYTHON_SRC" "$3/bin/python"
+  chmod +x "$3/bin/python"
+fi
+"""
+PIP_AWARE = FAKE_PYTHON.replace(
+    "#!/bin/sh\n",
+    '#!/bin/sh\ncase "$*" in "-m pip "*) echo "pip $*" >> "$FAKE_CALLS"; exit 0 ;; esac\n',
+)
+
+
+def bare(tmp_path: Path, with_base: bool) -> tuple[Path, Path]:
+    """A checkout with no .venv; a bin directory with (or without) a python3.13."""
+    (tmp_path / "infra" / "hooks").mkdir(parents=True)
+    shutil.copy(HOOK, tmp_path / "infra" / "hooks" / HOOK.name)
+    (tmp_path / "requirements.txt").write_text("azure-data-tables==12.7.0\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    source = tmp_path / "fake-python"
+    source.write_text(PIP_AWARE)
+    source.chmod(0o755)
+    if with_base:
+        base = bin_dir / "python3.13"
+        base.write_text(FAKE_BASE)
+        base.chmod(0o755)
+    return tmp_path, source
+
+
+def test_without_a_venv_it_builds_its_own_once_and_runs_the_check(tmp_path: Path) -> None:
+    tree, source = bare(tmp_path, with_base=True)
+    env = {
+        "AZURE_STORAGE_ACCOUNT_NAME": "storders1",
+        "PATH": f"{tree / 'bin'}:/usr/bin:/bin",
+        "HOME": str(tree),
+        "FAKE_PYTHON_SRC": str(source),
+    }
+    code, calls, err = hook(tree, "deploy", 0, **env)
+    assert code == 0, err
+    assert calls[0] == "base -m venv .venv-deploycheck"
+    assert any(c.startswith("pip -m pip install") for c in calls)
+    assert "args=-m admin deploy-check --declarations declarations" in calls
+    assert "building its environment once" in err
+    # the second time: built already, nothing rebuilt
+    (tree / "calls.txt").unlink()
+    code, calls, err = hook(tree, "deploy", 0, **env)
+    assert code == 0 and not any(c.startswith("base ") for c in calls)
+
+
+def test_without_python_3_13_it_says_what_is_missing_and_is_no_refusal(tmp_path: Path) -> None:
+    tree, _ = bare(tmp_path, with_base=False)
+    code, calls, err = hook(
+        tree,
+        "deploy",
+        0,
+        AZURE_STORAGE_ACCOUNT_NAME="storders1",
+        PATH=f"{tree / 'bin'}:/usr/bin:/bin",
+        HOME=str(tree),
+    )
+    assert code == 2 and calls == []
+    assert "needs Python 3.13" in err and "pyenv install 3.13" in err
+    assert "REFUSED" not in err and "SKIP_DEPLOY_CHECK=true azd deploy" in err
+
+
+def test_a_venv_that_cannot_import_the_app_is_not_used_and_not_a_refusal(tree: Path) -> None:
+    broken = tree / ".venv" / "bin" / "python"
+    broken.write_text(
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'azure'\" >&2\nexit 1\n"
+    )
+    broken.chmod(0o755)
+    code, _, err = hook(
+        tree,
+        "deploy",
+        0,
+        AZURE_STORAGE_ACCOUNT_NAME="storders1",
+        PATH=f"{tree / 'nowhere'}:/usr/bin:/bin",
+        HOME=str(tree),
+    )
+    assert code == 2 and "REFUSED" not in err and "could not check" in err
