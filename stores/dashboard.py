@@ -100,9 +100,10 @@ class DashboardRows(RowReads):
 
     def in_flight(self, limit_per_shard: int = 1000) -> list[InFlight]:
         """Every active step: the whole ``pending|`` and ``processing|`` ranges of each
-        shard (work in flight, never history)."""
+        shard (work in flight, never history), but for the steps that wait for an event or a
+        delay (``Waits``): they sit there on purpose, and their own deadline ends them."""
         out: list[InFlight] = []
-        select = ["RowKey", "OrderRef", "StepName", "Agent", "Since", "PausedFor"]
+        select = ["RowKey", "OrderRef", "StepName", "Agent", "Since", "PausedFor", "Waits"]
         for shard in layout.all_shards():
             for prefix, state in (("pending|", "Pending"), ("processing|", "Processing")):
                 try:
@@ -112,6 +113,8 @@ class DashboardRows(RowReads):
                 except AzureError as exc:
                     raise StorageUnavailable(f"could not read the {prefix} index: {exc}") from exc
                 for row in rows:
+                    if row.get("Waits"):
+                        continue
                     entry = _in_flight(dict(row), state)
                     if entry is not None:
                         out.append(entry)

@@ -420,3 +420,18 @@ def test_a_step_held_for_a_paused_agent_is_never_stuck() -> None:
     found = stuck_steps(entries, {}, timedelta(minutes=5), hours_later)
 
     assert [s.order_id for s in found] == ["free-1"]
+
+
+def test_a_step_that_waits_for_an_event_or_a_delay_is_never_stuck() -> None:
+    """An approval may take days: its own timeout ends it (docs/contracts.md §3.13); the
+    stuck check does not count it."""
+    from stores.memory import InMemoryStateStore
+    from tests.support import declarations
+    from tests.unit.test_workflow_kinds import new
+
+    store = InMemoryStateStore()
+    with declarations():
+        waiting = new("event-first")
+        store.create(waiting)
+        assert store.load(waiting.order_id) is not None
+        assert [e.order_id for e in store.in_flight()] == []
