@@ -176,18 +176,18 @@ def events_view(order: Order) -> dict[str, Any]:
 
 
 def paused_view(order: Order, pauses: Mapping[str, AgentControl]) -> dict[str, Any] | None:
-    """Whether the order waits for a paused agent: its active step's agent is paused
+    """Whether the order waits for a paused agent: an active step's agent is paused
     (``core.controls``) — who paused it, since when, why — or None."""
-    step = order.active_step()
-    if step is None or order.status.terminal:
+    if order.status.terminal:
         return None
-    agent = _agent(order, step.step)
-    control = pauses.get(agent) if agent else None
-    if control is None or control.pause is None:
-        return None
-    return {"agent": agent, "step": step.step, "held": bool(step.paused_for)} | (
-        control.pause.to_json()
-    )
+    for step in order.active_steps():
+        agent = _agent(order, step.step)
+        control = pauses.get(agent) if agent else None
+        if control is not None and control.pause is not None:
+            return {"agent": agent, "step": step.step, "held": bool(step.paused_for)} | (
+                control.pause.to_json()
+            )
+    return None
 
 
 def order_view(order: Order, pauses: Mapping[str, AgentControl] | None = None) -> dict[str, Any]:
