@@ -241,7 +241,10 @@ def console_event(req: func.HttpRequest) -> func.HttpResponse:
     name = req.route_params.get("name", "")
 
     def refused(status: int, message: str) -> func.HttpResponse:
-        return _detail(page, order_id, status, message=message, failed=True)
+        try:
+            return _detail(page, order_id, status, message=message, failed=True)
+        except OrderNotFound:  # gone since (retention): the refusal still says why
+            return page.render("message.html", status, message=message, failed=True)
 
     def send() -> func.HttpResponse:
         events = app_context().events

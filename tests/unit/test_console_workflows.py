@@ -127,6 +127,8 @@ def confirm_form(page: str) -> dict[str, str]:
 
 def test_the_steps_of_a_parallel_share_a_row_and_a_band_of_the_timeline(app: App) -> None:
     submit(app, "t-1", "trip")
+    running = views.why(app.order("t-1"))
+    assert running.startswith("Steps book-flight, book-hotel run side by side; at step book-")
     answer_all(app, "t-1")
     order = app.order("t-1")
     assert order.status is OrderStatus.COMPLETED
