@@ -329,6 +329,15 @@ class OrderAdmin:
             for status in OrderStatus
         }
 
+    def waiting_counts(self, events: Iterable[str]) -> dict[str, int]:
+        """How many orders wait for each event (the operators' inbox), each counted to
+        ``COUNT_CAP`` at most: one read of the index's ``waiting|<event>|`` rows per shard,
+        never of the orders."""
+        return {
+            event: self._store.count_by_status(ListFilter(OrderStatus.PROCESSING, waiting=event))
+            for event in events
+        }
+
     def bulk_targets(self, where: ListFilter, limit: int = MAX_BULK) -> list[str]:
         """The ids of the orders a bulk action over ``where`` would be tried on (a dry run:
         nothing changes), newest first, ``limit`` at most."""

@@ -21,8 +21,9 @@ from core.workflows import WORKFLOWS
 
 HERE = Path(__file__).parent
 ASSETS = {p.name: p for p in (HERE / "assets").iterdir() if p.is_file()}
-#: What the list keeps in its URL (and carries into every link and form).
-FILTER_KEYS = ("status", "workflow", "from", "to", "pageSize", "refresh")
+#: What the list keeps in its URL (and carries into every link and form). ``waiting``:
+#: the orders waiting for that event (the inbox, docs/contracts.md §3.13).
+FILTER_KEYS = ("status", "workflow", "from", "to", "pageSize", "refresh", "waiting")
 DEFAULT_STATUS = "error"
 
 
@@ -37,6 +38,9 @@ def templates() -> Any:
         lstrip_blocks=True,
     )
     env.filters["pretty"] = lambda value: json.dumps(value, indent=2, ensure_ascii=False)
+    env.filters["compact"] = lambda value: json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False
+    )
     return env
 
 
@@ -123,6 +127,11 @@ def trouble(page: Page, call: Callable[[], func.HttpResponse]) -> func.HttpRespo
 
 
 def filters_of(params: Mapping[str, str]) -> dict[str, str]:
+    """The list's filters from a query string or a form. An order that waits for an event
+    is ``processing``: that is the status a ``waiting`` filter implies; a URL that names
+    another is refused by ``admin.query.parse_filter`` (a 400 page), not corrected."""
     kept = {k: params.get(k, "") for k in FILTER_KEYS}
-    kept["status"] = kept["status"] or DEFAULT_STATUS
+    kept["waiting"] = kept["waiting"].strip()
+    implied = "processing" if kept["waiting"] else DEFAULT_STATUS
+    kept["status"] = kept["status"] or implied
     return kept

@@ -1,9 +1,10 @@
 """The operator console (``GET /api/console``): server-rendered pages over the operator
 use cases (``admin.service.OrderAdmin``), protected like the operator API.
 
-Pages: the order list (filters in the URL), an order's detail with its timeline, a
-confirmation before every change, bulk actions with a dry run, the alerts and what
-retention would archive. The
+Pages: the order list (filters in the URL, ``?waiting=<event>`` for the orders waiting
+for an event), an order's detail with its timeline and the events it waits for, a
+confirmation before every change (an event sent included), bulk actions with a dry run,
+the inbox of events, the alerts and what retention would archive. The
 page structure is described in ``docs/console-dom.md``; the protection in
 ``console/security.py``.
 """
@@ -20,7 +21,7 @@ from admin.query import parse_filter, parse_page_size
 from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
-from console import agent_pages, dashboard, inbox, security, views
+from console import agent_pages, dashboard, event_pages, inbox, layout, security, views
 from console.pages import ASSETS, Page, filters_of, form_of, guard, trouble
 from core.dashboard import STUCK_ROW
 from core.errors import (
@@ -66,9 +67,18 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
             refreshing=filters["refresh"] != "off",
             max_bulk=MAX_BULK,
             actions=BULK_ACTIONS,
+            events=event_pages.declared_events(),
         )
 
     return trouble(page, show)
+
+
+@bp.route(route="console/inbox", methods=["GET"])
+def console_inbox(req: func.HttpRequest) -> func.HttpResponse:
+    """The events the deployed workflows declare, how many orders wait for each, and the
+    link to each one's list (``/api/console?waiting=<event>``)."""
+    page = Page(req)
+    return trouble(page, lambda: event_pages.inbox(page, app_context().admin))
 
 
 @bp.route(route="console/lookup", methods=["GET"])
@@ -97,18 +107,23 @@ def _order_id(req: func.HttpRequest) -> str | None:
 
 
 def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.HttpResponse:
-    admin = app_context().admin
+    ctx = app_context()
+    admin = ctx.admin
     order = admin.get(order_id)
-    now = datetime.now(UTC)
+    now = ctx.clock()  # the app's clock: the one its deadlines were set by
     pauses = admin.pauses()
     paused = paused_view(order, pauses)
+    view = order_view(order, pauses)
     return page.render(
         "detail.html",
         status,
         order=order,
-        view=order_view(order, pauses),
+        view=view,
         paused=paused,
         timeline=views.timeline(order, now),
+        step_rows=layout.step_rows(order, view["steps"]),
+        # the events it waits for now: what the page offers to send (Approve / Refuse)
+        awaited=[w for w in view["waitingFor"] if "event" in w and not order.status.finished],
         why=views.why(order, paused),
         can_resubmit=views.can_resubmit(order),
         can_cancel=views.can_cancel(order),
@@ -137,10 +152,12 @@ def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     order_id = _order_id(req)
     action = req.params.get("action", "")
-    if order_id is None or action not in BULK_ACTIONS:
+    if order_id is None or action not in (*BULK_ACTIONS, *event_pages.DECISIONS):
         return page.render("message.html", 400, message="Nothing to confirm.", failed=True)
     if page.read_only:
         return page.render("message.html", 403, message="The console is read-only here.")
+    if action in event_pages.DECISIONS:
+        return trouble(page, lambda: event_pages.confirm(page, app_context().admin, order_id))
     reason = (req.params.get("reason") or "").strip()[:MAX_REASON_CHARS]
     if not reason:
         return page.redirect(
@@ -210,6 +227,30 @@ def console_resubmit(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/orders/{orderId}/cancel", methods=["POST"])
 def console_cancel(req: func.HttpRequest) -> func.HttpResponse:
     return _act(req, "cancel")
+
+
+@bp.route(route="console/orders/{orderId}/events/{name}", methods=["POST"])
+def console_event(req: func.HttpRequest) -> func.HttpResponse:
+    """Send the event ``name`` to the order (``action`` approve, with ``result`` and an
+    optional note in ``reason``; or refuse, with its ``reason``), as confirmed. Through
+    ``events``: the step that comes next is claimed and requested at once, as the API's."""
+    page = Page(req)
+    order_id = _order_id(req)
+    if order_id is None:
+        return page.render("message.html", 400, message="Not an order id.", failed=True)
+    name = req.route_params.get("name", "")
+
+    def refused(status: int, message: str) -> func.HttpResponse:
+        try:
+            return _detail(page, order_id, status, message=message, failed=True)
+        except OrderNotFound:  # gone since (retention): the refusal still says why
+            return page.render("message.html", status, message=message, failed=True)
+
+    def send() -> func.HttpResponse:
+        events = app_context().events
+        return event_pages.deliver(page, events, order_id, name, caller(req), refused)
+
+    return trouble(page, send)
 
 
 # --- bulk ----------------------------------------------------------------------------------

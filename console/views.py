@@ -1,7 +1,9 @@
 """What the console's pages show, computed from an order: pure functions, no I/O.
 
 ``timeline`` lays the attempts of every step on one time axis (an SVG drawn by the
-detail template); ``why`` says in one sentence why the order is in its state.
+detail template), the waits of event and delay steps as bars of their own, and marks
+the rows of one ``Parallel`` as a band; ``why`` says in one sentence why the order is in
+its state (``console.layout`` lays the steps out as the workflow declares them).
 """
 
 from __future__ import annotations
@@ -42,14 +44,46 @@ class Gap:
     title: str
 
 
+@dataclass(frozen=True)
+class Wait:
+    """An event or a delay step's wait: from when it began to when it ended, or (still
+    waiting) to now. Not an attempt: no agent runs it."""
+
+    step: str
+    kind: str  # event or delay
+    outcome: str  # waiting, succeeded, refused (refused or timed out), stopped
+    x: float
+    width: float
+    title: str
+    open_ended: bool
+
+
 @dataclass
 class Row:
     step: str
     label: str
     compensation: bool
     y: int
+    kind: str = "task"  # task, event or delay
+    state: str = ""  # the record's ProcessState
+    #: the element of the workflow it belongs to (actions only); rows of one Parallel
+    #: share it and are drawn inside one band
+    group: int | None = None
+    parallel: bool = False
     bars: list[Bar] = field(default_factory=list)
     gaps: list[Gap] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    #: where "skipped" is written (the time its ``when`` said no), for a Skipped step
+    skipped_x: float | None = None
+
+
+@dataclass(frozen=True)
+class Band:
+    """The rows of one Parallel group, drawn behind them: they ran at once."""
+
+    group: int
+    y: int
+    height: int
 
 
 @dataclass(frozen=True)
@@ -60,6 +94,7 @@ class Timeline:
     start: str
     end: str
     ticks: list[tuple[float, str]]
+    bands: list[Band] = field(default_factory=list)
 
 
 def _when(text: Any) -> datetime | None:
@@ -69,10 +104,61 @@ def _when(text: Any) -> datetime | None:
         return None
 
 
+def _wait_span(step: StepRecord, now: datetime) -> tuple[datetime, datetime, bool] | None:
+    """When an event or delay step began to wait and when that ended (still waiting: now,
+    open): from its history, where the wait's start is written (``waiting``) and the entry
+    after it is how the wait ended (taken, ended, failed, stopped by a cancel)."""
+    began = [i for i, h in enumerate(step.history) if h.get("event") == Event.WAITING]
+    if not began:
+        return None
+    start = _when(step.history[began[-1]].get("at"))
+    if start is None:
+        return None
+    if step.waiting_for is not None and step.is_active:
+        return start, max(now, start), True
+    later = step.history[began[-1] + 1 :]
+    end = _when(later[0].get("at")) if later else None
+    return start, max(end or start, start), False
+
+
+def _wait_title(step: StepRecord, kind: str, start: datetime, end: datetime, open_: bool) -> str:
+    waited = step.waiting_for or next(
+        (h["waitingFor"] for h in step.history if isinstance(h.get("waitingFor"), dict)), {}
+    )
+    what = f"until {waited['until']}" if "until" in waited else f"for event {waited.get('event')}"
+    if open_:
+        deadline = iso(step.complete_by)
+        return f"{step.step} ({kind}): waiting {what} since {iso(start)}; deadline {deadline}"
+    parts = [f"{step.step} ({kind}): waited {what} from {iso(start)} to {iso(end)}"]
+    taken = [h for h in step.history if h.get("event") == Event.EVENT_TAKEN]
+    if taken:
+        note = f": {taken[-1]['reason']}" if taken[-1].get("reason") else ""
+        parts.append(f"event taken, sent by {taken[-1].get('by', 'someone')}{note}")
+    parts.append(f"now {step.process_state}")
+    return "; ".join(parts)
+
+
+def _wait_outcome(step: StepRecord, open_: bool) -> str:
+    if open_:
+        return "waiting"
+    return {
+        StepState.PROCESSED: "succeeded",
+        StepState.ERROR: "refused",
+    }.get(step.process_state, "stopped")
+
+
 def timeline(order: Order, now: datetime) -> Timeline:
     """Every attempt of every step as a bar from its start to its end (or, still running,
-    to its deadline), and the waits between attempts as gaps."""
+    to its deadline), the waits between attempts as gaps, and each event or delay step's
+    wait as a bar from its start to its end (still waiting: to now, not to its deadline,
+    which may be days away and would squash every other bar)."""
     spans: list[tuple[StepRecord, dict[str, Any], datetime, datetime, bool]] = []
+    waits: list[tuple[StepRecord, str, datetime, datetime, bool]] = []
+    for step in order.steps:
+        kind = order.kind_of(step)
+        span = _wait_span(step, now) if kind != "task" else None
+        if span is not None:
+            waits.append((step, kind, *span))
     for step in sorted(order.steps, key=lambda s: s.seq):
         for entry in attempts_of(step):
             start = _when(entry.get("claimedAt"))
@@ -86,7 +172,7 @@ def timeline(order: Order, now: datetime) -> Timeline:
             spans.append((step, entry, start, max(end, start), running))
     begin = order.created_at
     finish = max([now if not order.status.terminal else order.updated_at, order.updated_at])
-    finish = max([finish, *(end for *_, end, _ in spans)])
+    finish = max([finish, *(end for *_, end, _ in spans), *(end for *_, end, _ in waits)])
     total = max((finish - begin).total_seconds(), 1.0)
 
     def x(at: datetime) -> float:
@@ -95,11 +181,25 @@ def timeline(order: Order, now: datetime) -> Timeline:
     rows: list[Row] = []
     by_step: dict[int, Row] = {}
     for step in sorted(order.steps, key=lambda s: s.seq):
-        compensation = step.kind is StepKind.COMPENSATION
-        label = f"{step.step} (undoes {step.compensates})" if compensation else step.step
-        row = Row(step.step, label, compensation, TOP + len(rows) * ROW_HEIGHT)
+        row = _row(order, step, TOP + len(rows) * ROW_HEIGHT)
+        if step.process_state is StepState.SKIPPED:
+            skipped = [h for h in step.history if h.get("event") == Event.SKIPPED]
+            at = _when(skipped[-1].get("at")) if skipped else None
+            row.skipped_x = x(at or begin)
         rows.append(row)
         by_step[step.seq] = row
+    for step, kind, start, end, open_ in waits:
+        by_step[step.seq].waits.append(
+            Wait(
+                step.step,
+                kind,
+                _wait_outcome(step, open_),
+                x(start),
+                max(x(end) - x(start), 3.0),
+                _wait_title(step, kind, start, end, open_),
+                open_,
+            )
+        )
     previous_end: dict[int, datetime] = {}
     for step, entry, start, end, running in spans:
         row = by_step[step.seq]
@@ -136,7 +236,50 @@ def timeline(order: Order, now: datetime) -> Timeline:
         iso(begin),
         iso(finish),
         ticks,
+        _bands(rows),
     )
+
+
+def _row(order: Order, step: StepRecord, y: int) -> Row:
+    compensation = step.kind is StepKind.COMPENSATION
+    kind = order.kind_of(step)
+    label = f"{step.step} (undoes {step.compensates})" if compensation else step.step
+    if kind != "task":
+        label = f"{step.step} ({kind})"
+    group = _group_of(order, step)
+    return Row(
+        step.step,
+        label,
+        compensation,
+        y,
+        kind=kind,
+        state=str(step.process_state),
+        group=group,
+        parallel=group is not None and len(order.plan.group(group)) > 1,
+    )
+
+
+def _group_of(order: Order, step: StepRecord) -> int | None:
+    if step.kind is not StepKind.ACTION:
+        return None
+    try:
+        return order.plan.planned(step.step).group
+    except KeyError:  # pragma: no cover - a record its plan does not name
+        return None
+
+
+def _bands(rows: list[Row]) -> list[Band]:
+    """One band per run of rows of one Parallel group (its records are made together, so
+    they are neighbours; a record made later, a rerun, starts a band of its own)."""
+    bands: list[Band] = []
+    run: list[Row] = []
+    for row in [*rows, None]:
+        if run and (row is None or not row.parallel or row.group != run[0].group):
+            bands.append(Band(run[0].group or 0, run[0].y, len(run) * ROW_HEIGHT))
+            run = []
+        if row is not None and row.parallel:
+            run.append(row)
+    return bands
 
 
 def why(order: Order, paused: dict[str, Any] | None = None) -> str:
@@ -160,9 +303,12 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
     if status is OrderStatus.ERROR and failed:
         step = max(failed, key=lambda s: s.seq)
         told = f" The operator was told: {alerts[-1]['reason']}" if alerts else ""
+        # An event step has no attempt and so no last error: why it failed (refused, or no
+        # event in time) is what it gave up with.
+        error = step.last_error or (step.gave_up.reason if step.gave_up else None)
         return (
             f"Step {step.step} failed for good after {step.failure_count} counted failure(s); "
-            f"last error: {(step.last_error or 'none recorded').rstrip('.')}.{told}"
+            f"last error: {(error or 'none recorded').rstrip('.')}.{told}"
         )
     if status is OrderStatus.COMPLETED:
         return "Every step succeeded."
@@ -172,10 +318,16 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         return "Cancelled, and every completed step was undone."
     if active is None:
         return f"The order is {status}; no step is active."
+    waiting = _waits(order)
+    if waiting:
+        return waiting + (" A cancel was requested." if order.cancel_requested else "")
     doing = "undoing" if active.kind is StepKind.COMPENSATION else "at"
+    side = [s.step for s in order.active_steps()]
+    if len(side) > 1:
+        doing = f"Steps {', '.join(side)} run side by side; {doing}"
     if active.process_state is StepState.PROCESSING:
         return (
-            f"{doing.capitalize()} step {active.step}: attempt {active.attempt} is running on "
+            f"{_first_upper(doing)} step {active.step}: attempt {active.attempt} is running on "
             f"{active.locked_by or 'an agent'}, deadline {iso(active.complete_by)}."
         )
     extra = f" Last error: {active.last_error.rstrip('.')}." if active.last_error else ""
@@ -183,10 +335,41 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         extra += f" Deferred {active.deferrals} time(s): its remote service is not answering."
     cancel = " A cancel was requested." if order.cancel_requested else ""
     return (
-        f"{doing.capitalize()} step {active.step}: waiting to run (attempt "
+        f"{_first_upper(doing)} step {active.step}: waiting to run (attempt "
         f"{active.attempt + 1}) not before {iso(active.complete_by)}, "
         f"{active.failure_count} counted failure(s) so far.{extra}{cancel}"
     )
+
+
+def _first_upper(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _waits(order: Order) -> str:
+    """What the order waits for from outside or from time, a sentence per wait; the other
+    steps of its group that are still at work, named. Empty when nothing waits."""
+    sentences: list[str] = []
+    busy: list[str] = []
+    for step in order.active_steps():
+        waited = step.waiting_for
+        if not waited or step.process_state is not StepState.PROCESSING:
+            busy.append(step.step)
+        elif "until" in waited:
+            sentences.append(f"Step {step.step} waits until {waited['until']} (a delay).")
+        elif order.kind_of(step) == "event":
+            sentences.append(
+                f"Step {step.step} waits for event {waited['event']}, at most until "
+                f"{iso(step.complete_by)}; then it fails and the workflow unwinds."
+            )
+        else:
+            sentences.append(
+                f"Step {step.step} was accepted by its remote and waits for its callback, "
+                f"event {waited['event']}, until {iso(step.complete_by)}; then the call is "
+                "made again with the same idempotency key."
+            )
+    if sentences and busy:
+        sentences.append(f"Beside it, still at work: {', '.join(busy)}.")
+    return " ".join(sentences)
 
 
 @dataclass(frozen=True)

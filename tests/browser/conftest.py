@@ -1,7 +1,8 @@
 """Fixtures of the browser layer (the harness itself is in harness.py).
 
 - ``console`` (session): the app (Azurite, the simulator, devhost 0 with the writable
-  console, devhost 1 read-only and HTTP only) with its orders settled; ~20 s to start.
+  console, devhost 1 read-only and HTTP only) on the tests' declarations
+  (``tests/fixtures/flows.py``), with its orders settled; ~20 s to start.
 - ``driver`` (session): one headless Chromium for every test.
 - ``browser`` (per test): that Chromium with bounded waits. When a test fails, its
   screenshot, page source and browser log are saved under the test's pytest tmp dir,

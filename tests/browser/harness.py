@@ -11,7 +11,11 @@ orders the tests look at, made once and settled before the first test runs:
 The orders (``Orders``) end in known states: completed ones, failing ones in ``error``,
 one that fails twice and then succeeds (it completes when resubmitted), one carrying
 hostile markup in its body and in its error, and a bulk group created alone in its own
-whole-second window, so that a ``from``/``to`` filter selects exactly that group.
+whole-second window, so that a ``from``/``to`` filter selects exactly that group. The
+app runs the tests' declarations (``tests/fixtures/flows.py``: the product's two
+workflows and one per kind of contract 3.13), so that orders of those kinds settle too:
+a parallel one (completed) and approvals waiting for their event, or (too small to need
+one) skipped past it into a ten-minute delay.
 
 ``chromium()``: headless Chromium from the Debian packages (``make browser-deps``), with
 both paths given so that Selenium Manager never downloads anything. ``Browser`` wraps it
@@ -48,10 +52,11 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from core.model import Order
 from demo.stack import ROOT, LocalStack
-from tests.support import wait_for
+from tests.support import declarations, wait_for
 
 T = TypeVar("T")
 
+FLOWS = "tests.fixtures.flows"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 #: Pages are server-rendered: once loaded, what the contract names is there or never is.
@@ -69,6 +74,10 @@ SETTINGS = {
     # 3 s is less than the time between two attempts, so a failing order reaches `error`
     # at its second attempt, and a healthy one that was deferred once still completes.
     "DEFERRAL_WINDOW_SECONDS": "3",
+    # A superset of the product's declarations (the same `order` and `fulfilment`, the
+    # same four agents) with a workflow per kind of contract 3.13; the test process puts
+    # the same module to use while the app runs (running_console).
+    "ORDERS_DECLARATIONS": FLOWS,
 }
 #: Fails the `process` step at every call (HTTP 503): the order ends in `error`.
 DEAD = {"fail": "transient", "times": 100000, "status": 503}
@@ -103,6 +112,16 @@ class Orders:
     guard: str = "guard-1"  # `error` (refused): the target of refused POSTs
     hostile: str = "xss-1"  # fulfilment refused at its first step: `compensated`
     bulk: tuple[str, ...] = ("bulk-1", "bulk-2", "bulk-3")  # refused, own time window
+    #: contract 3.13 (tests/fixtures/flows.py): a `trip`, two bookings at once, completed
+    parallel: str = "trip-1"
+    #: `approval` orders waiting for the event `approved` (their Event step's timeout is an
+    #: hour): one to approve, one to refuse, and two nobody touches (the inbox)
+    approve: str = "approve-1"
+    refuse: str = "refuse-1"
+    inbox: tuple[str, ...] = ("inbox-1", "inbox-2")
+    #: an `approval` too small to need one: `approved` skipped, then the `hold` delay
+    #: (ten minutes: longer than the whole suite)
+    small: str = "small-1"
 
     def bodies(self) -> dict[str, dict[str, Any]]:
         """What is submitted for each order except the bulk group."""
@@ -124,7 +143,11 @@ class Orders:
                     "reserve-stock": {"fail": "permanent", "status": 422, "error": hostile(5)}
                 },
             },
+            self.parallel: {"orderId": self.parallel, "workflow": "trip", "amount": 700},
+            self.small: {"orderId": self.small, "workflow": "approval", "amount": 50},
         }
+        for order_id in (self.approve, self.refuse, *self.inbox):
+            bodies[order_id] = {"orderId": order_id, "workflow": "approval", "amount": 5000}
         return bodies
 
     def bulk_bodies(self) -> dict[str, dict[str, Any]]:
@@ -132,9 +155,16 @@ class Orders:
 
     def expected(self) -> dict[str, str]:
         return {
-            **dict.fromkeys(self.completed, "completed"),
+            **dict.fromkeys((*self.completed, self.parallel), "completed"),
             **dict.fromkeys((*self.failed, self.retry, self.guard, *self.bulk), "error"),
             self.hostile: "compensated",
+        }
+
+    def waiting(self) -> dict[str, str]:
+        """The orders that settle waiting, not finished: order id -> the step that waits."""
+        return {
+            **dict.fromkeys((self.approve, self.refuse, *self.inbox), "approved"),
+            self.small: "hold",
         }
 
 
@@ -189,6 +219,13 @@ class Console:
         assert response.status_code == 200, (response.status_code, response.text[:300])
         listed = response.json()["orders"]
         return {o["orderId"] for o in listed if workflow is None or o["workflow"] == workflow}
+
+    def api_waiting(self, event: str) -> list[str]:
+        """The ids the JSON operator API lists as waiting for ``event``, in its order."""
+        params = {"waiting": event, "pageSize": "100"}
+        response = httpx.get(f"{self.api}/orders", params=params, timeout=10)
+        assert response.status_code == 200, (response.status_code, response.text[:300])
+        return [o["orderId"] for o in response.json()["orders"]]
 
     def api_order(self, order_id: str) -> dict[str, Any]:
         response = httpx.get(f"{self.api}/orders/{order_id}", timeout=10)
@@ -265,16 +302,31 @@ def _created(stack: LocalStack, order_ids: list[str], timeout: float) -> dict[st
     return wait_for(all_there, timeout, interval=0.2, what=f"orders {order_ids} to be created")
 
 
-def _settle(stack: LocalStack, expected: dict[str, str], timeout: float) -> None:
+def _waits(order: Order | None, step: str) -> bool:
+    record = order.find(step) if order is not None else None
+    return record is not None and record.is_active and record.waiting_for is not None
+
+
+def _settle(
+    stack: LocalStack, expected: dict[str, str], waiting: dict[str, str], timeout: float
+) -> None:
     def done() -> bool:
         loaded = {o: stack.context.store.load(o) for o in expected}
-        return all(v is not None and v.status.terminal for v in loaded.values())
+        finished = all(v is not None and v.status.terminal for v in loaded.values())
+        return finished and all(
+            _waits(stack.context.store.load(o), step) for o, step in waiting.items()
+        )
 
     with contextlib.suppress(AssertionError):  # reported below, with what each order did
         wait_for(done, timeout, interval=0.5, what="the browser-test orders to settle")
-    loaded = {o: stack.context.store.load(o) for o in expected}
+    loaded = {o: stack.context.store.load(o) for o in (*expected, *waiting)}
     actual = {o: v.status.value if v is not None else None for o, v in loaded.items()}
     wrong = {o: (actual[o], want) for o, want in expected.items() if actual[o] != want}
+    wrong |= {
+        o: (actual[o], f"processing, {step} waiting")
+        for o, step in waiting.items()
+        if not _waits(loaded[o], step)
+    }
     why = {
         o: [
             {k: h[k] for k in ("event", "attempt", "reason", "error") if k in h}
@@ -296,12 +348,15 @@ def running_console() -> Iterator[Console]:
     """The app with its orders settled (see the module docstring); stopped on exit."""
     began = time.monotonic()
     orders = Orders()
-    with LocalStack(
-        devhosts=2,
-        settings=SETTINGS,
-        devhost_env=[{"CONSOLE_READ_ONLY": "false"}, {"CONSOLE_READ_ONLY": "true"}],
-        autostart=False,
-    ) as stack:
+    with (
+        declarations(FLOWS),
+        LocalStack(
+            devhosts=2,
+            settings=SETTINGS,
+            devhost_env=[{"CONSOLE_READ_ONLY": "false"}, {"CONSOLE_READ_ONLY": "true"}],
+            autostart=False,
+        ) as stack,
+    ):
         stack.hosts[1].args = [
             "--exclude",
             ",".join(background_functions(stack.env)),
@@ -330,7 +385,7 @@ def running_console() -> Iterator[Console]:
         end = _whole_second(max(o.created_at for o in group.values())) + timedelta(seconds=1)
         intruders = [o for o, v in others.items() if first <= v.created_at < end]
         assert not intruders, f"orders created inside the bulk window: {intruders}"
-        _settle(stack, orders.expected(), SETTLE_TIMEOUT)
+        _settle(stack, orders.expected(), orders.waiting(), SETTLE_TIMEOUT)
         yield Console(
             stack=stack,
             base=base,

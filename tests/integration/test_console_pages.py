@@ -17,10 +17,10 @@ import pytest
 from bootstrap import AppContext, reset_app_context
 from console import security
 from console import triggers as console
-from core.messages import AgentRequest, alert_message
+from core.messages import AgentRequest, alert_message, decode_request
 from core.states import OrderStatus
 from tests.integration.test_listing import T0, accept, fail
-from tests.support import installed
+from tests.support import declarations, drain_requests, installed
 
 BASE = "http://h:7071/api/console"
 HOSTILE = "<script>window.__pwned=1</script><img src=x onerror=alert(1)>"
@@ -54,6 +54,7 @@ def _call(
     handler = {
         ("GET", ""): console.console_list,
         ("GET", "/lookup"): console.console_lookup,
+        ("GET", "/inbox"): console.console_inbox,
         ("GET", "/alerts"): console.console_alerts,
         ("GET", "/retention"): console.console_retention,
         ("GET", "/orders"): console.console_order,
@@ -315,3 +316,66 @@ def test_the_retention_page_shows_what_the_timer_would_archive_and_changes_nothi
     assert "completed=30d,compensated=90d,cancelled=90d" in page
     assert "/orders/ret-old" in page and "ret-new" not in page
     assert ctx.store.load("ret-old") is not None  # a dry run
+
+
+# --- what a workflow can say (docs/contracts.md §3.13): events and the inbox ----------------
+
+
+def waiting_for_approval(ctx: AppContext, order_id: str) -> None:
+    """An approval order past its first step (answered by hand): it waits for ``approved``."""
+    body = {"orderId": order_id, "workflow": "approval", "amount": 5000}
+    ctx.scheduler.submit(json.dumps(body).encode())
+    [request] = [decode_request(t) for t in drain_requests(ctx)]
+    ctx.scheduler.apply_reply(request.succeeded({"reserved": True}))
+    order = ctx.store.load(order_id)
+    assert order is not None and order.awaited_events() == ["approved"]
+
+
+def event_post(order_id: str, event: str, form: dict[str, str]) -> func.HttpResponse:
+    token = security.new_token()
+    request = func.HttpRequest(
+        "POST",
+        f"{BASE}/orders/{order_id}/events/{event}",
+        body=urlencode({**form, "csrf": token}).encode(),
+        route_params={"orderId": order_id, "name": event},
+        headers={
+            "host": "h:7071",
+            "cookie": f"{security.COOKIE}={token}",
+            "content-type": "application/x-www-form-urlencoded",
+        },
+    )
+    response: func.HttpResponse = console.console_event(request)
+    return response
+
+
+def test_the_inbox_lists_waiting_orders_and_an_approval_takes_one_out(ctx: AppContext) -> None:
+    with declarations():
+        for order_id in ("ap-0", "ap-1"):
+            waiting_for_approval(ctx, order_id)
+        inbox = html(get("", {"waiting": "approved", "refresh": "off"}))
+        assert ids_listed(inbox) == ["ap-1", "ap-0"]
+        assert re.search(
+            r'data-event="approved">\s*<td><a[^>]+>approved</a></td>\s*'
+            r'<td class="count">2<',
+            html(get("/inbox")),
+        )
+
+        done = event_post(
+            "ap-0", "approved", {"action": "approve", "result": '{"by": "ann"}', "reason": "ok"}
+        )
+        assert done.status_code == 303 and "Approved+by" in done.headers["Location"]
+        assert ids_listed(html(get("", {"waiting": "approved"}))) == ["ap-1"]
+        order = ctx.store.load("ap-0")
+        assert order is not None and order.find("approved").result == {"by": "ann"}  # type: ignore[union-attr]
+        assert drain_requests(ctx) == []  # a delay comes next: nothing to call
+
+        refused = event_post("ap-1", "approved", {"action": "refuse", "reason": "no budget"})
+        assert refused.status_code == 303
+        # the undo was claimed and requested in the same call, as the API's events are
+        [release] = [decode_request(t) for t in drain_requests(ctx)]
+        assert (release.order_id, release.step) == ("ap-1", "release")
+        again = event_post("ap-1", "approved", {"action": "approve", "result": "{}"})
+        assert again.status_code == 409 and "delivered before" in html(again)
+        assert ids_listed(html(get("", {"waiting": "approved"}))) == []
+        assert get("", {"waiting": "approved", "status": "error"}).status_code == 400
+        assert get("", {"waiting": "no!"}).status_code == 400
