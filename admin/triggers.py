@@ -42,7 +42,7 @@ from core.errors import (
     TransitionRefused,
 )
 from core.orders import is_valid_order_id, strict_json
-from core.workflows import AGENTS, WORKFLOWS
+from core.workflows import AGENTS, MAX_STEP_NAME, WORKFLOWS
 
 bp = func.Blueprint()
 
@@ -211,8 +211,10 @@ def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
     if order_id is None:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
     name = req.route_params.get("name", "")
-    if not _STEP.fullmatch(name) or len(name) > MAX_NAME_CHARS:
-        return _error(400, "an event name is kebab-case (a-z, 0-9, -), at most 64 characters")
+    if not _STEP.fullmatch(name) or len(name) > MAX_STEP_NAME:
+        return _error(
+            400, f"an event name is kebab-case (a-z, 0-9, -), at most {MAX_STEP_NAME} characters"
+        )
     raw = req.get_body()
     if len(raw) > MAX_EVENT_BODY_BYTES:
         return _error(

@@ -347,6 +347,8 @@ class Unwinding(Progress):
         step.locked_by = ""
         step.waiting_for = None
         step.gave_up = GaveUp(now, ambiguous, by_expiry_of, reason=reason)
+        if not step.last_error:  # an event refused or not come, a function that raised
+            step.last_error = reason
         verdict = "it was not applied"
         if ambiguous:
             numbers = ", ".join(map(str, step.maybe_applied))

@@ -516,3 +516,14 @@ def test_a_plan_from_before_groups_reads_as_a_line_of_tasks() -> None:
     }
     plan = Plan.from_json(old)
     assert [(s.group, s.kind) for s in plan.steps] == [(0, "task"), (1, "task")]
+
+
+def test_an_event_step_that_failed_says_why_in_its_last_error() -> None:
+    from admin.service import order_summary, step_view
+
+    order = waiting_for_approval()
+    order.expire(T0 + timedelta(seconds=3601), POLICY, step="approved")
+    approved = order.find("approved")
+    assert approved is not None and approved.gave_up is not None
+    assert step_view(approved, None, order)["lastError"] == approved.gave_up.reason
+    assert "no event approved" in str(order_summary(order)["lastError"])
