@@ -7,14 +7,19 @@ declaration at fault. ``GET /api/workflows`` and ``python -m admin workflows`` s
 is deployed. ``infra/agents.json`` (for Bicep: one Service Bus queue, settings and role
 assignments per agent) is generated from it: ``python -m admin agents-json``.
 
-The product's own ``order`` and ``fulfilment`` workflows stand for four remote services,
-so they declare four agents (docs/contracts.md §3.8). With no ``AGENT_<NAME>_URL``
-setting, each calls ``REMOTE_SERVICE_URL``.
+The product's own workflows, ``order``, ``fulfilment`` and ``checkout``, stand for four
+remote services, so they declare four agents (docs/contracts.md §3.8). With no
+``AGENT_<NAME>_URL`` setting, each calls ``REMOTE_SERVICE_URL``. Their compensations name
+the ids their steps handed out, and ``checkout`` shows the rest of what a workflow can
+say (§3.13): stock and payment at once, a person's approval for big orders, a cooling-off
+window in which the customer may still cancel, and a carrier that confirms later
+(``declarations/shop.py``).
 """
 
 from __future__ import annotations
 
-from core.workflows import Agent, Compensation, StepSpec, Workflow
+from core.workflows import Agent, Compensation, Delay, Event, Parallel, StepSpec, Workflow
+from declarations.shop import needs_approval, refund_payment, release_stock, ship_and_call_back
 
 AGENTS = [
     Agent("orders"),
@@ -29,12 +34,36 @@ WORKFLOWS = [
         "fulfilment",
         (
             StepSpec(
-                "reserve-stock", agent="inventory", compensation=Compensation("release-stock")
+                "reserve-stock",
+                agent="inventory",
+                compensation=Compensation("release-stock", input=release_stock),
             ),
             StepSpec(
-                "charge-payment", agent="payments", compensation=Compensation("refund-payment")
+                "charge-payment",
+                agent="payments",
+                compensation=Compensation("refund-payment", input=refund_payment),
             ),
             StepSpec("ship", agent="carrier"),
+        ),
+    ),
+    Workflow(
+        "checkout",
+        (
+            Parallel(
+                StepSpec(
+                    "reserve-stock",
+                    agent="inventory",
+                    compensation=Compensation("release-stock", input=release_stock),
+                ),
+                StepSpec(
+                    "charge-payment",
+                    agent="payments",
+                    compensation=Compensation("refund-payment", input=refund_payment),
+                ),
+            ),
+            Event("approved", timeout_seconds=86_400, when=needs_approval),
+            Delay("cooling-off", seconds=3),  # short, so that the demo shows it
+            StepSpec("ship", agent="carrier", input=ship_and_call_back, completes_on="parcel-left"),
         ),
     ),
 ]

@@ -3,12 +3,15 @@
 Starts Azurite, the simulated remote services and two devhost instances (the
 Function App, twice, as if scaled out), submits demo orders that meet
 transient errors, throttling, dropped connections, hangs past the deadline
-and permanent failures, shows their progress live; then takes the remote
-services down (503, then unreachable) while more orders arrive, brings them
-back, and ends with a summary. Exit status 1 if any order was lost, is stuck,
-ended other than expected, had an effect applied twice, or if the outage
-raised an alert or drew more than a trickle of calls. Everything started here
-is stopped here, also on Ctrl-C.
+and permanent failures, and checkout orders (steps at once, an approval the demo
+gives or refuses through the HTTP API as an operator would, a cancel in a cooling-off,
+a carrier that calls back, or loses or refuses its callback), shows their progress
+live; then takes the remote services down (503, then unreachable) while more orders
+arrive, brings them back, and ends with a summary. Exit status 1 if any order was
+lost, is stuck, ended other than expected, had an effect applied twice, was undone
+without naming the id its step handed out, or if the outage raised an alert or drew
+more than a trickle of calls. Everything started here is stopped here, also on
+Ctrl-C.
 
     python -m demo [--copies N] [--timeout S] [--serve] [--no-outage]
                    [--transport storage|servicebus]
@@ -25,10 +28,12 @@ import signal
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
@@ -135,6 +140,60 @@ def keep_console_up(stack: LocalStack, console: Console, code: int) -> int:
     return code  # the demo's verdict, whenever the person stops it
 
 
+@dataclass
+class Operator:
+    """What the demo does as an operator would, through the HTTP API (a scenario's
+    ``operator``): approve or refuse an order's ``approved`` event once it has waited a
+    moment (long enough to be seen waiting), or cancel it in its cooling-off."""
+
+    http_url: str
+    done: dict[str, str] = field(default_factory=dict)  # orderId -> what, and the answer
+    _seen: dict[str, float] = field(default_factory=dict)
+
+    def act(
+        self, cases: list[Scenario], orders: dict[str, Order | None], say: Callable[[str], None]
+    ) -> None:
+        for case in cases:
+            order = orders.get(case.order_id)
+            if case.operator is None or case.order_id in self.done or order is None:
+                continue
+            step = order.find("cooling-off" if case.operator == "cancel" else "approved")
+            if step is None or step.waiting_for is None:
+                continue
+            seen = self._seen.setdefault(case.order_id, time.monotonic())
+            if case.operator != "cancel" and time.monotonic() - seen < 1.0:
+                continue
+            self.done[case.order_id] = answer = self._send(case)
+            say(f"[bold]operator:[/] {case.operator} {case.order_id} → {answer}")
+
+    def _send(self, case: Scenario) -> str:
+        base = f"{self.http_url}/api/orders/{case.order_id}"
+        body: dict[str, Any]
+        if case.operator == "cancel":
+            url, body = f"{base}/cancel", {"reason": "the customer changed their mind"}
+        elif case.operator == "approve":
+            url, body = f"{base}/events/approved", {"result": {"by": "demo"}, "reason": "ok"}
+        else:
+            url, body = f"{base}/events/approved", {"refused": "over this customer's limit"}
+        try:
+            response = httpx.post(url, json=body, headers={"x-operator": "demo"}, timeout=10)
+        except httpx.HTTPError as exc:
+            return f"no answer ({exc})"
+        return f"HTTP {response.status_code}"
+
+    def problems(self, cases: list[Scenario]) -> list[str]:
+        out = []
+        for case in cases:
+            if case.operator is None:
+                continue
+            answer = self.done.get(case.order_id)
+            if answer is None:
+                out.append(f"{case.order_id}: never waited for the operator ({case.operator})")
+            elif not answer.startswith("HTTP 2"):
+                out.append(f"{case.order_id}: {case.operator} answered {answer}")
+        return out
+
+
 def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     run_id = uuid.uuid4().hex[:6]
     cases = scenarios(f"demo-{run_id}", args.copies)
@@ -145,11 +204,14 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     for bad in BAD_MESSAGES:
         stack.submit(bad)
     ctx = stack.context
+    assert stack.http_url is not None
+    operator = Operator(stack.http_url)
     started = time.monotonic()
     orders: dict[str, Order | None] = {}
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         while True:
             orders = {c.order_id: ctx.store.load(c.order_id) for c in cases}
+            operator.act(cases, orders, live.console.print)
             done = sum(1 for o in orders.values() if o is not None and o.status.terminal)
             elapsed = time.monotonic() - started
             live.update(
@@ -174,6 +236,7 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     )
     summary: dict[str, Any] = {
         **verdict.as_json(),
+        "operator": operator.done,
         "rejectedMessages": len(rejected),
         "seconds": round(time.monotonic() - started, 1),
     }
@@ -182,7 +245,7 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     console.print(Panel(json.dumps(summary, indent=2), title="summary"))
     for r in rejected:
         console.print(f"[dim]rejected:[/] {json.loads(r.content)['reason']}")
-    problems = verdict.problems()
+    problems = verdict.problems() + operator.problems(cases)
     if outage is not None:
         problems += outage.problems(alerts)
     if len(rejected) != len(BAD_MESSAGES):
@@ -194,7 +257,8 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
         return 1
     console.print(
         "[green]✓ every order ended as expected; nothing lost, nothing stuck, "
-        "no effect applied twice, every error alerted; the outage was ridden out.[/]"
+        "no effect applied twice, every undo named the id its step handed out, every error "
+        "alerted; the outage was ridden out.[/]"
     )
     return 0
 

@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 HANG_FOREVER = {"fail": "hang", "times": 99, "seconds": 3600, "applyFirst": False}
+#: What the demo does to an order as an operator would, through the HTTP API: approve or
+#: refuse its ``approved`` event while it waits for it, or cancel it in its cooling-off.
+OPERATOR_ACTIONS = ("approve", "refuse", "cancel")
 
 
 @dataclass(frozen=True)
@@ -15,8 +18,11 @@ class Scenario:
     expected: str  # the order status it must end in
     workflow: str = "order"
     simulate: dict[str, Any] = field(default_factory=dict)
-    # remote effects that must stand at the end, in the order applied
+    # remote effects (and undos) applied, in the order applied (the steps of a parallel
+    # group, and their undos, in any order among themselves)
     effects: tuple[str, ...] = ()
+    amount: int = 42
+    operator: str | None = None  # one of OPERATOR_ACTIONS
 
     def message(self, reply_to: str) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -24,7 +30,7 @@ class Scenario:
             "workflow": self.workflow,
             "replyTo": reply_to,
             "customer": "demo",
-            "amount": 42,
+            "amount": self.amount,
         }
         if self.simulate:
             body["simulate"] = self.simulate
@@ -120,8 +126,67 @@ def scenarios(prefix: str, copies: int = 1) -> list[Scenario]:
                 simulate={"ship": "permanent", "refund-payment": "permanent"},
                 effects=("reserve-stock", "charge-payment"),
             ),
+            *checkouts(p),
         ]
     return out
+
+
+def checkouts(p: str) -> list[Scenario]:
+    """``checkout`` (declarations/__init__.py): stock and payment at once, an approval for
+    1000 or more, a 3 s cooling-off, a carrier that calls back; undos name their ids."""
+    full = ("reserve-stock", "charge-payment", "ship")
+    undone = ("reserve-stock", "charge-payment", "refund-payment", "release-stock")
+    return [
+        Scenario(
+            f"{p}-chk-ok",
+            "checkout: both at once, a callback",
+            "completed",
+            "checkout",
+            effects=full,
+        ),
+        Scenario(
+            f"{p}-chk-approved",
+            "checkout 1500: approved via the API",
+            "completed",
+            "checkout",
+            effects=full,
+            amount=1500,
+            operator="approve",
+        ),
+        Scenario(
+            f"{p}-chk-refused",
+            "checkout 2500: refused via the API",
+            "compensated",
+            "checkout",
+            effects=undone,
+            amount=2500,
+            operator="refuse",
+        ),
+        Scenario(
+            f"{p}-chk-cancel",
+            "checkout: cancelled in its cooling-off",
+            "cancelled",
+            "checkout",
+            effects=undone,
+            operator="cancel",
+        ),
+        Scenario(
+            f"{p}-chk-lost",
+            "carrier's callback lost: asked again",
+            "completed",
+            "checkout",
+            simulate={"ship": {"callback": "lost"}},
+            effects=full,
+        ),
+        Scenario(
+            f"{p}-chk-carrier",
+            "carrier refuses by callback: undone",
+            "compensated",
+            "checkout",
+            simulate={"ship": {"callback": "refuse:no driver today"}},
+            effects=undone,
+        ),
+    ]
 
 
 #: Messages that must be rejected (kept in orders-rejected with a reason).

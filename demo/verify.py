@@ -11,7 +11,12 @@ an effect for a step the system said was not applied (refused, failed for good
 with nothing applied, cancelled before it ran); an order in error without an
 alert naming its step; a report applied for an attempt that was over (a
 success is the exception: it is evidence whenever it arrives); a step whose
-history does not replay to its state.
+history does not replay to its state; a compensation that undid an effect
+without naming the id that effect handed out (the ledger's ``ids``).
+
+The steps of one parallel group (docs/contracts.md §3.13) may apply in any order
+among themselves, and so may their compensations: effects are compared with that
+order left free, every other order kept.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ VIOLATIONS = (
     "unalerted",
     "stale_applied",
     "inconsistent_history",
+    "ids_not_carried",
 )
 
 
@@ -58,6 +64,7 @@ class Verdict:
     unalerted: list[str] = field(default_factory=list)
     stale_applied: list[str] = field(default_factory=list)
     inconsistent_history: list[str] = field(default_factory=list)
+    ids_not_carried: list[str] = field(default_factory=list)
     attempts: int = 0
     expiries: int = 0
     alerts: int = 0
@@ -119,6 +126,19 @@ def _deadlines(step: StepRecord) -> dict[int, datetime]:
     return {a.number: a.deadline for a in step.attempts.items}
 
 
+#: The state a step is in after these events, whatever it was in before.
+_STATE_AFTER: dict[str, str] = {
+    Event.SKIPPED: "Skipped",
+    Event.HALTED: "Compensated",  # stopped before it applied: nothing to undo
+    Event.GIVE_UP_HELD: "Processing",  # its attempt decided; the supervisor makes it final
+    Event.RETRY_SCHEDULED: "Pending",
+    Event.RESUBMITTED: "Pending",
+    Event.ERROR: "Error",
+    Event.COMPENSATING: "Compensating",
+    Event.COMPENSATED: "Compensated",
+}
+
+
 def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]:
     """Replay a step's history: (replies applied that should not have been, inconsistencies).
 
@@ -133,6 +153,9 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
     current: int | None = None  # the attempt in flight
     claimed = 0  # the highest attempt claimed so far
     state = "Pending"
+    # an event settles it (docs/contracts.md §3.13): an Event step or a delay that waits,
+    # or a task whose remote calls back: its success is for no attempt
+    settled_by_event = False
     if step.history_dropped:
         # The middle of a long history was dropped: replay from its next claim on.
         state, claimed = "Unknown", max(h.get("attempt") or 0 for h in step.history)
@@ -147,6 +170,10 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
                 wrong.append(f"{name}: claimed while {state}")
             current, state = attempt, "Processing"
             claimed = max(claimed, attempt or 0)
+        elif kind == Event.SUCCEEDED and attempt is None and settled_by_event:
+            if state not in ("Processing", "Error"):
+                stale.append(f"{name}: an event's success applied while {state}")
+            state, current, settled_by_event = "Processed", None, False
         elif kind == Event.SUCCEEDED:
             if event.get("late"):
                 if not isinstance(attempt, int) or not 1 <= attempt <= claimed:
@@ -162,18 +189,15 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
             if state != "Processing" or attempt != current:
                 stale.append(f"{name}: {kind} for attempt {attempt} while {state} ({current})")
             state, current = "Ended", None
-        elif kind == Event.GIVE_UP_HELD:
-            state = "Processing"  # its attempt decided; the supervisor makes it final
-        elif kind in (Event.RETRY_SCHEDULED, Event.RESUBMITTED):
-            state = "Pending"
-        elif kind == Event.ERROR:
-            state = "Error"
-        elif kind == Event.COMPENSATING:
-            state = "Compensating"
-        elif kind == Event.COMPENSATED or (
-            kind == Event.CANCELLED and "nothing to undo" in str(event.get("note", ""))
+        elif kind in (Event.WAITING, Event.EVENT_TAKEN):
+            settled_by_event = True  # an event or a delay began; an event was taken
+            state = "Processing" if kind == Event.WAITING else state
+        elif kind in _STATE_AFTER:
+            state = _STATE_AFTER[kind]
+        elif kind == Event.CANCELLED and any(
+            words in str(event.get("note", "")) for words in ("nothing to undo", "; stopped:")
         ):
-            state = "Compensated"
+            state = "Compensated"  # stopped before it applied
     if state != str(step.process_state):
         wrong.append(f"{name}: history ends {state}, record says {step.process_state}")
     return stale, wrong
@@ -213,12 +237,13 @@ def _check_effects(
                     f"{order_id}:{step.step} is {step.process_state} in a {order.status} order"
                 )
     if wanted is not None:
-        if tuple(applied) != wanted:
+        if _free_in_groups(order, applied) != _free_in_groups(order, list(wanted)):
             verdict.wrong_effects.append(f"{order_id}: {applied}, expected {list(wanted)}")
         return
     if order.status is OrderStatus.COMPLETED:
-        plan = [p.name for p in order.plan.steps]
-        if applied != plan:
+        skipped = {s.step for s in order.steps if s.process_state is StepState.SKIPPED}
+        plan = [p.name for p in order.plan.steps if not p.waits and p.name not in skipped]
+        if _free_in_groups(order, applied) != _free_in_groups(order, plan):
             verdict.wrong_effects.append(f"{order_id}: {applied}, expected {plan}")
     elif order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
         for step in order.steps:
@@ -229,6 +254,44 @@ def _check_effects(
                 verdict.wrong_effects.append(f"{order_id}:{step.step} never compensated")
             if compensation and step.step in applied and compensation not in applied:
                 verdict.wrong_effects.append(f"{order_id}:{step.step} applied, never undone")
+
+
+def _free_in_groups(order: Order, steps: list[str]) -> list[str]:
+    """``steps`` with each run of consecutive steps of one parallel group (or of their
+    compensations) sorted: the order among them is not the plan's to fix."""
+    group: dict[str, tuple[int, bool]] = {}
+    for planned in order.plan.steps:
+        group[planned.name] = (planned.group, False)
+        if planned.compensation:
+            group[planned.compensation] = (planned.group, True)
+    out: list[str] = []
+    run: list[str] = []
+    for step in [*steps, ""]:
+        if run and (not step or group.get(step) != group.get(run[0])):
+            out += sorted(run)
+            run = []
+        if step in group:
+            run.append(step)
+        elif step:
+            out.append(step)
+    return out
+
+
+def check_ids(ledger: list[dict[str, Any]]) -> list[str]:
+    """Compensations that undid an effect without naming the id it handed out."""
+    handed = {
+        (e["orderId"], e["step"]): e.get("ids")
+        for e in ledger
+        if e.get("kind") == "effect" and e.get("ids")
+    }
+    wrong = []
+    for entry in ledger:
+        if entry.get("kind") != "compensation" or not entry.get("undid"):
+            continue
+        ids = handed.get((entry["orderId"], entry["compensates"]))
+        if ids and entry.get("ids") != ids:
+            wrong.append(f"{entry['orderId']}:{entry['step']} named {entry.get('ids')}, not {ids}")
+    return wrong
 
 
 def verify(
@@ -243,6 +306,7 @@ def verify(
     by_order = effects_by_order(ledger)
     alerted = {(a.get("orderId"), a.get("step")) for a in alerts}
     verdict.double_effects = [f"{o}:{s}" for o, s in double_effects(ledger)]
+    verdict.ids_not_carried = [w for w in check_ids(ledger) if w.split(":")[0] in orders]
     for order_id, order in orders.items():
         if order is None:
             verdict.lost.append(order_id)

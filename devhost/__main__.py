@@ -9,7 +9,9 @@ app settings in the environment (``AzureWebJobsStorage``: the storage, Azurite o
 local.settings.json is not read). Every invocation goes through azure-functions-runtime,
 the Functions Python runtime the app pins, loaded and driven as the host drives it
 (:mod:`hostrun.worker`). It prints a line per function, ``DEVHOST_HTTP=<url>``
-when it serves HTTP routes, then ``DEVHOST_READY``. SIGINT/SIGTERM stop it: polling and
+when it serves HTTP routes, then ``DEVHOST_READY``. It sets ``WEBSITE_HOSTNAME`` to
+``127.0.0.1:<port>`` when it serves HTTP routes, as ``func start`` sets it (Azure sets
+the app's host name). SIGINT/SIGTERM stop it: polling and
 serving stop, running invocations get up to 10 s, then it exits 0. Exit code 2: the
 configuration cannot run (the message says which function and setting).
 """
@@ -37,6 +39,7 @@ from hostrun import worker as hostrun
 from observability import opcount
 
 log = logging.getLogger("devhost")
+WEBSITE_HOSTNAME = "WEBSITE_HOSTNAME"
 SHUTDOWN_GRACE_SECONDS = 10.0
 
 
@@ -106,6 +109,10 @@ def build(args: argparse.Namespace) -> DevHost:
         specs, host_json, os.environ, args.http_port, Invoker(runtime.call), singleton
     )
     runtime.deliver = devhost.deliver  # output bindings
+    if devhost.http is not None:
+        # This instance's host name, as Azure and `func start` set it: the app builds the
+        # links it hands out from it (declarations/links.py: where a remote calls back).
+        os.environ[WEBSITE_HOSTNAME] = devhost.http.base_url.removeprefix("http://")
     # Storage requests counted for the benchmarks: which ones a timer invocation made.
     opcount.set_trigger_lookup(runtime.current_trigger)
     return devhost

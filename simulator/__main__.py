@@ -3,6 +3,8 @@
 Prints exactly one line, ``SIMULATOR_URL=http://127.0.0.1:<port>``, once listening.
 With ``--outage SCHEDULE`` the schedule's first phase is in force before that line.
 The managed identity endpoint is ``<SIMULATOR_URL>/_identity/token`` (``simulator.identity``).
+Steps hand out ids that their compensations must name (``simulator.engine``), and a call
+that asks for a callback is called back (``simulator.callbacks``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from simulator.engine import DEFAULT_COMPENSATIONS
+from simulator.callbacks import DEFAULT_CALLBACK_MS
+from simulator.engine import DEFAULT_COMPENSATIONS, DEFAULT_IDS
 from simulator.faults import DEFAULT_HANG_SECONDS, RandomFaults, parse_latency
 from simulator.identity import DEFAULT_TOKEN_SECONDS, MAX_TOKEN_SECONDS, parse_rule
 from simulator.outage import OutageError, Phase, parse_outage_cli
@@ -27,6 +30,19 @@ def _compensation(text: str) -> tuple[str, str]:
     if not sep or not step or not target:
         raise argparse.ArgumentTypeError(f"{text!r} is not STEP=TARGET")
     return step, target
+
+
+def _id(text: str) -> tuple[str, str]:
+    step, sep, field = text.partition("=")
+    if not sep or not step or not field:
+        raise argparse.ArgumentTypeError(f"{text!r} is not STEP=FIELD")
+    return step, field
+
+
+def _callback_ms(text: str) -> int:
+    if not text.isdigit() or int(text) > 600_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 0-600000 milliseconds")
+    return int(text)
 
 
 def _rule(text: str) -> tuple[str, str]:
@@ -79,6 +95,21 @@ def build_parser() -> argparse.ArgumentParser:
         + ", ".join(f"{k}={v}" for k, v in DEFAULT_COMPENSATIONS.items()) + ")",
     )  # fmt: skip
     parser.add_argument(
+        "--id", type=_id, action="append", dest="ids", metavar="STEP=FIELD",
+        help="STEP hands out an id in FIELD of its answer, and a compensation of STEP must "
+        "name it in the same field of its body (repeatable; replaces the default map "
+        + ", ".join(f"{k}={v}" for k, v in DEFAULT_IDS.items()) + ")",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-ids", action="store_true",
+        help="hand out no ids and require none (compensations undo by order)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--callback-ms", type=_callback_ms, default=DEFAULT_CALLBACK_MS, metavar="MS",
+        help="how long after accepting a call that asks for a callback it is sent (default "
+        f"{DEFAULT_CALLBACK_MS}; a directive's callbackMs overrides it)",
+    )  # fmt: skip
+    parser.add_argument(
         "--outage", type=_outage, metavar="SCHEDULE",
         help="start with an outage: phases back to back, e.g. 'error:503:20,unreachable:15' "
         "(error:STATUS:SECONDS[:RETRY_AFTER], unreachable:SECONDS; 3600 s at most in all)",
@@ -121,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     compensations = dict(args.compensation) if args.compensation else None
+    if args.no_ids and args.ids:
+        parser.error("--no-ids and --id exclude each other")
+    ids = {} if args.no_ids else dict(args.ids) if args.ids else None
 
     stop = threading.Event()
 
@@ -138,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         identity_header=args.identity_header,
         require_token=dict(args.require_token or ()),
         token_seconds=args.token_seconds,
+        ids=ids,
+        callback_ms=args.callback_ms,
     )
     try:
         server.start()

@@ -5,7 +5,9 @@ One entry per call, as JSON:
     {"at": "2025-01-02T03:04:05.123456Z", "step": "process",
      "idempotencyKey": "o-1:process" | null, "answer": 200 | 503 | ... | "dropped",
      "applied": true | false, "fault": null | "outage" | "transient" | "permanent"
-     | "hang" | "drop" | "invalid" | "unauthorized"}
+     | "hang" | "drop" | "invalid" | "unauthorized" | "refused"}
+
+(``refused``: a compensation that does not name the id its step handed out, 422.)
 
 ``at`` is when the call arrived (UTC, microseconds); entries are appended when
 the call ends, so a hung call shows up late with an early ``at``. ``applied``

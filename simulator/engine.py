@@ -6,6 +6,18 @@ key, the ledger, the call log) and does no scan and no sleep. While the outage
 switch is on, every call is answered by it before anything else (no validation,
 no per-key call counting, nothing applied); then a step that requires a bearer token
 (``simulator.identity``) refuses a call without a valid one (401, nothing applied).
+
+Ids: a step in the id map (``DEFAULT_IDS``: ``reserve-stock`` hands out a
+``reservation``, ``charge-payment`` a ``charge``, ``ship`` a ``parcel``) answers with
+its id, ``"<field>": "<field>-<8 hex>"``, a pure function of the idempotency key. A
+compensation (``DEFAULT_COMPENSATIONS``) of such a step must name, in the same field of
+its body, the id that step handed out for the order (``{"reservation": "..."}``);
+otherwise it is refused, ``422`` with a JSON ``error``, nothing undone: the remote does
+not know what to undo. Where the step handed out nothing (it never applied), the
+compensation names nothing (the field absent or null) and undoes nothing.
+
+Callbacks: a call whose body asks for one is answered ``202`` and called back later
+(``simulator.callbacks``).
 """
 
 from __future__ import annotations
@@ -17,18 +29,20 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
+from simulator.callbacks import DEFAULT_CALLBACK_MS, Callback, Callbacks, callback_url
 from simulator.calllog import CallLog, now_us
 from simulator.faults import (
+    Directive,
     Fault,
     RandomFaults,
     RequestError,
     directive_for,
     validate_call,
 )
-from simulator.ledger import Effect, Ledger
+from simulator.ledger import Effect, Ledger, now_iso
 from simulator.outage import OutageSwitch
 
 if TYPE_CHECKING:
@@ -38,6 +52,12 @@ if TYPE_CHECKING:
 DEFAULT_COMPENSATIONS: Final[Mapping[str, str]] = {
     "release-stock": "reserve-stock",
     "refund-payment": "charge-payment",
+}
+#: step -> the field of its answer that carries the id it hands out.
+DEFAULT_IDS: Final[Mapping[str, str]] = {
+    "reserve-stock": "reservation",
+    "charge-payment": "charge",
+    "ship": "parcel",
 }
 
 
@@ -61,13 +81,14 @@ def json_answer(status: int, payload: Any, headers: tuple[tuple[str, str], ...] 
     return Answer(status, json.dumps(payload).encode(), headers)
 
 
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
 def confirmation(step: str, key: str) -> str:
     """``<step>-<8 hex>``, a pure function of the key: the same for every retry."""
     return f"{step}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def handed_out(field: str, key: str) -> str:
+    """The id a step hands out: ``<field>-<8 hex>``, a pure function of the key."""
+    return f"{field}-{hashlib.sha256(f'{field}:{key}'.encode()).hexdigest()[:8]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +98,29 @@ class _Call:
     step: str
     key: str
     number: int  # 1-based, per key, over the server's life
+    body: dict[str, Any]
+    directive: Directive | None
+    callback: str | None  # the URL to call back on
+
+    @property
+    def refused_later(self) -> bool:
+        """Accepted now, refused by its callback: nothing is applied."""
+        return (
+            self.callback is not None
+            and self.directive is not None
+            and self.directive.callback == "refuse"
+        )
 
 
 class _KeyState:
     """Per idempotency key: its lock, how often it was called, its stored answer."""
 
-    __slots__ = ("calls", "first_call", "lock", "random_faults", "response")
+    __slots__ = ("callbacks", "calls", "first_call", "lock", "random_faults", "response")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.calls = 0
+        self.callbacks = 0  # callbacks sent (or lost) for the key
         self.first_call = 0.0  # time.monotonic() of the key's first call
         self.random_faults = 0
         self.response: bytes | None = None
@@ -160,11 +194,17 @@ class Simulator:
         call_log: CallLog | None = None,
         outage: OutageSwitch | None = None,
         identity: IdentityEndpoint | None = None,
+        ids: Mapping[str, str] | None = None,
+        callback_ms: int = DEFAULT_CALLBACK_MS,
     ) -> None:
         self._random = random_faults or RandomFaults()
         self._compensations = dict(
             DEFAULT_COMPENSATIONS if compensations is None else compensations
         )
+        self._ids = dict(DEFAULT_IDS if ids is None else ids)
+        self._callback_ms = callback_ms
+        # (orderId, step) -> the id that step handed out
+        self._handed: dict[tuple[str, str], str] = {}
         self.ledger = ledger or Ledger()
         self.call_log = CallLog() if call_log is None else call_log
         self.outage = OutageSwitch() if outage is None else outage
@@ -174,10 +214,15 @@ class Simulator:
         self._stats = _Stats()
         # Set on shutdown: every sleeping call (hang, latency) wakes and drops.
         self._stopping = threading.Event()
+        self.callbacks = Callbacks(self.ledger, self._stopping)
 
     @property
     def compensations(self) -> dict[str, str]:
         return dict(self._compensations)
+
+    @property
+    def ids(self) -> dict[str, str]:
+        return dict(self._ids)
 
     def handle(
         self, step: str, key: str | None, body: bytes, authorization: str | None = None
@@ -199,11 +244,17 @@ class Simulator:
         try:
             order_id, order = validate_call(step, key, body)
             directive = directive_for(step, order)
+            callback = callback_url(order)
         except RequestError as exc:
             self._stats.begin(None)
             self.call_log.record(at, step, key, 400, False, "invalid")
             return self._end(json_answer(400, {"error": str(exc)}))
-        key = f"{order_id}:{step}"
+        assert key is not None  # validate_call refuses a call without one
+        unknown = self._unknown_id(order_id, step, order)
+        if unknown is not None:
+            self._stats.begin(None)
+            self.call_log.record(at, step, key, 422, False, "refused")
+            return self._end(json_answer(422, {"error": unknown}))
         state = self._state(key)
         fault: Fault | None = None
         latency = 0
@@ -220,7 +271,7 @@ class Simulator:
                 if fault is not None:
                     state.random_faults += 1
         self._stats.begin(fault)
-        call = _Call(state, order_id, step, key, call_no)
+        call = _Call(state, order_id, step, key, call_no, order, directive, callback)
         outcome, applied = self._run(call, fault, latency)
         self.call_log.record(
             at,
@@ -237,8 +288,8 @@ class Simulator:
         if latency_ms and not self._sleep(latency_ms / 1000):
             return DROP, False
         if fault is None:
-            answer, applied = self._apply(call)
-            return Answer(200, answer), applied
+            answer, applied = self._accept(call)
+            return Answer(202 if call.callback else 200, answer), applied
         if fault.kind == "transient":
             headers: tuple[tuple[str, str], ...] = ()
             if fault.retry_after is not None:
@@ -251,7 +302,7 @@ class Simulator:
         stored: bytes | None = None
         applied = False
         if fault.apply_first:
-            stored, applied = self._apply(call)
+            stored, applied = self._accept(call)
         if fault.kind == "drop":
             return DROP, applied
         # The key's lock is not held while hanging, so a retry is served meanwhile;
@@ -259,8 +310,57 @@ class Simulator:
         if not self._sleep(fault.seconds):
             return DROP, applied
         if stored is None:
-            stored, applied = self._apply(call)
-        return Answer(200, stored), applied
+            stored, applied = self._accept(call)
+        return Answer(202 if call.callback else 200, stored), applied
+
+    def _accept(self, call: _Call) -> tuple[bytes, bool]:
+        """The call's answer (its effect applied once), and for a call that asks for a
+        callback, the callback sent. Returns the answer and whether this call applied."""
+        if call.refused_later:
+            answer = {"orderId": call.order_id, "step": call.step, "accepted": True}
+            assert call.directive is not None
+            self._call_back(call, {"refused": call.directive.callback_reason})
+            return json.dumps(answer).encode(), False
+        stored, applied = self._apply(call)
+        if call.callback is not None:
+            self._call_back(call, {"result": json.loads(stored)})
+        return stored, applied
+
+    def _call_back(self, call: _Call, body: dict[str, Any]) -> None:
+        assert call.callback is not None
+        directive = call.directive
+        with call.state.lock:
+            call.state.callbacks += 1
+            number = call.state.callbacks
+        after = self._callback_ms
+        if directive is not None and directive.callback_ms is not None:
+            after = directive.callback_ms
+        lost = directive is not None and directive.callback_lost(number)
+        self.callbacks.send(
+            Callback(call.order_id, call.step, call.key, call.callback, body, after, lost)
+        )
+
+    def _unknown_id(self, order_id: str, step: str, body: dict[str, Any]) -> str | None:
+        """Why a compensation is refused: it does not name the id its step handed out for
+        the order (None: it does, or its step hands out none)."""
+        target = self._compensations.get(step)
+        field = self._ids.get(target) if target is not None else None
+        if target is None or field is None:
+            return None
+        handed = self._handed.get((order_id, target))
+        named = body.get(field)
+        if named == handed:
+            return None
+        if handed is None:
+            return (
+                f"{step} names {field} {named!r}, but {target} handed out none for order "
+                f"{order_id}. Nothing was undone."
+            )
+        return (
+            f"{step} must name the {field} that {target} handed out for order {order_id} "
+            f"(the body's {field!r}); it names {named!r}. Nothing was undone: the remote does "
+            "not know what to undo."
+        )
 
     def _apply(self, call: _Call) -> tuple[bytes, bool]:
         """Apply the key's effect once; every later call gets the stored answer.
@@ -273,19 +373,31 @@ class Simulator:
                 self._stats.duplicate()
                 return state.response, False
             at = now_iso()
-            response = {
+            response: dict[str, Any] = {
                 "orderId": order_id,
                 "step": step,
                 "confirmation": confirmation(step, key),
                 "appliedAt": at,
             }
+            compensates = self._compensations.get(step)
+            ids: dict[str, str] | None = None
+            field = self._ids.get(step)
+            if field is not None and compensates is None:
+                ids = {field: handed_out(field, key)}
+                self._handed[(order_id, step)] = ids[field]
+            target_field = self._ids.get(compensates) if compensates is not None else None
+            if target_field is not None and call.body.get(target_field) is not None:
+                ids = {target_field: call.body[target_field]}
+            response.update(ids or {})
             self.ledger.append(
                 at=at,
                 order_id=order_id,
                 step=step,
                 key=key,
                 response=response,
-                compensates=self._compensations.get(step),
+                compensates=compensates,
+                request=call.body,
+                ids=ids,
             )
             state.response = json.dumps(response).encode()
             return state.response, True
@@ -318,6 +430,7 @@ class Simulator:
         too). The outage switch is left as it is."""
         with self._keys_lock:
             self._keys = {}
+            self._handed = {}
         self.ledger.clear()
         self._stats.clear()
         self.call_log.clear()
@@ -331,5 +444,7 @@ class Simulator:
 
     def stats(self) -> dict[str, Any]:
         snapshot = self._stats.snapshot()
-        snapshot["effects"], snapshot["compensations"] = self.ledger.counts()
+        effects, compensations, callbacks = self.ledger.counts()
+        snapshot["effects"], snapshot["compensations"] = effects, compensations
+        snapshot["callbacks"] = callbacks
         return snapshot

@@ -1,8 +1,12 @@
 """Request validation and fault directives. Pure: no I/O, no clock, no threads.
 
-A call is ``POST /{step}`` with the order as body and ``Idempotency-Key:
-<orderId>:<step>`` (docs/contracts.md §3.4). An order may carry ``"simulate": {step:
-directive}``; a directive is a string shorthand or an object:
+A call is ``POST /{step}`` with a JSON object as body (the order's JSON, or what the
+step's ``input`` built: docs/contracts.md §3.4, §3.13) and ``Idempotency-Key:
+<orderId>:<step>`` (``<orderId>:<step>:<round>`` for a compensation run again as a new
+effect, §3.11). The order id comes from the key; a body that names an ``orderId`` must
+name the same. A body may ask for a callback, ``"callback": {"url": "<http(s) URL>"}``
+(``simulator.callbacks``). A body may carry ``"simulate": {step: directive}`` (an order's
+JSON carries it through); a directive is a string shorthand or an object:
 
     "transient[:N]"  {"fail": "transient", "times": N, "status": 503, "retryAfter": S}
     "permanent"      {"fail": "permanent", "status": 422, "error": "..."}
@@ -10,6 +14,10 @@ directive}``; a directive is a string shorthand or an object:
     "drop[:N]"       {"fail": "drop", "times": N, "applyFirst": false}
                      {"fail": "stall", "seconds": S}
                      {"latencyMs": n}  (alone, or added to any object above)
+                     {"callback": "lost[:N]" | "refuse[:REASON]", "callbackMs": n}
+                     (alone, or added to any object above: for a call that asks for a
+                     callback, the first N callbacks are never sent; or the effect is
+                     not applied and the callback refuses it; sent n ms after the answer)
 
 N defaults to 1 and counts calls per idempotency key over the server's life. A stall
 holds every call made within ``S`` seconds of the key's first call until those ``S``
@@ -23,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 FailKind = Literal["transient", "permanent", "hang", "drop", "stall"]
@@ -35,7 +43,10 @@ DEFAULT_HANG_SECONDS: Final = 3600.0
 #: The 4xx statuses docs/contracts.md §3.4 calls transient: a permanent fault may not use them.
 TRANSIENT_4XX: Final = frozenset({408, 425, 429})
 
-_COMMON_FIELDS: Final = frozenset({"fail", "latencyMs"})
+_COMMON_FIELDS: Final = frozenset({"fail", "latencyMs", "callback", "callbackMs"})
+#: How long a callback may be put off by a directive.
+MAX_CALLBACK_MS: Final = 600_000
+CallbackFault = Literal["lost", "refuse"]
 _FIELDS: Final[dict[str | None, frozenset[str]]] = {
     None: _COMMON_FIELDS,
     "transient": _COMMON_FIELDS | {"times", "status", "retryAfter"},
@@ -79,6 +90,14 @@ class Directive:
     seconds: float = DEFAULT_HANG_SECONDS
     apply_first: bool = False
     latency_ms: int = 0
+    callback: CallbackFault | None = None
+    callback_times: int = 1  # "lost": how many callbacks are never sent
+    callback_reason: str = ""  # "refuse": what the callback says
+    callback_ms: int | None = None  # None: the server's default
+
+    def callback_lost(self, callback_no: int) -> bool:
+        """Whether the key's ``callback_no``-th callback (1-based) is never sent."""
+        return self.callback == "lost" and callback_no <= self.callback_times
 
     def fault_for(self, call_no: int, since_first_call: float = 0.0) -> Fault | None:
         """The fault for the key's ``call_no``-th call (1-based), made ``since_first_call``
@@ -101,26 +120,42 @@ class Directive:
 
 
 def validate_call(step: str, key: str | None, body: bytes) -> tuple[str, dict[str, Any]]:
-    """Check one call against the protocol; return ``(orderId, order)`` or raise RequestError."""
+    """Check one call against the protocol; return ``(orderId, body)`` or raise RequestError."""
     if not STEP_PATTERN.fullmatch(step):
         raise RequestError(f"Step {step!r} is not a valid step name (expected [a-z0-9-]+).")
     try:
-        order = json.loads(body)
+        payload = json.loads(body)
     except ValueError:
         raise RequestError(
-            "The body is not valid UTF-8 JSON; send the order as a JSON object."
+            "The body is not valid UTF-8 JSON; send a JSON object (the order, or the step's input)."
         ) from None
-    if not isinstance(order, dict):
-        raise RequestError("The body must be a JSON object (the order).")
-    order_id = order.get("orderId")
-    if not isinstance(order_id, str) or not order_id:
-        raise RequestError("The order has no orderId (a non-empty string is required).")
+    if not isinstance(payload, dict):
+        raise RequestError("The body must be a JSON object (the order, or the step's input).")
     if not key:
         raise RequestError("The Idempotency-Key header is missing; send '<orderId>:<step>'.")
-    expected = f"{order_id}:{step}"
-    if key != expected:
-        raise RequestError(f"The Idempotency-Key {key!r} does not match {expected!r}.")
-    return order_id, order
+    order_id = order_of_key(step, key)
+    named = payload.get("orderId", order_id)
+    if named != order_id:
+        raise RequestError(
+            f"The body's orderId {named!r} does not match the Idempotency-Key {key!r}."
+        )
+    return order_id, payload
+
+
+def order_of_key(step: str, key: str) -> str:
+    """The order id of ``<orderId>:<step>`` or ``<orderId>:<step>:<round>`` (round >= 2)."""
+    parts = key.split(":")
+    if (
+        len(parts) in (2, 3)
+        and parts[0]
+        and parts[1] == step
+        and (len(parts) == 2 or (parts[2].isdigit() and int(parts[2]) >= 2))
+    ):
+        return parts[0]
+    raise RequestError(
+        f"The Idempotency-Key {key!r} does not match '<orderId>:{step}' (or "
+        f"'<orderId>:{step}:<round>')."
+    )
 
 
 def directive_for(step: str, order: dict[str, Any]) -> Directive | None:
@@ -169,8 +204,37 @@ def _parse_object(step: str, raw: dict[str, Any]) -> Directive:
     if unknown:
         raise DirectiveError(f"In {where}, field(s) {', '.join(unknown)} do not apply to {fail}.")
     latency = _integer(raw, "latencyMs", 0, where)
+    callback = _callback_fields(raw, where)
     if fail is None:
-        return Directive(latency_ms=latency)
+        return replace(Directive(latency_ms=latency), **callback)
+    return replace(_parse_failure(step, raw, fail, latency, where), **callback)
+
+
+def _callback_fields(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "callbackMs" in raw:
+        out["callback_ms"] = _integer(raw, "callbackMs", 0, where)
+        if out["callback_ms"] > MAX_CALLBACK_MS:
+            raise DirectiveError(f"In {where}, 'callbackMs' is at most {MAX_CALLBACK_MS}.")
+    text = raw.get("callback")
+    if text is None:
+        return out
+    if not isinstance(text, str):
+        raise DirectiveError(f"In {where}, 'callback' must be 'lost[:N]' or 'refuse[:REASON]'.")
+    kind, sep, rest = text.partition(":")
+    if kind == "lost" and (not sep or rest.isdigit()):
+        return {**out, "callback": "lost", "callback_times": int(rest) if sep else 1}
+    if kind == "refuse":
+        reason = rest.strip() or "Simulated refusal: the remote will not do it."
+        return {**out, "callback": "refuse", "callback_reason": reason}
+    raise DirectiveError(
+        f"In {where}, 'callback' must be 'lost[:N]' or 'refuse[:REASON]', not {text!r}."
+    )
+
+
+def _parse_failure(
+    step: str, raw: dict[str, Any], fail: FailKind, latency: int, where: str
+) -> Directive:
     times = _integer(raw, "times", 1, where)
     if fail == "transient":
         status = _integer(raw, "status", DEFAULT_TRANSIENT_STATUS, where)

@@ -3,7 +3,15 @@
 One entry per applied effect, in the order applied:
 
     {"seq", "at", "orderId", "step", "idempotencyKey", "kind": "effect"|"compensation",
-     "compensates": step|null, "undid": bool|null, "response": {...}}
+     "compensates": step|null, "undid": bool|null, "request": {...}, "response": {...},
+     "ids": {field: id}|null}
+
+``request`` is the call's body as received; ``ids`` the id an effect handed out (for
+example ``{"reservation": "reservation-1f0c9a2e"}``), or the one a compensation named to
+undo (``simulator.engine``: a compensation must name the id its step handed out). A
+callback (``simulator.callbacks``) is an entry too, once settled, ``"kind":
+"callback"``, with ``"callback": {"url", "body", "answer", "tries", "fault"}``; the
+helpers at the bottom count effects and compensations only.
 
 The server keeps it in memory and, with a path, appends each entry to a JSONL
 file as it is applied (flushed), so a test can read it after killing the app.
@@ -16,10 +24,15 @@ import json
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 Effect = dict[str, Any]
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 class Ledger:
@@ -32,6 +45,7 @@ class Ledger:
         # can tell in O(1) whether it had something to undo.
         self._standing: set[tuple[str, str]] = set()
         self._compensations = 0
+        self._callbacks = 0
         self._path = Path(path) if path is not None else None
         self._file: TextIO | None = None
         if self._path is not None:
@@ -47,6 +61,8 @@ class Ledger:
         key: str,
         response: dict[str, Any],
         compensates: str | None,
+        request: dict[str, Any] | None = None,
+        ids: dict[str, str] | None = None,
     ) -> Effect:
         """Record one applied effect (or compensation, when ``compensates`` names a step)."""
         with self._lock:
@@ -67,22 +83,63 @@ class Ledger:
                 "kind": "effect" if compensates is None else "compensation",
                 "compensates": compensates,
                 "undid": undid,
+                "request": request,
                 "response": response,
+                "ids": ids,
             }
-            self._entries.append(entry)
-            if self._file is not None:
-                self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
-                self._file.flush()
+            self._write(entry)
             return entry
+
+    def append_callback(
+        self,
+        *,
+        order_id: str,
+        step: str,
+        key: str,
+        url: str,
+        body: dict[str, Any],
+        answer: int | str | None,
+        tries: int,
+        fault: str | None,
+    ) -> Effect:
+        """Record a settled callback: delivered (``answer`` 2xx), refused or unreachable
+        after ``tries``, or never sent (``fault`` "lost", ``answer`` None)."""
+        with self._lock:
+            self._callbacks += 1
+            entry: Effect = {
+                "seq": len(self._entries) + 1,
+                "at": now_iso(),
+                "orderId": order_id,
+                "step": step,
+                "idempotencyKey": key,
+                "kind": "callback",
+                "compensates": None,
+                "undid": None,
+                "callback": {
+                    "url": url,
+                    "body": body,
+                    "answer": answer,
+                    "tries": tries,
+                    "fault": fault,
+                },
+            }
+            self._write(entry)
+            return entry
+
+    def _write(self, entry: Effect) -> None:
+        self._entries.append(entry)
+        if self._file is not None:
+            self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            self._file.flush()
 
     def entries(self) -> list[Effect]:
         with self._lock:
             return [dict(entry) for entry in self._entries]
 
-    def counts(self) -> tuple[int, int]:
-        """(all entries, of which compensations)."""
+    def counts(self) -> tuple[int, int, int]:
+        """(effects and compensations, of which compensations; callbacks)."""
         with self._lock:
-            return len(self._entries), self._compensations
+            return len(self._entries) - self._callbacks, self._compensations, self._callbacks
 
     def clear(self) -> None:
         """Forget everything; the file, if any, is truncated to match."""
@@ -90,6 +147,7 @@ class Ledger:
             self._entries.clear()
             self._standing.clear()
             self._compensations = 0
+            self._callbacks = 0
             if self._file is not None:
                 self._file.seek(0)
                 self._file.truncate()
@@ -119,6 +177,11 @@ def load_ledger(path: str | Path) -> list[Effect]:
     return effects
 
 
+def applied(effects: Iterable[Effect]) -> list[Effect]:
+    """The effects and compensations of a ledger (not its callbacks)."""
+    return [e for e in effects if e.get("kind") != "callback"]
+
+
 def double_effects(effects: Iterable[Effect]) -> list[tuple[str, str]]:
     """(orderId, step) pairs whose effect was applied more than once.
 
@@ -126,7 +189,7 @@ def double_effects(effects: Iterable[Effect]) -> list[tuple[str, str]]:
     sent the same step under different idempotency keys: a product bug.
     """
     counts: dict[tuple[str, str], int] = defaultdict(int)
-    for effect in effects:
+    for effect in applied(effects):
         counts[(effect["orderId"], effect["step"])] += 1
     return [pair for pair, count in counts.items() if count > 1]
 
@@ -134,7 +197,7 @@ def double_effects(effects: Iterable[Effect]) -> list[tuple[str, str]]:
 def effects_by_order(effects: Iterable[Effect]) -> dict[str, list[str]]:
     """orderId -> the steps applied for it (effects and compensations), in order."""
     steps: dict[str, list[str]] = defaultdict(list)
-    for effect in sorted(effects, key=lambda e: e["seq"]):
+    for effect in sorted(applied(effects), key=lambda e: e["seq"]):
         steps[effect["orderId"]].append(effect["step"])
     return dict(steps)
 
@@ -145,7 +208,7 @@ def standing_effects(effects: Iterable[Effect]) -> dict[str, list[str]]:
     For invariants such as "every order is either fully done or fully undone".
     """
     standing: dict[str, list[str]] = defaultdict(list)
-    for effect in sorted(effects, key=lambda e: e["seq"]):
+    for effect in sorted(applied(effects), key=lambda e: e["seq"]):
         steps = standing[effect["orderId"]]
         if effect["kind"] == "effect":
             steps.append(effect["step"])

@@ -8,7 +8,8 @@ cutting open ones, listening again on the same port — which a framework hides.
         sim.effects(); sim.stats(); sim.calls(since=...)
         sim.start_outage([Phase.error(20, status=503), Phase.unreachable(15)])
 
-Endpoints: ``POST /{step}`` (docs/contracts.md §3.4), ``GET /_health``, ``GET /_ledger``,
+Endpoints: ``POST /{step}`` (docs/contracts.md §3.4; ids and compensations that must name
+them: ``simulator.engine``; callbacks: ``simulator.callbacks``), ``GET /_health``, ``GET /_ledger``,
 ``GET /_stats``, ``GET /_calls[?since=ISO]``, ``GET|POST /_outage``, ``POST /_reset``, and
 a managed identity endpoint with steps that require its tokens (``simulator.identity``):
 ``GET /_identity/token``, ``GET|POST /_identity``.
@@ -37,6 +38,7 @@ from types import TracebackType
 from typing import Any, Final
 from urllib.parse import unquote
 
+from simulator.callbacks import DEFAULT_CALLBACK_MS
 from simulator.calllog import DEFAULT_CALL_LOG_SIZE, CallLog
 from simulator.engine import Answer, Simulator, json_answer
 from simulator.faults import STEP_PATTERN, RandomFaults
@@ -284,6 +286,8 @@ class SimulatorServer:
         identity_header: str | None = None,
         require_token: Mapping[str, str] | None = None,
         token_seconds: int = DEFAULT_TOKEN_SECONDS,
+        ids: Mapping[str, str] | None = None,
+        callback_ms: int = DEFAULT_CALLBACK_MS,
     ) -> None:
         #: The managed identity endpoint and the steps that require its tokens.
         self.identity = IdentityEndpoint(
@@ -295,6 +299,8 @@ class SimulatorServer:
             ledger=Ledger(ledger_path),
             call_log=CallLog(call_log_size),
             identity=self.identity,
+            ids=ids,
+            callback_ms=callback_ms,
         )
         self._port = port
         self.verbose = verbose

@@ -1,10 +1,14 @@
 """docs/add-a-workflow.md, followed word for word in a copy of the app: its ``# file:``
 and ``# append to:`` blocks applied, the deployment's agent list regenerated with the
-command it gives, then a ``returns`` order run end to end in real processes (Azurite,
-the simulator with the warehouse requiring an Entra ID token, a devhost).
+command it gives, then, in real processes (Azurite, the simulator with the warehouse
+requiring an Entra ID token, a devhost), the ``python -m admin`` commands of its "Try it"
+sections run in order, as a person would: a ``returns`` order whose RMA reaches the
+warehouse, and ``exchange`` orders (parallel steps, an approval skipped, given and
+refused, a delay, a carrier that calls back, undos that name the ids their steps handed
+out). One stack for both.
 
 It also checks the guide's promise: nothing under core/, scheduler/, supervisor/ or
-stores/ changes.
+stores/ changes, and the declarations it writes pass the linter.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,42 +29,81 @@ pytestmark = pytest.mark.timeout(300)
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "add-a-workflow.md"
 BLOCK = re.compile(r"```python\n# (file|append to): (\S+)\n(.*?)```", re.DOTALL)
+SHELL = re.compile(r"```sh\n(.*?)```", re.DOTALL)
+#: The commands of the guide's "Try it" sections the test runs (the others, workflows and
+#: agents-json, are run and checked on their own below).
+TRIED = ("submit", "show", "event")
 NOT_COPIED = {".git", ".venv", ".venv-iac", "node_modules", "run"}
 
 RUN = r"""
-import json, sys, time
+import contextlib, io, json, os, runpy, shlex, sys, time
 import httpx
 from demo.stack import LocalStack
 
+COMMANDS = json.loads(sys.argv[1])
 SETTINGS = {"STEP_TIMEOUT_SECONDS": "10", "MAX_FAILURE_COUNT": "3",
             "SUPERVISOR_SCHEDULE": "*/1 * * * * *"}
+
+
+def poll(what, check, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
 with LocalStack(devhosts=1, settings=SETTINGS) as stack:
+    store = stack.context.store
     rule = httpx.post(f"{stack.simulator_url}/_identity",
                       json={"requireToken": {"restock": "api://warehouse"}}, timeout=10)
     rule.raise_for_status()
-    stack.submit({"orderId": "ret-1", "workflow": "returns", "items": ["boots"], "amount": 40})
     stack.submit({"orderId": "ret-empty", "workflow": "returns", "items": [], "amount": 1})
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        orders = {o: stack.context.store.load(o) for o in ("ret-1", "ret-empty")}
-        if all(o is not None and o.status.terminal for o in orders.values()):
-            break
-        time.sleep(0.5)
-    calls = stack.remote_calls()
-    identity = httpx.get(f"{stack.simulator_url}/_identity", timeout=10).json()
-    workflows = httpx.get(f"{stack.http_url}/api/workflows", timeout=10).json()
+    os.environ["AzureWebJobsStorage"] = stack.connection_string
+    ran, submitted = [], ["ret-empty"]
+    for line in COMMANDS:
+        argv = shlex.split(line, comments=True)
+        command = argv[3]
+        if command == "submit":
+            submitted.append(json.loads(argv[4])["orderId"])
+        else:  # a person looks at an order once it is there
+            order_id = argv[4]
+            poll(order_id, lambda: store.load(order_id) is not None)
+        if line.startswith(".venv/bin/python -m admin show exc-2"):
+            # the guide: "once its first three steps are done, show says waitingFor"
+            def waits():
+                step = store.load("exc-2").find("approved")
+                return step is not None and step.waiting_for is not None
+            poll("exc-2 to wait for its approval", waits)
+        # `.venv/bin/python -m admin ...`: what -m does, in this process (no interpreter
+        # to start for each), with the storage `make start` prints in the environment
+        assert argv[:3] == [".venv/bin/python", "-m", "admin"], argv
+        sys.argv, printed, code = ["admin", *argv[3:]], io.StringIO(), 0
+        with contextlib.redirect_stdout(printed):
+            try:
+                runpy.run_module("admin", run_name="__main__", alter_sys=True)
+            except SystemExit as exit:
+                code = exit.code
+        ran.append({"command": line, "code": code, "stdout": printed.getvalue()})
+    orders = {}
+    def finished():
+        orders.update({o: store.load(o) for o in submitted})
+        return all(o is not None and o.status.terminal for o in orders.values())
+    poll("every order to end", finished, 120)
     out = {
         "orders": {
-            k: None if o is None else {
+            k: {
                 "status": str(o.status),
                 "steps": {s.step: {"state": str(s.process_state), "result": s.result,
-                                   "error": s.last_error} for s in o.steps},
+                                   "error": s.last_error, "input": s.input} for s in o.steps},
             }
             for k, o in orders.items()
         },
-        "calls": calls,
-        "identity": identity,
-        "workflows": workflows,
+        "ran": ran,
+        "calls": stack.remote_calls(),
+        "ledger": httpx.get(f"{stack.simulator_url}/_ledger", timeout=10).json()["effects"],
+        "identity": httpx.get(f"{stack.simulator_url}/_identity", timeout=10).json(),
+        "workflows": httpx.get(f"{stack.http_url}/api/workflows", timeout=10).json(),
     }
     print("RESULT=" + json.dumps(out))
 """
@@ -143,13 +187,30 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     assert write.returncode == 0, write.stderr
 
     changed = changed_files(app)
-    assert changed == {"declarations/__init__.py", "declarations/returns.py", "infra/agents.json"}
+    assert changed == {
+        "declarations/__init__.py",
+        "declarations/returns.py",
+        "declarations/exchange.py",
+        "infra/agents.json",
+    }
     assert not any(c.startswith(("core/", "scheduler/", "supervisor/", "stores/")) for c in changed)
     agents = json.loads((app / "infra" / "agents.json").read_text())["agents"]
     assert {a["name"] for a in agents} >= {"returns-desk", "warehouse"}
 
+    check_the_mistake_it_shows(app, env)
+    for lint in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
+        linted = subprocess.run(
+            [python, "-m", "ruff", *lint, "declarations"],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert linted.returncode == 0, (lint, linted.stdout)
+
     run = subprocess.run(
-        [python, "-c", RUN],
+        [python, "-c", RUN, json.dumps(tried_commands())],
         cwd=app,
         env=env,
         capture_output=True,
@@ -160,11 +221,72 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT=")]
     assert run.returncode == 0 and lines, (run.stdout[-3000:], run.stderr[-3000:])
     result = json.loads(lines[-1].removeprefix("RESULT="))
+    failed = [r for r in result["ran"] if r["code"] != 0]
+    assert not failed, failed
+    check_returns(result)
+    check_exchanges(result)
+    # and the app lists what it runs
+    deployed = {w["workflow"] for w in result["workflows"]["workflows"]}
+    assert {"returns", "exchange"} <= deployed
 
+
+def check_the_mistake_it_shows(app: Path, env: dict[str, str]) -> None:
+    """The guide's example of a refused declaration is what the app says, file and line."""
+    [shown] = re.findall(r"```text\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL)
+    declarations = app / "declarations" / "__init__.py"
+    good = declarations.read_text(encoding="utf-8")
+    typo = 'StepSpec("restock", agent="warehous"'
+    declarations.write_text(good.replace('StepSpec("restock", agent="warehouse"', typo))
+    try:
+        listed = subprocess.run(
+            [sys.executable, "-m", "admin", "workflows"],
+            cwd=app,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    finally:
+        declarations.write_text(good, encoding="utf-8")
+    assert listed.returncode != 0
+    assert json.loads(listed.stdout)["error"] == " ".join(shown.split()), listed.stdout
+
+
+def tried_commands() -> list[str]:
+    """The guide's ``python -m admin`` commands of the kinds in ``TRIED``, in order."""
+    lines = [
+        line.strip()
+        for block in SHELL.findall(GUIDE.read_text(encoding="utf-8"))
+        for line in block.splitlines()
+    ]
+    tried = [
+        line
+        for line in lines
+        if line.startswith(".venv/bin/python -m admin ") and line.split()[3] in TRIED
+    ]
+    assert any(" submit " in t for t in tried) and any(" event " in t for t in tried), tried
+    return tried
+
+
+def entries(result: dict[str, Any], order_id: str, step: str) -> list[dict[str, Any]]:
+    """The effects (or compensations) the simulator applied for the order's step."""
+    return [
+        e
+        for e in result["ledger"]
+        if e["orderId"] == order_id and e["step"] == step and e["kind"] != "callback"
+    ]
+
+
+def check_returns(result: dict[str, Any]) -> None:
     done = result["orders"]["ret-1"]
     assert done["status"] == "completed", done
     assert done["steps"]["receive-return"]["result"] == {"rma": "RMA-ret-1", "items": 1}
     assert set(done["steps"]) == {"receive-return", "refund-payment", "restock"}
+    # the RMA flowed: restock's body was its input, and the warehouse received exactly that
+    body = {"rma": "RMA-ret-1", "items": ["boots"]}
+    assert done["steps"]["restock"]["input"] == body
+    [restocked] = entries(result, "ret-1", "restock")
+    assert restocked["request"] == body
     # the warehouse was called with a token from the managed identity: the simulator
     # requires one for /restock, issued by its identity endpoint for api://warehouse
     restocks = [c for c in result["calls"] if c["step"] == "restock"]
@@ -177,6 +299,50 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     assert refused["status"] == "error", refused
     assert "needs at least one item" in refused["steps"]["receive-return"]["error"]
     assert "refund-payment" not in refused["steps"]
-    # and the app lists what it runs
-    deployed = {w["workflow"] for w in result["workflows"]["workflows"]}
-    assert "returns" in deployed
+
+
+def check_exchanges(result: dict[str, Any]) -> None:
+    orders = result["orders"]
+    statuses = {o: orders[o]["status"] for o in ("exc-1", "exc-2", "exc-3")}
+    assert statuses == {"exc-1": "completed", "exc-2": "completed", "exc-3": "compensated"}, {
+        o: orders[o] for o in statuses
+    }
+    small, approved = orders["exc-1"]["steps"], orders["exc-2"]["steps"]
+    refused = orders["exc-3"]["steps"]
+    assert small["approved"]["state"] == "Skipped"  # under 500: when said no
+    assert small["cooling-off"]["state"] == "Processed"
+    assert approved["approved"]["result"] == {"by": "ann"}
+    # what show printed for exc-2 while it waited
+    [shown] = [r for r in result["ran"] if r["command"].endswith("show exc-2")]
+    waiting = next(s for s in json.loads(shown["stdout"])["steps"] if s["step"] == "approved")
+    assert waiting["waitingFor"] == {"event": "approved"}, waiting
+    for order_id in ("exc-1", "exc-2"):
+        # the carrier accepted (202), then called back; ship's result is the callback's
+        ship = orders[order_id]["steps"]["ship"]
+        [shipped] = entries(result, order_id, "ship")
+        assert ship["result"] == shipped["response"] and ship["result"]["parcel"], ship
+        assert shipped["request"]["rma"] == f"RMA-{order_id}"
+        assert (
+            shipped["request"]["reservation"]
+            == (entries(result, order_id, "reserve-stock")[0]["response"]["reservation"])
+        )
+        calls = [c for c in result["calls"] if c["idempotencyKey"] == f"{order_id}:ship"]
+        assert calls and calls[0]["answer"] == 202, calls
+        callbacks = [
+            e for e in result["ledger"] if e["kind"] == "callback" and e["orderId"] == order_id
+        ]
+        assert callbacks and callbacks[0]["callback"]["answer"] == 200, callbacks
+        url = callbacks[0]["callback"]["url"]
+        assert re.fullmatch(
+            rf"http://127\.0\.0\.1:\d+/api/orders/{order_id}/events/parcel-left", url
+        )
+    # refused: both undone, each naming the id its step handed out; nothing shipped
+    assert "ship" not in refused
+    for undo, step, field in (
+        ("release-stock", "reserve-stock", "reservation"),
+        ("refund-payment", "charge-payment", "charge"),
+    ):
+        [done] = entries(result, "exc-3", step)
+        [undone] = entries(result, "exc-3", undo)
+        assert undone["request"][field] == done["response"][field], (done, undone)
+        assert undone["undid"] is True

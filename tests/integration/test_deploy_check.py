@@ -25,7 +25,7 @@ from core.settings import DEFAULT_DECLARATIONS, Settings
 from core.states import OrderStatus
 from core.workflows import Agent, Compensation, StepSpec, Workflow, validate
 from tests.integration.test_upgrade import stored_as_before_agents
-from tests.support import drain_requests, make_context
+from tests.support import declarations, drain_requests, make_context
 
 AGENTS = [Agent("orders"), Agent("inventory"), Agent("payments"), Agent("carrier")]
 ORDER = Workflow("order", (StepSpec("process", agent="orders"),))
@@ -80,7 +80,14 @@ def submit_to(ctx: AppContext, order_id: str, workflow: str, step: str) -> Agent
 
 
 def seed(ctx: AppContext, prefix: str) -> dict[str, str]:
-    """Orders in flight at various points, by the scheduler itself: their ids, by where."""
+    """Orders in flight at various points, by the scheduler itself: their ids, by where.
+    Under the tests' own declarations (tests/fixtures/flows.py), whose fulfilment is the one
+    ``CHANGES`` changes: steps and agents, no functions."""
+    with declarations():
+        return _seed(ctx, prefix)
+
+
+def _seed(ctx: AppContext, prefix: str) -> dict[str, str]:
     ids = {where: f"{prefix}-{where}" for where in ("ship", "charge", "single", "unwinding")}
     submit_to(ctx, ids["ship"], "fulfilment", "ship")
     submit_to(ctx, ids["charge"], "fulfilment", "charge-payment")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +112,8 @@ def test_duplicate_returns_the_stored_answer_and_one_effect(
         ({"Idempotency-Key": "o:other"}, b'{"orderId": "o"}', "does not match"),
         ({"Idempotency-Key": "o:process"}, b"[]", "JSON object"),
         ({"Idempotency-Key": "o:process"}, b"{oops", "not valid"),
-        ({"Idempotency-Key": "o:process"}, b'{"amount": 1}', "orderId"),
+        ({"Idempotency-Key": "o:process"}, b'{"orderId": "p"}', "orderId"),
+        ({"Idempotency-Key": "o:process"}, b'{"callback": {"url": "x"}}', "callback"),
     ],
 )
 def test_bad_calls_are_400(
@@ -228,8 +231,10 @@ def test_random_faults_give_up_after_the_bound(ledger_path: Path) -> None:
 
 
 def test_compensations(sim: SimulatorServer, client: httpx.Client) -> None:
-    post(client, "o-1", "charge-payment")
-    post(client, "o-1", "refund-payment")
+    charge = post(client, "o-1", "charge-payment").json()["charge"]
+    refused = post(client, "o-1", "refund-payment")
+    assert refused.status_code == 422 and "charge" in refused.json()["error"]
+    post(client, "o-1", "refund-payment", charge=charge)
     post(client, "o-2", "release-stock")
     compensations = [e for e in sim.effects() if e["kind"] == "compensation"]
     assert [(e["orderId"], e["compensates"], e["undid"]) for e in compensations] == [
@@ -243,8 +248,8 @@ def test_configured_compensations() -> None:
         SimulatorServer(compensations={"unship": "ship"}) as server,
         httpx.Client(base_url=server.url, timeout=5) as http,
     ):
-        post(http, "o", "ship")
-        post(http, "o", "unship")
+        parcel = post(http, "o", "ship").json()["parcel"]
+        post(http, "o", "unship", parcel=parcel)  # it undoes ship: it names ship's id
         post(http, "o", "release-stock")  # not a compensation in this map
         kinds = [(e["step"], e["kind"], e["undid"]) for e in server.effects()]
     assert kinds == [
@@ -257,7 +262,7 @@ def test_configured_compensations() -> None:
 def test_ledger_is_written_as_jsonl(
     sim: SimulatorServer, client: httpx.Client, ledger_path: Path
 ) -> None:
-    post(client, "o-1", "reserve-stock")
+    post(client, "o-1", "reserve-stock", items=["boots"])
     post(client, "o-1", "charge-payment")
     post(client, "o-1", "reserve-stock")
     on_disk = load_ledger(ledger_path)
@@ -266,6 +271,101 @@ def test_ledger_is_written_as_jsonl(
     entry = on_disk[0]
     assert entry["idempotencyKey"] == "o-1:reserve-stock"
     assert (entry["kind"], entry["compensates"], entry["undid"]) == ("effect", None, None)
+    assert entry["request"] == {"orderId": "o-1", "items": ["boots"]}
+    assert entry["ids"] == {"reservation": entry["response"]["reservation"]}
+
+
+class Receiver:
+    """The app's side of callbacks: an HTTP server on loopback that keeps what it gets and
+    answers the statuses in ``answers`` in turn (then 200)."""
+
+    def __init__(self, *answers: int) -> None:
+        self.answers = list(answers)
+        self.received: list[tuple[str, Any]] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                receiver.received.append((self.path, json.loads(self.rfile.read(length))))
+                status = receiver.answers.pop(0) if receiver.answers else 200
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    app = Receiver(503)  # the first callback meets a 503: tried again
+    yield app
+    app.close()
+
+
+def callbacks(sim: SimulatorServer, count: int) -> list[dict[str, Any]]:
+    wait_until(lambda: len([e for e in sim.effects() if e["kind"] == "callback"]) >= count)
+    return [e for e in sim.effects() if e["kind"] == "callback"]
+
+
+def test_a_call_that_asks_for_a_callback_is_accepted_then_called_back(
+    sim: SimulatorServer, client: httpx.Client, receiver: Receiver
+) -> None:
+    url = f"{receiver.url}/api/orders/o-1/events/parcel-left"
+    accepted = post(client, "o-1", "ship", callback={"url": url})
+    assert accepted.status_code == 202
+    answer = accepted.json()
+    [delivered] = callbacks(sim, 1)
+    assert receiver.received == [(url.removeprefix(receiver.url), {"result": answer})] * 2
+    assert delivered["callback"] == {
+        "url": url,
+        "body": {"result": answer},
+        "answer": 200,
+        "tries": 2,
+        "fault": None,
+    }
+    # asked again (the caller's deadline passed): the same answer, and called back again
+    again = post(client, "o-1", "ship", callback={"url": url})
+    assert (again.status_code, again.json()) == (202, answer)
+    assert len(callbacks(sim, 2)) == 2 and receiver.received[-1][1] == {"result": answer}
+    assert [e["kind"] for e in sim.effects()] == ["effect", "callback", "callback"]
+    assert sim.stats()["effects"] == 1
+
+
+def test_a_callback_the_app_refuses_is_not_tried_again(
+    sim: SimulatorServer, client: httpx.Client
+) -> None:
+    app = Receiver(409)
+    try:
+        post(client, "o-2", "ship", callback={"url": f"{app.url}/api/orders/o-2/events/x"})
+        [settled] = callbacks(sim, 1)
+    finally:
+        app.close()
+    assert (settled["callback"]["answer"], settled["callback"]["tries"]) == (409, 1)
+
+
+def test_a_refused_callback_says_so_and_applies_nothing(
+    sim: SimulatorServer, client: httpx.Client, receiver: Receiver
+) -> None:
+    receiver.answers.clear()
+    url = f"{receiver.url}/api/orders/o-3/events/parcel-left"
+    simulate = {"ship": {"callback": "refuse:the depot is closed", "callbackMs": 0}}
+    assert post(client, "o-3", "ship", callback={"url": url}, simulate=simulate).status_code == 202
+    callbacks(sim, 1)
+    assert receiver.received == [
+        (url.removeprefix(receiver.url), {"refused": "the depot is closed"})
+    ]
+    assert [e["kind"] for e in sim.effects()] == ["callback"]
 
 
 def test_stats_and_reset(sim: SimulatorServer, client: httpx.Client, ledger_path: Path) -> None:

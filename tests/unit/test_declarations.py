@@ -27,6 +27,7 @@ from core.workflows import (
     Workflow,
     validate,
 )
+from tests.support import declarations
 
 HERE = Path(__file__).name
 
@@ -155,7 +156,8 @@ def test_the_set_is_checked_together() -> None:
 
 
 def test_get_workflows_lists_each_step_with_its_agent() -> None:
-    response = triggers.list_workflows(func.HttpRequest("GET", "/api/workflows", body=b""))
+    with declarations():  # the tests' own (tests/fixtures/flows.py)
+        response = triggers.list_workflows(func.HttpRequest("GET", "/api/workflows", body=b""))
     body = json.loads(response.get_body())
     fulfilment = next(w for w in body["workflows"] if w["workflow"] == "fulfilment")
     ship = next(s for s in fulfilment["steps"] if s["step"] == "ship")

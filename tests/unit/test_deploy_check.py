@@ -28,6 +28,7 @@ from core.states import OrderStatus
 from core.workflows import Agent, Compensation, Plan, StepSpec, Workflow, validate
 from stores import layout
 from stores.memory import InMemoryStateStore
+from tests.support import declarations
 from tests.unit.test_model import POLICY, T0, drive, new_order, random_reply, reply
 
 # --- what an unfinished order still needs -------------------------------------------------
@@ -332,7 +333,8 @@ def test_removing_an_agent_orders_in_flight_need_is_refused_naming_them() -> Non
 
 def test_a_compensation_agent_still_needed_is_refused_too() -> None:
     """An order unwinding, or one that may unwind, needs its compensations' agents."""
-    unwinding = new_order("fulfilment")
+    with declarations():  # the tests' own fulfilment: no functions, only agents to need
+        unwinding = new_order("fulfilment")
     drive(unwinding, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
     no_inventory = [
         ORDERS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -21,6 +22,8 @@ from core.messages import (
     status_message,
 )
 from core.orders import MAX_MESSAGE_CHARS, MAX_NESTING, decode_order
+from tests.fixtures import flows
+from tests.support import declarations
 
 T0 = datetime(2026, 11, 22, 10, 15, 30, 123000, tzinfo=UTC)  # millisecond precision: iso() keeps ms
 T0_TEXT = "2026-11-22T10:15:30.123Z"
@@ -29,6 +32,16 @@ REPLY_TO_RULE = (
     "replyTo must name a Storage queue (3-63 lowercase letters, digits and single hyphens, "
     "starting and ending with a letter or digit)"
 )
+
+
+#: What a rejection names: the workflows declared (here the tests' own, tests/fixtures/flows.py).
+KNOWN = ", ".join(sorted(w.name for w in flows.WORKFLOWS))
+
+
+@pytest.fixture(autouse=True)
+def _own_declarations() -> Iterator[None]:
+    with declarations():
+        yield
 
 
 def rejection(raw: bytes | str) -> InvalidOrder:
@@ -220,7 +233,7 @@ REJECTIONS: list[tuple[str, bytes | str, str]] = [
     (
         "unknown-workflow",
         order_text(workflow="express"),
-        "workflow: unknown workflow 'express'; known workflows: fulfilment, order",
+        f"workflow: unknown workflow 'express'; known workflows: {KNOWN}",
     ),
     ("workflow-number", order_text(workflow=1), "workflow must be a string, got a number"),
     ("reply-to-uppercase", order_text(replyTo="App-Status"), f"{REPLY_TO_RULE}; got 'App-Status'"),
@@ -237,7 +250,7 @@ REJECTIONS: list[tuple[str, bytes | str, str]] = [
         "two-problems",
         '{"orderId":5,"workflow":"express"}',
         "orderId must be a string, got a number; "
-        "workflow: unknown workflow 'express'; known workflows: fulfilment, order",
+        f"workflow: unknown workflow 'express'; known workflows: {KNOWN}",
     ),
     # What the JSON parser itself meets: never an exception other than InvalidOrder.
     ("lone-high-surrogate", '{"orderId":"a","x":"\\ud800"}', _LONE.format("the value at x")),

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from simulator.engine import Simulator, confirmation
+from simulator.callbacks import callback_url
+from simulator.engine import Simulator, confirmation, handed_out
 from simulator.faults import (
     DirectiveError,
     RandomFaults,
@@ -134,6 +135,13 @@ def test_valid_call() -> None:
     assert order["amount"] == 3
 
 
+def test_the_order_id_comes_from_the_key_so_a_body_may_be_a_steps_input() -> None:
+    """docs/contracts.md §3.13: the body is what the step's input built (no orderId needed);
+    a compensation run again as a new effect has its key's round (§3.11)."""
+    assert validate_call("restock", "o-1:restock", b'{"rma": "R-1"}') == ("o-1", {"rma": "R-1"})
+    assert validate_call("release-stock", "o-1:release-stock:2", b"{}")[0] == "o-1"
+
+
 @pytest.mark.parametrize(
     ("step", "key", "payload", "words"),
     [
@@ -145,14 +153,37 @@ def test_valid_call() -> None:
         ("process", "o-1:process", b"not json", "not valid"),
         ("process", "o-1:process", b"\xff\xfe", "not valid"),
         ("process", "o-1:process", b"[1, 2]", "JSON object"),
-        ("process", "o-1:process", b"{}", "orderId"),
         ("process", "o-1:process", b'{"orderId": 7}', "orderId"),
+        ("process", "o-1:process", b'{"orderId": "o-2"}', "orderId"),
+        ("process", "o-1:process:1", body(), "does not match"),
+        ("process", "o-1:process:x", body(), "does not match"),
+        ("process", ":process", body(), "does not match"),
+        ("process", "o-1:process", body(callback="http://x"), "callback"),
+        ("process", "o-1:process", body(callback={"url": "ftp://x/y"}), "callback"),
+        ("process", "o-1:process", body(callback={"url": "/api/x"}), "callback"),
+        ("process", "o-1:process", body(callback={"url": "http://x", "ms": 1}), "callback"),
         ("Process", "o-1:Process", body(), "step name"),
     ],
 )
 def test_invalid_calls(step: str, key: str | None, payload: bytes, words: str) -> None:
     with pytest.raises(RequestError, match=words):
-        validate_call(step, key, payload)
+        _, order = validate_call(step, key, payload)
+        callback_url(order)
+
+
+def test_callback_directives() -> None:
+    lost = parse_directive("ship", {"callback": "lost:2", "callbackMs": 50})
+    assert (lost.fail, lost.callback, lost.callback_ms) == (None, "lost", 50)
+    assert [lost.callback_lost(n) for n in (1, 2, 3)] == [True, True, False]
+    refuse = parse_directive("ship", {"callback": "refuse:no driver today"})
+    assert (refuse.callback, refuse.callback_reason) == ("refuse", "no driver today")
+    assert not refuse.callback_lost(1)
+    both = parse_directive("ship", {"fail": "transient", "times": 1, "callback": "lost"})
+    assert (both.fail, both.callback, both.callback_times) == ("transient", "lost", 1)
+    for bad in ({"callback": "late"}, {"callback": 3}, {"callback": "lost:x"},
+                {"callbackMs": -1}, {"callbackMs": 600_001}):  # fmt: skip
+        with pytest.raises(DirectiveError):
+            parse_directive("ship", bad)
 
 
 # --- random faults -------------------------------------------------------------
@@ -258,8 +289,8 @@ def test_invalid_directive_is_a_400() -> None:
 
 def test_compensation_undoes_only_what_was_applied() -> None:
     sim = Simulator()
-    call(sim, "a", "reserve-stock")
-    call(sim, "a", "release-stock")
+    reservation = call(sim, "a", "reserve-stock")[1]["reservation"]
+    call(sim, "a", "release-stock", reservation=reservation)
     call(sim, "b", "release-stock")
     compensations = [e for e in sim.effects() if e["kind"] == "compensation"]
     assert [(e["orderId"], e["compensates"], e["undid"]) for e in compensations] == [
@@ -267,6 +298,76 @@ def test_compensation_undoes_only_what_was_applied() -> None:
         ("b", "reserve-stock", False),
     ]
     assert sim.stats()["compensations"] == 2
+
+
+def test_steps_hand_out_ids_and_their_compensations_must_name_them() -> None:
+    sim = Simulator()
+    status, reserved = call(sim, "a", "reserve-stock")
+    assert status == 200 and reserved["reservation"] == handed_out("reservation", "a:reserve-stock")
+    assert call(sim, "a", "reserve-stock")[1] == reserved  # deterministic: the stored answer
+    assert call(sim, "a", "charge-payment")[1]["charge"].startswith("charge-")
+    assert "reservation" not in call(sim, "a", "process")[1]  # no id for a step not in the map
+    # without the id, or with another: refused, nothing undone, every time
+    for named in ({}, {"reservation": None}, {"reservation": "reservation-00000000"}):
+        status, answer = call(sim, "a", "release-stock", **named)
+        assert status == 422 and "reservation" in answer["error"], answer
+        assert "Nothing was undone" in answer["error"]
+    assert [e["step"] for e in sim.effects()] == ["reserve-stock", "charge-payment", "process"]
+    assert sim.calls()[-1]["fault"] == "refused"
+    status, released = call(sim, "a", "release-stock", reservation=reserved["reservation"])
+    assert status == 200 and released["reservation"] == reserved["reservation"]
+    [entry] = [e for e in sim.effects() if e["step"] == "release-stock"]
+    assert (entry["undid"], entry["ids"]) == (True, {"reservation": reserved["reservation"]})
+    assert entry["request"]["reservation"] == reserved["reservation"]
+    # a step that never applied handed out nothing: its undo names none and undoes nothing
+    assert call(sim, "b", "refund-payment", charge=None)[0] == 200
+    status, answer = call(sim, "c", "refund-payment", charge="charge-12345678")
+    assert status == 422 and "handed out none" in answer["error"]
+
+
+def test_ids_can_be_configured_or_turned_off() -> None:
+    sim = Simulator(ids={}, compensations={"unbook": "book"})
+    call(sim, "a", "book")
+    assert call(sim, "a", "unbook")[0] == 200  # no ids: undone by order
+    assert "reservation" not in call(sim, "a", "reserve-stock")[1]
+    sim = Simulator(ids={"book": "booking"}, compensations={"unbook": "book"})
+    booking = call(sim, "a", "book")[1]["booking"]
+    assert call(sim, "a", "unbook")[0] == 422
+    assert call(sim, "a", "unbook", booking=booking)[0] == 200
+
+
+def test_a_call_that_asks_for_a_callback_is_accepted_202() -> None:
+    """The callback itself (over HTTP) is tested in tests/integration/test_simulator_http.py;
+    here a lost one: never sent, settled in the ledger."""
+    sim = Simulator()
+    asked = {"url": "http://127.0.0.1:9/api/orders/o/events/left"}
+    simulate = {"ship": {"callback": "lost", "callbackMs": 0}}
+    status, answer = call(sim, "o", "ship", callback=asked, simulate=simulate)
+    assert status == 202 and answer["parcel"].startswith("parcel-")
+    deadline = time.monotonic() + 5
+    while sim.callbacks.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [effect, lost] = sim.effects()
+    assert (effect["kind"], lost["kind"]) == ("effect", "callback")
+    assert lost["callback"] == {
+        "url": asked["url"],
+        "body": {"result": answer},
+        "answer": None,
+        "tries": 0,
+        "fault": "lost",
+    }
+    assert (sim.stats()["effects"], sim.stats()["callbacks"]) == (1, 1)
+    assert effects_by_order(sim.effects()) == {"o": ["ship"]}
+
+
+def test_a_refused_callback_applies_nothing() -> None:
+    sim = Simulator()
+    asked = {"url": "http://127.0.0.1:9/api/orders/o/events/left"}
+    simulate = {"ship": {"callback": "refuse:no driver", "callbackMs": 60_000}}
+    status, answer = call(sim, "o", "ship", callback=asked, simulate=simulate)
+    assert status == 202 and answer == {"orderId": "o", "step": "ship", "accepted": True}
+    assert sim.effects() == [] and sim.calls()[-1]["applied"] is False
+    sim.stop()
 
 
 def test_concurrent_calls_with_one_key_apply_once() -> None:

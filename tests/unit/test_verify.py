@@ -19,6 +19,7 @@ from core.model import Order, StepRecord
 from core.states import OrderStatus, StepState
 from demo.verify import VIOLATIONS, Verdict, check_history, said_not_applied, verify
 from tests.unit.test_model import POLICY, T0, drive, new_order, reply, run_step
+from tests.unit.test_services_in_memory import reply_to
 
 COMPENSATIONS = {"release-stock": "reserve-stock", "refund-payment": "charge-payment"}
 FULL = ["reserve-stock", "charge-payment", "ship"]
@@ -583,3 +584,108 @@ def test_every_violation_name_is_a_field_of_the_verdict() -> None:
     verdict = Verdict()
     for name in VIOLATIONS:
         assert getattr(verdict, name) == []
+
+
+# --- what a workflow can say (docs/contracts.md §3.13): checkout, through the services --------
+
+
+def checkout_ledger(order_id: str, steps: list[str], **ids: str) -> list[dict[str, Any]]:
+    """The ledger of a checkout: ``steps`` applied in that order; effects hand out the ids
+    given (``reserve-stock="reservation-1"``), compensations name them."""
+    entries = ledger_of({order_id: steps})
+    for entry in entries:
+        field = {"reserve-stock": "reservation", "charge-payment": "charge"}.get(
+            entry["compensates"] or entry["step"]
+        )
+        if field and field in ids:
+            entry["ids"] = {field: ids[field]}
+    return entries
+
+
+@pytest.fixture
+def shop(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from tests.unit import test_product_workflows as product
+    from tests.unit.test_services_in_memory import build
+
+    monkeypatch.setenv("WEBSITE_HOSTNAME", "127.0.0.1:7071")
+    return product, build()
+
+
+def test_a_checkout_with_its_waits_and_callback_replays_cleanly(shop: Any) -> None:
+    """Parallel steps applied in either order, a skipped approval, a delay, an approval
+    taken, a callback's result: no violation."""
+    product, s = shop
+    for order_id, amount in (("c-small", 40), ("c-big", 1500)):
+        product.run_checkout(s, order_id, amount=amount)
+        if amount > 1000:
+            s.admin.deliver_event(order_id, "approved", {"result": {"by": "ann"}}, "ann")
+        s.clock.advance(3)
+        s.scheduler.dispatch(order_id)
+        product.succeed(s, product.sent(s, order_id)[-1])
+        s.admin.deliver_event(order_id, "parcel-left", {"result": {}}, "carrier")
+    orders = {o: s.store.load(o) for o in ("c-small", "c-big")}
+    ledger = checkout_ledger("c-small", ["charge-payment", "reserve-stock", "ship"])
+    ledger += checkout_ledger("c-big", ["reserve-stock", "charge-payment", "ship"])
+    for entry in ledger:
+        entry["seq"] = ledger.index(entry) + 1
+    verdict = verify(orders, ledger, [], expected=dict.fromkeys(orders, "completed"))
+    assert verdict.ok, verdict.problems()
+    wanted: dict[str, tuple[str, ...]] = {
+        o: ("reserve-stock", "charge-payment", "ship") for o in orders
+    }
+    verdict = verify(orders, ledger, [], expected_effects=wanted)
+    assert verdict.ok, verdict.problems()
+    # the order the plan does fix is still checked: ship before the group
+    late = checkout_ledger("c-small", ["ship", "charge-payment", "reserve-stock"])
+    assert verify({"c-small": orders["c-small"]}, late, []).wrong_effects
+
+
+def test_a_refused_approval_undoes_the_group_and_its_ids_must_be_named(shop: Any) -> None:
+    product, s = shop
+    product.run_checkout(s, "c-no", amount=2500)
+    s.admin.deliver_event("c-no", "approved", {"refused": "too big"}, "ann")
+    for _ in range(2):
+        s.scheduler.dispatch("c-no")
+        product.succeed(s, product.sent(s, "c-no")[-1])
+    orders = {"c-no": s.store.load("c-no")}
+    steps = ["charge-payment", "reserve-stock", "refund-payment", "release-stock"]
+    ids = {"reservation": "reservation-1", "charge": "charge-1"}
+    ledger = checkout_ledger("c-no", steps, **ids)
+    verdict = verify(orders, ledger, [], expected={"c-no": "compensated"})
+    assert verdict.ok, verdict.problems()
+    ledger[3]["ids"] = {"reservation": "reservation-2"}  # released another reservation
+    assert verify(orders, ledger, []).violations() == {
+        "ids_not_carried": [
+            "c-no:release-stock named {'reservation': 'reservation-2'}, not "
+            "{'reservation': 'reservation-1'}"
+        ]
+    }
+
+
+def test_a_refused_callback_and_a_halted_group_replay_cleanly(shop: Any) -> None:
+    product, s = shop
+    product.run_checkout(s, "c-carrier")
+    s.clock.advance(3)
+    s.scheduler.dispatch("c-carrier")
+    product.succeed(s, product.sent(s, "c-carrier")[-1])
+    s.admin.deliver_event("c-carrier", "parcel-left", {"refused": "no driver"}, "carrier")
+    for _ in range(2):
+        s.scheduler.dispatch("c-carrier")
+        product.succeed(s, product.sent(s, "c-carrier")[-1])
+    # a group whose step is refused while the other waits for its retry: that one halts
+    product.submit(s, "c-halt", "checkout")
+    reserve, charge = product.sent(s, "c-halt")
+    s.scheduler.apply_reply(reply_to(charge, ReplyOutcome.TRANSIENT, error="503", applied="no"))
+    s.scheduler.apply_reply(reply_to(reserve, ReplyOutcome.REFUSED, error="HTTP 422"))
+    orders = {o: s.store.load(o) for o in ("c-carrier", "c-halt")}
+    assert {o: str(v.status) for o, v in orders.items()} == {
+        "c-carrier": "compensated",
+        "c-halt": "compensated",  # nothing applied; as fulfilment's first step refused
+    }
+    halted = orders["c-halt"].find("charge-payment")
+    assert halted is not None and halted.history[-1]["event"] == "halted"
+    undone = ["reserve-stock", "charge-payment", "refund-payment", "release-stock"]
+    ledger = checkout_ledger("c-carrier", undone)
+    alerts = s.queues.on(s.names.operator_alerts)
+    verdict = verify(orders, ledger, alerts, expected=dict.fromkeys(orders, "compensated"))
+    assert verdict.ok, verdict.problems()
