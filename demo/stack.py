@@ -53,12 +53,17 @@ class Devhost:
     def start(self) -> None:
         self.starts += 1
         self._log = open(self.log_path, "a")  # noqa: SIM115 - closed in stop()
+        args = list(self.args)
+        if self.http_url and "--http-port" in args:
+            # A restarted instance listens where it did (as an app's address outlives its
+            # instances): addresses it handed out (a remote's callback URL) still reach it.
+            args[args.index("--http-port") + 1] = self.http_url.rsplit(":", 1)[1]
         self.process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
                 self.module,
-                *self.args,
+                *args,
                 "--instance-id",
                 f"devhost-{self.index}-{self.starts}",
             ],

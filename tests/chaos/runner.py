@@ -13,6 +13,11 @@
   times (Storage queues), so agents run one attempt several times at once;
 - one instance's clock runs ahead (``ORDERS_CLOCK_OFFSET_SECONDS``, within the skew the
   app allows, ``MAX_CLOCK_SKEW_SECONDS``): it expires and decides on its own time;
+- some orders run the product's ``checkout`` (docs/contracts.md §3.13): stock and payment
+  at once, a delay, a carrier that confirms by callback to whichever instance built the
+  request (which may be dead by then), and for big ones a person's approval, which an
+  approver sends over HTTP to a random live instance, sometimes before the order waits
+  for it (kept), sometimes twice (the same event again);
 - some orders' remote stalls for 2.5 step timeouts (every call held until then): they
   must complete with no alert, whatever else happens (docs/contracts.md §3.11, paced
   retries);
@@ -107,6 +112,13 @@ def make_orders(plan: ChaosPlan, rng: random.Random) -> dict[str, tuple[dict[str
             out[order_id] = ({"orderId": order_id, "simulate": {"process": STALL}}, "completed")
         elif roll < 0.68:
             out[order_id] = ({"orderId": order_id, "simulate": {"process": "permanent"}}, "error")
+        elif roll < 0.73 or n == 2:  # (at least one in every run)
+            # checkout: big ones wait for the approver (Approver below)
+            amount = 2500 if rng.random() < 0.5 or n == 2 else 50
+            out[order_id] = (
+                {"orderId": order_id, "workflow": "checkout", "amount": amount},
+                "completed",
+            )
         elif roll < 0.86:
             out[order_id] = ({"orderId": order_id, "workflow": "fulfilment"}, "completed")
         elif roll < 0.93:
@@ -165,6 +177,69 @@ class ReplyMeddler(threading.Thread):
             return
         if delay > 0:
             self.held[key] = min(delay, self.held.get(key, delay))
+
+
+class Approver(threading.Thread):
+    """Approves the big checkout orders over HTTP (``POST /api/orders/{id}/events/approved``)
+    at a random moment after each is submitted, to a random live instance: sometimes before
+    the order waits for it (kept for its step), sometimes twice (the same event again).
+    A call that fails (its instance killed) is sent again; each order counts as approved
+    once an answer was 2xx."""
+
+    def __init__(self, stack: LocalStack, rng: random.Random, stop: threading.Event):
+        super().__init__(name="approver", daemon=True)
+        self._stack = stack
+        self._rng = rng
+        self._halt = stop
+        self._lock = threading.Lock()
+        self._due: dict[str, float] = {}  # order id -> when to send (monotonic)
+        self.approved: set[str] = set()
+        self.repeated = 0
+        self.answers: Counter[int] = Counter()
+
+    def submitted(self, message: dict[str, Any]) -> None:
+        if message.get("workflow") == "checkout" and float(message.get("amount", 0)) >= 1000:
+            with self._lock:
+                self._due[str(message["orderId"])] = time.monotonic() + self._rng.uniform(0, 6)
+
+    def pending(self) -> list[str]:
+        with self._lock:
+            return sorted(self._due)
+
+    def run(self) -> None:
+        import httpx
+
+        while not self._halt.is_set() or self.pending():
+            now = time.monotonic()
+            with self._lock:
+                due = [o for o, at in self._due.items() if at <= now]
+            for order_id in due:
+                hosts = [h.http_url for h in self._stack.hosts if h.alive and h.http_url]
+                if not hosts:
+                    break
+                body = {"result": {"by": "chaos-approver"}, "reason": "within limits"}
+                try:
+                    answer = httpx.post(
+                        f"{self._rng.choice(hosts)}/api/orders/{order_id}/events/approved",
+                        json=body,
+                        timeout=10,
+                    ).status_code
+                except httpx.HTTPError:
+                    answer = 0
+                self.answers[answer] += 1
+                with self._lock:
+                    if 200 <= answer < 300 or answer == 409:
+                        if answer == 409 or (order_id in self.approved or self._rng.random() > 0.3):
+                            del self._due[order_id]  # done (409: finished or not waiting)
+                        else:
+                            self._due[order_id] = now + 1  # the same event again
+                            self.repeated += 1
+                        if answer != 409:
+                            self.approved.add(order_id)
+                    else:  # not accepted yet (404 before the order exists, a dead instance)
+                        self._due[order_id] = now + 1
+            if self._halt.wait(0.3) and not self.pending():
+                break
 
 
 class RequestStorm(threading.Thread):
@@ -575,6 +650,9 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         storm = RequestStorm(stack, rng, stop) if plan.transport == "storage" else None
         if storm is not None:
             storm.start()
+        settled = threading.Event()
+        approver = Approver(stack, rng, settled)
+        approver.start()
         began = datetime.now(UTC)
         started = time.monotonic()
         pending = list(orders.items())
@@ -585,6 +663,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             for _ in range(min(10, len(pending))):
                 _, (message, _) = pending.pop()
                 stack.submit(message)
+                approver.submitted(message)
             now = time.monotonic()
             outage_due = plan.outage_at is not None and (
                 now - started >= plan.chaos_seconds * plan.outage_at
@@ -608,6 +687,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             time.sleep(0.5)
         for _, (message, _) in pending:  # whatever is left, before the settle phase
             stack.submit(message)
+            approver.submitted(message)
         stop.set()
         meddler.join(timeout=10)
         if storm is not None:
@@ -632,6 +712,17 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
                     host.start()
             time.sleep(1)
         timings["totalSeconds"] = round(time.monotonic() - started, 1)
+        settled.set()  # the approver sends what it still owes, then stops
+        approver.join(timeout=30)
+        big = {o for o, (m, _) in orders.items() if m.get("workflow") == "checkout"}
+        big = {o for o in big if float(orders[o][0].get("amount", 0)) >= 1000}
+        timings["approvals"] = {
+            "orders": len(big),
+            "approved": len(approver.approved & big),
+            "repeated": approver.repeated,
+            "answers": {str(k): v for k, v in sorted(approver.answers.items())},
+            "owed": approver.pending(),
+        }
         # Notices committed by a process killed before it sent them wait in the outbox
         # for the sweep (30 s grace): "every Error alerted" holds once it is empty.
         far = datetime.now(UTC) + timedelta(days=1)

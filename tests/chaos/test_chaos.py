@@ -29,6 +29,10 @@ def _run(plan: ChaosPlan) -> None:
     assert not timings["exhaustedUnexplained"], timings["exhausted"]
     assert timings["kills"] >= 3, "the run must actually kill processes"
     assert timings["duplicatedReplies"] > 0, "the run must actually duplicate replies"
+    # Every big checkout got its approval in (kept or taken), and none was lost: each
+    # ended completed (above), so its approved step took the event.
+    approvals = timings["approvals"]
+    assert approvals["orders"] > 0 and approvals["approved"] == approvals["orders"], approvals
     if timings["stormCopied"] is not None:
         assert timings["stormCopied"] > 0, "the run must actually redeliver requests"
     assert timings["rejected"] == 0
