@@ -33,15 +33,17 @@ deps: $(BIN)/.ok node_modules/.ok
 
 # TRANSPORT=servicebus: the agent queues on localbus, the local Service Bus double
 TRANSPORT ?= storage
+SIMULATOR ?=
 
 ## make run: Azurite + simulator + two devhost instances + demo orders, live, then a summary
 ## (make run TRANSPORT=servicebus: the agent queues on localbus, through the real SDK)
 run: deps
 	$(BIN)/python -m demo --transport $(TRANSPORT)
 
-## make start: the app on Azurite and the simulator, until Ctrl-C (no demo orders)
+## make start: the app on Azurite and the simulator, until Ctrl-C (no demo orders);
+## SIMULATOR='--compensation cancel-card=issue-card' passes arguments to the simulator
 start: deps
-	$(BIN)/python -m demo --serve --transport $(TRANSPORT)
+	$(BIN)/python -m demo --serve --transport $(TRANSPORT) --simulator "$(SIMULATOR)"
 
 ## make test: lint, types, unit, integration (Azurite), e2e (processes), browser (the console
 ## in Chromium), chaos (short), infra. The Bicep checks' virtual environment (pip installs,
@@ -78,7 +80,7 @@ integration: deps
 localbus: deps
 	$(PYTEST) tests/localbus -q
 
-e2e: deps
+e2e: deps .venv-iac/.ok
 	$(PYTEST) tests/e2e -q
 
 ## make browser: the operator console in headless Chromium (Selenium), against the app in processes

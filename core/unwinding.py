@@ -12,6 +12,7 @@ anyone confirms.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -647,6 +648,8 @@ class Unwinding(Progress):
             )
 
     def _alert(self, step: StepRecord, reason: str, now: datetime) -> None:
+        # A reason from a remote or a handler ends a sentence; the alert goes on after it.
+        reason = _CLAUSE_END.sub(r"\1", reason)
         self._event(now, Event.ALERTED, step=step.step, reason=reason)
         self.outbox.append(
             Notice(
@@ -669,3 +672,5 @@ class Unwinding(Progress):
 
 
 MAX_ORDER_HISTORY: Final = 100
+#: A full stop before the "; " or ", " that joins the next clause of an alert.
+_CLAUSE_END: Final = re.compile(r"\.([;,] )")

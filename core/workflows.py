@@ -10,7 +10,8 @@ validated then: every error names the declaration's file and line.
 The names a declarations module uses are all importable from here: ``Agent`` (and its
 ``NoAuth``, ``EntraToken``, ``ApiKey``: ``core.agent_spec``), ``Workflow``, ``StepSpec``,
 ``Compensation``, ``Parallel``, ``Event``, ``Delay`` and the ``Context`` their functions
-get (``core.flow``, which says what each can say). An order keeps a copy of its plan
+get (``core.flow``, which says what each can say), and ``events_url``, the address a
+remote calls back (``core.links``). An order keeps a copy of its plan
 (``core.plans``) from the moment it is accepted.
 """
 
@@ -47,6 +48,7 @@ from core.flow import (
     StepSpec,
     Workflow,
 )
+from core.links import events_url
 from core.plans import Plan, PlannedStep
 from core.settings import DECLARATIONS, DEFAULT_DECLARATIONS
 
@@ -79,6 +81,7 @@ __all__ = [
     "StepSpec",
     "UndeclaredStep",
     "Workflow",
+    "events_url",
     "function_of",
     "legacy_agent",
 ]
@@ -120,6 +123,11 @@ def use(module: str) -> None:
     with _lock:
         if module != _module:
             _module, _loaded = module, None
+
+
+def in_use() -> str:
+    """The module the declarations are read from."""
+    return _module
 
 
 def _load() -> dict[str, dict[str, Any]]:

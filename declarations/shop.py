@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.workflows import Context
-from declarations.links import events_url
+from core.workflows import Context, events_url
 
 #: Orders of at least this amount wait for a person's approval (``checkout``).
 APPROVAL_AMOUNT = 1000

@@ -14,7 +14,7 @@ more than a trickle of calls. Everything started here is stopped here, also on
 Ctrl-C.
 
     python -m demo [--copies N] [--timeout S] [--serve] [--no-outage]
-                   [--transport storage|servicebus]
+                   [--transport storage|servicebus] [--simulator ARGS]
 
 ``--transport servicebus`` puts the agent queues on localbus, the local Service Bus
 double (``AGENT_TRANSPORT=servicebus``, through the real SDK), instead of Azurite.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import signal
 import sys
 import time
@@ -31,6 +32,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,7 +45,7 @@ from core.model import Order
 from core.timefmt import iso, parse_iso
 from demo.scenarios import BAD_MESSAGES, OUTAGE_PHASES, Scenario, outage_orders, scenarios
 from demo.stack import LocalStack
-from demo.verify import drain_alerts, verify
+from demo.verify import read_alerts, verify
 from simulator import load_ledger
 
 STYLE = {
@@ -66,6 +68,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--no-outage", dest="outage", action="store_false", help="skip the outage act"
+    )
+    parser.add_argument(
+        "--simulator",
+        type=shlex.split,
+        default=[],
+        metavar="ARGS",
+        help="more arguments for the simulated services (python -m simulator --help), e.g. "
+        "'--compensation cancel-card=issue-card' (make start SIMULATOR='...')",
     )
     parser.add_argument(
         "--transport",
@@ -111,18 +121,57 @@ def render(
     return Panel(Group(table), title=f"{title}: {done}/{total} finished, {elapsed:.0f} s")
 
 
-def serve(stack: LocalStack, console: Console) -> int:
-    console.print(f"AzureWebJobsStorage={stack.connection_string}")
+#: Where ``make start`` writes the settings a shell needs to reach the stack it started.
+STACK_ENV = Path("run") / "stack.env"
+
+
+def stack_env(stack: LocalStack, settings: dict[str, str]) -> str:
+    """The settings to reach ``stack``, as lines a POSIX shell sources: what the CLI
+    (``python -m admin``) reads and the simulator's address, and, commented, what this
+    stack runs with that differs from the settings' defaults."""
+    values = {
+        "AzureWebJobsStorage": stack.connection_string,
+        "REMOTE_SERVICE_URL": stack.simulator_url,
+    }
     if stack.service_bus_connection:
-        console.print(f"ServiceBusConnection={stack.service_bus_connection}")
-    console.print(f"REMOTE_SERVICE_URL={stack.simulator_url}")
-    console.print(f"operator API: {stack.http_url}/api/orders?status=error")
-    console.print(f"[bold]operator console: {stack.http_url}/api/console[/]")
-    console.print("Ctrl-C stops everything.")
-    while all(h.alive for h in stack.hosts):
-        time.sleep(0.5)
-    console.print("[red]a devhost exited; see its log in[/]", stack.workdir)
-    return 1
+        values["ServiceBusConnection"] = stack.service_bus_connection
+        values["AGENT_TRANSPORT"] = "servicebus"
+    lines = [
+        "# written by `make start`; removed when it stops. New ports and an empty store on",
+        "# every start. The app reads declarations/ when it starts: restart `make start`",
+        "# after changing them (a running stack refuses a new workflow as unknown, kept on",
+        "# orders-rejected with the reason).",
+        "# The app runs here with (the settings' defaults are in the README):",
+        *(f"#   {k}={v}" for k, v in sorted(settings.items())),
+        *(f"export {k}={shlex.quote(v)}" for k, v in values.items()),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def serve(stack: LocalStack, console: Console, settings: dict[str, str]) -> int:
+    STACK_ENV.parent.mkdir(exist_ok=True)
+    STACK_ENV.write_text(stack_env(stack, settings), encoding="utf-8")
+    try:
+        console.print(
+            f"operator console: {stack.http_url}/api/console", style="bold", soft_wrap=True
+        )
+        console.print(f"operator API: {stack.http_url}/api/orders?status=error", soft_wrap=True)
+        console.print(f"simulated services: {stack.simulator_url}/_ledger", soft_wrap=True)
+        console.print(
+            "in another shell, for python -m admin and the addresses above:", soft_wrap=True
+        )
+        console.print(f"source {STACK_ENV}", style="bold", soft_wrap=True, highlight=False)
+        console.print(
+            "The app reads declarations/ when it starts: restart after changing them. "
+            "Ctrl-C stops everything.",
+            soft_wrap=True,
+        )
+        while all(h.alive for h in stack.hosts):
+            time.sleep(0.5)
+        console.print("[red]a devhost exited; see its log in[/]", stack.workdir)
+        return 1
+    finally:
+        STACK_ENV.unlink(missing_ok=True)
 
 
 def keep_console_up(stack: LocalStack, console: Console, code: int) -> int:
@@ -224,7 +273,7 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     if outage is not None:
         cases = cases + outage.cases
         orders.update(outage.orders)
-    alerts = drain_alerts(ctx)
+    alerts = read_alerts(ctx)
     rejected = ctx.queues.client(ctx.names.orders_rejected).peek_messages(max_messages=32)
     ledger = load_ledger(stack.ledger_path)
     verdict = verify(
@@ -348,14 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, _interrupt)
+    settings = {
+        "STEP_TIMEOUT_SECONDS": "5",
+        "MAX_FAILURE_COUNT": "3",
+        "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
+    }
     stack = LocalStack(
         devhosts=2,
-        settings={
-            "STEP_TIMEOUT_SECONDS": "5",
-            "MAX_FAILURE_COUNT": "3",
-            "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
-        },
-        simulator_args=["--latency-ms", "5-40"],
+        settings=settings,
+        simulator_args=["--latency-ms", "5-40", *args.simulator],
         keep_workdir=True,
         transport=args.transport,
     )
@@ -368,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{stack.http_url}/api/orders/<orderId>; logs in {stack.workdir}"
         )
         if args.serve:
-            code = serve(stack, console)
+            code = serve(stack, console, settings)
         else:
             code = run(stack, args, console)
             code = keep_console_up(stack, console, code)

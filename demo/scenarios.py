@@ -79,7 +79,7 @@ def scenarios(prefix: str, copies: int = 1) -> list[Scenario]:
             Scenario(f"{p}-declined", "permanent 422", "error", simulate={"process": "permanent"}),
             Scenario(
                 f"{p}-dead",
-                "never answers: supervisor gives up",
+                "never answers: given up after 3 attempts, alerted",
                 "error",
                 simulate={"process": HANG_FOREVER},
             ),

@@ -108,7 +108,7 @@ def load_orders(ctx: AppContext, order_ids: list[str]) -> dict[str, Order | None
 
 
 def drain_alerts(ctx: AppContext) -> list[dict[str, Any]]:
-    """Everything on the operator-alerts queue (received and deleted)."""
+    """Everything on the operator-alerts queue (received and deleted: the tests')."""
     client = ctx.queues.client(ctx.names.operator_alerts)
     out: list[dict[str, Any]] = []
     while True:
@@ -120,6 +120,30 @@ def drain_alerts(ctx: AppContext) -> list[dict[str, Any]]:
         for message in batch:
             out.append(json.loads(message.content))
             client.delete_message(message)
+
+
+def read_alerts(ctx: AppContext) -> list[dict[str, Any]]:
+    """Everything on the operator-alerts queue, left there: each message is received (so
+    that more than a peek's 32 are read) and made visible again at once, so the console's
+    alerts page still shows them after the demo."""
+    client = ctx.queues.client(ctx.names.operator_alerts)
+    out: list[dict[str, Any]] = []
+    held = []
+    try:
+        while True:
+            batch = list(
+                client.receive_messages(
+                    messages_per_page=32, max_messages=32, visibility_timeout=60
+                )
+            )
+            if not batch:
+                return out
+            for message in batch:
+                out.append(json.loads(message.content))
+                held.append(message)
+    finally:
+        for message in held:
+            client.update_message(message, visibility_timeout=0)
 
 
 def _deadlines(step: StepRecord) -> dict[int, datetime]:

@@ -111,7 +111,7 @@ def build(args: argparse.Namespace) -> DevHost:
     runtime.deliver = devhost.deliver  # output bindings
     if devhost.http is not None:
         # This instance's host name, as Azure and `func start` set it: the app builds the
-        # links it hands out from it (declarations/links.py: where a remote calls back).
+        # links it hands out from it (core/links.py: where a remote calls back).
         os.environ[WEBSITE_HOSTNAME] = devhost.http.base_url.removeprefix("http://")
     # Storage requests counted for the benchmarks: which ones a timer invocation made.
     opcount.set_trigger_lookup(runtime.current_trigger)

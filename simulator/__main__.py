@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-random-faults-per-key", type=int, default=2, metavar="N")
     parser.add_argument(
         "--compensation", type=_compensation, action="append", metavar="STEP=TARGET",
-        help="STEP undoes TARGET (repeatable; replaces the default map "
+        help="STEP undoes TARGET (repeatable; added to the default map "
         + ", ".join(f"{k}={v}" for k, v in DEFAULT_COMPENSATIONS.items()) + ")",
     )  # fmt: skip
     parser.add_argument(
@@ -151,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    compensations = dict(args.compensation) if args.compensation else None
+    compensations = {**DEFAULT_COMPENSATIONS, **dict(args.compensation or [])}
     if args.no_ids and args.ids:
         parser.error("--no-ids and --id exclude each other")
     ids = {} if args.no_ids else dict(args.ids) if args.ids else None

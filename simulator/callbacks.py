@@ -6,7 +6,7 @@ asynchronous API do):
 
 - The call's body carries ``"callback": {"url": "<absolute http(s) URL>"}``: where to
   say how it ended. In this app that is the order's event route,
-  ``<app>/api/orders/<orderId>/events/<event>`` (``declarations.links.events_url``).
+  ``<app>/api/orders/<orderId>/events/<event>`` (``core.links.events_url``).
 - The call is answered ``202 Accepted`` with the JSON a ``200`` would carry (the effect is
   applied then, once per idempotency key, as for any call).
 - ``callbackMs`` later (a directive's ``callbackMs``, else the server's default, 200 ms)

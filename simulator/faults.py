@@ -9,7 +9,7 @@ name the same. A body may ask for a callback, ``"callback": {"url": "<http(s) UR
 JSON carries it through); a directive is a string shorthand or an object:
 
     "transient[:N]"  {"fail": "transient", "times": N, "status": 503, "retryAfter": S}
-    "permanent"      {"fail": "permanent", "status": 422, "error": "..."}
+    "permanent[:N]"  {"fail": "permanent", "times": N, "status": 422, "error": "..."}
     "hang[:N]"       {"fail": "hang", "times": N, "seconds": 3600, "applyFirst": true}
     "drop[:N]"       {"fail": "drop", "times": N, "applyFirst": false}
                      {"fail": "stall", "seconds": S}
@@ -19,7 +19,9 @@ JSON carries it through); a directive is a string shorthand or an object:
                      callback, the first N callbacks are never sent; or the effect is
                      not applied and the callback refuses it; sent n ms after the answer)
 
-N defaults to 1 and counts calls per idempotency key over the server's life. A stall
+N defaults to 1 and counts calls per idempotency key over the server's life, except for
+``permanent``: without N it refuses every call; with N, the first N (a refusal whose cause
+the service then fixes: the order fails for good, and a resubmit completes it). A stall
 holds every call made within ``S`` seconds of the key's first call until those ``S``
 seconds are over, then applies the effect (once) and answers: a remote that stalls for
 a while on some orders while it answers others. A call whose caller gave up meanwhile
@@ -50,7 +52,7 @@ CallbackFault = Literal["lost", "refuse"]
 _FIELDS: Final[dict[str | None, frozenset[str]]] = {
     None: _COMMON_FIELDS,
     "transient": _COMMON_FIELDS | {"times", "status", "retryAfter"},
-    "permanent": _COMMON_FIELDS | {"status", "error"},
+    "permanent": _COMMON_FIELDS | {"times", "status", "error"},
     "hang": _COMMON_FIELDS | {"times", "seconds", "applyFirst"},
     "drop": _COMMON_FIELDS | {"times", "applyFirst"},
     "stall": _COMMON_FIELDS | {"seconds"},
@@ -83,7 +85,8 @@ class Directive:
     """A parsed per-order, per-step directive."""
 
     fail: FailKind | None = None
-    times: int = 1
+    times: int = 1  # a permanent directive without it refuses every call
+    forever: bool = False
     status: int = 0
     retry_after: int | None = None
     error: str = ""
@@ -107,7 +110,7 @@ class Directive:
         if self.fail == "stall":
             left = self.seconds - since_first_call
             return Fault("hang", seconds=left) if left > 0 else None
-        if self.fail != "permanent" and call_no > self.times:
+        if not self.forever and call_no > self.times:
             return None
         return Fault(
             kind=self.fail,
@@ -180,16 +183,14 @@ def parse_directive(step: str, raw: object) -> Directive:
 
 def _parse_shorthand(step: str, text: str) -> Directive:
     kind, _, count = text.partition(":")
-    if kind == "permanent" and not count:
-        return _parse_object(step, {"fail": "permanent"})
-    if kind in ("transient", "hang", "drop"):
+    if kind in ("transient", "permanent", "hang", "drop"):
         if not count:
             return _parse_object(step, {"fail": kind})
         if count.isdigit():
             return _parse_object(step, {"fail": kind, "times": int(count)})
     raise DirectiveError(
         f"The directive {text!r} for step {step!r} is not one of "
-        "'transient[:N]', 'permanent', 'hang[:N]', 'drop[:N]'."
+        "'transient[:N]', 'permanent[:N]', 'hang[:N]', 'drop[:N]'."
     )
 
 
@@ -253,7 +254,14 @@ def _parse_failure(
         error = raw.get("error", f"Simulated permanent failure of step {step!r}.")
         if not isinstance(error, str):
             raise DirectiveError(f"In {where}, 'error' must be a string.")
-        return Directive(fail=fail, status=status, error=error, latency_ms=latency)
+        return Directive(
+            fail=fail,
+            times=times,
+            forever="times" not in raw,
+            status=status,
+            error=error,
+            latency_ms=latency,
+        )
     if fail == "stall":
         stall = raw.get("seconds")
         if isinstance(stall, bool) or not isinstance(stall, int | float) or stall < 0:

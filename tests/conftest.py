@@ -1,14 +1,48 @@
-"""Shared fixtures. Azurite starts once per test session, only if a test asks for it."""
+"""Shared fixtures. Azurite starts once per test session, only if a test asks for it.
+
+The declarations every test runs on are the suite's own, ``tests/fixtures/shop.py``, never
+``declarations/``: that package belongs to the team that deploys the app, and the suite
+must pass whatever it holds. ``ORDERS_DECLARATIONS`` names the fixture for this process
+and every process a test starts; a test that reads ``declarations/`` (the deployment's
+tests: ``infra/agents.json``, the deploy check) is marked ``deployment``, and any other
+test that imports it fails, naming itself.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from core import workflows
+from core.settings import DECLARATIONS, DEFAULT_DECLARATIONS
 from localrun.azurite import Azurite
+from tests import SUITE_DECLARATIONS
+
+os.environ[DECLARATIONS] = SUITE_DECLARATIONS
+workflows.use(SUITE_DECLARATIONS)
+
+
+@pytest.fixture(autouse=True)
+def _suite_declarations(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts on the suite's declarations, and may not read ``declarations/``
+    unless it is a deployment test."""
+    yield
+    workflows.use(SUITE_DECLARATIONS)
+    read = [m for m in sys.modules if m.partition(".")[0] == DEFAULT_DECLARATIONS]
+    for module in read:  # so that the next test that reads it is caught too
+        del sys.modules[module]
+    if read and request.node.get_closest_marker("deployment") is None:
+        pytest.fail(
+            f"{request.node.nodeid} read {DEFAULT_DECLARATIONS}/, the deployment's own "
+            f"declarations: run it on {SUITE_DECLARATIONS} (pass {DECLARATIONS}, or use "
+            "tests.support.declarations), or mark it deployment",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")

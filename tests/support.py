@@ -18,9 +18,16 @@ from azure.storage.queue import QueueClient
 
 from bootstrap import AppContext, bootstrap, reset_app_context
 from core.names import Names
-from core.settings import Settings
+from core.settings import DECLARATIONS, Settings
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
+from tests import SUITE_DECLARATIONS
+
+
+def settings_from(env: dict[str, str]) -> Settings:
+    """``Settings.from_env(env)`` on the suite's declarations unless ``env`` names others
+    (the tests never run on ``declarations/``, the deployment's own)."""
+    return Settings.from_env({DECLARATIONS: SUITE_DECLARATIONS, **env})
 
 
 @contextlib.contextmanager
@@ -28,13 +35,13 @@ def declarations(module: str = "tests.fixtures.flows") -> Iterator[None]:
     """The agents and workflows of ``module`` as the declarations, for the block (the
     tests' own: they never depend on what ``declarations/`` holds)."""
     from core import workflows
-    from core.settings import DEFAULT_DECLARATIONS
 
+    before = workflows.in_use()
     workflows.use(module)
     try:
         yield
     finally:
-        workflows.use(DEFAULT_DECLARATIONS)
+        workflows.use(before)
 
 
 def unanswered[M](reply: M) -> M:
@@ -74,7 +81,7 @@ def make_context(
     transport. ``inline_replies``: this instance runs the reply handler (its agents apply
     their replies in process); by default replies go through the reply queue, so a test
     can move each message by hand, hop by hop."""
-    settings = Settings.from_env(
+    settings = settings_from(
         {
             "AzureWebJobsStorage": connection,
             "AGENT_TRANSPORT": "storage",

@@ -230,6 +230,49 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     assert {"returns", "exchange"} <= deployed
 
 
+@pytest.mark.deployment
+def test_the_suite_still_passes_with_the_guides_workflows(tmp_path: Path) -> None:
+    """The guide ends "then run make test": with its workflows and agents appended to
+    declarations/ and infra/agents.json regenerated, the suite passes unchanged. Every test
+    but the deployment's runs on its own declarations (tests/fixtures/shop.py; the suite's
+    conftest fails one that reads declarations/), so these are the tests to run in the
+    copy: those marked ``deployment``, and the Bicep checks, which read infra/agents.json."""
+    app = tmp_path / "app"
+    app.mkdir()
+    copy_app(app)
+    apply_guide(app)
+    env = {k: v for k, v in os.environ.items() if k != "ORDERS_DECLARATIONS"}
+    env["PYTHONPATH"] = str(app)
+    write = subprocess.run(
+        [sys.executable, "-m", "admin", "agents-json", "--write"],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert write.returncode == 0, write.stderr
+    suites = [
+        (sys.executable, ["-m", "deployment", "tests/unit", "tests/integration"]),
+        (str(ROOT / ".venv-iac" / "bin" / "python"), ["tests/infra"]),
+    ]
+    if not Path(suites[1][0]).exists():
+        pytest.skip("the Bicep checks' virtual environment is not built: make .venv-iac/.ok")
+    for python, args in suites:
+        run = subprocess.run(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+            cwd=app,
+            env={**env, "INFRA_CHECKS_REQUIRED": "1"},
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        summary = run.stdout.strip().splitlines()[-1:] or [run.stderr[-2000:]]
+        assert run.returncode == 0, (args, run.stdout[-4000:], run.stderr[-2000:])
+        assert " passed" in summary[0] and "skipped" not in summary[0], (args, summary)
+
+
 def check_the_mistake_it_shows(app: Path, env: dict[str, str]) -> None:
     """The guide's example of a refused declaration is what the app says, file and line."""
     [shown] = re.findall(r"```text\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL)

@@ -12,6 +12,15 @@ behaviour is in test_servicebus_mode.py.
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -178,7 +187,9 @@ def test_killed_between_a_reply_and_the_next_step_the_workflow_resumes(stack: Lo
     ]
 
 
-def test_operator_api_finds_explains_and_resubmits_over_http(stack: LocalStack) -> None:
+def test_operator_api_finds_explains_and_resubmits_over_http(
+    stack: LocalStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
     order_id = "e2e-http"
     stack.submit({"orderId": order_id, "simulate": {"process": "permanent"}})
     wait_terminal(stack, [order_id], 60)
@@ -219,3 +230,37 @@ def test_operator_api_finds_explains_and_resubmits_over_http(stack: LocalStack) 
             "attempts"
         ]
     ] == ["refused", "refused"]
+    practise_the_readmes_recipe(stack, monkeypatch)
+
+
+def practise_the_readmes_recipe(stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's "Practise it locally": its commands, word for word, as a person runs
+    them (each one once the order has got where the comment says)."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    after = readme.split("**Practise it locally.**", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", after, re.DOTALL)
+    assert block is not None
+    commands = block[1].strip().splitlines()
+    monkeypatch.setenv("AzureWebJobsStorage", stack.connection_string)
+    shown = []
+    for line in commands:
+        argv = shlex.split(line, comments=True)
+        assert argv[:3] == [".venv/bin/python", "-m", "admin"], argv
+        order_id = json.loads(argv[4])["orderId"] if argv[3] == "submit" else argv[4]
+        if argv[3] == "show":
+            wait_terminal(stack, [order_id], 60)
+        monkeypatch.setattr(sys, "argv", ["admin", *argv[3:]])
+        printed, code = io.StringIO(), 0
+        with contextlib.redirect_stdout(printed):
+            try:
+                runpy.run_module("admin", run_name="__main__", alter_sys=True)
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+        assert code == 0, (line, printed.getvalue())
+        if argv[3] == "show":
+            shown.append(json.loads(printed.getvalue()))
+    failed, fixed = shown
+    assert failed["status"] == "error", failed
+    assert "it was not applied" in json.dumps(failed)
+    assert fixed["status"] == "completed", fixed
+    assert "the service fixed its data" in json.dumps(fixed["steps"][0]["history"])

@@ -10,13 +10,13 @@ import pytest
 
 from admin.__main__ import main
 from bootstrap import AppContext, bootstrap
-from core.settings import Settings
+from tests.support import settings_from
 
 
 @pytest.fixture
 def ctx(storage_connection: str) -> AppContext:
     context = bootstrap(
-        Settings.from_env(
+        settings_from(
             {
                 "AzureWebJobsStorage": storage_connection,
                 "AGENT_TRANSPORT": "storage",

@@ -20,14 +20,13 @@ from bootstrap import AppContext, bootstrap
 from bootstrap.clients import retry_options
 from core.control_view import PERIOD, SETTLE
 from core.errors import ConcurrencyConflict
-from core.settings import Settings
 from core.states import OrderStatus, StepState
 from scheduler.service import Handled
 from simulator import SimulatorServer, effects_by_order
 from stores.tables import TableStateStore
 from tests.integration.test_pipeline import pump, submit
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport, is_batch
-from tests.support import FakeClock, drain, drain_json, drain_requests, make_context
+from tests.support import FakeClock, drain, drain_json, drain_requests, make_context, settings_from
 
 
 def later(ctx: AppContext, clock: FakeClock, seconds: float) -> None:
@@ -150,7 +149,7 @@ def test_the_cli_lists_pauses_limits_resumes_and_audits(
 ) -> None:
     """On the default table (the CLI's): ``inventory`` only, left running as declared."""
     context = bootstrap(
-        Settings.from_env({"AzureWebJobsStorage": storage_connection, "AGENT_TRANSPORT": "storage"})
+        settings_from({"AzureWebJobsStorage": storage_connection, "AGENT_TRANSPORT": "storage"})
     )
     context.provision()
     connection = storage_connection

@@ -286,6 +286,9 @@ def test_the_cancel_confirmation_says_what_is_undone_and_asks_about_the_doubt(
     assert order is not None and order.status is OrderStatus.COMPENSATING
     ship = order.find("ship")
     assert ship is not None and any(h["event"] == "stated-not-applied" for h in ship.history)
+    # the order's page names each undo's agent and what it undoes, as words apart
+    text = " ".join(re.sub(r"<[^>]+>", "", html(get("/orders/d-0", orderId="d-0"))).split())
+    assert "agent payments undoes charge-payment" in text, text
 
 
 def test_a_cancel_with_nothing_in_doubt_asks_for_no_statement(ctx: AppContext) -> None:

@@ -21,11 +21,11 @@ from bootstrap import AppContext, bootstrap
 from core import workflows
 from core.messages import AgentRequest, decode_request
 from core.names import Names
-from core.settings import DEFAULT_DECLARATIONS, Settings
 from core.states import OrderStatus
 from core.workflows import Agent, Compensation, StepSpec, Workflow, validate
+from tests import SUITE_DECLARATIONS
 from tests.integration.test_upgrade import stored_as_before_agents
-from tests.support import declarations, drain_requests, make_context
+from tests.support import declarations, drain_requests, make_context, settings_from
 
 AGENTS = [Agent("orders"), Agent("inventory"), Agent("payments"), Agent("carrier")]
 ORDER = Workflow("order", (StepSpec("process", agent="orders"),))
@@ -47,7 +47,7 @@ CHANGES = {
 @pytest.fixture
 def modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     """Each change as an importable declarations module (its name, by change); the
-    registry is put back to the product's declarations afterwards."""
+    registry is put back to the suite's declarations afterwards."""
     names = {}
     for change, (agents, flows) in CHANGES.items():
         module = types.ModuleType(f"declarations_{change}_{uuid.uuid4().hex[:6]}")
@@ -58,7 +58,7 @@ def modules(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     try:
         yield names
     finally:
-        workflows.use(DEFAULT_DECLARATIONS)
+        workflows.use(SUITE_DECLARATIONS)
 
 
 def target(change: str) -> Target:
@@ -226,7 +226,7 @@ def test_the_command_exits_3_when_storage_does_not_answer(
 
 def default_names(storage_connection: str) -> AppContext:
     """The app on the default table and queue names (``make_context`` makes its own)."""
-    settings = Settings.from_env(
+    settings = settings_from(
         {
             "AzureWebJobsStorage": storage_connection,
             "AGENT_TRANSPORT": "storage",

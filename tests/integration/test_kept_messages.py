@@ -20,10 +20,9 @@ os.environ.setdefault("AGENT_TRANSPORT", "storage")
 
 from admin.__main__ import main
 from bootstrap import AppContext, bootstrap
-from core.settings import Settings
 from messaging.quarantine import quarantine
 from stores.kept import MAX_RECORD_BYTES, PREVIEW_CHARS, KeptMessages
-from tests.support import app_function, drain, drain_json, installed
+from tests.support import app_function, drain, drain_json, installed, settings_from
 
 EMOJI = "\U0001f600"
 QUEUE_LIMIT = 65_536
@@ -139,7 +138,7 @@ def test_an_agent_quarantines_a_large_malformed_request_with_a_kept_copy(
 @pytest.fixture
 def default_ctx(storage_connection: str) -> AppContext:
     context = bootstrap(
-        Settings.from_env(
+        settings_from(
             {
                 "AzureWebJobsStorage": storage_connection,
                 "AGENT_TRANSPORT": "storage",

@@ -333,12 +333,11 @@ from dataclasses import replace
 from bootstrap import bootstrap
 from core.names import Names
 from core.retention import Retention
-from core.settings import Settings
-from tests.support import FakeClock
+from tests.support import FakeClock, settings_from
 from datetime import datetime
 
 connection, tag, now = sys.argv[1:4]
-settings = Settings.from_env({
+settings = settings_from({
     "AzureWebJobsStorage": connection,
     "AGENT_TRANSPORT": "storage",
     "ORDERS_FAILPOINTS": "purge-after-archive",

@@ -442,6 +442,25 @@ def test_cli_serves_and_stops_promptly_on_sigterm(ledger_path: Path) -> None:
             process.wait(5)
 
 
+def test_cli_compensations_add_a_teams_own_pairs_to_the_default_ones() -> None:
+    """``make start SIMULATOR='--compensation cancel-card=issue-card'``: the ledger marks a
+    team's own undo, and still the product's (``release-stock`` undoes ``reserve-stock``)."""
+    process, url = start_cli("--no-ids", "--compensation", "cancel-card=issue-card")
+    try:
+        with httpx.Client(base_url=url, timeout=5) as http:
+            for step in ("issue-card", "cancel-card", "reserve-stock", "release-stock"):
+                assert post(http, "o-card", step).status_code == 200
+            effects = http.get("/_ledger").json()["effects"]
+        undone = {e["step"]: (e["compensates"], e["undid"]) for e in effects if e["compensates"]}
+        assert undone == {
+            "cancel-card": ("issue-card", True),
+            "release-stock": ("reserve-stock", True),
+        }
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(5)
+
+
 def test_cli_refuses_bad_rates() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "simulator", "--transient-rate", "0.8", "--drop-rate", "0.8"],

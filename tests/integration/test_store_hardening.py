@@ -33,7 +33,6 @@ from core.errors import CorruptOrder, InvalidContinuationToken, StorageUnavailab
 from core.messages import AgentReply, ReplyOutcome, decode_request
 from core.model import Order
 from core.orders import decode_order
-from core.settings import Settings
 from core.states import OrderStatus, StepState
 from core.timefmt import sortable
 from core.workflows import WORKFLOWS, Plan
@@ -42,7 +41,7 @@ from scheduler.service import Handled
 from stores import layout
 from stores.tables import TableStateStore
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport, is_batch
-from tests.support import FakeClock, drain_json, drain_requests, make_context
+from tests.support import FakeClock, drain_json, drain_requests, make_context, settings_from
 
 
 @pytest.fixture
@@ -419,7 +418,7 @@ def test_repair_index_from_the_command_line(
     storage_connection: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     default = bootstrap(
-        Settings.from_env(
+        settings_from(
             {
                 "AzureWebJobsStorage": storage_connection,
                 "AGENT_TRANSPORT": "storage",

@@ -28,11 +28,11 @@ from core.errors import (
     TransitionRefused,
 )
 from core.names import Names
-from core.settings import Settings
 from messaging.outbox import NoticeSender
 from stores import layout
 from stores.listing import format_token, parse_token
 from stores.tables import TableStateStore
+from tests.support import settings_from
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -256,7 +256,7 @@ def test_the_caller_is_whoever_the_platform_vouches_for(
     expected: str,
 ) -> None:
     context.settings = SimpleNamespace(
-        easy_auth=Settings.from_env(
+        easy_auth=settings_from(
             {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT": "storage"}
             | ({"WEBSITE_AUTH_ENABLED": auth} if auth is not None else {})
         ).easy_auth

@@ -43,7 +43,7 @@ from core import workflows
 from core.messages import AgentRequest, ReplyOutcome
 from core.settings import Settings, SettingsError
 from simulator import SimulatorServer
-from tests.support import unanswered
+from tests.support import settings_from, unanswered
 from tests.unit.test_remote_client import (
     ORDER,
     T0,
@@ -61,7 +61,7 @@ CARRIER = "api://carrier"
 
 
 def settings(url: str = "http://remote.test/api") -> Settings:
-    return Settings.from_env(
+    return settings_from(
         {
             "AzureWebJobsStorage": "UseDevelopmentStorage=true",
             "AGENT_TRANSPORT": "storage",

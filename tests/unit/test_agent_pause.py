@@ -27,12 +27,12 @@ from core.events import Event
 from core.messages import AgentRequest, decode_reply
 from core.model import Order
 from core.names import Names
-from core.settings import Settings
 from core.states import OrderStatus, StepState
 from core.workflows import AGENTS
 from scheduler.service import SWEEP_GRACE, Handled
 from stores.memory import InMemoryStateStore
 from supervisor.service import SKEW_GRACE
+from tests.support import settings_from
 from tests.unit.test_remote_client import T0, FakeClock, MaxRng
 from tests.unit.test_runner import ScriptedKind
 from tests.unit.test_services_in_memory import RecordingKeeper, RecordingQueues, RecordingTransport
@@ -102,7 +102,7 @@ class App:
 def build(*, window: int = 1800) -> App:
     store, clock = InMemoryStateStore(), FakeClock(T0)
     queues, transport = RecordingQueues(), RecordingTransport()
-    settings = Settings.from_env(
+    settings = settings_from(
         {
             "AzureWebJobsStorage": "UseDevelopmentStorage=true",  # never reached
             "AGENT_TRANSPORT": "storage",

@@ -20,6 +20,7 @@ from admin import __main__ as cli
 from core import workflows
 from core.settings import DEFAULT_DECLARATIONS
 from core.workflows import Agent, ApiKey, EntraToken, StepSpec, Workflow
+from tests import SUITE_DECLARATIONS
 
 REPO = Path(__file__).resolve().parents[2]
 REGENERATE = "python -m admin agents-json --write"
@@ -47,12 +48,14 @@ def _stale(committed: str, generated: str) -> str:
     )
 
 
+@pytest.mark.deployment
 def test_agents_json_is_generated_from_the_declarations() -> None:
     committed = cli.AGENTS_JSON.read_text(encoding="utf-8")
     generated = cli.agents_json_text(_declared_agents())
     assert committed == generated, _stale(committed, generated)
 
 
+@pytest.mark.deployment
 def test_the_command_prints_the_committed_file() -> None:
     """The command itself, as an operator runs it, from the default declarations."""
     env = {k: v for k, v in os.environ.items() if k != workflows.DECLARATIONS_SETTING}
@@ -158,4 +161,4 @@ def test_a_bad_declaration_is_reported_and_nothing_written(
         assert cli.main(["workflows"]) == 2
     finally:
         monkeypatch.undo()
-        workflows.use(DEFAULT_DECLARATIONS)
+        workflows.use(SUITE_DECLARATIONS)

@@ -35,12 +35,11 @@ from core.errors import TransitionRefused
 from core.messages import ReplyOutcome
 from core.names import Names
 from core.ports import RowWrite
-from core.settings import Settings
 from core.unit_of_work import OrderChanges
 from stores import activity, layout
 from stores.memory import InMemoryStateStore
 from supervisor.dashboard import DashboardAggregator, figures_of
-from tests.support import FakeClock
+from tests.support import FakeClock, settings_from
 from tests.unit.test_services_in_memory import (
     T0,
     RecordingKeeper,
@@ -111,7 +110,7 @@ def test_fold_takes_already_counted_rows_without_counting_them_and_stops_at_the_
 
 
 def app(store: InMemoryStateStore, clock: FakeClock, queues: RecordingQueues) -> AppContext:
-    settings = Settings.from_env(
+    settings = settings_from(
         {
             "AzureWebJobsStorage": "UseDevelopmentStorage=true",
             "AGENT_TRANSPORT": "storage",

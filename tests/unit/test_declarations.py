@@ -1,5 +1,6 @@
-"""Declarations: what the product declares (docs/contracts.md §3.8), how a bad declaration
-is refused (naming its file and line), and GET /api/workflows."""
+"""Declarations: what the suite's shop declares (tests/fixtures/shop.py, as declarations/
+first ships it; docs/contracts.md §3.8), how a bad declaration is refused (naming its file
+and line), and GET /api/workflows."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def handler(order: dict[str, object], **call: object) -> dict[str, object]:
     return {}
 
 
-def test_the_product_declares_four_agents_one_per_remote_service() -> None:
+def test_the_shop_declares_four_agents_one_per_remote_service() -> None:
     assert sorted(AGENTS) == ["carrier", "inventory", "orders", "payments"]
     agent_of = {
         step: spec.agent

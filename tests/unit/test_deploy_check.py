@@ -23,11 +23,11 @@ from core.messages import ReplyOutcome
 from core.model import Order
 from core.needs import Need, Why, still_needed
 from core.orders import decode_order
-from core.settings import DEFAULT_DECLARATIONS
 from core.states import OrderStatus
 from core.workflows import Agent, Compensation, Plan, StepSpec, Workflow, validate
 from stores import layout
 from stores.memory import InMemoryStateStore
+from tests import SUITE_DECLARATIONS
 from tests.support import declarations
 from tests.unit.test_model import POLICY, T0, drive, new_order, random_reply, reply
 
@@ -35,7 +35,7 @@ from tests.unit.test_model import POLICY, T0, drive, new_order, random_reply, re
 
 
 def accepted(workflow: str, order_id: str = "o-1") -> Order:
-    """Accepted under the product's declarations (whatever the registry holds)."""
+    """Accepted under the suite's declarations (whatever the registry holds)."""
     message = decode_order(json.dumps({"orderId": order_id, "workflow": workflow}))
     return Order.accept(
         message, Plan.of({"order": ORDER, "fulfilment": FULFILMENT}[workflow], 30), T0
@@ -548,7 +548,7 @@ def declared_without_ship(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     try:
         yield module.__name__
     finally:
-        workflows.use(DEFAULT_DECLARATIONS)
+        workflows.use(SUITE_DECLARATIONS)
 
 
 def before_agents(store: InMemoryStateStore, order_id: str) -> None:

@@ -1,4 +1,5 @@
-"""The product's own workflows (declarations/) say what their remotes need: compensations
+"""The shop's workflows (tests/fixtures/shop.py, as declarations/ first ships them) say
+what their remotes need: compensations
 name the ids their steps handed out, and ``checkout`` runs stock and payment at once,
 waits for a person on big orders, holds a cooling-off window, and ships with a carrier
 that calls back (docs/contracts.md §3.13). In memory, on a fake clock."""
@@ -10,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from core.links import events_url
 from core.messages import AgentRequest, ReplyOutcome
 from core.states import OrderStatus, StepState
-from declarations.links import events_url
 from tests.unit.test_services_in_memory import Services, build, reply_to, stored
 
 HOST = "127.0.0.1:7071"
@@ -21,7 +22,7 @@ HOST = "127.0.0.1:7071"
 @pytest.fixture
 def s(monkeypatch: pytest.MonkeyPatch) -> Services:
     monkeypatch.setenv("WEBSITE_HOSTNAME", HOST)  # as devhost (and Azure) set it
-    return build()  # the product's declarations
+    return build()  # the shop's declarations (tests/fixtures/shop.py)
 
 
 def submit(s: Services, order_id: str, workflow: str, **data: Any) -> dict[str, Any]:
@@ -125,3 +126,20 @@ def test_without_its_own_address_the_app_cannot_ask_for_a_callback(
 
 def test_events_url(s: Services) -> None:
     assert events_url("o-1", "parcel-left") == (f"http://{HOST}/api/orders/o-1/events/parcel-left")
+
+
+def test_an_alert_goes_on_after_a_reason_that_ends_a_sentence(s: Services) -> None:
+    """A remote's or a handler's reason ends with a full stop; the alert's next clause
+    follows it without one ("...'refund-payment'.; it was not applied" read badly)."""
+    submit(s, "f-3", "fulfilment")
+    succeed(s, sent(s, "f-3")[-1], reservation="reservation-3")
+    succeed(s, sent(s, "f-3")[-1], charge="charge-3")
+    ship = sent(s, "f-3")[-1]
+    s.scheduler.apply_reply(reply_to(ship, ReplyOutcome.REFUSED, error="HTTP 422: no such road."))
+    refund = sent(s, "f-3")[-1]
+    s.scheduler.apply_reply(
+        reply_to(refund, ReplyOutcome.REFUSED, error="HTTP 409: unknown charge 'charge-3'.")
+    )
+    alerts = [a["reason"] for a in s.queues.on(s.names.operator_alerts)]
+    assert alerts and all(".;" not in a and "., " not in a for a in alerts), alerts
+    assert any("unknown charge 'charge-3'; it was not applied" in a for a in alerts), alerts

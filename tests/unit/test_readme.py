@@ -29,7 +29,8 @@ def _expand(name: str) -> set[str]:
     """A name as the README writes it, with ``<agent>`` or ``<queue>`` spelled out."""
     names = Names()
     if "<agent>" in name:
-        return {name.replace("<agent>", a) for a in AGENTS}
+        # an agent's function name is its name with "-" as "_" (core/agent_spec.py)
+        return {name.replace("<agent>", a.replace("-", "_")) for a in AGENTS}
     if name == "alert_<queue>_poison":
         return {f"alert_{q.replace('-', '_')}" for q in names.poison_queues()}
     if name == "alert_<queue>_dead_letters":

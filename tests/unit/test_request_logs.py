@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from bootstrap import bootstrap
-from core.settings import Settings
 from observability import logs
+from tests.support import settings_from
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def loggers() -> Iterator[list[logging.Logger]]:
 def test_wiring_the_app_quiets_the_request_loggers(loggers: list[logging.Logger]) -> None:
     assert logging.getLogger("httpx").level == logging.NOTSET
     bootstrap(
-        Settings.from_env(
+        settings_from(
             {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT": "storage"}
         )
     )

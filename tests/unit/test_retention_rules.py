@@ -10,10 +10,11 @@ import pytest
 from azure.data.tables import EdmType, EntityProperty
 
 from core.retention import DEFAULT_RETENTION, Retention, archive_path, parse_duration
-from core.settings import Settings, SettingsError
+from core.settings import SettingsError
 from core.states import OrderStatus
 from stores import layout
 from stores.archive import decode_lines, encode_lines, row_from_json, row_to_json
+from tests.support import settings_from
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -76,15 +77,15 @@ def test_bad_rules_name_the_setting_and_the_item(text: str, says: str) -> None:
 
 def test_settings_read_retention_and_fail_fast_on_a_bad_one() -> None:
     env = {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT": "storage"}
-    settings = Settings.from_env(env)
+    settings = settings_from(env)
     assert str(settings.retention) == DEFAULT_RETENTION
     assert settings.retention_schedule == "0 */15 * * * *" and settings.retention_batch == 1000
-    custom = Settings.from_env({**env, "RETENTION": "error=365d", "RETENTION_BATCH": "50"})
+    custom = settings_from({**env, "RETENTION": "error=365d", "RETENTION_BATCH": "50"})
     assert custom.retention.statuses() == [OrderStatus.ERROR] and custom.retention_batch == 50
     with pytest.raises(SettingsError, match="RETENTION: 'completed=soon'"):
-        Settings.from_env({**env, "RETENTION": "completed=soon"})
+        settings_from({**env, "RETENTION": "completed=soon"})
     with pytest.raises(SettingsError, match="RETENTION_SCHEDULE"):
-        Settings.from_env({**env, "RETENTION_SCHEDULE": "every day"})
+        settings_from({**env, "RETENTION_SCHEDULE": "every day"})
 
 
 def test_narrowed_keeps_only_rules_that_can_apply_and_only_to_that_workflow() -> None:

@@ -23,14 +23,13 @@ from core.model import Order
 from core.names import Names
 from core.orders import decode_order
 from core.ports import StateStore
-from core.settings import Settings
 from core.states import OrderStatus, StepState
 from core.unit_of_work import CONFLICT_ATTEMPTS
 from core.workflows import WORKFLOWS, Plan
 from scheduler.service import OUTBOX_GRACE, SWEEP_GRACE, Handled, Scheduler
 from stores.memory import InMemoryStateStore
 from supervisor.service import SKEW_GRACE, Supervisor
-from tests.support import FakeClock
+from tests.support import FakeClock, settings_from
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 TIMEOUT = 30
@@ -122,7 +121,7 @@ def build(
     transport = like.transport if like else RecordingTransport()
     keeper = like.keeper if like else RecordingKeeper()
     names = Names()
-    settings = Settings.from_env(
+    settings = settings_from(
         {
             "AzureWebJobsStorage": "UseDevelopmentStorage=true",  # never reached
             "AGENT_TRANSPORT": "storage",

@@ -83,7 +83,7 @@ def test_permanent_default_error_names_the_step() -> None:
         "explode",
         "transient:x",
         "transient:-1",
-        "permanent:2",
+        "permanent:x",
         42,
         None,
         ["transient"],
@@ -123,6 +123,10 @@ def test_fault_counting_per_call_number() -> None:
     assert [transient.fault_for(n) is not None for n in (1, 2, 3, 4)] == [True, True, False, False]
     permanent = parse_directive("process", "permanent")
     assert all(permanent.fault_for(n) is not None for n in (1, 2, 50))
+    # a refusal whose cause the service fixes: the first N calls, then it applies
+    for fixed in ("permanent:2", {"fail": "permanent", "times": 2, "status": 404}):
+        refusals = [parse_directive("process", fixed).fault_for(n) for n in (1, 2, 3)]
+        assert [f.kind if f else None for f in refusals] == ["permanent", "permanent", None]
     assert parse_directive("process", {"latencyMs": 5}).fault_for(1) is None
 
 

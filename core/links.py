@@ -1,4 +1,4 @@
-"""Links this app hands out: where a remote calls back (docs/contracts.md §3.13).
+"""Links the app hands out: where a remote calls back (docs/contracts.md §3.13).
 
 A remote that answers later (a step with ``completes_on="<event>"``) is told where to say
 how it ended: the order's event route, ``POST /api/orders/{orderId}/events/{event}`` with
@@ -11,6 +11,8 @@ In Azure the route takes a function key, as the operator API does: give the remo
 of its own (a function key of ``deliver_event``) to send as the ``x-functions-key``
 header. Never put a key in the URL: what a step's ``input`` returns is kept in the
 order's state, which operators read.
+
+Declarations import it from ``core.workflows`` (``from core.workflows import events_url``).
 """
 
 from __future__ import annotations
