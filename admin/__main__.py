@@ -2,7 +2,7 @@
 
     python -m admin show ORDER_ID
     python -m admin list --status error [--page-size 50] [--token T] [--all]
-    python -m admin resubmit ORDER_ID [--reason TEXT] [--as NAME]
+    python -m admin resubmit ORDER_ID [--reason TEXT] [--patch JSON|@FILE] [--as NAME]
     python -m admin cancel ORDER_ID [--reason TEXT] [--not-applied STEP] [--as NAME]
     python -m admin event ORDER_ID NAME (--result JSON | --refuse REASON) [--reason TEXT]
                                         [--as NAME]
@@ -109,6 +109,7 @@ from core.errors import (
     TransitionRefused,
 )
 from core.names import Names, poison
+from core.orders import strict_json
 from core.retention import ARCHIVABLE, Retention, parse_duration
 from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE
 from core.states import OrderStatus
@@ -270,29 +271,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     listing.add_argument("--page-size", type=int, default=50)
     listing.add_argument("--token", default=None, help="continuationToken of the last page")
     listing.add_argument("--all", action="store_true", help="follow every page")
-    for name, text in (
-        ("resubmit", "put an error order back to work at its failed step"),
-        ("cancel", "stop an unfinished order and undo what it did"),
-    ):
-        command = sub.add_parser(name, help=text)
-        command.add_argument("order_id")
-        command.add_argument(
-            "--as",
-            "--by",
-            dest="by",
-            default=None,
-            metavar="NAME",
-            help="who, for the order's history (default: your OS user name)",
-        )
-        command.add_argument("--reason", default="", help="why, for the order's history")
-        if name == "cancel":
-            command.add_argument(
-                "--not-applied",
-                default=None,
-                metavar="STEP",
-                help="state that STEP (which may have applied and cannot be undone) did not "
-                "happen: a cancel that would undo the other steps around it needs this",
-            )
+    _change_parsers(sub)
     _event_parser(sub)
     repair = sub.add_parser(
         "repair-index", help="rebuild an order's index rows from its state (idempotent)"
@@ -504,7 +483,8 @@ def _run(ctx: AppContext, args: argparse.Namespace) -> int:
             page = {"orders": orders, "continuationToken": None}
         _print(page)
     elif args.command == "resubmit":
-        _print(admin.resubmit(args.order_id, args.by or os_user(), args.reason))
+        patch = None if args.patch is None else _patch(args.patch)
+        _print(admin.resubmit(args.order_id, args.by or os_user(), args.reason, patch))
     elif args.command == "event":
         body: dict[str, Any] = (
             {"result": json.loads(args.result)}  # not JSON: a ValueError, exit 2
@@ -619,6 +599,52 @@ def main(argv: list[str] | None = None) -> int:
     except (OrderError, ValueError) as exc:
         _print({"error": str(exc)})
         return 2
+
+
+def _change_parsers(sub: Any) -> None:
+    for name, text in (
+        ("resubmit", "put an error order back to work at its failed step"),
+        ("cancel", "stop an unfinished order and undo what it did"),
+    ):
+        command = sub.add_parser(name, help=text)
+        command.add_argument("order_id")
+        command.add_argument(
+            "--as",
+            "--by",
+            dest="by",
+            default=None,
+            metavar="NAME",
+            help="who, for the order's history (default: your OS user name)",
+        )
+        command.add_argument("--reason", default="", help="why, for the order's history")
+        if name == "resubmit":
+            command.add_argument(
+                "--patch",
+                default=None,
+                metavar="JSON|@FILE",
+                help="fix the order's data first: a JSON merge patch (RFC 7386), e.g. "
+                '\'{"address": {"zip": "10115"}}\' (null removes a field), or @FILE to read it '
+                "from a file; only for a failed step known not to have applied",
+            )
+        if name == "cancel":
+            command.add_argument(
+                "--not-applied",
+                default=None,
+                metavar="STEP",
+                help="state that STEP (which may have applied and cannot be undone) did not "
+                "happen: a cancel that would undo the other steps around it needs this",
+            )
+
+
+def _patch(text: str) -> Any:
+    """``--patch``: JSON, or ``@FILE``; a ValueError (exit 2) saying what is wrong."""
+    if text.startswith("@"):
+        with open(text[1:], encoding="utf-8") as patch_file:
+            text = patch_file.read()
+    try:
+        return strict_json(text)
+    except ValueError as exc:
+        raise ValueError(f"--patch must be a JSON object ({exc})") from None
 
 
 if __name__ == "__main__":

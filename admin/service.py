@@ -18,6 +18,7 @@ from core.controls import AgentControl
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
+    OrderChanged,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
@@ -190,6 +191,15 @@ def paused_view(order: Order, pauses: Mapping[str, AgentControl]) -> dict[str, A
     return None
 
 
+def _check_version(order: Order, expected: int | None) -> None:
+    if expected is not None and order.version != expected:
+        raise OrderChanged(
+            f"order {order.order_id} changed since you read it (version {expected}, now "
+            f"{order.version}, {order.status}): read it again, then decide",
+            order_id=order.order_id,
+        )
+
+
 def order_view(order: Order, pauses: Mapping[str, AgentControl] | None = None) -> dict[str, Any]:
     """``pauses``: the agents' runtime controls, to say whether the order waits for a
     paused agent (``paused``)."""
@@ -202,6 +212,8 @@ def order_view(order: Order, pauses: Mapping[str, AgentControl] | None = None) -
         "replyTo": order.reply_to,
         "createdAt": iso(order.created_at),
         "updatedAt": iso(order.updated_at),
+        #: changes with every write: If-Match on a resubmit or cancel (docs/contracts.md §3.7)
+        "version": order.version,
         "cancelRequested": order.cancel_requested,
         "steps": [step_view(s, _agent(order, s.step), order) for s in order.steps],
         "notStarted": [p.name for p in order.plan.steps if p.name not in reached],
@@ -378,24 +390,44 @@ class OrderAdmin:
                 METRICS.inc("index_repairs")
             return report
 
-    def resubmit(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
+    def resubmit(
+        self,
+        order_id: str,
+        by: str,
+        reason: str = "",
+        patch: Any = None,
+        if_version: int | None = None,
+    ) -> dict[str, Any]:
+        """Put an ``error`` order back to work at its failed step; ``patch``, a JSON merge
+        patch of its data (docs/contracts.md §3.14): ``InvalidPatch`` (400) or a refusal
+        (409) where it cannot apply, and then nothing changes. ``if_version``: only if the
+        order is still at that version (what the operator read), else ``OrderChanged``."""
+
+        def resubmit(order: Order) -> object:
+            _check_version(order, if_version)
+            return order.resubmit(self._clock(), by, reason, patch)
+
         with order_context(order_id=order_id):
-            return self._change(
-                order_id, lambda o: o.resubmit(self._clock(), by, reason), "resubmitted", by
-            )
+            return self._change(order_id, resubmit, "resubmitted" if patch is None else "fixed", by)
 
     def cancel(
-        self, order_id: str, by: str, reason: str = "", not_applied: str | None = None
+        self,
+        order_id: str,
+        by: str,
+        reason: str = "",
+        not_applied: str | None = None,
+        if_version: int | None = None,
     ) -> dict[str, Any]:
         """``not_applied``: the operator states that this step (one that may have applied
         and cannot be undone) did not happen; without it such a cancel is refused."""
+
+        def cancel(order: Order) -> object:
+            _check_version(order, if_version)
+            order.cancel(self._clock(), by, reason, not_applied)
+            return None
+
         with order_context(order_id=order_id):
-            return self._change(
-                order_id,
-                lambda o: o.cancel(self._clock(), by, reason, not_applied),
-                "cancelled",
-                by,
-            )
+            return self._change(order_id, cancel, "cancelled", by)
 
     def deliver_event(
         self, order_id: str, name: str, body: Any, by: str

@@ -37,11 +37,13 @@ from core.errors import (
     CorruptOrder,
     InvalidContinuationToken,
     InvalidEvent,
+    OrderChanged,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
 )
 from core.orders import is_valid_order_id, strict_json
+from core.patches import InvalidPatch
 from core.workflows import AGENTS, MAX_STEP_NAME, WORKFLOWS
 
 bp = func.Blueprint()
@@ -52,6 +54,8 @@ MAX_REASON_CHARS = 500
 #: An event's body: an order's limit (a Storage queue message's 64 KiB), with room for
 #: its envelope.
 MAX_EVENT_BODY_BYTES = 4 * 65_536
+#: A resubmit's or cancel's body: a reason and a patch, which makes at most an order.
+MAX_CHANGE_BODY_BYTES = MAX_EVENT_BODY_BYTES
 RETRY_AFTER_SECONDS = 5
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -94,10 +98,12 @@ def _answer(
             status, body = call()
             return _json(status, body)
         return _json(200, call())
-    except InvalidEvent as exc:
+    except (InvalidEvent, InvalidPatch) as exc:
         return _error(400, exc.message, **ids)
     except (OrderNotFound, AgentNotFound) as exc:
         return _error(404, exc.message, **ids)
+    except OrderChanged as exc:
+        return _error(412, exc.message, **ids)
     except TransitionRefused as exc:
         return _error(409, exc.message, reason=exc.reason, **ids)
     except InvalidContinuationToken as exc:
@@ -123,7 +129,10 @@ def get_order(req: func.HttpRequest) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
-    return _answer(order_id, lambda: _show(order_id))
+    response = _answer(order_id, lambda: _show(order_id))
+    if response.status_code == 200:  # what a resubmit or cancel may send as If-Match
+        response.headers["ETag"] = f'"{json.loads(response.get_body())["version"]}"'
+    return response
 
 
 def _show(order_id: str) -> dict[str, Any]:
@@ -168,14 +177,33 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
     by = caller(req)
     reason = ""
     not_applied: str | None = None
-    if req.get_body():
+    patch: Any = None
+    raw_body = req.get_body()
+    if len(raw_body) > MAX_CHANGE_BODY_BYTES:
+        return _error(
+            400,
+            f"the body is {len(raw_body):,} bytes; at most {MAX_CHANGE_BODY_BYTES:,} (a patch "
+            "makes an order, which is at most 64 KB)",
+        )
+    match = (req.headers.get("if-match") or "").strip()
+    if_version: int | None = None
+    if match and match != "*":
+        digits = match.removeprefix("W/").strip('"')
+        if not digits.isdigit() or len(digits) > 12:
+            return _error(400, 'If-Match takes the order\'s "version" (GET shows it), like "7"')
+        if_version = int(digits)
+    if raw_body:
         try:
             # strict_json, not req.get_json(): json.loads recurses once per level, and a
             # body of "[" * 100000 would be a RecursionError (a 500) rather than a ValueError.
-            body = strict_json(req.get_body().decode("utf-8"))
+            body = strict_json(raw_body.decode("utf-8"))
             reason = str(body.get("reason", ""))[:MAX_REASON_CHARS]
             raw = body.get("notApplied") if action == "cancel" else None
-        except (ValueError, AttributeError):
+            if action == "resubmit" and "patch" in body:
+                patch = body["patch"]
+                if patch is None:
+                    return _error(400, 'a patch is a JSON object, like {"address": {...}}')
+        except (ValueError, AttributeError, UnicodeDecodeError):
             return _error(400, 'the body, if any, must be JSON like {"reason": "..."}')
         if raw is not None:
             if not isinstance(raw, str) or not _STEP.fullmatch(raw):
@@ -186,8 +214,14 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
                 )
             not_applied = raw
     if action == "resubmit":
-        return _answer(order_id, lambda: app_context().admin.resubmit(order_id, by, reason))
-    return _answer(order_id, lambda: app_context().admin.cancel(order_id, by, reason, not_applied))
+        return _answer(
+            order_id,
+            lambda: app_context().admin.resubmit(order_id, by, reason, patch, if_version),
+        )
+    return _answer(
+        order_id,
+        lambda: app_context().admin.cancel(order_id, by, reason, not_applied, if_version),
+    )
 
 
 @bp.route(route="orders/{orderId}/resubmit", methods=["POST"])

@@ -72,6 +72,11 @@ class TransitionRefused(OrderError):
         self.reason = reason
 
 
+class OrderChanged(OrderError):
+    """An operator's change made against a version of the order that is no longer the
+    latest (``If-Match``): nothing changes; read it again (a 412)."""
+
+
 class UnboundMessage(OrderError):
     """An agent request or reply that no claim speaks for: no such order, step or attempt,
     or a token that is not the attempt's own (docs/contracts.md §3.3). Never applied and

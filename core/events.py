@@ -35,6 +35,8 @@ class Event(StrEnum):
     STATED_NOT_APPLIED = "stated-not-applied"
     #: a step applied after its compensation began: the compensation may have missed it
     OVERTAKEN = "overtaken"
+    #: an operator changed the order's data when resubmitting it (docs/contracts.md §3.14)
+    PATCHED = "patched"
 
     # --- a step's history -------------------------------------------------------------
     CREATED = "created"

@@ -28,6 +28,7 @@ from core.messages import (
     idempotency_key,
     status_message,
 )
+from core.patches import apply_patch, history_of
 from core.progress import Progress, StepFunctionFailed, json_object
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
@@ -88,14 +89,23 @@ class Unwinding(Progress):
 
     # --- operator actions ------------------------------------------------------------
 
-    def resubmit(self, now: datetime, by: str, reason: str = "") -> StepRecord:
-        """Operator: put an ``error`` order back to work at the step that failed."""
+    def resubmit(self, now: datetime, by: str, reason: str = "", patch: Any = None) -> StepRecord:
+        """Operator: put an ``error`` order back to work at the step that failed.
+
+        ``patch`` (docs/contracts.md §3.14): a JSON merge patch of the order's data, for a
+        failed step known not to have applied. The data becomes the patched data; the step
+        (and the others of its group that go back to work) decide their ``input`` again
+        and run under a new idempotency key, since what they send changed; the steps
+        already done keep their results. ``InvalidPatch`` for a patch refused, and a
+        refusal (``doubt``) where a step that goes back to work may have applied."""
         if self.status is not OrderStatus.ERROR:
             raise self._refuse(
                 "not-in-error",
                 f"only an order in error can be resubmitted; this one is {self.status}",
             )
         step = self.failed_step()
+        if patch is not None:
+            self._patch(step, patch, now, by, reason)
         if self.cancel_requested and step.kind is StepKind.ACTION:
             # The operator sends the step back to work: the order is to go on, not to be
             # undone (cancel it again for that). Its attempts get the usual retries.
@@ -119,6 +129,40 @@ class Unwinding(Progress):
             self._group_progress(now)  # a wait that starts over may end at once
         self._touch(now)
         return step
+
+    def _patch(self, step: StepRecord, patch: Any, now: datetime, by: str, reason: str) -> None:
+        again = [step]
+        if step.kind is StepKind.ACTION:
+            again += [
+                r
+                for r in self.group_records()
+                if r is not step
+                and (
+                    r.process_state is StepState.ERROR
+                    or (r.process_state is StepState.COMPENSATED and not r.undone_by)
+                )
+            ]
+        doubtful = next((r for r in again if r.may_have_applied), None)
+        if doubtful is not None:
+            numbers = ", ".join(map(str, doubtful.maybe_applied))
+            raise self._refuse(
+                "doubt",
+                f"{doubtful.step} may have been applied (attempt(s) {numbers} may have reached "
+                "it): its data cannot change under it. Ask its service whether "
+                f"{doubtful.idempotency_key} happened; then resubmit without a patch to "
+                "retry it as it was, or cancel, stating it did not happen",
+                step=doubtful.step,
+            )
+        patched, changed = apply_patch(self.body, patch)
+        self.body = patched
+        if changed:
+            for record in again:
+                record.decided.pop("input", None)
+                record.input = None
+                if record.attempt and record.key_round < MAX_KEY_ROUND:
+                    record.key_round += 1
+                    record.record(now, Event.NEW_KEY, key=record.idempotency_key, why="patched")
+        self._event(now, Event.PATCHED, by=by, reason=reason or None, **history_of(changed))
 
     def cancel(
         self, now: datetime, by: str, reason: str = "", not_applied: str | None = None

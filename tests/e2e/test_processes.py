@@ -235,7 +235,8 @@ def test_operator_api_finds_explains_and_resubmits_over_http(
 
 def practise_the_readmes_recipe(stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's "Practise it locally": its commands, word for word, as a person runs
-    them (each one once the order has got where the comment says)."""
+    them (each one once the order has got where the comment says): a refusal the
+    service fixes, then one fixed in the order's data with a patch."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     after = readme.split("**Practise it locally.**", 1)[1]
     block = re.search(r"```sh\n(.*?)```", after, re.DOTALL)
@@ -259,8 +260,13 @@ def practise_the_readmes_recipe(stack: LocalStack, monkeypatch: pytest.MonkeyPat
         assert code == 0, (line, printed.getvalue())
         if argv[3] == "show":
             shown.append(json.loads(printed.getvalue()))
-    failed, fixed = shown
+    failed, fixed, wrong, patched = shown
     assert failed["status"] == "error", failed
     assert "it was not applied" in json.dumps(failed)
     assert fixed["status"] == "completed", fixed
     assert "the service fixed its data" in json.dumps(fixed["steps"][0]["history"])
+    assert wrong["status"] == "error", wrong
+    assert patched["status"] == "completed", patched
+    [change] = [h for h in patched["history"] if h["event"] == "patched"]
+    assert change["reason"] == "wrong data"
+    assert change["changed"] == [{"field": "simulate", "old": {"process": "permanent"}}]

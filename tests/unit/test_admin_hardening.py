@@ -135,11 +135,23 @@ class StubAdmin:
     def show(self, order_id: str) -> dict[str, Any]:
         return self._do("show", order_id)
 
-    def resubmit(self, order_id: str, by: str, reason: str = "") -> dict[str, Any]:
+    def resubmit(
+        self,
+        order_id: str,
+        by: str,
+        reason: str = "",
+        patch: Any = None,
+        if_version: int | None = None,
+    ) -> dict[str, Any]:
         return self._do("resubmit", order_id, by)
 
     def cancel(
-        self, order_id: str, by: str, reason: str = "", not_applied: str | None = None
+        self,
+        order_id: str,
+        by: str,
+        reason: str = "",
+        not_applied: str | None = None,
+        if_version: int | None = None,
     ) -> dict[str, Any]:
         if not_applied is not None:
             return self._do("cancel", order_id, by, reason, not_applied)
