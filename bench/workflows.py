@@ -40,8 +40,10 @@ figure's target, what was measured and whether it holds:
   ``observability/opcount.py``: on an empty table, with the waiting orders, and with
   ``--expired`` more whose deadlines have passed (bench/waitindex.py).
 
-Every process shares one 2-core machine with whatever else runs on it; ``machine.load``
-carries the load averages at the start and end. Compare runs, not digits.
+Every process shares one 2-core machine with whatever else runs on it: each phase carries
+the load averages at its start and end (``machineLoad``) and whose CPU it had (``cpu``:
+the machine busy, the benchmark's processes, the others': bench/cpuload.py). Compare
+runs, not digits.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from typing import Any, Final
 
 import httpx
 
+from bench.cpuload import sample, share
 from bench.flows import DELAY_SECONDS, parallel_steps
 from bench.latency import call_times, done_at, machine, ms_stats, utc_now_text, wait_finished
 from bootstrap import AppContext
@@ -244,7 +247,7 @@ def delay_series(
     ctx = stack.context
     prefix = f"dl-{uuid.uuid4().hex[:6]}"
     sent: dict[str, str] = {}
-    loads = [load_now()]
+    loads, cpu = [load_now()], sample()
     for n, gap in enumerate(irregular_gaps(count, *gaps)):
         time.sleep(gap)
         order_id = f"{prefix}-{n:04d}"
@@ -258,6 +261,7 @@ def delay_series(
         submit(ctx, body)
     finished = wait_finished(ctx, list(sent), timeout)
     loads.append(load_now())
+    cpu_share = share(cpu, sample())
     calls = call_times(stack)
     by_form: dict[str, dict[str, list[float]]] = {}
     for order_id, order in finished.items():
@@ -279,6 +283,7 @@ def delay_series(
         "gapSeconds": list(gaps),
         "completed": sum(len(f.get("fireLag", [])) for f in by_form.values()),
         "machineLoad": loads,
+        "cpu": cpu_share,
     }
     merged: dict[str, list[float]] = {}
     for form, figures in sorted(by_form.items()):
@@ -330,7 +335,7 @@ def events(stack: LocalStack, count: int, rate: float, timeout: float) -> dict[s
     wait_waiting(ctx, ids, timeout)
     time.sleep(2)  # the queues go quiet: the agent queue's poll backs off
     urls = [h.http_url for h in stack.hosts if h.http_url and h.alive]
-    loads = [load_now()]
+    loads, cpu = [load_now()], sample()
     with httpx.Client(timeout=30) as http:
 
         def post(n: int) -> tuple[float, float, int]:
@@ -342,6 +347,7 @@ def events(stack: LocalStack, count: int, rate: float, timeout: float) -> dict[s
         posted, lag = open_loop(count, rate, post)
     finished = wait_finished(ctx, ids, timeout)
     loads.append(load_now())
+    cpu_share = share(cpu, sample())
     calls = call_times(stack)
     to_request, from_post, round_trip, taken_to_claimed = [], [], [], []
     statuses: dict[str, int] = {}
@@ -372,6 +378,7 @@ def events(stack: LocalStack, count: int, rate: float, timeout: float) -> dict[s
         "eventRoundTripMs": stats(round_trip),
         "takenToClaimedMs": stats(taken_to_claimed),
         "machineLoad": loads,
+        "cpu": cpu_share,
     }
 
 
@@ -401,12 +408,13 @@ def parallel_width(
     drain_rate = burst / (max(done_at(o) for o in drained.values()) - first)
     rate = drain_rate / 2
     time.sleep(2)
-    loads = [load_now()]
+    loads, cpu = [load_now()], sample()
     count = max(1, round(rate * seconds))
     load_ids = [f"{prefix}-load-{n:05d}" for n in range(count)]
     submitted, lag = open_loop(count, rate, lambda n: submit(ctx, body(load_ids[n])), workers=2)
     finished = wait_finished(ctx, load_ids, timeout)
     loads.append(load_now())
+    cpu_share = share(cpu, sample())
     calls = call_times(stack)
     group, overhead, latest_call, submit_to_done = [], [], [], []
     for order_id, sent in zip(load_ids, submitted, strict=True):
@@ -438,6 +446,7 @@ def parallel_width(
         "submitToDoneMs": stats(submit_to_done),
         "withinTarget": share_within(group, GROUP_TARGET_S),
         "machineLoad": loads,
+        "cpu": cpu_share,
     }
 
 
