@@ -2,6 +2,7 @@
 cost a supervisor tick (docs/benchmarks.md, "Workflows").
 
     python -m bench.workflows [--phases delays,events,parallel,index] [--devhosts 2]
+                              [--transport storage|servicebus]
                               [--seconds 30] [--burst 100] [--widths 2,3,4,5]
                               [--events 150] [--event-rate 5] [--idle-delays 12]
                               [--busy-delays 30]
@@ -40,6 +41,13 @@ figure's target, what was measured and whether it holds:
   ``observability/opcount.py``: on an empty table, with the waiting orders, and with
   ``--expired`` more whose deadlines have passed (bench/waitindex.py).
 
+The agent queues: ``--transport servicebus`` puts them on localbus (the Service Bus
+double) as deployed, where the agents' triggers are pushed their messages. On the
+default Storage transport devhost wakes a queue's trigger when its own process sends to
+that queue (README, "devhost"), which the Functions host does only for output bindings,
+not for the SDK sends this app makes; so there, a hand-off to an agent (the event's next
+step, a group's calls) is quicker locally than on Storage queues in Azure.
+
 Every process shares one 2-core machine with whatever else runs on it: each phase carries
 the load averages at its start and end (``machineLoad``) and whose CPU it had (``cpu``:
 the machine busy, the benchmark's processes, the others': bench/cpuload.py). Compare
@@ -66,11 +74,13 @@ from bench.cpuload import sample, share
 from bench.flows import DELAY_SECONDS, parallel_steps
 from bench.latency import call_times, done_at, machine, ms_stats, utc_now_text, wait_finished
 from bootstrap import AppContext
+from core import workflows
 from core.model import Order
 from core.settings import DECLARATIONS, DEFAULT_SUPERVISOR_SCHEDULE
 from core.timefmt import parse_iso
 from demo.stack import LocalStack
 
+DECLARATIONS_MODULE: Final = "bench.flows"
 REMOTE_SECONDS: Final = 1.0  # each parallel step's latency at the simulator
 WARM_UP: Final = 5
 PHASES: Final = ("delays", "events", "parallel", "index")
@@ -465,11 +475,15 @@ def parallel(
     }
 
 
-def live_stack(devhosts: int) -> LocalStack:
+def live_stack(devhosts: int, transport: str = "storage") -> LocalStack:
+    # This process's registry too: the stack creates localbus's queues from the agents
+    # declared here (Names.agent_queues), before its own context reads the setting.
+    workflows.use(DECLARATIONS_MODULE)
     return LocalStack(
         devhosts=devhosts,
+        transport=transport,
         settings={
-            DECLARATIONS: "bench.flows",
+            DECLARATIONS: DECLARATIONS_MODULE,
             "STEP_TIMEOUT_SECONDS": "30",
             # As deployed (infra/main.bicep): the supervisor is not what wakes a delay.
             "SUPERVISOR_SCHEDULE": DEFAULT_SUPERVISOR_SCHEDULE,
@@ -484,11 +498,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "date": utc_now_text(),
         "machine": machine() | {"loadAtStart": load_now()},
         "devhosts": args.devhosts,
+        "transport": args.transport,
         "supervisorSchedule": DEFAULT_SUPERVISOR_SCHEDULE,
     }
     live = [p for p in phases if p != "index"]
     if live:
-        with live_stack(args.devhosts) as stack:
+        with live_stack(args.devhosts, args.transport) as stack:
             time.sleep(2)  # let the hosts finish starting
             if "delays" in live:
                 result["delays"] = delays(stack, args.idle_delays, args.busy_delays, args.timeout)
@@ -515,6 +530,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.workflows")
     parser.add_argument("--phases", type=_list, default=list(PHASES), help=",".join(PHASES))
     parser.add_argument("--devhosts", type=int, default=2)
+    parser.add_argument(
+        "--transport",
+        default="storage",
+        choices=["storage", "servicebus"],
+        help="the agent queues: Storage (Azurite) or Service Bus (localbus, as deployed)",
+    )
     parser.add_argument("--idle-delays", type=int, default=12, help="delays 6-8 s apart")
     parser.add_argument("--busy-delays", type=int, default=30, help="delays 0.15-0.65 s apart")
     parser.add_argument("--events", type=int, default=150, help="events delivered")
