@@ -20,7 +20,9 @@ work of ``--replay`` orders (the replay's rate). It prints one JSON object:
   own requests for the orders: table transactions and reads, queue sends), ``host`` (the
   triggers' receives, deletes and lease renewals, as the Functions host makes them in
   Azure) and ``timer`` (the sweeps, which cost per minute, not per order:
-  ``timerRequestsPerMinute``);
+  ``timerRequestsPerMinute``); ``agent.<op>`` repeats the part of the queue requests
+  made on the agents' request queues and the reply queue, which are Service Bus
+  operations instead where ``AGENT_TRANSPORT=servicebus`` (the default in Azure);
 - ``azurite``: the raw rate of conditional entity updates (If-Match, one process, one
   thread) in the same run, to read the rates against what the emulator can do here.
 

@@ -14,6 +14,7 @@ from core.settings import Connection, SettingsError
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
+    from azure.core.pipeline.transport import RequestsTransport
     from azure.data.tables import TableServiceClient
     from azure.storage.blob import BlobServiceClient
     from azure.storage.queue import QueueServiceClient
@@ -47,18 +48,40 @@ def retry_options(service: str) -> dict[str, Any]:
     return dict(STORAGE_OPTIONS)
 
 
+def storage_transport() -> RequestsTransport:
+    """azure-core's own ``RequestsTransport`` for a Table or Queue client, configured only
+    through public parameters:
+
+    - the timeouts: azure-core takes them from the transport's constructor, not from the
+      client's options, when a transport is given (without these, 300 s and 300 s);
+    - a pool of ``POOL_SIZE`` connections (``HTTPAdapter(pool_maxsize=...)``), since one
+      client serves every invocation thread of the instance;
+    - ``trust_env = False``: ``requests`` would read ``~/.netrc`` and the proxy variables on
+      every request (docs/contracts.md#fact-trust-env).
+    """
+    import requests
+    from azure.core.pipeline.transport import RequestsTransport
+    from requests.adapters import HTTPAdapter
+
+    session = requests.Session()
+    session.trust_env = False
+    adapter = HTTPAdapter(pool_connections=4, pool_maxsize=POOL_SIZE)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return RequestsTransport(
+        session=session,
+        session_owner=True,
+        connection_timeout=STORAGE_OPTIONS["connection_timeout"],
+        read_timeout=STORAGE_OPTIONS["read_timeout"],
+    )
+
+
 def _options(service: str, opcount_dir: str | None) -> dict[str, Any]:
-    from bootstrap import http_headers, storage_transport
     from observability import opcount
 
-    http_headers.apply()  # every response's headers read without the email package
     return {
         **retry_options(service),
-        # The timeouts are given to the transport itself: azure-core's transports take
-        # them from their constructor, not from the client's options.
-        "transport": storage_transport.transport(
-            POOL_SIZE, STORAGE_OPTIONS["connection_timeout"], STORAGE_OPTIONS["read_timeout"]
-        ),
+        "transport": storage_transport(),
         **opcount.policies(service, opcount_dir),
     }
 
@@ -117,9 +140,6 @@ def queue_service(connection: Connection, opcount_dir: str | None = None) -> Que
     """``opcount_dir``: count this client's requests there (``observability.opcount``)."""
     from azure.storage.queue import QueueServiceClient
 
-    from messaging import queue_send
-
-    queue_send.install()  # plain text messages sent directly (same request, same errors)
     options = _options("queue", opcount_dir)
     if connection.connection_string:
         return QueueServiceClient.from_connection_string(connection.connection_string, **options)

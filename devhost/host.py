@@ -138,6 +138,7 @@ class DevHost:
                 raise ConfigError(f"function {spec.name}: no output binding {name!r}")
             service = self.queue_service(str(binding.get("connection") or STORAGE))
             queues = StorageQueues(service)  # its send creates a missing queue, as the host
+            queue = str(binding["queueName"])
             for item in value if isinstance(value, list) else [value]:
                 text = (
                     bytes(item).decode("utf-8")  # messageEncoding none: text only
@@ -146,14 +147,18 @@ class DevHost:
                     if isinstance(item, str)
                     else json.dumps(item)
                 )
-                queues.send(str(binding["queueName"]), text)
+                queues.send(queue, text)
+                # The host's SharedQueueWatcher: its own output bindings wake the listener.
+                self.enqueued.notify(str(getattr(service, "account_name", "")), queue)
 
     def _add_queue(self, spec: FunctionSpec, options: QueueOptions, lease: LeaseOptions) -> None:
         name = str(spec.trigger.get("queueName", ""))
         service = self.queue_service(str(spec.trigger.get("connection") or STORAGE))
         queues = StorageQueues(service)
         queue, poison = (StorageQueue(queues, n) for n in (name, name + POISON_SUFFIX))
-        listener = QueueListener(spec, queue, poison, options, lease, self.invoker)
+        listener = QueueListener(
+            spec, queue, poison, options, lease, self.invoker, watcher=self.enqueued
+        )
         self.queues.append(listener)
         self.enqueued.register(listener)
         self._line(spec, listener.describe())
@@ -187,7 +192,6 @@ class DevHost:
             self._line(spec, f"{methods} {url} (authLevel {auth} not enforced locally)")
 
     def start(self, stop: threading.Event) -> None:
-        self.enqueued.install()
         for queue in self.queues:
             queue.start(stop)
         if self.timer_locks is not None:
@@ -213,7 +217,6 @@ class DevHost:
         settled = not self.busy()
         if self.timer_locks is not None:  # another instance takes the timers at once
             self.timer_locks.release_all()
-        self.enqueued.uninstall()
         for queue in self.queues:
             queue.shutdown()
         for bus in self.service_bus:

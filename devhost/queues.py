@@ -1,8 +1,13 @@
 """Storage queue triggers: poll, lease, invoke, then delete, retry or poison.
 
-As the Functions host does (Microsoft.Azure.WebJobs.Extensions.Storage.Queues); the README
-("devhost") describes the polling, :func:`next_back_off` its back-off. Success deletes the
-message. Failure with ``dequeue_count >= maxDequeueCount`` copies the original text to
+As the Functions host does (Microsoft.Azure.WebJobs.Extensions.Storage.Queues' ``QueueListener``).
+Polling: a receive that returned messages is followed by the next one at once (once fewer
+than ``newBatchThreshold`` run); an empty one by a wait of :class:`PollingBackOff`, the
+host's randomized exponential back-off, from 100 ms up to ``maxPollingInterval``. Only
+what this host itself adds to a queue (a function's output binding, a message moved to
+poison) ends a wait early (:class:`EnqueueWatcher`, the host's ``SharedQueueWatcher``);
+a message the app sends with the Storage SDK waits for the next poll, as in Azure. Success
+deletes the message. Failure with ``dequeue_count >= maxDequeueCount`` copies the original text to
 ``<queue>-poison`` and deletes it; a lesser failure makes the message visible again after
 ``visibilityTimeout``. A message that arrives with its dequeue count already above
 ``maxDequeueCount`` (its earlier holders died mid-run) goes to poison without running.
@@ -15,9 +20,9 @@ so a message held by a killed process is back within 30 s.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -35,17 +40,50 @@ from messaging.storage_queues import StorageQueues
 
 log = logging.getLogger("devhost.queues")
 POISON_SUFFIX = "-poison"
-MIN_POLL_SECONDS = 0.05  # the first wait after an empty receive
-BUSY_POLL_SECONDS = 0.1  # the longest wait while the queue has traffic
+#: The host's shortest wait between two polls (``QueuePollingIntervals.Minimum``), which is
+#: also the step its back-off grows by.
+MIN_POLL_SECONDS = 0.1
+#: The spread of each step of the back-off (``RandomizationFactor``): 0.8 to 1.2 times.
+RANDOMIZATION = 0.2
 STOP_CHECK_SECONDS = 0.25  # how often a back-off looks at the stop event
 
 
-def next_back_off(delay: float, since_found: float, max_polling_interval: float) -> float:
-    """The wait after another empty receive: double the last, up to 100 ms while the queue
-    had a message within the last ``max_polling_interval``, else up to that interval."""
-    busy = since_found < max_polling_interval
-    ceiling = BUSY_POLL_SECONDS if busy else max_polling_interval
-    return min(delay * 2, max(ceiling, MIN_POLL_SECONDS))
+class PollingBackOff:
+    """The wait after a receive that found nothing: the WebJobs SDK's
+    ``RandomizedExponentialBackoffStrategy(minimum=100 ms, maximum=maxPollingInterval)``.
+
+    ``next_delay(found)``, with ``found`` = a message came since the last wait: 100 ms, and
+    the growth starts again; otherwise 100 ms, then 100 ms more each time times 1, 2, 4, 8
+    ... (each step 0.8-1.2 times that, at random), until the maximum, where it stays. So
+    after the last message of a burst the waits are about 0.1, 0.2, 0.3, 0.5, 0.9, 1.7 s,
+    then ``maxPollingInterval``.
+    """
+
+    def __init__(
+        self,
+        maximum: float,
+        minimum: float = MIN_POLL_SECONDS,
+        spread: Callable[[float, float], float] = random.uniform,
+    ) -> None:
+        self._minimum, self._maximum = minimum, max(minimum, maximum)
+        self._spread = spread
+        self._current = 0.0
+        self._exponent = 0
+
+    def next_delay(self, found: bool) -> float:
+        if found:
+            self._current, self._exponent = self._minimum, 1
+        elif self._current != self._maximum:
+            delay = self._minimum
+            if self._exponent > 0:
+                factor = self._spread(1 - RANDOMIZATION, 1 + RANDOMIZATION)
+                delay += factor * 2 ** (self._exponent - 1) * self._minimum
+            if delay < self._maximum:
+                self._current = delay
+                self._exponent += 1
+            else:
+                self._current = self._maximum
+        return self._current
 
 
 class LeaseLost(Exception):
@@ -102,13 +140,15 @@ class StorageQueue:
 
 
 class EnqueueWatcher:
-    """Wakes the listener of a queue when this process sends to it (the host's
-    ``SharedQueueWatcher``). The message still goes through the queue, with its lease,
-    retries and poison handling; only the wait for the next poll goes."""
+    """Wakes the listener of a queue when this host adds a message to it (the host's
+    ``SharedQueueWatcher``): a function's Storage queue output binding
+    (``DevHost.deliver``) or a message moved to a poison queue. The message still goes
+    through the queue, with its lease, retries and poison handling; only the wait for
+    the next poll goes. A message the app sends itself with the Storage SDK wakes nobody:
+    the host does not see it, so it waits for the next poll, locally as in Azure."""
 
     def __init__(self) -> None:
         self._listeners: dict[tuple[str, str], list[QueueListener]] = {}
-        self._original: Callable[..., Any] | None = None  # the SDK's, while installed
 
     def register(self, listener: QueueListener) -> None:
         self._listeners.setdefault(listener.queue.address, []).append(listener)
@@ -116,30 +156,6 @@ class EnqueueWatcher:
     def notify(self, account: str, queue: str) -> None:
         for listener in self._listeners.get((account, queue), ()):
             listener.wake()
-
-    def install(self) -> None:
-        """Watch ``azure.storage.queue.QueueClient.send_message`` in this process."""
-        from azure.storage.queue import QueueClient
-
-        if self._original is not None or not self._listeners:
-            return
-        original = self._original = QueueClient.send_message
-
-        @functools.wraps(original)
-        def send_message(client: Any, *args: Any, **kwargs: Any) -> Any:
-            sent = original(client, *args, **kwargs)
-            if not kwargs.get("visibility_timeout"):  # a delayed message: nothing to see yet
-                self.notify(str(getattr(client, "account_name", "")), client.queue_name)
-            return sent
-
-        QueueClient.send_message = send_message  # type: ignore[method-assign,assignment]
-
-    def uninstall(self) -> None:
-        from azure.storage.queue import QueueClient
-
-        if self._original is not None:
-            QueueClient.send_message = self._original  # type: ignore[method-assign]
-            self._original = None
 
 
 @dataclass(eq=False)  # identity: the same message may be held twice after a lost lease
@@ -163,14 +179,17 @@ class QueueListener:
         lease: LeaseOptions,
         invoker: Invoker,
         clock: Callable[[], float] = time.monotonic,
+        watcher: EnqueueWatcher | None = None,
     ) -> None:
+        """``watcher``: told when this listener moves a message to its poison queue."""
         self.spec, self.queue, self.poison, self.invoker = spec, queue, poison, invoker
+        self._watcher = watcher
         self.options, self.lease_options, self._clock = options, lease, clock
         self._leases: set[Lease] = set()
         self._receiving = False  # between a receive and the dispatch of what it returned
         self._ready = False  # the trigger queue exists (or we may not create it)
         self._changed = threading.Condition()
-        self._nudged = threading.Event()  # a message was added by this process: poll now
+        self._nudged = threading.Event()  # this host added a message (or stops): poll now
         self._pool = ThreadPoolExecutor(options.max_concurrency, f"devhost-{spec.name}")
 
     def describe(self) -> str:
@@ -198,8 +217,10 @@ class QueueListener:
     # --- polling ---------------------------------------------------------------------------
 
     def poll(self, stop: threading.Event) -> None:
-        delay, failing = MIN_POLL_SECONDS, False
-        last_found = -math.inf
+        """Receive until stopped: at once after a batch that had messages, else after the
+        host's back-off (:class:`PollingBackOff`), which a failing receive takes too."""
+        back_off = PollingBackOff(self.options.max_polling_interval)
+        found_since_wait, failing = False, False
         while self._wait_for_capacity(stop):
             try:
                 found = self._poll_once(stop)
@@ -217,12 +238,10 @@ class QueueListener:
                 with self._changed:
                     self._receiving = False
             if found:
-                last_found = time.monotonic()
-            if found or self._back_off(stop, delay):
-                delay = MIN_POLL_SECONDS
-            else:
-                since = time.monotonic() - last_found
-                delay = next_back_off(delay, since, self.options.max_polling_interval)
+                found_since_wait = True
+                continue  # the host polls again at once (below newBatchThreshold)
+            self._back_off(stop, back_off.next_delay(found_since_wait))
+            found_since_wait = False
 
     def _back_off(self, stop: threading.Event, seconds: float) -> bool:
         """Wait ``seconds``, or less if woken (True) or stopped."""
@@ -237,7 +256,8 @@ class QueueListener:
         return False
 
     def wake(self) -> None:
-        """Poll now rather than at the end of the current back-off (also used to stop)."""
+        """Poll now rather than at the end of the current back-off: this host added a
+        message to the queue (``EnqueueWatcher``), or it stops."""
         self._nudged.set()
 
     def _poll_once(self, stop: threading.Event) -> bool:
@@ -324,6 +344,8 @@ class QueueListener:
         self._warn("message %s %s; moving it to %s", message.id, why, self.poison.name)
         content = message.content
         self.poison.send(content if isinstance(content, str) else bytes(content).decode())
+        if self._watcher is not None:  # the host's OnMessageAddedToPoisonQueue
+            self._watcher.notify(*self.poison.address)
         self.queue.delete(message.id, pop_receipt)
 
     def _guarded(self, message_id: str, action: Callable[[], object]) -> None:

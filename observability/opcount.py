@@ -3,7 +3,10 @@
 Inert unless given a directory (``Settings.opcount_dir``, the ``ORDERS_OPCOUNT_DIR``
 setting): then every storage client built with it gets a
 pipeline policy that counts its requests by service and kind (a table
-transaction is one request: ``table.batch``), and the counts are written to
+transaction is one request: ``table.batch``; a request to an agent's request queue or to
+the reply queue is counted once more as ``agent.<send|receive|delete|update>``: the
+operations that are Service Bus operations instead where ``AGENT_TRANSPORT`` is
+``servicebus``), and the counts are written to
 ``<dir>/<pid>.json`` every second and at exit, so a benchmark can add up what
 several processes did.
 """
@@ -20,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from azure.core.pipeline import PipelineRequest
+
+from core.names import AGENT_REPLIES, AGENT_REQUESTS
 
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
@@ -60,6 +65,16 @@ def _kind(service: str, method: str, path: str) -> str:
     return f"queue.{method.lower()}"
 
 
+def agent_queue(path: str) -> bool:
+    """A request to a message of an agent's request queue or of the reply queue (the queues
+    that are on Service Bus with ``AGENT_TRANSPORT=servicebus``)."""
+    parts = path.rstrip("/").split("/")
+    if "messages" not in parts:
+        return False
+    queue = parts[parts.index("messages") - 1]
+    return queue.startswith((AGENT_REQUESTS, AGENT_REPLIES))
+
+
 #: Requests the Functions host makes for a queue trigger, not the app (Azure bills them
 #: all the same, but the app's code cannot save them).
 HOST_KINDS = frozenset({"queue.receive", "queue.delete", "queue.update"})
@@ -86,9 +101,11 @@ class OpCounter:
         http = request.http_request
         path = http.url.split("?", 1)[0]
         kind = _kind(self._service, http.method, path)
-        key = f"{origin(kind, threading.current_thread().name, current_trigger())}:{kind}"
+        who = origin(kind, threading.current_thread().name, current_trigger())
         with _lock:
-            _counts[key] += 1
+            _counts[f"{who}:{kind}"] += 1
+            if self._service == "queue" and agent_queue(path):
+                _counts[f"{who}:agent.{kind.removeprefix('queue.')}"] += 1
 
 
 def _flush(directory: Path) -> None:

@@ -2,12 +2,14 @@
 
 It keeps what the table keeps, laid out the same way (``stores.layout``): per shard
 partition, rows by RowKey (the order record, the step records, the index rows, the
-outbox rows), each as the property set the SDK sends over the wire, with its ETag. A
+outbox rows), each as the properties a read of it returns, with its ETag. A
 write is the list of operations ``TableStateStore._commit`` builds (create, If-Match
 update, index upserts and deletes, outbox creates), applied all or nothing under one
-lock; the Order object is then left exactly as ``TableStateStore`` leaves it. Reads
-parse entities built by the SDK's own deserializer with ``entities.parse_order``, so
-serialization is exercised as on Azure, and the service's limits that a bug could hit
+lock; the Order object is then left exactly as ``TableStateStore`` leaves it. What is
+kept is what the service gives back for what was written (``stores/codec.py``: None not
+stored, EDM types as a read returns them, a value the SDK cannot write refused), and
+reads parse those entities with ``entities.parse_order``, so serialization is exercised
+as on Azure; the service's limits that a bug could hit
 are enforced (a string property of more than 32K UTF-16 units, an entity over 1 MiB or
 255 properties, a transaction of more than 100 operations: refused, as Azure refuses
 them). ``tests/integration/test_store_contract.py`` runs one suite on both stores.
@@ -28,10 +30,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 from azure.data.tables import TableEntity
 
-# The SDK's own wire conversion (azure-data-tables 12.7): what TableClient sends and parses.
-from azure.data.tables._deserialize import _convert_to_entity
-from azure.data.tables._serialize import _add_entity_properties
-
 from core.errors import (
     ConcurrencyConflict,
     OrderAlreadyExists,
@@ -49,7 +47,7 @@ from core.ports import (
     StateStore,
 )
 from core.states import OrderStatus
-from stores import controls, entities, layout, listing, writes
+from stores import codec, controls, entities, layout, listing, writes
 from stores.controls import ControlRows
 from stores.dashboard import DashboardRows
 from stores.sweeps import SweepReads
@@ -90,10 +88,10 @@ class _Partition:
         start = (bisect.bisect_right if after else bisect.bisect_left)(self.keys, low)
         return self.keys[start : bisect.bisect_left(self.keys, high)]
 
-    def put(self, row: str, wire: dict[str, Any], etag: str) -> None:
+    def put(self, row: str, properties: dict[str, Any], etag: str) -> None:
         if row not in self.rows:
             bisect.insort(self.keys, row)
-        self.rows[row] = (wire, etag)
+        self.rows[row] = (properties, etag)
 
     def delete(self, row: str) -> None:
         del self.rows[row]
@@ -285,20 +283,20 @@ class InMemoryStateStore(SweepReads, ControlRows, DashboardRows):
                 # repair, a restore); saving without deleting it beats failing forever.
                 log.warning("index row %s was already gone; saving without deleting it", op.row)
                 continue
-            wire = None
+            kept = None
             if op.kind != "delete" and op.entity is not None:
                 source = {**op.entity, "PartitionKey": partition, "RowKey": op.row}
                 if op.kind == "merge" and current is not None:
                     source = {**_entity(*current), **source}
-                wire = _wire(source)
-            todo.append((op, wire))
+                kept = _kept(source)
+            todo.append((op, kept))
         etags: dict[str, str] = {}
-        for op, wire in todo:
-            if wire is None:
+        for op, kept in todo:
+            if kept is None:
                 part.delete(op.row)
                 continue
             etags[op.row] = f'W/"mem-{next(self._etags):08d}"'
-            part.put(op.row, wire, etags[op.row])
+            part.put(op.row, kept, etags[op.row])
         return etags
 
     def _control_commit(self, ops: list[Op], row: str, write_id: str) -> str:
@@ -381,8 +379,9 @@ class InMemoryStateStore(SweepReads, ControlRows, DashboardRows):
                     part.delete(entry.row)
 
 
-def _wire(entity: dict[str, Any]) -> dict[str, Any]:
-    """The entity as the SDK sends it (None dropped, types tagged), refused as Azure would
+def _kept(entity: dict[str, Any]) -> dict[str, Any]:
+    """The entity as the table keeps it (what a read returns: ``stores/codec.py``; a value
+    the SDK cannot write raises ``TypeError`` as the SDK does), refused as Azure would
     refuse it if it is over the service's limits."""
     for key in ("PartitionKey", "RowKey"):
         value = str(entity[key])
@@ -399,22 +398,17 @@ def _wire(entity: dict[str, Any]) -> dict[str, Any]:
         size += 8 + 2 * len(name) + (4 + 2 * units if isinstance(value, str) else 8)
     if size > MAX_ENTITY_BYTES:
         raise _Invalid(f"the entity is about {size} bytes (at most 1 MiB)")
-    return _add_entity_properties(values)
+    return codec.as_read(values)
 
 
-def _entity(wire: dict[str, Any], etag: str) -> TableEntity:
+def _entity(properties: dict[str, Any], etag: str) -> TableEntity:
     """A row as a query returns it: a new TableEntity, with its ETag in ``metadata``."""
-    entity: TableEntity = _convert_to_entity(  # type: ignore[no-untyped-call]
-        {**wire, "odata.etag": etag}
-    )
-    return entity
+    return codec.StoredEntity(properties, etag)
 
 
 def _select(entity: TableEntity, names: list[str]) -> TableEntity:
     """A query with ``select``: only those properties, None for one the row lacks."""
-    selected = TableEntity({name: entity.get(name) for name in names})
-    selected._metadata = entity.metadata
-    return selected
+    return codec.StoredEntity({name: entity.get(name) for name in names}, entity.metadata["etag"])
 
 
 if TYPE_CHECKING:  # the ports, checked by mypy

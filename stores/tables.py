@@ -38,11 +38,6 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
 
-# The SDK's own wire conversion (azure-data-tables 12.7), as stores/memory.py uses it: a
-# written entity as a read returns it, for the rows this process remembers (stores/recent.py).
-from azure.data.tables._deserialize import _convert_to_entity
-from azure.data.tables._serialize import _add_entity_properties
-
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -53,7 +48,7 @@ from core.errors import (
 from core.model import Order
 from core.ports import ListFilter, OutboxEntry, SavedNotices
 from core.states import OrderStatus
-from stores import controls, entities, layout, listing, sdk_patches, writes
+from stores import codec, controls, entities, layout, listing, writes
 from stores.controls import ControlRows
 from stores.dashboard import DashboardRows
 from stores.recent import MAX_BODY_CHARS, RecentWrites
@@ -68,7 +63,6 @@ class TableStateStore(SweepReads, ControlRows, DashboardRows):
     def __init__(self, table: TableClient, recent: RecentWrites | None = None):
         """``recent``: what this process wrote last of each order (``stores/recent.py``);
         a store of its own by default."""
-        sdk_patches.apply()
         self._table = table
         self._recent = recent if recent is not None else RecentWrites()
 
@@ -428,11 +422,9 @@ _RECORD_KINDS = frozenset({"order", "step"})
 
 
 def _as_read(entity: dict[str, Any], etag: str) -> TableEntity:
-    """A written entity as a query returns it: through the SDK's own serializer and
-    deserializer (None not stored, types as the service gives them back), with its ETag."""
-    wire = _add_entity_properties({k: v for k, v in entity.items() if v is not None})
-    read: TableEntity = _convert_to_entity({**wire, "odata.etag": etag})  # type: ignore[no-untyped-call]
-    return read
+    """A written entity as a query returns it (None not stored, types as the service gives
+    them back: ``stores/codec.py``), with the ETag its transaction answered."""
+    return codec.stored(entity, etag)
 
 
 def _body_chars(record: dict[str, Any]) -> int:

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from devhost.app_loader import FunctionSpec
+from devhost.host import DevHost
 from devhost.queues import (
-    MIN_POLL_SECONDS,
     EnqueueWatcher,
     LeaseLost,
+    PollingBackOff,
     QueueListener,
     StorageQueue,
-    next_back_off,
 )
 from devhost.settings import LeaseOptions, QueueOptions
 from tests.support import direct_invoker
@@ -84,11 +84,15 @@ class Clock:
 
 
 def listener(
-    handler: Any, max_dequeue: int = 3, clock: Clock | None = None
+    handler: Any,
+    max_dequeue: int = 3,
+    clock: Clock | None = None,
+    watcher: EnqueueWatcher | None = None,
+    max_polling: float = 1.0,
 ) -> tuple[QueueListener, FakeQueue, FakeQueue]:
     spec = FunctionSpec("handle", "queueTrigger", {"name": "msg", "queueName": "q"}, handler)
     queue, poison = FakeQueue("q"), FakeQueue("q-poison")
-    options = QueueOptions(4, 2, 1.0, 7.0, max_dequeue)
+    options = QueueOptions(4, 2, max_polling, 7.0, max_dequeue)
     built = QueueListener(
         spec,
         queue,
@@ -97,6 +101,7 @@ def listener(
         LeaseOptions(30, 10.0),
         direct_invoker(),
         clock=clock or Clock(),
+        watcher=watcher,
     )
     return built, queue, poison
 
@@ -234,16 +239,16 @@ def test_polling_fetches_only_below_the_threshold() -> None:
         built._pool.shutdown(wait=True)
 
 
-def test_a_wake_ends_the_back_off_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every back-off lasts 30 s here: only a wake can make the listener poll again sooner.
-    monkeypatch.setattr("devhost.queues.MIN_POLL_SECONDS", 30.0)
+def test_a_wake_ends_the_back_off_at_once() -> None:
+    # maxPollingInterval 30 s: after the first empty receives, only a wake can make the
+    # listener poll again within the test's time.
     got: list[Any] = []
-    built, queue, _ = listener(recorder(got))
+    built, queue, _ = listener(recorder(got), max_polling=30.0)
     stop = threading.Event()
     thread = threading.Thread(target=built.poll, args=(stop,), daemon=True)
     thread.start()
     try:
-        for _ in range(200):  # the first (empty) receive, then the long back-off
+        for _ in range(200):  # the first (empty) receive, then the back-off
             if ("create",) in queue.calls and not built.in_flight:
                 break
             stop.wait(0.01)
@@ -262,50 +267,145 @@ def test_a_wake_ends_the_back_off_at_once(monkeypatch: pytest.MonkeyPatch) -> No
     assert not thread.is_alive()  # the stop ends a back-off too
 
 
-def test_a_send_from_this_process_wakes_the_listener_of_that_queue(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from azure.storage.queue import QueueClient
+class Woken:
+    """A registered listener that counts its wakes."""
 
-    sent: list[str] = []
-    monkeypatch.setattr(
-        QueueClient, "send_message", lambda client, content, **kw: sent.append(content)
-    )
+    def __init__(self, account: str, name: str) -> None:
+        self.queue = type("Q", (), {"address": (account, name)})()
+        self.wakes = 0
 
-    class Woken:
-        def __init__(self, account: str, name: str) -> None:
-            self.queue = type("Q", (), {"address": (account, name)})()
-            self.wakes = 0
+    def wake(self) -> None:
+        self.wakes += 1
 
-        def wake(self) -> None:
-            self.wakes += 1
 
+def test_the_watcher_wakes_only_the_listeners_of_that_queue() -> None:
     watcher = EnqueueWatcher()
     mine, other_queue, other_account = Woken("acct", "q"), Woken("acct", "r"), Woken("else", "q")
     for woken in (mine, other_queue, other_account):
         watcher.register(woken)  # type: ignore[arg-type]
-    client = QueueClient("https://acct.queue.core.windows.net", "q", credential="a2V5")
-    watcher.install()
-    try:
-        client.send_message("hello")
-        client.send_message("later", visibility_timeout=30)  # not visible yet: no wake
-    finally:
-        watcher.uninstall()
-    assert sent == ["hello", "later"]
+    watcher.notify("acct", "q")
     assert (mine.wakes, other_queue.wakes, other_account.wakes) == (1, 0, 0)
-    client.send_message("after")
-    assert mine.wakes == 1  # uninstalled: the SDK's own method again
 
 
-def test_the_back_off_stays_short_while_the_queue_has_traffic() -> None:
-    waits, delay = [], MIN_POLL_SECONDS
-    for _ in range(8):
-        delay = next_back_off(delay, since_found=0.5, max_polling_interval=2.0)
-        waits.append(delay)
-    assert waits == [0.1] * 8  # a message came 0.5 s ago: busy
-    waits, delay = [], MIN_POLL_SECONDS
-    for _ in range(7):
-        delay = next_back_off(delay, since_found=5.0, max_polling_interval=2.0)
-        waits.append(delay)
-    assert waits == [0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0]  # idle: up to maxPollingInterval
-    assert next_back_off(0.1, since_found=float("inf"), max_polling_interval=0.01) == 0.05
+def test_a_send_with_the_sdk_wakes_no_listener() -> None:
+    """The host does not see what the app sends with the Storage SDK (only its own output
+    bindings), so devhost leaves ``QueueClient.send_message`` as the SDK ships it."""
+    from azure.storage.queue import QueueClient
+
+    shipped = QueueClient.send_message
+    devhost = DevHost(direct_invoker(), {})
+    devhost.enqueued.register(Woken("acct", "q"))  # type: ignore[arg-type]
+    devhost.start(threading.Event())
+    try:
+        assert QueueClient.send_message is shipped
+    finally:
+        devhost.stop(0)
+
+
+class FakeService:
+    """A QueueServiceClient for ``DevHost.deliver``: what was sent, per queue."""
+
+    account_name = "acct"
+
+    def __init__(self) -> None:
+        self.sent: dict[str, list[str]] = {}
+
+    def get_queue_client(self, name: str) -> Any:
+        sent = self.sent.setdefault(name, [])
+        return type("Client", (), {"send_message": lambda _, text, **__: sent.append(text)})()
+
+
+def test_an_output_binding_wakes_the_listener_of_its_queue() -> None:
+    """The host's SharedQueueWatcher: a message its own output binding adds."""
+    spec = FunctionSpec(
+        "forward",
+        "queueTrigger",
+        {"name": "msg", "queueName": "in"},
+        lambda msg, out: None,
+        outputs={"out": {"type": "queue", "queueName": "q", "connection": "AzureWebJobsStorage"}},
+    )
+    devhost = DevHost(direct_invoker(), {})
+    service = FakeService()
+    devhost.queue_services["AzureWebJobsStorage"] = service
+    mine, other = Woken("acct", "q"), Woken("acct", "in")
+    devhost.enqueued.register(mine)  # type: ignore[arg-type]
+    devhost.enqueued.register(other)  # type: ignore[arg-type]
+    devhost.deliver(spec, {"out": ["a", "b"]})
+    assert service.sent["q"] == ["a", "b"]
+    assert (mine.wakes, other.wakes) == (2, 0)
+
+
+def test_a_message_moved_to_poison_wakes_the_poison_queues_listener() -> None:
+    """The host's OnMessageAddedToPoisonQueue."""
+    watcher = EnqueueWatcher()
+    poison_listener, queue_listener = Woken("fake", "q-poison"), Woken("fake", "q")
+    watcher.register(poison_listener)  # type: ignore[arg-type]
+    watcher.register(queue_listener)  # type: ignore[arg-type]
+
+    def fail(msg: Any) -> None:
+        raise RuntimeError("always")
+
+    built, _, poison = listener(fail, max_dequeue=1, watcher=watcher)
+    run(built, Message("m-1", "body", dequeue_count=1))
+    assert poison.sent == ["body"]
+    assert (poison_listener.wakes, queue_listener.wakes) == (1, 0)
+
+
+def fixed(factor: float) -> Any:
+    return lambda low, high: factor
+
+
+def test_the_back_off_is_the_hosts() -> None:
+    """RandomizedExponentialBackoffStrategy(100 ms, maxPollingInterval): 100 ms, then 100 ms
+    more times 1, 2, 4 ... (0.8-1.2 times each, at random), up to the maximum."""
+    back_off = PollingBackOff(2.0, spread=fixed(1.0))
+    waits = [round(back_off.next_delay(found=False), 3) for _ in range(8)]
+    assert waits == [0.1, 0.2, 0.3, 0.5, 0.9, 1.7, 2.0, 2.0]
+    assert back_off.next_delay(found=True) == 0.1  # a message came since the last wait
+    assert round(back_off.next_delay(found=False), 3) == 0.2  # and it grows again
+    low, high = PollingBackOff(2.0, spread=fixed(0.8)), PollingBackOff(2.0, spread=fixed(1.2))
+    assert [round(low.next_delay(False), 3) for _ in range(3)] == [0.1, 0.18, 0.26]
+    assert [round(high.next_delay(False), 3) for _ in range(3)] == [0.1, 0.22, 0.34]
+    asked: list[tuple[float, float]] = []
+
+    def spread(low: float, high: float) -> float:
+        asked.append((low, high))
+        return 1.0
+
+    recorded = PollingBackOff(2.0, spread=spread)
+    recorded.next_delay(False), recorded.next_delay(False)
+    assert asked == [(0.8, 1.2)]  # the first wait is the minimum, unspread
+    assert PollingBackOff(0.1).next_delay(False) == 0.1  # maxPollingInterval's minimum
+
+
+def test_a_batch_with_messages_is_followed_by_a_receive_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host's QueueListener: no wait after a batch that had messages; after an empty
+    one, the back-off, starting at 100 ms if a message came since the last wait."""
+    got: list[Any] = []
+    built, queue, _ = listener(recorder(got), max_polling=2.0)
+    queue.waiting = [Message(f"m{i}", "x") for i in range(6)]  # batchSize 4: 4, 2, then 0
+    stop = threading.Event()
+    receives: list[int] = []
+    waits: list[float] = []
+    receive = queue.receive
+
+    def counted(count: int, visibility_seconds: int) -> list[Any]:
+        batch = receive(count, visibility_seconds)
+        receives.append(len(batch))
+        return batch
+
+    def back_off(_: threading.Event, seconds: float) -> bool:
+        waits.append(seconds)
+        if len(waits) == 3:
+            stop.set()
+        return False  # no time passes: only the order of receives and waits is checked
+
+    monkeypatch.setattr(queue, "receive", counted)
+    monkeypatch.setattr(built, "_back_off", back_off)
+    built.poll(stop)
+    built._pool.shutdown(wait=True)
+    assert receives == [4, 2, 0, 0, 0]
+    assert waits[0] == 0.1 and 0.18 <= waits[1] <= 0.22 and 0.26 <= waits[2] <= 0.34
+    assert len(got) == 6

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from observability.opcount import _kind, origin
+from observability.opcount import _kind, agent_queue, origin
 
 
 @pytest.mark.parametrize(
@@ -45,3 +45,19 @@ def test_a_request_from_a_timer_invocation_is_the_timers_on_any_thread() -> None
     assert origin("table.query", "ThreadPoolExecutor-0_3", "timerTrigger") == "timer"
     assert origin("table.query", "ThreadPoolExecutor-0_3", "queueTrigger") == "app"
     assert origin("queue.delete", "ThreadPoolExecutor-0_3", None) == "host"
+
+
+@pytest.mark.parametrize(
+    ("path", "agent"),
+    [
+        ("/devstoreaccount1/agent-requests-orders/messages", True),
+        ("/agent-requests-inventory-t1/messages/abc", True),
+        ("/devstoreaccount1/agent-replies/messages", True),
+        ("/devstoreaccount1/orders/messages", False),
+        ("/devstoreaccount1/order-dispatch/messages/abc", False),
+        ("/devstoreaccount1/agent-requests-orders", False),  # the queue itself, not a message
+    ],
+)
+def test_agent_queue_messages_are_told_apart(path: str, agent: bool) -> None:
+    """What would be Service Bus operations with AGENT_TRANSPORT=servicebus."""
+    assert agent_queue(path) is agent
