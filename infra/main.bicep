@@ -284,6 +284,19 @@ module functionApp 'app/function-app.bicep' = {
   }
 }
 
+// Diagnostic settings of the storage account and its services, the Service Bus
+// namespace and the Function App, into the Log Analytics workspace (app/diagnostics.bicep).
+module diagnostics 'app/diagnostics.bicep' = {
+  name: 'diagnostics'
+  scope: rg
+  params: {
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: serviceBus.outputs.name
+    functionAppName: functionApp.outputs.name
+    workspaceId: monitoring.outputs.workspaceId
+  }
+}
+
 // Sign-in with Microsoft Entra ID (App Service authentication) in front of the
 // console and the operator API, only when an app registration is given; the
 // function key stays required as well (app/auth.bicep says what it needs).
