@@ -111,6 +111,9 @@ param authTenantId string = tenant().tenantId
 @description('Service Bus tier. Standard has duplicate detection at a small base charge; Premium adds isolation and zones at a fixed price per messaging unit.')
 param serviceBusSku string = 'Standard'
 
+@description('Target-based scaling for the agents: grants the app identity Azure Service Bus Data Owner on each agent queue (never the namespace) so the scale controller can read the queue lengths. Off (the default), the app holds Data Sender and Data Receiver only, all its code needs, and the agent functions scale out incrementally under a burst. Data Owner also lets the identity change, purge or delete those queues (docs/deployment.md).')
+param serviceBusTargetScaling bool = false
+
 @allowed([
   512
   2048
@@ -148,6 +151,12 @@ var agentPoisonQueueNames = [for agent in agents: agent.poisonQueue]
 // servicebus), so they are not created as Storage queues.
 var stateTableName = 'OrderState'
 var archiveContainerName = 'orders-archive'
+// The Functions host's own containers in AzureWebJobsStorage (its locks, its keys):
+// created by storage.bicep so that the app's blob role is scoped to them (rbac.bicep).
+var hostContainerNames = [
+  'azure-webjobs-hosts'
+  'azure-webjobs-secrets'
+]
 var storageQueueNames = concat([
   'orders'
   'orders-rejected'
@@ -199,6 +208,7 @@ module storage 'app/storage.bicep' = {
     tableName: stateTableName
     queueNames: storageQueueNames
     archiveContainerName: archiveContainerName
+    hostContainerNames: hostContainerNames
     archiveCoolAfterDays: archiveCoolAfterDays
     archiveDeleteAfterDays: archiveDeleteAfterDays
   }
@@ -232,6 +242,12 @@ module rbac 'app/rbac.bicep' = {
   scope: rg
   params: {
     storageAccountName: storage.outputs.name
+    // The blob containers the app identity may use, each with its own role: the
+    // deployment package and the host's own (Data Owner), the archive (Data Contributor).
+    appOwnedContainerNames: concat([
+      deploymentContainerName
+    ], hostContainerNames)
+    archiveContainerName: archiveContainerName
     serviceBusNamespaceName: serviceBus.outputs.name
     serviceBusQueueNames: serviceBusQueueNames
     appInsightsName: monitoring.outputs.appInsightsName
@@ -240,6 +256,7 @@ module rbac 'app/rbac.bicep' = {
     alertsPrincipalId: identity.outputs.alertsPrincipalId
     principalId: principalId
     principalType: principalType
+    serviceBusTargetScaling: serviceBusTargetScaling
   }
 }
 

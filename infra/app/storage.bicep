@@ -22,6 +22,9 @@ param queueNames array
 @description('Blob container of archived orders (core.names.ORDERS_ARCHIVE, contract 3.12).')
 param archiveContainerName string
 
+@description('The Functions host\'s own blob containers (its locks and timer state, its keys), created here so that the app identity\'s blob roles can be scoped to them (rbac.bicep).')
+param hostContainerNames array
+
 @description('Days after which archive blobs move to the cool tier.')
 param archiveCoolAfterDays int
 
@@ -107,6 +110,21 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
     publicAccess: 'None'
   }
 }
+
+/* The containers the Functions host uses in AzureWebJobsStorage: azure-webjobs-hosts
+   (its host lock, the timers' singleton locks and schedule state) and
+   azure-webjobs-secrets (the function and host keys). The host creates them when they
+   are missing; created here, they exist before the app first starts, and the app
+   identity holds its blob role on these containers alone instead of on the account. */
+resource hostContainers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = [
+  for containerName in hostContainerNames: {
+    parent: blobService
+    name: containerName
+    properties: {
+      publicAccess: 'None'
+    }
+  }
+]
 
 // Finished orders, archived by the retention timer before their rows are
 // deleted (contract 3.12): written once, read rarely (a restore), so cool after
