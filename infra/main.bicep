@@ -108,8 +108,11 @@ param authTenantId string = tenant().tenantId
   'Standard'
   'Premium'
 ])
-@description('Service Bus tier. Standard has duplicate detection at a small base charge; Premium adds isolation and zones at a fixed price per messaging unit.')
+@description('Service Bus tier. Standard has duplicate detection at a small base charge; Premium adds isolation and zones at a fixed price per messaging unit. With vnetEnabled the namespace is Premium whatever this says: Service Bus private endpoints need Premium.')
 param serviceBusSku string = 'Standard'
+
+@description('Close the storage account and the Service Bus namespace to the internet: a virtual network with private endpoints and private DNS zones for blob, queue, table and Service Bus, the Function App integrated with its delegated subnet, and public network access off on the storage account and the namespace. Forces Service Bus Premium (private endpoints need it). The Function App itself (the operator API and console) stays reachable over HTTPS. Off by default (docs/deployment.md, "Private network").')
+param vnetEnabled bool = false
 
 @description('Target-based scaling for the agents: grants the app identity Azure Service Bus Data Owner on each agent queue (never the namespace) so the scale controller can read the queue lengths. Off (the default), the app holds Data Sender and Data Receiver only, all its code needs, and the agent functions scale out incrementally under a burst. Data Owner also lets the identity change, purge or delete those queues (docs/deployment.md).')
 param serviceBusTargetScaling bool = false
@@ -177,6 +180,8 @@ var serviceBusQueueNames = concat(serviceBusRequestQueueNames, [
 ])
 
 var functionAppName = '${abbrs.webSitesFunctions}orders-${resourceToken}'
+// Service Bus private endpoints exist on Premium only: vnetEnabled forces it.
+var effectiveServiceBusSku = vnetEnabled ? 'Premium' : serviceBusSku
 // Container names: 3-63 lowercase letters, digits and hyphens.
 var deploymentContainerName = 'app-package-${take(resourceToken, 12)}'
 
@@ -211,6 +216,7 @@ module storage 'app/storage.bicep' = {
     hostContainerNames: hostContainerNames
     archiveCoolAfterDays: archiveCoolAfterDays
     archiveDeleteAfterDays: archiveDeleteAfterDays
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
   }
 }
 
@@ -221,8 +227,24 @@ module serviceBus 'app/servicebus.bicep' = {
     name: '${abbrs.serviceBusNamespaces}${resourceToken}'
     location: location
     tags: tags
-    skuName: serviceBusSku
+    skuName: effectiveServiceBusSku
     queueNames: serviceBusQueueNames
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
+  }
+}
+
+// The private network (vnetEnabled): the app's subnet, the private endpoints of the
+// storage services and the namespace, and their private DNS zones (app/network.bicep).
+module network 'app/network.bicep' = if (vnetEnabled) {
+  name: 'network'
+  scope: rg
+  params: {
+    vnetName: '${abbrs.networkVirtualNetworks}${resourceToken}'
+    location: location
+    tags: tags
+    nameSuffix: resourceToken
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: serviceBus.outputs.name
   }
 }
 
@@ -298,6 +320,8 @@ module functionApp 'app/function-app.bicep' = {
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
     zoneRedundant: zoneRedundant
+    // With vnetEnabled the app starts after its network, endpoints and DNS exist.
+    virtualNetworkSubnetId: vnetEnabled ? network.outputs.appSubnetId : ''
   }
 }
 
@@ -375,6 +399,9 @@ output CONSOLE_SIGN_IN_ENABLED bool = !empty(authClientId)
 output AZURE_FUNCTION_APP_IDENTITY_PRINCIPAL_ID string = identity.outputs.appPrincipalId
 output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+// The tier deployed: Premium whenever vnetEnabled, whatever SERVICEBUS_SKU says.
+output SERVICEBUS_SKU_DEPLOYED string = effectiveServiceBusSku
+output VNET_ENABLED bool = vnetEnabled
 output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
 output AZURE_LOG_ANALYTICS_WORKSPACE_ID string = monitoring.outputs.workspaceId
 // The operators' workbook (Monitor > Workbooks).
