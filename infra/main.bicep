@@ -401,7 +401,6 @@ output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
 // The tier deployed: Premium whenever vnetEnabled, whatever SERVICEBUS_SKU says.
 output SERVICEBUS_SKU_DEPLOYED string = effectiveServiceBusSku
-output VNET_ENABLED bool = vnetEnabled
 output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
 output AZURE_LOG_ANALYTICS_WORKSPACE_ID string = monitoring.outputs.workspaceId
 // The operators' workbook (Monitor > Workbooks).
