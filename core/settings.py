@@ -11,6 +11,7 @@ a disabled function, Application Insights) and the test and benchmark switches
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import socket
@@ -295,13 +296,39 @@ def _retention(env: Mapping[str, str]) -> Retention:
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?]+")
 
 
+#: Hosts an ``http://`` base URL may name: this machine only (a local simulator, a
+#: service beside the app). Anything else must be ``https://``.
+LOOPBACK_NAMES: Final = frozenset({"localhost"})
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost``, or an IP address in 127.0.0.0/8 or ``::1``."""
+    if host.lower() in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _url(env: Mapping[str, str], name: str = REMOTE_SERVICE_URL) -> str | None:
+    """A remote services' base URL: ``https://``, or ``http://`` to a loopback host only.
+    An agent's calls carry its credentials (an API key, an Entra token) and the orders'
+    data: over plain ``http://`` to another host they would cross the network in clear,
+    so such a setting is refused when the settings are read, not at the first call."""
     raw = env.get(name, "").strip()
     if not raw:
         return None
     parsed = urlsplit(raw)
-    if parsed.scheme.lower() not in ("http", "https") or not parsed.netloc:
+    scheme = parsed.scheme.lower()
+    if scheme not in ("http", "https") or not parsed.netloc or not parsed.hostname:
         raise SettingsError(f"{name} must be an http(s) URL with a host, got {raw!r}")
+    if scheme == "http" and not is_loopback(parsed.hostname):
+        raise SettingsError(
+            f"{name} must be an https:// URL: got {raw!r}, and plain http:// is allowed only "
+            "for this machine (127.0.0.1, localhost, ::1), since an agent's calls carry its "
+            "API key or token and the order's data in clear over http"
+        )
     return raw.rstrip("/")
 
 

@@ -108,8 +108,14 @@ param authTenantId string = tenant().tenantId
   'Standard'
   'Premium'
 ])
-@description('Service Bus tier. Standard has duplicate detection at a small base charge; Premium adds isolation and zones at a fixed price per messaging unit.')
+@description('Service Bus tier. Standard has duplicate detection at a small base charge; Premium adds isolation and zones at a fixed price per messaging unit. With vnetEnabled the namespace is Premium whatever this says: Service Bus private endpoints need Premium.')
 param serviceBusSku string = 'Standard'
+
+@description('Close the storage account and the Service Bus namespace to the internet: a virtual network with private endpoints and private DNS zones for blob, queue, table and Service Bus, the Function App integrated with its delegated subnet, and public network access off on the storage account and the namespace. Forces Service Bus Premium (private endpoints need it). The Function App itself (the operator API and console) stays reachable over HTTPS. Off by default (docs/deployment.md, "Private network").')
+param vnetEnabled bool = false
+
+@description('Target-based scaling for the agents: grants the app identity Azure Service Bus Data Owner on each agent queue (never the namespace) so the scale controller can read the queue lengths. Off (the default), the app holds Data Sender and Data Receiver only, all its code needs, and the agent functions scale out incrementally under a burst. Data Owner also lets the identity change, purge or delete those queues (docs/deployment.md).')
+param serviceBusTargetScaling bool = false
 
 @allowed([
   512
@@ -148,6 +154,12 @@ var agentPoisonQueueNames = [for agent in agents: agent.poisonQueue]
 // servicebus), so they are not created as Storage queues.
 var stateTableName = 'OrderState'
 var archiveContainerName = 'orders-archive'
+// The Functions host's own containers in AzureWebJobsStorage (its locks, its keys):
+// created by storage.bicep so that the app's blob role is scoped to them (rbac.bicep).
+var hostContainerNames = [
+  'azure-webjobs-hosts'
+  'azure-webjobs-secrets'
+]
 var storageQueueNames = concat([
   'orders'
   'orders-rejected'
@@ -168,6 +180,8 @@ var serviceBusQueueNames = concat(serviceBusRequestQueueNames, [
 ])
 
 var functionAppName = '${abbrs.webSitesFunctions}orders-${resourceToken}'
+// Service Bus private endpoints exist on Premium only: vnetEnabled forces it.
+var effectiveServiceBusSku = vnetEnabled ? 'Premium' : serviceBusSku
 // Container names: 3-63 lowercase letters, digits and hyphens.
 var deploymentContainerName = 'app-package-${take(resourceToken, 12)}'
 
@@ -199,8 +213,10 @@ module storage 'app/storage.bicep' = {
     tableName: stateTableName
     queueNames: storageQueueNames
     archiveContainerName: archiveContainerName
+    hostContainerNames: hostContainerNames
     archiveCoolAfterDays: archiveCoolAfterDays
     archiveDeleteAfterDays: archiveDeleteAfterDays
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
   }
 }
 
@@ -211,8 +227,24 @@ module serviceBus 'app/servicebus.bicep' = {
     name: '${abbrs.serviceBusNamespaces}${resourceToken}'
     location: location
     tags: tags
-    skuName: serviceBusSku
+    skuName: effectiveServiceBusSku
     queueNames: serviceBusQueueNames
+    publicNetworkAccess: vnetEnabled ? 'Disabled' : 'Enabled'
+  }
+}
+
+// The private network (vnetEnabled): the app's subnet, the private endpoints of the
+// storage services and the namespace, and their private DNS zones (app/network.bicep).
+module network 'app/network.bicep' = if (vnetEnabled) {
+  name: 'network'
+  scope: rg
+  params: {
+    vnetName: '${abbrs.networkVirtualNetworks}${resourceToken}'
+    location: location
+    tags: tags
+    nameSuffix: resourceToken
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: serviceBus.outputs.name
   }
 }
 
@@ -232,6 +264,12 @@ module rbac 'app/rbac.bicep' = {
   scope: rg
   params: {
     storageAccountName: storage.outputs.name
+    // The blob containers the app identity may use, each with its own role: the
+    // deployment package and the host's own (Data Owner), the archive (Data Contributor).
+    appOwnedContainerNames: concat([
+      deploymentContainerName
+    ], hostContainerNames)
+    archiveContainerName: archiveContainerName
     serviceBusNamespaceName: serviceBus.outputs.name
     serviceBusQueueNames: serviceBusQueueNames
     appInsightsName: monitoring.outputs.appInsightsName
@@ -240,6 +278,7 @@ module rbac 'app/rbac.bicep' = {
     alertsPrincipalId: identity.outputs.alertsPrincipalId
     principalId: principalId
     principalType: principalType
+    serviceBusTargetScaling: serviceBusTargetScaling
   }
 }
 
@@ -281,6 +320,21 @@ module functionApp 'app/function-app.bicep' = {
     instanceMemoryMB: instanceMemoryMB
     maximumInstanceCount: maximumInstanceCount
     zoneRedundant: zoneRedundant
+    // With vnetEnabled the app starts after its network, endpoints and DNS exist.
+    virtualNetworkSubnetId: vnetEnabled ? network.outputs.appSubnetId : ''
+  }
+}
+
+// Diagnostic settings of the storage account and its services, the Service Bus
+// namespace and the Function App, into the Log Analytics workspace (app/diagnostics.bicep).
+module diagnostics 'app/diagnostics.bicep' = {
+  name: 'diagnostics'
+  scope: rg
+  params: {
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: serviceBus.outputs.name
+    functionAppName: functionApp.outputs.name
+    workspaceId: monitoring.outputs.workspaceId
   }
 }
 
@@ -345,6 +399,8 @@ output CONSOLE_SIGN_IN_ENABLED bool = !empty(authClientId)
 output AZURE_FUNCTION_APP_IDENTITY_PRINCIPAL_ID string = identity.outputs.appPrincipalId
 output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
 output SERVICEBUS_FULLY_QUALIFIED_NAMESPACE string = serviceBus.outputs.fullyQualifiedNamespace
+// The tier deployed: Premium whenever vnetEnabled, whatever SERVICEBUS_SKU says.
+output SERVICEBUS_SKU_DEPLOYED string = effectiveServiceBusSku
 output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.appInsightsName
 output AZURE_LOG_ANALYTICS_WORKSPACE_ID string = monitoring.outputs.workspaceId
 // The operators' workbook (Monitor > Workbooks).

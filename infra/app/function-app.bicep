@@ -82,6 +82,9 @@ param maximumInstanceCount int
 
 param zoneRedundant bool = false
 
+@description('Resource id of the subnet (delegated to Microsoft.App/environments) the app\'s outbound traffic goes through, with vnetEnabled; empty for none.')
+param virtualNetworkSubnetId string = ''
+
 /* Per-agent app settings, from infra/agents.json (core.workflows.Agent):
    - AGENT_<NAME>_URL for each http agent: agentUrls[<name>], else remoteServiceUrl;
    - AGENT_<NAME>_API_KEY for each ApiKey agent named in agentApiKeySecretUris: a Key
@@ -147,7 +150,7 @@ resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
 }
 
 resource site 'Microsoft.Web/sites@2024-04-01' = {
-  // checkov:skip=CKV_AZURE_222: The operator API (contract 3.7) is called over the internet with function keys; closing public access needs a private endpoint and a network to call from, which this template does not create.
+  // checkov:skip=CKV_AZURE_222: The operator API (contract 3.7) is called over the internet with function keys, with vnetEnabled too (that closes storage and Service Bus, not the app); closing the app needs a private endpoint for it and a network for operators to call from, which this template does not create.
   // checkov:skip=CKV_AZURE_17: The operator API is authenticated with function keys (contract 3.7); requiring client certificates would break its clients, and every other trigger is a queue or a timer, not HTTP.
   // checkov:skip=CKV_AZURE_212: Scale from zero is the design (alwaysReady is empty): a minimum instance count is an always-ready baseline billed around the clock, and queued work simply waits out a cold start.
   // checkov:skip=CKV_AZURE_213: The Flex Consumption plan does not support the App Service health check; the platform replaces unhealthy instances itself.
@@ -172,6 +175,9 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
     keyVaultReferenceIdentity: identityId
     httpsOnly: true
     publicNetworkAccess: 'Enabled'
+    // With vnetEnabled: VNet integration, so the app reaches the storage account and the
+    // namespace through their private endpoints (network.bicep).
+    virtualNetworkSubnetId: empty(virtualNetworkSubnetId) ? null : virtualNetworkSubnetId
     clientCertEnabled: false
     functionAppConfig: {
       deployment: {

@@ -1,32 +1,45 @@
-// Every role assignment of the deployment, least privilege, data roles only
-// (Service Bus Data Owner, on the agent queues, is the one that also carries
-// management rights: see appQueueOwner). The built-in role ids, with their names,
-// are in roles.json.
+// Every role assignment of the deployment, least privilege, data roles only, each at
+// the narrowest scope that works. The built-in role ids, with their names, are in
+// roles.json.
 //
 // App identity (principalType ServicePrincipal):
-//   storage account  Storage Blob Data Owner         host leases/locks, deployment package
-//                    Storage Queue Data Contributor  orders, replyTo, alert and poison queues
+//   each of its blob containers, never the account:
+//     app-package-<t>, azure-webjobs-hosts, azure-webjobs-secrets
+//                    Storage Blob Data Owner         the deployment package; the host's
+//                                                    locks, timer state and keys
+//     orders-archive Storage Blob Data Contributor   the retention timer's archive (3.12)
+//   storage account  Storage Queue Data Contributor  orders, replyTo, alert and poison queues
 //                    Storage Table Data Contributor  OrderState, host diagnostic-event tables
-//   each agent queue (agent-requests, agent-requests-<agent> for each agent in
-//   agents.json, agent-replies: main.bicep's serviceBusQueueNames)
+//   each agent queue (agent-requests-<agent> for each agent in agents.json,
+//   agent-replies: main.bicep's serviceBusQueueNames), never the namespace
 //                    Azure Service Bus Data Sender   scheduler sends requests, agents replies
 //                    Azure Service Bus Data Receiver agents take requests, scheduler replies
 //                                                    (and the queue's $DeadLetterQueue)
-//                    Azure Service Bus Data Owner    the scale controller reads queue length
+//                    Azure Service Bus Data Owner    only with serviceBusTargetScaling: the
+//                                                    scale controller reads queue length
 //   App Insights     Monitoring Metrics Publisher    Entra-authenticated telemetry ingestion
 // Alerts identity:
 //   workspace        Log Analytics Reader            the operator alert rule's query
 // Deploying user (only when principalId is given, so local runs and the
 // Service Bus contract tests can reach the deployed resources):
-//   storage account  the same three storage roles
+//   storage account  Storage Blob Data Owner, Storage Queue Data Contributor and
+//                    Storage Table Data Contributor
 //   namespace        Data Sender and Data Receiver (namespace-wide: the
 //                    contract tests may use their own queues)
 //
-// The storage roles are account-wide, not per table or queue, because the
-// Functions host creates its own containers, poison queues and diagnostic
-// tables, and replyTo names any queue the submitting application chose.
+// The queue and table roles stay account-wide: replyTo names any queue the submitting
+// application chose, the app creates missing poison queues, and the Functions host
+// creates a diagnostic-event table each month. The blob containers are all known in
+// advance (storage.bicep creates the host's two), so no blob role needs the account.
 
 param storageAccountName string
+
+@description('Blob containers the app identity owns: the deployment package and the Functions host\'s own (storage.bicep creates them all).')
+param appOwnedContainerNames array
+
+@description('The orders archive container, which the app reads and writes (contract 3.12).')
+param archiveContainerName string
+
 param serviceBusNamespaceName string
 param serviceBusQueueNames array
 param appInsightsName string
@@ -44,9 +57,20 @@ param principalId string = ''
 ])
 param principalType string = 'User'
 
+@description('Grant the app identity Azure Service Bus Data Owner on each agent queue, so that target-based scaling can read the queue lengths (docs/deployment.md). Off: Send and Listen only, and the agents scale incrementally.')
+param serviceBusTargetScaling bool = false
+
 var roles = loadJsonContent('roles.json')
 
-var storageRoleIds = [
+// The app's account-wide storage roles: queues and tables only (the blob roles are
+// per container, below).
+var appStorageRoleIds = [
+  roles['Storage Queue Data Contributor']
+  roles['Storage Table Data Contributor']
+]
+
+// The deploying user's, for local runs and tests against the account.
+var userStorageRoleIdsIfGiven = [
   roles['Storage Blob Data Owner']
   roles['Storage Queue Data Contributor']
   roles['Storage Table Data Contributor']
@@ -57,11 +81,28 @@ var serviceBusRoleIds = [
   roles['Azure Service Bus Data Receiver']
 ]
 
-var userStorageRoleIds = empty(principalId) ? [] : storageRoleIds
+var userStorageRoleIds = empty(principalId) ? [] : userStorageRoleIdsIfGiven
 var userServiceBusRoleIds = empty(principalId) ? [] : serviceBusRoleIds
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
+}
+
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' existing = {
+  parent: storage
+  name: 'default'
+}
+
+resource ownedContainers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = [
+  for containerName in appOwnedContainerNames: {
+    parent: blobService
+    name: containerName
+  }
+]
+
+resource archiveContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' existing = {
+  parent: blobService
+  name: archiveContainerName
 }
 
 resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
@@ -83,8 +124,35 @@ resource workspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' existin
   name: workspaceName
 }
 
+/* Storage Blob Data Owner, the role Microsoft documents for the Functions host's
+   storage, on each container the app and the platform write to: the Flex Consumption
+   deployment package (the platform reads and writes it with this identity) and the
+   host's two containers. Nothing else in the account is reachable with it. */
+resource appOwnedBlobs 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
+  for i in range(0, length(appOwnedContainerNames)): {
+    name: guid(ownedContainers[i].id, appPrincipalId, roles['Storage Blob Data Owner'])
+    scope: ownedContainers[i]
+    properties: {
+      principalId: appPrincipalId
+      principalType: 'ServicePrincipal'
+      roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Blob Data Owner'])
+    }
+  }
+]
+
+// The archive: the retention timer writes one blob per run, a restore reads it back.
+resource appArchive 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
+  name: guid(archiveContainer.id, appPrincipalId, roles['Storage Blob Data Contributor'])
+  scope: archiveContainer
+  properties: {
+    principalId: appPrincipalId
+    principalType: 'ServicePrincipal'
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Blob Data Contributor'])
+  }
+}
+
 resource appStorage 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
-  for roleId in storageRoleIds: {
+  for roleId in appStorageRoleIds: {
     name: guid(storage.id, appPrincipalId, roleId)
     scope: storage
     properties: {
@@ -119,14 +187,15 @@ resource appReceiver 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
   }
 ]
 
-/* Target-based scaling reads each queue's runtime properties (active and dead-letter
-   counts), which needs the Manage right; with Send and Listen only, the scale controller
-   logs "unauthorized access" and falls back to incremental scaling, one instance at a
-   time (Azure/Azure-Functions#2379). Data Owner is the only built-in Service Bus role with
-   Manage, so it is granted here on the agent queues only, never on the namespace.
-   docs/deployment.md says what it allows there. */
+/* Off by default: Data Sender and Data Receiver are all the app's code needs. Target-based
+   scaling reads each queue's runtime properties (active and dead-letter counts), which
+   needs the Manage right; with Send and Listen only the scale controller logs
+   "unauthorized access" and scales incrementally (Azure/Azure-Functions#2379). Data Owner
+   is the only built-in Service Bus role with Manage, and Manage also lets its holder
+   change, purge or delete the queue: serviceBusTargetScaling grants it, on the agent
+   queues only, never the namespace (docs/deployment.md, "Identity model and roles"). */
 resource appQueueOwner 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
-  for i in range(0, length(serviceBusQueueNames)): {
+  for i in range(0, length(serviceBusQueueNames)): if (serviceBusTargetScaling) {
     name: guid(agentQueues[i].id, appPrincipalId, roles['Azure Service Bus Data Owner'])
     scope: agentQueues[i]
     properties: {

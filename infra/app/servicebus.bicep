@@ -19,6 +19,13 @@ param skuName string
 @description('The agent queues: agent-requests, agent-requests-<agent> for each agent (infra/agents.json), agent-replies (core.names).')
 param queueNames array
 
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+@description('Disabled with vnetEnabled: only the private endpoint (network.bicep) reaches the namespace, which is then Premium.')
+param publicNetworkAccess string = 'Enabled'
+
 // One messaging unit when Premium; Standard has no capacity setting.
 var skus = {
   Standard: {
@@ -42,7 +49,7 @@ resource namespace 'Microsoft.ServiceBus/namespaces@2024-01-01' = {
     // and the Data Sender / Data Receiver roles (rbac.bicep).
     disableLocalAuth: true
     minimumTlsVersion: '1.2'
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: publicNetworkAccess
   }
 }
 

@@ -22,6 +22,16 @@ param queueNames array
 @description('Blob container of archived orders (core.names.ORDERS_ARCHIVE, contract 3.12).')
 param archiveContainerName string
 
+@description('The Functions host\'s own blob containers (its locks and timer state, its keys), created here so that the app identity\'s blob roles can be scoped to them (rbac.bicep).')
+param hostContainerNames array
+
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+@description('Disabled with vnetEnabled: only the private endpoints (network.bicep) reach the account.')
+param publicNetworkAccess string = 'Enabled'
+
 @description('Days after which archive blobs move to the cool tier.')
 param archiveCoolAfterDays int
 
@@ -29,8 +39,8 @@ param archiveCoolAfterDays int
 param archiveDeleteAfterDays int
 
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
-  // checkov:skip=CKV_AZURE_35: The Flex Consumption app has no VNet integration in this template, so a default Deny rule would lock the app out of its own storage; access is Entra ID only (shared keys off), and the private variant needs a VNet, subnet delegation and private endpoints.
-  // checkov:skip=CKV_AZURE_59: Same cause as CKV_AZURE_35: without VNet integration and private endpoints the app reaches storage over its public endpoint, authenticated with Entra ID only (shared keys off).
+  // checkov:skip=CKV_AZURE_35: Closed only with vnetEnabled (off by default), which sets publicNetworkAccess Disabled and a default Deny rule and adds VNet integration and private endpoints; checkov reads the default, where the app reaches its storage over the public endpoint with Entra ID only (shared keys off).
+  // checkov:skip=CKV_AZURE_59: Same cause as CKV_AZURE_35: public network access is Disabled with vnetEnabled and Enabled by default, for deployments without a network of their own, where access is Entra ID only (shared keys off).
   name: name
   location: location
   tags: tags
@@ -50,10 +60,15 @@ resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     defaultToOAuthAuthentication: true
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    // Reachable over its public endpoint, Entra ID only: the Flex Consumption
-    // app has no VNet integration here (see docs/deployment.md, checkov skips).
-    publicNetworkAccess: 'Enabled'
-    networkAcls: {
+    /* Enabled (the default): reachable over its public endpoint, Entra ID only.
+       Disabled (vnetEnabled): only through the private endpoints of network.bicep,
+       which the app reaches from its integrated subnet; no network rule lets
+       anything else in, not even trusted Azure services. */
+    publicNetworkAccess: publicNetworkAccess
+    networkAcls: ('Disabled' == publicNetworkAccess) ? {
+      bypass: 'None'
+      defaultAction: 'Deny'
+    } : {
       bypass: 'AzureServices'
       defaultAction: 'Allow'
     }
@@ -107,6 +122,21 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
     publicAccess: 'None'
   }
 }
+
+/* The containers the Functions host uses in AzureWebJobsStorage: azure-webjobs-hosts
+   (its host lock, the timers' singleton locks and schedule state) and
+   azure-webjobs-secrets (the function and host keys). The host creates them when they
+   are missing; created here, they exist before the app first starts, and the app
+   identity holds its blob role on these containers alone instead of on the account. */
+resource hostContainers 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = [
+  for containerName in hostContainerNames: {
+    parent: blobService
+    name: containerName
+    properties: {
+      publicAccess: 'None'
+    }
+  }
+]
 
 // Finished orders, archived by the retention timer before their rows are
 // deleted (contract 3.12): written once, read rarely (a restore), so cool after

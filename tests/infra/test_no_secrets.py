@@ -81,7 +81,7 @@ def test_transport_is_tls12_and_nothing_is_public_by_default() -> None:
     containers = resources_of_type(
         parse(app / "storage.bicep"), "Microsoft.Storage/storageAccounts/blobServices/containers"
     )
-    assert len(containers) == 2  # the deployment package and the archive
+    assert len(containers) == 3  # the deployment package, the host's (a loop), the archive
     for container in containers.values():
         assert body(container)["properties"]["publicAccess"] == "None"
     namespace = _only(app / "servicebus.bicep", "Microsoft.ServiceBus/namespaces")["properties"]

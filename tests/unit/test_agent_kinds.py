@@ -60,7 +60,7 @@ SECRET = "identity-header-secret"
 CARRIER = "api://carrier"
 
 
-def settings(url: str = "http://remote.test/api") -> Settings:
+def settings(url: str = "https://remote.test/api") -> Settings:
     return settings_from(
         {
             "AzureWebJobsStorage": "UseDevelopmentStorage=true",
@@ -798,7 +798,7 @@ def test_every_kind_is_built_with_its_own_policy_and_limit(sim: SimulatorServer)
     def handler(order: dict[str, Any], **call: Any) -> None:
         return None
 
-    env = {"AGENT_CARRIER_API_KEY": "k", "AGENT_PAYMENTS_URL": "http://payments.test"}
+    env = {"AGENT_CARRIER_API_KEY": "k", "AGENT_PAYMENTS_URL": "https://payments.test"}
     plain = client_of(
         workflows.Agent("payments", concurrency=5, max_try_seconds=4, breaker_failing_orders=7),
         settings(),
@@ -822,7 +822,7 @@ def test_every_kind_is_built_with_its_own_policy_and_limit(sim: SimulatorServer)
         closing(client)
 
     assert isinstance(plain.kind, HttpTry) and isinstance(plain.kind.auth, NoHeaders)
-    assert plain.kind.endpoint("ship") == "http://payments.test/ship"
+    assert plain.kind.endpoint("ship") == "https://payments.test/ship"
     assert plain.slots is not None and plain.slots.limit == 5
     assert plain.policy.max_try_seconds == 4
     assert plain.policy.health.trip_keys == 7

@@ -10,6 +10,7 @@ from core.settings import (
     Settings,
     SettingsError,
     Transport,
+    agent_url,
 )
 
 STORAGE_CS = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
@@ -250,6 +251,50 @@ def test_remote_service_url_must_be_http(raw: str) -> None:
     )
 
     assert message == f"REMOTE_SERVICE_URL must be an http(s) URL with a host, got {raw!r}"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "http://127.0.0.1:7080",
+        "http://127.8.9.10/api",
+        "http://localhost:7072/api",
+        "http://LOCALHOST",
+        "http://[::1]:7080/api",
+        "https://remote.example/api",
+    ],
+)
+def test_http_is_accepted_for_this_machine_only_https_anywhere(raw: str) -> None:
+    s = settings(AGENT_TRANSPORT="storage", REMOTE_SERVICE_URL=raw)
+
+    assert s.remote_service_url == raw.rstrip("/")
+    assert agent_url({"AGENT_CARRIER_URL": raw}, "AGENT_CARRIER_URL") == raw.rstrip("/")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "http://remote.example/api",
+        "HTTP://remote.example",
+        "http://10.0.0.4:8080",
+        "http://192.168.1.20",
+        "http://[2001:db8::1]/api",
+        "http://localhost.example.com",
+        "http://127.0.0.1.nip.io",
+    ],
+)
+def test_plain_http_to_another_host_is_refused_naming_the_setting(raw: str) -> None:
+    """A token or an API key would cross the network in clear: refused when read."""
+    message = error(
+        AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", REMOTE_SERVICE_URL=raw
+    )
+
+    assert message.startswith(f"REMOTE_SERVICE_URL must be an https:// URL: got {raw!r}")
+    assert "127.0.0.1, localhost, ::1" in message
+
+    with pytest.raises(SettingsError) as info:
+        agent_url({"AGENT_CARRIER_URL": raw}, "AGENT_CARRIER_URL")
+    assert str(info.value).startswith(f"AGENT_CARRIER_URL must be an https:// URL: got {raw!r}")
 
 
 def test_require_remote_service_url_names_the_setting_when_missing() -> None:
