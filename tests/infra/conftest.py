@@ -5,6 +5,10 @@ because checkov's pins clash with the app's. In any other venv, where checkov
 and pycep are absent, every test here is reported as SKIPPED with the reason
 (never silently left out of collection). `make iac-check` sets
 INFRA_CHECKS_REQUIRED=1: there, a missing tool is an error, not a skip.
+
+They check the deployment: Bicep against what the code derives from the deployment's own
+agents, as ``infra/agents.json`` lists them (tests/infra/deployed_agents.py), not from the
+suite's declarations (tests/conftest.py); they are marked ``deployment``.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from typing import Any
 
 import pytest
 
+from core import workflows
 from tests.infra.bicep import INFRA
 
 CHECKOV_TIMEOUT_S = 300
+DEPLOYED = "tests.infra.deployed_agents"
 HERE = Path(__file__).resolve().parent
 #: Set by `make iac-check`: the tools must be there, so their absence fails the run.
 REQUIRED_ENV = "INFRA_CHECKS_REQUIRED"
@@ -30,7 +36,11 @@ SKIP_REASON = f"needs {', '.join(MISSING)}, installed only in .venv-iac: run `ma
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Without the infra tools, mark this folder's tests skipped, with the reason."""
+    """This folder's tests are the deployment's; without the infra tools, each is marked
+    skipped, with the reason."""
+    for item in items:
+        if item.path.resolve().is_relative_to(HERE):
+            item.add_marker(pytest.mark.deployment)
     if not MISSING:
         return
     if os.environ.get(REQUIRED_ENV):
@@ -42,6 +52,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.resolve().is_relative_to(HERE):
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _deployment_declarations() -> None:
+    """The deployment's agents (the suite's conftest puts its own declarations back after)."""
+    workflows.use(DEPLOYED)
 
 
 @pytest.fixture(scope="session")
