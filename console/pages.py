@@ -89,9 +89,15 @@ class Page:
         return func.HttpResponse(status_code=303, headers=headers)
 
 
-def form_of(req: func.HttpRequest) -> dict[str, str]:
+#: A form's body, at most (a larger one reads as empty, and is refused for what it lacks).
+MAX_FORM_BYTES = 64_000
+
+
+def form_of(req: func.HttpRequest, limit: int = MAX_FORM_BYTES) -> dict[str, str]:
+    """A urlencoded form; ``limit``: a larger limit for a form that carries an order's
+    data (the fix editor's)."""
     body = req.get_body() or b""
-    if len(body) > 64_000:
+    if len(body) > limit:
         return {}
     return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
 

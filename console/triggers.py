@@ -21,7 +21,7 @@ from admin.query import parse_filter, parse_page_size
 from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
-from console import agent_pages, dashboard, event_pages, inbox, layout, security, views
+from console import agent_pages, dashboard, event_pages, fix_pages, inbox, layout, security, views
 from console.pages import ASSETS, Page, filters_of, form_of, guard, trouble
 from core.dashboard import STUCK_ROW
 from core.errors import (
@@ -114,6 +114,10 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
     pauses = admin.pauses()
     paused = paused_view(order, pauses)
     view = order_view(order, pauses)
+    fields: dict[str, Any] = {
+        "editable": fix_pages.editable(order),
+        **extra,  # a refused fix shows the operator's own edit again, not the stored data
+    }
     return page.render(
         "detail.html",
         status,
@@ -126,8 +130,9 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
         awaited=[w for w in view["waitingFor"] if "event" in w and not order.status.finished],
         why=views.why(order, paused),
         can_resubmit=views.can_resubmit(order),
+        can_fix=fix_pages.can_fix(order),
         can_cancel=views.can_cancel(order),
-        **extra,
+        **fields,
     )
 
 
@@ -229,6 +234,41 @@ def console_cancel(req: func.HttpRequest) -> func.HttpResponse:
     return _act(req, "cancel")
 
 
+def _fix(req: func.HttpRequest, step: str) -> func.HttpResponse:
+    page = Page(req)
+    order_id = _order_id(req)
+    if order_id is None:
+        return page.render("message.html", 400, message="Not an order id.", failed=True)
+
+    def refused(status: int, message: str, edited: str | None = None) -> func.HttpResponse:
+        kept = {} if edited is None else {"editable": edited}
+        try:
+            return _detail(page, order_id, status, message=message, failed=True, **kept)
+        except OrderNotFound:
+            return page.render("message.html", status, message=message, failed=True)
+
+    def act() -> func.HttpResponse:
+        admin = app_context().admin
+        if step == "preview":
+            return fix_pages.preview(page, admin, order_id, refused)
+        return fix_pages.fix(page, admin, order_id, caller(req), refused)
+
+    return trouble(page, act)
+
+
+@bp.route(route="console/orders/{orderId}/fix/preview", methods=["POST"])
+def console_fix_preview(req: func.HttpRequest) -> func.HttpResponse:
+    """What a fix of the order's data would change (docs/contracts.md §3.14): nothing
+    changes."""
+    return _fix(req, "preview")
+
+
+@bp.route(route="console/orders/{orderId}/fix", methods=["POST"])
+def console_fix(req: func.HttpRequest) -> func.HttpResponse:
+    """Fix the order's data and resubmit it, as previewed."""
+    return _fix(req, "fix")
+
+
 @bp.route(route="console/orders/{orderId}/events/{name}", methods=["POST"])
 def console_event(req: func.HttpRequest) -> func.HttpResponse:
     """Send the event ``name`` to the order (``action`` approve, with ``result`` and an
@@ -240,9 +280,10 @@ def console_event(req: func.HttpRequest) -> func.HttpResponse:
         return page.render("message.html", 400, message="Not an order id.", failed=True)
     name = req.route_params.get("name", "")
 
-    def refused(status: int, message: str) -> func.HttpResponse:
+    def refused(status: int, message: str, edited: str | None = None) -> func.HttpResponse:
+        kept = {} if edited is None else {"editable": edited}
         try:
-            return _detail(page, order_id, status, message=message, failed=True)
+            return _detail(page, order_id, status, message=message, failed=True, **kept)
         except OrderNotFound:  # gone since (retention): the refusal still says why
             return page.render("message.html", status, message=message, failed=True)
 

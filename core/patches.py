@@ -66,6 +66,22 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return merged
 
 
+def patch_between(old: Any, new: Any) -> Any:
+    """The merge patch that turns ``old`` into ``new`` (what the console sends for an
+    order's data edited as a whole). A member set to ``null`` in ``new`` becomes a
+    removal: a merge patch cannot say "set to null"."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old:
+            if value is not None:
+                patch[key] = value
+        elif not _same(old[key], value):
+            patch[key] = patch_between(old[key], value)
+    return patch
+
+
 def changes(old: Any, new: Any, path: str = "") -> list[Change]:
     """The leaves that differ between ``old`` and ``new`` (objects compared member by
     member; arrays and other values as a whole)."""

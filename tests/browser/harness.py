@@ -110,6 +110,7 @@ class Orders:
     failed: tuple[str, ...] = ("dead-1", "declined-1")
     retry: str = "retry-1"  # `error` after two timeouts; completes when resubmitted
     guard: str = "guard-1"  # `error` (refused): the target of refused POSTs
+    fix: str = "fix-1"  # `error` (refused for its data): fixed in the editor, then completes
     hostile: str = "xss-1"  # fulfilment refused at its first step: `compensated`
     bulk: tuple[str, ...] = ("bulk-1", "bulk-2", "bulk-3")  # refused, own time window
     #: contract 3.13 (tests/fixtures/flows.py): a `trip`, two bookings at once, completed
@@ -133,6 +134,7 @@ class Orders:
             dead: {"orderId": dead, "amount": 3, "simulate": {"process": DEAD}},
             declined: {"orderId": declined, "simulate": {"process": DECLINED}},
             self.guard: {"orderId": self.guard, "simulate": {"process": DECLINED}},
+            self.fix: {"orderId": self.fix, "amount": 4, "simulate": {"process": DECLINED}},
             self.retry: {"orderId": self.retry, "simulate": {"process": TWICE_THEN_OK}},
             self.hostile: {
                 "orderId": self.hostile,
@@ -156,7 +158,7 @@ class Orders:
     def expected(self) -> dict[str, str]:
         return {
             **dict.fromkeys((*self.completed, self.parallel), "completed"),
-            **dict.fromkeys((*self.failed, self.retry, self.guard, *self.bulk), "error"),
+            **dict.fromkeys((*self.failed, self.retry, self.guard, self.fix, *self.bulk), "error"),
             self.hostile: "compensated",
         }
 

@@ -41,6 +41,7 @@ from tests.browser.harness import (
 pytestmark = pytest.mark.timeout(180)
 
 RESUBMIT_REASON = "browser test: the remote is fixed, retry"
+FIX_REASON = "browser test: the order named a simulated failure"
 BULK_REASON = "browser test: bulk retry of the group"
 DOCS = ROOT / "docs"
 #: The cells of a tr.attempt-row.
@@ -298,6 +299,50 @@ def test_resubmit_with_a_reason_completes_the_order(console: Console, browser: B
     raw = browser.one("details#raw-history").get_attribute("textContent") or ""
     assert RESUBMIT_REASON in raw, "the reason is not in the raw history"
     assert operator in raw, f"the operator {operator!r} is not in the raw history"
+
+
+def test_fix_the_data_previews_each_change_and_the_fixed_order_completes(
+    console: Console, browser: Browser
+) -> None:
+    order_id = console.orders.fix
+    browser.open(console.page(f"/orders/{order_id}"), "details#fix")
+    assert browser.one("#order-status").get_attribute("data-status") == "error"
+    browser.one("details#fix summary").click()
+    data = browser.one("#fix-data")
+    shown = json.loads(data.get_attribute("value") or "")
+    assert shown == console.bodies[order_id], shown
+    fixed = {k: v for k, v in shown.items() if k != "simulate"} | {"amount": 5}
+    data.clear()
+    data.send_keys(json.dumps(fixed))
+    browser.one("form#fix-form textarea[name=reason]").send_keys(FIX_REASON)
+    browser.click_through("#fix-button", "#fix-confirm")
+
+    changes = {
+        row.get_attribute("data-field"): (
+            squash(row.find_element("css selector", "td.old").text),
+            squash(row.find_element("css selector", "td.new").text),
+        )
+        for row in browser.all("#fix-changes tr.change")
+    }
+    assert changes == {
+        "amount": ("4", "5"),
+        "simulate": (json.dumps(shown["simulate"], separators=(",", ":")), "removed"),
+    }, changes
+    assert browser.text("#fix-reason") == FIX_REASON
+    assert console.load(order_id).status is OrderStatus.ERROR, "the preview changed it"
+
+    browser.click_through("#fix-confirm-button", "#message")
+    assert path_of(browser.driver.current_url) == f"/api/console/orders/{order_id}"
+    assert "Fixed and resubmitted by" in browser.text("#message")
+    [patched] = events(console.load(order_id), "patched")
+    assert patched.get("reason") == FIX_REASON, patched
+
+    def completed(_: object) -> bool:
+        browser.reload("#order-status")
+        return browser.one("#order-status").get_attribute("data-status") == "completed"
+
+    browser.until(completed, 30, f"{order_id} to complete after the fix")
+    assert console.load(order_id).body == fixed
 
 
 # --- (d) bulk ---------------------------------------------------------------------------

@@ -61,6 +61,8 @@ def _call(
         ("GET", "/confirm"): console.console_confirm,
         ("POST", "/resubmit"): console.console_resubmit,
         ("POST", "/cancel"): console.console_cancel,
+        ("POST", "/preview"): console.console_fix_preview,
+        ("POST", "/fix"): console.console_fix,
         ("POST", "/bulk/preview"): console.console_bulk_preview,
         ("POST", "/bulk/run"): console.console_bulk_run,
     }
@@ -168,6 +170,56 @@ def test_resubmit_needs_a_confirmation_a_reason_and_the_token(ctx: AppContext) -
 
     again = post("/orders/p-0/resubmit", {"reason": "again", "csrf": token}, token, orderId="p-0")
     assert again.status_code == 409 and "only an order in error" in html(again)
+
+
+def test_fix_previews_each_change_then_resubmits_with_the_patch_and_the_version(
+    ctx: AppContext,
+) -> None:
+    seed(ctx, 2, failing=2, sku="A-1", note="x")
+    token = security.new_token()
+    detail = html(get("/orders/p-0", orderId="p-0"))
+    assert 'id="fix-form"' in detail and "&#34;sku&#34;: &#34;A-1&#34;" in detail
+    version = re.search(r'name="version" value="(\d+)"', detail)
+    assert version is not None
+    edited = json.dumps({"orderId": "p-0", "workflow": "order", "sku": "B-2"})
+    form = {"csrf": token, "data": edited, "version": version[1], "reason": "wrong sku"}
+
+    no_reason = post("/orders/p-0/fix/preview", {**form, "reason": ""}, token, orderId="p-0")
+    assert no_reason.status_code == 400 and "Give a reason" in html(no_reason)
+    assert "B-2" in html(no_reason)  # the operator's edit is shown again, not lost
+    bad = post("/orders/p-0/fix/preview", {**form, "data": "{"}, token, orderId="p-0")
+    assert bad.status_code == 400 and "not JSON" in html(bad)
+    fixed_field = json.dumps({"orderId": "p-9", "workflow": "order"})
+    refused = post("/orders/p-0/fix/preview", {**form, "data": fixed_field}, token, orderId="p-0")
+    assert refused.status_code == 400 and "orderId" in html(refused)
+    forged = post("/orders/p-0/fix/preview", form, None, orderId="p-0")
+    assert forged.status_code == 403
+
+    preview = html(post("/orders/p-0/fix/preview", form, token, orderId="p-0"))
+    rows = re.findall(r'<tr class="change" data-field="([^"]+)">', preview)
+    assert sorted(rows) == ["note", "sku"]
+    assert ctx.store.load("p-0").body["sku"] == "A-1"  # type: ignore[union-attr]
+    patch = re.search(r'name="patch" value="([^"]+)"', preview)
+    assert patch is not None
+    sent = json.loads(patch[1].replace("&#34;", '"'))
+    assert sent == {"sku": "B-2", "note": None}
+
+    confirm = {"csrf": token, "patch": json.dumps(sent), "reason": "wrong sku"}
+    stale = post("/orders/p-0/fix", {**confirm, "version": "1"}, token, orderId="p-0")
+    assert stale.status_code == 412 and "Nothing was changed" in html(stale)
+    done = post("/orders/p-0/fix", {**confirm, "version": version[1]}, token, orderId="p-0")
+    assert done.status_code == 303 and "Fixed+and+resubmitted" in done.headers["Location"]
+    order = ctx.store.load("p-0")
+    assert order is not None and order.status is OrderStatus.PROCESSING
+    assert order.body["sku"] == "B-2" and "note" not in order.body
+    [patched] = [h for h in order.history if h["event"] == "patched"]
+    assert patched["by"] == "function-key" and patched["reason"] == "wrong sku"
+    assert not re.search(r'id="fix-form"', html(get("/orders/p-0", orderId="p-0")))
+
+    read_only(ctx)
+    assert 'id="fix-form"' not in html(get("/orders/p-1", orderId="p-1"))
+    closed = post("/orders/p-1/fix/preview", {**form, "version": ""}, token, orderId="p-1")
+    assert closed.status_code == 403
 
 
 def test_bulk_preview_changes_nothing_and_the_run_does_what_it_showed(ctx: AppContext) -> None:

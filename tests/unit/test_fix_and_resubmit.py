@@ -11,7 +11,14 @@ import pytest
 from core.errors import OrderChanged, TransitionRefused
 from core.messages import AgentRequest, ReplyOutcome
 from core.orders import MAX_NESTING
-from core.patches import MAX_CHANGES, MAX_VALUE_CHARS, InvalidPatch, apply_patch, merge_patch
+from core.patches import (
+    MAX_CHANGES,
+    MAX_VALUE_CHARS,
+    InvalidPatch,
+    apply_patch,
+    merge_patch,
+    patch_between,
+)
 from core.states import OrderStatus, StepState
 from tests.support import declarations
 from tests.unit.test_services_in_memory import TIMEOUT, Services, build, reply_to, stored
@@ -53,6 +60,30 @@ def failed_order(s: Services, order_id: str, **data: Any) -> dict[str, Any]:
     s.scheduler.apply_reply(reply_to(request, ReplyOutcome.REFUSED, error="HTTP 400: bad zip"))
     assert stored(s, order_id).status is OrderStatus.ERROR
     return body
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ({"a": 1, "b": {"c": 2, "d": 3}}, {"a": 1, "b": {"c": 4}}),
+        ({"a": [1, 2]}, {"a": [2], "e": {"f": "g"}}),
+        ({"a": 1}, {"a": 1}),
+        ({"a": {"b": 1}}, {"a": 5}),
+        ({"a": 1, "b": 2}, {}),
+    ],
+)
+def test_the_patch_between_two_versions_of_the_data_turns_one_into_the_other(
+    old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    patch = patch_between(old, new)
+    assert merge_patch(old, patch) == new
+    assert (patch == {}) == (old == new)
+
+
+def test_the_patch_between_removes_a_member_the_edit_set_to_null() -> None:
+    """A merge patch cannot say "set to null": the console's editor says so."""
+    assert patch_between({"a": 1, "b": 2}, {"a": None, "b": 2}) == {"a": None}
+    assert merge_patch({"a": 1, "b": 2}, {"a": None}) == {"b": 2}
 
 
 def test_the_fixed_data_goes_out_under_a_new_key_and_the_history_keeps_the_change() -> None:
