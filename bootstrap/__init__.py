@@ -207,7 +207,10 @@ class AppContext:
             self.transport,
             self.names,
             SchedulerConfig(
-                self.instance_id, self.settings.step_timeout_seconds, self.retry_policy
+                self.instance_id,
+                self.settings.step_timeout_seconds,
+                self.retry_policy,
+                self.settings.reply_queues,
             ),
             self.clock,
             self.kept,
@@ -224,7 +227,7 @@ class AppContext:
 
     @cached_property
     def notices(self) -> NoticeSender:
-        return NoticeSender(self.store, self.queues, self.names)
+        return NoticeSender(self.store, self.queues, self.names, self.settings.reply_queues)
 
     @cached_property
     def dispatch_queue(self) -> DispatchQueue:

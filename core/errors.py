@@ -90,6 +90,11 @@ class StorageUnavailable(OrderError):
     retryable = True
 
 
+class QueueMissing(OrderError):
+    """A send to a queue that does not exist, where the app may not create it (an order's
+    ``replyTo``: docs/contracts.md §3.5, ``REPLY_QUEUES``). Retrying cannot help."""
+
+
 class CorruptOrder(OrderError):
     """An order's stored records cannot be read back (a property missing or malformed,
     by a manual edit, a bad restore or a bug): retrying cannot help, a person must look."""

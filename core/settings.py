@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Final
 from urllib.parse import urlsplit
 
+from core.reply_queues import ReplyQueues
 from core.retention import DEFAULT_RETENTION, Retention
 
 STORAGE: Final = "AzureWebJobsStorage"
@@ -39,6 +40,7 @@ ARCHIVE_DAYS: Final = "ARCHIVE_DAYS"
 DASHBOARD_SCHEDULE: Final = "DASHBOARD_SCHEDULE"
 STUCK_FLOOR_SECONDS: Final = "STUCK_FLOOR_SECONDS"
 MAX_CLOCK_SKEW_SECONDS: Final = "MAX_CLOCK_SKEW_SECONDS"
+REPLY_QUEUES: Final = "REPLY_QUEUES"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
 DECLARATIONS: Final = "ORDERS_DECLARATIONS"
@@ -86,6 +88,7 @@ APP_SETTINGS: Final = (
     DASHBOARD_SCHEDULE,
     STUCK_FLOOR_SECONDS,
     MAX_CLOCK_SKEW_SECONDS,
+    REPLY_QUEUES,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -292,6 +295,13 @@ def _retention(env: Mapping[str, str]) -> Retention:
         raise SettingsError(str(exc)) from None
 
 
+def _reply_queues(env: Mapping[str, str]) -> ReplyQueues:
+    try:
+        return ReplyQueues.parse(env.get(REPLY_QUEUES, ""), REPLY_QUEUES)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?]+")
 
 
@@ -379,6 +389,8 @@ class Settings:
     stuck_floor_seconds: int = DEFAULT_STUCK_FLOOR_SECONDS
     #: how far apart instances' clocks may be (an undo waits that long past a deadline)
     max_clock_skew_seconds: int = DEFAULT_MAX_CLOCK_SKEW_SECONDS
+    #: the queues an order's replyTo may name (core.reply_queues; empty: none)
+    reply_queues: ReplyQueues = field(default_factory=ReplyQueues)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -439,6 +451,7 @@ class Settings:
                 DEFAULT_MAX_CLOCK_SKEW_SECONDS,
                 MAX_MAX_CLOCK_SKEW_SECONDS,
             ),
+            reply_queues=_reply_queues(env),
         )
 
     def require_remote_service_url(self) -> str:

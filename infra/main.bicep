@@ -94,6 +94,9 @@ param archiveCoolAfterDays int = 30
 @description('Days after which archived orders are deleted from orders-archive for good. Must be more than archiveCoolAfterDays.')
 param archiveDeleteAfterDays int = 730
 
+@description('REPLY_QUEUES: the Storage queues an order\'s replyTo may name, comma-separated; an entry ending in * is a prefix (shop-status,partner-*). Empty: no status messages, and an order naming a replyTo is rejected. The app\'s own queues are never allowed, and it never creates a replyTo queue.')
+param replyQueues string = ''
+
 @description('CONSOLE_READ_ONLY: when true the operator console (GET /api/console) only shows orders; it hides every action and the app refuses them. False lets an operator holding the function key act from it.')
 param consoleReadOnly bool = false
 
@@ -272,6 +275,7 @@ module functionApp 'app/function-app.bicep' = {
     deferralWindowSeconds: deferralWindowSeconds
     maxClockSkewSeconds: maxClockSkewSeconds
     consoleReadOnly: consoleReadOnly
+    replyQueues: replyQueues
     retention: retention
     retentionSchedule: retentionSchedule
     retentionBatch: retentionBatch

@@ -51,6 +51,9 @@ param maxClockSkewSeconds int
 @description('CONSOLE_READ_ONLY: the console shows orders but offers and accepts no action.')
 param consoleReadOnly bool
 
+@description('REPLY_QUEUES: the queues an order\'s replyTo may name (comma-separated; an entry ending in * is a prefix). Empty: none.')
+param replyQueues string
+
 @description('RETENTION: how long finished orders stay before they are archived (core/retention.py).')
 param retention string
 
@@ -288,6 +291,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           // Written out: string() of a bool gives 'True'/'False'.
           name: 'CONSOLE_READ_ONLY'
           value: consoleReadOnly ? 'true' : 'false'
+        }
+        {
+          name: 'REPLY_QUEUES'
+          value: replyQueues
         }
         {
           name: 'RETENTION'

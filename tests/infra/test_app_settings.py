@@ -192,6 +192,7 @@ def test_parameter_defaults_match_the_code_defaults() -> None:
     assert params["dashboardSchedule"]["default"] == settings.DEFAULT_DASHBOARD_SCHEDULE
     assert params["stuckFloorSeconds"]["default"] == settings.DEFAULT_STUCK_FLOOR_SECONDS
     assert params["maxClockSkewSeconds"]["default"] == settings.DEFAULT_MAX_CLOCK_SKEW_SECONDS
+    assert params["replyQueues"]["default"] == ""  # no status messages unless listed
     Retention.parse(params["retention"]["default"])  # a default the app accepts
 
 

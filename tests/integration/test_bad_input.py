@@ -84,12 +84,30 @@ ORDER_CATALOGUE: list[tuple[str, bytes, str]] = [
     ("replyTo operator-alerts", b'{"orderId":"q1","replyTo":"<operator_alerts>"}', "own queues"),
     ("replyTo orders-poison", b'{"orderId":"q2","replyTo":"<orders>-poison"}', "own queues"),
     ("replyTo agent-replies", b'{"orderId":"q3","replyTo":"<agent_replies>"}', "own queues"),
+    # Queues the app may have: the shared request queue of earlier versions, an agent
+    # declared tomorrow.
+    ("replyTo legacy requests", b'{"orderId":"q4","replyTo":"<agent_requests>"}', "own queues"),
+    (
+        "replyTo an undeclared agent's queue",
+        b'{"orderId":"q5","replyTo":"<agent_requests>-shipping"}',
+        "own queues",
+    ),
+    # Not listed in REPLY_QUEUES (the tests' is "st-*"), or listed but not there.
+    (
+        "replyTo not in REPLY_QUEUES",
+        b'{"orderId":"q6","replyTo":"anything-new"}',
+        "REPLY_QUEUES (st-*) does not list it",
+    ),
+    ("replyTo missing", b'{"orderId":"q7","replyTo":"st-nobody-made-it"}', "does not exist"),
 ]
+
+#: Queues the catalogue names that nobody created: rejecting the order must not create them.
+NOT_CREATED = ("anything-new", "st-nobody-made-it")
 
 
 def own_queue(raw: bytes, ctx: AppContext) -> bytes:
     """``<field>`` in a catalogue message: that queue's name in this test app (``Names``)."""
-    for field in ("operator_alerts", "orders", "agent_replies"):
+    for field in ("operator_alerts", "orders", "agent_replies", "agent_requests"):
         raw = raw.replace(f"<{field}>".encode(), getattr(ctx.names, field).encode())
     return raw
 
@@ -142,6 +160,8 @@ def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
             reasons[kind] = record["reason"]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) >= len(ORDER_CATALOGUE)
+    for queue in NOT_CREATED:
+        assert not ctx.queues.exists(queue), queue
     assert not drain_requests(ctx)  # nothing bad got dispatched
     run_good_order(ctx, f"{tag}-after")
     # Same id, different content: rejected, and the first order is untouched.

@@ -43,11 +43,20 @@ class FakeQueues:
         self.sent: list[tuple[str, str]] = []
 
     def send(
-        self, queue: str, body: str, *, delay_seconds: float = 0, ttl_seconds: int | None = None
+        self,
+        queue: str,
+        body: str,
+        *,
+        delay_seconds: float = 0,
+        ttl_seconds: int | None = None,
+        create: bool = True,
     ) -> None:
         if len(body.encode("utf-8")) > QUEUE_LIMIT:
             raise HttpResponseError(message="RequestBodyTooLarge")
         self.sent.append((queue, body))
+
+    def exists(self, queue: str) -> bool:
+        return True
 
     def on(self, queue: str) -> list[dict[str, Any]]:
         return [json.loads(body) for q, body in self.sent if q == queue]

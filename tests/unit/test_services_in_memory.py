@@ -9,6 +9,7 @@ here only record what they are given.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,7 +18,12 @@ import pytest
 
 from admin.service import OrderAdmin
 from bootstrap import bootstrap
-from core.errors import ConcurrencyConflict, StorageUnavailable, TransitionRefused
+from core.errors import (
+    ConcurrencyConflict,
+    QueueMissing,
+    StorageUnavailable,
+    TransitionRefused,
+)
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
 from core.names import Names
@@ -47,11 +53,26 @@ class RecordingQueues:
 
     def __init__(self) -> None:
         self.sent: list[Sent] = []
+        #: queues that do not exist (every other one does)
+        self.missing: set[str] = set()
 
     def send(
-        self, queue: str, body: str, *, delay_seconds: float = 0, ttl_seconds: int | None = None
+        self,
+        queue: str,
+        body: str,
+        *,
+        delay_seconds: float = 0,
+        ttl_seconds: int | None = None,
+        create: bool = True,
     ) -> None:
+        if queue in self.missing:
+            if not create:
+                raise QueueMissing(f"queue {queue} does not exist")
+            self.missing.discard(queue)
         self.sent.append(Sent(queue, body, delay_seconds))
+
+    def exists(self, queue: str) -> bool:
+        return queue not in self.missing
 
     def on(self, queue: str) -> list[dict[str, Any]]:
         return [json.loads(s.body) for s in self.sent if s.queue == queue]
@@ -111,6 +132,7 @@ def build(
     like: Services | None = None,
     instance: str = "scheduler-1",
     max_failures: int = 3,
+    reply_queues: str = "app-status",
 ) -> Services:
     """Every service on one store, clock, set of queues and transport (``like``'s, to build a
     second instance beside it; ``store`` to put something in front of the store), wired by
@@ -127,6 +149,7 @@ def build(
             "AGENT_TRANSPORT": "storage",
             "STEP_TIMEOUT_SECONDS": str(TIMEOUT),
             "MAX_FAILURE_COUNT": str(max_failures),
+            "REPLY_QUEUES": reply_queues,
         }
     )
     app = bootstrap(
@@ -480,6 +503,37 @@ def test_notices_not_cleared_from_the_outbox_are_resent_by_the_sweep(s: Services
     assert report.notices == 2 and report.errors == []
     assert statuses(s) == ["received", "processing", "received", "processing"]  # at least once
     assert s.scheduler.sweep().notices == 0
+
+
+def test_a_reply_queue_no_longer_listed_gets_no_notices_and_they_leave_the_outbox(
+    s: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An order accepted while REPLY_QUEUES listed its queue (or before the setting
+    existed) gets no notices once it is no longer listed: they are checked when sent."""
+    submit(s, "o-unlisted")
+    assert statuses(s) == ["received", "processing"]
+    narrower = build(like=s, instance="scheduler-2", reply_queues="")
+    with caplog.at_level(logging.WARNING):
+        narrower.scheduler.apply_reply(reply_to(s.transport.requests[0]))
+    assert stored(s, "o-unlisted").status is OrderStatus.COMPLETED
+    assert statuses(s) == ["received", "processing"]  # no "completed"
+    assert any("REPLY_QUEUES is empty" in r.getMessage() for r in caplog.records)
+    s.clock.advance(OUTBOX_GRACE.total_seconds() + 1)
+    assert narrower.scheduler.sweep().notices == 0 and list(s.store.stale_outbox(s.clock())) == []
+
+
+def test_a_reply_queue_that_does_not_exist_is_refused_unless_the_order_was_accepted(
+    s: Services,
+) -> None:
+    s.queues.missing.add("app-status")
+    assert submit(s, "o-nowhere") is Handled.REJECTED
+    [record] = s.queues.on(s.names.orders_rejected)
+    assert "'app-status' names a queue that does not exist" in record["reason"]
+    assert s.store.load("o-nowhere") is None and s.transport.requests == []
+    s.queues.missing.clear()
+    assert submit(s, "o-there") is Handled.ACCEPTED
+    s.queues.missing.add("app-status")  # deleted since: a redelivery is still a duplicate
+    assert submit(s, "o-there") is Handled.DUPLICATE
 
 
 def test_the_sweep_dispatches_a_step_whose_dispatch_was_lost(s: Services) -> None:
