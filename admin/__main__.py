@@ -486,7 +486,11 @@ def _purge(ctx: AppContext, args: argparse.Namespace) -> dict[str, Any]:
             )
     if args.limit is not None and args.limit < 1:
         raise ValueError("--limit must be at least 1")
-    return ctx.retainer.purge(dry_run=args.dry_run, rules=rules, limit=args.limit).to_json()
+    # Kept messages go with the plain run (the timer's), not with one narrowed to orders.
+    plain = args.status is None and args.workflow is None and args.older_than is None
+    return ctx.retainer.purge(
+        dry_run=args.dry_run, rules=rules, limit=args.limit, kept_messages=plain
+    ).to_json()
 
 
 def _run(ctx: AppContext, args: argparse.Namespace) -> int:

@@ -327,6 +327,8 @@ class AppContext:
             self.clock,
             limit=self.settings.retention_batch,
             archive_days=self.settings.archive_days,
+            kept=KeptMessages(self.store.table),
+            kept_days=self.settings.kept_days,
         )
 
     @cached_property

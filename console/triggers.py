@@ -394,6 +394,7 @@ def console_retention(req: func.HttpRequest) -> func.HttpResponse:
             report=report,
             container=ctx.names.orders_archive,
             batch=ctx.settings.retention_batch,
+            kept_days=ctx.settings.kept_days,
         )
 
     return trouble(page, show)

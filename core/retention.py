@@ -159,6 +159,17 @@ class Retention:
         return ",".join(str(r) for r in self.rules)
 
 
+#: Where kept messages (``stores/kept.py``) are archived in the same container: ``_`` can
+#: begin no workflow name, so no order blob shares the prefix.
+KEPT_PREFIX: Final = "_kept"
+DEFAULT_KEPT_DAYS: Final = 30
+
+
+def kept_archive_path(kept: datetime, run: str, part: int) -> str:
+    """``_kept/<yyyy>/<mm>/<dd>/<run>-<part>.jsonl.gz``, by the day the messages were kept."""
+    return archive_path(KEPT_PREFIX, kept, run, part)
+
+
 def archive_path(workflow: str, finished: datetime, run: str, part: int) -> str:
     """``<workflow>/<yyyy>/<mm>/<dd>/<run>-<part>.jsonl.gz``: by workflow and the day the
     orders finished; ``run`` (the run's start, to the second, and a random suffix) keeps

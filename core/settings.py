@@ -22,7 +22,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from core.reply_queues import ReplyQueues
-from core.retention import DEFAULT_RETENTION, Retention
+from core.retention import DEFAULT_KEPT_DAYS, DEFAULT_RETENTION, Retention
 
 STORAGE: Final = "AzureWebJobsStorage"
 SERVICE_BUS: Final = "ServiceBusConnection"
@@ -41,6 +41,7 @@ DASHBOARD_SCHEDULE: Final = "DASHBOARD_SCHEDULE"
 STUCK_FLOOR_SECONDS: Final = "STUCK_FLOOR_SECONDS"
 MAX_CLOCK_SKEW_SECONDS: Final = "MAX_CLOCK_SKEW_SECONDS"
 REPLY_QUEUES: Final = "REPLY_QUEUES"
+KEPT_DAYS: Final = "KEPT_DAYS"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
 DECLARATIONS: Final = "ORDERS_DECLARATIONS"
@@ -89,6 +90,7 @@ APP_SETTINGS: Final = (
     STUCK_FLOOR_SECONDS,
     MAX_CLOCK_SKEW_SECONDS,
     REPLY_QUEUES,
+    KEPT_DAYS,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -384,6 +386,8 @@ class Settings:
     retention_schedule: str = DEFAULT_RETENTION_SCHEDULE
     retention_batch: int = DEFAULT_RETENTION_BATCH
     archive_days: int = DEFAULT_ARCHIVE_DAYS
+    #: how long messages kept for an operator (stores/kept.py) stay before they are archived
+    kept_days: int = DEFAULT_KEPT_DAYS
     #: the dashboard's timer, and the least time in one state that makes a step stuck
     dashboard_schedule: str = DEFAULT_DASHBOARD_SCHEDULE
     stuck_floor_seconds: int = DEFAULT_STUCK_FLOOR_SECONDS
@@ -441,6 +445,7 @@ class Settings:
             retention_schedule=retention_schedule_of(env),
             retention_batch=_positive_int(env, RETENTION_BATCH, DEFAULT_RETENTION_BATCH, 100_000),
             archive_days=_positive_int(env, ARCHIVE_DAYS, DEFAULT_ARCHIVE_DAYS, 36_500),
+            kept_days=_positive_int(env, KEPT_DAYS, DEFAULT_KEPT_DAYS, 36_500),
             dashboard_schedule=dashboard_schedule_of(env),
             stuck_floor_seconds=_positive_int(
                 env, STUCK_FLOOR_SECONDS, DEFAULT_STUCK_FLOOR_SECONDS, 7 * 86_400

@@ -87,6 +87,11 @@ param dashboardSchedule string = '30 * * * * *'
 param stuckFloorSeconds int = 300
 
 @minValue(1)
+@maxValue(36500)
+@description('KEPT_DAYS: how long a message kept for an operator (an order or agent message too large to quote in its rejection record or alert) stays in the state table; then the retention timer archives it to orders-archive/_kept/ and deletes it.')
+param keptDays int = 30
+
+@minValue(1)
 @description('Days after which archived orders (blobs in orders-archive) move to the cool tier.')
 param archiveCoolAfterDays int = 30
 
@@ -280,6 +285,7 @@ module functionApp 'app/function-app.bicep' = {
     retentionSchedule: retentionSchedule
     retentionBatch: retentionBatch
     archiveDays: archiveDeleteAfterDays
+    keptDays: keptDays
     dashboardSchedule: dashboardSchedule
     stuckFloorSeconds: stuckFloorSeconds
     instanceMemoryMB: instanceMemoryMB

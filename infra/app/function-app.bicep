@@ -66,6 +66,11 @@ param retentionBatch int
 @description('ARCHIVE_DAYS: how long the archive keeps an order; the lifecycle rule deletes its blob then (the same parameter).')
 param archiveDays int
 
+@minValue(1)
+@maxValue(36500)
+@description('KEPT_DAYS: how long a message kept for an operator stays in the table before retention archives it.')
+param keptDays int
+
 @description('DASHBOARD_SCHEDULE: NCRONTAB (six fields) of the dashboard timer.')
 param dashboardSchedule string
 
@@ -311,6 +316,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'ARCHIVE_DAYS'
           value: string(archiveDays)
+        }
+        {
+          name: 'KEPT_DAYS'
+          value: string(keptDays)
         }
         {
           name: 'DASHBOARD_SCHEDULE'

@@ -45,6 +45,7 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "STUCK_FLOOR_SECONDS",
         "MAX_CLOCK_SKEW_SECONDS",
         "REPLY_QUEUES",
+        "KEPT_DAYS",
     )
 
 
