@@ -66,8 +66,8 @@ param deferralWindowSeconds int = 1800
 @description('MAX_CLOCK_SKEW_SECONDS: how far apart two instances\' clocks may be. A step in doubt is not undone before its last attempt\'s deadline plus this has passed on every clock.')
 param maxClockSkewSeconds int = 10
 
-@description('RETENTION: how long finished orders stay in the state table before the retention timer archives them to the orders-archive container and deletes them: comma-separated [workflow/]status=duration (s, m, h, d). error orders stay until a rule names them.')
-param retention string = 'completed=30d,compensated=90d,cancelled=90d'
+@description('RETENTION: how long finished orders stay in the state table before the retention timer archives them to the orders-archive container and deletes them: comma-separated [workflow/]status=duration (s, m, h, d). error orders (waiting for an operator) go 180 days after their last change; a status no rule names stays for ever.')
+param retention string = 'completed=30d,compensated=90d,cancelled=90d,error=180d'
 
 @minLength(11)
 @description('RETENTION_SCHEDULE: NCRONTAB (six fields) of the retention timer.')

@@ -316,7 +316,7 @@ def test_the_retention_page_shows_what_the_timer_would_archive_and_changes_nothi
     assert response.status_code == 200
     assert 'id="would-archive" data-count="2"' in page
     assert 'data-kind="order/completed"' in page and 'data-kind="fulfilment/completed"' in page
-    assert "completed=30d,compensated=90d,cancelled=90d" in page
+    assert "completed=30d,compensated=90d,cancelled=90d,error=180d" in page
     assert "/orders/ret-old" in page and "ret-new" not in page
     assert ctx.store.load("ret-old") is not None  # a dry run
 

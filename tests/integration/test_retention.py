@@ -407,3 +407,17 @@ def test_a_purge_narrowed_to_orders_leaves_kept_messages_alone(ctx: AppContext) 
     rules = Retention.only(OrderStatus.COMPLETED, parse_duration("1d"))
     assert ctx.retainer.purge(rules=rules, kept_messages=False).kept_messages == 0
     assert kept.get(row) is not None
+
+
+def test_error_orders_go_180_days_after_their_last_change_by_default(ctx: AppContext) -> None:
+    """An order left in ``error`` was kept for ever unless a rule named it; the default
+    settings now archive it 180 days after its last change."""
+    seed(ctx, "e-old", NOW - timedelta(days=181), "error")
+    seed(ctx, "e-young", NOW - timedelta(days=179), "error")
+    assert str(ctx.retainer.rules) == "completed=30d,compensated=90d,cancelled=90d,error=180d"
+
+    report = ctx.retainer.purge()
+
+    assert report.by_kind["order/error"] == 1 and report.sample == ["e-old"]
+    assert ctx.store.load("e-old") is None and ctx.store.load("e-young") is not None
+    assert [line["orderId"] for line in archive_lines(ctx)] == ["e-old"]
