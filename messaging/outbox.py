@@ -84,10 +84,10 @@ class NoticeSender:
         """An operator alert that no transition committed (a sweep met an order it cannot
         handle): the same ERROR record and ``operator-alerts`` message as an outbox alert.
         ``StorageUnavailable`` if the queue did not take it."""
-        log_operator_alert(log, order_id, step, failure_count, reason)
-        self._queues.send(
-            self._names.operator_alerts, alert_message(order_id, step, reason, failure_count, now)
-        )
+        body = alert_message(order_id, step, reason, failure_count, now)
+        alert = json.loads(body)
+        log_operator_alert(log, order_id, alert["step"], failure_count, alert["reason"])
+        self._queues.send(self._names.operator_alerts, body)
         METRICS.inc("alerts")
 
     def alert_once(self, order_id: str, step: str, reason: str, now: datetime) -> bool:
