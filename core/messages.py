@@ -302,6 +302,20 @@ class AgentReply(_StepMessage):
         return out
 
 
+def decode_dispatch(raw: bytes | str) -> str:
+    """The order id of an ``order-dispatch`` message (``{"orderId": "<id>"}``), read with
+    the bounded decoder of every internal message (never ``json.loads``: 60,000 ``[`` would
+    be a ``RecursionError`` on every delivery, then a poison message); ``InvalidMessage``
+    with the reason otherwise."""
+    value = _load_object(raw, "a dispatch message")
+    order_id = value.get("orderId")
+    if not isinstance(order_id, str) or not is_valid_order_id(order_id):
+        raise InvalidMessage(
+            f'a dispatch message must be {{"orderId": "<id>"}} with orderId {ORDER_ID_RULE}'
+        )
+    return order_id
+
+
 def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
     try:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw

@@ -246,7 +246,7 @@ def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
             ).encode(),
             "error",
         ),
-        ("dispatch_order", b"nope", "orderId"),
+        ("dispatch_order", b"nope", "a dispatch message is not valid JSON"),
         ("dispatch_order", b'{"orderId":"has space"}', "orderId"),
     ],
 )
@@ -267,3 +267,18 @@ def test_bad_transport_messages_are_quarantined_with_a_reason(
     assert any(
         "quarantined" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR
     )
+
+
+def test_a_deeply_nested_dispatch_message_is_quarantined_once_with_its_reason(
+    ctx: AppContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """60,000 ``[`` made ``json.loads`` raise RecursionError on each of five deliveries
+    before the host gave up on it; read with the bounded decoder of internal messages it
+    is refused on the first, with a reason, and kept whole (too large for its record)."""
+    raw = b"[" * 60_000
+    with caplog.at_level(logging.ERROR):
+        call("dispatch_order", raw)  # returns normally: no retry, no poison by the host
+    [record] = drain_json(ctx, f"{ctx.names.order_dispatch}-poison")
+    assert "nests arrays and objects more than 68 levels deep" in record["reason"]
+    kept = KeptMessages(ctx.store.table).get(record["keptAs"])
+    assert kept is not None and kept.text == raw.decode()
