@@ -37,6 +37,7 @@ from core.errors import (
     CorruptOrder,
     InvalidContinuationToken,
     InvalidEvent,
+    OrderError,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
@@ -104,13 +105,18 @@ def _answer(
         return _error(400, str(exc))
     except (StorageUnavailable, ConcurrencyConflict) as exc:
         # Includes "the outcome of the write is unknown": never reported as refused.
-        return _json(
-            503,
-            {"error": exc.message, "retryable": True, **ids},
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        )
+        return _unavailable(exc, **ids)
     except CorruptOrder as exc:
         return _error(500, exc.message, **ids)
+
+
+def _unavailable(exc: OrderError, **ids: str) -> func.HttpResponse:
+    """503, ``retryable``, with ``Retry-After``: storage did not answer, or lost a race."""
+    return _json(
+        503,
+        {"error": exc.message, "retryable": True, **ids},
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
 
 
 def _order_id(req: func.HttpRequest) -> str | None:
@@ -260,11 +266,13 @@ def list_agents(req: func.HttpRequest) -> func.HttpResponse:
 
 def _agent_change(req: func.HttpRequest, action: str) -> func.HttpResponse:
     agent = req.route_params.get("agent", "")
-    admin = app_context().agents_admin
     try:
+        admin = app_context().agents_admin  # its first use may meet a storage outage
         admin.spec(agent)
     except AgentNotFound as exc:
         return _error(404, exc.message)
+    except StorageUnavailable as exc:
+        return _unavailable(exc)
     fields: Any = {}
     if req.get_body():
         try:
