@@ -21,7 +21,7 @@ from typing import Any
 
 from agents.outcomes import CallOutcome, Running, Try
 from agents.runner import AttemptRunner
-from core.errors import StorageUnavailable
+from core.errors import DuplicateRequest, StorageUnavailable
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.ports import AgentTransport, Clock
 from core.settings import DEFAULT_RIDE_OUT_SECONDS
@@ -50,24 +50,35 @@ class AgentWorker:
         sleep: Callable[[float], None] = time.sleep,
         *,
         ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS,
+        take: Callable[[AgentRequest, str], bool] | None = None,
     ):
         """``bind``: the request as its claim says it (``agents.binding``: path, key and
         body from the state store; ``UnboundMessage`` for a request no claim speaks for).
-        Without it (unit tests of the calling discipline) the request is taken as it is."""
+        Without it (unit tests of the calling discipline) the request is taken as it is.
+        ``take``: on a transport without duplicate detection (Storage queues), whether
+        this copy of the request may call (``RequestBinding.take``): another copy of the
+        same attempt is ``DuplicateRequest``, and calls nothing."""
         self._remote = remote
         self._transport = transport
         self._clock = clock
         self._bind = bind
+        self._take = take
         self._sleep = sleep
         self._ride_out_seconds = ride_out_seconds
 
     def handle(
-        self, request: AgentRequest, reply_to: str | None = None, deliveries: int = 1
+        self,
+        request: AgentRequest,
+        reply_to: str | None = None,
+        deliveries: int = 1,
+        copy: str | None = None,
     ) -> ReplyOutcome:
         """Call the remote for one request and send exactly one reply (plus, for a Python
         handler that outlives the attempt, its later reports). ``deliveries``: how often
         the transport has delivered this request (an earlier delivery may have called the
-        remote and died before it could report: doubt, unless this call settles it)."""
+        remote and died before it could report: doubt, unless this call settles it).
+        ``copy``: the transport message's id, where copies of one request must be told
+        apart (``take``); ``DuplicateRequest`` for a copy whose attempt another took."""
         with (
             order_context(order_id=request.order_id, step=request.step, attempt=request.attempt),
             telemetry.span(
@@ -94,6 +105,22 @@ class AgentWorker:
                     order_id=request.order_id,
                     step=request.step,
                 )
+            if self._take is not None and copy is not None:
+                # Also before any call: another copy of this attempt's request may run it.
+                take, bound = self._take, request
+                if not ride_out(
+                    lambda: take(bound, copy),
+                    what="request take",
+                    seconds=self._ride_out_seconds,
+                    sleep=self._sleep,
+                ):
+                    METRICS.inc("agent_duplicate_requests", agent=request.agent)
+                    raise DuplicateRequest(
+                        f"attempt {request.attempt} of {request.step} was taken by another "
+                        f"copy of its request; this copy ({copy}) calls nothing",
+                        order_id=request.order_id,
+                        step=request.step,
+                    )
             outcome = self._remote.call(request)
             if deliveries > 1 and outcome.kind != "succeeded" and not outcome.settled:
                 if outcome.applied == "no":

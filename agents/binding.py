@@ -13,16 +13,25 @@ The order as this process last wrote it (``StateStore.recent``) is tried first: 
 claim that sent the request was most often made here, and reading it back would return
 the same rows. A cached copy that does not know the attempt (another instance claimed it
 since) is no verdict: the order is read.
+
+On Storage queues, which detect no duplicates, one attempt's request can arrive in
+several copies (a redelivered order message sends attempt 1's request again, in case the
+first delivery died before its send). ``take`` records which copy took the attempt
+(``Order.take``, a conditional write): any other copy calls nothing. The copy that took
+it, redelivered after a crash, may call again (its doubt is reported, as before).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from core.errors import UnboundMessage
+from core.errors import ConcurrencyConflict, UnboundMessage
 from core.messages import AgentRequest
 from core.model import Order, StepRecord
 from core.ports import StateStore
+
+#: How often a take is tried again when another writer moved the order first.
+TAKE_ATTEMPTS = 5
 
 
 class RequestBinding:
@@ -42,6 +51,39 @@ class RequestBinding:
                 return self._bound(cached, request)
             except UnboundMessage:
                 pass  # stale: another instance may have claimed since; read it
+        return self._bound(self._load(request), request)
+
+    def take(self, request: AgentRequest, copy: str) -> bool:
+        """Whether this copy (``copy``: its queue message id) may call for its attempt: the
+        first copy takes the attempt (saved before any call), the same copy redelivered
+        still holds it; False for any other copy. ``UnboundMessage`` as ``__call__``;
+        ``StorageUnavailable`` when the state cannot be read or written."""
+        order = self._store.recent(request.order_id)
+        for _ in range(TAKE_ATTEMPTS):
+            if order is None:
+                order = self._load(request)
+                step = order.bound_step(request.step, request.attempt, request.token)
+            else:
+                try:
+                    step = order.bound_step(request.step, request.attempt, request.token)
+                except UnboundMessage:  # a cached copy from before the claim: read it
+                    order = None
+                    continue
+            taken = order.take(step.step, request.attempt, copy)
+            if taken != "took":
+                return taken == "held"
+            try:
+                self._store.save(order)
+            except ConcurrencyConflict:
+                order = None  # another writer came first: read it again, decide again
+                continue
+            return True
+        raise ConcurrencyConflict(
+            f"order {request.order_id} kept changing while an agent took its request",
+            order_id=request.order_id,
+        )
+
+    def _load(self, request: AgentRequest) -> Order:
         order = self._store.load(request.order_id)
         if order is None:
             raise UnboundMessage(
@@ -50,7 +92,7 @@ class RequestBinding:
                 order_id=request.order_id,
                 step=request.step,
             )
-        return self._bound(order, request)
+        return order
 
     def _bound(self, order: Order, request: AgentRequest) -> AgentRequest:
         step = order.bound_step(request.step, request.attempt, request.token)

@@ -114,6 +114,7 @@ def build_agent(
     clock: Clock,
     *,
     bind: Callable[[AgentRequest], AgentRequest] | None = None,
+    take: Callable[[AgentRequest, str], bool] | None = None,
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
@@ -125,4 +126,5 @@ def build_agent(
         clock,
         bind=bind,
         ride_out_seconds=settings.ride_out_seconds,
+        take=take,
     )

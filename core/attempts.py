@@ -91,6 +91,10 @@ class Attempt:
     #: For a step that completes on an event: the remote answered 2xx, accepting the work
     #: (it may apply from then on; the event says when it did).
     accepted: bool = False
+    #: Storage queues only (no duplicate detection): the message id of the request copy an
+    #: agent took this attempt with; another copy of the same attempt calls nothing
+    #: (``Order.take``). The same copy redelivered may call again.
+    taken_by: str = ""
     #: How far apart the instances' clocks may be (``MAX_CLOCK_SKEW_SECONDS`` when it was
     #: claimed): a call of this attempt may still run until ``deadline + skew`` as another
     #: instance's clock reads it, and a handler run until its ``running`` time + skew.
@@ -197,6 +201,8 @@ class Attempt:
             out["skew"] = self.skew_seconds
         if self.accepted:
             out["accepted"] = True
+        if self.taken_by:
+            out["takenBy"] = self.taken_by
         return out
 
     @classmethod
@@ -219,6 +225,7 @@ class Attempt:
             error=value.get("error") or None,
             skew_seconds=float(value.get("skew", 0.0)),
             accepted=bool(value.get("accepted", False)),
+            taken_by=str(value.get("takenBy") or ""),
         )
 
 

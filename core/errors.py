@@ -78,6 +78,11 @@ class UnboundMessage(OrderError):
     never run: the message is quarantined, which alerts an operator."""
 
 
+class DuplicateRequest(OrderError):
+    """Another copy of an agent request already took its attempt (Storage queues, which
+    detect no duplicates: ``Order.take``): this copy calls nothing and reports nothing."""
+
+
 class InvalidEvent(OrderError):
     """An event the order cannot take: a name its workflow does not declare, or a body that
     is neither ``{"result": {...}}`` nor ``{"refused": "..."}`` (a 400, whatever the

@@ -30,7 +30,7 @@ from agents.outcomes import CallOutcome, Try
 from agents.pacing import RemotePolicy
 from agents.remote import HttpTry, classify
 from agents.runner import AttemptRunner
-from core.errors import StorageUnavailable, UnboundMessage
+from core.errors import DuplicateRequest, StorageUnavailable, UnboundMessage
 from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome, decode_reply
 from core.timefmt import iso
 from tests.support import unanswered
@@ -1077,6 +1077,23 @@ def test_the_agent_calls_with_what_the_binding_reads_from_the_state() -> None:
     assert [s.url.rsplit("/", 1)[1] for s in r.seen] == ["process", "process"]
     assert {s.idempotency_key for s in r.seen} == {"o-1:process:2"}
     assert len(transport.replies) == 2
+
+
+def test_a_copy_whose_attempt_another_copy_took_calls_nothing_and_replies_nothing() -> None:
+    """Storage queues: copies of one request are told apart by their message ids; only
+    the one that took the attempt calls (``RequestBinding.take``)."""
+    taken: dict[tuple[str, int], str] = {}
+
+    def take(request: AgentRequest, copy: str) -> bool:
+        return taken.setdefault((request.order_id, request.attempt), copy) == copy
+
+    agent, r, transport = make_agent(ok(), ok(), take=take)
+
+    assert agent.handle(make_request(), copy="m-1") is ReplyOutcome.SUCCEEDED
+    with pytest.raises(DuplicateRequest, match="taken by another copy"):
+        agent.handle(make_request(), copy="m-2")
+    assert agent.handle(make_request(), deliveries=2, copy="m-1") is ReplyOutcome.SUCCEEDED
+    assert len(r.seen) == 2 and len(transport.replies) == 2  # m-2 called and sent nothing
 
 
 def test_a_request_its_binding_refuses_calls_nothing_and_replies_nothing() -> None:
