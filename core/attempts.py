@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 from core.events import LEGACY_TRANSIENT
+from core.text import visible
 from core.timefmt import iso_exact, parse_iso
 
 #: Characters of an attempt's error kept in its record (the history has more).
@@ -144,7 +145,7 @@ class Attempt:
         self.ending = ending
         self.ended_at = now
         if error:
-            self.error = error[:ERROR_CHARS]
+            self.error = visible(error[:ERROR_CHARS])
 
     def report(
         self,
@@ -245,6 +246,9 @@ class GaveUp:
     #: the sentence that says why it failed (an alert is built from it when the step's
     #: group is decided: the other steps of a ``Parallel`` finish first)
     reason: str = ""
+
+    def __post_init__(self) -> None:
+        self.reason = visible(self.reason)  # it quotes outside text (a remote's answer)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"at": iso_exact(self.at), "ambiguous": self.ambiguous}

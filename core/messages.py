@@ -659,7 +659,7 @@ def alert_message(
         {
             "orderId": order_id,
             "step": step,
-            "reason": reason + detail,
+            "reason": visible(reason) + detail,
             "failureCount": failure_count,
             "at": iso(at),
             **extra,
@@ -687,6 +687,7 @@ def rejection_message(
     ``keptAs`` instead of ``message``, and a reason cut at 2,000 characters; ``reason``
     and ``at`` are always there.
     """
+    reason = visible(reason)  # ``message`` stays the original, unchanged
     body: dict[str, Any] = {"reason": reason, "message": original, "at": iso(at), **extra}
     if kept_as is not None:
         cut = 2_000  # characters of the preview and of the reason: the record stays small

@@ -478,6 +478,21 @@ def scheduler(queues: FakeQueues, store: FakeStore) -> Scheduler:
     return Scheduler(fake, queues, fake, NAMES, config, clock, keeper, notices, later)
 
 
+def test_a_rejection_reason_shows_bidi_and_control_characters_escaped(
+    queues: FakeQueues,
+) -> None:
+    """A reason quotes what the message said: controls and bidi characters are written
+    out (``\\u202e``) there; the message itself stays the original, unchanged."""
+    original = '{"orderId": "o-1"}'
+    body = json.loads(rejection_message("got \u202eexe.txt\n", original, T0))
+    assert body["reason"] == "got \\u202eexe.txt\\u000a"
+    assert body["message"] == original
+    message = '{"orderId":"o-1","replyTo":"\u202eshop-status"}'
+    scheduler(queues, FakeStore()).submit(message.encode())
+    [record] = queues.on(NAMES.orders_rejected)
+    assert "\u202e" not in record["reason"] and record["message"] == message
+
+
 def test_a_rejection_that_fits_is_unchanged(queues: FakeQueues) -> None:
     store = FakeStore()
 

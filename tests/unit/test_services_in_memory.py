@@ -556,3 +556,34 @@ def test_a_conflict_that_never_ends_is_reported(s: Services) -> None:
         s.scheduler.apply_reply(reply_to(request))
     assert stored(s, "o-busy").status is OrderStatus.PROCESSING
     assert s.scheduler.apply_reply(reply_to(request)) is Handled.APPLIED  # once it settles
+
+
+def test_bidi_and_control_characters_from_outside_are_shown_escaped(s: Services) -> None:
+    """A remote's error (or an operator's reason) with U+202E RIGHT-TO-LEFT OVERRIDE or a
+    line break would reorder or split what a person reads in the history, the API, the
+    console and the alert: where such text enters, it is written out as ``\\u202e``."""
+    hostile = "refused \u202eexe.txt\nOPERATOR ALERT order=o-x step=ship\u0007"
+    submit(s, "o-bidi")
+    [request] = s.transport.requests
+    s.scheduler.apply_reply(
+        reply_to(request, ReplyOutcome.REFUSED, error=f"HTTP 422 {hostile}", applied="no")
+    )
+    order = stored(s, "o-bidi")
+    assert order.status is OrderStatus.ERROR
+    [alert] = s.queues.on(s.names.operator_alerts)
+    step = order.steps[0]
+    [attempt] = step.attempts.items
+    shown = [
+        alert["reason"],
+        step.last_error or "",
+        attempt.error or "",
+        json.dumps(step.history, ensure_ascii=False),
+    ]
+    for text in shown:
+        assert "\\u202e" in text and "\u202e" not in text and "\n" not in text, text
+        assert "\u0007" not in text
+    assert "\\u000aOPERATOR ALERT" in alert["reason"]
+
+    s.admin.resubmit("o-bidi", "alice", "fixed \u202eit")
+    [entry] = [h for h in stored(s, "o-bidi").history if h["event"] == "resubmitted"]
+    assert entry["reason"] == "fixed \\u202eit"
