@@ -31,6 +31,7 @@ import azure.functions as func
 from admin.agents import CHANGE_FIELDS, apply_change, parse_change
 from admin.query import parse_filter, parse_page_size
 from bootstrap import app_context, index_time
+from console.security import with_hsts
 from core.errors import (
     AgentNotFound,
     ConcurrencyConflict,
@@ -125,6 +126,7 @@ def _order_id(req: func.HttpRequest) -> str | None:
 
 
 @bp.route(route="orders/{orderId}", methods=["GET"])
+@with_hsts
 def get_order(req: func.HttpRequest) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
@@ -155,6 +157,7 @@ def purge_finished_orders(timer: func.TimerRequest) -> None:
 
 
 @bp.route(route="orders", methods=["GET"])
+@with_hsts
 def list_orders(req: func.HttpRequest) -> func.HttpResponse:
     """``?status=`` (required), ``workflow``, ``from``, ``to``, ``pageSize``,
     ``continuationToken``: newest first (``admin.query``)."""
@@ -197,16 +200,19 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
 
 
 @bp.route(route="orders/{orderId}/resubmit", methods=["POST"])
+@with_hsts
 def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "resubmit")
 
 
 @bp.route(route="orders/{orderId}/cancel", methods=["POST"])
+@with_hsts
 def cancel_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "cancel")
 
 
 @bp.route(route="orders/{orderId}/events/{name}", methods=["POST"])
+@with_hsts
 def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
     """docs/contracts.md §3.13: ``{"result": {...}}`` or ``{"refused": "<reason>"}`` (and an
     optional ``reason``, kept in the history). 202 kept for a step that has not started,
@@ -242,6 +248,7 @@ def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="workflows", methods=["GET"])
+@with_hsts
 def list_workflows(req: func.HttpRequest) -> func.HttpResponse:
     """The workflows and agents as deployed (docs/contracts.md §3.8)."""
     return _json(200, workflows_view())
@@ -258,6 +265,7 @@ def workflows_view() -> dict[str, Any]:
 
 
 @bp.route(route="agents", methods=["GET"])
+@with_hsts
 def list_agents(req: func.HttpRequest) -> func.HttpResponse:
     """Every declared agent: ``name``, ``paused`` (and ``pause``: since, by, reason),
     ``limits`` in force, ``declared`` limits, ``overrides``."""
@@ -291,6 +299,7 @@ def _agent_change(req: func.HttpRequest, action: str) -> func.HttpResponse:
 
 
 @bp.route(route="agents/{agent}/pause", methods=["POST"])
+@with_hsts
 def pause_agent(req: func.HttpRequest) -> func.HttpResponse:
     """``{"reason": ...}`` (required): calls to the agent's remote stop on every instance
     within seconds; its steps wait, Pending, uncounted, without an alert."""
@@ -298,18 +307,21 @@ def pause_agent(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="agents/{agent}/resume", methods=["POST"])
+@with_hsts
 def resume_agent(req: func.HttpRequest) -> func.HttpResponse:
     """``{"reason": ...}`` (optional): calls start again; the waiting steps go on."""
     return _agent_change(req, "resume")
 
 
 @bp.route(route="agents/{agent}/limits", methods=["POST"])
+@with_hsts
 def set_agent_limits(req: func.HttpRequest) -> func.HttpResponse:
     """``{"concurrency": N | "declared", "rate": R | "declared", "reason": ...}``."""
     return _agent_change(req, "limits")
 
 
 @bp.route(route="agents/audit", methods=["GET"])
+@with_hsts
 def agent_audit(req: func.HttpRequest) -> func.HttpResponse:
     """Every pause, resume and limit change, newest first: ``?agent=``, ``pageSize``
     (1-100, default 50), ``continuationToken``."""

@@ -406,7 +406,16 @@ def console_retention(req: func.HttpRequest) -> func.HttpResponse:
 def console_asset(req: func.HttpRequest) -> func.HttpResponse:
     path = ASSETS.get(req.route_params.get("name", ""))
     if path is None:
-        return func.HttpResponse("not found", status_code=404, mimetype="text/plain")
+        return func.HttpResponse(
+            "not found",
+            status_code=404,
+            mimetype="text/plain",
+            headers={**security.HEADERS, **security.transport_headers(req)},
+        )
     mimetype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    headers = {**security.HEADERS, "Cache-Control": "public, max-age=300"}
+    headers = {
+        **security.HEADERS,
+        **security.transport_headers(req),
+        "Cache-Control": "public, max-age=300",
+    }
     return func.HttpResponse(path.read_bytes(), mimetype=mimetype, headers=headers)
