@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from agents.outcomes import CallOutcome, Running, Try
 from agents.runner import AttemptRunner
-from core.errors import DuplicateRequest, StorageUnavailable
+from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.ports import AgentTransport, Clock
 from core.settings import DEFAULT_RIDE_OUT_SECONDS
@@ -37,6 +37,13 @@ log = get_logger(__name__)
 REPLY_SEND_SECONDS = 60.0
 
 
+class Binding(Protocol):
+    """The request as its claim says it (``agents.binding.RequestBinding``); ``copy``: the
+    transport message's id, where copies of a request must be told apart."""
+
+    def __call__(self, request: AgentRequest, copy: str | None = None) -> AgentRequest: ...
+
+
 class AgentWorker:
     """The running side of one declared agent (``core.workflows.Agent`` is its
     declaration): takes its requests, calls its remote, sends one reply each."""
@@ -46,23 +53,20 @@ class AgentWorker:
         remote: AttemptRunner[Any],
         transport: AgentTransport,
         clock: Clock,
-        bind: Callable[[AgentRequest], AgentRequest] | None = None,
+        bind: Binding | None = None,
         sleep: Callable[[float], None] = time.sleep,
         *,
         ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS,
-        take: Callable[[AgentRequest, str], bool] | None = None,
     ):
         """``bind``: the request as its claim says it (``agents.binding``: path, key and
         body from the state store; ``UnboundMessage`` for a request no claim speaks for).
         Without it (unit tests of the calling discipline) the request is taken as it is.
-        ``take``: on a transport without duplicate detection (Storage queues), whether
-        this copy of the request may call (``RequestBinding.take``): another copy of the
-        same attempt is ``DuplicateRequest``, and calls nothing."""
+        Where the transport detects no duplicates, it is given the message's id and refuses
+        a copy whose attempt another copy took (``DuplicateRequest``: nothing called)."""
         self._remote = remote
         self._transport = transport
         self._clock = clock
         self._bind = bind
-        self._take = take
         self._sleep = sleep
         self._ride_out_seconds = ride_out_seconds
 
@@ -78,7 +82,7 @@ class AgentWorker:
         the transport has delivered this request (an earlier delivery may have called the
         remote and died before it could report: doubt, unless this call settles it).
         ``copy``: the transport message's id, where copies of one request must be told
-        apart (``take``); ``DuplicateRequest`` for a copy whose attempt another took."""
+        apart (the binding's); ``DuplicateRequest`` for a copy whose attempt another took."""
         with (
             order_context(order_id=request.order_id, step=request.step, attempt=request.attempt),
             telemetry.span(
@@ -94,7 +98,7 @@ class AgentWorker:
                 # Before any call, so waiting out a storage outage here is safe; a request
                 # no claim speaks for raises UnboundMessage: quarantined, never called.
                 request = ride_out(
-                    lambda: bind(asked),
+                    lambda: bind(asked, copy),
                     what="request binding",
                     seconds=self._ride_out_seconds,
                     sleep=self._sleep,
@@ -105,22 +109,6 @@ class AgentWorker:
                     order_id=request.order_id,
                     step=request.step,
                 )
-            if self._take is not None and copy is not None:
-                # Also before any call: another copy of this attempt's request may run it.
-                take, bound = self._take, request
-                if not ride_out(
-                    lambda: take(bound, copy),
-                    what="request take",
-                    seconds=self._ride_out_seconds,
-                    sleep=self._sleep,
-                ):
-                    METRICS.inc("agent_duplicate_requests", agent=request.agent)
-                    raise DuplicateRequest(
-                        f"attempt {request.attempt} of {request.step} was taken by another "
-                        f"copy of its request; this copy ({copy}) calls nothing",
-                        order_id=request.order_id,
-                        step=request.step,
-                    )
             outcome = self._remote.call(request)
             if deliveries > 1 and outcome.kind != "succeeded" and not outcome.settled:
                 if outcome.applied == "no":

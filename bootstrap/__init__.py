@@ -271,16 +271,16 @@ class AppContext:
             if agent is None:
                 spec = AGENTS[name]
                 controls = self.agent_controls
-                binding = RequestBinding(self.store, name)
                 agent = self._agents[name] = build_agent(
                     spec,
                     self.settings,
                     self.agent_transport,
                     self.clock,
-                    bind=binding,
                     # Storage queues detect no duplicates: copies of a request are told
                     # apart by their message ids (Service Bus drops them by message_id).
-                    take=binding.take if self.settings.transport is Transport.STORAGE else None,
+                    bind=RequestBinding(
+                        self.store, name, copies=self.settings.transport is Transport.STORAGE
+                    ),
                     runtime=lambda: controls.runtime(spec),
                 )
         return agent

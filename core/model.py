@@ -263,6 +263,19 @@ class Order(Evidence):
             )
         return step
 
+    def resendable(self, name: str, attempt: int) -> bool:
+        """Whether a duplicate delivery of the order may send this request again: attempt 1
+        of a step of the plan's first group (``Scheduler._duplicate``: its first delivery
+        may have died between the save that claimed it and the send). No other request is
+        ever sent twice."""
+        record = self.find(name)
+        if record is None or attempt != 1 or record.kind is not StepKind.ACTION:
+            return False
+        try:
+            return self.planned(name).group == self.plan.groups()[0]
+        except (KeyError, ValueError, IndexError):
+            return False
+
     def take(self, name: str, attempt: int, copy: str) -> Literal["took", "held", "other"]:
         """An agent takes attempt ``attempt`` of step ``name`` with one copy of its request
         (``copy``: the Storage queue message's id; that transport has no duplicate

@@ -254,14 +254,13 @@ class Scheduler:
         # request may never have left. Sending it again is safe (the same attempt, the
         # same idempotency key: a second copy only adds its report); sending nothing
         # would leave an attempt that may or may not have been sent.
-        first_group = existing.plan.groups()[0]
+        # (On Storage queues the agent runs only one copy of it: ``Order.take``.)
         resend = [
             step
             for step in existing.active_steps()
-            if existing.planned(step.step).group == first_group
-            and step.process_state is StepState.PROCESSING
+            if step.process_state is StepState.PROCESSING
             and (current := step.current) is not None
-            and current.number == 1
+            and existing.resendable(step.step, current.number)
             and current.in_flight
             and not current.reports
             and step.complete_by > self._clock()

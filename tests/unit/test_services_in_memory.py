@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from admin.service import OrderAdmin
+from agents.binding import RequestBinding
 from bootstrap import bootstrap
 from core.errors import (
     ConcurrencyConflict,
+    DuplicateRequest,
     QueueMissing,
     StorageUnavailable,
     TransitionRefused,
@@ -587,3 +589,37 @@ def test_bidi_and_control_characters_from_outside_are_shown_escaped(s: Services)
     s.admin.resubmit("o-bidi", "alice", "fixed \u202eit")
     [entry] = [h for h in stored(s, "o-bidi").history if h["event"] == "resubmitted"]
     assert entry["reason"] == "fixed \\u202eit"
+
+
+def test_on_storage_queues_one_copy_of_a_resendable_request_takes_its_attempt(
+    s: Services,
+) -> None:
+    """The same order delivered again while attempt 1 is in flight sends its request
+    again; the binding lets the first copy read take the attempt (its message id, saved
+    before any call) and refuses the others. A request never sent twice writes nothing."""
+    submit(s, "o-copies")
+    assert submit(s, "o-copies") is Handled.DUPLICATE
+    first, again = s.transport.requests
+    assert (first.attempt, again.attempt) == (1, 1)
+    binding = RequestBinding(s.store, "orders", copies=True)
+    version = stored(s, "o-copies").version
+
+    assert binding(first, "m-1").order == stored(s, "o-copies").body
+    assert stored(s, "o-copies").version == version + 1  # the take, saved
+    with pytest.raises(DuplicateRequest):
+        binding(again, "m-2")
+    binding(first, "m-1")  # the same copy, redelivered: still its own
+    [attempt] = stored(s, "o-copies").steps[0].attempts.items
+    assert attempt.taken_by == "m-1"
+    assert RequestBinding(s.store, "orders")(again, "m-2")  # Service Bus: no copies here
+
+    expire(s)  # attempt 2: never resent, so nothing to take and nothing written
+    step = stored(s, "o-copies").steps[0]
+    s.clock.advance(max((step.not_before - s.clock()).total_seconds(), 0))
+    assert s.scheduler.dispatch("o-copies") is Handled.DISPATCHED
+    second = s.transport.requests[-1]
+    assert second.attempt == 2
+    version = stored(s, "o-copies").version
+    binding(second, "m-3")
+    binding(second, "m-4")
+    assert stored(s, "o-copies").version == version
