@@ -110,7 +110,7 @@ from core.errors import (
 )
 from core.names import Names, poison
 from core.orders import strict_json
-from core.retention import ARCHIVABLE, Retention, parse_duration
+from core.retention import ARCHIVABLE, parse_duration
 from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE
 from core.states import OrderStatus
 from core.timefmt import iso
@@ -453,19 +453,21 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
 
 def _purge(ctx: AppContext, args: argparse.Namespace) -> dict[str, Any]:
     status = OrderStatus(args.status) if args.status else None
-    if args.older_than is not None:
-        rules = Retention.older_than(parse_duration(args.older_than), status, args.workflow)
-    else:
-        rules = ctx.retainer.rules.narrowed(status, args.workflow)
-        if not rules.rules:
-            raise ValueError(
-                f"no retention rule names {args.status or 'a status'}"
-                f"{' of workflow ' + args.workflow if args.workflow else ''} "
-                f"(RETENTION is {ctx.retainer.rules}): give --older-than"
-            )
+    older = parse_duration(args.older_than) if args.older_than is not None else None
+    rules = ctx.retainer.rules.cli_run(status, args.workflow, older)
+    if older is None and not rules.rules:
+        raise ValueError(
+            f"no retention rule names {args.status or 'a status'}"
+            f"{' of workflow ' + args.workflow if args.workflow else ''} "
+            f"(RETENTION is {ctx.retainer.rules}): give --older-than"
+        )
     if args.limit is not None and args.limit < 1:
         raise ValueError("--limit must be at least 1")
-    return ctx.retainer.purge(dry_run=args.dry_run, rules=rules, limit=args.limit).to_json()
+    # Kept messages go with the plain run (the timer's), not with one narrowed to orders.
+    plain = args.status is None and args.workflow is None and args.older_than is None
+    return ctx.retainer.purge(
+        dry_run=args.dry_run, rules=rules, limit=args.limit, kept_messages=plain
+    ).to_json()
 
 
 def _run(ctx: AppContext, args: argparse.Namespace) -> int:

@@ -11,7 +11,13 @@ A run, timer or ``python -m admin purge``:
 4. only then deletes each order's rows (order, steps, index; one transaction, each row
    only if unchanged since step 2) and leaves its tombstone, naming the blob.
 
-Bounded: at most ``limit`` orders per run, written ``BLOB_ORDERS`` at a time; a run
+The same run archives the messages kept for an operator (``stores/kept.py``: orders and
+agent messages too large to quote in their record or alert) once they are older than
+``KEPT_DAYS``: written to ``_kept/<yyyy>/<mm>/<dd>/<run>-<n>.jsonl.gz`` in the same
+container (one line each, the text whole), then deleted, each only if unchanged.
+
+Bounded: at most ``limit`` orders (and ``limit`` kept messages) per run, written
+``BLOB_ORDERS`` (``BLOB_KEPT``) at a time; a run
 that stops (killed, time's up, storage gone) loses nothing and the next one resumes
 where it stopped, because what was deleted is out of the index and what was not is
 still due. Archived but not deleted (killed between 3 and 4): archived again next
@@ -30,19 +36,22 @@ from typing import Any, Final
 from admin.service import OrderAdmin, order_view
 from core.errors import CorruptOrder, OrderAlreadyExists, OrderNotFound, StorageUnavailable
 from core.ports import Clock
-from core.retention import Retention, archive_path
+from core.retention import DEFAULT_KEPT_DAYS, Retention, archive_path, kept_archive_path
 from core.states import OrderStatus
 from core.timefmt import iso
 from observability.failpoints import hit
 from observability.logs import get_logger
 from stores import entities
 from stores.archive import FORMAT, BlobArchive, row_from_json, row_to_json
+from stores.kept import KeptMessage, KeptMessages, archived_line
 from stores.retention import StoredOrder, TableRetention
 
 log = get_logger(__name__)
 
 #: Orders per archive blob at most (a blob is written whole before its orders go).
 BLOB_ORDERS: Final = 200
+#: Kept messages per archive blob at most (each up to ~1 MiB of text).
+BLOB_KEPT: Final = 50
 #: How many order ids a report names (the counts are always whole).
 SAMPLE: Final = 20
 
@@ -61,6 +70,8 @@ class PurgeReport:
     examined: int = 0
     #: rows left by orders archived more than ARCHIVE_DAYS ago (their blobs are gone)
     tombstones_expired: int = 0
+    #: messages kept for an operator past KEPT_DAYS: archived (or, dry run, would be)
+    kept_messages: int = 0
     complete: bool = True
     errors: list[str] = field(default_factory=list)
 
@@ -75,6 +86,9 @@ class PurgeReport:
             "kept": dict(sorted(self.kept.items())),
             "examined": self.examined,
             "tombstonesExpired": self.tombstones_expired,
+            "keptMessagesArchived" if not self.dry_run else "keptMessagesWouldArchive": (
+                self.kept_messages
+            ),
             "complete": self.complete,
             "errors": self.errors,
         }
@@ -92,14 +106,20 @@ class Retainer:
         *,
         limit: int = 1000,
         archive_days: int = 730,
+        kept: KeptMessages | None = None,
+        kept_days: int = DEFAULT_KEPT_DAYS,
         before_delete: Callable[[], None] = lambda: hit("purge-after-archive"),
     ):
+        """``kept``: the messages kept for an operator, archived once ``kept_days`` old
+        (None: this retainer leaves them alone)."""
         self._table = table
         self._archive = archive
         self.rules = rules
         self._clock = clock
         self.limit = limit
         self.archive_days = archive_days
+        self._kept = kept
+        self.kept_days = kept_days
         self._before_delete = before_delete
 
     # --- purge -------------------------------------------------------------------------
@@ -110,7 +130,10 @@ class Retainer:
         dry_run: bool = False,
         rules: Retention | None = None,
         limit: int | None = None,
+        kept_messages: bool = True,
     ) -> PurgeReport:
+        """``kept_messages``: also archive the messages kept past ``KEPT_DAYS`` (the timer
+        does; ``admin purge`` narrowed to a status, workflow or age does not)."""
         rules = rules if rules is not None else self.rules
         limit = limit if limit is not None else self.limit
         now = self._clock()
@@ -151,15 +174,63 @@ class Retainer:
         if not dry_run:
             expired_before = now - timedelta(days=self.archive_days)
             report.tombstones_expired = self._table.expire(expired_before, limit)
+        if kept_messages and self._kept is not None:
+            self._purge_kept(self._kept, now, report, limit)
         log.info(
-            "retention %s: %d orders %s, %d examined, kept %s",
+            "retention %s: %d orders %s, %d examined, kept %s; %d kept messages %s",
             "dry run" if dry_run else "run",
             report.archived,
             "would go" if dry_run else "archived",
             report.examined,
             dict(report.kept),
+            report.kept_messages,
+            "would go" if dry_run else "archived",
         )
         return report
+
+    def _purge_kept(
+        self, kept: KeptMessages, now: datetime, report: PurgeReport, limit: int
+    ) -> None:
+        """Archive, then delete, the messages kept before ``now - kept_days``."""
+        before = now - timedelta(days=self.kept_days)
+        if report.dry_run:  # counted by their keys: a page of ~1 MiB rows is not read
+            report.kept_messages = kept.count_before(before, limit + 1)
+            if report.kept_messages > limit:
+                report.kept_messages = limit
+                report.complete = False
+            return
+        batch: list[tuple[KeptMessage, str]] = []
+        for message, etag in kept.kept_before(before):
+            if report.kept_messages >= limit:
+                report.complete = False
+                break
+            report.kept_messages += 1
+            batch.append((message, etag))
+            if len(batch) >= BLOB_KEPT:
+                self._archive_kept(kept, batch, now, report)
+                batch = []
+        if batch:
+            self._archive_kept(kept, batch, now, report)
+
+    def _archive_kept(
+        self,
+        kept: KeptMessages,
+        batch: list[tuple[KeptMessage, str]],
+        now: datetime,
+        report: PurgeReport,
+    ) -> None:
+        run = f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+        days: dict[str, list[tuple[KeptMessage, str]]] = defaultdict(list)
+        for message, etag in batch:
+            days[f"{message.at:%Y%m%d}"].append((message, etag))
+        for part, (_, group) in enumerate(sorted(days.items())):
+            path = kept_archive_path(group[0][0].at, run, part)
+            self._archive.write(path, [archived_line(message, now) for message, _ in group])
+            report.blobs.append(f"{self._archive.container}/{path}")
+            self._before_delete()
+            for message, etag in group:
+                if not kept.remove(message.row, etag):
+                    report.kept_messages -= 1  # deleted or changed meanwhile: looked at again
 
     def _read(self, order_id: str, report: PurgeReport) -> StoredOrder | None:
         try:

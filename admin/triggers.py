@@ -31,6 +31,7 @@ import azure.functions as func
 from admin.agents import CHANGE_FIELDS, apply_change, parse_change
 from admin.query import parse_filter, parse_page_size
 from bootstrap import app_context, index_time
+from console.security import with_hsts
 from core.errors import (
     AgentNotFound,
     ConcurrencyConflict,
@@ -38,6 +39,7 @@ from core.errors import (
     InvalidContinuationToken,
     InvalidEvent,
     OrderChanged,
+    OrderError,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
@@ -110,13 +112,18 @@ def _answer(
         return _error(400, str(exc))
     except (StorageUnavailable, ConcurrencyConflict) as exc:
         # Includes "the outcome of the write is unknown": never reported as refused.
-        return _json(
-            503,
-            {"error": exc.message, "retryable": True, **ids},
-            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
-        )
+        return _unavailable(exc, **ids)
     except CorruptOrder as exc:
         return _error(500, exc.message, **ids)
+
+
+def _unavailable(exc: OrderError, **ids: str) -> func.HttpResponse:
+    """503, ``retryable``, with ``Retry-After``: storage did not answer, or lost a race."""
+    return _json(
+        503,
+        {"error": exc.message, "retryable": True, **ids},
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
 
 
 def _order_id(req: func.HttpRequest) -> str | None:
@@ -125,6 +132,7 @@ def _order_id(req: func.HttpRequest) -> str | None:
 
 
 @bp.route(route="orders/{orderId}", methods=["GET"])
+@with_hsts
 def get_order(req: func.HttpRequest) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
@@ -158,6 +166,7 @@ def purge_finished_orders(timer: func.TimerRequest) -> None:
 
 
 @bp.route(route="orders", methods=["GET"])
+@with_hsts
 def list_orders(req: func.HttpRequest) -> func.HttpResponse:
     """``?status=`` (required), ``workflow``, ``from``, ``to``, ``pageSize``,
     ``continuationToken``: newest first (``admin.query``)."""
@@ -225,16 +234,19 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
 
 
 @bp.route(route="orders/{orderId}/resubmit", methods=["POST"])
+@with_hsts
 def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "resubmit")
 
 
 @bp.route(route="orders/{orderId}/cancel", methods=["POST"])
+@with_hsts
 def cancel_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "cancel")
 
 
 @bp.route(route="orders/{orderId}/events/{name}", methods=["POST"])
+@with_hsts
 def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
     """docs/contracts.md §3.13: ``{"result": {...}}`` or ``{"refused": "<reason>"}`` (and an
     optional ``reason``, kept in the history). 202 kept for a step that has not started,
@@ -270,6 +282,7 @@ def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="workflows", methods=["GET"])
+@with_hsts
 def list_workflows(req: func.HttpRequest) -> func.HttpResponse:
     """The workflows and agents as deployed (docs/contracts.md §3.8)."""
     return _json(200, workflows_view())
@@ -286,6 +299,7 @@ def workflows_view() -> dict[str, Any]:
 
 
 @bp.route(route="agents", methods=["GET"])
+@with_hsts
 def list_agents(req: func.HttpRequest) -> func.HttpResponse:
     """Every declared agent: ``name``, ``paused`` (and ``pause``: since, by, reason),
     ``limits`` in force, ``declared`` limits, ``overrides``."""
@@ -294,11 +308,13 @@ def list_agents(req: func.HttpRequest) -> func.HttpResponse:
 
 def _agent_change(req: func.HttpRequest, action: str) -> func.HttpResponse:
     agent = req.route_params.get("agent", "")
-    admin = app_context().agents_admin
     try:
+        admin = app_context().agents_admin  # its first use may meet a storage outage
         admin.spec(agent)
     except AgentNotFound as exc:
         return _error(404, exc.message)
+    except StorageUnavailable as exc:
+        return _unavailable(exc)
     fields: Any = {}
     if req.get_body():
         try:
@@ -317,6 +333,7 @@ def _agent_change(req: func.HttpRequest, action: str) -> func.HttpResponse:
 
 
 @bp.route(route="agents/{agent}/pause", methods=["POST"])
+@with_hsts
 def pause_agent(req: func.HttpRequest) -> func.HttpResponse:
     """``{"reason": ...}`` (required): calls to the agent's remote stop on every instance
     within seconds; its steps wait, Pending, uncounted, without an alert."""
@@ -324,18 +341,21 @@ def pause_agent(req: func.HttpRequest) -> func.HttpResponse:
 
 
 @bp.route(route="agents/{agent}/resume", methods=["POST"])
+@with_hsts
 def resume_agent(req: func.HttpRequest) -> func.HttpResponse:
     """``{"reason": ...}`` (optional): calls start again; the waiting steps go on."""
     return _agent_change(req, "resume")
 
 
 @bp.route(route="agents/{agent}/limits", methods=["POST"])
+@with_hsts
 def set_agent_limits(req: func.HttpRequest) -> func.HttpResponse:
     """``{"concurrency": N | "declared", "rate": R | "declared", "reason": ...}``."""
     return _agent_change(req, "limits")
 
 
 @bp.route(route="agents/audit", methods=["GET"])
+@with_hsts
 def agent_audit(req: func.HttpRequest) -> func.HttpResponse:
     """Every pause, resume and limit change, newest first: ``?agent=``, ``pageSize``
     (1-100, default 50), ``continuationToken``."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from agents.outcomes import CallOutcome, Running, Try
 from agents.runner import AttemptRunner
@@ -37,6 +37,13 @@ log = get_logger(__name__)
 REPLY_SEND_SECONDS = 60.0
 
 
+class Binding(Protocol):
+    """The request as its claim says it (``agents.binding.RequestBinding``); ``copy``: the
+    transport message's id, where copies of a request must be told apart."""
+
+    def __call__(self, request: AgentRequest, copy: str | None = None) -> AgentRequest: ...
+
+
 class AgentWorker:
     """The running side of one declared agent (``core.workflows.Agent`` is its
     declaration): takes its requests, calls its remote, sends one reply each."""
@@ -46,14 +53,16 @@ class AgentWorker:
         remote: AttemptRunner[Any],
         transport: AgentTransport,
         clock: Clock,
-        bind: Callable[[AgentRequest], AgentRequest] | None = None,
+        bind: Binding | None = None,
         sleep: Callable[[float], None] = time.sleep,
         *,
         ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS,
     ):
         """``bind``: the request as its claim says it (``agents.binding``: path, key and
         body from the state store; ``UnboundMessage`` for a request no claim speaks for).
-        Without it (unit tests of the calling discipline) the request is taken as it is."""
+        Without it (unit tests of the calling discipline) the request is taken as it is.
+        Where the transport detects no duplicates, it is given the message's id and refuses
+        a copy whose attempt another copy took (``DuplicateRequest``: nothing called)."""
         self._remote = remote
         self._transport = transport
         self._clock = clock
@@ -62,12 +71,18 @@ class AgentWorker:
         self._ride_out_seconds = ride_out_seconds
 
     def handle(
-        self, request: AgentRequest, reply_to: str | None = None, deliveries: int = 1
+        self,
+        request: AgentRequest,
+        reply_to: str | None = None,
+        deliveries: int = 1,
+        copy: str | None = None,
     ) -> ReplyOutcome:
         """Call the remote for one request and send exactly one reply (plus, for a Python
         handler that outlives the attempt, its later reports). ``deliveries``: how often
         the transport has delivered this request (an earlier delivery may have called the
-        remote and died before it could report: doubt, unless this call settles it)."""
+        remote and died before it could report: doubt, unless this call settles it).
+        ``copy``: the transport message's id, where copies of one request must be told
+        apart (the binding's); ``DuplicateRequest`` for a copy whose attempt another took."""
         with (
             order_context(order_id=request.order_id, step=request.step, attempt=request.attempt),
             telemetry.span(
@@ -83,7 +98,7 @@ class AgentWorker:
                 # Before any call, so waiting out a storage outage here is safe; a request
                 # no claim speaks for raises UnboundMessage: quarantined, never called.
                 request = ride_out(
-                    lambda: bind(asked),
+                    lambda: bind(asked, copy),
                     what="request binding",
                     seconds=self._ride_out_seconds,
                     sleep=self._sleep,

@@ -13,35 +13,84 @@ The order as this process last wrote it (``StateStore.recent``) is tried first: 
 claim that sent the request was most often made here, and reading it back would return
 the same rows. A cached copy that does not know the attempt (another instance claimed it
 since) is no verdict: the order is read.
+
+On Storage queues, which detect no duplicates, one attempt's request can arrive in
+several copies (a redelivered order message sends attempt 1's request again, in case the
+first delivery died before its send; ``Order.resendable``). With ``copies`` the binding
+records which copy took such an attempt (``Order.take``: its message id, a conditional
+write before any call, with the order it has just read): any other copy calls nothing
+(``DuplicateRequest``). The copy that took it, redelivered after a crash, may call again
+(its doubt is reported, as before). Requests that are never sent twice write nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from core.errors import UnboundMessage
+from core.errors import ConcurrencyConflict, DuplicateRequest, UnboundMessage
 from core.messages import AgentRequest
 from core.model import Order, StepRecord
 from core.ports import StateStore
+from observability.metrics import METRICS
+
+#: How often a take is tried again when another writer moved the order first.
+TAKE_ATTEMPTS = 5
 
 
 class RequestBinding:
-    """Binds the requests of one agent (``agent``) to the claims they speak for."""
+    """Binds the requests of one agent (``agent``) to the claims they speak for.
+    ``copies``: the transport detects no duplicates (Storage queues): copies of a request
+    that may be sent twice (``Order.resendable``) are told apart by their message ids."""
 
-    def __init__(self, store: StateStore, agent: str):
+    def __init__(self, store: StateStore, agent: str, *, copies: bool = False):
         self._store = store
         self._agent = agent
+        self._copies = copies
 
-    def __call__(self, request: AgentRequest) -> AgentRequest:
+    def __call__(self, request: AgentRequest, copy: str | None = None) -> AgentRequest:
         """``request`` as its claim says it: path, key and body from the state; raises
-        ``UnboundMessage`` for a request no claim speaks for (StorageUnavailable when the
-        state cannot be read: the host retries it)."""
-        cached = self._store.recent(request.order_id)
-        if cached is not None:
+        ``UnboundMessage`` for a request no claim speaks for, ``DuplicateRequest`` for a
+        copy (``copy``: its message id) whose attempt another copy took (StorageUnavailable
+        when the state cannot be read or written: the host retries it)."""
+        order = self._store.recent(request.order_id)
+        if order is not None:
             try:
-                return self._bound(cached, request)
+                bound = self._bound(order, request)
             except UnboundMessage:
-                pass  # stale: another instance may have claimed since; read it
+                order = None  # stale: another instance may have claimed since; read it
+        for _ in range(TAKE_ATTEMPTS):
+            if order is None:
+                order = self._load(request)
+                bound = self._bound(order, request)
+            if (
+                not self._copies
+                or copy is None
+                or not order.resendable(request.step, request.attempt)
+            ):
+                return bound
+            taken = order.take(request.step, request.attempt, copy)
+            if taken == "held":
+                return bound
+            if taken == "other":
+                METRICS.inc("agent_duplicate_requests", agent=self._agent)
+                raise DuplicateRequest(
+                    f"attempt {request.attempt} of {request.step} was taken by another copy "
+                    f"of its request; this copy ({copy}) calls nothing",
+                    order_id=request.order_id,
+                    step=request.step,
+                )
+            try:
+                self._store.save(order)  # before any call: the other copies see it
+            except ConcurrencyConflict:
+                order = None  # another writer came first: read it again, decide again
+                continue
+            return bound
+        raise ConcurrencyConflict(
+            f"order {request.order_id} kept changing while an agent took its request",
+            order_id=request.order_id,
+        )
+
+    def _load(self, request: AgentRequest) -> Order:
         order = self._store.load(request.order_id)
         if order is None:
             raise UnboundMessage(
@@ -50,7 +99,7 @@ class RequestBinding:
                 order_id=request.order_id,
                 step=request.step,
             )
-        return self._bound(order, request)
+        return order
 
     def _bound(self, order: Order, request: AgentRequest) -> AgentRequest:
         step = order.bound_step(request.step, request.attempt, request.token)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from agents.agent import AgentWorker
+from agents.agent import AgentWorker, Binding
 from agents.auth import TokenCredential, auth_for
 from agents.health import HealthPolicy
 from agents.outcomes import TryKind
@@ -30,7 +30,6 @@ from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from core import workflows
 from core.control_view import AgentRuntime
-from core.messages import AgentRequest
 from core.ports import AgentTransport, Clock
 from core.settings import Settings, SettingsError, agent_url
 
@@ -113,7 +112,7 @@ def build_agent(
     transport: AgentTransport,
     clock: Clock,
     *,
-    bind: Callable[[AgentRequest], AgentRequest] | None = None,
+    bind: Binding | None = None,
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,

@@ -16,17 +16,21 @@ import azure.functions as func
 
 from bootstrap import app_context, index_time
 from core import names
-from core.errors import InvalidMessage, UnboundMessage
+from core.errors import DuplicateRequest, InvalidMessage, UnboundMessage
 from core.messages import decode_request
 from core.settings import SERVICE_BUS, STORAGE, Transport
 from core.workflows import AGENTS
 from messaging.quarantine import quarantine
+from observability.logs import get_logger
 
 bp = func.Blueprint()
+log = get_logger(__name__)
 ON_STORAGE_QUEUES = index_time().transport is Transport.STORAGE
 
 
-def _handle(raw: bytes, reply_to: str | None, agent: str, deliveries: int | None) -> None:
+def _handle(
+    raw: bytes, reply_to: str | None, agent: str, deliveries: int | None, copy: str | None = None
+) -> None:
     ctx = app_context()
     try:
         request = decode_request(raw)
@@ -35,7 +39,9 @@ def _handle(raw: bytes, reply_to: str | None, agent: str, deliveries: int | None
         quarantine(ctx.queues, queue, raw, exc.message, ctx.clock, keeper=ctx.kept)
         return
     try:
-        ctx.agent_for(agent).handle(request, reply_to, max(deliveries or 1, 1))
+        ctx.agent_for(agent).handle(request, reply_to, max(deliveries or 1, 1), copy or None)
+    except DuplicateRequest as exc:  # another copy of it runs the attempt: nothing to do
+        log.info("%s", exc.message)
     except UnboundMessage as exc:  # forged, or for an attempt never claimed: never called
         queue = ctx.names.agent_queue(agent)
         quarantine(ctx.queues, queue, raw, exc.message, ctx.clock, keeper=ctx.kept)
@@ -47,7 +53,8 @@ def _register(function_name: str, queue: str, agent: str) -> None:
     if ON_STORAGE_QUEUES:
 
         def on_queue(msg: func.QueueMessage) -> None:
-            _handle(msg.get_body(), None, agent, msg.dequeue_count)
+            # Storage queues detect no duplicates: the message id tells copies apart.
+            _handle(msg.get_body(), None, agent, msg.dequeue_count, msg.id)
 
         handler: Callable[..., None] = on_queue
         handler.__name__ = handler.__qualname__ = function_name

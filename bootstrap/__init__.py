@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache, cached_property
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from admin.agents import AgentAdmin
 from admin.drain import LegacyQueue, ServiceBusLegacyQueue, StorageLegacyQueue
@@ -144,6 +144,40 @@ def bootstrap(
     return context
 
 
+#: Builds every part of every context: parts depend on parts (re-entrant), and are built
+#: once, on first use, by whichever thread needs one first.
+_parts_lock = threading.RLock()
+_MISSING: Any = object()
+
+
+class part[T](cached_property[T]):
+    """A ``cached_property`` built under a lock. Since Python 3.12 ``cached_property``
+    takes none: two threads asking for a part at once (the first invocations of a process,
+    on the runtime's thread pool) would each build one, and keep different objects, such as
+    two state stores whose caches of what this process wrote (``StateStore.recent``) then
+    disagree: a save made through one is not seen by the other."""
+
+    @overload
+    def __get__(self, instance: None, owner: type[Any] | None = None) -> Self: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type[Any] | None = None) -> T: ...
+
+    def __get__(self, instance: object | None, owner: type[Any] | None = None) -> Any:
+        if instance is None:
+            return self
+        name = self.attrname
+        assert name is not None  # set when the class is made (__set_name__)
+        cache = instance.__dict__
+        found = cache.get(name, _MISSING)
+        if found is _MISSING:
+            with _parts_lock:
+                found = cache.get(name, _MISSING)
+                if found is _MISSING:
+                    found = cache[name] = self.func(instance)
+        return found
+
+
 @dataclass
 class AppContext:
     settings: Settings
@@ -154,20 +188,20 @@ class AppContext:
     def instance_id(self) -> str:
         return self.settings.instance_id
 
-    @cached_property
+    @part
     def store(self) -> TableStateStore:
         service = clients.table_service(self.settings.storage, self.settings.opcount_dir)
         store = TableStateStore(service.get_table_client(self.names.state_table))
         store.ensure_table()  # once per process; exists already in Azure (infra/ creates it)
         return store
 
-    @cached_property
+    @part
     def queues(self) -> StorageQueues:
         return StorageQueues(
             clients.queue_service(self.settings.storage, self.settings.opcount_dir)
         )
 
-    @cached_property
+    @part
     def transport(self) -> AgentTransport:
         if self.settings.transport is Transport.STORAGE:
             return StorageQueueTransport(self.queues, self.names, self.clock)
@@ -179,7 +213,7 @@ class AppContext:
             lambda: client_for(connection, clients.credential), self.names, self.clock
         )
 
-    @cached_property
+    @part
     def agent_transport(self) -> AgentTransport:
         """The agents' transport: replies applied in process where this instance runs the
         reply handler (``messaging/inline.py``), else sent to the reply queue."""
@@ -191,7 +225,7 @@ class AppContext:
             self.names.agent_replies,
         )
 
-    @cached_property
+    @part
     def retry_policy(self) -> RetryPolicy:
         return RetryPolicy(
             max_failure_count=self.settings.max_failure_count,
@@ -199,7 +233,7 @@ class AppContext:
             clock_skew_seconds=self.settings.max_clock_skew_seconds,
         )
 
-    @cached_property
+    @part
     def scheduler(self) -> Scheduler:
         return Scheduler(
             self.store,
@@ -207,7 +241,10 @@ class AppContext:
             self.transport,
             self.names,
             SchedulerConfig(
-                self.instance_id, self.settings.step_timeout_seconds, self.retry_policy
+                self.instance_id,
+                self.settings.step_timeout_seconds,
+                self.retry_policy,
+                self.settings.reply_queues,
             ),
             self.clock,
             self.kept,
@@ -216,37 +253,37 @@ class AppContext:
             controls=self.agent_controls,
         )
 
-    @cached_property
+    @part
     def agent_controls(self) -> ControlView:
         """The agents' runtime controls (paused, limits) as this process knows them: read
         at most every few seconds (``core.control_view``), by the scheduler and agents."""
         return ControlView(self.store, self.clock, warn=_control_log.warning)
 
-    @cached_property
+    @part
     def notices(self) -> NoticeSender:
-        return NoticeSender(self.store, self.queues, self.names)
+        return NoticeSender(self.store, self.queues, self.names, self.settings.reply_queues)
 
-    @cached_property
+    @part
     def dispatch_queue(self) -> DispatchQueue:
         return DispatchQueue(self.queues, self.names, self.clock)
 
-    @cached_property
+    @part
     def supervisor(self) -> Supervisor:
         return Supervisor(
             self.store, self.notices, self.dispatch_queue, self.retry_policy, self.clock
         )
 
-    @cached_property
+    @part
     def kept(self) -> KeptMessages:
         return KeptMessages(self.store.table)
 
-    @cached_property
+    @part
     def poison(self) -> PoisonWatch:
         return PoisonWatch(
             self.queues, self.names, self.kept, self.clock, record=self.store.add_activity
         )
 
-    @cached_property
+    @part
     def dashboard(self) -> DashboardAggregator:
         """The dashboard's timer: figures from activity rows, and the stuck check."""
         return DashboardAggregator(
@@ -257,7 +294,7 @@ class AppContext:
             floor=timedelta(seconds=self.settings.stuck_floor_seconds),
         )
 
-    @cached_property
+    @part
     def expired_requests(self) -> ExpiredRequests:
         return ExpiredRequests(self.transport, self.clock)
 
@@ -273,22 +310,26 @@ class AppContext:
                     self.settings,
                     self.agent_transport,
                     self.clock,
-                    bind=RequestBinding(self.store, name),
+                    # Storage queues detect no duplicates: copies of a request are told
+                    # apart by their message ids (Service Bus drops them by message_id).
+                    bind=RequestBinding(
+                        self.store, name, copies=self.settings.transport is Transport.STORAGE
+                    ),
                     runtime=lambda: controls.runtime(spec),
                 )
         return agent
 
-    @cached_property
+    @part
     def _agents(self) -> dict[str, AgentWorker]:
         return {}
 
-    @cached_property
+    @part
     def admin(self) -> OrderAdmin:
         return OrderAdmin(
             self.store, self.notices, self.dispatch_queue, self.clock, controls=self.store
         )
 
-    @cached_property
+    @part
     def events(self) -> OrderAdmin:
         """Events delivered over HTTP (docs/contracts.md §3.13): the next step is claimed
         and its request sent in the same invocation (the CLI's go through order-dispatch)."""
@@ -300,13 +341,13 @@ class AppContext:
             controls=self.store,
         )
 
-    @cached_property
+    @part
     def agents_admin(self) -> AgentAdmin:
         """Pause, resume and limit agents at runtime, with the audit (operator API, CLI,
         console); this process's own view is refreshed after each change."""
         return AgentAdmin(self.store, self.clock, AGENTS, changed=self.agent_controls.forget)
 
-    @cached_property
+    @part
     def retainer(self) -> Retainer:
         """Retention and restore (docs/contracts.md §3.12). Imported here, on first use:
         the Blob SDK is for the retention timer, the CLI and the console, never an
@@ -324,9 +365,11 @@ class AppContext:
             self.clock,
             limit=self.settings.retention_batch,
             archive_days=self.settings.archive_days,
+            kept=KeptMessages(self.store.table),
+            kept_days=self.settings.kept_days,
         )
 
-    @cached_property
+    @part
     def legacy_requests(self) -> LegacyQueue:
         """The shared request queue of versions before per-agent queues (the upgrade)."""
         queue = self.names.legacy_requests

@@ -76,7 +76,7 @@ class Page:
                 **context,
             )
         )
-        headers = dict(security.HEADERS)
+        headers = {**security.HEADERS, **security.transport_headers(self.req)}
         if self.new_cookie:
             secure = urlsplit(self.req.url).scheme == "https"
             headers["Set-Cookie"] = security.set_cookie(self.csrf, secure)
@@ -85,7 +85,11 @@ class Page:
         )
 
     def redirect(self, path: str, params: Mapping[str, Any]) -> func.HttpResponse:
-        headers = {**security.HEADERS, "Location": self.url(path, params)}
+        headers = {
+            **security.HEADERS,
+            **security.transport_headers(self.req),
+            "Location": self.url(path, params),
+        }
         return func.HttpResponse(status_code=303, headers=headers)
 
 

@@ -9,16 +9,24 @@
   ``Origin`` and ``Sec-Fetch-Site`` headers, when sent, must say "same origin".
 - Pages are Jinja2 templates with autoescaping on, and every answer sends a
   Content-Security-Policy that allows only the app's own scripts, styles and images.
+- Every answer served over https (the console's and the operator API's) sends
+  ``Strict-Transport-Security``: a browser that has seen it uses https only for the host,
+  so the function key in ``?code=`` never goes out in clear text. Not over plain http
+  (``func start``, devhost), where the standard forbids it (RFC 6797 §7.2).
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import re
 import secrets
+from collections.abc import Callable, Mapping
 from http.cookies import CookieError, SimpleCookie
 from typing import Final
 from urllib.parse import urlsplit
+
+import azure.functions as func
 
 COOKIE: Final = "console_csrf"
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{32,64}")
@@ -33,6 +41,38 @@ HEADERS: Final = {
     "Cache-Control": "no-store",
     "X-Frame-Options": "DENY",
 }
+
+
+#: One year; not ``includeSubDomains``: the app's host name may sit under a domain whose
+#: other hosts are not the app's to decide for.
+HSTS: Final = "max-age=31536000"
+
+
+def served_over_https(url: str, headers: Mapping[str, str]) -> bool:
+    """Whether the request came over https: its URL says so, or the front end that
+    ended TLS does (``X-Forwarded-Proto``, App Service's)."""
+    forwarded = (headers.get("x-forwarded-proto") or "").split(",")[0].strip().lower()
+    return urlsplit(url).scheme.lower() == "https" or forwarded == "https"
+
+
+def transport_headers(req: func.HttpRequest) -> dict[str, str]:
+    """``Strict-Transport-Security`` for a request served over https; nothing otherwise."""
+    return {"Strict-Transport-Security": HSTS} if served_over_https(req.url, req.headers) else {}
+
+
+def with_hsts(
+    route: Callable[[func.HttpRequest], func.HttpResponse],
+) -> Callable[[func.HttpRequest], func.HttpResponse]:
+    """A route whose every answer carries ``transport_headers`` (the operator API's)."""
+
+    @functools.wraps(route)
+    def answered(req: func.HttpRequest) -> func.HttpResponse:
+        response = route(req)
+        for name, value in transport_headers(req).items():
+            response.headers[name] = value
+        return response
+
+    return answered
 
 
 def cookie_token(cookie_header: str | None) -> str | None:

@@ -203,11 +203,11 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
             f"/orders/{order_id}", {"message": "Give a reason for the record.", "failed": 1}
         )
     by = caller(req)
-    admin = app_context().admin
     # The statement that a doubtful step did not happen: a ticked box naming the step.
     not_applied = form.get("not_applied") or None
 
     def change() -> func.HttpResponse:
+        admin = app_context().admin  # in here: its first use may meet a storage outage
         try:
             if action == "resubmit":
                 admin.resubmit(order_id, by, reason)
@@ -369,16 +369,18 @@ def console_agents(req: func.HttpRequest) -> func.HttpResponse:
 def console_agent_confirm(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     agent = req.route_params.get("agent", "")
-    admin = app_context().agents_admin
-    return trouble(page, lambda: agent_pages.confirm(page, admin, agent, caller(req)))
+    return trouble(
+        page, lambda: agent_pages.confirm(page, app_context().agents_admin, agent, caller(req))
+    )
 
 
 @bp.route(route="console/agents/{agent}/change", methods=["POST"])
 def console_agent_change(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     agent = req.route_params.get("agent", "")
-    admin = app_context().agents_admin
-    return trouble(page, lambda: agent_pages.change(page, admin, agent, caller(req)))
+    return trouble(
+        page, lambda: agent_pages.change(page, app_context().agents_admin, agent, caller(req))
+    )
 
 
 # --- alerts and assets ---------------------------------------------------------------------
@@ -435,6 +437,7 @@ def console_retention(req: func.HttpRequest) -> func.HttpResponse:
             report=report,
             container=ctx.names.orders_archive,
             batch=ctx.settings.retention_batch,
+            kept_days=ctx.settings.kept_days,
         )
 
     return trouble(page, show)
@@ -444,7 +447,16 @@ def console_retention(req: func.HttpRequest) -> func.HttpResponse:
 def console_asset(req: func.HttpRequest) -> func.HttpResponse:
     path = ASSETS.get(req.route_params.get("name", ""))
     if path is None:
-        return func.HttpResponse("not found", status_code=404, mimetype="text/plain")
+        return func.HttpResponse(
+            "not found",
+            status_code=404,
+            mimetype="text/plain",
+            headers={**security.HEADERS, **security.transport_headers(req)},
+        )
     mimetype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    headers = {**security.HEADERS, "Cache-Control": "public, max-age=300"}
+    headers = {
+        **security.HEADERS,
+        **security.transport_headers(req),
+        "Cache-Control": "public, max-age=300",
+    }
     return func.HttpResponse(path.read_bytes(), mimetype=mimetype, headers=headers)

@@ -34,6 +34,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Final
 
 from core.events import LEGACY_TRANSIENT
+from core.text import visible
 from core.timefmt import iso_exact, parse_iso
 
 #: Characters of an attempt's error kept in its record (the history has more).
@@ -91,6 +92,10 @@ class Attempt:
     #: For a step that completes on an event: the remote answered 2xx, accepting the work
     #: (it may apply from then on; the event says when it did).
     accepted: bool = False
+    #: Storage queues only (no duplicate detection): the message id of the request copy an
+    #: agent took this attempt with; another copy of the same attempt calls nothing
+    #: (``Order.take``). The same copy redelivered may call again.
+    taken_by: str = ""
     #: How far apart the instances' clocks may be (``MAX_CLOCK_SKEW_SECONDS`` when it was
     #: claimed): a call of this attempt may still run until ``deadline + skew`` as another
     #: instance's clock reads it, and a handler run until its ``running`` time + skew.
@@ -140,7 +145,7 @@ class Attempt:
         self.ending = ending
         self.ended_at = now
         if error:
-            self.error = error[:ERROR_CHARS]
+            self.error = visible(error[:ERROR_CHARS])
 
     def report(
         self,
@@ -197,6 +202,8 @@ class Attempt:
             out["skew"] = self.skew_seconds
         if self.accepted:
             out["accepted"] = True
+        if self.taken_by:
+            out["takenBy"] = self.taken_by
         return out
 
     @classmethod
@@ -219,6 +226,7 @@ class Attempt:
             error=value.get("error") or None,
             skew_seconds=float(value.get("skew", 0.0)),
             accepted=bool(value.get("accepted", False)),
+            taken_by=str(value.get("takenBy") or ""),
         )
 
 
@@ -238,6 +246,9 @@ class GaveUp:
     #: the sentence that says why it failed (an alert is built from it when the step's
     #: group is decided: the other steps of a ``Parallel`` finish first)
     reason: str = ""
+
+    def __post_init__(self) -> None:
+        self.reason = visible(self.reason)  # it quotes outside text (a remote's answer)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"at": iso_exact(self.at), "ambiguous": self.ambiguous}

@@ -83,6 +83,11 @@ class UnboundMessage(OrderError):
     never run: the message is quarantined, which alerts an operator."""
 
 
+class DuplicateRequest(OrderError):
+    """Another copy of an agent request already took its attempt (Storage queues, which
+    detect no duplicates: ``Order.take``): this copy calls nothing and reports nothing."""
+
+
 class InvalidEvent(OrderError):
     """An event the order cannot take: a name its workflow does not declare, or a body that
     is neither ``{"result": {...}}`` nor ``{"refused": "..."}`` (a 400, whatever the
@@ -93,6 +98,11 @@ class StorageUnavailable(OrderError):
     """The state store or a queue did not answer (after its own retries)."""
 
     retryable = True
+
+
+class QueueMissing(OrderError):
+    """A send to a queue that does not exist, where the app may not create it (an order's
+    ``replyTo``: docs/contracts.md §3.5, ``REPLY_QUEUES``). Retrying cannot help."""
 
 
 class CorruptOrder(OrderError):

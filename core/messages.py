@@ -18,7 +18,9 @@ from typing import Any, Final, Literal
 
 from core.errors import InvalidMessage
 from core.orders import MAX_NESTING, ORDER_ID_RULE, describe, is_valid_order_id, strict_json
+from core.text import visible
 from core.timefmt import iso, parse_iso
+from core.workflows import declared_steps
 
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 _PATH = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
@@ -298,6 +300,20 @@ class AgentReply(_StepMessage):
         if self.trace:
             out["trace"] = self.trace
         return out
+
+
+def decode_dispatch(raw: bytes | str) -> str:
+    """The order id of an ``order-dispatch`` message (``{"orderId": "<id>"}``), read with
+    the bounded decoder of every internal message (never ``json.loads``: 60,000 ``[`` would
+    be a ``RecursionError`` on every delivery, then a poison message); ``InvalidMessage``
+    with the reason otherwise."""
+    value = _load_object(raw, "a dispatch message")
+    order_id = value.get("orderId")
+    if not isinstance(order_id, str) or not is_valid_order_id(order_id):
+        raise InvalidMessage(
+            f'a dispatch message must be {{"orderId": "<id>"}} with orderId {ORDER_ID_RULE}'
+        )
+    return order_id
 
 
 def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
@@ -613,14 +629,37 @@ def status_message(order_id: str, status: str, at: datetime, **extra: Any) -> st
     )
 
 
+#: What an alert names as its step when that is no step the declarations declare. The step
+#: is a dimension of the Azure Monitor alert rule (one e-mail per value, infra/app/
+#: alerts.bicep), so it takes only declared names: a message cannot mint new ones.
+UNDECLARED_STEP: Final = "(undeclared)"
+#: Characters of an undeclared step name an alert's reason quotes.
+MAX_UNDECLARED_CHARS: Final = 100
+
+
+def alert_step(step: object) -> tuple[str, str]:
+    """The step an alert carries (a declared step name, ``""`` for none, or
+    ``UNDECLARED_STEP``) and what its reason adds when it named another (else ``""``)."""
+    if step is None or step == "":
+        return "", ""
+    text = str(step)
+    if text == UNDECLARED_STEP or text in declared_steps():
+        return text, ""
+    shown = visible(text[:MAX_UNDECLARED_CHARS])
+    more = "\u2026" if len(text) > MAX_UNDECLARED_CHARS else ""
+    return UNDECLARED_STEP, f' (it names step "{shown}{more}", which no workflow declares)'
+
+
 def alert_message(
     order_id: str, step: str, reason: str, failure_count: int, at: datetime, **extra: Any
 ) -> str:
+    """An operator alert (docs/contracts.md §3.5): ``step`` only as ``alert_step`` allows."""
+    step, detail = alert_step(step)
     return json.dumps(
         {
             "orderId": order_id,
             "step": step,
-            "reason": reason,
+            "reason": visible(reason) + detail,
             "failureCount": failure_count,
             "at": iso(at),
             **extra,
@@ -648,6 +687,7 @@ def rejection_message(
     ``keptAs`` instead of ``message``, and a reason cut at 2,000 characters; ``reason``
     and ``at`` are always there.
     """
+    reason = visible(reason)  # ``message`` stays the original, unchanged
     body: dict[str, Any] = {"reason": reason, "message": original, "at": iso(at), **extra}
     if kept_as is not None:
         cut = 2_000  # characters of the preview and of the reason: the record stays small

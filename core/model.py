@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from core.attempts import Applied, Attempt, Ending
 from core.cancel import CancelPreview
@@ -262,6 +262,38 @@ class Order(Evidence):
                 step=name,
             )
         return step
+
+    def resendable(self, name: str, attempt: int) -> bool:
+        """Whether a duplicate delivery of the order may send this request again: attempt 1
+        of a step of the plan's first group (``Scheduler._duplicate``: its first delivery
+        may have died between the save that claimed it and the send). No other request is
+        ever sent twice."""
+        record = self.find(name)
+        if record is None or attempt != 1 or record.kind is not StepKind.ACTION:
+            return False
+        try:
+            return self.planned(name).group == self.plan.groups()[0]
+        except (KeyError, ValueError, IndexError):
+            return False
+
+    def take(self, name: str, attempt: int, copy: str) -> Literal["took", "held", "other"]:
+        """An agent takes attempt ``attempt`` of step ``name`` with one copy of its request
+        (``copy``: the Storage queue message's id; that transport has no duplicate
+        detection, and a redelivered order sends attempt 1's request again while it may
+        be in flight). ``took``: the first copy, recorded (save it before calling);
+        ``held``: this copy took it before (a redelivery of the same message: it may call
+        again, as after a crash); ``other``: another copy holds it, and calls nothing."""
+        record = self.find(name)
+        found = record.attempts.get(attempt) if record is not None else None
+        if record is None or found is None:
+            return "other"  # compacted: long ended, so no copy of it is to call
+        if found.taken_by == copy:
+            return "held"
+        if found.taken_by:
+            return "other"
+        found.taken_by = copy
+        record.changed = True
+        return "took"
 
     def mark_stuck(self, step: str, reason: str, now: datetime) -> StepRecord:
         """The stuck check's alert (supervisor/dashboard.py): the active step ``step`` has

@@ -87,8 +87,24 @@ class Names:
         )
 
     def own_queues(self) -> frozenset[str]:
-        """Every queue of this app: a ``replyTo`` may name none of them."""
+        """Every queue of this app as declared now (``is_own_queue`` says more)."""
         return frozenset(self.storage_queues())
+
+    def is_own_queue(self, queue: str) -> bool:
+        """Whether ``queue`` is, or may become, one of this app's queues, which a
+        ``replyTo`` may never name: the fixed queues, the shared request queue of earlier
+        versions, every agent's request queue (declared or not yet: ``agent-requests-*``)
+        and the poison queue of each."""
+        base = queue.removesuffix("-poison")
+        fixed = {
+            self.orders,
+            self.orders_rejected,
+            self.operator_alerts,
+            self.order_dispatch,
+            self.agent_requests,
+            self.agent_replies,
+        }
+        return base in fixed or base.startswith(f"{self.agent_requests}-")
 
 
 def poison(queue: str) -> str:

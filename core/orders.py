@@ -18,7 +18,6 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -26,13 +25,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from core.errors import InvalidOrder
 from core.names import Names
+from core.reply_queues import QUEUE_NAME, ReplyQueues
 from core.workflows import DEFAULT_WORKFLOW, WORKFLOWS
 
 ORDER_ID_RULE: Final = "1-64 characters of A-Z a-z 0-9 - _"
 _ORDER_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # always fullmatch: "$" accepts a final "\n"
 # Storage queue names: 3-63 characters, lowercase letters, digits and single
 # hyphens, starting and ending with a letter or digit.
-_QUEUE_NAME = re.compile(r"(?=.{3,63}\Z)[a-z0-9]+(?:-[a-z0-9]+)*")
+_QUEUE_NAME = QUEUE_NAME
 #: A Storage queue message holds at most 64 KiB (65,536 characters): nothing longer can
 #: arrive, so a longer text is refused before it is parsed.
 MAX_MESSAGE_CHARS: Final = 65_536
@@ -323,12 +323,16 @@ def utf16_units(text: str) -> int:
 
 
 def decode_order(
-    raw: bytes | str, *, reserved_queues: Collection[str] | None = None
+    raw: bytes | str,
+    *,
+    names: Names | None = None,
+    reply_queues: ReplyQueues | None = None,
 ) -> OrderMessage:
     """Decode and validate an order message (docs/contracts.md §3.1) or raise ``InvalidOrder``.
 
-    ``reserved_queues``: the app's own queue names, which ``replyTo`` may not name
-    (default: ``Names().own_queues()``; pass the deployment's ``Names``).
+    ``names``: the deployment's queue names, none of which ``replyTo`` may name
+    (``Names.is_own_queue``; default ``Names()``). ``reply_queues``: the queues
+    ``REPLY_QUEUES`` allows; None checks no list (decoding only, as tests and benchmarks do).
     """
     if isinstance(raw, bytes | bytearray | memoryview):
         try:
@@ -372,13 +376,16 @@ def decode_order(
         fields = _OrderFields.model_validate(value)
     except ValidationError as exc:
         raise InvalidOrder(_pydantic_reason(exc), order_id=order_id) from None
-    reserved = Names().own_queues() if reserved_queues is None else reserved_queues
-    if fields.replyTo is not None and fields.replyTo in reserved:
+    if fields.replyTo is not None and (names or Names()).is_own_queue(fields.replyTo):
         raise InvalidOrder(
             f"replyTo {fields.replyTo!r} is one of this app's own queues, which take only the "
             "app's own messages; name a queue of your application for status messages",
             order_id=order_id,
         )
+    if fields.replyTo is not None and reply_queues is not None:
+        refusal = reply_queues.refusal(fields.replyTo)
+        if refusal is not None:
+            raise InvalidOrder(refusal, order_id=order_id)
     message = OrderMessage(fields.orderId, fields.workflow, fields.replyTo, value)
     size = utf16_units(message.data_json)
     if size > MAX_ORDER_DATA_UNITS:  # pragma: no cover - a queue message cannot grow this much

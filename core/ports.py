@@ -228,8 +228,21 @@ class QueueSender(Protocol):
     """Storage queues: orders-rejected, operator-alerts, order-dispatch, replyTo queues."""
 
     def send(
-        self, queue: str, body: str, *, delay_seconds: float = 0, ttl_seconds: int | None = None
-    ) -> None: ...
+        self,
+        queue: str,
+        body: str,
+        *,
+        delay_seconds: float = 0,
+        ttl_seconds: int | None = None,
+        create: bool = True,
+    ) -> None:
+        """``create``: a queue that does not exist yet is created (the app's own queues);
+        False: ``QueueMissing`` instead (an order's ``replyTo``, never created)."""
+        ...
+
+    def exists(self, queue: str) -> bool:
+        """Whether the queue exists (``StorageUnavailable`` if that cannot be told)."""
+        ...
 
 
 class AgentTransport(Protocol):

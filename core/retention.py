@@ -1,12 +1,14 @@
 """How long finished orders stay in the state table (docs/contracts.md §3.12).
 
 The setting ``RETENTION`` is a comma-separated list of ``[workflow/]status=duration``:
-``completed=30d,compensated=90d,cancelled=90d`` (the default) keeps completed orders 30
-days after they finished and the others 90; ``fulfilment/completed=7d`` gives one
-workflow its own time. A rule naming a workflow wins over one that does not. ``error``
-orders are kept until an operator says otherwise: only a rule naming ``error`` (or
-``python -m admin purge --status error``) archives them. Unfinished orders
-(``pending``, ``processing``, ``compensating``) can never be named.
+``completed=30d,compensated=90d,cancelled=90d,error=180d`` (the default) keeps completed
+orders 30 days after they finished, compensated and cancelled ones 90, and ``error`` orders
+(waiting for an operator) 180 days after their last change, so that no order stays for
+ever unless an operator says so; ``fulfilment/completed=7d`` gives one workflow its own
+time. A rule naming a workflow wins over one that does not. A status no rule names
+stays for ever: a ``RETENTION`` without an ``error`` rule keeps ``error`` orders until
+``python -m admin purge --status error`` archives them. Unfinished orders (``pending``,
+``processing``, ``compensating``) can never be named.
 
 An order counts as finished at its last change (``UpdatedAt``), or when it was restored
 from the archive, whichever is later: an order created long ago that finished
@@ -29,7 +31,7 @@ ARCHIVABLE: Final = (
     OrderStatus.CANCELLED,
     OrderStatus.ERROR,
 )
-DEFAULT_RETENTION: Final = "completed=30d,compensated=90d,cancelled=90d"
+DEFAULT_RETENTION: Final = "completed=30d,compensated=90d,cancelled=90d,error=180d"
 
 _DURATION = re.compile(r"(\d{1,6})([smhd])")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -143,6 +145,20 @@ class Retention:
                 general = rule.keep
         return general
 
+    def cli_run(
+        self, status: OrderStatus | None, workflow: str | None, older_than: timedelta | None
+    ) -> Retention:
+        """The rules ``python -m admin purge [--status S] [--workflow W] [--older-than D]``
+        runs: these settings narrowed to ``status`` and ``workflow``, or one time for them
+        (``older_than``). ``error`` orders only when ``status`` names them
+        (docs/contracts.md §3.12), even when the settings do (the timer follows those)."""
+        if older_than is not None:
+            return Retention.older_than(older_than, status, workflow)
+        rules = self.narrowed(status, workflow)
+        if status is None:
+            rules = Retention(tuple(r for r in rules.rules if r.status is not OrderStatus.ERROR))
+        return rules
+
     def statuses(self) -> list[OrderStatus]:
         return [s for s in ARCHIVABLE if any(r.status is s for r in self.rules)]
 
@@ -157,6 +173,17 @@ class Retention:
 
     def __str__(self) -> str:
         return ",".join(str(r) for r in self.rules)
+
+
+#: Where kept messages (``stores/kept.py``) are archived in the same container: ``_`` can
+#: begin no workflow name, so no order blob shares the prefix.
+KEPT_PREFIX: Final = "_kept"
+DEFAULT_KEPT_DAYS: Final = 30
+
+
+def kept_archive_path(kept: datetime, run: str, part: int) -> str:
+    """``_kept/<yyyy>/<mm>/<dd>/<run>-<part>.jsonl.gz``, by the day the messages were kept."""
+    return archive_path(KEPT_PREFIX, kept, run, part)
 
 
 def archive_path(workflow: str, finished: datetime, run: str, part: int) -> str:

@@ -22,7 +22,8 @@ from types import MappingProxyType
 from typing import Final
 from urllib.parse import urlsplit
 
-from core.retention import DEFAULT_RETENTION, Retention
+from core.reply_queues import ReplyQueues
+from core.retention import DEFAULT_KEPT_DAYS, DEFAULT_RETENTION, Retention
 
 STORAGE: Final = "AzureWebJobsStorage"
 SERVICE_BUS: Final = "ServiceBusConnection"
@@ -40,6 +41,8 @@ ARCHIVE_DAYS: Final = "ARCHIVE_DAYS"
 DASHBOARD_SCHEDULE: Final = "DASHBOARD_SCHEDULE"
 STUCK_FLOOR_SECONDS: Final = "STUCK_FLOOR_SECONDS"
 MAX_CLOCK_SKEW_SECONDS: Final = "MAX_CLOCK_SKEW_SECONDS"
+REPLY_QUEUES: Final = "REPLY_QUEUES"
+KEPT_DAYS: Final = "KEPT_DAYS"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
 DECLARATIONS: Final = "ORDERS_DECLARATIONS"
@@ -87,6 +90,8 @@ APP_SETTINGS: Final = (
     DASHBOARD_SCHEDULE,
     STUCK_FLOOR_SECONDS,
     MAX_CLOCK_SKEW_SECONDS,
+    REPLY_QUEUES,
+    KEPT_DAYS,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -293,6 +298,13 @@ def _retention(env: Mapping[str, str]) -> Retention:
         raise SettingsError(str(exc)) from None
 
 
+def _reply_queues(env: Mapping[str, str]) -> ReplyQueues:
+    try:
+        return ReplyQueues.parse(env.get(REPLY_QUEUES, ""), REPLY_QUEUES)
+    except ValueError as exc:
+        raise SettingsError(str(exc)) from None
+
+
 _CRON_FIELD = re.compile(r"[0-9A-Za-z*/,\-?]+")
 
 
@@ -401,11 +413,15 @@ class Settings:
     retention_schedule: str = DEFAULT_RETENTION_SCHEDULE
     retention_batch: int = DEFAULT_RETENTION_BATCH
     archive_days: int = DEFAULT_ARCHIVE_DAYS
+    #: how long messages kept for an operator (stores/kept.py) stay before they are archived
+    kept_days: int = DEFAULT_KEPT_DAYS
     #: the dashboard's timer, and the least time in one state that makes a step stuck
     dashboard_schedule: str = DEFAULT_DASHBOARD_SCHEDULE
     stuck_floor_seconds: int = DEFAULT_STUCK_FLOOR_SECONDS
     #: how far apart instances' clocks may be (an undo waits that long past a deadline)
     max_clock_skew_seconds: int = DEFAULT_MAX_CLOCK_SKEW_SECONDS
+    #: the queues an order's replyTo may name (core.reply_queues; empty: none)
+    reply_queues: ReplyQueues = field(default_factory=ReplyQueues)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -456,6 +472,7 @@ class Settings:
             retention_schedule=retention_schedule_of(env),
             retention_batch=_positive_int(env, RETENTION_BATCH, DEFAULT_RETENTION_BATCH, 100_000),
             archive_days=_positive_int(env, ARCHIVE_DAYS, DEFAULT_ARCHIVE_DAYS, 36_500),
+            kept_days=_positive_int(env, KEPT_DAYS, DEFAULT_KEPT_DAYS, 36_500),
             dashboard_schedule=dashboard_schedule_of(env),
             stuck_floor_seconds=_positive_int(
                 env, STUCK_FLOOR_SECONDS, DEFAULT_STUCK_FLOOR_SECONDS, 7 * 86_400
@@ -466,6 +483,7 @@ class Settings:
                 DEFAULT_MAX_CLOCK_SKEW_SECONDS,
                 MAX_MAX_CLOCK_SKEW_SECONDS,
             ),
+            reply_queues=_reply_queues(env),
         )
 
     def require_remote_service_url(self) -> str:

@@ -18,6 +18,7 @@ from core.attempts import Attempt, AttemptLog, GaveUp
 from core.events import Event
 from core.messages import idempotency_key
 from core.states import StepKind, StepState
+from core.text import visible, visible_details
 from core.timefmt import iso, iso_exact, parse_iso
 
 MAX_HISTORY: Final = 100
@@ -89,9 +90,17 @@ class StepRecord:
     etag: str | None = None
     changed: bool = False
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The last error is outside text (a remote's answer, a handler's exception):
+        # shown in the API, the console and alerts, so made visible (core.text).
+        if name == "last_error" and isinstance(value, str):
+            value = visible(value)
+        super().__setattr__(name, value)
+
     def record(self, now: datetime, event: Event, **details: Any) -> None:
         entry: dict[str, Any] = {"at": iso(now), "event": str(event)}
-        entry.update({k: v for k, v in details.items() if v is not None})
+        # Outside text (a remote's error, an operator's reason) shown as it is: visible.
+        entry.update({k: visible_details(v) for k, v in details.items() if v is not None})
         self.history.append(entry)
         if len(self.history) > MAX_HISTORY:
             # Keep the first entry (how it began) and the most recent ones.

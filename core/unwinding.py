@@ -32,6 +32,7 @@ from core.patches import apply_patch, history_of
 from core.progress import Progress, StepFunctionFailed, json_object
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
+from core.text import visible_details
 from core.timefmt import iso
 from core.workflows import Plan, PlannedStep
 
@@ -703,7 +704,8 @@ class Unwinding(Progress):
 
     def _event(self, now: datetime, event: Event, **details: Any) -> None:
         entry: dict[str, Any] = {"at": iso(now), "event": str(event)}
-        entry.update({k: v for k, v in details.items() if v is not None})
+        # Outside text (a remote's error, an operator's reason) shown as it is: visible.
+        entry.update({k: visible_details(v) for k, v in details.items() if v is not None})
         self.history.append(entry)
         if len(self.history) > MAX_ORDER_HISTORY:
             self.history = self.history[:1] + self.history[-(MAX_ORDER_HISTORY - 1) :]

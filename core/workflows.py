@@ -190,6 +190,18 @@ AGENTS: Final[Mapping[str, Agent]] = _Declared("AGENTS")
 DEFAULT_WORKFLOW: Final = "order"
 
 
+def declared_steps() -> frozenset[str]:
+    """Every step name today's declarations give: steps, events, delays and
+    compensations, of every workflow."""
+    names: set[str] = set()
+    for workflow in WORKFLOWS.values():
+        for leaf, _ in workflow.leaves():
+            names.add(leaf.name)
+            if isinstance(leaf, StepSpec) and leaf.compensation is not None:
+                names.add(leaf.compensation.step)
+    return frozenset(names)
+
+
 def function_of(workflow: str, step: str, name: str) -> Callable[[Any], Any] | None:
     """The function ``name`` (``input``, ``when``, ``until``) that today's declarations give
     ``step`` of ``workflow`` (a compensation's ``input`` by its own step name); None if

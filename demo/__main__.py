@@ -247,6 +247,7 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     run_id = uuid.uuid4().hex[:6]
     cases = scenarios(f"demo-{run_id}", args.copies)
     reply_to = f"demo-status-{run_id}"
+    stack.context.queues.ensure(reply_to)  # the app never creates a replyTo queue
     for case in cases:
         stack.submit(case.message(reply_to))
     stack.submit(cases[0].message(reply_to))  # a duplicate delivery: must change nothing

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from localbus.process import LocalBus
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The queues the demo names as its orders' replyTo (``REPLY_QUEUES``): ``demo-status-<run>``.
+DEMO_REPLY_QUEUES = "demo-status-*"
 
 
 @dataclass
@@ -229,6 +231,8 @@ class LocalStack:
                 "STEP_TIMEOUT_SECONDS": "10",
                 "MAX_FAILURE_COUNT": "5",
                 "SUPERVISOR_SCHEDULE": "*/2 * * * * *",
+                # The demo's status queues (demo/__main__.py), unless you name yours
+                "REPLY_QUEUES": os.environ.get("REPLY_QUEUES") or DEMO_REPLY_QUEUES,
                 "PYTHONUNBUFFERED": "1",
                 # As deployed (infra/app/function-app.bicep; hostrun/pool.py says why)
                 POOL_SETTING: POOL_THREADS,

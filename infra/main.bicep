@@ -66,8 +66,8 @@ param deferralWindowSeconds int = 1800
 @description('MAX_CLOCK_SKEW_SECONDS: how far apart two instances\' clocks may be. A step in doubt is not undone before its last attempt\'s deadline plus this has passed on every clock.')
 param maxClockSkewSeconds int = 10
 
-@description('RETENTION: how long finished orders stay in the state table before the retention timer archives them to the orders-archive container and deletes them: comma-separated [workflow/]status=duration (s, m, h, d). error orders stay until a rule names them.')
-param retention string = 'completed=30d,compensated=90d,cancelled=90d'
+@description('RETENTION: how long finished orders stay in the state table before the retention timer archives them to the orders-archive container and deletes them: comma-separated [workflow/]status=duration (s, m, h, d). error orders (waiting for an operator) go 180 days after their last change; a status no rule names stays for ever.')
+param retention string = 'completed=30d,compensated=90d,cancelled=90d,error=180d'
 
 @minLength(11)
 @description('RETENTION_SCHEDULE: NCRONTAB (six fields) of the retention timer.')
@@ -87,12 +87,20 @@ param dashboardSchedule string = '30 * * * * *'
 param stuckFloorSeconds int = 300
 
 @minValue(1)
+@maxValue(36500)
+@description('KEPT_DAYS: how long a message kept for an operator (an order or agent message too large to quote in its rejection record or alert) stays in the state table; then the retention timer archives it to orders-archive/_kept/ and deletes it.')
+param keptDays int = 30
+
+@minValue(1)
 @description('Days after which archived orders (blobs in orders-archive) move to the cool tier.')
 param archiveCoolAfterDays int = 30
 
 @minValue(1)
 @description('Days after which archived orders are deleted from orders-archive for good. Must be more than archiveCoolAfterDays.')
 param archiveDeleteAfterDays int = 730
+
+@description('REPLY_QUEUES: the Storage queues an order\'s replyTo may name, comma-separated; an entry ending in * is a prefix (shop-status,partner-*). Empty: no status messages, and an order naming a replyTo is rejected. The app\'s own queues are never allowed, and it never creates a replyTo queue.')
+param replyQueues string = ''
 
 @description('CONSOLE_READ_ONLY: when true the operator console (GET /api/console) only shows orders; it hides every action and the app refuses them. False lets an operator holding the function key act from it.')
 param consoleReadOnly bool = false
@@ -311,10 +319,12 @@ module functionApp 'app/function-app.bicep' = {
     deferralWindowSeconds: deferralWindowSeconds
     maxClockSkewSeconds: maxClockSkewSeconds
     consoleReadOnly: consoleReadOnly
+    replyQueues: replyQueues
     retention: retention
     retentionSchedule: retentionSchedule
     retentionBatch: retentionBatch
     archiveDays: archiveDeleteAfterDays
+    keptDays: keptDays
     dashboardSchedule: dashboardSchedule
     stuckFloorSeconds: stuckFloorSeconds
     instanceMemoryMB: instanceMemoryMB

@@ -14,10 +14,12 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from datetime import datetime
 
-from core.errors import ConcurrencyConflict, StorageUnavailable
+from core.errors import ConcurrencyConflict, QueueMissing, StorageUnavailable
 from core.messages import alert_message
 from core.names import Names
 from core.ports import OutboxEntry, QueueSender, SavedNotices, StateStore
+from core.reply_queues import SETTING as REPLY_QUEUES
+from core.reply_queues import ReplyQueues
 from observability.logs import get_logger, log_operator_alert
 from observability.metrics import METRICS
 
@@ -29,20 +31,34 @@ ALERTED_MEMORY = 10_000
 
 
 class NoticeSender:
-    def __init__(self, store: StateStore, queues: QueueSender, names: Names):
+    def __init__(
+        self,
+        store: StateStore,
+        queues: QueueSender,
+        names: Names,
+        reply_queues: ReplyQueues | None = None,
+    ):
+        """``reply_queues``: the queues status notices may go to (``REPLY_QUEUES``; None:
+        none). A notice for another queue, or for one that does not exist, is not sent
+        (a WARNING says why) and leaves the outbox: the app never creates a replyTo queue."""
         self._store = store
         self._queues = queues
         self._names = names
+        self._reply_queues = reply_queues or ReplyQueues()
         self._alerted: OrderedDict[str, None] = OrderedDict()
         self._alerted_lock = threading.Lock()
 
     def deliver(self, saved: SavedNotices | Iterable[OutboxEntry]) -> int:
         """Send committed notices; returns how many went out. Failures stay in the outbox."""
         entries = list(saved.entries if isinstance(saved, SavedNotices) else saved)
-        sent: list[OutboxEntry] = []
+        done: list[OutboxEntry] = []
+        dropped = 0
         for entry in entries:
             try:
-                self._send(entry)
+                if not self._send(entry):
+                    done.append(entry)  # never to be sent: out of the outbox, not counted
+                    dropped += 1
+                    continue
             except StorageUnavailable as exc:
                 log.warning(
                     "notice for order %s not sent yet (the sweep retries): %s", entry.order_id, exc
@@ -57,10 +73,10 @@ class NoticeSender:
                     exc,
                 )
                 continue
-            sent.append(entry)
-        if sent:
-            self._store.delete_outbox(sent)
-        return len(sent)
+            done.append(entry)
+        if done:
+            self._store.delete_outbox(done)
+        return len(done) - dropped
 
     def alert_now(
         self, order_id: str, step: str, reason: str, now: datetime, failure_count: int = 0
@@ -68,10 +84,10 @@ class NoticeSender:
         """An operator alert that no transition committed (a sweep met an order it cannot
         handle): the same ERROR record and ``operator-alerts`` message as an outbox alert.
         ``StorageUnavailable`` if the queue did not take it."""
-        log_operator_alert(log, order_id, step, failure_count, reason)
-        self._queues.send(
-            self._names.operator_alerts, alert_message(order_id, step, reason, failure_count, now)
-        )
+        body = alert_message(order_id, step, reason, failure_count, now)
+        alert = json.loads(body)
+        log_operator_alert(log, order_id, alert["step"], failure_count, alert["reason"])
+        self._queues.send(self._names.operator_alerts, body)
         METRICS.inc("alerts")
 
     def alert_once(self, order_id: str, step: str, reason: str, now: datetime) -> bool:
@@ -120,7 +136,14 @@ class NoticeSender:
             exc_info=exc if first else None,  # the traceback once, not every run
         )
 
-    def _send(self, entry: OutboxEntry) -> None:
+    def _refusal(self, queue: str) -> str | None:
+        if self._names.is_own_queue(queue):
+            return f"{queue} is one of this app's own queues"
+        return self._reply_queues.refusal(queue)
+
+    def _send(self, entry: OutboxEntry) -> bool:
+        """Send one notice; False: it can never be sent (its queue is not allowed, or does
+        not exist), which a WARNING says."""
         if entry.kind == "alert":
             alert = json.loads(entry.body)
             log_operator_alert(
@@ -133,5 +156,22 @@ class NoticeSender:
             self._queues.send(self._names.operator_alerts, entry.body)
             METRICS.inc("alerts")
         elif entry.queue:
-            self._queues.send(entry.queue, entry.body)
+            refusal = self._refusal(entry.queue)
+            if refusal is not None:
+                METRICS.inc("notifications_refused")
+                log.warning("status notice for order %s not sent: %s", entry.order_id, refusal)
+                return False
+            try:
+                self._queues.send(entry.queue, entry.body, create=False)
+            except QueueMissing:
+                METRICS.inc("notifications_refused")
+                log.warning(
+                    "status notice for order %s not sent: its replyTo queue %s does not "
+                    "exist, and the app never creates one (%s lists it: create the queue)",
+                    entry.order_id,
+                    entry.queue,
+                    REPLY_QUEUES,
+                )
+                return False
             METRICS.inc("notifications")
+        return True

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 from collections import OrderedDict
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from azure.core.exceptions import AzureError, ResourceExistsError, ResourceNotFoundError
 
-from core.errors import StorageUnavailable
+from core.errors import QueueMissing, StorageUnavailable
 from core.messages import AgentReply, AgentRequest
 from core.names import Names
 from core.ports import Clock
@@ -35,6 +36,8 @@ REQUEST_LATE_SECONDS = 3600
 #: Per-queue clients kept (least recently used dropped first): every distinct ``replyTo``
 #: is a queue, so an unbounded cache would grow with the apps' queue names.
 MAX_CACHED_CLIENTS = 256
+#: How long a queue seen to exist is taken to exist without asking again.
+EXISTS_SECONDS = 300.0
 
 
 class StorageQueues:
@@ -44,6 +47,8 @@ class StorageQueues:
         self._service = service
         self._max_clients = max_clients
         self._clients: OrderedDict[str, QueueClient] = OrderedDict()
+        #: queues seen to exist, and when (``time.monotonic``)
+        self._existing: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def client(self, queue: str) -> QueueClient:
@@ -65,7 +70,13 @@ class StorageQueues:
                 self.client(queue).create_queue()
 
     def send(
-        self, queue: str, body: str, *, delay_seconds: float = 0, ttl_seconds: int | None = None
+        self,
+        queue: str,
+        body: str,
+        *,
+        delay_seconds: float = 0,
+        ttl_seconds: int | None = None,
+        create: bool = True,
     ) -> None:
         delay = min(math.ceil(delay_seconds), MAX_DELAY_SECONDS) if delay_seconds > 0 else None
         client = self.client(queue)
@@ -73,12 +84,41 @@ class StorageQueues:
             try:
                 client.send_message(body, visibility_timeout=delay, time_to_live=ttl_seconds)
             except ResourceNotFoundError:
-                # First message to a queue nobody created yet (a new replyTo, a fresh account).
+                if not create:  # an order's replyTo: never created by the app
+                    self._forget(queue)
+                    raise QueueMissing(f"queue {queue} does not exist") from None
+                # First message to one of the app's queues on a fresh account.
                 with contextlib.suppress(ResourceExistsError):
                     client.create_queue()
                 client.send_message(body, visibility_timeout=delay, time_to_live=ttl_seconds)
         except AzureError as exc:
             raise StorageUnavailable(f"could not send to queue {queue}: {exc}") from exc
+
+    def exists(self, queue: str) -> bool:
+        """Whether ``queue`` exists; a yes is remembered for ``EXISTS_SECONDS`` (a no is
+        asked again: the queue may be created meanwhile)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._existing.get(queue)
+            if seen is not None and now - seen < EXISTS_SECONDS:
+                return True
+        try:
+            self.client(queue).get_queue_properties()
+        except ResourceNotFoundError:
+            self._forget(queue)
+            return False
+        except AzureError as exc:
+            raise StorageUnavailable(f"could not tell whether queue {queue} exists: {exc}") from exc
+        with self._lock:
+            self._existing[queue] = now
+            self._existing.move_to_end(queue)
+            while len(self._existing) > self._max_clients:
+                self._existing.popitem(last=False)
+        return True
+
+    def _forget(self, queue: str) -> None:
+        with self._lock:
+            self._existing.pop(queue, None)
 
 
 def seconds_left(deadline: datetime, now: datetime) -> int:

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
 
+from core.messages import alert_step
+
 _FIELDS = ("orderId", "step", "attempt")
 #: Loggers that write a line or two for every HTTP request at INFO: the Azure SDKs' HTTP
 #: logging policy (each Storage request and its answer, headers listed) and httpx (each
@@ -93,7 +95,9 @@ def log_operator_alert(
     **extra: Any,
 ) -> None:
     """The ERROR record of an operator alert. The alert rule in infra/ matches its text:
-    keep it stable. Every alert (outbox, sweep, poison) writes it through here."""
+    keep it stable. Every alert (outbox, sweep, poison) writes it through here, with the
+    step its alert message carries (``core.messages.alert_step``: declared names only)."""
+    step, _ = alert_step(step)
     with order_context(
         order_id=str(order_id) if order_id else None, step=str(step) if step else None
     ):

@@ -33,9 +33,10 @@ from core.errors import (
 from core.messages import AgentReply, AgentRequest
 from core.model import Order, ReplyEffect, StepRecord
 from core.names import Names
-from core.orders import decode_order
+from core.orders import OrderMessage, decode_order
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock, IndexEntry, QueueSender, StateStore
+from core.reply_queues import ReplyQueues
 from core.states import StepState
 from core.timefmt import iso
 from core.unit_of_work import OrderChanges
@@ -90,6 +91,8 @@ class SchedulerConfig:
     instance_id: str
     step_timeout_seconds: int
     policy: RetryPolicy = field(default_factory=RetryPolicy)
+    #: the queues an order's replyTo may name (``REPLY_QUEUES``; empty: none)
+    reply_queues: ReplyQueues = field(default_factory=ReplyQueues)
 
 
 class Scheduler:
@@ -128,7 +131,8 @@ class Scheduler:
     def submit(self, raw: bytes) -> Handled:
         """The submitter: validate, store order + first step in one transaction, dispatch."""
         try:
-            message = decode_order(raw, reserved_queues=self._names.own_queues())
+            message = decode_order(raw, names=self._names, reply_queues=self._config.reply_queues)
+            self._check_reply_queue(message)
         except InvalidOrder as exc:
             self.reject(raw, exc.message)
             return Handled.REJECTED
@@ -166,6 +170,22 @@ class Scheduler:
             for claimed in claims:
                 self._send_request(order, claimed)
             return Handled.ACCEPTED
+
+    def _check_reply_queue(self, message: OrderMessage) -> None:
+        """An order's replyTo must exist: the app never creates it (``REPLY_QUEUES``). An
+        order already accepted is not refused for it (a redelivery after the queue went:
+        its notices are not sent, and a WARNING says so)."""
+        queue = message.reply_to
+        if queue is None or self._queues.exists(queue):
+            return
+        if self._store.load(message.order_id) is not None:
+            return
+        raise InvalidOrder(
+            f"replyTo {queue!r} names a queue that does not exist; the app sends status "
+            "messages only to a queue that is there and never creates one: create the queue, "
+            "then send the order again",
+            order_id=message.order_id,
+        )
 
     def _claim_due(self, order: Order, now: datetime) -> list[StepRecord]:
         """Claim every due Pending step of the order (a ``Parallel``'s all at once); hold
@@ -234,14 +254,13 @@ class Scheduler:
         # request may never have left. Sending it again is safe (the same attempt, the
         # same idempotency key: a second copy only adds its report); sending nothing
         # would leave an attempt that may or may not have been sent.
-        first_group = existing.plan.groups()[0]
+        # (On Storage queues the agent runs only one copy of it: ``Order.take``.)
         resend = [
             step
             for step in existing.active_steps()
-            if existing.planned(step.step).group == first_group
-            and step.process_state is StepState.PROCESSING
+            if step.process_state is StepState.PROCESSING
             and (current := step.current) is not None
-            and current.number == 1
+            and existing.resendable(step.step, current.number)
             and current.in_flight
             and not current.reports
             and step.complete_by > self._clock()

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-
 import azure.functions as func
 
 from bootstrap import app_context, index_time
 from core import names
 from core.errors import InvalidMessage
-from core.messages import decode_reply
-from core.orders import is_valid_order_id
+from core.messages import decode_dispatch, decode_reply
 from core.settings import SERVICE_BUS, STORAGE, Transport
 from messaging.quarantine import quarantine
 
@@ -29,17 +26,10 @@ def dispatch_order(msg: func.QueueMessage) -> None:
     ctx = app_context()
     raw = msg.get_body()
     try:
-        order_id = json.loads(raw)["orderId"]
-        if not isinstance(order_id, str) or not is_valid_order_id(order_id):
-            raise ValueError(order_id)
-    except (ValueError, KeyError, TypeError):
+        order_id = decode_dispatch(raw)
+    except InvalidMessage as exc:
         quarantine(
-            ctx.queues,
-            ctx.names.order_dispatch,
-            raw,
-            'a dispatch message must be {"orderId": "<id>"}',
-            ctx.clock,
-            keeper=ctx.kept,
+            ctx.queues, ctx.names.order_dispatch, raw, exc.message, ctx.clock, keeper=ctx.kept
         )
         return
     ctx.ride_out(lambda: ctx.scheduler.dispatch(order_id), what="dispatch")

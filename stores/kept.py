@@ -9,7 +9,9 @@ message itself, so:
   (``messaging/quarantine.py``)
 
 is kept here, and the alert or record carries ``messagePreview`` and ``keptAs`` (the row
-key) instead. ``python -m admin kept`` lists, shows and deletes them.
+key) instead. ``python -m admin kept`` lists, shows and deletes them. They do not stay
+for ever: the retention run archives those older than ``KEPT_DAYS`` (default 30) to the
+``_kept/`` blobs of ``orders-archive``, then deletes them (``admin/retention.py``).
 
 They live in the state table under the partition ``kept`` (sweeps never read it), one
 entity per message: the text split over ``Text``, ``Text1`` ... (at most 30,000 UTF-16
@@ -24,15 +26,17 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal, Protocol
 
-from azure.core.exceptions import AzureError, ResourceNotFoundError
+from azure.core import MatchConditions
+from azure.core.exceptions import AzureError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient
 
 from core.errors import StorageUnavailable
-from core.timefmt import sortable
+from core.timefmt import iso, sortable
 from stores.entities import split_utf16
 
 PARTITION: Final = "kept"
@@ -45,6 +49,8 @@ MAX_KEPT_UNITS: Final = PART_UNITS * MAX_PARTS
 MAX_RECORD_BYTES: Final = 60_000
 #: How much of a kept message its record or alert still shows (``messagePreview``).
 PREVIEW_CHARS: Final = 2_000
+#: Kept messages read per page by retention (each up to ~1 MiB).
+PAGE: Final = 20
 MAX_REASON_CHARS: Final = 4_000
 #: Row keys this module writes: safe in a URL, a shell and a table key.
 _ROW = re.compile(r"[A-Za-z0-9._-]{1,255}")
@@ -109,6 +115,37 @@ def _text(e: Any) -> str:
     return "".join(e.get(_name(n), "") for n in range(int(e.get("Parts", 1))))
 
 
+def _message(e: Any) -> KeptMessage:
+    text = _text(e)
+    return KeptMessage(
+        e["RowKey"],
+        e["Queue"],
+        e.get("Reason", ""),
+        text,
+        e["At"],
+        e.get("Encoding", "text"),
+        bool(e.get("Truncated", False)),
+        int(e.get("Length", len(text))),
+    )
+
+
+def archived_line(message: KeptMessage, archived_at: datetime) -> dict[str, Any]:
+    """A kept message as a line of the archive (``_kept/...`` blobs of ``orders-archive``)."""
+    return {
+        "format": 1,
+        "kind": "kept",
+        "row": message.row,
+        "queue": message.queue,
+        "reason": message.reason,
+        "at": iso(message.at),
+        "archivedAt": iso(archived_at),
+        "encoding": message.encoding,
+        "truncated": message.truncated,
+        "length": message.length,
+        "text": message.text,
+    }
+
+
 class KeptMessages:
     def __init__(self, table: TableClient):
         self._table = table
@@ -149,17 +186,53 @@ class KeptMessages:
             return None
         except AzureError as exc:
             raise StorageUnavailable(f"could not read kept message {row}: {exc}") from exc
-        text = _text(e)
-        return KeptMessage(
-            row,
-            e["Queue"],
-            e.get("Reason", ""),
-            text,
-            e["At"],
-            e.get("Encoding", "text"),
-            bool(e.get("Truncated", False)),
-            int(e.get("Length", len(text))),
-        )
+        return _message(e)
+
+    def kept_before(self, before: datetime) -> Iterator[tuple[KeptMessage, str]]:
+        """The messages kept before ``before``, oldest first, each with its row's ETag
+        (lazily, a page at a time: row keys start with the time, so this is one range)."""
+        try:
+            rows = self._table.query_entities(
+                "PartitionKey eq @pk and RowKey lt @hi",
+                parameters={"pk": PARTITION, "hi": sortable(before)},
+                results_per_page=PAGE,
+            )
+            for e in rows:
+                yield _message(e), str(e.metadata["etag"])
+        except AzureError as exc:
+            raise StorageUnavailable(f"could not list kept messages: {exc}") from exc
+
+    def count_before(self, before: datetime, limit: int) -> int:
+        """How many messages were kept before ``before`` (at most ``limit``), their keys
+        only read: what a dry run reports."""
+        try:
+            rows = self._table.query_entities(
+                "PartitionKey eq @pk and RowKey lt @hi",
+                parameters={"pk": PARTITION, "hi": sortable(before)},
+                select=["RowKey"],
+                results_per_page=min(max(limit, 1), 1000),
+            )
+            count = 0
+            for _ in rows:
+                if count >= limit:
+                    break
+                count += 1
+            return count
+        except AzureError as exc:
+            raise StorageUnavailable(f"could not count kept messages: {exc}") from exc
+
+    def remove(self, row: str, etag: str) -> bool:
+        """Delete a kept message if unchanged since read (``kept_before``); False when it
+        was deleted or changed meanwhile."""
+        try:
+            self._table.delete_entity(
+                PARTITION, row, etag=etag, match_condition=MatchConditions.IfNotModified
+            )
+        except (ResourceNotFoundError, ResourceModifiedError):
+            return False
+        except AzureError as exc:
+            raise StorageUnavailable(f"could not delete kept message {row}: {exc}") from exc
+        return True
 
     def summaries(self, limit: int = 100, preview_chars: int = 200) -> list[KeptSummary]:
         """The oldest ``limit`` kept messages, without their whole text."""

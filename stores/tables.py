@@ -71,8 +71,15 @@ class TableStateStore(SweepReads, ControlRows, DashboardRows):
         return self._table
 
     def ensure_table(self) -> None:
-        with contextlib.suppress(ResourceExistsError):
-            self._table.create_table()
+        """Create the table if missing. Storage that does not answer is
+        ``StorageUnavailable``, as for every other request: the process's first request
+        may be the one that meets an outage, and it answers 503 (``retryable``) like the
+        rest, not a 500; the next one tries again."""
+        try:
+            with contextlib.suppress(ResourceExistsError):
+                self._table.create_table()
+        except AzureError as exc:
+            raise StorageUnavailable(f"could not create or reach the state table: {exc}") from exc
 
     # --- reads ---------------------------------------------------------------------
 

@@ -136,7 +136,7 @@ class PoisonWatch:
                 body = body_with({"messagePreview": preview, "keptAs": kept_as}, hint)
         alert: dict[str, Any] = json.loads(body)
         log_operator_alert(
-            log, original.order_id, original.step, failures, alert["reason"], queue=source
+            log, original.order_id, alert["step"], failures, alert["reason"], queue=source
         )
         self._queues.send(self._names.operator_alerts, body)
         METRICS.inc("poison_alerts", queue=source)

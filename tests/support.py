@@ -67,6 +67,10 @@ class FakeClock:
             return self.now
 
 
+#: ``REPLY_QUEUES`` of ``make_context``: the queues the tests name as an order's ``replyTo``.
+STATUS_QUEUES = "st-*"
+
+
 def make_context(
     connection: str,
     tag: str,
@@ -76,11 +80,13 @@ def make_context(
     max_failures: int = 3,
     timeout: int = 30,
     inline_replies: bool = False,
+    reply_queues: str = STATUS_QUEUES,
 ) -> AppContext:
     """The app, bootstrapped on a table and queues of its own (``tag``), with the Storage
     transport. ``inline_replies``: this instance runs the reply handler (its agents apply
     their replies in process); by default replies go through the reply queue, so a test
-    can move each message by hand, hop by hop."""
+    can move each message by hand, hop by hop. ``reply_queues``: ``REPLY_QUEUES`` (the
+    tests' status queues are ``st-<tag>``, made by ``status_queue``)."""
     settings = settings_from(
         {
             "AzureWebJobsStorage": connection,
@@ -88,6 +94,7 @@ def make_context(
             "REMOTE_SERVICE_URL": remote_url,
             "STEP_TIMEOUT_SECONDS": str(timeout),
             "MAX_FAILURE_COUNT": str(max_failures),
+            "REPLY_QUEUES": reply_queues,
         }
     )
     ctx = bootstrap(
@@ -97,6 +104,13 @@ def make_context(
     )
     ctx.provision()
     return ctx
+
+
+def status_queue(ctx: AppContext, tag: str) -> str:
+    """``st-<tag>``, created: a ``replyTo`` queue must exist (the app never creates one)."""
+    queue = f"st-{tag}"
+    ctx.queues.ensure(queue)
+    return queue
 
 
 def drain(ctx: AppContext, queue: str, max_messages: int = 1000) -> list[str]:

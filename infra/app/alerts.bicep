@@ -86,7 +86,8 @@ resource operatorAlertRule 'Microsoft.Insights/scheduledQueryRules@2023-12-01' =
           threshold: 0
           // One alert per step and evaluation, with the count: bounded
           // cardinality, so a burst of failed orders (a remote service down)
-          // sends a handful of emails, not hundreds.
+          // sends a handful of emails, not hundreds. The app logs declared
+          // step names only, '(undeclared)' for any other (core/messages.py).
           dimensions: [
             {
               name: 'Step'

@@ -51,6 +51,9 @@ param maxClockSkewSeconds int
 @description('CONSOLE_READ_ONLY: the console shows orders but offers and accepts no action.')
 param consoleReadOnly bool
 
+@description('REPLY_QUEUES: the queues an order\'s replyTo may name (comma-separated; an entry ending in * is a prefix). Empty: none.')
+param replyQueues string
+
 @description('RETENTION: how long finished orders stay before they are archived (core/retention.py).')
 param retention string
 
@@ -62,6 +65,11 @@ param retentionBatch int
 
 @description('ARCHIVE_DAYS: how long the archive keeps an order; the lifecycle rule deletes its blob then (the same parameter).')
 param archiveDays int
+
+@minValue(1)
+@maxValue(36500)
+@description('KEPT_DAYS: how long a message kept for an operator stays in the table before retention archives it.')
+param keptDays int
 
 @description('DASHBOARD_SCHEDULE: NCRONTAB (six fields) of the dashboard timer.')
 param dashboardSchedule string
@@ -296,6 +304,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           value: consoleReadOnly ? 'true' : 'false'
         }
         {
+          name: 'REPLY_QUEUES'
+          value: replyQueues
+        }
+        {
           name: 'RETENTION'
           value: retention
         }
@@ -310,6 +322,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'ARCHIVE_DAYS'
           value: string(archiveDays)
+        }
+        {
+          name: 'KEPT_DAYS'
+          value: string(keptDays)
         }
         {
           name: 'DASHBOARD_SCHEDULE'

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from core import names, settings, workflows
-from core.retention import DEFAULT_RETENTION, Retention
+from core.retention import DEFAULT_KEPT_DAYS, DEFAULT_RETENTION, Retention
 from tests.infra.bicep import (
     FUNCTION_APP,
     INFRA,
@@ -192,6 +192,8 @@ def test_parameter_defaults_match_the_code_defaults() -> None:
     assert params["dashboardSchedule"]["default"] == settings.DEFAULT_DASHBOARD_SCHEDULE
     assert params["stuckFloorSeconds"]["default"] == settings.DEFAULT_STUCK_FLOOR_SECONDS
     assert params["maxClockSkewSeconds"]["default"] == settings.DEFAULT_MAX_CLOCK_SKEW_SECONDS
+    assert params["replyQueues"]["default"] == ""  # no status messages unless listed
+    assert params["keptDays"]["default"] == DEFAULT_KEPT_DAYS
     Retention.parse(params["retention"]["default"])  # a default the app accepts
 
 

@@ -26,7 +26,15 @@ from simulator import SimulatorServer, effects_by_order
 from stores.tables import TableStateStore
 from tests.integration.test_pipeline import pump, submit
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport, is_batch
-from tests.support import FakeClock, drain, drain_json, drain_requests, make_context, settings_from
+from tests.support import (
+    FakeClock,
+    drain,
+    drain_json,
+    drain_requests,
+    make_context,
+    settings_from,
+    status_queue,
+)
 
 
 def later(ctx: AppContext, clock: FakeClock, seconds: float) -> None:
@@ -46,7 +54,7 @@ def test_orders_wait_for_a_paused_agent_and_complete_after_the_resume(
     queued, held = f"{tag}-queued", f"{tag}-held"
     assert submit(ctx, {"orderId": queued}) is Handled.ACCEPTED  # its request waits unread
     ctx.agents_admin.pause("orders", "alice", "the orders service is being migrated")
-    assert submit(ctx, {"orderId": held, "replyTo": f"st-{tag}"}) is Handled.ACCEPTED
+    assert submit(ctx, {"orderId": held, "replyTo": status_queue(ctx, tag)}) is Handled.ACCEPTED
 
     order = ctx.store.load(held)
     assert order is not None and order.status is OrderStatus.PENDING

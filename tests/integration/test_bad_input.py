@@ -84,12 +84,30 @@ ORDER_CATALOGUE: list[tuple[str, bytes, str]] = [
     ("replyTo operator-alerts", b'{"orderId":"q1","replyTo":"<operator_alerts>"}', "own queues"),
     ("replyTo orders-poison", b'{"orderId":"q2","replyTo":"<orders>-poison"}', "own queues"),
     ("replyTo agent-replies", b'{"orderId":"q3","replyTo":"<agent_replies>"}', "own queues"),
+    # Queues the app may have: the shared request queue of earlier versions, an agent
+    # declared tomorrow.
+    ("replyTo legacy requests", b'{"orderId":"q4","replyTo":"<agent_requests>"}', "own queues"),
+    (
+        "replyTo an undeclared agent's queue",
+        b'{"orderId":"q5","replyTo":"<agent_requests>-shipping"}',
+        "own queues",
+    ),
+    # Not listed in REPLY_QUEUES (the tests' is "st-*"), or listed but not there.
+    (
+        "replyTo not in REPLY_QUEUES",
+        b'{"orderId":"q6","replyTo":"anything-new"}',
+        "REPLY_QUEUES (st-*) does not list it",
+    ),
+    ("replyTo missing", b'{"orderId":"q7","replyTo":"st-nobody-made-it"}', "does not exist"),
 ]
+
+#: Queues the catalogue names that nobody created: rejecting the order must not create them.
+NOT_CREATED = ("anything-new", "st-nobody-made-it")
 
 
 def own_queue(raw: bytes, ctx: AppContext) -> bytes:
     """``<field>`` in a catalogue message: that queue's name in this test app (``Names``)."""
-    for field in ("operator_alerts", "orders", "agent_replies"):
+    for field in ("operator_alerts", "orders", "agent_replies", "agent_requests"):
         raw = raw.replace(f"<{field}>".encode(), getattr(ctx.names, field).encode())
     return raw
 
@@ -142,6 +160,8 @@ def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
             reasons[kind] = record["reason"]
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) >= len(ORDER_CATALOGUE)
+    for queue in NOT_CREATED:
+        assert not ctx.queues.exists(queue), queue
     assert not drain_requests(ctx)  # nothing bad got dispatched
     run_good_order(ctx, f"{tag}-after")
     # Same id, different content: rejected, and the first order is untouched.
@@ -226,7 +246,7 @@ def test_every_bad_order_is_rejected_with_its_reason_and_good_orders_flow(
             ).encode(),
             "error",
         ),
-        ("dispatch_order", b"nope", "orderId"),
+        ("dispatch_order", b"nope", "a dispatch message is not valid JSON"),
         ("dispatch_order", b'{"orderId":"has space"}', "orderId"),
     ],
 )
@@ -247,3 +267,18 @@ def test_bad_transport_messages_are_quarantined_with_a_reason(
     assert any(
         "quarantined" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR
     )
+
+
+def test_a_deeply_nested_dispatch_message_is_quarantined_once_with_its_reason(
+    ctx: AppContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """60,000 ``[`` made ``json.loads`` raise RecursionError on each of five deliveries
+    before the host gave up on it; read with the bounded decoder of internal messages it
+    is refused on the first, with a reason, and kept whole (too large for its record)."""
+    raw = b"[" * 60_000
+    with caplog.at_level(logging.ERROR):
+        call("dispatch_order", raw)  # returns normally: no retry, no poison by the host
+    [record] = drain_json(ctx, f"{ctx.names.order_dispatch}-poison")
+    assert "nests arrays and objects more than 68 levels deep" in record["reason"]
+    kept = KeptMessages(ctx.store.table).get(record["keptAs"])
+    assert kept is not None and kept.text == raw.decode()

@@ -115,6 +115,15 @@ def test_the_list_shows_the_status_in_its_url_newest_first_with_counts(ctx: AppC
     assert "default-src 'none'" in response.headers["Content-Security-Policy"]
 
 
+def test_console_pages_over_https_carry_strict_transport_security(ctx: AppContext) -> None:
+    seed(ctx, 1, failing=1)
+    over_https = func.HttpRequest("GET", "https://h/api/console", params={}, body=b"")
+    page = console.console_list(over_https)
+    assert page.status_code == 200
+    assert page.headers["Strict-Transport-Security"] == "max-age=31536000"
+    assert "Strict-Transport-Security" not in get("").headers  # plain http: never
+
+
 def test_paging_follows_the_token_and_keeps_the_filter_and_the_key(ctx: AppContext) -> None:
     seed(ctx, 3, failing=3)
     first = html(get("", {"status": "error", "pageSize": "2", "code": "k3y"}))
@@ -368,7 +377,7 @@ def test_the_retention_page_shows_what_the_timer_would_archive_and_changes_nothi
     assert response.status_code == 200
     assert 'id="would-archive" data-count="2"' in page
     assert 'data-kind="order/completed"' in page and 'data-kind="fulfilment/completed"' in page
-    assert "completed=30d,compensated=90d,cancelled=90d" in page
+    assert "completed=30d,compensated=90d,cancelled=90d,error=180d" in page
     assert "/orders/ret-old" in page and "ret-new" not in page
     assert ctx.store.load("ret-old") is not None  # a dry run
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,7 +19,14 @@ from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepState
 from scheduler.service import Handled
 from simulator import SimulatorServer, effects_by_order
-from tests.support import FakeClock, drain, drain_json, drain_requests, drain_requests_json
+from tests.support import (
+    FakeClock,
+    drain,
+    drain_json,
+    drain_requests,
+    drain_requests_json,
+    status_queue,
+)
 
 
 def submit(ctx: AppContext, body: dict[str, Any] | str | bytes) -> Handled:
@@ -64,7 +72,7 @@ def status_of(ctx: AppContext, order_id: str) -> OrderStatus:
 
 def test_submit_stores_claims_and_sends_the_agent_request(ctx: AppContext, tag: str) -> None:
     order_id = f"{tag}-a"
-    reply_to = f"st-{tag}"
+    reply_to = status_queue(ctx, tag)
     assert submit(ctx, {"orderId": order_id, "replyTo": reply_to, "sku": "X"}) is Handled.ACCEPTED
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.PROCESSING
@@ -84,7 +92,7 @@ def test_an_order_runs_to_completed_with_one_effect(
     ctx: AppContext, tag: str, simulator: SimulatorServer
 ) -> None:
     order_id = f"{tag}-ok"
-    submit(ctx, {"orderId": order_id, "replyTo": f"st-{tag}"})
+    submit(ctx, {"orderId": order_id, "replyTo": status_queue(ctx, tag)})
     handled = pump(ctx)
     assert handled == {"requests": 1, "replies": 1, "dispatches": 0}
     assert status_of(ctx, order_id) is OrderStatus.COMPLETED
@@ -270,6 +278,32 @@ def test_sweep_dispatches_a_step_whose_dispatch_was_lost(
     assert status_of(ctx, order_id) is OrderStatus.COMPLETED
 
 
+def test_a_reply_to_queue_is_never_created_and_a_gone_one_gets_no_notices(
+    ctx: AppContext, tag: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An order naming a queue REPLY_QUEUES does not list is rejected and the queue is
+    not made; a listed queue deleted after the order was accepted gets no notices and is
+    not made again, the notices leave the outbox, and a WARNING says why."""
+    assert submit(ctx, {"orderId": f"{tag}-new", "replyTo": "anything-new"}) is Handled.REJECTED
+    [record] = drain_json(ctx, ctx.names.orders_rejected)
+    assert "REPLY_QUEUES" in record["reason"]
+    assert not ctx.queues.exists("anything-new")
+
+    order_id = f"{tag}-gone"
+    reply_to = status_queue(ctx, tag)
+    assert submit(ctx, {"orderId": order_id, "replyTo": reply_to}) is Handled.ACCEPTED
+    assert [m["status"] for m in drain_json(ctx, reply_to)] == ["received", "processing"]
+    ctx.queues.client(reply_to).delete_queue()
+    with caplog.at_level(logging.WARNING):
+        pump(ctx)
+    assert status_of(ctx, order_id) is OrderStatus.COMPLETED
+    assert not ctx.queues.exists(reply_to)
+    assert any(
+        f"its replyTo queue {reply_to} does not exist" in r.getMessage() for r in caplog.records
+    )
+    assert list(ctx.store.stale_outbox(ctx.clock() + timedelta(days=1))) == []
+
+
 def test_sweep_resends_notices_left_in_the_outbox(
     ctx: AppContext, tag: str, clock: FakeClock
 ) -> None:
@@ -278,7 +312,7 @@ def test_sweep_resends_notices_left_in_the_outbox(
     from core.workflows import WORKFLOWS, Plan
 
     order_id = f"{tag}-outbox"
-    message = decode_order(json.dumps({"orderId": order_id, "replyTo": f"st-{tag}"}))
+    message = decode_order(json.dumps({"orderId": order_id, "replyTo": status_queue(ctx, tag)}))
     ctx.store.create(Order.accept(message, Plan.of(WORKFLOWS["order"], 30), clock()))
     # The process "died" before sending its notices.
     assert not drain(ctx, f"st-{tag}")
@@ -302,7 +336,7 @@ def test_failed_ship_compensates_in_reverse_order(
         {
             "orderId": order_id,
             "workflow": "fulfilment",
-            "replyTo": f"st-{tag}",
+            "replyTo": status_queue(ctx, tag),
             "simulate": {"ship": "permanent"},
         },
     )

@@ -18,7 +18,7 @@ from core.states import OrderStatus, StepState
 from scheduler.service import Handled
 from stores import entities
 from stores.tables import TableStateStore
-from tests.support import FakeClock, make_context
+from tests.support import FakeClock, make_context, status_queue
 
 
 def count_loads(store: TableStateStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -73,7 +73,8 @@ def test_recent_is_what_a_read_returns_after_every_save(
     clock = FakeClock()
     ctx = make_context(storage_connection, tag, clock=clock)
     order_id = f"{tag}-recent"
-    body = {"orderId": order_id, "workflow": "fulfilment", "replyTo": "app-q", "sku": "é-1"}
+    reply_to = status_queue(ctx, tag)
+    body = {"orderId": order_id, "workflow": "fulfilment", "replyTo": reply_to, "sku": "é-1"}
     assert ctx.scheduler.submit(json.dumps(body).encode()) is Handled.ACCEPTED
     order = same_as_read(ctx.store, order_id)
     loads = count_loads(ctx.store, monkeypatch)

@@ -28,6 +28,7 @@ from core.states import OrderStatus
 from core.workflows import WORKFLOWS, Plan
 from stores import layout
 from stores.archive import decode_lines
+from stores.kept import KeptMessages
 from stores.retention import TableRetention
 from supervisor.dashboard import DashboardAggregator
 from tests.support import FakeClock, make_context
@@ -370,3 +371,53 @@ def test_a_purge_process_killed_after_archiving_resumes_in_the_next_run(
     report = ctx.retainer.purge(rules=Retention.parse("completed=30d"))
     assert report.archived == 3 and all(ctx.store.load(f"p-{i}") is None for i in range(3))
     assert len(archive_lines(ctx)) == 6  # two copies, none lost
+
+
+def test_kept_messages_past_kept_days_are_archived_then_deleted(ctx: AppContext) -> None:
+    """Every invalid order too large for its rejection record is kept as a row: without
+    retention they would add up for ever. Past KEPT_DAYS (30 by default) they go to the
+    archive, whole, and then out of the table; younger ones stay."""
+    kept = KeptMessages(ctx.store.table)
+    old_text = '{"orderId": "not valid!", "note": "' + "\U0001f600" * 20_000 + '"}'
+    old = kept.keep("orders", old_text, "orderId must be ...", NOW - timedelta(days=31))
+    older = kept.keep("agent-requests-orders", "x" * 70_000, "bad", NOW - timedelta(days=45))
+    young = kept.keep("orders", "young", "bad", NOW - timedelta(days=29))
+    assert ctx.retainer.kept_days == 30
+
+    dry = ctx.retainer.purge(dry_run=True)
+    assert dry.to_json()["keptMessagesWouldArchive"] == 2
+    assert {kept.get(r) is not None for r in (old, older, young)} == {True}
+
+    report = ctx.retainer.purge()
+
+    assert report.to_json()["keptMessagesArchived"] == 2 and report.complete
+    assert kept.get(old) is None and kept.get(older) is None
+    assert kept.get(young) is not None
+    lines = {line["row"]: line for line in archive_lines(ctx)}
+    assert set(lines) == {old, older}
+    assert lines[old]["text"] == old_text and lines[old]["kind"] == "kept"
+    assert lines[old]["blob"].startswith("_kept/")
+    assert lines[older]["queue"] == "agent-requests-orders"
+    assert ctx.retainer.purge().kept_messages == 0  # nothing left to do
+
+
+def test_a_purge_narrowed_to_orders_leaves_kept_messages_alone(ctx: AppContext) -> None:
+    kept = KeptMessages(ctx.store.table)
+    row = kept.keep("orders", "old", "bad", NOW - timedelta(days=31))
+    rules = Retention.only(OrderStatus.COMPLETED, parse_duration("1d"))
+    assert ctx.retainer.purge(rules=rules, kept_messages=False).kept_messages == 0
+    assert kept.get(row) is not None
+
+
+def test_error_orders_go_180_days_after_their_last_change_by_default(ctx: AppContext) -> None:
+    """An order left in ``error`` was kept for ever unless a rule named it; the default
+    settings now archive it 180 days after its last change."""
+    seed(ctx, "e-old", NOW - timedelta(days=181), "error")
+    seed(ctx, "e-young", NOW - timedelta(days=179), "error")
+    assert str(ctx.retainer.rules) == "completed=30d,compensated=90d,cancelled=90d,error=180d"
+
+    report = ctx.retainer.purge()
+
+    assert report.by_kind["order/error"] == 1 and report.sample == ["e-old"]
+    assert ctx.store.load("e-old") is None and ctx.store.load("e-young") is not None
+    assert [line["orderId"] for line in archive_lines(ctx)] == ["e-old"]

@@ -30,7 +30,7 @@ from messaging.storage_queues import StorageQueues
 from scheduler.service import Handled
 from stores.tables import TableStateStore
 from supervisor.service import SKEW_GRACE
-from tests.support import FakeClock, drain, drain_requests, make_context
+from tests.support import FakeClock, drain, drain_requests, make_context, status_queue
 
 
 class FaultyAdapter(requests.adapters.HTTPAdapter):
@@ -165,7 +165,8 @@ def test_a_lost_response_to_a_reply_applies_it_once(
     ctx: AppContext, adapter: FaultyAdapter, tag: str
 ) -> None:
     order_id = f"{tag}-lost-reply"
-    ctx.scheduler.submit(json.dumps({"orderId": order_id, "replyTo": f"st-{tag}"}).encode())
+    reply_to = status_queue(ctx, tag)
+    ctx.scheduler.submit(json.dumps({"orderId": order_id, "replyTo": reply_to}).encode())
     [request] = drain_requests(ctx)
     adapter.add(is_batch, "lose")
     assert ctx.scheduler.apply_reply(decode_request(request).succeeded({"n": 1})) is (

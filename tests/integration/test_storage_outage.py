@@ -20,15 +20,17 @@ import requests
 from azure.data.tables import TableServiceClient
 from azure.storage.queue import QueueServiceClient
 
-from bootstrap import AppContext, reset_app_context
+from bootstrap import AppContext, bootstrap, reset_app_context
+from bootstrap import clients as bootstrap_clients
 from bootstrap.clients import retry_options
 from core.errors import StorageUnavailable
+from core.names import Names
 from core.states import OrderStatus
 from messaging import resilience
 from messaging.storage_queues import StorageQueues
 from stores.tables import TableStateStore
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport
-from tests.support import FakeClock, app_function, drain_requests, make_context
+from tests.support import FakeClock, app_function, drain_requests, make_context, settings_from
 
 
 class Outage(FaultyAdapter):
@@ -129,3 +131,55 @@ def test_ride_out_does_not_retry_what_waiting_cannot_cure() -> None:
     with pytest.raises(ValueError):
         resilience.ride_out(broken, what="test", seconds=5, sleep=lambda _s: None)
     assert calls == 1
+
+
+def test_routes_whose_first_request_meets_a_table_outage_answer_503_then_recover(
+    storage_connection: str, tag: str, outage: Outage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process's first use of the store creates its table: that creation meets the
+    outage like any other request, so each route answers 503 ``retryable`` (a console
+    page, its 503 page), not a 500, and the same process answers normally once storage is
+    back. (The SDK's own retries are off here: the outage is the test's, not its length.)"""
+    tables = TableServiceClient.from_connection_string(
+        storage_connection, transport=faulty_transport(outage), retry_total=0
+    )
+    monkeypatch.setattr(bootstrap_clients, "table_service", lambda *_args: tables)
+    context = bootstrap(
+        settings_from({"AzureWebJobsStorage": storage_connection, "AGENT_TRANSPORT": "storage"}),
+        names=Names.unique(tag),
+    )
+    reset_app_context(context)
+    missing = f"{tag}-none"
+    calls = {
+        "get_order": func.HttpRequest(
+            "GET", f"/api/orders/{missing}", route_params={"orderId": missing}, body=b""
+        ),
+        "pause_agent": func.HttpRequest(
+            "POST",
+            "/api/agents/orders/pause",
+            route_params={"agent": "orders"},
+            body=b'{"reason": "maintenance"}',
+        ),
+        "console_agent_confirm": func.HttpRequest(
+            "GET",
+            "http://h:7071/api/console/agents/orders/confirm",
+            params={"action": "pause", "reason": "maintenance"},
+            route_params={"agent": "orders"},
+            body=b"",
+        ),
+    }
+    try:
+        outage.until = time.monotonic() + 600
+        for name, request in calls.items():
+            down = function(name)(request)
+            assert down.status_code == 503, (name, down.get_body())
+            if name != "console_agent_confirm":
+                assert json.loads(down.get_body())["retryable"] is True, name
+                assert down.headers["Retry-After"], name
+
+        outage.until = 0.0  # storage is back
+        assert function("get_order")(calls["get_order"]).status_code == 404  # no such order
+        assert function("console_agent_confirm")(calls["console_agent_confirm"]).status_code == 200
+        assert function("pause_agent")(calls["pause_agent"]).status_code == 200
+    finally:
+        reset_app_context(None)

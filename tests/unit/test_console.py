@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import azure.functions as func
 import pytest
 
 from console import security, views
@@ -111,3 +112,21 @@ def test_the_cookie_is_strict_and_secure_over_https() -> None:
     assert security.set_cookie(TOKEN, True).endswith("; Secure")
     assert "Secure" not in security.set_cookie(TOKEN, False)
     assert "default-src 'none'" in security.HEADERS["Content-Security-Policy"]
+
+
+def test_answers_over_https_carry_strict_transport_security_and_over_http_do_not() -> None:
+    """The console and the operator API (the function key rides in ``?code=``): a browser
+    that saw the header uses https only for the host. Not over plain http (RFC 6797)."""
+    from admin.triggers import list_workflows
+
+    def request(url: str, **headers: str) -> func.HttpRequest:
+        return func.HttpRequest("GET", url, headers=headers, body=b"")
+
+    https = request("https://app.example.net/api/workflows")
+    behind_front_end = request("http://10.0.0.4/api/workflows", **{"X-Forwarded-Proto": "https"})
+    plain = request("http://127.0.0.1:7071/api/workflows")
+
+    assert list_workflows(https).headers["Strict-Transport-Security"] == "max-age=31536000"
+    assert "Strict-Transport-Security" in list_workflows(behind_front_end).headers
+    assert "Strict-Transport-Security" not in list_workflows(plain).headers
+    assert security.transport_headers(plain) == {}

@@ -10,6 +10,7 @@ from typing import Literal, TypedDict
 
 import pytest
 
+from core.attempts import Attempt
 from core.errors import TransitionRefused, UnboundMessage
 from core.messages import AgentReply, Applied, ReplyOutcome
 from core.model import IN_FLIGHT_GRACE, Order, ReplyEffect
@@ -628,3 +629,19 @@ def random_reply(
         else None,
         token=record.token_for(number) if record is not None else "",
     )
+
+
+def test_one_copy_of_a_request_takes_its_attempt_and_the_others_do_not() -> None:
+    """Storage queues detect no duplicates: the first copy an agent reads takes the
+    attempt; the same copy again still holds it (a redelivery after a crash); any other
+    copy does not, nor does one for an attempt no longer kept."""
+    order = new_order()
+    step = order.claim("i-1", T0)
+    assert order.take(step.step, 1, "m-1") == "took" and step.changed
+    assert order.take(step.step, 1, "m-1") == "held"
+    assert order.take(step.step, 1, "m-2") == "other"
+    assert order.take(step.step, 2, "m-3") == "other"  # never claimed
+    assert order.take("nope", 1, "m-1") == "other"
+    [attempt] = step.attempts.items
+    assert attempt.taken_by == "m-1"
+    assert Attempt.from_json(attempt.to_json()).taken_by == "m-1"  # it is stored

@@ -29,6 +29,7 @@ from core.orders import (
     strict_json,
     utf16_units,
 )
+from core.reply_queues import ReplyQueues
 from core.workflows import WORKFLOWS, Plan
 from messaging.storage_queues import MAX_CACHED_CLIENTS, StorageQueues
 from stores.entities import BODY_PART_UNITS, order_entity, parse_order, split_utf16
@@ -168,20 +169,80 @@ def test_the_reserved_queues_are_the_deployments_own_names() -> None:
     reserved = names.own_queues()
     assert {"operator-alerts-t1", "orders-t1-poison", "agent-replies-t1"} <= reserved
 
-    refused = check(
-        json.dumps({"orderId": "o-1", "replyTo": names.operator_alerts}), reserved_queues=reserved
-    )
-    allowed = check(
-        json.dumps({"orderId": "o-1", "replyTo": "operator-alerts"}), reserved_queues=reserved
-    )
+    refused = check(json.dumps({"orderId": "o-1", "replyTo": names.operator_alerts}), names=names)
+    allowed = check(json.dumps({"orderId": "o-1", "replyTo": "operator-alerts"}), names=names)
 
     assert isinstance(refused, InvalidOrder)
     assert isinstance(allowed, OrderMessage)
 
 
+@pytest.mark.parametrize(
+    "queue",
+    [
+        "agent-requests",  # the shared request queue of versions before per-agent queues
+        "agent-requests-shipping",  # an agent not declared (yet)
+        "agent-requests-shipping-poison",
+        "agent-requests-poison",
+        "orders-rejected-poison",
+    ],
+)
+def test_reply_to_may_not_name_a_queue_the_app_has_or_may_have(queue: str) -> None:
+    """Not only the queues declared today: an agent declared tomorrow gets
+    ``agent-requests-<agent>``, and the legacy shared queue is still drained by the CLI."""
+    assert queue not in Names().own_queues()
+    error = check(
+        json.dumps({"orderId": "o-1", "replyTo": queue}), reply_queues=ReplyQueues.parse("*")
+    )
+    assert isinstance(error, InvalidOrder)
+    assert "one of this app's own queues" in str(error)
+
+
 def test_an_ordinary_reply_queue_is_still_accepted() -> None:
     message = check(json.dumps({"orderId": "o-1", "replyTo": "shop-status"}))
     assert isinstance(message, OrderMessage) and message.reply_to == "shop-status"
+
+
+# --- replyTo must be a queue REPLY_QUEUES lists ---------------------------------------------
+
+
+def test_by_default_no_reply_queue_is_allowed_and_the_reason_names_the_setting() -> None:
+    error = check(
+        json.dumps({"orderId": "o-1", "replyTo": "anything-new"}), reply_queues=ReplyQueues()
+    )
+    assert isinstance(error, InvalidOrder) and error.order_id == "o-1"
+    assert str(error) == (
+        "replyTo 'anything-new' is not allowed: this deployment sends status messages to no "
+        "queue (REPLY_QUEUES is empty); send the order without replyTo, or ask the operator "
+        "to add the queue to REPLY_QUEUES"
+    )
+    # An order without replyTo is what it was.
+    assert isinstance(check('{"orderId": "o-1"}', reply_queues=ReplyQueues()), OrderMessage)
+
+
+def test_reply_queues_names_and_prefixes() -> None:
+    allowed = ReplyQueues.parse(" shop-status , partner-* ")
+    assert str(allowed) == "shop-status,partner-*"
+    for queue in ("shop-status", "partner-a", "partner-status-7"):
+        message = check(json.dumps({"orderId": "o-1", "replyTo": queue}), reply_queues=allowed)
+        assert isinstance(message, OrderMessage), queue
+    for queue in ("shop-status-2", "shop", "partne-r", "anything-new"):
+        error = check(json.dumps({"orderId": "o-1", "replyTo": queue}), reply_queues=allowed)
+        assert isinstance(error, InvalidOrder), queue
+        assert "REPLY_QUEUES (shop-status,partner-*) does not list it" in str(error)
+
+
+def test_a_prefix_never_opens_the_apps_own_queues() -> None:
+    for queue in ("agent-requests-shipping", "operator-alerts", "orders-poison"):
+        error = check(
+            json.dumps({"orderId": "o-1", "replyTo": queue}), reply_queues=ReplyQueues.parse("*")
+        )
+        assert isinstance(error, InvalidOrder) and "own queues" in str(error), queue
+
+
+@pytest.mark.parametrize("bad", ["Shop", "a_b", "ab", "a*b", "**", "x" * 64, "shop/*"])
+def test_reply_queues_refuses_what_is_not_a_queue_name_or_prefix(bad: str) -> None:
+    with pytest.raises(ValueError, match="REPLY_QUEUES: "):
+        ReplyQueues.parse(f"ok-queue,{bad}")
 
 
 # --- fuzz: random bytes, random JSON, mutated orders ----------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
-from core.messages import rejection_message
+from core.messages import UNDECLARED_STEP, alert_message, alert_step, rejection_message
 from core.names import Names
 from core.orders import utf16_units
 from messaging.dispatch import DispatchQueue
@@ -43,11 +43,20 @@ class FakeQueues:
         self.sent: list[tuple[str, str]] = []
 
     def send(
-        self, queue: str, body: str, *, delay_seconds: float = 0, ttl_seconds: int | None = None
+        self,
+        queue: str,
+        body: str,
+        *,
+        delay_seconds: float = 0,
+        ttl_seconds: int | None = None,
+        create: bool = True,
     ) -> None:
         if len(body.encode("utf-8")) > QUEUE_LIMIT:
             raise HttpResponseError(message="RequestBodyTooLarge")
         self.sent.append((queue, body))
+
+    def exists(self, queue: str) -> bool:
+        return True
 
     def on(self, queue: str) -> list[dict[str, Any]]:
         return [json.loads(body) for q, body in self.sent if q == queue]
@@ -166,6 +175,40 @@ def test_a_quarantine_record_gives_its_reason_and_its_inner_message(
     assert "failed on it" not in alert["reason"]
     assert "supervisor retries" in alert["reason"]  # an agent message: the step is not lost
     assert alert["queue"] == "agent-replies"
+
+
+def test_a_malformed_reply_cannot_mint_an_alert_dimension(
+    watch: PoisonWatch, queues: FakeQueues, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The alert rule splits by step (one e-mail per value): a reply naming a step no
+    workflow declares gets the fixed placeholder, in the alert and its log record, and
+    the reason keeps what it said."""
+    made_up = [f"made-up-{n}" for n in range(3)]
+    with caplog.at_level(logging.ERROR):
+        for step in made_up:
+            inner = json.dumps({"orderId": "o-7", "step": step, "attempt": 1})
+            record = {"reason": "forged", "message": inner, "queue": "agent-replies", "at": "x"}
+            watch.alert(Poisoned("agent-replies-poison", json.dumps(record).encode(), 1))
+    alerts = queues.on(NAMES.operator_alerts)
+    assert {a["step"] for a in alerts} == {UNDECLARED_STEP}
+    for step, alert in zip(made_up, alerts, strict=True):
+        assert f'it names step "{step}", which no workflow declares' in alert["reason"]
+    logged = [r.getMessage() for r in caplog.records if "OPERATOR ALERT" in r.getMessage()]
+    assert len(logged) == 3 and all(f"step={UNDECLARED_STEP} " in m for m in logged)
+    assert {getattr(r, "step", None) for r in caplog.records} == {UNDECLARED_STEP}
+
+
+def test_an_alert_step_is_a_declared_name_none_or_the_placeholder() -> None:
+    assert alert_step("ship") == ("ship", "")  # declared (tests/fixtures/shop.py)
+    assert alert_step("refund-payment") == ("refund-payment", "")  # a compensation
+    assert alert_step("") == ("", "") and alert_step(None) == ("", "")
+    step, detail = alert_step("x\u202eexe.txt\n" + "y" * 200)
+    assert step == UNDECLARED_STEP
+    assert "\\u202e" in detail and "\\u000a" in detail and "\u202e" not in detail
+    assert len(detail) < 200
+    body = json.loads(alert_message("o-1", "nope", "It failed.", 3, T0))
+    assert body["step"] == UNDECLARED_STEP
+    assert body["reason"] == 'It failed. (it names step "nope", which no workflow declares)'
 
 
 def test_a_dead_lettered_service_bus_message_gives_the_dead_letter_reason(
@@ -433,6 +476,21 @@ def scheduler(queues: FakeQueues, store: FakeStore) -> Scheduler:
     later = DispatchQueue(queues, NAMES, clock)
     config = SchedulerConfig("test", 30)
     return Scheduler(fake, queues, fake, NAMES, config, clock, keeper, notices, later)
+
+
+def test_a_rejection_reason_shows_bidi_and_control_characters_escaped(
+    queues: FakeQueues,
+) -> None:
+    """A reason quotes what the message said: controls and bidi characters are written
+    out (``\\u202e``) there; the message itself stays the original, unchanged."""
+    original = '{"orderId": "o-1"}'
+    body = json.loads(rejection_message("got \u202eexe.txt\n", original, T0))
+    assert body["reason"] == "got \\u202eexe.txt\\u000a"
+    assert body["message"] == original
+    message = '{"orderId":"o-1","replyTo":"\u202eshop-status"}'
+    scheduler(queues, FakeStore()).submit(message.encode())
+    [record] = queues.on(NAMES.orders_rejected)
+    assert "\u202e" not in record["reason"] and record["message"] == message
 
 
 def test_a_rejection_that_fits_is_unchanged(queues: FakeQueues) -> None:

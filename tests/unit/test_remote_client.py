@@ -30,7 +30,7 @@ from agents.outcomes import CallOutcome, Try
 from agents.pacing import RemotePolicy
 from agents.remote import HttpTry, classify
 from agents.runner import AttemptRunner
-from core.errors import StorageUnavailable, UnboundMessage
+from core.errors import DuplicateRequest, StorageUnavailable, UnboundMessage
 from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome, decode_reply
 from core.timefmt import iso
 from tests.support import unanswered
@@ -1062,7 +1062,7 @@ def test_the_agent_calls_with_what_the_binding_reads_from_the_state() -> None:
     bound: list[str] = []
     big = {"orderId": "o-1", "lines": ["x" * 100] * 500}
 
-    def bind(request: AgentRequest) -> AgentRequest:
+    def bind(request: AgentRequest, copy: str | None = None) -> AgentRequest:
         bound.append(request.order_id)
         return replace(request, order=big, path="process", key_round=2)
 
@@ -1079,8 +1079,28 @@ def test_the_agent_calls_with_what_the_binding_reads_from_the_state() -> None:
     assert len(transport.replies) == 2
 
 
+def test_a_copy_whose_attempt_another_copy_took_calls_nothing_and_replies_nothing() -> None:
+    """Storage queues: the binding is given each copy's message id, and refuses a copy
+    whose attempt another copy took (``RequestBinding``): nothing is called or sent."""
+    taken: dict[tuple[str, int], str] = {}
+
+    def bind(request: AgentRequest, copy: str | None = None) -> AgentRequest:
+        assert copy is not None
+        if taken.setdefault((request.order_id, request.attempt), copy) != copy:
+            raise DuplicateRequest("taken by another copy", order_id=request.order_id)
+        return request
+
+    agent, r, transport = make_agent(ok(), ok(), bind=bind)
+
+    assert agent.handle(make_request(), copy="m-1") is ReplyOutcome.SUCCEEDED
+    with pytest.raises(DuplicateRequest):
+        agent.handle(make_request(), copy="m-2")
+    assert agent.handle(make_request(), deliveries=2, copy="m-1") is ReplyOutcome.SUCCEEDED
+    assert len(r.seen) == 2 and len(transport.replies) == 2  # m-2 called and sent nothing
+
+
 def test_a_request_its_binding_refuses_calls_nothing_and_replies_nothing() -> None:
-    def bind(request: AgentRequest) -> AgentRequest:
+    def bind(request: AgentRequest, copy: str | None = None) -> AgentRequest:
         raise UnboundMessage("no claim speaks for it", order_id=request.order_id)
 
     agent, r, transport = make_agent(ok(), bind=bind)

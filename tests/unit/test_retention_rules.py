@@ -33,13 +33,24 @@ def test_a_bad_duration_says_how_to_write_one(text: str) -> None:
         parse_duration(text)
 
 
-def test_the_default_keeps_completed_30_days_the_rest_90_and_error_for_ever() -> None:
+def test_the_default_keeps_completed_30_days_the_rest_90_and_error_180() -> None:
     rules = Retention.parse(DEFAULT_RETENTION)
     assert rules.keep_for("order", OrderStatus.COMPLETED) == 30 * DAY
     assert rules.keep_for("order", OrderStatus.COMPENSATED) == 90 * DAY
     assert rules.keep_for("order", OrderStatus.CANCELLED) == 90 * DAY
-    assert rules.keep_for("order", OrderStatus.ERROR) is None
-    assert OrderStatus.ERROR not in rules.statuses()
+    # error orders wait for an operator, but not for ever: 180 days after their last change
+    assert rules.keep_for("order", OrderStatus.ERROR) == 180 * DAY
+    env = {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT": "storage"}
+    assert settings_from(env).retention == rules
+
+
+def test_an_operator_changes_the_error_default_or_keeps_error_orders_for_ever() -> None:
+    longer = Retention.parse("completed=30d,error=365d,fulfilment/error=30d")
+    assert longer.keep_for("order", OrderStatus.ERROR) == 365 * DAY
+    assert longer.keep_for("fulfilment", OrderStatus.ERROR) == 30 * DAY
+    for_ever = Retention.parse("completed=30d,compensated=90d,cancelled=90d")
+    assert for_ever.keep_for("order", OrderStatus.ERROR) is None
+    assert OrderStatus.ERROR not in for_ever.statuses()
 
 
 def test_a_workflow_rule_wins_over_the_general_one_whatever_the_order() -> None:
@@ -143,3 +154,15 @@ def test_rows_round_trip_with_their_types() -> None:
     assert back["Blob"] == b"\x00\xff" and back["Id"] == uuid.UUID(int=5)
     lines = [{"orderId": "o", "rows": [row_to_json(row)]}]
     assert list(decode_lines(encode_lines(lines))) == lines
+
+
+def test_the_cli_takes_error_orders_only_when_its_status_names_them() -> None:
+    """The timer follows the settings (error=180d by default); ``admin purge`` archives
+    error orders only with ``--status error`` (docs/contracts.md §3.12)."""
+    rules = Retention.parse(DEFAULT_RETENTION)
+    assert OrderStatus.ERROR not in rules.cli_run(None, None, None).statuses()
+    assert OrderStatus.ERROR not in rules.cli_run(None, "order", None).statuses()
+    assert OrderStatus.ERROR not in rules.cli_run(None, None, DAY).statuses()
+    named = rules.cli_run(OrderStatus.ERROR, None, None)
+    assert named.statuses() == [OrderStatus.ERROR] and named.widest(OrderStatus.ERROR) == 180 * DAY
+    assert str(rules.cli_run(OrderStatus.ERROR, None, 7 * DAY)) == "error=7d"

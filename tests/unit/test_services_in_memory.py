@@ -9,6 +9,7 @@ here only record what they are given.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,8 +17,15 @@ from typing import Any
 import pytest
 
 from admin.service import OrderAdmin
+from agents.binding import RequestBinding
 from bootstrap import bootstrap
-from core.errors import ConcurrencyConflict, StorageUnavailable, TransitionRefused
+from core.errors import (
+    ConcurrencyConflict,
+    DuplicateRequest,
+    QueueMissing,
+    StorageUnavailable,
+    TransitionRefused,
+)
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
 from core.names import Names
@@ -47,11 +55,26 @@ class RecordingQueues:
 
     def __init__(self) -> None:
         self.sent: list[Sent] = []
+        #: queues that do not exist (every other one does)
+        self.missing: set[str] = set()
 
     def send(
-        self, queue: str, body: str, *, delay_seconds: float = 0, ttl_seconds: int | None = None
+        self,
+        queue: str,
+        body: str,
+        *,
+        delay_seconds: float = 0,
+        ttl_seconds: int | None = None,
+        create: bool = True,
     ) -> None:
+        if queue in self.missing:
+            if not create:
+                raise QueueMissing(f"queue {queue} does not exist")
+            self.missing.discard(queue)
         self.sent.append(Sent(queue, body, delay_seconds))
+
+    def exists(self, queue: str) -> bool:
+        return queue not in self.missing
 
     def on(self, queue: str) -> list[dict[str, Any]]:
         return [json.loads(s.body) for s in self.sent if s.queue == queue]
@@ -111,6 +134,7 @@ def build(
     like: Services | None = None,
     instance: str = "scheduler-1",
     max_failures: int = 3,
+    reply_queues: str = "app-status",
 ) -> Services:
     """Every service on one store, clock, set of queues and transport (``like``'s, to build a
     second instance beside it; ``store`` to put something in front of the store), wired by
@@ -127,6 +151,7 @@ def build(
             "AGENT_TRANSPORT": "storage",
             "STEP_TIMEOUT_SECONDS": str(TIMEOUT),
             "MAX_FAILURE_COUNT": str(max_failures),
+            "REPLY_QUEUES": reply_queues,
         }
     )
     app = bootstrap(
@@ -482,6 +507,37 @@ def test_notices_not_cleared_from_the_outbox_are_resent_by_the_sweep(s: Services
     assert s.scheduler.sweep().notices == 0
 
 
+def test_a_reply_queue_no_longer_listed_gets_no_notices_and_they_leave_the_outbox(
+    s: Services, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An order accepted while REPLY_QUEUES listed its queue (or before the setting
+    existed) gets no notices once it is no longer listed: they are checked when sent."""
+    submit(s, "o-unlisted")
+    assert statuses(s) == ["received", "processing"]
+    narrower = build(like=s, instance="scheduler-2", reply_queues="")
+    with caplog.at_level(logging.WARNING):
+        narrower.scheduler.apply_reply(reply_to(s.transport.requests[0]))
+    assert stored(s, "o-unlisted").status is OrderStatus.COMPLETED
+    assert statuses(s) == ["received", "processing"]  # no "completed"
+    assert any("REPLY_QUEUES is empty" in r.getMessage() for r in caplog.records)
+    s.clock.advance(OUTBOX_GRACE.total_seconds() + 1)
+    assert narrower.scheduler.sweep().notices == 0 and list(s.store.stale_outbox(s.clock())) == []
+
+
+def test_a_reply_queue_that_does_not_exist_is_refused_unless_the_order_was_accepted(
+    s: Services,
+) -> None:
+    s.queues.missing.add("app-status")
+    assert submit(s, "o-nowhere") is Handled.REJECTED
+    [record] = s.queues.on(s.names.orders_rejected)
+    assert "'app-status' names a queue that does not exist" in record["reason"]
+    assert s.store.load("o-nowhere") is None and s.transport.requests == []
+    s.queues.missing.clear()
+    assert submit(s, "o-there") is Handled.ACCEPTED
+    s.queues.missing.add("app-status")  # deleted since: a redelivery is still a duplicate
+    assert submit(s, "o-there") is Handled.DUPLICATE
+
+
 def test_the_sweep_dispatches_a_step_whose_dispatch_was_lost(s: Services) -> None:
     submit(s, "o-swept")
     expire(s)  # back to Pending, and a dispatch message that is then lost
@@ -502,3 +558,68 @@ def test_a_conflict_that_never_ends_is_reported(s: Services) -> None:
         s.scheduler.apply_reply(reply_to(request))
     assert stored(s, "o-busy").status is OrderStatus.PROCESSING
     assert s.scheduler.apply_reply(reply_to(request)) is Handled.APPLIED  # once it settles
+
+
+def test_bidi_and_control_characters_from_outside_are_shown_escaped(s: Services) -> None:
+    """A remote's error (or an operator's reason) with U+202E RIGHT-TO-LEFT OVERRIDE or a
+    line break would reorder or split what a person reads in the history, the API, the
+    console and the alert: where such text enters, it is written out as ``\\u202e``."""
+    hostile = "refused \u202eexe.txt\nOPERATOR ALERT order=o-x step=ship\u0007"
+    submit(s, "o-bidi")
+    [request] = s.transport.requests
+    s.scheduler.apply_reply(
+        reply_to(request, ReplyOutcome.REFUSED, error=f"HTTP 422 {hostile}", applied="no")
+    )
+    order = stored(s, "o-bidi")
+    assert order.status is OrderStatus.ERROR
+    [alert] = s.queues.on(s.names.operator_alerts)
+    step = order.steps[0]
+    [attempt] = step.attempts.items
+    shown = [
+        alert["reason"],
+        step.last_error or "",
+        attempt.error or "",
+        json.dumps(step.history, ensure_ascii=False),
+    ]
+    for text in shown:
+        assert "\\u202e" in text and "\u202e" not in text and "\n" not in text, text
+        assert "\u0007" not in text
+    assert "\\u000aOPERATOR ALERT" in alert["reason"]
+
+    s.admin.resubmit("o-bidi", "alice", "fixed \u202eit")
+    [entry] = [h for h in stored(s, "o-bidi").history if h["event"] == "resubmitted"]
+    assert entry["reason"] == "fixed \\u202eit"
+
+
+def test_on_storage_queues_one_copy_of_a_resendable_request_takes_its_attempt(
+    s: Services,
+) -> None:
+    """The same order delivered again while attempt 1 is in flight sends its request
+    again; the binding lets the first copy read take the attempt (its message id, saved
+    before any call) and refuses the others. A request never sent twice writes nothing."""
+    submit(s, "o-copies")
+    assert submit(s, "o-copies") is Handled.DUPLICATE
+    first, again = s.transport.requests
+    assert (first.attempt, again.attempt) == (1, 1)
+    binding = RequestBinding(s.store, "orders", copies=True)
+    version = stored(s, "o-copies").version
+
+    assert binding(first, "m-1").order == stored(s, "o-copies").body
+    assert stored(s, "o-copies").version == version + 1  # the take, saved
+    with pytest.raises(DuplicateRequest):
+        binding(again, "m-2")
+    binding(first, "m-1")  # the same copy, redelivered: still its own
+    [attempt] = stored(s, "o-copies").steps[0].attempts.items
+    assert attempt.taken_by == "m-1"
+    assert RequestBinding(s.store, "orders")(again, "m-2")  # Service Bus: no copies here
+
+    expire(s)  # attempt 2: never resent, so nothing to take and nothing written
+    step = stored(s, "o-copies").steps[0]
+    s.clock.advance(max((step.not_before - s.clock()).total_seconds(), 0))
+    assert s.scheduler.dispatch("o-copies") is Handled.DISPATCHED
+    second = s.transport.requests[-1]
+    assert second.attempt == 2
+    version = stored(s, "o-copies").version
+    binding(second, "m-3")
+    binding(second, "m-4")
+    assert stored(s, "o-copies").version == version

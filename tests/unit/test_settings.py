@@ -45,6 +45,8 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "DASHBOARD_SCHEDULE",
         "STUCK_FLOOR_SECONDS",
         "MAX_CLOCK_SKEW_SECONDS",
+        "REPLY_QUEUES",
+        "KEPT_DAYS",
     )
 
 
@@ -406,3 +408,12 @@ def test_an_unknown_console_read_only_value_is_refused_naming_the_setting(raw: s
     )
 
     assert message == f"CONSOLE_READ_ONLY must be true or false, got {raw.lower()!r}"
+
+
+def test_reply_queues_is_empty_by_default_and_read_as_names_and_prefixes() -> None:
+    assert settings(AGENT_TRANSPORT="storage").reply_queues.empty
+    read = settings(AGENT_TRANSPORT="storage", REPLY_QUEUES="shop-status, partner-*")
+    assert read.reply_queues.allows("shop-status") and read.reply_queues.allows("partner-x")
+    assert not read.reply_queues.allows("other-queue")
+    message = error(AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", REPLY_QUEUES="A_b")
+    assert message.startswith("REPLY_QUEUES: 'A_b' is not a Storage queue name")
