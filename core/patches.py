@@ -113,7 +113,7 @@ def apply_patch(body: dict[str, Any], patch: Any) -> tuple[dict[str, Any], list[
     patched = merge_patch(body, patch)
     text = json.dumps(patched, ensure_ascii=False, separators=(",", ":"))
     try:
-        decode_order(text, reserved_queues=())
+        decode_order(text)  # replyTo cannot change: the queue it names was checked on arrival
     except InvalidOrder as exc:
         raise InvalidPatch(f"the patched order would not be accepted: {exc.message}") from None
     return patched, changes(body, patched)
