@@ -278,6 +278,11 @@ class AppContext:
                 )
         return agent
 
+    def built_agent(self, name: str) -> AgentWorker | None:
+        """The agent ``name`` if it is built already (no I/O: for the event loop)."""
+        with _agents_lock:
+            return self._agents.get(name)
+
     @cached_property
     def _agents(self) -> dict[str, AgentWorker]:
         return {}
@@ -359,6 +364,12 @@ def app_context() -> AppContext:
     with _lock:
         if _context is None:
             _context = bootstrap(settings_from_environment())
+        return _context
+
+
+def current_app_context() -> AppContext | None:
+    """The process's app if it is bootstrapped already, else None (no I/O)."""
+    with _lock:
         return _context
 
 

@@ -8,6 +8,7 @@ reaches the remote.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import threading
 from collections import defaultdict
@@ -279,13 +280,13 @@ def test_an_order_failing_while_another_succeeds_is_its_own_failure() -> None:
     client, _ = make_client(r, rng=MaxRng())
     other: list[CallOutcome] = []
 
-    def meanwhile() -> None:  # during a's first backoff, b is served by the same client
+    async def meanwhile() -> None:  # during a's first backoff, b is served by the same client
         if not other:
-            other.append(client.call(request_for("b", clock)))
+            other.append(await client.call(request_for("b", clock)))
 
     clock.on_sleep.append(meanwhile)
 
-    outcome = client.call(request_for("a", clock))
+    outcome = asyncio.run(client.call(request_for("a", clock)))
 
     assert [o.kind for o in other] == ["succeeded"]
     keys = [s.idempotency_key for s in r.seen]
@@ -311,7 +312,7 @@ def test_a_success_recorded_by_another_thread_blames_the_failing_order() -> None
 
     client, _ = make_client(remote(clock, a_fails), rng=MaxRng())
 
-    outcome = client.call(request_for("a", clock))
+    outcome = asyncio.run(client.call(request_for("a", clock)))
 
     assert (outcome.kind, outcome.applied) == ("transient", "no")
 
@@ -321,7 +322,7 @@ def test_a_lone_failing_order_is_deferred_not_counted() -> None:
     r = remote(clock, status(500))
     client, _ = make_client(r, rng=MaxRng())
 
-    outcome = client.call(request_for("a", clock))
+    outcome = asyncio.run(client.call(request_for("a", clock)))
 
     assert outcome.kind == "deferred"
     assert outcome.applied == "maybe"
@@ -335,9 +336,9 @@ def test_a_singled_out_order_failing_after_the_endpoint_last_worked_is_counted()
     clock = FakeClock()
     r = remote(clock, ok(), **{"a:process": [status(503), status(502)]})
     client, _ = make_client(r, rng=MaxRng())
-    assert client.call(request_for("b", clock)).kind == "succeeded"
+    assert asyncio.run(client.call(request_for("b", clock))).kind == "succeeded"
 
-    outcome = client.call(request_for("a", clock, singled_out=True))
+    outcome = asyncio.run(client.call(request_for("a", clock, singled_out=True)))
 
     assert (outcome.kind, outcome.applied) == ("transient", "maybe")
     assert len(r.calls("a:process")) == outcome.tries > 2
@@ -347,10 +348,12 @@ def test_a_singled_out_order_failing_with_others_is_not_counted() -> None:
     clock = FakeClock()
     r = remote(clock, ok(), **{"a:process": [status(503)], "c:process": [status(503)]})
     client, _ = make_client(r, rng=MaxRng(), backoff_initial_seconds=10)
-    assert client.call(request_for("b", clock)).kind == "succeeded"
-    assert client.call(request_for("c", clock)).kind == "deferred"  # fresh: c's first try
+    assert asyncio.run(client.call(request_for("b", clock))).kind == "succeeded"
+    assert (
+        asyncio.run(client.call(request_for("c", clock))).kind == "deferred"
+    )  # fresh: c's first try
 
-    outcome = client.call(request_for("a", clock, singled_out=True))
+    outcome = asyncio.run(client.call(request_for("a", clock, singled_out=True)))
 
     assert outcome.kind == "deferred"
 
@@ -359,7 +362,7 @@ def test_a_singled_out_order_on_an_endpoint_never_seen_working_is_not_counted() 
     clock = FakeClock()
     client, _ = make_client(remote(clock, status(503)), rng=MaxRng())
 
-    assert client.call(request_for("a", clock, singled_out=True)).kind == "deferred"
+    assert asyncio.run(client.call(request_for("a", clock, singled_out=True))).kind == "deferred"
 
 
 # --- the breaker through the client ----------------------------------------------------------
@@ -372,7 +375,7 @@ def one_try_each(r: Remote) -> AttemptRunner[HttpTry]:
 
 
 def trip(client: AttemptRunner[HttpTry], clock: FakeClock) -> list[CallOutcome]:
-    return [client.call(request_for(k, clock, 1)) for k in ("a", "b", "c")]
+    return [asyncio.run(client.call(request_for(k, clock, 1))) for k in ("a", "b", "c")]
 
 
 def test_three_failing_orders_open_it_and_then_nothing_reaches_the_remote() -> None:
@@ -390,7 +393,7 @@ def test_three_failing_orders_open_it_and_then_nothing_reaches_the_remote() -> N
     r.script = [ok()]
     for i, at in enumerate((0, 0.5, 1.99)):
         clock.at(at)
-        outcome = client.call(request_for(f"x{i}", clock))
+        outcome = asyncio.run(client.call(request_for(f"x{i}", clock)))
         assert outcome.kind == "deferred"
         assert (outcome.tries, outcome.applied) == (0, "no")
         assert outcome.not_before == T0 + timedelta(seconds=2)  # the probe time
@@ -407,7 +410,7 @@ def test_failed_probes_come_ever_less_often_and_a_successful_one_closes_it() -> 
     not_before = T0 + timedelta(seconds=2)
     for i in range(6):
         clock.now = not_before
-        outcome = client.call(request_for(f"p{i}", clock, 1))
+        outcome = asyncio.run(client.call(request_for(f"p{i}", clock, 1)))
         assert outcome.kind == "deferred"
         assert outcome.tries == 1
         probes.append((r.seen[-1].at - T0).total_seconds())
@@ -419,9 +422,9 @@ def test_failed_probes_come_ever_less_often_and_a_successful_one_closes_it() -> 
 
     r.script = [ok({"back": True})]
     clock.now = not_before
-    assert client.call(request_for("p9", clock)).result == {"back": True}
+    assert asyncio.run(client.call(request_for("p9", clock))).result == {"back": True}
     assert not client.health("process").is_open
-    assert client.call(request_for("next", clock)).kind == "succeeded"
+    assert asyncio.run(client.call(request_for("next", clock))).kind == "succeeded"
     assert len(r.seen) == 3 + 6 + 2
 
 
@@ -440,11 +443,13 @@ def test_one_probe_at_a_time() -> None:
     clock.at(2)
     r.script = [slow_probe]
     probe: list[CallOutcome] = []
-    thread = threading.Thread(target=lambda: probe.append(client.call(request_for("p", clock))))
+    thread = threading.Thread(
+        target=lambda: probe.append(asyncio.run(client.call(request_for("p", clock))))
+    )
     thread.start()
     try:
         assert entered.wait(timeout=2)
-        others = [client.call(request_for(f"q{i}", clock)) for i in range(3)]
+        others = [asyncio.run(client.call(request_for(f"q{i}", clock))) for i in range(3)]
     finally:
         release.set()
         thread.join(timeout=5)
@@ -465,8 +470,8 @@ def test_while_open_a_fresh_order_probes_before_a_singled_out_one() -> None:
     r.script = [ok()]
     clock.at(2)
 
-    singled = client.call(request_for("bad", clock, singled_out=True))
-    fresh = client.call(request_for("new", clock))
+    singled = asyncio.run(client.call(request_for("bad", clock, singled_out=True)))
+    fresh = asyncio.run(client.call(request_for("new", clock)))
 
     assert singled.kind == "deferred"
     assert singled.not_before == T0 + timedelta(seconds=4)
@@ -479,12 +484,14 @@ def test_always_failing_singled_out_orders_among_healthy_traffic_never_open_it()
     bad = {f"bad{i}:process": [status(500)] for i in range(4)}
     r = remote(clock, ok(), **bad)
     client, _ = make_client(r, rng=MaxRng())
-    assert client.call(request_for("warm", clock)).kind == "succeeded"
+    assert asyncio.run(client.call(request_for("warm", clock))).kind == "succeeded"
     kinds: dict[str, list[str]] = defaultdict(list)
     for round_ in range(5):
         for i in range(4):
-            kinds["bad"].append(client.call(request_for(f"bad{i}", clock, singled_out=True)).kind)
-        kinds["good"].append(client.call(request_for(f"good{round_}", clock)).kind)
+            kinds["bad"].append(
+                asyncio.run(client.call(request_for(f"bad{i}", clock, singled_out=True))).kind
+            )
+        kinds["good"].append(asyncio.run(client.call(request_for(f"good{round_}", clock))).kind)
 
     assert not client.health("process").is_open
     assert set(kinds["bad"]) == {"transient"}  # each one's own failure: counted
@@ -499,11 +506,11 @@ def test_an_unsendable_order_says_nothing_about_the_endpoint() -> None:
     trip(client, clock)
     clock.at(2)
 
-    outcome = client.call(request_for("nan", clock, order={"price": float("nan")}))
+    outcome = asyncio.run(client.call(request_for("nan", clock, order={"price": float("nan")})))
 
     assert outcome.kind == "refused"
     assert client.health("process").is_open  # not closed by an order it never saw
-    probe = client.call(request_for("p", clock, 1))
+    probe = asyncio.run(client.call(request_for("p", clock, 1)))
     assert probe.tries == 1  # the probe slot is still free
     assert len(r.seen) == 4
 
@@ -515,8 +522,10 @@ def test_breakers_are_per_path() -> None:
     trip(client, clock)
     r.script = [ok({"shipped": True})]
 
-    outcome = client.call(
-        make_request(path="ship", step="ship", complete_by=clock.now + timedelta(seconds=5))
+    outcome = asyncio.run(
+        client.call(
+            make_request(path="ship", step="ship", complete_by=clock.now + timedelta(seconds=5))
+        )
     )
 
     assert outcome.result == {"shipped": True}
@@ -531,7 +540,7 @@ def test_permanent_refusals_never_open_it() -> None:
     client = one_try_each(r)
 
     for i in range(6):
-        assert client.call(request_for(f"o{i}", clock)).kind == "refused"
+        assert asyncio.run(client.call(request_for(f"o{i}", clock))).kind == "refused"
 
     assert len(r.seen) == 6
     assert not client.health("process").is_open
@@ -574,7 +583,7 @@ def test_a_two_minute_outage_is_a_trickle_and_counts_against_no_order() -> None:
             complete_by=clock.now + timedelta(seconds=step_seconds),
         )
         calls_before = len(r.seen)
-        outcome = client.call(request)
+        outcome = asyncio.run(client.call(request))
         history[order_id].append(outcome)
         assert all(s.at >= due for s in r.seen[calls_before:])  # never before notBefore
         if outcome.kind == "deferred":
