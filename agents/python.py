@@ -299,7 +299,7 @@ class PythonTry:
         # The handler's logs carry the order, step and attempt, as the agent's do.
         context = contextvars.copy_context()
         threading.Thread(
-            target=context.run, args=(run,), name=f"agent-{self.name}-{key}", daemon=True
+            target=context.run, args=(run,), name=f"handler-{self.name}-{key}", daemon=True
         ).start()
         return future
 

@@ -31,7 +31,10 @@ target: at most 2). ``whereTheTimeWent`` compares the hops of their path, p50 al
 beside (``bench.latency.hops``: the ``orders`` queue and ``submit_order``; the agent's
 queue and ``run_agent_orders`` up to its remote call; the call and the reply applied),
 and each window reports the ship calls in flight at its start, its least and most and
-at its end (the simulator's calls begun less those ended), the ship calls begun in it,
+at its end (the simulator's calls begun less those ended), the ship calls that ended in it
+(answered, or dropped by the simulator after the agent cut them), the ship steps' history
+events in it (``claimed``: a dispatch and an agent invocation; ``deferred``: one that found
+the breaker open),
 the CPU each process group used (cores), and devhost's threads at most.
 
 Numbers from a shared 2-core machine are noisy: compare runs, not digits.
@@ -46,7 +49,7 @@ import sys
 import threading
 import time
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +68,9 @@ from bench.latency import (
     utc_now_text,
     wait_finished,
 )
+from core.events import Event
+from core.model import Order
+from core.timefmt import parse_iso
 from demo.stack import LocalStack
 
 #: What the README's devhost command sets (README, "devhost"): the app's own defaults for
@@ -92,6 +98,8 @@ class Watch:
         self.stack = stack
         self.in_flight: list[int] = []
         self.threads: list[int] = []
+        #: how long the storage took to answer a plain request (a peek), seconds
+        self.storage: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-watch", daemon=True)
 
@@ -106,9 +114,14 @@ class Watch:
         self.in_flight.append(in_flight(self.stack))
 
     def _run(self) -> None:
+        ctx = self.stack.context
+        probe = ctx.queues.client(ctx.names.orders_rejected)
         while not self._stop.wait(SAMPLE_SECONDS):
             self.in_flight.append(in_flight(self.stack))
             self.threads.append(max(devhost_threads(self.stack), default=0))
+            started = time.perf_counter()
+            probe.peek_messages(max_messages=1)
+            self.storage.append(time.perf_counter() - started)
 
     def summary(self) -> dict[str, int]:
         return {
@@ -163,7 +176,7 @@ def window(
 ) -> dict[str, Any]:
     """The open-loop load of ``order`` orders: their latencies, hops, and what ran beside."""
     ctx = stack.context
-    before, started = cpu(stack), time.monotonic()
+    before, started, wall = cpu(stack), time.monotonic(), time.time()
     ship_calls_before = ship_calls(stack)
     with Watch(stack) as watch:
         submitted, lag = open_loop(ctx, prefix, rate, orders / rate, "order")
@@ -176,9 +189,11 @@ def window(
     latencies = [done_at(o) - submitted[k] for k, o in completed.items()]
     calls = call_times(stack)
     by_hop: dict[str, list[float]] = defaultdict(list)
+    by_route: dict[str, list[float]] = defaultdict(list)
     for order_id, order in completed.items():
         for hop, seconds in hops(order, submitted[order_id], calls):
             by_hop[hop].append(seconds)
+        by_route[route(order)].append(done_at(order) - submitted[order_id])
     return {
         "orders": len(submitted),
         "completed": len(completed),
@@ -186,12 +201,52 @@ def window(
         "maxSendLagMs": round(1000 * lag),
         "latencyMs": ms_stats(latencies),
         "hopsP50Ms": {hop: round(1000 * percentile(v, 0.5)) for hop, v in by_hop.items()},
+        "byRoute": {
+            name: {"orders": len(v), "p50Ms": round(1000 * percentile(v, 0.5))}
+            for name, v in sorted(by_route.items())
+        },
         "shipCallsInFlight": watch.summary(),
-        "shipCallsBegun": ship_calls(stack) - ship_calls_before,
+        "shipCallsEnded": ship_calls(stack) - ship_calls_before,
         "devhostThreadsMost": max(watch.threads, default=0),
+        "storagePeekMs": ms_stats(watch.storage) if watch.storage else None,
         "cpuCores": {name: round((after[name] - before[name]) / elapsed, 2) for name in before},
         "seconds": round(elapsed, 1),
+        "between": (wall, wall + elapsed),
     }
+
+
+def route(order: Order) -> str:
+    """Which instances took the order: ``<submit's>-><agent's>`` (devhost's index), from
+    the instance its claim and its success name."""
+    step = order.steps[0]
+    claimed = next((h for h in step.history if h.get("event") == Event.CLAIMED), {})
+    succeeded = next((h for h in step.history if h.get("event") == Event.SUCCEEDED), {})
+
+    def index(event: dict[str, Any]) -> str:
+        instance = str(event.get("instance", "?"))  # devhost-<index>-<start>-<pid>
+        parts = instance.split("-")
+        return parts[1] if len(parts) > 1 else "?"
+
+    return f"{index(claimed)}->{index(succeeded)}"
+
+
+def ship_attempts(stack: LocalStack, ids: list[str], between: tuple[float, float]) -> Counter[str]:
+    """What the slow orders' ship steps did in the window, by history event (each
+    ``claimed`` is a dispatch and an agent invocation; ``deferred``, one that found the
+    carrier's breaker open, or its time run out)."""
+    counts: Counter[str] = Counter()
+    for order_id in ids:
+        order = stack.context.store.load(order_id)
+        if order is None:
+            continue
+        for step in order.steps:
+            if step.step != "ship":
+                continue
+            for event in step.history:
+                at = parse_iso(event["at"]).timestamp() if "at" in event else None
+                if at is not None and between[0] <= at <= between[1]:
+                    counts[str(event.get("event"))] += 1
+    return counts
 
 
 def ship_calls(stack: LocalStack) -> int:
@@ -235,6 +290,7 @@ def run(
             client.send_message(json.dumps(body))
         wait_idle(time.monotonic(), idle_gap)
         beside = window(stack, f"{prefix}-beside", orders, rate, timeout)
+        beside["shipSteps"] = dict(ship_attempts(stack, slowed, beside["between"]))
         if beside["shipCallsInFlight"]["atStart"] == 0:
             raise SystemExit(f"no ship call was in flight when the window opened: {beside}")
         for host in stack.hosts:  # nothing to wait for: their calls are slow on purpose
@@ -261,8 +317,8 @@ def run(
             "agent": "carrier",
             "answersAfterSeconds": slow_seconds,
         },
-        "alone": alone,
-        "beside": beside,
+        "alone": {k: v for k, v in alone.items() if k != "between"},
+        "beside": {k: v for k, v in beside.items() if k != "between"},
         "ratio": round(p50["beside"] / max(p50["alone"], 1), 2),
         "ratioP90": round(beside["latencyMs"]["p90"] / max(alone["latencyMs"]["p90"], 1), 2),
         "whereTheTimeWent": went,

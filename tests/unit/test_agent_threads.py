@@ -134,7 +134,7 @@ def test_a_handler_of_a_python_agent_runs_on_a_thread_of_its_own() -> None:
         return threading.current_thread().name
 
     loop_thread = asyncio.run(scenario())
-    assert seen and seen[0].startswith("agent-stock-") and seen[0] != loop_thread
+    assert seen and seen[0].startswith("handler-stock-") and seen[0] != loop_thread
 
 
 # --- the agent's threads ---------------------------------------------------------------------
