@@ -191,7 +191,10 @@ class AttemptRunner[K: TryKind]:
                     if timeout is None:  # pragma: no cover - the token came in time for one
                         break
             admission = health.admit(
-                key, now.timestamp(), singled_out=request.singled_out or tries.mark is not None
+                key,
+                now.timestamp(),
+                singled_out=request.singled_out or tries.mark is not None,
+                bound=timeout,
             )
             if not admission.allowed:
                 METRICS.inc("breaker_deferrals")
@@ -276,7 +279,9 @@ class AttemptRunner[K: TryKind]:
         return tries.deferred(
             f"{last.error}; {request.path} is failing for other orders too, or has served none "
             "since: waiting for it rather than counting it against this order",
-            datetime.fromtimestamp(health.next_probe_at(now.timestamp()), UTC),
+            datetime.fromtimestamp(
+                health.next_probe_at(now.timestamp(), request.idempotency_key), UTC
+            ),
         )
 
 

@@ -123,6 +123,54 @@ def test_while_open_exactly_one_probe_goes_out_at_the_probe_time() -> None:
     assert not later.allowed  # still in flight
 
 
+def test_an_order_that_finds_a_probe_in_flight_comes_back_when_it_can_have_answered() -> None:
+    """Not every couple of seconds while a slow probe is out: each return is a dispatch,
+    a claim, a request and a reply through the storage, for every order waiting."""
+    health = tripped(EndpointHealth("e", HealthPolicy(probe_timeout_seconds=15)))
+    assert health.admit("d", S0 + 2, bound=10).probe  # its try waits 10 s at most
+
+    waiting = [health.admit(f"w{n}", S0 + 3) for n in range(20)]
+    assert all(not w.allowed and "in flight" in w.reason for w in waiting)
+    # after the probe's bound, spread over one probe interval (2 s here), not as a herd
+    times = [w.retry_at for w in waiting]
+    assert all(S0 + 12 <= t < S0 + 14 for t in times), times
+    assert len({round(t, 3) for t in times}) > 10
+    assert health.admit("w1", S0 + 4).retry_at == waiting[1].retry_at  # the same, per key
+    # a probe without a bound given, or a longer one: at most the probe's timeout
+    other = tripped(EndpointHealth("e", HealthPolicy(probe_timeout_seconds=15)))
+    assert other.admit("d", S0 + 2, bound=60).probe
+    assert S0 + 17 <= other.admit("e", S0 + 3).retry_at < S0 + 19
+    # the probe failed early (a 503): the next probe time is as before, and the breaker
+    # admits the next order to come at or after it
+    health.record_failure("d", S0 + 2.1, explained=False, probe=True)
+    assert health.admit("f", S0 + 2.2).retry_at == S0 + 2.1 + 4
+    assert health.admit("f", S0 + 6.1).probe
+
+
+def test_while_it_waits_to_probe_one_order_comes_back_at_the_probe_time() -> None:
+    """The others once that probe can have answered: sent back at the probe time, all
+    but one would only find it in flight."""
+    health = tripped(EndpointHealth("e", HealthPolicy(probe_timeout_seconds=15)))
+    first = health.admit("a", S0 + 0.5, bound=10)
+    others = [health.admit(k, S0 + 0.5 + n / 10, bound=10) for n, k in enumerate("bcdefg")]
+
+    assert (first.allowed, first.retry_at) == (False, S0 + 2)  # to probe
+    assert all(not o.allowed and S0 + 12 <= o.retry_at < S0 + 14 for o in others), others
+    assert health.admit("a", S0 + 2, bound=10).probe
+    # the next wait to probe calls one order back again; the probe took its whole 10 s,
+    # so the others come back 10 s after the next probe time
+    health.record_failure("a", S0 + 12, explained=False, probe=True)
+    assert health.admit("b", S0 + 12.1, bound=10).retry_at == S0 + 16
+    assert S0 + 26 <= health.admit("c", S0 + 12.1, bound=10).retry_at < S0 + 30
+    # a probe that fails at once (an outage answering 503): the others come back right
+    # after the next probe time, spread over the interval (8 s now)
+    assert health.admit("b", S0 + 16, bound=10).probe
+    health.record_failure("b", S0 + 16.05, explained=False, probe=True)
+    assert health.admit("d", S0 + 16.1, bound=10).retry_at == S0 + 16.05 + 8
+    later = [health.admit(k, S0 + 16.1, bound=10).retry_at for k in "efghij"]
+    assert all(S0 + 24.1 <= t < S0 + 32.1 for t in later), later
+
+
 def test_a_probe_that_never_comes_back_frees_the_slot() -> None:
     health = tripped(EndpointHealth("e", HealthPolicy(probe_timeout_seconds=15)))
     assert health.admit("d", S0 + 2).probe
@@ -396,8 +444,13 @@ def test_three_failing_orders_open_it_and_then_nothing_reaches_the_remote() -> N
         outcome = asyncio.run(client.call(request_for(f"x{i}", clock)))
         assert outcome.kind == "deferred"
         assert (outcome.tries, outcome.applied) == (0, "no")
-        assert outcome.not_before == T0 + timedelta(seconds=2)  # the probe time
-        assert "circuit open" in outcome.error
+        # c, whose failure tripped it, comes back at the probe time (2 s) to probe; the
+        # others once that probe can have answered (its try's bound: 10 s), spread over
+        # one probe interval (2 s), rather than all at the probe time to find it out
+        assert outcome.not_before is not None
+        waits = (outcome.not_before - T0).total_seconds()
+        assert 2 + 10 <= waits < 2 + 10 + 2, waits
+        assert "circuit open (waiting for the next probe)" in outcome.error
     assert len(r.seen) == 3  # nothing reached the remote while open
 
 
