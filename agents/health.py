@@ -15,7 +15,7 @@ Two questions, answered from this instance's own calls:
    storage, for every order waiting: against a remote that answers slowly, telling each
    to come back every couple of seconds only found the probe still out, and that churn
    slowed every other agent's orders (``bench.isolation``: 120 orders waiting on a
-   carrier that answers after 20 s, some 30 returns a second, the storage 20 times
+   carrier that answers after 20 s, some 30 returns a second, the storage up to 20 times
    slower to answer).
 2. *Whose failure is it?* A transient failure counts against an order only when the
    remote is known to serve others: another order succeeded on this endpoint after
