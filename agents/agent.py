@@ -9,6 +9,11 @@ is always reported, however late: it is evidence that the step applied.
 
 Sending the reply is retried here for a while (storage or broker trouble) rather than
 by failing the invocation, which would call the remote again.
+
+``handle`` is a coroutine: the agent's function is ``async def`` (``agents.triggers``), so
+the runtime awaits it on its event loop and a slow remote holds a coroutine, not a
+thread. The work around the call that uses blocking clients (reading the claim, handing
+the reply over) runs on the agent's own threads (``agents.threads``), bounded in time.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Protocol
 
 from agents.outcomes import CallOutcome, Running, Try
 from agents.runner import AttemptRunner
+from agents.threads import AgentThreads
 from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.ports import AgentTransport, Clock
@@ -35,6 +41,9 @@ log = get_logger(__name__)
 #: How long the agent keeps trying to hand its reply over before it gives the
 #: invocation back to the host (which redelivers the request).
 REPLY_SEND_SECONDS = 60.0
+#: What a ride-out on the agent's threads may take past its own budget (its last try's
+#: storage requests) before the agent stops waiting for it.
+BLOCKING_MARGIN_SECONDS = 60.0
 
 
 class Binding(Protocol):
@@ -57,20 +66,28 @@ class AgentWorker:
         sleep: Callable[[float], None] = time.sleep,
         *,
         ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS,
+        threads: AgentThreads | None = None,
     ):
         """``bind``: the request as its claim says it (``agents.binding``: path, key and
         body from the state store; ``UnboundMessage`` for a request no claim speaks for).
         Without it (unit tests of the calling discipline) the request is taken as it is.
         Where the transport detects no duplicates, it is given the message's id and refuses
-        a copy whose attempt another copy took (``DuplicateRequest``: nothing called)."""
+        a copy whose attempt another copy took (``DuplicateRequest``: nothing called).
+        ``threads``: the agent's own threads, where the binding and the reply's hand-over
+        run (with their ride-outs: ``sleep`` waits there); one of its own by default."""
         self._remote = remote
         self._transport = transport
         self._clock = clock
         self._bind = bind
         self._sleep = sleep
         self._ride_out_seconds = ride_out_seconds
+        self._threads = threads or AgentThreads("agent")
 
-    def handle(
+    async def blocking[T](self, work: Callable[[], T], *, bound: float, what: str) -> T:
+        """``work`` on this agent's own threads (``agents.threads``), off the event loop."""
+        return await self._threads.run(work, bound=bound, what=what)
+
+    async def handle(
         self,
         request: AgentRequest,
         reply_to: str | None = None,
@@ -97,11 +114,15 @@ class AgentWorker:
                 bind, asked = self._bind, request
                 # Before any call, so waiting out a storage outage here is safe; a request
                 # no claim speaks for raises UnboundMessage: quarantined, never called.
-                request = ride_out(
-                    lambda: bind(asked, copy),
-                    what="request binding",
-                    seconds=self._ride_out_seconds,
-                    sleep=self._sleep,
+                request = await self._threads.run(
+                    lambda: ride_out(
+                        lambda: bind(asked, copy),
+                        what="request binding",
+                        seconds=self._ride_out_seconds,
+                        sleep=self._sleep,
+                    ),
+                    bound=self._ride_out_seconds + BLOCKING_MARGIN_SECONDS,
+                    what="the request's binding",
                 )
             elif request.order is None:  # too large to travel, and no state to read it from
                 raise StorageUnavailable(
@@ -109,7 +130,7 @@ class AgentWorker:
                     order_id=request.order_id,
                     step=request.step,
                 )
-            outcome = self._remote.call(request)
+            outcome = await self._remote.call(request)
             if deliveries > 1 and outcome.kind != "succeeded" and not outcome.settled:
                 if outcome.applied == "no":
                     METRICS.inc("agent_redelivered_doubt")
@@ -126,7 +147,11 @@ class AgentWorker:
             if self._clock() >= request.complete_by:
                 METRICS.inc("agent_late_replies", outcome=reply.outcome)
                 log.warning("reporting %s after the deadline (late evidence)", reply.outcome)
-            self._send(reply, reply_to)
+            await self._threads.run(
+                lambda: self._send(reply, reply_to),
+                bound=REPLY_SEND_SECONDS + BLOCKING_MARGIN_SECONDS,
+                what="the reply's hand-over",
+            )
             if outcome.running is not None:
                 self._follow(request, outcome.running, reply_to)
             # By agent and answer kind: the outcome and whether it may have applied (a
@@ -148,7 +173,8 @@ class AgentWorker:
     def _follow(self, request: AgentRequest, running: Running, reply_to: str | None) -> None:
         """A Python handler runs on past its attempt: renew the report that it runs (which
         holds the step's compensation) until it ends, then report what it did, like a
-        remote's late answer (docs/contracts.md §3.11)."""
+        remote's late answer (docs/contracts.md §3.11). The reports are sent from the run's
+        watcher thread (``agents.python``), one per run that outlives its attempt."""
 
         runner = running.runner
 

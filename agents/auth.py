@@ -43,6 +43,7 @@ Authentication failures (README "Failure model"):
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import concurrent.futures
 import re
@@ -81,11 +82,11 @@ class CredentialError(Exception):
 
 
 class RequestAuth(Protocol):
-    def headers(self, timeout: float) -> dict[str, str]:
+    async def headers(self, timeout: float) -> dict[str, str]:
         """The headers for one try, within ``timeout`` seconds; raises if none."""
         ...
 
-    def refresh(
+    async def refresh(
         self, challenge: str | None, timeout: float, refused: Mapping[str, str] | None = None
     ) -> bool:
         """After a 401 (``challenge``: its ``WWW-Authenticate``): get fresh credentials.
@@ -99,10 +100,10 @@ class RequestAuth(Protocol):
 class NoHeaders:
     """``NoAuth``."""
 
-    def headers(self, timeout: float) -> dict[str, str]:
+    async def headers(self, timeout: float) -> dict[str, str]:
         return {}
 
-    def refresh(
+    async def refresh(
         self, challenge: str | None, timeout: float, refused: Mapping[str, str] | None = None
     ) -> bool:
         return False
@@ -121,10 +122,10 @@ class ApiKeyHeader:
     def __repr__(self) -> str:
         return f"ApiKeyHeader(header={self.header!r}, key=<{len(self.key)} characters>)"
 
-    def headers(self, timeout: float) -> dict[str, str]:
+    async def headers(self, timeout: float) -> dict[str, str]:
         return {self.header: self.key}
 
-    def refresh(
+    async def refresh(
         self, challenge: str | None, timeout: float, refused: Mapping[str, str] | None = None
     ) -> bool:
         return False  # the same setting gives the same key until the app restarts
@@ -165,14 +166,14 @@ class EntraBearer:
             max_workers=4, thread_name_prefix=f"token-{name}"
         )
 
-    def headers(self, timeout: float) -> dict[str, str]:
+    async def headers(self, timeout: float) -> dict[str, str]:
         with self._lock:
             held = self._held
         if held is None or _due(held, time.time()):
-            held = self._fetch(None, timeout)
+            held = await self._fetch(None, timeout)
         return {"Authorization": f"Bearer {held.token}"}
 
-    def refresh(
+    async def refresh(
         self, challenge: str | None, timeout: float, refused: Mapping[str, str] | None = None
     ) -> bool:
         # Compared with the token this try sent, not with the one held now: a revoked token
@@ -187,9 +188,9 @@ class EntraBearer:
             # for claims that token may lack: it always fetches.)
             return True
         log.warning("the remote refused the token for %s (401): getting a fresh one", self.scope)
-        return self._fetch(claims or _NO_CLAIMS, timeout).token != sent
+        return (await self._fetch(claims or _NO_CLAIMS, timeout)).token != sent
 
-    def _fetch(self, claims: str | None, timeout: float) -> _Held:
+    async def _fetch(self, claims: str | None, timeout: float) -> _Held:
         def fetch() -> _Held:
             info = getattr(self.credential, "get_token_info", None)
             if callable(info):  # azure-core's SupportsTokenInfo: it says when to refresh
@@ -204,10 +205,12 @@ class EntraBearer:
 
         if timeout <= 0:
             raise CredentialError(f"no time left to get a token for {self.scope}")
-        future = self._pool.submit(fetch)
+        # The credential is a blocking client: it runs on this agent's token threads, and
+        # the try awaits it on its event loop, at most its time left.
+        future = asyncio.wrap_future(self._pool.submit(fetch))
         try:
-            held = future.result(timeout=timeout)
-        except concurrent.futures.TimeoutError:
+            held = await asyncio.wait_for(future, timeout)
+        except TimeoutError:
             raise CredentialError(
                 f"no token for {self.scope} within {timeout:.1f} s (the identity endpoint is slow)"
             ) from None

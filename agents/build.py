@@ -11,7 +11,9 @@ Each is an ``AttemptRunner`` (``agents.runner``) around the agent's kind of try:
 
 Both take at most ``concurrency`` calls at once on this instance, and at most ``rate``
 calls a second if it has one (``agents.limits``), unless an operator changed them at
-runtime; a paused agent calls nothing (``runtime``: ``core.control_view``).
+runtime; a paused agent calls nothing (``runtime``: ``core.control_view``). Each agent's
+blocking work (its claim read, its reply handed over, its controls read) runs on threads
+of its own (``agents.threads``): never on the runtime's pool, nor on another agent's.
 A setting that is missing is a ``SettingsError`` naming it, raised here, when the
 agent is first used, before any call.
 """
@@ -28,6 +30,7 @@ from agents.pacing import RemotePolicy
 from agents.python import PythonTry, check_handler
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
+from agents.threads import AgentThreads
 from core import workflows
 from core.control_view import AgentRuntime
 from core.ports import AgentTransport, Clock
@@ -92,9 +95,11 @@ def client_of(
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
+    threads: AgentThreads | None = None,
 ) -> AttemptRunner[TryKind]:
     """The attempts of one agent: its kind of try under its policy and limits (those
-    declared, or what ``runtime`` says is in force: an operator's pause and limits)."""
+    declared, or what ``runtime`` says is in force: an operator's pause and limits, read
+    on ``threads``, the agent's own)."""
     kind = try_kind_of(spec, settings, clock, env=env, credential=credential)
     return AttemptRunner(
         kind,
@@ -103,6 +108,7 @@ def client_of(
         concurrency=spec.concurrency,
         rate=spec.rate,
         runtime=runtime,
+        threads=threads,
     )
 
 
@@ -117,11 +123,15 @@ def build_agent(
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
 ) -> AgentWorker:
-    client = client_of(spec, settings, clock, env=env, credential=credential, runtime=runtime)
+    threads = AgentThreads(spec.name)
+    client = client_of(
+        spec, settings, clock, env=env, credential=credential, runtime=runtime, threads=threads
+    )
     return AgentWorker(
         client,
         transport,
         clock,
         bind=bind,
         ride_out_seconds=settings.ride_out_seconds,
+        threads=threads,
     )

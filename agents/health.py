@@ -6,7 +6,17 @@ Two questions, answered from this instance's own calls:
 1. *May this call go out now?* While the endpoint looks down (the breaker is open) only
    a trickle of probes does: one at a time, at a growing interval (2, 4, 8, 10 s), and
    orders already known to fail on their own wait behind fresh ones, so a few bad
-   orders cannot hold the probe slot while healthy orders wait.
+   orders cannot hold the probe slot while healthy orders wait. Each order deferred
+   meanwhile is told when to come back so that it is not sent back for nothing: one
+   order at the probe time (to probe), the others once that probe is expected to have
+   answered (as long as the last probe took; while a probe is in flight, its try's
+   bound, at most ``probe_timeout_seconds``), spread over one probe interval.
+   Every return costs a dispatch, a claim, a request and a reply through the shared
+   storage, for every order waiting: against a remote that answers slowly, telling each
+   to come back every couple of seconds only found the probe still out, and that churn
+   slowed every other agent's orders (``bench.isolation``: 120 orders waiting on a
+   carrier that answers after 20 s, some 30 returns a second, the storage up to 20 times
+   slower to answer).
 2. *Whose failure is it?* A transient failure counts against an order only when the
    remote is known to serve others: another order succeeded on this endpoint after
    this one first failed; or, with no other order failing here, another endpoint of
@@ -29,6 +39,7 @@ remote sees up to N probes per interval.
 from __future__ import annotations
 
 import threading
+import zlib
 from dataclasses import dataclass
 
 from observability.logs import get_logger
@@ -101,7 +112,12 @@ class EndpointHealth:
         self._open = False
         self._open_until = 0.0
         self._interval = self.policy.probe_interval_seconds
-        self._probe: tuple[str, float] | None = None  # the key probing, and since when
+        #: the key probing, since when, and when its try ends at the latest
+        self._probe: tuple[str, float, float] | None = None
+        #: the probe time an order was told to come back at (to probe)
+        self._called_to_probe: float | None = None
+        #: how long the last probe took to answer or fail (None: none yet)
+        self._probe_took: float | None = None
 
     # --- queries --------------------------------------------------------------------
 
@@ -116,22 +132,31 @@ class EndpointHealth:
         with self._lock:
             return self._open
 
-    def admit(self, key: str, now: float, *, singled_out: bool = False) -> Admission:
-        """May a call for ``key`` go out at ``now``?"""
+    def admit(
+        self, key: str, now: float, *, singled_out: bool = False, bound: float | None = None
+    ) -> Admission:
+        """May a call for ``key`` go out at ``now``? ``bound``: how long its try may take
+        (a probe's answer is not to be expected later; None: ``probe_timeout_seconds``)."""
+        bound = self._bound(bound)
         with self._lock:
             if not self._open:
                 return Admission(True)
             if self._probe is not None:
-                prober, since = self._probe
+                prober, since, _ = self._probe
                 if now < since + self.policy.probe_timeout_seconds:
                     return Admission(
                         False,
-                        retry_at=max(self._open_until, now + self._interval),
+                        retry_at=self._come_back(key, now, bound),
                         reason=f"a probe for {prober} is in flight",
                     )
                 self._probe = None  # that probe never came back: free the slot
             if now < self._open_until:
-                return Admission(False, retry_at=self._open_until, reason="waiting to probe")
+                called = self._called_to_probe != self._open_until
+                return Admission(
+                    False,
+                    retry_at=self._come_back(key, now, bound),
+                    reason="waiting to probe" if called else "waiting for the next probe",
+                )
             if singled_out and now < self._open_until + self._interval:
                 # Fresh orders probe first: an order known to fail on its own proves little.
                 return Admission(
@@ -139,8 +164,44 @@ class EndpointHealth:
                     retry_at=self._open_until + self._interval,
                     reason="orders that fail on their own probe last",
                 )
-            self._probe = (key, now)
+            self._probe = (key, now, now + bound)
             return Admission(True, probe=True, reason="probe")
+
+    def _probe_ended(self, now: float) -> None:
+        """(With the lock held.) The probe in flight, if any, answered or failed at ``now``:
+        how long it took is how long the next one is expected to take."""
+        if self._probe is not None:
+            self._probe_took = now - self._probe[1]
+        self._probe = None
+
+    def _bound(self, bound: float | None) -> float:
+        timeout = self.policy.probe_timeout_seconds
+        return timeout if bound is None else min(bound, timeout)
+
+    def _come_back(self, key: str, now: float, bound: float) -> float:
+        """When an order the open breaker turns away should come back (with the lock held):
+        not before a call can let it through. With a probe in flight, once the probe can
+        have answered (it alone can close the breaker); before the probe time, one order at
+        that time (to probe), the others once that probe is expected to have answered (as
+        long as the last probe took, at most its try's bound)."""
+        if self._probe is not None:
+            _, _, until = self._probe
+            return self._spread(key, max(self._open_until, now + self._interval, until))
+        if now >= self._open_until:
+            return now  # the probe is due: whoever comes next makes it
+        if self._called_to_probe != self._open_until:
+            self._called_to_probe = self._open_until
+            return self._open_until
+        # As long as the last probe took (an outage that answers 503 at once: hardly any
+        # time), else as long as its try may take.
+        took = bound if self._probe_took is None else min(self._probe_took, bound)
+        return self._spread(key, self._open_until + took)
+
+    def _spread(self, key: str, at: float) -> float:
+        """``at``, or a little later for most keys (up to one probe interval, the same for
+        a key every time): the orders told to come back after a probe do not all come in
+        the same instant, as a herd of dispatches and requests through the storage."""
+        return at + self._interval * (zlib.crc32(key.encode()) / 2**32)
 
     def mark(self) -> Mark:
         with self._lock:
@@ -166,9 +227,12 @@ class EndpointHealth:
                 self._last_success_at is not None or self.host.last_answer_at is not None
             )
 
-    def next_probe_at(self, now: float) -> float:
+    def next_probe_at(self, now: float, key: str = "", bound: float | None = None) -> float:
+        """When ``key``, whose attempt the open breaker ended, should come back (``now``
+        while it is closed)."""
+        bound = self._bound(bound)
         with self._lock:
-            return max(self._open_until, now) if self._open else now
+            return self._come_back(key, now, bound) if self._open else now
 
     # --- what calls found -------------------------------------------------------------
 
@@ -180,7 +244,7 @@ class EndpointHealth:
         probe slot."""
         with self._lock:
             if self._probe is not None and self._probe[0] == key:
-                self._probe = None
+                self._probe_ended(now)
 
     def record_answer(self, key: str, now: float) -> None:
         """The endpoint answered (2xx, or a permanent 4xx about the request): it is up."""
@@ -189,7 +253,7 @@ class EndpointHealth:
             self._last_success_at = now
             self.host.note(now)
             self._failing.clear()
-            self._probe = None
+            self._probe_ended(now)
             if self._open:
                 self._open = False
                 self._interval = self.policy.probe_interval_seconds
@@ -202,7 +266,7 @@ class EndpointHealth:
             if self._open and (probe or (self._probe is not None and self._probe[0] == key)):
                 # A failed probe lengthens the wait before the next one: 2 s after the
                 # trip, then 4, 8, 10, 10...
-                self._probe = None
+                self._probe_ended(now)
                 self._open = True
                 self._interval = min(self._interval * 2, self.policy.probe_interval_max_seconds)
                 self._open_until = now + self._interval

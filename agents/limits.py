@@ -6,7 +6,8 @@ runtime (``core.controls``): the runner applies what is in force before each att
 running is never stopped.
 
 An attempt takes a slot before its first try and gives it back when it ends (its
-retries and their backoff included: N attempts in progress); each try is handed the
+retries and their backoff included: N attempts in progress). It waits for one on its
+event loop (the agents are ``async``: a waiting attempt holds no thread); each try is handed the
 slot (``agents.outcomes.TryKind.run``). A call that cannot be stopped when its
 attempt ends (a Python handler still running in its thread) holds the slot until it
 returns, so "at most N at once" holds for what really runs. An
@@ -21,8 +22,9 @@ the time left for it is not made (``deferred``, not counted).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
-import time
 
 
 class Slot:
@@ -49,48 +51,84 @@ class Slot:
 
 
 class CallSlots:
+    """At most ``limit`` attempts at once. Taken by an attempt on an event loop (``take``
+    awaits, it never blocks a thread); given back from any thread (a Python handler's, when
+    it returns), which wakes the waiters on their own loops."""
+
     def __init__(self, limit: int):
         if limit < 1:
             raise ValueError("a concurrency limit is at least 1")
         self._limit = limit
-        self._free = threading.Condition()
+        self._lock = threading.Lock()
         self._taken = 0
+        #: attempts waiting for a slot: each is woken on its own loop to look again
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     @property
     def limit(self) -> int:
-        with self._free:
+        with self._lock:
             return self._limit
 
     def resize(self, limit: int) -> None:
         """A new limit for the attempts that start from now on."""
         if limit < 1:
             raise ValueError("a concurrency limit is at least 1")
-        with self._free:
-            if limit != self._limit:
-                self._limit = limit
-                self._free.notify_all()
+        with self._lock:
+            if limit == self._limit:
+                return
+            self._limit = limit
+            waiters = list(self._waiters)
+        _wake(waiters)
 
-    def take(self, wait: float) -> Slot | None:
+    async def take(self, wait: float) -> Slot | None:
         """A slot, waiting at most ``wait`` seconds for one; None if none came free."""
-        deadline = time.monotonic() + max(wait, 0.0)
-        with self._free:
-            while self._taken >= self._limit:
-                left = deadline - time.monotonic()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(wait, 0.0)
+        while True:
+            with self._lock:
+                if self._taken < self._limit:
+                    self._taken += 1
+                    return Slot(self)
+                left = deadline - loop.time()
                 if left <= 0:
                     return None
-                self._free.wait(left)  # given back, resized, or timed out: look again
-            self._taken += 1
-        return Slot(self)
+                waiter: asyncio.Future[None] = loop.create_future()
+                entry = (loop, waiter)
+                self._waiters.append(entry)
+            try:
+                # given back, resized, or timed out: look again
+                await asyncio.wait_for(waiter, left)
+            except TimeoutError:
+                pass
+            finally:
+                with self._lock:
+                    if entry in self._waiters:
+                        self._waiters.remove(entry)
 
     def _give_back(self) -> None:
-        with self._free:
+        with self._lock:
             self._taken -= 1
-            self._free.notify()
+            waiters = list(self._waiters)
+        _wake(waiters)
 
     @property
     def in_use(self) -> int:
-        with self._free:
+        with self._lock:
             return self._taken
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    """Every waiter looks again (there are at most the host's concurrency of them): the
+    first to find a free slot takes it, the others wait on."""
+    for loop, waiter in waiters:
+        # A loop that has closed raises: nobody waits there any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_resolve, waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 class CallRate:

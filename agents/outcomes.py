@@ -64,9 +64,10 @@ class TryKind(Protocol):
         """What one breaker guards (its name in logs): the URL, or the handler."""
         ...
 
-    def run(self, request: AgentRequest, timeout: float, slot: Slot | None) -> Try:
-        """One try, over within ``timeout`` seconds. ``slot``: the attempt's concurrency
-        slot, for a call that runs on past its try (it holds the slot until it returns)."""
+    async def run(self, request: AgentRequest, timeout: float, slot: Slot | None) -> Try:
+        """One try, over within ``timeout`` seconds, awaited on the caller's event loop (it
+        holds no thread while it waits). ``slot``: the attempt's concurrency slot, for a
+        call that runs on past its try (it holds the slot until it returns)."""
         ...
 
     def close(self) -> None: ...

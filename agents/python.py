@@ -32,7 +32,11 @@ classification; this module is only its kind of try), and says what it did by ho
 - raises anything else: like a 500, *may have applied*; retried;
 - is still running at ``deadline``: like no answer, *may have applied*; retried.
 
-The handler runs on a thread of its own; the agent stops waiting for it at the try's
+The handler is synchronous user code: it runs on a thread of its own (never on the
+runtime's shared pool, nor on the event loop where the agent awaits it), at most
+``concurrency`` of them at once per agent and instance, since a run holds its attempt's
+concurrency slot until it returns (``agents.limits``): one agent's handlers can never
+take the threads another agent or function needs. The agent stops waiting for it at the try's
 deadline (the time left before the step's ``CompleteBy``, less the reply margin, and
 at most ``max_try_seconds``), but a thread cannot be stopped: the call runs on. A retry
 for the same key in this process does not start a second run while one is still
@@ -55,6 +59,7 @@ own code (a python agent has no ``auth``).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import contextvars
 import copy
@@ -219,7 +224,7 @@ class PythonTry:
         with self._running_lock:
             return len(self._running)
 
-    def run(self, request: AgentRequest, timeout: float, slot: Slot | None = None) -> Try:
+    async def run(self, request: AgentRequest, timeout: float, slot: Slot | None = None) -> Try:
         key = request.idempotency_key
         deadline = self._clock() + timedelta(seconds=timeout)
         with self._running_lock:
@@ -227,9 +232,13 @@ class PythonTry:
             joined = future is not None
             if future is None:
                 future = self._running[key] = self._start(request, deadline, slot)
+        if future.done():  # it ended already (a run an earlier try started)
+            return future.result()
         try:
-            return future.result(timeout=max(timeout, 0.0))
-        except concurrent.futures.TimeoutError:
+            # Awaited on the caller's loop: the handler's thread is its own, and the attempt
+            # holds none while it waits (a run outlives its try: never cancelled, shielded).
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), timeout)
+        except TimeoutError:
             METRICS.inc("python_agent_overruns")
             return Try(
                 "maybe",
@@ -290,7 +299,7 @@ class PythonTry:
         # The handler's logs carry the order, step and attempt, as the agent's do.
         context = contextvars.copy_context()
         threading.Thread(
-            target=context.run, args=(run,), name=f"agent-{self.name}-{key}", daemon=True
+            target=context.run, args=(run,), name=f"handler-{self.name}-{key}", daemon=True
         ).start()
         return future
 

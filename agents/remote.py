@@ -5,9 +5,10 @@ it did (docs/contracts.md §3.11). ``agents.runner`` runs the attempt around it.
 (the same on every try and every attempt, so the service applies the effect once
 however often it is asked).
 
-- A try is bounded as a whole (connect, send, and every byte of the answer) by its
-  timeout: httpx's own timeouts bound each read, not the request, so tries run on a
-  background event loop under ``asyncio.timeout``.
+- A try is awaited on the caller's event loop (the agent's function is ``async``: a try
+  that waits for a slow remote holds a coroutine, not a thread) and bounded as a whole
+  (connect, send, and every byte of the answer) by its timeout, under
+  ``asyncio.timeout``: httpx's own timeouts bound each read, not the request.
 - Each try is classified (``classify``): *applied* (2xx), *refused* (3xx and 4xx but
   408, 409, 425, 429: nothing applied by it, not retried; only the service's own
   refusal of the key, 400 or 422, also settles what earlier attempts did), *not
@@ -22,15 +23,17 @@ however often it is asked).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import math
 import threading
 import time
-from collections.abc import Callable, Coroutine
+import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Final
 
 import httpx
 
@@ -58,7 +61,8 @@ MAX_RETRY_AFTER_SECONDS = 24 * 3600.0
 #: Exceptions raised before the request left: nothing can have been applied.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
 
-T = TypeVar("T")
+#: An answer larger than this is read on a thread, off the event loop.
+LARGE_ANSWER_BYTES: Final = 256 * 1024
 
 
 def _retry_after(response: httpx.Response, now: datetime) -> float | None:
@@ -118,29 +122,6 @@ def classify(response: httpx.Response, path: str, now: datetime | None = None) -
     return Try("no", False, text, status, settles=status in SETTLING_STATUSES)
 
 
-class _LoopThread:
-    """One asyncio loop on a daemon thread: calls from any thread, each with a hard bound."""
-
-    def __init__(self, name: str):
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], bound: float) -> T:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout=bound)
-        except TimeoutError:
-            future.cancel()  # the call must not outlive its attempt
-            raise
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self.loop.close()
-
-
 class HttpTry:
     """Tries over HTTP against one base URL (``agents.outcomes.TryKind``)."""
 
@@ -159,13 +140,14 @@ class HttpTry:
         self._clock = clock
         self._connect_seconds = connect_seconds
         self._lock = threading.Lock()
-        self._loop: _LoopThread | None = None
-        self._http: httpx.AsyncClient | None = None
+        #: one client (one connection pool) per event loop: in the runtime there is one
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._clients = weakref.WeakKeyDictionary()
 
     def endpoint(self, path: str) -> str:
         return f"{self._base_url}/{path}"
 
-    def run(self, request: AgentRequest, timeout: float, slot: Slot | None = None) -> Try:
+    async def run(self, request: AgentRequest, timeout: float, slot: Slot | None = None) -> Try:
         try:
             body = json.dumps(request.order, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
@@ -185,22 +167,29 @@ class HttpTry:
             return timeout - (time.monotonic() - started)
 
         try:
-            credentials = self.auth.headers(timeout)
+            credentials = await self.auth.headers(timeout)
         except CredentialError as exc:
             return Try("no", True, f"{path}: {exc}; the request was not sent")
-        answer = self._send(path, content, headers, credentials, left() if credentials else timeout)
+        answer = await self._send(
+            path, content, headers, credentials, left() if credentials else timeout
+        )
         if isinstance(answer, httpx.Response) and answer.status_code == 401:
             # A stale or revoked token: one fresh token, one more send, in this try.
             try:
-                if self.auth.refresh(answer.headers.get("WWW-Authenticate"), left(), credentials):
-                    credentials = self.auth.headers(left())
-                    answer = self._send(path, content, headers, credentials, left())
+                challenge = answer.headers.get("WWW-Authenticate")
+                if await self.auth.refresh(challenge, left(), credentials):
+                    credentials = await self.auth.headers(left())
+                    answer = await self._send(path, content, headers, credentials, left())
             except CredentialError as exc:
                 return Try("no", True, f"{path}: HTTP 401, and no fresh token to send again: {exc}")
         if isinstance(answer, Try):
             return answer
-        # Parsed here, on the caller's thread: a large body must not stall the shared loop.
-        outcome = classify(answer, path, self._clock())
+        if len(answer.content) > LARGE_ANSWER_BYTES:
+            # A large body is parsed on a thread: it must not stall the runtime's event loop,
+            # which every async invocation of the instance shares.
+            outcome = await asyncio.to_thread(classify, answer, path, self._clock())
+        else:
+            outcome = classify(answer, path, self._clock())
         if answer.status_code in (401, 403) and not isinstance(self.auth, NoHeaders):
             outcome = replace(
                 outcome,
@@ -208,7 +197,7 @@ class HttpTry:
             )
         return outcome
 
-    def _send(
+    async def _send(
         self,
         path: str,
         content: bytes,
@@ -221,14 +210,7 @@ class HttpTry:
         headers = {**{k: v for k, v in credentials.items() if k.lower() not in own}, **headers}
         if timeout <= 0:
             return Try("no", True, f"{path}: no time left to send (the request was never sent)")
-        loop = self._event_loop()
-        try:
-            return loop.run(
-                self._post(f"{self._base_url}/{path}", content, headers, timeout, path),
-                bound=timeout + 5,
-            )
-        except TimeoutError:  # pragma: no cover - the coroutine bounds itself first
-            return Try("maybe", True, f"{path}: no answer within {timeout:.1f} s")
+        return await self._post(f"{self._base_url}/{path}", content, headers, timeout, path)
 
     async def _post(
         self, url: str, content: bytes, headers: dict[str, str], timeout: float, path: str
@@ -271,28 +253,36 @@ class HttpTry:
             return Try("maybe" if sent else "no", True, f"{path}: {type(exc).__name__}: {exc}")
         return response
 
-    def _event_loop(self) -> _LoopThread:
-        with self._lock:
-            if self._loop is None:
-                self._loop = _LoopThread(f"remote-{id(self):x}")
-            return self._loop
-
     def _async_client(self) -> httpx.AsyncClient:
-        # Built on the loop's thread, on first use, and reused (one connection pool).
-        if self._http is None:
-            self._http = httpx.AsyncClient(
-                transport=self._transport or httpx.AsyncHTTPTransport(retries=0),
-                follow_redirects=False,
-                limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-            )
-        return self._http
+        # Built on first use on each loop, and reused there (one connection pool): an
+        # AsyncClient's connections belong to the loop that opened them.
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            http = self._clients.get(loop)
+            if http is None:
+                http = self._clients[loop] = httpx.AsyncClient(
+                    transport=self._transport or httpx.AsyncHTTPTransport(retries=0),
+                    follow_redirects=False,
+                    limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+                )
+            return http
 
     def close(self) -> None:
         self.auth.close()
         with self._lock:
-            loop, http = self._loop, self._http
-            self._loop = self._http = None
-        if loop is not None:
-            if http is not None:
-                asyncio.run_coroutine_threadsafe(http.aclose(), loop.loop).result(timeout=5)
-            loop.close()
+            clients = list(self._clients.items())
+            self._clients.clear()
+        for loop, http in clients:
+            # Closed on its own loop, if that still runs (a loop that has ended took its
+            # connections with it).
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_close_on, loop, http)
+
+
+def _close_on(loop: asyncio.AbstractEventLoop, http: httpx.AsyncClient) -> None:
+    task = loop.create_task(http.aclose())
+    _CLOSING.add(task)  # held until done: a task nobody holds may be collected unfinished
+    task.add_done_callback(_CLOSING.discard)
+
+
+_CLOSING: set[asyncio.Task[None]] = set()

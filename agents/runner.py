@@ -21,11 +21,11 @@ The attempt is made of four parts, each its own:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -33,6 +33,7 @@ from agents.health import EndpointHealth, HostActivity, Mark
 from agents.limits import CallRate, CallSlots, Slot
 from agents.outcomes import CallOutcome, Try, TryKind, applied_of
 from agents.pacing import Backoff, Budget, RemotePolicy
+from agents.threads import AgentThreads
 from core.control_view import HOLD_MIN, AgentRuntime
 from core.controls import Limits
 from core.messages import AgentRequest
@@ -41,6 +42,10 @@ from observability.logs import get_logger
 from observability.metrics import METRICS
 
 log = get_logger(__name__)
+
+#: The agent's runtime controls are read at most once a period, from the state store,
+#: through a client whose requests are bounded: past this, something hangs.
+RUNTIME_READ_BOUND = 60.0
 
 
 class AttemptRunner[K: TryKind]:
@@ -52,21 +57,26 @@ class AttemptRunner[K: TryKind]:
         kind: K,
         policy: RemotePolicy | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
         *,
         concurrency: int | None = None,
         rate: float | None = None,
         runtime: Callable[[], AgentRuntime] | None = None,
+        threads: AgentThreads | None = None,
     ):
         """``runtime``: what an operator set for the agent now (paused, its limits), asked
-        before each attempt; without it, ``concurrency`` and ``rate`` hold for good."""
+        before each attempt; without it, ``concurrency`` and ``rate`` hold for good. It may
+        read the state store (once a period): with ``threads``, it is asked on the agent's
+        own threads (``agents.threads``), off the event loop. ``sleep``: the waits between
+        tries, awaited (an attempt that waits holds no thread)."""
         self.kind = kind
         self.policy = policy or RemotePolicy()
         #: None: no limit of its own (the host's concurrency limits it).
         self.slots = CallSlots(concurrency) if concurrency is not None else None
         self.rate = CallRate(rate)
         self._runtime = runtime
+        self._threads = threads
         self._clock = clock
         self._sleep = sleep
         self._backoff = Backoff(self.policy, rng)
@@ -87,9 +97,10 @@ class AttemptRunner[K: TryKind]:
 
     # --- admission --------------------------------------------------------------------
 
-    def call(self, request: AgentRequest) -> CallOutcome:
+    async def call(self, request: AgentRequest) -> CallOutcome:
         """The call for one attempt, tried until it succeeds, is refused, is deferred, or
-        time runs out. Never raises for what the remote does."""
+        time runs out. Never raises for what the remote does. Awaited on the caller's event
+        loop: its waits (for a slot, a token, the backoff, the remote) hold no thread."""
         if (unsendable := _unsendable(request)) is not None:
             # Refused here, before any admission: the endpoint was not asked, so this
             # says nothing about its health (and must not close an open breaker).
@@ -97,7 +108,7 @@ class AttemptRunner[K: TryKind]:
         now = self._clock()
         budget = Budget.of(request, self.policy, now)
         if self._runtime is not None:
-            runtime = self._runtime()
+            runtime = await self._read_runtime(self._runtime)
             if runtime.pause is not None:
                 METRICS.inc("agent_paused_deferrals")
                 pause = runtime.pause
@@ -111,9 +122,9 @@ class AttemptRunner[K: TryKind]:
                 )
             self._limit(runtime.limits, now)
         if self.slots is None:
-            return self._attempt(request, budget, None)
+            return await self._attempt(request, budget, None)
         wait = budget.slot_wait(now)
-        slot = self.slots.take(wait)
+        slot = await self.slots.take(wait)
         if slot is None:
             METRICS.inc("agent_busy_deferrals")
             return CallOutcome(
@@ -124,9 +135,14 @@ class AttemptRunner[K: TryKind]:
                 not_before=self._clock(),
             )
         try:
-            return self._attempt(request, budget, slot)
+            return await self._attempt(request, budget, slot)
         finally:
             slot.release()
+
+    async def _read_runtime(self, runtime: Callable[[], AgentRuntime]) -> AgentRuntime:
+        if self._threads is None:
+            return runtime()
+        return await self._threads.run(runtime, bound=RUNTIME_READ_BOUND, what="controls read")
 
     def _limit(self, limits: Limits, now: datetime) -> None:
         """The limits in force now: a change reaches the attempts that start after it."""
@@ -136,14 +152,16 @@ class AttemptRunner[K: TryKind]:
             self.slots.resize(limits.concurrency)
         self.rate.set_rate(limits.rate, now.timestamp())
 
-    def _attempt(self, request: AgentRequest, budget: Budget, slot: Slot | None) -> CallOutcome:
+    async def _attempt(
+        self, request: AgentRequest, budget: Budget, slot: Slot | None
+    ) -> CallOutcome:
         tries = _Tries()
-        outcome = self._tries(request, budget, slot, tries)
+        outcome = await self._tries(request, budget, slot, tries)
         return _follow_run(outcome, tries.last)
 
     # --- the tries, paced -------------------------------------------------------------
 
-    def _tries(
+    async def _tries(
         self, request: AgentRequest, budget: Budget, slot: Slot | None, tries: _Tries
     ) -> CallOutcome:
         key, path = request.idempotency_key, request.path
@@ -167,13 +185,16 @@ class AttemptRunner[K: TryKind]:
                         now,
                     )
                 if token > 0:
-                    self._sleep(token)
+                    await self._sleep(token)
                     now = self._clock()
                     timeout = budget.try_seconds(now)
                     if timeout is None:  # pragma: no cover - the token came in time for one
                         break
             admission = health.admit(
-                key, now.timestamp(), singled_out=request.singled_out or tries.mark is not None
+                key,
+                now.timestamp(),
+                singled_out=request.singled_out or tries.mark is not None,
+                bound=timeout,
             )
             if not admission.allowed:
                 METRICS.inc("breaker_deferrals")
@@ -185,7 +206,7 @@ class AttemptRunner[K: TryKind]:
             # Taken before the try: a success elsewhere while this try hangs also shows the
             # endpoint serving others.
             before = health.mark()
-            attempt = self.kind.run(request, timeout, slot)
+            attempt = await self.kind.run(request, timeout, slot)
             tries.last = attempt
             now = self._clock()
             if attempt.applied == "yes":
@@ -233,7 +254,7 @@ class AttemptRunner[K: TryKind]:
                 wait,
                 attempt.error,
             )
-            self._sleep(wait)
+            await self._sleep(wait)
         return self._classify(request, health, tries)
 
     # --- classification ---------------------------------------------------------------
@@ -258,7 +279,9 @@ class AttemptRunner[K: TryKind]:
         return tries.deferred(
             f"{last.error}; {request.path} is failing for other orders too, or has served none "
             "since: waiting for it rather than counting it against this order",
-            datetime.fromtimestamp(health.next_probe_at(now.timestamp()), UTC),
+            datetime.fromtimestamp(
+                health.next_probe_at(now.timestamp(), request.idempotency_key), UTC
+            ),
         )
 
 

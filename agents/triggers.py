@@ -6,15 +6,26 @@ holds up another's requests, and each function scales and is throttled on its ow
 The agents come from the declarations (``declarations/``, ``core.workflows.AGENTS``),
 read when this module is indexed. (The shared ``agent-requests`` queue of versions
 before agents has no function: README, "Upgrading".)
+
+The functions are ``async def``: an agent waits on the network (its remote, for up to a
+step's timeout), and the Python runtime awaits async functions on its event loop instead
+of running them on its one thread pool, which every synchronous function of the
+instance shares. So a remote that answers slowly holds a coroutine, not a thread, and
+cannot starve the scheduler or another agent of threads, whatever the pool's size (the
+Azure Functions Python guide: I/O-bound functions are async). Nothing here blocks the
+loop: the blocking work of an agent runs on its own threads (``agents.threads``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import azure.functions as func
 
-from bootstrap import app_context, index_time
+from agents.agent import AgentWorker
+from bootstrap import app_context, current_app_context, index_time
 from core import names
 from core.errors import DuplicateRequest, InvalidMessage, UnboundMessage
 from core.messages import decode_request
@@ -26,25 +37,44 @@ from observability.logs import get_logger
 bp = func.Blueprint()
 log = get_logger(__name__)
 ON_STORAGE_QUEUES = index_time().transport is Transport.STORAGE
+#: A quarantine is a send and a table write, each bounded by its client.
+QUARANTINE_BOUND = 120.0
 
 
-def _handle(
+async def _handle(
     raw: bytes, reply_to: str | None, agent: str, deliveries: int | None, copy: str | None = None
 ) -> None:
-    ctx = app_context()
+    worker = await _worker(agent)
     try:
         request = decode_request(raw)
     except InvalidMessage as exc:
-        queue = ctx.names.agent_queue(agent)
-        quarantine(ctx.queues, queue, raw, exc.message, ctx.clock, keeper=ctx.kept)
+        await _quarantine(worker, agent, raw, exc.message)
         return
     try:
-        ctx.agent_for(agent).handle(request, reply_to, max(deliveries or 1, 1), copy or None)
+        await worker.handle(request, reply_to, max(deliveries or 1, 1), copy or None)
     except DuplicateRequest as exc:  # another copy of it runs the attempt: nothing to do
         log.info("%s", exc.message)
     except UnboundMessage as exc:  # forged, or for an attempt never claimed: never called
+        await _quarantine(worker, agent, raw, exc.message)
+
+
+async def _worker(agent: str) -> AgentWorker:
+    """The agent, built on first use off the event loop (building it may create the state
+    table and reads the environment)."""
+    ctx = current_app_context()
+    worker = ctx.built_agent(agent) if ctx is not None else None
+    if worker is None:
+        worker = await asyncio.to_thread(lambda: app_context().agent_for(agent))
+    return worker
+
+
+async def _quarantine(worker: AgentWorker, agent: str, raw: bytes, reason: str) -> None:
+    def keep() -> None:
+        ctx = app_context()
         queue = ctx.names.agent_queue(agent)
-        quarantine(ctx.queues, queue, raw, exc.message, ctx.clock, keeper=ctx.kept)
+        quarantine(ctx.queues, queue, raw, reason, ctx.clock, keeper=ctx.kept)
+
+    await worker.blocking(keep, bound=QUARANTINE_BOUND, what="quarantine")
 
 
 def _register(function_name: str, queue: str, agent: str) -> None:
@@ -52,19 +82,19 @@ def _register(function_name: str, queue: str, agent: str) -> None:
     and a real function object per trigger)."""
     if ON_STORAGE_QUEUES:
 
-        def on_queue(msg: func.QueueMessage) -> None:
+        async def on_queue(msg: func.QueueMessage) -> None:
             # Storage queues detect no duplicates: the message id tells copies apart.
-            _handle(msg.get_body(), None, agent, msg.dequeue_count, msg.id)
+            await _handle(msg.get_body(), None, agent, msg.dequeue_count, msg.id)
 
-        handler: Callable[..., None] = on_queue
+        handler: Callable[..., Coroutine[Any, Any, None]] = on_queue
         handler.__name__ = handler.__qualname__ = function_name
         bp.function_name(function_name)(
             bp.queue_trigger(arg_name="msg", queue_name=queue, connection=STORAGE)(handler)
         )
     else:
 
-        def on_message(msg: func.ServiceBusMessage) -> None:
-            _handle(msg.get_body(), msg.reply_to, agent, msg.delivery_count)
+        async def on_message(msg: func.ServiceBusMessage) -> None:
+            await _handle(msg.get_body(), msg.reply_to, agent, msg.delivery_count)
 
         handler = on_message
         handler.__name__ = handler.__qualname__ = function_name

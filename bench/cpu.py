@@ -142,12 +142,18 @@ def function_of(thread: str) -> str:
     """Which function a devhost thread's CPU belongs to (see the docstring)."""
     if thread.startswith("devhost-"):
         return thread[len("devhost-") :].rsplit("_", 1)[0]
-    if thread == "worker":  # the runtime's event loop: invocation requests and responses
-        return "runtime's invocation dispatch"
+    if thread == "worker":
+        # The runtime's event loop: invocation requests and responses, and the agents'
+        # async functions (their HTTP calls, pacing and breakers: agents/triggers.py).
+        return "runtime's event loop (dispatch, agents' calls)"
     if thread.startswith("timer-"):
         return thread[len("timer-") :]
-    if thread.startswith("remote-"):  # agents/remote.py's event loop: the HTTP calls
-        return "remote calls (agents' loop)"
+    if thread.startswith("agent-"):
+        # An agent's own threads (agents/threads.py: the claim read, the reply applied in
+        # process and the next step claimed): agent-<agent>_<n>.
+        return "run_agent_" + thread[len("agent-") :].rsplit("_", 1)[0].replace("-", "_")
+    if thread.startswith("handler-"):  # a Python agent's handler (agents/python.py)
+        return "Python agents' handlers"
     if thread.startswith(("poll-", "renew-")):
         return "host polling and leases"
     return "other threads"

@@ -319,6 +319,11 @@ class AppContext:
                 )
         return agent
 
+    def built_agent(self, name: str) -> AgentWorker | None:
+        """The agent ``name`` if it is built already (no I/O: for the event loop)."""
+        with _agents_lock:
+            return self._agents.get(name)
+
     @part
     def _agents(self) -> dict[str, AgentWorker]:
         return {}
@@ -402,6 +407,12 @@ def app_context() -> AppContext:
     with _lock:
         if _context is None:
             _context = bootstrap(settings_from_environment())
+        return _context
+
+
+def current_app_context() -> AppContext | None:
+    """The process's app if it is bootstrapped already, else None (no I/O)."""
+    with _lock:
         return _context
 
 

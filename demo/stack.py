@@ -27,8 +27,6 @@ from typing import IO, TYPE_CHECKING, Any
 from bootstrap import AppContext, bootstrap
 from core.names import Names
 from core.settings import OPCOUNT_DIR, Settings, Transport
-from hostrun.pool import DEPLOYED_THREADS as POOL_THREADS
-from hostrun.pool import SETTING as POOL_SETTING
 from localrun.azurite import Azurite
 from localrun.processes import kill_group, read_announcement, stop_group
 
@@ -234,8 +232,8 @@ class LocalStack:
                 # The demo's status queues (demo/__main__.py), unless you name yours
                 "REPLY_QUEUES": os.environ.get("REPLY_QUEUES") or DEMO_REPLY_QUEUES,
                 "PYTHONUNBUFFERED": "1",
-                # As deployed (infra/app/function-app.bicep; hostrun/pool.py says why)
-                POOL_SETTING: POOL_THREADS,
+                # No PYTHON_THREADPOOL_THREAD_COUNT: devhost applies the deployed value when
+                # unset (devhost/deployed.py), as it does for anyone who starts it.
                 # The app's managed identity, locally: azure-identity's own App Service
                 # protocol against the simulator's identity endpoint (simulator/identity.py),
                 # for agents declared with EntraToken.

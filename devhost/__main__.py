@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from core.settings import DEVHOST_INSTANCE_ID, disabled_setting
-from devhost import app_loader
+from devhost import app_loader, deployed
 from devhost.host import DevHost
 from devhost.invoke import Invoker
 from devhost.settings import ConfigError, load_host_json
@@ -81,6 +81,15 @@ def build(args: argparse.Namespace) -> DevHost:
     root = os.getcwd()
     default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
     os.environ[DEVHOST_INSTANCE_ID] = args.instance_id or default_id
+    # The platform's settings as the deployment sets them, where the environment sets
+    # none (the runtime reads its pool size when it starts, so before it starts).
+    applied = deployed.apply(os.environ, root)
+    for name, value in applied.defaults.items():
+        log.info("as deployed (%s): %s=%s", deployed.PATH, name, value)
+    for name, (mine, value) in applied.overridden.items():
+        log.warning(
+            "%s=%s from the environment; deployed: %s (%s)", name, mine, value, deployed.PATH
+        )
     # The runtime indexes and loads the app as the host has it do (worker init, metadata,
     # a load per function); devhost reads the same indexed functions' bindings.
     runtime = hostrun.start(root, args.app)

@@ -6,17 +6,23 @@ whose size is the app setting ``PYTHON_THREADPOOL_THREAD_COUNT``; unset, Python'
 (``azure_functions_runtime/utils/threadpool.py``, ``start_threadpool_executor``). The host
 hands one instance up to ``batchSize + newBatchThreshold`` messages of each Storage queue
 function and ``maxConcurrentCalls`` of each Service Bus function at once (host.json). With
-a pool smaller than their sum, the calls of one function whose remote hangs hold every
-thread and all the other functions wait behind them: the runtime's pool, not host.json,
-would then decide what runs. Sized to the sum, each function is bounded by its own
-host.json limits only, and a thread is only started when an invocation needs it.
+a pool smaller than their sum, the calls of one function that block hold every thread
+and all the other functions wait behind them: the runtime's pool, not host.json, would
+then decide what runs. Sized to the sum, each function is bounded by its own host.json
+limits only, and a thread is only started when an invocation needs it.
+
+``async def`` functions (the agents, ``run_agent_<agent>``) take no pool thread: the
+runtime awaits them on its event loop, so they are not counted. What they run on threads
+of their own (storage work, Python handlers) is bounded per agent (``agents.threads``).
 
 :func:`needed` is that sum for an app's functions; devhost warns at start when the setting
-is below it, and a unit test holds the Bicep app setting and the local stack's to it.
+is below it, and a unit test holds the deployed setting (``infra/platform-settings.json``,
+which devhost applies when unset: ``devhost.deployed``) to it.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -29,15 +35,13 @@ SETTING = "PYTHON_THREADPOOL_THREAD_COUNT"
 #: The HTTP routes together (the operator API and console: a person's clicks): what one
 #: instance serves at once, counted as one group, as Flex Consumption scales them.
 HTTP_CONCURRENCY = 16
-#: What the Function App (infra/app/function-app.bicep), local.settings.example.json and the
-#: local stack (demo/stack.py) set: at least :func:`needed` for either agent transport
-#: (tests/unit/test_thread_pool.py).
-DEPLOYED_THREADS = "400"
 
 
 def needed(specs: Iterable[FunctionSpec], host_json: Mapping[str, Any]) -> int:
-    """Threads for every function's host.json maximum at once, on one instance."""
-    specs = list(specs)
+    """Threads for every synchronous function's host.json maximum at once, on one
+    instance."""
+    # An async function runs on the runtime's event loop: it holds no pool thread.
+    specs = [spec for spec in specs if not inspect.iscoroutinefunction(spec.func)]
     kinds = {spec.trigger_type for spec in specs}
     per_kind = {loader.TIMER: 1}  # a timer does not start a run while its last one runs
     if loader.QUEUE in kinds:  # host.json's queue options are read only when they apply
@@ -71,5 +75,5 @@ def shortfall(
         f"the runtime's thread pool has {have} threads ({source}) but these functions may "
         f"run {need} invocations at once (host.json batchSize + newBatchThreshold per queue "
         f"function, maxConcurrentCalls per Service Bus function): a function whose calls "
-        f"hang can hold every thread. Set {SETTING}={need} or more"
+        f"block can hold every thread. Set {SETTING}={need} or more"
     )

@@ -160,8 +160,10 @@ _FUNCTIONS: dict[str, Callable[..., Any]] = {}
 
 
 def app_function(name: str) -> Callable[..., Any]:
-    """A function of ``function_app`` by name, as the worker calls it. The app lists its
-    functions only once per process (docs/contracts.md#fact-get-functions-once), so every test shares this one list."""
+    """A function of ``function_app`` by name, as the worker calls it: an ``async def``
+    one (the agents) run to completion on an event loop, as the worker awaits it on its
+    own. The app lists its functions only once per process
+    (docs/contracts.md#fact-get-functions-once), so every test shares this one list."""
     if not _FUNCTIONS:
         import function_app
 
@@ -169,7 +171,10 @@ def app_function(name: str) -> Callable[..., Any]:
             named = function.get_function_name()
             assert named is not None, f"a function of function_app has no name: {function}"
             _FUNCTIONS[named] = function.get_user_function()
-    return _FUNCTIONS[name]
+    user = _FUNCTIONS[name]
+    if inspect.iscoroutinefunction(user):
+        return lambda *args, **kwargs: asyncio.run(user(*args, **kwargs))
+    return user
 
 
 def installed(storage_connection: str, tag: str) -> Iterator[AppContext]:
@@ -199,7 +204,7 @@ def handle_request(ctx: AppContext, request: Any) -> Any:
     from core.messages import decode_request
 
     decoded = decode_request(request) if isinstance(request, str | bytes) else request
-    return ctx.agent_for(decoded.agent).handle(decoded)
+    return asyncio.run(ctx.agent_for(decoded.agent).handle(decoded))
 
 
 def call_handler(spec: FunctionSpec, value: Any) -> Any:

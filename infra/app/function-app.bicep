@@ -125,6 +125,10 @@ var entraIdentitySettings = empty(flatten(entraAgentLists)) ? [] : [
     value: identityClientId
   }
 ]
+/* Settings the platform reads, not the app (PYTHON_THREADPOOL_THREAD_COUNT: the Python
+   runtime's thread pool): infra/platform-settings.json, which devhost also reads for its
+   defaults (devhost/deployed.py), so the app runs locally as deployed. */
+var platformSettings = loadJsonContent('../platform-settings.json').appSettings
 var agentSettings = concat(flatten(agentUrlSettingLists), flatten(agentApiKeySettingLists), entraIdentitySettings)
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
@@ -266,15 +270,6 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           value: 'servicebus'
         }
         {
-          // The Python runtime runs every function on one thread pool, by default
-          // min(32, CPUs + 4) threads: the calls of one agent whose remote hangs would
-          // hold them all. Sized to every function's host.json concurrency at once, so
-          // host.json alone bounds each function (hostrun/pool.py, a unit test checks it);
-          // threads start only when invocations need them.
-          name: 'PYTHON_THREADPOOL_THREAD_COUNT'
-          value: '400'
-        }
-        {
           name: 'REMOTE_SERVICE_URL'
           value: remoteServiceUrl
         }
@@ -345,7 +340,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           name: 'APPLICATIONINSIGHTS_AUTHENTICATION_STRING'
           value: 'Authorization=AAD;ClientId=${identityClientId}'
         }
-      ], agentSettings)
+      ], platformSettings, agentSettings)
     }
   }
 }

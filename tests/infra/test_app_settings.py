@@ -26,6 +26,7 @@ from tests.infra.bicep import (
     body,
     client_id_setting,
     function_app_scope,
+    load_json,
     parse,
     rel,
     resources_of_type,
@@ -144,6 +145,17 @@ def test_emitted_settings_are_exactly_what_the_code_reads() -> None:
         f"changed, run `{REGENERATE}`"
     )
     assert emitted >= PLATFORM_SETTINGS, f"missing: {sorted(PLATFORM_SETTINGS - emitted)}"
+
+
+def test_the_platform_settings_are_the_file_devhost_reads() -> None:
+    """infra/platform-settings.json: Bicep emits exactly its entries (name and value), and
+    devhost applies the same file as its defaults (devhost/deployed.py)."""
+    listed = {
+        e["name"]: e["value"] for e in load_json(INFRA / "platform-settings.json")["appSettings"]
+    }
+    emitted = _emitted()
+    assert {name: emitted.get(name) for name in listed} == listed
+    assert set(listed) <= PLATFORM_SETTINGS
 
 
 def test_connections_are_identity_based() -> None:

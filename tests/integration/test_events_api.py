@@ -4,6 +4,7 @@ and the next step claimed and requested in the same call."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -91,7 +92,7 @@ def test_an_event_for_a_finished_order_is_409(ctx: AppContext, tag: str) -> None
     for _ in range(10):  # the host's part: requests, replies, dispatches
         for text in drain_requests(ctx):
             request = decode_request(text)
-            ctx.agent_for(request.agent).handle(request)
+            asyncio.run(ctx.agent_for(request.agent).handle(request))
         for text in drain(ctx, ctx.names.agent_replies):
             ctx.scheduler.apply_reply(decode_reply(text))
         for text in drain(ctx, ctx.names.order_dispatch):

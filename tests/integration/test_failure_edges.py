@@ -4,6 +4,7 @@ API. (A create retried after a 503: ``test_storage_faults.py``.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +28,7 @@ from tests.support import FakeClock, app_function, drain, drain_json, drain_requ
 def run_request(ctx: AppContext, text: str) -> None:
     """The request's own agent runs it; its reply is applied."""
     request = decode_request(text)
-    ctx.agent_for(request.agent).handle(request)
+    asyncio.run(ctx.agent_for(request.agent).handle(request))
     for reply in drain(ctx, ctx.names.agent_replies):
         ctx.scheduler.apply_reply(decode_reply(reply))
 
@@ -128,7 +129,7 @@ def test_a_409_is_transient_and_may_have_applied(
     agent = build_agent(
         AGENTS[request.agent or "orders"], ctx.settings, ctx.transport, lambda: datetime.now(UTC)
     )
-    agent.handle(request)
+    asyncio.run(agent.handle(request))
     [reply_text] = drain(ctx, ctx.names.agent_replies)
     reply = decode_reply(reply_text)
     assert reply.outcome == "transient" and reply.applied == "maybe", reply

@@ -3,6 +3,7 @@ agents' replies in process (messaging/inline.py), and the reply queue stays empt
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -24,7 +25,7 @@ def run_requests(ctx: AppContext) -> int:
     handled = 0
     for text in drain_requests(ctx):
         request = decode_request(text)
-        ctx.agent_for(request.agent).handle(request)
+        asyncio.run(ctx.agent_for(request.agent).handle(request))
         handled += 1
     return handled
 
@@ -57,7 +58,7 @@ def test_a_reply_for_another_queue_is_sent_there(
     request = decode_request(text)
     elsewhere = f"{ctx.names.agent_replies}-other"
     ctx.queues.ensure(elsewhere)
-    ctx.agent_for(request.agent).handle(request, reply_to=elsewhere)
+    asyncio.run(ctx.agent_for(request.agent).handle(request, reply_to=elsewhere))
     [reply] = drain(ctx, elsewhere)
     assert json.loads(reply)["outcome"] == "succeeded"
     order = ctx.store.load(order_id)

@@ -7,6 +7,7 @@ handler until every queue is empty, so each test controls time exactly
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from datetime import timedelta
@@ -45,7 +46,7 @@ def pump(ctx: AppContext, rounds: int = 50) -> dict[str, int]:
         moved = 0
         for text in drain_requests(ctx):
             request = decode_request(text)
-            ctx.agent_for(request.agent).handle(request)  # the request's own agent
+            asyncio.run(ctx.agent_for(request.agent).handle(request))  # the request's own agent
             handled["requests"] += 1
             moved += 1
         for text in drain(ctx, ctx.names.agent_replies):

@@ -5,6 +5,7 @@ own queues by ``python -m admin drain-legacy-requests``, and the order runs to i
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import timedelta
 
@@ -65,7 +66,7 @@ def test_requests_on_the_shared_queue_are_moved_to_their_agents_queues(
     assert set(moved) == {order_id, late_id}
     request = moved[order_id]
     assert request.agent == "orders"
-    ctx.agent_for(request.agent).handle(request)
+    asyncio.run(ctx.agent_for(request.agent).handle(request))
     for reply in take(ctx, ctx.names.agent_replies):
         ctx.scheduler.apply_reply(decode_reply(reply))
     order = ctx.store.load(order_id)

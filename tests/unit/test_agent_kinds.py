@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import json
 import threading
 import time
@@ -109,7 +108,7 @@ def http_client(
             ),
             RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
             clock=clock,
-            sleep=clock.sleep,
+            sleep=clock.asleep,
         )
     )
 
@@ -119,7 +118,10 @@ def test_an_api_key_agent_sends_the_key_of_its_setting_in_its_header() -> None:
     client = http_client(api_key_agent(), r, r.clock, {"AGENT_CARRIER_API_KEY": " k-123 "})
     trace = {"Authorization": "Bearer stolen", "X-Carrier-Key": "stolen"}
 
-    assert client.call(make_request(path="ship", step="ship", trace=trace)).kind == "succeeded"
+    assert (
+        asyncio.run(client.call(make_request(path="ship", step="ship", trace=trace))).kind
+        == "succeeded"
+    )
 
     headers = r.seen[0].headers
     assert headers["x-carrier-key"] == "k-123"
@@ -164,7 +166,7 @@ def test_an_api_key_refused_by_the_remote_is_a_refusal_at_once(code: int) -> Non
     r = remote(FakeClock(), status(code, error="bad key"), ok())
     client = http_client(api_key_agent(), r, r.clock, {"AGENT_CARRIER_API_KEY": "k"})
 
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
 
     assert (outcome.kind, outcome.applied, outcome.tries) == ("refused", "no", 1)
     assert outcome.error == (
@@ -225,7 +227,7 @@ def test_an_entra_agent_sends_the_managed_identitys_token_as_bearer(
 
     agent, transport = entra_agent(sim, env={"AZURE_CLIENT_ID": "cid-1"})
 
-    assert agent.handle(ship_request()) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(ship_request())) is ReplyOutcome.SUCCEEDED
 
     auth = agent._remote.kind.auth
     assert isinstance(auth, EntraBearer)
@@ -244,7 +246,7 @@ def test_without_azure_client_id_the_system_assigned_identity_is_used(
 ) -> None:
     agent, _ = entra_agent(sim)
 
-    assert agent.handle(ship_request()) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(ship_request())) is ReplyOutcome.SUCCEEDED
     assert sim.identity.status()["identities"] == ["system-assigned"]
 
 
@@ -254,7 +256,7 @@ def test_the_simulator_refuses_a_call_without_the_token(sim: SimulatorServer) ->
     agent = build_agent(spec, settings(sim.url), transport, wall_clock, env={})
     closing(agent._remote)
 
-    assert agent.handle(ship_request()) is ReplyOutcome.REFUSED
+    assert asyncio.run(agent.handle(ship_request())) is ReplyOutcome.REFUSED
 
     ((reply, _),) = transport.replies
     assert reply.applied == "no"
@@ -279,7 +281,7 @@ def test_one_token_serves_many_calls_and_the_credential_is_asked_once(
     monkeypatch.setattr(auth.credential, "get_token_info", spy)
 
     for n in range(5):
-        assert agent.handle(ship_request(f"o-{n}")) is ReplyOutcome.SUCCEEDED
+        assert asyncio.run(agent.handle(ship_request(f"o-{n}"))) is ReplyOutcome.SUCCEEDED
 
     assert sim.identity.issued == 1
     assert asked == [(("api://carrier/.default",), {"options": None})]
@@ -294,7 +296,7 @@ def test_a_token_close_to_expiry_is_replaced_before_it_is_sent(
     agent, _ = entra_agent(sim)
 
     for n in range(3):
-        assert agent.handle(ship_request(f"o-{n}")) is ReplyOutcome.SUCCEEDED
+        assert asyncio.run(agent.handle(ship_request(f"o-{n}"))) is ReplyOutcome.SUCCEEDED
 
     assert sim.identity.issued == 3
     assert sim.identity.status()["refusedCalls"] == 0
@@ -304,10 +306,10 @@ def test_a_revoked_token_is_replaced_once_and_the_call_goes_through(
     sim: SimulatorServer,
 ) -> None:
     agent, _ = entra_agent(sim)
-    assert agent.handle(ship_request("o-1")) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(ship_request("o-1"))) is ReplyOutcome.SUCCEEDED
     sim.identity.revoke()
 
-    outcome = agent._remote.call(ship_request("o-2"))
+    outcome = asyncio.run(agent._remote.call(ship_request("o-2")))
 
     assert (outcome.kind, outcome.tries) == ("succeeded", 1)
     assert sim.identity.issued == 2
@@ -317,7 +319,7 @@ def test_a_revoked_token_is_replaced_once_and_the_call_goes_through(
 def test_a_persistent_401_is_a_refusal_after_one_fresh_token(sim: SimulatorServer) -> None:
     agent, transport = entra_agent(sim, scope="api://someone-else/.default")
 
-    assert agent.handle(ship_request()) is ReplyOutcome.REFUSED
+    assert asyncio.run(agent.handle(ship_request())) is ReplyOutcome.REFUSED
 
     ((reply, _),) = transport.replies
     assert reply.applied == "no"
@@ -335,7 +337,7 @@ def test_no_token_is_a_try_that_sent_nothing(
     monkeypatch.setenv("IDENTITY_HEADER", "not-the-secret")
     agent, transport = entra_agent(sim)
 
-    attempt = agent._remote.kind.run(ship_request(), 3.0, None)
+    attempt = asyncio.run(agent._remote.kind.run(ship_request(), 3.0, None))
 
     assert (attempt.applied, attempt.retryable) == ("no", True)
     assert attempt.error.startswith("ship: no token for api://carrier/.default: ")
@@ -343,7 +345,7 @@ def test_no_token_is_a_try_that_sent_nothing(
     assert attempt.error.endswith("; the request was not sent")
 
     # A whole attempt, a lone order: no evidence against it, so it waits (deferred).
-    assert agent.handle(ship_request(seconds=2.5)) is ReplyOutcome.DEFERRED
+    assert asyncio.run(agent.handle(ship_request(seconds=2.5))) is ReplyOutcome.DEFERRED
     ((reply, _),) = transport.replies
     assert reply.applied == "no"
     assert ship_calls(sim) == []
@@ -368,7 +370,7 @@ def test_a_slow_identity_endpoint_costs_a_try_at_most_its_time() -> None:
     try:
         started = time.monotonic()
         with pytest.raises(CredentialError, match=r"no token for api://carrier within 0\.2 s"):
-            auth.headers(0.2)
+            asyncio.run(auth.headers(0.2))
         assert time.monotonic() - started < 0.6
     finally:
         auth.close()
@@ -410,7 +412,7 @@ def test_the_token_is_held_until_it_is_due_for_refresh(
     credential = InfoCredential(expires_in, refresh_in)
     auth = EntraBearer(CARRIER, credential)
     try:
-        tokens = [auth.headers(1)["Authorization"] for _ in range(3)]
+        tokens = [asyncio.run(auth.headers(1))["Authorization"] for _ in range(3)]
     finally:
         auth.close()
 
@@ -425,10 +427,12 @@ def test_a_fresh_token_after_a_401_carries_the_challenges_claims() -> None:
     credential = SlowCredential(0, ["t-1", "t-2"])
     auth = EntraBearer(CARRIER, credential)
     try:
-        assert auth.headers(1) == {"Authorization": "Bearer t-1"}
-        assert auth.refresh(challenge, 1) is True  # a different token: worth sending again
+        assert asyncio.run(auth.headers(1)) == {"Authorization": "Bearer t-1"}
+        assert (
+            asyncio.run(auth.refresh(challenge, 1)) is True
+        )  # a different token: worth sending again
         assert credential.calls == [None, claims]
-        assert auth.refresh('Bearer error="invalid_token"', 1) is False  # the same t-2
+        assert asyncio.run(auth.refresh('Bearer error="invalid_token"', 1)) is False  # the same t-2
         assert credential.calls[-1] == "{}"  # any claims: MSAL skips its cache
     finally:
         auth.close()
@@ -453,7 +457,7 @@ def python_client(
             PythonTry(handler, name="stock", clock=clock),
             RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
             clock=clock,
-            sleep=clock.sleep,
+            sleep=clock.asleep,
             rng=MaxRng(),
             concurrency=concurrency,
         )
@@ -499,7 +503,10 @@ def test_a_python_agent_calls_its_handler_and_replies_its_result() -> None:
     transport = RecordingTransport()
     request = make_request(30, attempt=4)
 
-    assert AgentWorker(client, transport, clock, sleep=clock.sleep).handle(request) == "succeeded"
+    assert (
+        asyncio.run(AgentWorker(client, transport, clock, sleep=clock.sleep).handle(request))
+        == "succeeded"
+    )
 
     [(sent, to)] = transport.replies
     assert (unanswered(sent), to) == (request.succeeded({"reservation": "r-1"}), None)
@@ -520,7 +527,7 @@ def test_a_python_agent_calls_its_handler_and_replies_its_result() -> None:
     ],
 )
 def test_any_return_value_is_a_success_the_reply_can_carry(value: Any, result: Any) -> None:
-    outcome = python_client(Recorder(value)).call(make_request())
+    outcome = asyncio.run(python_client(Recorder(value)).call(make_request()))
 
     assert (outcome.kind, outcome.result) == ("succeeded", result)
     json.dumps(outcome.result)
@@ -530,7 +537,7 @@ def test_not_applied_is_retried_with_backoff_and_applied_nothing() -> None:
     handler = Recorder(NotApplied("warehouse busy"), NotApplied("still busy"), {"ok": 1})
     client = python_client(handler)
 
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
 
     assert (outcome.kind, outcome.tries) == ("succeeded", 3)
     assert len(handler.calls) == 3
@@ -539,7 +546,7 @@ def test_not_applied_is_retried_with_backoff_and_applied_nothing() -> None:
 def test_not_applied_until_time_runs_out_says_not_applied() -> None:
     client = python_client(Recorder(NotApplied("warehouse busy")))
 
-    outcome = client.call(make_request(10))
+    outcome = asyncio.run(client.call(make_request(10)))
 
     # A lone order failing while nothing else is served: waits, not counted.
     assert (outcome.kind, outcome.applied) == ("deferred", "no")
@@ -551,7 +558,7 @@ def test_not_applied_with_a_retry_after_past_the_deadline_defers_to_it() -> None
     handler = Recorder(NotApplied("closed for the night", retry_after=600))
     client = python_client(handler)
 
-    outcome = client.call(make_request(30))
+    outcome = asyncio.run(client.call(make_request(30)))
 
     assert (outcome.kind, outcome.applied, outcome.tries) == ("deferred", "no", 1)
     assert outcome.not_before == T0 + timedelta(seconds=600)
@@ -564,7 +571,7 @@ def test_refused_is_a_refusal_at_once() -> None:
     transport = RecordingTransport()
     clock = FakeClock()
 
-    reply = AgentWorker(client, transport, clock).handle(make_request())
+    reply = asyncio.run(AgentWorker(client, transport, clock).handle(make_request()))
 
     assert reply is ReplyOutcome.REFUSED
     ((sent, _),) = transport.replies
@@ -575,8 +582,8 @@ def test_refused_is_a_refusal_at_once() -> None:
 def test_any_other_exception_may_have_applied() -> None:
     client = python_client(Recorder(RuntimeError("db connection lost")))
 
-    attempt = client.kind.run(make_request(), 5, None)
-    outcome = client.call(make_request(10))
+    attempt = asyncio.run(client.kind.run(make_request(), 5, None))
+    outcome = asyncio.run(client.call(make_request(10)))
 
     assert attempt == Try(
         "maybe", True, "process: RuntimeError: db connection lost (may have applied)"
@@ -587,7 +594,7 @@ def test_any_other_exception_may_have_applied() -> None:
 def test_a_refusal_after_an_exception_still_says_maybe() -> None:
     client = python_client(Recorder(RuntimeError("boom"), Refused("gone")))
 
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
 
     assert (outcome.kind, outcome.applied, outcome.tries) == ("refused", "maybe", 2)
 
@@ -596,7 +603,7 @@ def test_a_singled_out_order_failing_while_others_succeed_is_transient() -> None
     client = python_client(Recorder(NotApplied("bad data")))
     client.health("process").record_answer("o-0:process", T0.timestamp())
 
-    outcome = client.call(make_request(10, singled_out=True))
+    outcome = asyncio.run(client.call(make_request(10, singled_out=True)))
 
     assert (outcome.kind, outcome.applied) == ("transient", "no")
 
@@ -614,7 +621,9 @@ def test_a_handler_still_running_at_the_try_deadline_may_have_applied() -> None:
     clock = FakeClock()
     transport = RecordingTransport()
     try:
-        reply = AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
+        reply = asyncio.run(
+            AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
+        )
         assert client.kind.running == 1
     finally:
         release.set()
@@ -643,7 +652,7 @@ def test_a_handler_taking_kwargs_is_accepted() -> None:
     def loose(order: dict[str, Any], **call: Any) -> dict[str, Any]:
         return {"step": call["step"]}
 
-    assert python_client(loose).call(make_request()).result == {"step": "process"}
+    assert asyncio.run(python_client(loose).call(make_request())).result == {"step": "process"}
 
 
 # --- the concurrency limit ------------------------------------------------------------------
@@ -675,12 +684,14 @@ def test_a_call_that_gets_no_slot_in_time_is_deferred_and_not_made() -> None:
     gate = Gate()
     clock = FakeClock()
     client = python_client(gate, clock, concurrency=1, min_try_seconds=1.0)
-    first, results = in_background(lambda: client.call(make_request(30)))
+    first, results = in_background(lambda: asyncio.run(client.call(make_request(30))))
     assert gate.entered.acquire(timeout=5)
     transport = RecordingTransport()
     try:
         started = time.monotonic()
-        reply = AgentWorker(client, transport, clock).handle(make_request(2, order_id="o-2"))
+        reply = asyncio.run(
+            AgentWorker(client, transport, clock).handle(make_request(2, order_id="o-2"))
+        )
         waited = time.monotonic() - started
     finally:
         gate.release.set()
@@ -702,11 +713,11 @@ def test_a_call_that_gets_no_slot_in_time_is_deferred_and_not_made() -> None:
 def test_a_call_waits_for_a_slot_that_comes_free_in_time() -> None:
     gate = Gate()
     client = python_client(gate, concurrency=1)
-    first, _ = in_background(lambda: client.call(make_request(30)))
+    first, _ = in_background(lambda: asyncio.run(client.call(make_request(30))))
     assert gate.entered.acquire(timeout=5)
     threading.Timer(0.2, gate.release.set).start()
 
-    outcome = client.call(make_request(30, order_id="o-2"))
+    outcome = asyncio.run(client.call(make_request(30, order_id="o-2")))
 
     first.join(5)
     assert (outcome.kind, outcome.result) == ("succeeded", {"done": "o-2:process"})
@@ -727,14 +738,12 @@ def test_at_most_n_calls_run_at_once() -> None:
         return {}
 
     client = python_client(handler, concurrency=3)
-    threads = [
-        in_background(functools.partial(client.call, make_request(30, order_id=f"o-{n}")))
-        for n in range(9)
-    ]
-    for thread, _ in threads:
-        thread.join(10)
 
-    assert [out[0].kind for _, out in threads] == ["succeeded"] * 9
+    async def nine() -> list[CallOutcome]:  # at once, on one loop, as the runtime runs them
+        calls = [client.call(make_request(30, order_id=f"o-{n}")) for n in range(9)]
+        return list(await asyncio.wait_for(asyncio.gather(*calls), 10))
+
+    assert [out.kind for out in asyncio.run(nine())] == ["succeeded"] * 9
     assert peak == 3
 
 
@@ -743,15 +752,17 @@ def test_a_handler_that_overran_its_try_keeps_its_slot_until_it_returns() -> Non
     clock = FakeClock()
     client = python_client(gate, clock, concurrency=1, max_try_seconds=0.2)
 
-    first = client.call(make_request(1))  # gives up after its tries; the handler runs on
+    first = asyncio.run(
+        client.call(make_request(1))
+    )  # gives up after its tries; the handler runs on
     assert first.applied == "maybe"
     assert client.slots is not None and client.slots.in_use == 1
-    busy = client.call(make_request(1, order_id="o-2"))
+    busy = asyncio.run(client.call(make_request(1, order_id="o-2")))
     gate.release.set()
     deadline = time.monotonic() + 2
     while client.slots.in_use and time.monotonic() < deadline:
         time.sleep(0.01)
-    free = client.call(make_request(30, order_id="o-3"))
+    free = asyncio.run(client.call(make_request(30, order_id="o-3")))
 
     assert busy.kind == "deferred" and "call slots" in busy.error
     assert free.kind == "succeeded"
@@ -774,14 +785,14 @@ def test_an_http_agent_takes_at_most_its_concurrency_too() -> None:
             HttpTry("http://remote.test/api", transport=httpx.MockTransport(hold), clock=clock),
             RemotePolicy(min_try_seconds=1.0),
             clock=clock,
-            sleep=clock.sleep,
+            sleep=clock.asleep,
             concurrency=1,
         )
     )
-    first, results = in_background(lambda: client.call(make_request(30)))
+    first, results = in_background(lambda: asyncio.run(client.call(make_request(30))))
     assert entered.wait(5)
     try:
-        busy = client.call(make_request(2, order_id="o-2"))
+        busy = asyncio.run(client.call(make_request(2, order_id="o-2")))
     finally:
         release.set()
         first.join(5)

@@ -8,6 +8,7 @@ every instance has read the resume. Limits: concurrency and call rate at runtime
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -72,7 +73,7 @@ class App:
             kind,
             RemotePolicy(),
             clock=self.clock,
-            sleep=self.clock.sleep,
+            sleep=self.clock.asleep,
             rng=MaxRng(),
             concurrency=concurrency,
             runtime=lambda: self.ctx.agent_controls.runtime(spec),
@@ -82,7 +83,7 @@ class App:
     def deliver(self, worker: AgentWorker, request: AgentRequest) -> None:
         """The agent handles a request; its reply is applied (as in process)."""
         before = len(self.transport.replies)
-        worker.handle(request)
+        asyncio.run(worker.handle(request))
         for reply in self.transport.replies[before:]:
             self.ctx.scheduler.apply_reply(reply)
 
@@ -238,9 +239,9 @@ def test_a_call_already_running_when_the_pause_lands_finishes(app: App) -> None:
     app.submit("o-2")
     first, second = app.transport.requests
 
-    def pause_meanwhile(request: AgentRequest, timeout: float, slot: Any) -> Try:
+    async def pause_meanwhile(request: AgentRequest, timeout: float, slot: Any) -> Try:
         app.pause()  # lands while the call runs
-        return ScriptedKind.run(remote, request, timeout, slot)
+        return await ScriptedKind.run(remote, request, timeout, slot)
 
     remote.run = pause_meanwhile  # type: ignore[method-assign]
     app.deliver(worker, first)
@@ -353,15 +354,15 @@ def test_a_concurrency_set_at_runtime_limits_the_next_attempts(app: App) -> None
     [request] = app.transport.requests
     held = None
 
-    def hold_a_slot(r: AgentRequest, timeout: float, slot: Any) -> Try:
+    async def hold_a_slot(r: AgentRequest, timeout: float, slot: Any) -> Try:
         nonlocal held
         if held is None:  # another attempt starts while this one runs (0.1 s to wait)
             soon = app.clock.now + timedelta(seconds=1.6)
-            held = runner.call(replace(r, order_id="o-x", complete_by=soon))
-        return ScriptedKind.run(remote, r, timeout, slot)
+            held = await runner.call(replace(r, order_id="o-x", complete_by=soon))
+        return await ScriptedKind.run(remote, r, timeout, slot)
 
     remote.run = hold_a_slot  # type: ignore[method-assign,assignment]
-    outcome = runner.call(request)
+    outcome = asyncio.run(runner.call(request))
     assert outcome.kind == "succeeded"
     assert held is not None and held.kind == "deferred" and "all 1 call slots" in held.error
     assert runner.slots is not None and runner.slots.limit == 1 and runner.slots.in_use == 0
@@ -369,7 +370,7 @@ def test_a_concurrency_set_at_runtime_limits_the_next_attempts(app: App) -> None
     app.ctx.agents_admin.limits("orders", "alice", "back", concurrency="declared")
     app.clock.advance(control_view.PERIOD.total_seconds())
     remote.run = lambda r, t, s: ScriptedKind.run(remote, r, t, s)  # type: ignore[method-assign,assignment]
-    assert runner.call(request).kind == "succeeded"
+    assert asyncio.run(runner.call(request)).kind == "succeeded"
     assert runner.slots.limit == AGENTS["orders"].concurrency
 
 
@@ -382,16 +383,16 @@ def test_a_call_rate_set_at_runtime_spaces_the_calls(app: App) -> None:
     starts = []
     for _ in range(3):
         starts.append(app.clock.now)
-        assert runner.call(request).kind == "succeeded"
+        assert asyncio.run(runner.call(request)).kind == "succeeded"
     assert app.clock.sleeps == [2.0, 2.0]  # one call every 2 s
     assert runner.rate.rate == 0.5
 
     # too little time left for the next token: not called, deferred (not counted)
     short = replace(request, complete_by=app.clock.now + timedelta(seconds=2.5))
-    outcome = runner.call(short)
+    outcome = asyncio.run(runner.call(short))
     assert outcome.kind == "deferred" and "call rate" in outcome.error
     assert len(remote.calls) == 3
 
     app.ctx.agents_admin.limits("orders", "alice", "no quota", rate="declared")
     app.clock.advance(control_view.PERIOD.total_seconds())
-    assert runner.call(request).kind == "succeeded" and runner.rate.rate is None
+    assert asyncio.run(runner.call(request)).kind == "succeeded" and runner.rate.rate is None

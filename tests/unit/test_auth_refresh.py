@@ -12,13 +12,13 @@ import asyncio
 import base64
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
 
 from agents.auth import ApiKeyHeader, EntraBearer, NoHeaders
+from agents.outcomes import CallOutcome
 from agents.pacing import RemotePolicy
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
@@ -52,13 +52,15 @@ def test_a_try_refused_after_another_try_refreshed_gets_true_for_the_new_token()
     credential = Credential("t-1", "t-2")
     auth = EntraBearer(CARRIER, credential)
     try:
-        sent_a = auth.headers(1)
-        sent_b = auth.headers(1)  # both tries send t-1; both get a 401
+        sent_a = asyncio.run(auth.headers(1))
+        sent_b = asyncio.run(auth.headers(1))  # both tries send t-1; both get a 401
         assert sent_a == sent_b == bearer("t-1")
 
-        assert auth.refresh(INVALID, 1, sent_a) is True  # try A: a fresh t-2
-        assert auth.refresh(INVALID, 1, sent_b) is True  # try B: t-2 is not what it sent
-        assert auth.headers(1) == bearer("t-2")
+        assert asyncio.run(auth.refresh(INVALID, 1, sent_a)) is True  # try A: a fresh t-2
+        assert (
+            asyncio.run(auth.refresh(INVALID, 1, sent_b)) is True
+        )  # try B: t-2 is not what it sent
+        assert asyncio.run(auth.headers(1)) == bearer("t-2")
         # B sends A's fresh token: no second trip to the identity endpoint for it.
         assert credential.calls == [None, "{}"]
     finally:
@@ -69,13 +71,13 @@ def test_a_token_refused_again_is_still_no_reason_to_send_again() -> None:
     credential = Credential("t-1", "t-2")
     auth = EntraBearer(CARRIER, credential)
     try:
-        auth.headers(1)
-        assert auth.refresh(INVALID, 1, bearer("t-1")) is True
+        asyncio.run(auth.headers(1))
+        assert asyncio.run(auth.refresh(INVALID, 1, bearer("t-1"))) is True
         # t-2 refused too, and the endpoint has nothing newer: a refusal.
-        assert auth.refresh(INVALID, 1, bearer("t-2")) is False
+        assert asyncio.run(auth.refresh(INVALID, 1, bearer("t-2"))) is False
         assert credential.calls == [None, "{}", "{}"]
         # Without the credentials sent, the token held is taken as the one refused.
-        assert auth.refresh(INVALID, 1) is False
+        assert asyncio.run(auth.refresh(INVALID, 1)) is False
     finally:
         auth.close()
 
@@ -88,18 +90,18 @@ def test_a_cae_challenge_still_fetches_a_token_with_its_claims() -> None:
     credential = Credential("t-1", "t-2", "t-3")
     auth = EntraBearer(CARRIER, credential)
     try:
-        sent = auth.headers(1)
-        assert auth.refresh(INVALID, 1, sent) is True  # another try: t-2
-        assert auth.refresh(challenge, 1, sent) is True
+        sent = asyncio.run(auth.headers(1))
+        assert asyncio.run(auth.refresh(INVALID, 1, sent)) is True  # another try: t-2
+        assert asyncio.run(auth.refresh(challenge, 1, sent)) is True
         assert credential.calls == [None, "{}", claims]
-        assert auth.headers(1) == bearer("t-3")
+        assert asyncio.run(auth.headers(1)) == bearer("t-3")
     finally:
         auth.close()
 
 
 @pytest.mark.parametrize("auth", [NoHeaders(), ApiKeyHeader("X-Key", "k-1")])
 def test_other_credentials_never_change_on_refresh(auth: Any) -> None:
-    assert auth.refresh(INVALID, 1, auth.headers(1)) is False
+    assert asyncio.run(auth.refresh(INVALID, 1, asyncio.run(auth.headers(1)))) is False
 
 
 def test_two_concurrent_tries_refused_one_after_the_other_both_go_through() -> None:
@@ -137,13 +139,16 @@ def test_two_concurrent_tries_refused_one_after_the_other_both_go_through() -> N
         ),
         RemotePolicy(min_try_seconds=0.0),
         clock=clock,
-        sleep=clock.sleep,
+        sleep=clock.asleep,
     )
     try:
-        assert auth.headers(1) == bearer("t-1")  # held from earlier calls
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            calls = [pool.submit(client.call, make_request(order_id=o)) for o in ("o-1", "o-2")]
-            outcomes = [c.result(timeout=10) for c in calls]
+        assert asyncio.run(auth.headers(1)) == bearer("t-1")  # held from earlier calls
+
+        async def both() -> list[CallOutcome]:  # at once, on one loop, as the runtime runs them
+            calls = [client.call(make_request(order_id=o)) for o in ("o-1", "o-2")]
+            return list(await asyncio.wait_for(asyncio.gather(*calls), 10))
+
+        outcomes = asyncio.run(both())
     finally:
         client.close()
 

@@ -8,6 +8,7 @@ reaches the remote.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import threading
 from collections import defaultdict
@@ -120,6 +121,54 @@ def test_while_open_exactly_one_probe_goes_out_at_the_probe_time() -> None:
     assert "in flight" in other.reason
     assert other.retry_at >= S0 + 2
     assert not later.allowed  # still in flight
+
+
+def test_an_order_that_finds_a_probe_in_flight_comes_back_when_it_can_have_answered() -> None:
+    """Not every couple of seconds while a slow probe is out: each return is a dispatch,
+    a claim, a request and a reply through the storage, for every order waiting."""
+    health = tripped(EndpointHealth("e", HealthPolicy(probe_timeout_seconds=15)))
+    assert health.admit("d", S0 + 2, bound=10).probe  # its try waits 10 s at most
+
+    waiting = [health.admit(f"w{n}", S0 + 3) for n in range(20)]
+    assert all(not w.allowed and "in flight" in w.reason for w in waiting)
+    # after the probe's bound, spread over one probe interval (2 s here), not as a herd
+    times = [w.retry_at for w in waiting]
+    assert all(S0 + 12 <= t < S0 + 14 for t in times), times
+    assert len({round(t, 3) for t in times}) > 10
+    assert health.admit("w1", S0 + 4).retry_at == waiting[1].retry_at  # the same, per key
+    # a probe without a bound given, or a longer one: at most the probe's timeout
+    other = tripped(EndpointHealth("e", HealthPolicy(probe_timeout_seconds=15)))
+    assert other.admit("d", S0 + 2, bound=60).probe
+    assert S0 + 17 <= other.admit("e", S0 + 3).retry_at < S0 + 19
+    # the probe failed early (a 503): the next probe time is as before, and the breaker
+    # admits the next order to come at or after it
+    health.record_failure("d", S0 + 2.1, explained=False, probe=True)
+    assert health.admit("f", S0 + 2.2).retry_at == S0 + 2.1 + 4
+    assert health.admit("f", S0 + 6.1).probe
+
+
+def test_while_it_waits_to_probe_one_order_comes_back_at_the_probe_time() -> None:
+    """The others once that probe can have answered: sent back at the probe time, all
+    but one would only find it in flight."""
+    health = tripped(EndpointHealth("e", HealthPolicy(probe_timeout_seconds=15)))
+    first = health.admit("a", S0 + 0.5, bound=10)
+    others = [health.admit(k, S0 + 0.5 + n / 10, bound=10) for n, k in enumerate("bcdefg")]
+
+    assert (first.allowed, first.retry_at) == (False, S0 + 2)  # to probe
+    assert all(not o.allowed and S0 + 12 <= o.retry_at < S0 + 14 for o in others), others
+    assert health.admit("a", S0 + 2, bound=10).probe
+    # the next wait to probe calls one order back again; the probe took its whole 10 s,
+    # so the others come back 10 s after the next probe time
+    health.record_failure("a", S0 + 12, explained=False, probe=True)
+    assert health.admit("b", S0 + 12.1, bound=10).retry_at == S0 + 16
+    assert S0 + 26 <= health.admit("c", S0 + 12.1, bound=10).retry_at < S0 + 30
+    # a probe that fails at once (an outage answering 503): the others come back right
+    # after the next probe time, spread over the interval (8 s now)
+    assert health.admit("b", S0 + 16, bound=10).probe
+    health.record_failure("b", S0 + 16.05, explained=False, probe=True)
+    assert health.admit("d", S0 + 16.1, bound=10).retry_at == S0 + 16.05 + 8
+    later = [health.admit(k, S0 + 16.1, bound=10).retry_at for k in "efghij"]
+    assert all(S0 + 24.1 <= t < S0 + 32.1 for t in later), later
 
 
 def test_a_probe_that_never_comes_back_frees_the_slot() -> None:
@@ -279,13 +328,13 @@ def test_an_order_failing_while_another_succeeds_is_its_own_failure() -> None:
     client, _ = make_client(r, rng=MaxRng())
     other: list[CallOutcome] = []
 
-    def meanwhile() -> None:  # during a's first backoff, b is served by the same client
+    async def meanwhile() -> None:  # during a's first backoff, b is served by the same client
         if not other:
-            other.append(client.call(request_for("b", clock)))
+            other.append(await client.call(request_for("b", clock)))
 
     clock.on_sleep.append(meanwhile)
 
-    outcome = client.call(request_for("a", clock))
+    outcome = asyncio.run(client.call(request_for("a", clock)))
 
     assert [o.kind for o in other] == ["succeeded"]
     keys = [s.idempotency_key for s in r.seen]
@@ -311,7 +360,7 @@ def test_a_success_recorded_by_another_thread_blames_the_failing_order() -> None
 
     client, _ = make_client(remote(clock, a_fails), rng=MaxRng())
 
-    outcome = client.call(request_for("a", clock))
+    outcome = asyncio.run(client.call(request_for("a", clock)))
 
     assert (outcome.kind, outcome.applied) == ("transient", "no")
 
@@ -321,7 +370,7 @@ def test_a_lone_failing_order_is_deferred_not_counted() -> None:
     r = remote(clock, status(500))
     client, _ = make_client(r, rng=MaxRng())
 
-    outcome = client.call(request_for("a", clock))
+    outcome = asyncio.run(client.call(request_for("a", clock)))
 
     assert outcome.kind == "deferred"
     assert outcome.applied == "maybe"
@@ -335,9 +384,9 @@ def test_a_singled_out_order_failing_after_the_endpoint_last_worked_is_counted()
     clock = FakeClock()
     r = remote(clock, ok(), **{"a:process": [status(503), status(502)]})
     client, _ = make_client(r, rng=MaxRng())
-    assert client.call(request_for("b", clock)).kind == "succeeded"
+    assert asyncio.run(client.call(request_for("b", clock))).kind == "succeeded"
 
-    outcome = client.call(request_for("a", clock, singled_out=True))
+    outcome = asyncio.run(client.call(request_for("a", clock, singled_out=True)))
 
     assert (outcome.kind, outcome.applied) == ("transient", "maybe")
     assert len(r.calls("a:process")) == outcome.tries > 2
@@ -347,10 +396,12 @@ def test_a_singled_out_order_failing_with_others_is_not_counted() -> None:
     clock = FakeClock()
     r = remote(clock, ok(), **{"a:process": [status(503)], "c:process": [status(503)]})
     client, _ = make_client(r, rng=MaxRng(), backoff_initial_seconds=10)
-    assert client.call(request_for("b", clock)).kind == "succeeded"
-    assert client.call(request_for("c", clock)).kind == "deferred"  # fresh: c's first try
+    assert asyncio.run(client.call(request_for("b", clock))).kind == "succeeded"
+    assert (
+        asyncio.run(client.call(request_for("c", clock))).kind == "deferred"
+    )  # fresh: c's first try
 
-    outcome = client.call(request_for("a", clock, singled_out=True))
+    outcome = asyncio.run(client.call(request_for("a", clock, singled_out=True)))
 
     assert outcome.kind == "deferred"
 
@@ -359,7 +410,7 @@ def test_a_singled_out_order_on_an_endpoint_never_seen_working_is_not_counted() 
     clock = FakeClock()
     client, _ = make_client(remote(clock, status(503)), rng=MaxRng())
 
-    assert client.call(request_for("a", clock, singled_out=True)).kind == "deferred"
+    assert asyncio.run(client.call(request_for("a", clock, singled_out=True))).kind == "deferred"
 
 
 # --- the breaker through the client ----------------------------------------------------------
@@ -372,7 +423,7 @@ def one_try_each(r: Remote) -> AttemptRunner[HttpTry]:
 
 
 def trip(client: AttemptRunner[HttpTry], clock: FakeClock) -> list[CallOutcome]:
-    return [client.call(request_for(k, clock, 1)) for k in ("a", "b", "c")]
+    return [asyncio.run(client.call(request_for(k, clock, 1))) for k in ("a", "b", "c")]
 
 
 def test_three_failing_orders_open_it_and_then_nothing_reaches_the_remote() -> None:
@@ -390,11 +441,16 @@ def test_three_failing_orders_open_it_and_then_nothing_reaches_the_remote() -> N
     r.script = [ok()]
     for i, at in enumerate((0, 0.5, 1.99)):
         clock.at(at)
-        outcome = client.call(request_for(f"x{i}", clock))
+        outcome = asyncio.run(client.call(request_for(f"x{i}", clock)))
         assert outcome.kind == "deferred"
         assert (outcome.tries, outcome.applied) == (0, "no")
-        assert outcome.not_before == T0 + timedelta(seconds=2)  # the probe time
-        assert "circuit open" in outcome.error
+        # c, whose failure tripped it, comes back at the probe time (2 s) to probe; the
+        # others once that probe can have answered (its try's bound: 10 s), spread over
+        # one probe interval (2 s), rather than all at the probe time to find it out
+        assert outcome.not_before is not None
+        waits = (outcome.not_before - T0).total_seconds()
+        assert 2 + 10 <= waits < 2 + 10 + 2, waits
+        assert "circuit open (waiting for the next probe)" in outcome.error
     assert len(r.seen) == 3  # nothing reached the remote while open
 
 
@@ -407,7 +463,7 @@ def test_failed_probes_come_ever_less_often_and_a_successful_one_closes_it() -> 
     not_before = T0 + timedelta(seconds=2)
     for i in range(6):
         clock.now = not_before
-        outcome = client.call(request_for(f"p{i}", clock, 1))
+        outcome = asyncio.run(client.call(request_for(f"p{i}", clock, 1)))
         assert outcome.kind == "deferred"
         assert outcome.tries == 1
         probes.append((r.seen[-1].at - T0).total_seconds())
@@ -419,9 +475,9 @@ def test_failed_probes_come_ever_less_often_and_a_successful_one_closes_it() -> 
 
     r.script = [ok({"back": True})]
     clock.now = not_before
-    assert client.call(request_for("p9", clock)).result == {"back": True}
+    assert asyncio.run(client.call(request_for("p9", clock))).result == {"back": True}
     assert not client.health("process").is_open
-    assert client.call(request_for("next", clock)).kind == "succeeded"
+    assert asyncio.run(client.call(request_for("next", clock))).kind == "succeeded"
     assert len(r.seen) == 3 + 6 + 2
 
 
@@ -440,11 +496,13 @@ def test_one_probe_at_a_time() -> None:
     clock.at(2)
     r.script = [slow_probe]
     probe: list[CallOutcome] = []
-    thread = threading.Thread(target=lambda: probe.append(client.call(request_for("p", clock))))
+    thread = threading.Thread(
+        target=lambda: probe.append(asyncio.run(client.call(request_for("p", clock))))
+    )
     thread.start()
     try:
         assert entered.wait(timeout=2)
-        others = [client.call(request_for(f"q{i}", clock)) for i in range(3)]
+        others = [asyncio.run(client.call(request_for(f"q{i}", clock))) for i in range(3)]
     finally:
         release.set()
         thread.join(timeout=5)
@@ -465,8 +523,8 @@ def test_while_open_a_fresh_order_probes_before_a_singled_out_one() -> None:
     r.script = [ok()]
     clock.at(2)
 
-    singled = client.call(request_for("bad", clock, singled_out=True))
-    fresh = client.call(request_for("new", clock))
+    singled = asyncio.run(client.call(request_for("bad", clock, singled_out=True)))
+    fresh = asyncio.run(client.call(request_for("new", clock)))
 
     assert singled.kind == "deferred"
     assert singled.not_before == T0 + timedelta(seconds=4)
@@ -479,12 +537,14 @@ def test_always_failing_singled_out_orders_among_healthy_traffic_never_open_it()
     bad = {f"bad{i}:process": [status(500)] for i in range(4)}
     r = remote(clock, ok(), **bad)
     client, _ = make_client(r, rng=MaxRng())
-    assert client.call(request_for("warm", clock)).kind == "succeeded"
+    assert asyncio.run(client.call(request_for("warm", clock))).kind == "succeeded"
     kinds: dict[str, list[str]] = defaultdict(list)
     for round_ in range(5):
         for i in range(4):
-            kinds["bad"].append(client.call(request_for(f"bad{i}", clock, singled_out=True)).kind)
-        kinds["good"].append(client.call(request_for(f"good{round_}", clock)).kind)
+            kinds["bad"].append(
+                asyncio.run(client.call(request_for(f"bad{i}", clock, singled_out=True))).kind
+            )
+        kinds["good"].append(asyncio.run(client.call(request_for(f"good{round_}", clock))).kind)
 
     assert not client.health("process").is_open
     assert set(kinds["bad"]) == {"transient"}  # each one's own failure: counted
@@ -499,11 +559,11 @@ def test_an_unsendable_order_says_nothing_about_the_endpoint() -> None:
     trip(client, clock)
     clock.at(2)
 
-    outcome = client.call(request_for("nan", clock, order={"price": float("nan")}))
+    outcome = asyncio.run(client.call(request_for("nan", clock, order={"price": float("nan")})))
 
     assert outcome.kind == "refused"
     assert client.health("process").is_open  # not closed by an order it never saw
-    probe = client.call(request_for("p", clock, 1))
+    probe = asyncio.run(client.call(request_for("p", clock, 1)))
     assert probe.tries == 1  # the probe slot is still free
     assert len(r.seen) == 4
 
@@ -515,8 +575,10 @@ def test_breakers_are_per_path() -> None:
     trip(client, clock)
     r.script = [ok({"shipped": True})]
 
-    outcome = client.call(
-        make_request(path="ship", step="ship", complete_by=clock.now + timedelta(seconds=5))
+    outcome = asyncio.run(
+        client.call(
+            make_request(path="ship", step="ship", complete_by=clock.now + timedelta(seconds=5))
+        )
     )
 
     assert outcome.result == {"shipped": True}
@@ -531,7 +593,7 @@ def test_permanent_refusals_never_open_it() -> None:
     client = one_try_each(r)
 
     for i in range(6):
-        assert client.call(request_for(f"o{i}", clock)).kind == "refused"
+        assert asyncio.run(client.call(request_for(f"o{i}", clock))).kind == "refused"
 
     assert len(r.seen) == 6
     assert not client.health("process").is_open
@@ -574,7 +636,7 @@ def test_a_two_minute_outage_is_a_trickle_and_counts_against_no_order() -> None:
             complete_by=clock.now + timedelta(seconds=step_seconds),
         )
         calls_before = len(r.seen)
-        outcome = client.call(request)
+        outcome = asyncio.run(client.call(request))
         history[order_id].append(outcome)
         assert all(s.at >= due for s in r.seen[calls_before:])  # never before notBefore
         if outcome.kind == "deferred":

@@ -11,6 +11,7 @@ fails test by test, against it.)
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -95,7 +96,7 @@ def test_1_a_409_is_a_try_that_may_have_applied() -> None:
     """409: the key is in use, the earlier call may still run: transient, "maybe"."""
     r = remote(FakeClock(), *[status(409, error="in progress")] * 50)
     client, _ = make_client(r)
-    outcome = client.call(make_request(seconds_left=10))
+    outcome = asyncio.run(client.call(make_request(seconds_left=10)))
     assert outcome.applied == "maybe" and outcome.kind != "refused"
 
 
@@ -148,13 +149,17 @@ def test_2_a_redelivered_request_reports_maybe_unless_the_remote_settles_it() ->
     r = remote(clock, status(503), status(503), status(503), status(503))
     client, _ = make_client(r)
     transport = RecordingTransport()
-    AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(3), None, 2)
+    asyncio.run(
+        AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(3), None, 2)
+    )
     ((sent, _),) = transport.replies
     assert sent.applied == "maybe" and "delivery 2" in (sent.error or "")
     r = remote(clock, status(422, error="invalid"))
     client, _ = make_client(r)
     transport = RecordingTransport()
-    AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(3), None, 2)
+    asyncio.run(
+        AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(3), None, 2)
+    )
     ((sent, _),) = transport.replies
     assert (sent.applied, sent.settled) == ("no", True)
 
@@ -218,7 +223,7 @@ def test_3_the_agent_reports_a_handler_that_outlives_its_attempt_and_its_outcome
     clock = FakeClock()
     transport = RecordingTransport()
     request = make_request(2)
-    AgentWorker(client, transport, clock, sleep=clock.sleep).handle(request)
+    asyncio.run(AgentWorker(client, transport, clock, sleep=clock.sleep).handle(request))
     first = transport.replies[0][0]
     assert first.applied == "maybe" and first.running_until is not None
     time.sleep(0.35)  # a renewal while it runs
@@ -384,7 +389,7 @@ def test_6_retry_after_zero_does_not_hammer_the_remote(value: str) -> None:
     client, _ = make_client(
         remote(FakeClock(), handler), backoff_initial_seconds=0.2, backoff_max_seconds=5
     )
-    client.call(make_request(seconds_left=30))
+    asyncio.run(client.call(make_request(seconds_left=30)))
     # 25 s of tries at 0.1-0.2, 0.2-0.4 ... 2.5-5 s: a dozen or so, never hundreds
     assert calls <= 20
 
@@ -601,16 +606,16 @@ def test_review_a_handler_that_ends_just_after_the_last_try_is_reported(
     client = python_client(slow, max_try_seconds=0.2)
     tries = client._tries
 
-    def tries_then_end(*args: Any) -> CallOutcome:
-        outcome = tries(*args)
+    async def tries_then_end(*args: Any) -> CallOutcome:
+        outcome = await tries(*args)
         release.set()  # the handler ends between the last try's give-up and the reply
-        time.sleep(0.1)
+        await asyncio.sleep(0.1)
         return outcome
 
     monkeypatch.setattr(client, "_tries", tries_then_end)
     transport = RecordingTransport()
     clock = FakeClock()
-    AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2))
+    asyncio.run(AgentWorker(client, transport, clock, sleep=clock.sleep).handle(make_request(2)))
     ((sent, _),) = transport.replies
     assert sent.outcome == "succeeded" and sent.result == {"charged": True}
 

@@ -16,7 +16,7 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
@@ -49,8 +49,9 @@ class FakeClock:
     def __init__(self, start: datetime = T0):
         self.now = start
         self.sleeps: list[float] = []
-        #: Called after every sleep: how a test runs something "meanwhile".
-        self.on_sleep: list[Callable[[], None]] = []
+        #: Awaited after every sleep of an attempt (``asleep``): how a test runs something
+        #: "meanwhile", on the same event loop, as the runtime would.
+        self.on_sleep: list[Callable[[], Awaitable[None]]] = []
 
     def __call__(self) -> datetime:
         return self.now
@@ -68,8 +69,12 @@ class FakeClock:
             raise ValueError(f"sleep length must be a non-negative number, got {seconds!r}")
         self.sleeps.append(seconds)
         self.advance(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        """``sleep`` for an attempt's runner, which awaits its waits (it is a coroutine)."""
+        self.sleep(seconds)
         for hook in list(self.on_sleep):
-            hook()
+            await hook()
 
 
 class MaxRng(random.Random):
@@ -189,7 +194,7 @@ def make_client(
         ),
         RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
         clock=remote.clock,
-        sleep=remote.clock.sleep,
+        sleep=remote.clock.asleep,
         rng=rng,
     )
     _CLIENTS.append(client)
@@ -214,7 +219,7 @@ def test_success_posts_the_order_with_the_idempotency_key_and_returns_the_json()
     r = remote(FakeClock(), ok({"reservation": "r-1", "lines": [1, 2]}))
     client, clock = make_client(r, base=BASE + "/")
 
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
 
     assert outcome == CallOutcome(
         "succeeded", result={"reservation": "r-1", "lines": [1, 2]}, tries=1
@@ -230,7 +235,7 @@ def test_the_path_names_the_remote_service() -> None:
     r = remote(FakeClock(), ok())
     client, _ = make_client(r)
 
-    client.call(make_request(path="stock/reserve", step="reserve-stock"))
+    asyncio.run(client.call(make_request(path="stock/reserve", step="reserve-stock")))
 
     assert r.seen[0].url == "http://remote.test/api/stock/reserve"
     assert r.seen[0].idempotency_key == "o-1:reserve-stock"
@@ -247,7 +252,7 @@ def test_the_path_names_the_remote_service() -> None:
 def test_any_2xx_is_success(response: httpx.Response, expected: dict[str, Any]) -> None:
     client, _ = make_client(remote(FakeClock(), response))
 
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
 
     assert (outcome.kind, outcome.result) == ("succeeded", expected)
 
@@ -256,10 +261,10 @@ def test_the_same_idempotency_key_on_every_try_and_every_attempt() -> None:
     r = remote(FakeClock(), status(503), status(502), ok())
     client, clock = make_client(r)
 
-    assert client.call(make_request(attempt=1)).kind == "succeeded"
+    assert asyncio.run(client.call(make_request(attempt=1))).kind == "succeeded"
     r.script = [status(500), ok()]
-    assert client.call(
-        make_request(attempt=7, complete_by=clock.now + timedelta(seconds=30))
+    assert asyncio.run(
+        client.call(make_request(attempt=7, complete_by=clock.now + timedelta(seconds=30)))
     ).kind == ("succeeded")
 
     assert [s.idempotency_key for s in r.seen] == [KEY] * 5
@@ -277,7 +282,7 @@ def test_trace_context_travels_but_cannot_replace_the_idempotency_key() -> None:
         "Authorization": "Bearer stolen",
     }
 
-    client.call(make_request(trace=trace))
+    asyncio.run(client.call(make_request(trace=trace)))
 
     headers = r.seen[0].headers
     assert headers["idempotency-key"] == KEY
@@ -292,13 +297,13 @@ def test_an_unsendable_body_is_refused_without_calling_the_remote() -> None:
     poisoned = make_request(order={"orderId": "o-1", "price": float("nan")})
 
     for _ in range(3):
-        outcome = client.call(poisoned)
+        outcome = asyncio.run(client.call(poisoned))
         assert outcome.kind == "refused"
         assert outcome.applied == "no"
         assert "cannot be sent as JSON" in outcome.error
 
     assert r.seen == []
-    assert client.call(make_request()).kind == "succeeded"
+    assert asyncio.run(client.call(make_request())).kind == "succeeded"
 
 
 # --- what each try did (docs/contracts.md §3.11) -----------------------------------------------------
@@ -306,7 +311,7 @@ def test_an_unsendable_body_is_refused_without_calling_the_remote() -> None:
 
 def one_try(step: Step, timeout: float = 5.0) -> Try:
     client, _ = make_client(remote(FakeClock(), step))
-    return client.kind.run(make_request(), timeout)
+    return asyncio.run(client.kind.run(make_request(), timeout))
 
 
 @pytest.mark.parametrize(
@@ -390,7 +395,7 @@ def test_the_attempt_may_have_applied_if_any_try_may_have(script: list[Step], ap
     r = remote(FakeClock(), *script)
     client, _ = make_client(r, rng=MaxRng())
 
-    outcome = client.call(make_request(seconds_left=30))
+    outcome = asyncio.run(client.call(make_request(seconds_left=30)))
 
     assert outcome.kind == "deferred"  # a lone order: see test_endpoint_health.py
     assert outcome.tries == len(r.seen) >= len(script)
@@ -402,7 +407,7 @@ def test_transient_statuses_are_retried(code: int) -> None:
     r = remote(FakeClock(), status(code), status(code), ok({"done": 1}))
     client, clock = make_client(r)
 
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
 
     assert (outcome.kind, outcome.result, outcome.tries) == ("succeeded", {"done": 1}, 3)
     assert len(r.seen) == 3
@@ -417,7 +422,7 @@ def test_connection_errors_and_timeouts_are_retried(error: type[httpx.RequestErr
     r = remote(FakeClock(), error, ok({"done": 1}))
     client, clock = make_client(r)
 
-    assert client.call(make_request()).result == {"done": 1}
+    assert asyncio.run(client.call(make_request())).result == {"done": 1}
     assert len(r.seen) == 2
     assert len(clock.sleeps) == 1
 
@@ -427,7 +432,7 @@ def test_other_4xx_are_refused_and_not_retried(code: int) -> None:
     r = remote(FakeClock(), status(code, error="out of stock"), ok())
     client, clock = make_client(r)
 
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
 
     assert outcome == CallOutcome(
         "refused",
@@ -443,7 +448,7 @@ def test_other_4xx_are_refused_and_not_retried(code: int) -> None:
 def test_a_refusal_without_json_carries_the_text() -> None:
     client, _ = make_client(remote(FakeClock(), httpx.Response(400, text="sku missing")))
 
-    assert client.call(make_request()).error == "process: HTTP 400 sku missing"
+    assert asyncio.run(client.call(make_request())).error == "process: HTTP 400 sku missing"
 
 
 # --- the whole-try bound: real waits, sub-second -------------------------------------------
@@ -535,7 +540,7 @@ def real_client(base: str, clock: FakeClock, **policy: Any) -> AttemptRunner[Htt
         HttpTry(base, clock=clock),
         RemotePolicy(**{"min_try_seconds": 0.0, **policy}),
         clock=clock,
-        sleep=clock.sleep,
+        sleep=clock.asleep,
         rng=MaxRng(),
     )
     _CLIENTS.append(client)
@@ -546,7 +551,7 @@ def test_a_trickling_answer_is_cut_at_the_time_left_as_a_whole(trickling: LocalS
     client = real_client(f"http://127.0.0.1:{trickling.port}", FakeClock())
     started = time.monotonic()
 
-    attempt = client.kind.run(make_request(), 0.4)
+    attempt = asyncio.run(client.kind.run(make_request(), 0.4))
 
     elapsed = time.monotonic() - started
     # Bytes kept coming every 20 ms, far within any per-read timeout: only a bound on the
@@ -566,7 +571,7 @@ def test_each_try_of_a_trickling_answer_ends_with_the_time_left(trickling: Local
     # (0.2 s, at its ceiling) leaves try 2 with 0.3 s, and the next wait (0.4 s) runs out.
     started = time.monotonic()
 
-    outcome = client.call(make_request(seconds_left=1))
+    outcome = asyncio.run(client.call(make_request(seconds_left=1)))
 
     elapsed = time.monotonic() - started
     assert trickling.requests == 2
@@ -582,7 +587,7 @@ def test_a_connection_that_never_completes_applied_nothing(silent: LocalServer) 
     client = real_client(f"https://127.0.0.1:{silent.port}", FakeClock())
     started = time.monotonic()
 
-    attempt = client.kind.run(make_request(), 0.4)
+    attempt = asyncio.run(client.kind.run(make_request(), 0.4))
 
     assert time.monotonic() - started < 1.2
     assert (attempt.applied, attempt.retryable) == ("no", True)
@@ -595,7 +600,7 @@ def test_a_request_sent_to_a_server_that_never_answers_may_have_applied(
     client = real_client(f"http://127.0.0.1:{silent.port}", FakeClock())
     started = time.monotonic()
 
-    attempt = client.kind.run(make_request(), 0.4)
+    attempt = asyncio.run(client.kind.run(make_request(), 0.4))
 
     assert time.monotonic() - started < 1.2
     assert (attempt.applied, attempt.retryable) == ("maybe", True)
@@ -616,7 +621,7 @@ def test_no_answer_is_applied_no_only_if_the_request_never_left(sends: bool, app
     client, _ = make_client(remote(FakeClock(), ok()), transport=httpx.MockTransport(hang))
     started = time.monotonic()
 
-    attempt = client.kind.run(make_request(), 0.3)
+    attempt = asyncio.run(client.kind.run(make_request(), 0.3))
 
     assert time.monotonic() - started < 1.0
     assert (attempt.applied, attempt.retryable) == (applied, True)
@@ -630,7 +635,7 @@ def test_retry_after_seconds_is_the_next_wait() -> None:
     r = remote(FakeClock(), status(429, **{"Retry-After": "7"}), ok())
     client, clock = make_client(r)
 
-    assert client.call(make_request()).kind == "succeeded"
+    assert asyncio.run(client.call(make_request())).kind == "succeeded"
 
     assert clock.sleeps == [7.0]
     assert r.seen[1].at == T0 + timedelta(seconds=7)
@@ -642,7 +647,7 @@ def test_retry_after_http_date_is_the_next_wait() -> None:
     r = remote(FakeClock(start), status(503, **{"Retry-After": retry_at}), ok())
     client, clock = make_client(r)
 
-    client.call(make_request(complete_by=start + timedelta(seconds=30)))
+    asyncio.run(client.call(make_request(complete_by=start + timedelta(seconds=30))))
 
     assert len(clock.sleeps) == 1
     assert 8.5 < clock.sleeps[0] <= 10.0  # the date has whole seconds
@@ -653,7 +658,7 @@ def test_retry_after_http_date_is_measured_with_the_clients_clock() -> None:
     r = remote(FakeClock(), status(503, **{"Retry-After": retry_at}), ok())
     client, clock = make_client(r)
 
-    assert client.call(make_request()).kind == "succeeded"
+    assert asyncio.run(client.call(make_request())).kind == "succeeded"
     assert clock.sleeps == [7.0]
 
 
@@ -662,7 +667,7 @@ def test_an_unparsable_retry_after_is_ignored(value: str) -> None:
     r = remote(FakeClock(), status(503, **{"Retry-After": value}), ok())
     client, clock = make_client(r, backoff_initial_seconds=0.2)
 
-    assert client.call(make_request()).kind == "succeeded"
+    assert asyncio.run(client.call(make_request())).kind == "succeeded"
     assert len(clock.sleeps) == 1
     assert clock.sleeps[0] <= 0.2  # the usual backoff
 
@@ -674,7 +679,7 @@ def test_a_retry_after_in_the_past_never_makes_tries_faster_than_the_backoff(val
     r = remote(FakeClock(), status(503, **{"Retry-After": value}), ok())
     client, clock = make_client(r, rng=MaxRng(), backoff_initial_seconds=0.2)
 
-    assert client.call(make_request()).kind == "succeeded"
+    assert asyncio.run(client.call(make_request())).kind == "succeeded"
     assert clock.sleeps == [0.2]  # the agent's own backoff, not "now"
 
 
@@ -683,7 +688,7 @@ def test_retry_after_beyond_the_stop_time_defers_without_calling_again(code: int
     r = remote(FakeClock(), status(code, **{"Retry-After": "120"}), ok())
     client, clock = make_client(r)
 
-    outcome = client.call(make_request(seconds_left=30))
+    outcome = asyncio.run(client.call(make_request(seconds_left=30)))
 
     assert outcome.kind == "deferred"
     assert outcome.not_before == T0 + timedelta(seconds=120)
@@ -697,7 +702,7 @@ def test_retry_after_on_a_later_try_counts_from_that_try() -> None:
     r = remote(FakeClock(), status(503), status(503, **{"Retry-After": "60"}), ok())
     client, _ = make_client(r, rng=MaxRng())
 
-    outcome = client.call(make_request(seconds_left=30))
+    outcome = asyncio.run(client.call(make_request(seconds_left=30)))
 
     assert outcome.kind == "deferred"
     assert outcome.not_before == r.seen[1].at + timedelta(seconds=60)
@@ -710,7 +715,7 @@ def test_a_retry_after_just_past_the_stop_time_defers_too() -> None:
     r = remote(FakeClock(), status(503, **{"Retry-After": "25"}), ok())
     client, _ = make_client(r)
 
-    outcome = client.call(make_request(seconds_left=30))
+    outcome = asyncio.run(client.call(make_request(seconds_left=30)))
 
     assert (outcome.kind, outcome.not_before, len(r.seen)) == (
         "deferred",
@@ -724,7 +729,7 @@ def test_an_absurd_retry_after_does_not_break_the_client(value: str) -> None:
     r = remote(FakeClock(), status(503, **{"Retry-After": value}))
     client, _ = make_client(r)
 
-    outcome = client.call(make_request(seconds_left=30))
+    outcome = asyncio.run(client.call(make_request(seconds_left=30)))
 
     assert outcome.kind == "deferred"
     assert outcome.not_before is not None
@@ -737,7 +742,7 @@ def test_no_wait_ends_after_the_stop_time() -> None:
     client, clock = make_client(r)
     request = make_request(seconds_left=5)  # stops at 4 s
 
-    outcome = client.call(request)
+    outcome = asyncio.run(client.call(request))
 
     assert outcome.kind == "deferred"
     assert clock.now <= request.complete_by - timedelta(seconds=1)
@@ -756,7 +761,9 @@ def test_backoff_waits_grow_are_capped_and_jittered() -> None:
     for _ in range(100):
         r.script = [*[status(503)] * 6, ok()]
         clock.sleeps.clear()
-        outcome = client.call(make_request(complete_by=clock.now + timedelta(seconds=60)))
+        outcome = asyncio.run(
+            client.call(make_request(complete_by=clock.now + timedelta(seconds=60)))
+        )
         assert outcome.kind == "succeeded"
         runs.append(list(clock.sleeps))
 
@@ -776,7 +783,7 @@ def test_backoff_is_equal_jitter_drawn_from_the_injected_rng() -> None:
     r = remote(FakeClock(), *([status(503)] * 7), ok())
     client, clock = make_client(r, rng=rng, backoff_initial_seconds=0.25, backoff_max_seconds=3)
 
-    assert client.call(make_request(seconds_left=60)).kind == "succeeded"
+    assert asyncio.run(client.call(make_request(seconds_left=60))).kind == "succeeded"
 
     # never less than half the ceiling: a try cannot follow the last one at once
     assert rng.bounds == [
@@ -806,7 +813,7 @@ def test_no_try_starts_after_the_stop_time() -> None:
     client, _ = make_client(r, backoff_initial_seconds=0.5)
     request = make_request(seconds_left=5)  # stops at 4 s
 
-    outcome = client.call(request)
+    outcome = asyncio.run(client.call(request))
 
     assert outcome.kind == "deferred"
     assert outcome.tries == len(r.seen) >= 3
@@ -818,7 +825,7 @@ def test_no_call_at_all_when_no_time_is_left(seconds_left: float) -> None:
     r = remote(FakeClock(), ok())
     client, clock = make_client(r)
 
-    outcome = client.call(make_request(seconds_left=seconds_left))
+    outcome = asyncio.run(client.call(make_request(seconds_left=seconds_left)))
 
     assert outcome.kind == "deferred"
     assert (outcome.tries, outcome.applied, outcome.not_before) == (0, "no", clock.now)
@@ -836,7 +843,7 @@ def test_the_try_timeout_is_bounded_by_the_time_left(
     r = remote(FakeClock(), ok())
     client, _ = make_client(r, max_try_seconds=10, connect_seconds=3)
 
-    client.call(make_request(seconds_left=seconds_left))
+    asyncio.run(client.call(make_request(seconds_left=seconds_left)))
 
     assert r.seen[0].timeout == pytest.approx(
         {"connect": connect, "read": read, "write": read, "pool": read}
@@ -849,7 +856,7 @@ def test_every_try_timeout_fits_in_the_time_left_at_that_try() -> None:
     request = make_request(seconds_left=8)
     stop = request.complete_by - timedelta(seconds=1.6)
 
-    assert client.call(request).kind == "deferred"
+    assert asyncio.run(client.call(request)).kind == "deferred"
 
     assert len(r.seen) >= 3
     for seen in r.seen:
@@ -888,7 +895,7 @@ class StubRemote:
         self.takes = takes
         self.requests: list[AgentRequest] = []
 
-    def call(self, request: AgentRequest) -> CallOutcome:
+    async def call(self, request: AgentRequest) -> CallOutcome:
         self.requests.append(request)
         self.clock.advance(self.takes)
         return self.outcome
@@ -960,7 +967,7 @@ def test_the_agent_sends_exactly_one_reply_per_outcome(
     agent = AgentWorker(StubRemote(clock, outcome), transport, clock, sleep=clock.sleep)  # type: ignore[arg-type]
     request = make_request(attempt=3)
 
-    assert agent.handle(request, reply_to="agent-replies-x") == expected["outcome"]
+    assert asyncio.run(agent.handle(request, reply_to="agent-replies-x")) == expected["outcome"]
 
     ((reply, reply_to),) = transport.replies
     assert reply_to == "agent-replies-x"
@@ -982,7 +989,7 @@ def test_the_agent_end_to_end_success() -> None:
     agent, r, transport = make_agent(status(503), ok({"reservation": "r-1"}))
     request = make_request()
 
-    assert agent.handle(request, reply_to="agent-replies-x") is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(request, reply_to="agent-replies-x")) is ReplyOutcome.SUCCEEDED
 
     [(sent, to)] = transport.replies
     assert (unanswered(sent), to) == (request.succeeded({"reservation": "r-1"}), "agent-replies-x")
@@ -992,7 +999,7 @@ def test_the_agent_end_to_end_success() -> None:
 def test_the_agent_end_to_end_refusal_with_a_bounded_error() -> None:
     agent, r, transport = make_agent(status(422, error="x" * 5000))
 
-    assert agent.handle(make_request()) is ReplyOutcome.REFUSED
+    assert asyncio.run(agent.handle(make_request())) is ReplyOutcome.REFUSED
 
     ((reply, _),) = transport.replies
     assert (reply.outcome, reply.applied) == ("failed", "no")
@@ -1014,7 +1021,9 @@ def test_the_agent_reports_a_success_that_arrives_after_the_deadline() -> None:
     transport = RecordingTransport()
     request = make_request(30)
 
-    assert AgentWorker(client, transport, clock).handle(request) is ReplyOutcome.SUCCEEDED
+    assert (
+        asyncio.run(AgentWorker(client, transport, clock).handle(request)) is ReplyOutcome.SUCCEEDED
+    )
 
     assert clock.now > request.complete_by
     [(sent, _)] = transport.replies
@@ -1031,7 +1040,7 @@ def test_the_agent_reports_any_outcome_that_comes_after_the_deadline(kind: str) 
 
     request = make_request(30)
     assert clock() < request.complete_by
-    agent.handle(request)
+    asyncio.run(agent.handle(request))
 
     # Reported after the deadline, in full: the outcome on the wire, its error, its
     # applied, and for a deferral its notBefore (a late report corrects the expiry).
@@ -1049,7 +1058,9 @@ def test_a_request_past_its_deadline_is_not_called_and_replied_deferred(
 ) -> None:
     agent, r, transport = make_agent(ok())
 
-    assert agent.handle(make_request(seconds_left=seconds_left)) is ReplyOutcome.DEFERRED
+    assert (
+        asyncio.run(agent.handle(make_request(seconds_left=seconds_left))) is ReplyOutcome.DEFERRED
+    )
 
     assert r.seen == []
     ((reply, _),) = transport.replies
@@ -1069,8 +1080,8 @@ def test_the_agent_calls_with_what_the_binding_reads_from_the_state() -> None:
     agent, r, transport = make_agent(ok(), bind=bind)
 
     tampered = replace(make_request(order={"orderId": "o-1", "forged": True}), path="ship")
-    assert agent.handle(tampered) is ReplyOutcome.SUCCEEDED
-    assert agent.handle(make_request(order=None)) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(tampered)) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(make_request(order=None))) is ReplyOutcome.SUCCEEDED
 
     assert bound == ["o-1", "o-1"]
     assert [s.body for s in r.seen] == [big, big]
@@ -1092,10 +1103,11 @@ def test_a_copy_whose_attempt_another_copy_took_calls_nothing_and_replies_nothin
 
     agent, r, transport = make_agent(ok(), ok(), bind=bind)
 
-    assert agent.handle(make_request(), copy="m-1") is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(make_request(), copy="m-1")) is ReplyOutcome.SUCCEEDED
     with pytest.raises(DuplicateRequest):
-        agent.handle(make_request(), copy="m-2")
-    assert agent.handle(make_request(), deliveries=2, copy="m-1") is ReplyOutcome.SUCCEEDED
+        asyncio.run(agent.handle(make_request(), copy="m-2"))
+    again = agent.handle(make_request(), deliveries=2, copy="m-1")
+    assert asyncio.run(again) is ReplyOutcome.SUCCEEDED
     assert len(r.seen) == 2 and len(transport.replies) == 2  # m-2 called and sent nothing
 
 
@@ -1106,7 +1118,7 @@ def test_a_request_its_binding_refuses_calls_nothing_and_replies_nothing() -> No
     agent, r, transport = make_agent(ok(), bind=bind)
 
     with pytest.raises(UnboundMessage):
-        agent.handle(make_request())
+        asyncio.run(agent.handle(make_request()))
     assert r.seen == [] and transport.replies == []
 
 
@@ -1114,7 +1126,7 @@ def test_an_agent_that_cannot_load_orders_calls_nothing_and_fails_the_invocation
     agent, r, transport = make_agent(ok())
 
     with pytest.raises(StorageUnavailable, match="no order body"):
-        agent.handle(make_request(order=None))
+        asyncio.run(agent.handle(make_request(order=None)))
 
     assert r.seen == []
     assert transport.replies == []
@@ -1124,7 +1136,7 @@ def test_the_reply_send_is_retried_on_storage_trouble() -> None:
     agent, r, transport = make_agent(ok(), failures=3)
     request = make_request()
 
-    assert agent.handle(request) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(request)) is ReplyOutcome.SUCCEEDED
 
     assert transport.sends == 4
     [(sent, to)] = transport.replies
@@ -1139,7 +1151,7 @@ def test_the_reply_send_gives_up_after_its_budget() -> None:
     started = time.monotonic()
 
     with pytest.raises(StorageUnavailable):
-        agent.handle(make_request())
+        asyncio.run(agent.handle(make_request()))
 
     # The budget is measured in the time the injected sleep spends, not in real time.
     assert time.monotonic() - started < 5
@@ -1153,7 +1165,7 @@ def test_a_large_result_is_cut_and_the_reply_still_fits_its_queue() -> None:
     big = {"items": [{"sku": f"s-{i}", "text": "ü€😀" * 40} for i in range(2000)]}
     agent, _, transport = make_agent(ok(big))
 
-    assert agent.handle(make_request()) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(make_request())) is ReplyOutcome.SUCCEEDED
 
     ((reply, _),) = transport.replies
     assert reply.result is not None
@@ -1173,7 +1185,7 @@ def test_the_largest_uncut_result_still_fits_its_queue() -> None:
     }
     agent, _, transport = make_agent(ok(worst))
 
-    agent.handle(make_request(order_id="o-" + "9" * 62, trace=trace))
+    asyncio.run(agent.handle(make_request(order_id="o-" + "9" * 62, trace=trace)))
 
     ((reply, _),) = transport.replies
     assert reply.result == worst
@@ -1187,14 +1199,14 @@ def test_no_try_starts_too_short_to_be_answered() -> None:
     client, _ = make_client(r, min_try_seconds=1.0, rng=MaxRng())
     # 3 s left, 0.6 s margin: try 1; wait 0.2 s; try 2 needs 1 s: 2.4 - 0.2 >= 1, go;
     # each 503 answers at once on the fake clock, so tries go on until < 1 s would be left.
-    outcome = client.call(make_request(seconds_left=3))
+    outcome = asyncio.run(client.call(make_request(seconds_left=3)))
     assert outcome.applied == "no"
     stop_at = T0 + timedelta(seconds=3 - 0.6)
     assert len(r.seen) >= 2
     assert all(stop_at - seen.at >= timedelta(seconds=1) for seen in r.seen)
     late = make_request(seconds_left=1.2)  # margin 0.5 s: only 0.7 s to try in
     before = len(r.seen)
-    outcome = client.call(late)
+    outcome = asyncio.run(client.call(late))
     assert len(r.seen) == before  # not called
     assert outcome.kind == "deferred" and outcome.applied == "no"
 
@@ -1203,7 +1215,7 @@ def test_a_2xx_whose_body_cannot_be_parsed_is_still_a_success() -> None:
     deep = b"[" * 100_000 + b"]" * 100_000  # RecursionError in json
     r = remote(FakeClock(), httpx.Response(200, content=deep))
     client, _ = make_client(r)
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
     assert outcome.kind == "succeeded" and outcome.result is not None
     assert outcome.result["status"] == 200
 
@@ -1211,7 +1223,7 @@ def test_a_2xx_whose_body_cannot_be_parsed_is_still_a_success() -> None:
 def test_a_refusal_after_a_try_that_may_have_applied_says_maybe() -> None:
     r = remote(FakeClock(), status(500), status(422, error="invalid"))
     client, _ = make_client(r)
-    outcome = client.call(make_request())
+    outcome = asyncio.run(client.call(make_request()))
     assert (outcome.kind, outcome.applied, outcome.settled) == ("refused", "maybe", True)
 
 
@@ -1219,16 +1231,16 @@ def test_a_key_in_use_is_retried_and_may_have_applied() -> None:
     """409: an earlier call with the key may still be running: transient, "maybe"."""
     r = remote(FakeClock(), status(409, error="in progress"), ok({"done": 1}))
     client, _ = make_client(r)
-    assert client.call(make_request()).result == {"done": 1}
+    assert asyncio.run(client.call(make_request())).result == {"done": 1}
     assert len(r.seen) == 2
     r = remote(FakeClock(), *[status(409, error="in progress")] * 40)
     client, _ = make_client(r)
-    outcome = client.call(make_request(seconds_left=10))
+    outcome = asyncio.run(client.call(make_request(seconds_left=10)))
     assert outcome.applied == "maybe" and outcome.kind in ("transient", "deferred")
 
 
 def test_compressed_answers_are_not_asked_for() -> None:
     r = remote(FakeClock(), ok())
     client, _ = make_client(r)
-    client.call(make_request())
+    asyncio.run(client.call(make_request()))
     assert r.seen[0].headers["accept-encoding"] == "identity"

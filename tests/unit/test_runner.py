@@ -5,6 +5,7 @@ the Python kinds are tested through it in test_remote_client.py and test_agent_k
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -32,7 +33,7 @@ class ScriptedKind:
     def endpoint(self, path: str) -> str:
         return f"scripted:{path}"
 
-    def run(self, request: AgentRequest, timeout: float, slot: Slot | None) -> Try:
+    async def run(self, request: AgentRequest, timeout: float, slot: Slot | None) -> Try:
         self.calls.append((timeout, slot))
         self.clock.advance(min(self.takes, timeout))  # a try never outlasts its timeout
         return self.script.pop(0)
@@ -68,7 +69,7 @@ def runner(
             kind,
             RemotePolicy(**policy),  # type: ignore[arg-type]
             clock=clock,
-            sleep=clock.sleep,
+            sleep=clock.asleep,
             rng=rng,
             concurrency=concurrency,
         ),
@@ -85,7 +86,7 @@ NOT_APPLIED = Try("no", True, "503")
 def test_failed_tries_are_paced_then_a_success_ends_the_attempt() -> None:
     client, _, clock, _ = runner([MAYBE, NOT_APPLIED, Try("yes", False, result={"ok": 1})])
 
-    outcome = client.call(make_request(30))
+    outcome = asyncio.run(client.call(make_request(30)))
 
     assert (outcome.kind, outcome.result, outcome.tries) == ("succeeded", {"ok": 1}, 3)
     assert clock.sleeps == [0.2, 0.4]  # equal jitter at its ceiling: 0.2 s, doubling
@@ -94,7 +95,7 @@ def test_failed_tries_are_paced_then_a_success_ends_the_attempt() -> None:
 def test_a_refusal_ends_the_attempt_and_keeps_the_doubt_of_earlier_tries() -> None:
     client, kind, _, _ = runner([MAYBE, Try("no", False, "HTTP 404", status=404)])
 
-    outcome = client.call(make_request(30))
+    outcome = asyncio.run(client.call(make_request(30)))
 
     assert (outcome.kind, outcome.applied, outcome.settled, outcome.tries) == (
         "refused",
@@ -109,7 +110,7 @@ def test_every_try_fits_in_the_time_left_and_none_starts_too_late() -> None:
     # 30 s left: stop 5 s before (the margin), tries of at most 10 s, none under 1 s.
     client, kind, clock, _ = runner([NOT_APPLIED] * 10, takes=10.0, max_try_seconds=10.0)
 
-    outcome = client.call(make_request(30))
+    outcome = asyncio.run(client.call(make_request(30)))
 
     timeouts = [t for t, _ in kind.calls]
     assert timeouts == [10.0, 10.0, pytest.approx(4.4)]  # the last: what was left of 25 s
@@ -121,7 +122,7 @@ def test_every_try_fits_in_the_time_left_and_none_starts_too_late() -> None:
 def test_a_retry_after_past_the_deadline_defers_until_then() -> None:
     client, kind, clock, _ = runner([Try("no", True, "429", retry_after=60.0)])
 
-    outcome = client.call(make_request(30))
+    outcome = asyncio.run(client.call(make_request(30)))
 
     assert outcome.kind == "deferred" and outcome.not_before == T0 + timedelta(seconds=60)
     assert len(kind.calls) == 1 and clock.sleeps == []
@@ -130,7 +131,7 @@ def test_a_retry_after_past_the_deadline_defers_until_then() -> None:
 def test_each_try_is_handed_the_attempts_slot_and_the_slot_is_given_back() -> None:
     client, kind, _, _ = runner([NOT_APPLIED, Try("yes", False, result={})], concurrency=1)
 
-    client.call(make_request(30))
+    asyncio.run(client.call(make_request(30)))
 
     slots = {id(slot) for _, slot in kind.calls}
     assert None not in {slot for _, slot in kind.calls} and len(slots) == 1
@@ -139,7 +140,7 @@ def test_each_try_is_handed_the_attempts_slot_and_the_slot_is_given_back() -> No
 
 def test_without_a_limit_no_slot_is_handed_over() -> None:
     client, kind, _, _ = runner([Try("yes", False, result={})])
-    client.call(make_request(30))
+    asyncio.run(client.call(make_request(30)))
     assert kind.calls[0][1] is None
 
 
@@ -148,7 +149,7 @@ def test_a_call_left_running_goes_with_the_report() -> None:
     # every later try joins the same run (as a Python handler's retry does)
     client, _, _, _ = runner([Try("maybe", True, "still running", running=run)] * 3, takes=30.0)
 
-    outcome = client.call(make_request(30))
+    outcome = asyncio.run(client.call(make_request(30)))
 
     assert outcome.running is run and outcome.applied == "maybe"
 
@@ -157,7 +158,7 @@ def test_a_call_left_running_that_has_just_succeeded_is_the_report() -> None:
     run = FakeRun(Try("yes", False, result={"late": True}))
     client, _, _, _ = runner([Try("maybe", True, "still running", running=run)] * 3, takes=30.0)
 
-    outcome = client.call(make_request(30))
+    outcome = asyncio.run(client.call(make_request(30)))
 
     assert (outcome.kind, outcome.result, outcome.running) == ("succeeded", {"late": True}, None)
 
@@ -167,14 +168,14 @@ def test_a_call_that_ended_within_a_later_try_leaves_nothing_running() -> None:
         [Try("maybe", True, "still running", running=FakeRun())] + [NOT_APPLIED] * 3, takes=10.0
     )
 
-    outcome = client.call(make_request(30))
+    outcome = asyncio.run(client.call(make_request(30)))
 
     assert outcome.running is None
 
 
 def test_an_order_that_cannot_be_sent_is_refused_before_any_try() -> None:
     client, kind, _, _ = runner([])
-    outcome = client.call(make_request(30, order={"x": float("nan")}))
+    outcome = asyncio.run(client.call(make_request(30, order={"x": float("nan")})))
     assert outcome.kind == "refused" and "cannot be sent as JSON" in outcome.error
     assert kind.calls == []
 

@@ -1,11 +1,11 @@
-"""The runtime's thread pool holds every function's host.json concurrency at once
-(hostrun/pool.py): deployed, locally, and in the example settings."""
+"""The runtime's thread pool holds every synchronous function's host.json concurrency at
+once (hostrun/pool.py): deployed, locally (devhost applies the deployed value when unset:
+devhost/deployed.py), and in the example settings."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,11 +14,14 @@ from typing import Any
 
 import pytest
 
+from devhost import deployed
 from devhost.app_loader import FunctionSpec
+from devhost.settings import ConfigError
 from hostrun import pool
-from hostrun.pool import DEPLOYED_THREADS, SETTING
+from hostrun.pool import SETTING
 
 ROOT = Path(__file__).resolve().parents[2]
+DEPLOYED_THREADS = deployed.settings(ROOT)[SETTING]
 
 
 #: function_app.py's functions as devhost builds them, in a process of their own: the
@@ -90,11 +93,51 @@ def test_the_deployed_pool_holds_every_function_at_once(transport: str) -> None:
     assert int(DEPLOYED_THREADS) >= need, (transport, need)
 
 
-def test_bicep_the_example_settings_and_the_local_stack_set_the_same_pool() -> None:
+def test_async_functions_take_no_pool_thread() -> None:
+    async def agent(**_: Any) -> None:
+        return None
+
+    specs = [spec("queueTrigger"), FunctionSpec("run_agent_x", "queueTrigger", {}, func=agent)]
+    host = {"extensions": {"queues": {"messageEncoding": "none"}}}
+    assert pool.needed(specs, host) == 24  # the sync function's 16 + 8 only
+
+
+def test_bicep_reads_the_deployed_pool_from_the_file_devhost_reads() -> None:
     bicep = (ROOT / "infra" / "app" / "function-app.bicep").read_text(encoding="utf-8")
-    (deployed,) = re.findall(rf"name: '{SETTING}'\s+value: '(\d+)'", bicep)
+    assert f"'{SETTING}'" not in bicep, "set in infra/platform-settings.json, not here"
+    assert "loadJsonContent('../platform-settings.json').appSettings" in bicep
+    assert "platformSettings" in bicep.split("appSettings: concat(", 1)[1]
     example = json.loads((ROOT / "local.settings.example.json").read_text(encoding="utf-8"))
+    assert example["Values"][SETTING] == DEPLOYED_THREADS  # func start reads no Bicep
+
+
+def test_devhost_applies_the_deployed_settings_where_the_environment_sets_none() -> None:
+    environ: dict[str, str] = {}
+    applied = deployed.apply(environ, ROOT)
+    assert environ[SETTING] == DEPLOYED_THREADS and applied.defaults == {SETTING: DEPLOYED_THREADS}
+    assert applied.overridden == {}
+    # an explicit value wins, and is reported beside the deployed one
+    environ = {SETTING: "8"}
+    applied = deployed.apply(environ, ROOT)
+    assert environ[SETTING] == "8" and applied.defaults == {}
+    assert applied.overridden == {SETTING: ("8", DEPLOYED_THREADS)}
+    # an empty value is no value (the runtime would take Python's default)
+    environ = {SETTING: " "}
+    assert deployed.apply(environ, ROOT).defaults == {SETTING: DEPLOYED_THREADS}
+    # an app folder without the file: nothing applied (a test app, another app)
+    environ = {}
+    assert deployed.apply(environ, ROOT / "tests").defaults == {} and environ == {}
+
+
+def test_a_broken_settings_file_is_a_config_error(tmp_path: Path) -> None:
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / "platform-settings.json").write_text('{"appSettings": [{"name": 1}]}')
+    with pytest.raises(ConfigError, match=r"platform-settings\.json"):
+        deployed.settings(tmp_path)
+
+
+def test_the_local_stack_leaves_the_pool_to_devhost() -> None:
     from demo.stack import LocalStack
 
     stack = LocalStack(azurite=SimpleNamespace(connection_string="x"))  # type: ignore[arg-type]
-    assert deployed == example["Values"][SETTING] == stack.env[SETTING] == DEPLOYED_THREADS
+    assert SETTING not in stack.env or SETTING in os.environ

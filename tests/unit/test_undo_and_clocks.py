@@ -8,6 +8,7 @@ report of an attempt was lost to duplicate detection.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import datetime, timedelta
 
@@ -294,7 +295,7 @@ def test_a_retry_after_shorter_than_the_backoff_is_still_honoured_when_neither_f
     r = remote(RemoteClock(), status(503, **{"Retry-After": "3"}))
     # the backoff at its ceiling: 5 s, longer than what the service asked for
     client, _ = make_client(r, rng=MaxRng(), backoff_initial_seconds=5, backoff_max_seconds=5)
-    outcome = client.call(make_request(seconds_left=6))
+    outcome = asyncio.run(client.call(make_request(seconds_left=6)))
     assert outcome.kind == "deferred" and len(r.seen) == 1
     assert outcome.not_before is not None and outcome.not_before >= R0 + timedelta(seconds=5)
 

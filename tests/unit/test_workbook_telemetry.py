@@ -8,6 +8,7 @@ against the names; this checks that the services really emit them, with those va
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -138,7 +139,7 @@ class _Remote:
     def __init__(self, outcome: CallOutcome) -> None:
         self._outcome = outcome
 
-    def call(self, request: AgentRequest) -> CallOutcome:
+    async def call(self, request: AgentRequest) -> CallOutcome:
         return self._outcome
 
 
@@ -159,7 +160,7 @@ def test_an_agents_answer_is_counted_by_agent_outcome_and_applied(
     [request] = s.transport.requests
     worker = AgentWorker(_Remote(outcome), RecordingTransport(), s.clock)  # type: ignore[arg-type]
 
-    assert worker.handle(request) == ReplyOutcome(kind)
+    assert asyncio.run(worker.handle(request)) == ReplyOutcome(kind)
 
     assert request.agent
     assert meter.of("orders.agent_replies") == [
