@@ -29,6 +29,7 @@ from admin.service import OrderAdmin
 from agents.agent import AgentWorker
 from agents.binding import RequestBinding
 from agents.build import build_agent
+from agents.threads import AgentThreads
 from bootstrap import clients
 from core import workflows
 from core.control_view import ControlView
@@ -319,6 +320,12 @@ class AppContext:
                 )
         return agent
 
+    @part
+    def alert_threads(self) -> AgentThreads:
+        """The threads of the poison and dead-letter alert triggers, all of them together
+        (``supervisor.triggers``; alerts are rare: eight, started when needed)."""
+        return AgentThreads("alerts", ALERT_THREADS)
+
     def built_agent(self, name: str) -> AgentWorker | None:
         """The agent ``name`` if it is built already (no I/O: for the event loop)."""
         with _agents_lock:
@@ -396,6 +403,8 @@ class AppContext:
         self.queues.ensure(*self.names.storage_queues())
 
 
+#: The alert triggers' threads (``AppContext.alert_threads``).
+ALERT_THREADS = 8
 _lock = threading.Lock()
 _agents_lock = threading.Lock()
 _context: AppContext | None = None

@@ -11,9 +11,10 @@ and all the other functions wait behind them: the runtime's pool, not host.json,
 then decide what runs. Sized to the sum, each function is bounded by its own host.json
 limits only, and a thread is only started when an invocation needs it.
 
-``async def`` functions (the agents, ``run_agent_<agent>``) take no pool thread: the
-runtime awaits them on its event loop, so they are not counted. What they run on threads
-of their own (storage work, Python handlers) is bounded per agent (``agents.threads``).
+``async def`` functions (the agents, ``run_agent_<agent>``, and the poison and dead-letter
+alert triggers) take no pool thread: the runtime awaits them on its event loop, so they are
+not counted. What they run on threads of their own (storage work, Python handlers) is
+bounded per agent (``agents.threads``) and for the alerts together.
 
 :func:`needed` is that sum for an app's functions; devhost warns at start when the setting
 is below it, and a unit test holds the deployed setting (``infra/platform-settings.json``,

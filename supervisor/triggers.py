@@ -1,20 +1,40 @@
 """The supervisor's blueprint: the deadline sweep on SUPERVISOR_SCHEDULE, and one trigger
 per poison queue (and, on Service Bus, per dead-letter sub-queue) that turns every
-message given up on into an operator alert (``supervisor/poison.py``)."""
+message given up on into an operator alert (``supervisor/poison.py``).
+
+The alert triggers are ``async def``, their storage work on threads of their own
+(``AppContext.alert_threads``, shared by all of them): there are two for each agent, and on the
+runtime's pool, which is sized to hold every synchronous function's host.json
+concurrency at once (``infra/platform-settings.json``), each agent a team declares would
+have added 40 threads to what the pool must hold. Alerts are rare; a burst of them waits
+for these threads, never another function for the pool's."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import azure.functions as func
 
-from bootstrap import app_context, index_time
+from bootstrap import AppContext, app_context, current_app_context, index_time
 from core import names
 from core.settings import SERVICE_BUS, STORAGE, Transport
 from supervisor.expired import EXPIRED_REASON
 from supervisor.poison import Poisoned
 
 bp = func.Blueprint()
+
+
+async def _off_the_loop(work: Callable[[AppContext], object], what: str) -> None:
+    """``work`` (which rides storage trouble out for the trigger's budget) on the alert
+    triggers' threads (``AppContext.alert_threads``), bounded by that budget and a minute
+    more."""
+    ctx = current_app_context()
+    if ctx is None:  # built off the event loop: building it reads the environment
+        ctx = await asyncio.to_thread(app_context)
+    bound = ctx.settings.ride_out_seconds + 60.0
+    await ctx.alert_threads.run(lambda: work(ctx), bound=bound, what=what)
 
 
 @bp.timer_trigger(
@@ -37,12 +57,15 @@ def aggregate_dashboard(timer: func.TimerRequest) -> None:
 
 
 def _poison_queue_trigger(queue: str) -> None:
-    def handler(msg: func.QueueMessage) -> None:
+    async def handler(msg: func.QueueMessage) -> None:
         # The copy on the poison queue has its own dequeue count (1 on its first
         # delivery), not the failures that put it there: say nothing rather than 1.
         body = msg.get_body()
-        ctx = app_context()
-        ctx.ride_out(lambda: ctx.poison.alert(Poisoned(queue, body, None)), what="poison alert")
+
+        def alert(ctx: AppContext) -> None:
+            ctx.ride_out(lambda: ctx.poison.alert(Poisoned(queue, body, None)), what="poison alert")
+
+        await _off_the_loop(alert, "the poison alert")
 
     _register(handler, f"alert_{queue.replace('-', '_')}", queue, queue_trigger=True)
 
@@ -50,7 +73,7 @@ def _poison_queue_trigger(queue: str) -> None:
 def _dead_letter_trigger(queue: str, *, requests: bool) -> None:
     path = f"{queue}/$DeadLetterQueue"
 
-    def handler(msg: func.ServiceBusMessage) -> None:
+    async def handler(msg: func.ServiceBusMessage) -> None:
         props = msg.application_properties or {}
         reason = props.get("DeadLetterReason") or getattr(msg, "dead_letter_reason", None)
         detail = props.get("DeadLetterErrorDescription") or getattr(
@@ -58,25 +81,29 @@ def _dead_letter_trigger(queue: str, *, requests: bool) -> None:
         )
         why = " - ".join(str(x) for x in (reason, detail) if x) or None
         body, deliveries = msg.get_body(), msg.delivery_count
-        if requests and reason == EXPIRED_REASON:
-            # Expired unread: a report that it was not called, not a page (expired.py).
-            ctx = app_context()
-            reported = ctx.ride_out(
-                lambda: ctx.expired_requests.report(body, deliveries),
-                what="expired request report",
+
+        def alert(ctx: AppContext) -> None:
+            if requests and reason == EXPIRED_REASON:
+                # Expired unread: a report that it was not called, not a page (expired.py).
+                reported = ctx.ride_out(
+                    lambda: ctx.expired_requests.report(body, deliveries),
+                    what="expired request report",
+                )
+                if reported:
+                    return
+            ctx.ride_out(
+                lambda: ctx.poison.alert(Poisoned(path, body, deliveries, why)),
+                what="dead-letter alert",
             )
-            if reported:
-                return
-        ctx = app_context()
-        ctx.ride_out(
-            lambda: ctx.poison.alert(Poisoned(path, body, deliveries, why)),
-            what="dead-letter alert",
-        )
+
+        await _off_the_loop(alert, "the dead-letter alert")
 
     _register(handler, f"alert_{queue.replace('-', '_')}_dead_letters", path, queue_trigger=False)
 
 
-def _register(handler: Callable[..., None], name: str, queue: str, *, queue_trigger: bool) -> None:
+def _register(
+    handler: Callable[..., Coroutine[Any, Any, None]], name: str, queue: str, *, queue_trigger: bool
+) -> None:
     handler.__name__ = handler.__qualname__ = name
     if queue_trigger:
         trigger = bp.queue_trigger(arg_name="msg", queue_name=queue, connection=STORAGE)

@@ -72,11 +72,13 @@ def test_every_function_indexes(transport: str, monkeypatch: pytest.MonkeyPatch)
     assert len(names) == len(set(names)), f"function names declared twice: {sorted(names)}"
     missing = CORE_FUNCTIONS - set(names)
     assert not missing, f"function_app.py does not declare {sorted(missing)}"
-    # The agents wait on the network: the worker awaits them on its event loop, never on
-    # its thread pool (agents/triggers.py); every other function is synchronous.
+    # The agents wait on the network, and the alert triggers come two per agent: the worker
+    # awaits them on its event loop, never on its thread pool (agents/triggers.py,
+    # supervisor/triggers.py); every other function is synchronous.
     run_async = {info.name for info in infos if info.is_async}
     agents = {name for name in names if name.startswith("run_agent_")}
-    assert agents and run_async == agents, sorted(run_async ^ agents)
+    alerts = {name for name in names if name.startswith("alert_")}
+    assert agents and alerts and run_async == agents | alerts, sorted(run_async ^ agents)
 
 
 def test_the_indexer_refuses_a_mistyped_trigger(
