@@ -90,3 +90,100 @@ def test_the_bad_input_counts_are_the_catalogues() -> None:
         len(test_bad_input.ORDER_CATALOGUE),
         len(transport.args[1]),
     )
+
+
+# --- links: every relative link in README.md and docs/*.md resolves ------------------------
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^(```|~~~)")
+#: [text](target) and ![alt](target); a target may carry a "title"
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def _prose(text: str) -> list[tuple[int, str]]:
+    """The lines outside fenced code blocks, with inline code spans blanked out."""
+    lines, fenced = [], False
+    for number, line in enumerate(text.splitlines(), 1):
+        if FENCE.match(line.lstrip()):
+            fenced = not fenced
+            continue
+        if not fenced:
+            lines.append((number, re.sub(r"`[^`]*`", "``", line)))
+    return lines
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"<[^>]+>", "", heading)  # inline HTML
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link keeps its text
+    text = text.replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every anchor a link into ``page`` may name: its headings' slugs (with GitHub's
+    ``-1``, ``-2`` for repeats) and its ``<a id=...>`` elements."""
+    text = page.read_text(encoding="utf-8")
+    found: set[str] = set(ANCHOR.findall(text))
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in text.splitlines():
+        if FENCE.match(line.lstrip()):
+            fenced = not fenced
+            continue
+        match = None if fenced else HEADING.match(line)
+        if match:
+            base = slug(match[2])
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def broken_links(pages: list[Path], root: Path = ROOT) -> list[str]:
+    """``page:line: target (why)`` for each relative link that does not resolve."""
+    broken = []
+    for page in pages:
+        for number, line in _prose(page.read_text(encoding="utf-8")):
+            for target in LINK.findall(line):
+                if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+                    continue  # https:, mailto: ...
+                path, _, anchor = target.partition("#")
+                goal = (page.parent / path).resolve() if path else page
+                where = f"{page.relative_to(root)}:{number}: {target}"
+                if not goal.exists():
+                    broken.append(f"{where} (no file {path})")
+                elif anchor and goal.suffix == ".md" and anchor not in anchors(goal):
+                    broken.append(f"{where} (no heading or <a id> {anchor!r} in {goal.name})")
+    return broken
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = broken_links(PAGES)
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path: Path) -> None:
+    """The check above can fail: a missing file, a missing anchor, and a heading's slug."""
+    (tmp_path / "b.md").write_text('# Operator\'s guide: `the` console\n<a id="x-1"></a>\n')
+    page = tmp_path / "a.md"
+    page.write_text(
+        "[ok](b.md#operators-guide-the-console) [ok](b.md#x-1) [ok](#here)\n"
+        "## Here\n[gone](c.md) [no anchor](b.md#nowhere)\n"
+        "```\n[in code](d.md)\n```\n`[in a span](e.md)`\n"
+    )
+    broken = broken_links([page], root=tmp_path)
+    assert [b.split(" (", 1)[0] for b in broken] == ["a.md:3: c.md", "a.md:3: b.md#nowhere"]
+
+
+def test_no_page_names_a_tracker_issue() -> None:
+    """Say what changed, not which ticket asked for it."""
+    named = [
+        f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+        for page in PAGES
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"issue ?#?[0-9]+", line, re.IGNORECASE)
+    ]
+    assert not named, named
