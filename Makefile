@@ -136,7 +136,7 @@ iac-check: .venv-iac/.ok
 ## make test-servicebus: the Service Bus contract tests against a real namespace
 ## (SERVICEBUS_TEST_CONNECTION=<namespace>.servicebus.windows.net or a connection string)
 test-servicebus: deps
-	@test -n "$$SERVICEBUS_TEST_CONNECTION" || { echo "set SERVICEBUS_TEST_CONNECTION (see README)"; exit 2; }
+	@test -n "$$SERVICEBUS_TEST_CONNECTION" || { echo "set SERVICEBUS_TEST_CONNECTION (see docs/local-development.md)"; exit 2; }
 	$(PYTEST) tests/localbus/test_contract.py tests/integration/test_transport_contract.py -q -m servicebus
 
 ## make bench: the benchmarks (pipeline, latency, sweeps, recovery, cpu, isolation: about 9

@@ -459,7 +459,7 @@ class DeployCheck:
                     "orders": self._unreadable_count,
                     "sample": self._unreadable,
                     "detail": "these orders' records cannot be read, whatever is deployed: "
-                    "repair them by hand (the operator's guide)",
+                    "repair them by hand (docs/operating.md)",
                 }
             )
         if not self.target.infra_current:

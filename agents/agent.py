@@ -1,6 +1,6 @@
 """The agent: turns one request into one remote call and always one reply.
 
-The reply says what the attempt did (docs/contracts.md §3.3, README "Failure model"):
+The reply says what the attempt did (docs/contracts.md §3.3, docs/failure-model.md):
 ``succeeded``, ``failed`` (refused: nothing applied), ``transient`` (this order's
 failure; ``applied`` no/maybe) or ``deferred`` (not called, or the remote is down for
 everyone; ``notBefore``). A request that arrives after its deadline is not called and

@@ -25,7 +25,7 @@ nothing (transient: ``applied: no``), with an error that says so.
   retries of their own (``retry_total=0``: the client's retry loop retries) and
   timeouts of the agent's own; each fetch is bounded by the try's time left.
 
-Authentication failures (README "Failure model"):
+Authentication failures (docs/failure-model.md):
 
 - 401 with an Entra token: the token may be stale or revoked. Within the same try, a
   fresh token is fetched once (with the challenge's claims when the remote sent a CAE

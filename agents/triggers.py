@@ -5,7 +5,7 @@ a Storage queue with ``AGENT_TRANSPORT=storage``), so a slow or failing service 
 holds up another's requests, and each function scales and is throttled on its own.
 The agents come from the declarations (``declarations/``, ``core.workflows.AGENTS``),
 read when this module is indexed. (The shared ``agent-requests`` queue of versions
-before agents has no function: README, "Upgrading".)
+before agents has no function: docs/operating.md, "Upgrading".)
 
 The functions are ``async def``: an agent waits on the network (its remote, for up to a
 step's timeout), and the Python runtime awaits async functions on its event loop instead

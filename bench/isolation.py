@@ -73,8 +73,9 @@ from core.model import Order
 from core.timefmt import parse_iso
 from demo.stack import LocalStack
 
-#: What the README's devhost command sets (README, "devhost"): the app's own defaults for
-#: the rest (STEP_TIMEOUT_SECONDS 30, MAX_FAILURE_COUNT 5; the local stack sets others).
+#: What the devhost command of docs/local-development.md sets ("devhost"): the app's own
+#: defaults for the rest (STEP_TIMEOUT_SECONDS 30, MAX_FAILURE_COUNT 5; the local stack
+#: sets others).
 README = {
     "STEP_TIMEOUT_SECONDS": "30",
     "MAX_FAILURE_COUNT": "5",

@@ -44,9 +44,10 @@ figure's target, what was measured and whether it holds:
 The agent queues: ``--transport servicebus`` puts them on localbus (the Service Bus
 double) as deployed, where the agents' triggers are pushed their messages. On the
 default Storage transport devhost wakes a queue's trigger when its own process sends to
-that queue (README, "devhost"), which the Functions host does only for output bindings,
-not for the SDK sends this app makes; so there, a hand-off to an agent (the event's next
-step, a group's calls) is quicker locally than on Storage queues in Azure.
+that queue (docs/local-development.md, "devhost"), which the Functions host does only
+for output bindings, not for the SDK sends this app makes; so there, a hand-off to an
+agent (the event's next step, a group's calls) is quicker locally than on Storage queues
+in Azure.
 
 Every process shares one 2-core machine with whatever else runs on it: each phase carries
 the load averages at its start and end (``machineLoad``) and whose CPU it had (``cpu``:

@@ -2,7 +2,7 @@
 
 - Never anonymous: the routes take the same function key as the operator API (in Azure
   the browser carries it as ``?code=``, which every link and form the page makes keeps);
-  App Service authentication (Entra ID) may stand in front as well (infra/, README).
+  App Service authentication (Entra ID) may stand in front as well (infra/, docs/operating.md).
 - Actions are POSTs that need a CSRF token: a random value in a ``SameSite=Strict``,
   ``HttpOnly`` cookie that must equal the form's ``csrf`` field (double submit: a page on
   another site can neither read the cookie nor make the browser send it). A browser's

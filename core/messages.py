@@ -32,9 +32,10 @@ APPLIED_VALUES: Final = ("no", "maybe")
 
 
 class ReplyOutcome(StrEnum):
-    """How an attempt ended, as its agent reports it (docs/contracts.md §3.3 plus the two the README
-    documents). The words are the product's everywhere (remote, history, console, README),
-    but for one: a refusal travels as ``"failed"``, the word contract 3.3 fixes for it."""
+    """How an attempt ended, as its agent reports it (docs/contracts.md §3.3 plus the two
+    docs/messages-and-state.md documents). The words are the product's everywhere (remote,
+    history, console, docs), but for one: a refusal travels as ``"failed"``, the word
+    contract 3.3 fixes for it."""
 
     SUCCEEDED = "succeeded"  # 2xx
     REFUSED = "failed"  # the remote refused: nothing applied by that try (the wire's word)

@@ -53,7 +53,7 @@ class Names:
     def legacy_requests(self) -> str:
         """The shared request queue of versions before per-agent queues: no function reads
         it; ``python -m admin drain-legacy-requests`` moves what waits there to each
-        request's own agent queue (the upgrade, README)."""
+        request's own agent queue (the upgrade: docs/operating.md, "Upgrading")."""
         return self.agent_requests
 
     def agent_queues(self) -> tuple[str, ...]:

@@ -180,7 +180,7 @@ var storageQueueNames = concat([
   'agent-replies-poison'
 ], agentPoisonQueueNames)
 // The request queues: one per agent (the shared agent-requests of versions before
-// agents is no longer deployed; README, "Upgrading"). What expires in them unread is
+// agents is no longer deployed; docs/operating.md, "Upgrading"). What expires in them unread is
 // dead-lettered and reported as not called (servicebus.bicep).
 var serviceBusRequestQueueNames = agentQueueNames
 var serviceBusQueueNames = concat(serviceBusRequestQueueNames, [
@@ -381,7 +381,7 @@ module alerts 'app/alerts.bicep' = {
   }
 }
 
-// The operators' workbook (README, "Observability"): the console dashboard's figures in
+// The operators' workbook (docs/operating.md, "Observability"): the console dashboard's figures in
 // the portal, linked to Application Insights.
 module workbook 'app/workbook.bicep' = {
   name: 'workbook'

@@ -3,7 +3,7 @@ azure-servicebus SDK talks to, for local runs and tests only (never deployed).
 
 ``python -m localbus --queues a,b`` runs one; :class:`localbus.process.LocalBus` starts one
 as a child process. The rules it keeps are in ``localbus.entities``; the wire protocol in
-``localbus.broker``; what it does not imitate is in the README ("A local Service Bus").
+``localbus.broker``; what it does not imitate is in docs/local-development.md ("localbus").
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 
 One Proton reactor thread does everything (no locks): connections, the queues of
 ``localbus.entities`` and a timer that ends lapsed locks and expires messages. What the
-SDK needs from a broker (see /work/shared/FACTS.md, "Service Bus over AMQP"):
+SDK needs from a broker (Service Bus's AMQP 1.0 protocol guide,
+https://learn.microsoft.com/azure/service-bus-messaging/service-bus-amqp-protocol-guide, and
+its request/response operations,
+https://learn.microsoft.com/azure/service-bus-messaging/service-bus-amqp-request-response;
+the rest is how the SDK behaves, as ``tests/localbus/test_contract.py`` states it):
 
 - SASL ANONYMOUS and plain AMQP (``UseDevelopmentEmulator=true`` connection strings);
 - ``$cbs``: every ``put-token`` is accepted. The request names no ``reply_to``: the answer

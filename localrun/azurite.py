@@ -3,7 +3,7 @@
 Azurite runs from the project's pinned npm package (``node_modules/.bin/azurite``), on
 127.0.0.1, on free ports chosen at start, persisting to a fresh temporary folder. Disk
 persistence on purpose: ``--inMemoryPersistence`` freezes under steady queue traffic (see
-the README's design notes).
+docs/contracts.md, "Azurite and tools").
 
     with Azurite.start() as azurite:
         os.environ["AzureWebJobsStorage"] = azurite.connection_string

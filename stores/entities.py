@@ -328,6 +328,6 @@ def parse_stored(order_id: str, rows: Sequence[Any]) -> Order | None:
     except PARSE_ERRORS as exc:
         raise CorruptOrder(
             f"order {order_id}'s stored records cannot be read "
-            f"({type(exc).__name__}: {exc}); repair them by hand (see the operator's guide)",
+            f"({type(exc).__name__}: {exc}); repair them by hand (see docs/operating.md)",
             order_id=order_id,
         ) from exc

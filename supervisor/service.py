@@ -30,7 +30,7 @@ log = get_logger(__name__)
 
 #: Clock skew allowance between instances (see ``Order.expire``). Agents stop 0.5-5 s
 #: before a deadline, so a skew of up to about 1 s costs nothing; a larger one costs a
-#: retry, never correctness (README, "Deadline fencing and skew"). Short, because every
+#: retry, never correctness (docs/design.md, "Deadline fencing and skew"). Short, because every
 #: expired step waits this long, on top of the supervisor's period, for its retry.
 SKEW_GRACE = timedelta(seconds=0.5)
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
@@ -175,6 +176,16 @@ def app_function(name: str) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(user):
         return lambda *args, **kwargs: asyncio.run(user(*args, **kwargs))
     return user
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], connection: str, *args: str) -> tuple[int, Any]:
+    """``python -m admin --connection <connection> <args>``, in this process: its exit code
+    and its JSON output (an object, or a list for ``alerts`` and ``kept``), captured by
+    ``capsys``."""
+    from admin.__main__ import main
+
+    code = main(["--connection", connection, *args])
+    return code, json.loads(capsys.readouterr().out)
 
 
 def installed(storage_connection: str, tag: str) -> Iterator[AppContext]:

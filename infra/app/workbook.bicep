@@ -1,5 +1,5 @@
 // The operators' workbook: the figures of the console's dashboard in the portal, for
-// people who never open the console (README, "Observability"). Its content is
+// people who never open the console (docs/operating.md, "Observability"). Its content is
 // workbook.json (the workbook schema, Notebook/1.0), kept as a file so that a review
 // reads its queries; tests/infra/test_workbook.py checks every metric name and custom
 // dimension they read against what the app emits. Its placeholders name the resources

@@ -77,7 +77,7 @@ for ($try = 1; ; $try++) {
 
 switch ($status) {
     0 { Write-Host "deploy-check: safe to $Phase" }
-    1 { Write-Host "deploy-check: REFUSED: the JSON above names the orders in flight and what they still need (README, 'Upgrading'). To $Phase anyway: set SKIP_DEPLOY_CHECK=true" }
+    1 { Write-Host "deploy-check: REFUSED: the JSON above names the orders in flight and what they still need (docs/operating.md, 'Upgrading'). To $Phase anyway: set SKIP_DEPLOY_CHECK=true" }
     default { Write-Host "deploy-check: could not check (exit $status, JSON above); to $Phase without the check: set SKIP_DEPLOY_CHECK=true" }
 }
 exit $status

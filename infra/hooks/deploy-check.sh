@@ -2,7 +2,7 @@
 # The deploy guard, as azd runs it before `provision` and before `deploy` (azure.yaml,
 # hooks): python -m admin deploy-check against this environment's storage account, with
 # your az / azd login. It fails the azd command when the declarations about to deploy
-# remove an agent or a step that orders in flight still need (README, "Upgrading").
+# remove an agent or a step that orders in flight still need (docs/operating.md, "Upgrading").
 #
 #   sh infra/hooks/deploy-check.sh provision|deploy
 #
@@ -93,7 +93,7 @@ done
 case "$status" in
 0) echo "deploy-check: safe to $phase" >&2 ;;
 1) echo "deploy-check: REFUSED: the JSON above names the orders in flight and what they" \
-    "still need (README, \"Upgrading\"). To $phase anyway: SKIP_DEPLOY_CHECK=true azd $phase" >&2 ;;
+    "still need (docs/operating.md, \"Upgrading\"). To $phase anyway: SKIP_DEPLOY_CHECK=true azd $phase" >&2 ;;
 *) echo "deploy-check: could not check (exit $status, JSON above); to $phase without the" \
     "check: SKIP_DEPLOY_CHECK=true azd $phase" >&2 ;;
 esac

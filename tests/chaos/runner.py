@@ -577,7 +577,7 @@ def exhausted_bound(orders: int) -> int:
     Random faults are at most RANDOM_FAULTS_PER_KEY per key, so each such step lost at
     least 6 attempts to process deaths or held-back replies, one after the other, while
     each attempt gets a fresh deadline and the kills stop after ``chaos_seconds``. Three
-    250-order runs (README, Tests) had none. One in 100 orders, and at least one, leaves
+    250-order runs (docs/local-development.md, "Tests") had none. One in 100 orders, and at least one, leaves
     room for chance; more means retries are not getting through the chaos.
     """
     return max(1, orders // 100)

@@ -63,7 +63,7 @@ def test_a_slow_agent_does_not_delay_another_agents_steps() -> None:
 
 #: The e2e bound on p50 beside the slow carrier / p50 alone: the target. The benchmark
 #: (``python -m bench.isolation``: two instances, 120 slow orders, 30 orders a window,
-#: README "Isolation") reports the real figures.
+#: docs/benchmarks.md, "Isolation") reports the real figures.
 ISOLATION_BOUND = 2.0
 
 

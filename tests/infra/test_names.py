@@ -123,7 +123,7 @@ def test_service_bus_queues_detect_duplicates_and_dead_letter() -> None:
 
 def test_every_agent_queue_is_deployed_alike() -> None:
     """Each agent's request queue has the same properties, exactly; the shared queue of
-    versions before agents is not deployed (README, "Upgrading")."""
+    versions before agents is not deployed (docs/operating.md, "Upgrading")."""
     first, *others = names.Names().agent_queues()
     for queue in others:
         assert _queue_properties(queue) == _queue_properties(first), queue

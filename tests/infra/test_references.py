@@ -115,7 +115,7 @@ def test_azure_yaml_deploys_one_python_function_service() -> None:
 
 
 def test_azure_yaml_runs_the_deploy_guard_before_provision_and_deploy() -> None:
-    """python -m admin deploy-check, through infra/hooks/deploy-check.* (README,
+    """python -m admin deploy-check, through infra/hooks/deploy-check.* (docs/operating.md,
     "Upgrading"); a failed check fails the command (no continueOnError)."""
     import yaml
 

@@ -1,5 +1,6 @@
 """Fixtures shared by the integration tests: a simulator per module, a settable clock, and
-the pipeline's context on both (modules that need another ``ctx`` define their own)."""
+the pipeline's context on both (modules that need another ``ctx`` define their own); and
+the app on the default table and queue names, as the CLI uses them (``default_ctx``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bootstrap import AppContext
+from bootstrap import AppContext, bootstrap
 from simulator import SimulatorServer
-from tests.support import FakeClock, make_context
+from tests.support import FakeClock, make_context, settings_from
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +49,20 @@ def ctx(
         timeout=30,
         inline_replies=inline_replies,
     )
+
+
+@pytest.fixture
+def default_ctx(storage_connection: str) -> AppContext:
+    """The app on the default table and queue names (those ``python -m admin`` uses), its
+    tables and queues created; no remote service answers."""
+    context = bootstrap(
+        settings_from(
+            {
+                "AzureWebJobsStorage": storage_connection,
+                "AGENT_TRANSPORT": "storage",
+                "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
+            }
+        )
+    )
+    context.provision()
+    return context

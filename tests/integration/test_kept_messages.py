@@ -18,11 +18,10 @@ from azure.functions.queue import QueueMessage
 
 os.environ.setdefault("AGENT_TRANSPORT", "storage")
 
-from admin.__main__ import main
-from bootstrap import AppContext, bootstrap
+from bootstrap import AppContext
 from messaging.quarantine import quarantine
 from stores.kept import MAX_RECORD_BYTES, PREVIEW_CHARS, KeptMessages
-from tests.support import app_function, drain, drain_json, installed, settings_from
+from tests.support import app_function, drain, drain_json, installed, run_cli
 
 EMOJI = "\U0001f600"
 QUEUE_LIMIT = 65_536
@@ -116,10 +115,6 @@ def test_a_large_malformed_agent_request_is_quarantined_with_a_kept_copy_and_ale
     ]  # kept once, not again by the alert
 
 
-@pytest.mark.skipif(
-    not hasattr(AppContext, "kept"),
-    reason="needs the wiring: AppContext.kept, passed as keeper= to quarantine() by the triggers",
-)
 def test_an_agent_quarantines_a_large_malformed_request_with_a_kept_copy(
     ctx: AppContext, tag: str
 ) -> None:
@@ -133,26 +128,6 @@ def test_an_agent_quarantines_a_large_malformed_request_with_a_kept_copy(
 
 
 # --- python -m admin kept (default names, as the CLI uses them) -------------------------------
-
-
-@pytest.fixture
-def default_ctx(storage_connection: str) -> AppContext:
-    context = bootstrap(
-        settings_from(
-            {
-                "AzureWebJobsStorage": storage_connection,
-                "AGENT_TRANSPORT": "storage",
-                "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
-            }
-        )
-    )
-    context.provision()
-    return context
-
-
-def run(capsys: pytest.CaptureFixture[str], connection: str, *args: str) -> tuple[int, Any]:
-    code = main(["--connection", connection, *args])
-    return code, json.loads(capsys.readouterr().out)
 
 
 def take_record(ctx: AppContext, queue: str, marker: str) -> dict[str, Any]:
@@ -182,29 +157,29 @@ def test_the_cli_lists_shows_and_deletes_kept_messages(
     )
     quarantined = take_record(default_ctx, "agent-requests-orders-poison", marker)
 
-    code, listed = run(capsys, storage_connection, "kept")
+    code, listed = run_cli(capsys, storage_connection, "kept")
     assert code == 0
     rows = {k["keptAs"]: k for k in listed}
     assert rows[rejected["keptAs"]]["queue"] == "orders-rejected"
     assert rows[rejected["keptAs"]]["length"] == len(order)
     assert rows[quarantined["keptAs"]]["queue"] == "agent-requests-orders-poison"
     assert marker in rows[quarantined["keptAs"]]["preview"]
-    code, listed = run(capsys, storage_connection, "kept", "list", "--limit", "1")
+    code, listed = run_cli(capsys, storage_connection, "kept", "list", "--limit", "1")
     assert code == 0 and len(listed) == 1
 
     for record, original in ((rejected, order), (quarantined, request)):
-        code, shown = run(capsys, storage_connection, "kept", "show", record["keptAs"])
+        code, shown = run_cli(capsys, storage_connection, "kept", "show", record["keptAs"])
         assert code == 0 and shown["text"] == original and shown["encoding"] == "text"
         assert shown["truncated"] is False and shown["reason"]
 
     row = rejected["keptAs"]
-    code, shown = run(capsys, storage_connection, "kept", row)  # the short form
+    code, shown = run_cli(capsys, storage_connection, "kept", row)  # the short form
     assert code == 0 and shown["text"] == order
-    assert run(capsys, storage_connection, "kept", "delete", row) == (0, {"deleted": row})
-    code, missing = run(capsys, storage_connection, "kept", "show", row)
+    assert run_cli(capsys, storage_connection, "kept", "delete", row) == (0, {"deleted": row})
+    code, missing = run_cli(capsys, storage_connection, "kept", "show", row)
     assert code == 4 and row in missing["error"]
-    code, _ = run(capsys, storage_connection, "kept", "delete", row)
+    code, _ = run_cli(capsys, storage_connection, "kept", "delete", row)
     assert code == 4
-    code, _ = run(capsys, storage_connection, "kept", "show", "no/such#row")
+    code, _ = run_cli(capsys, storage_connection, "kept", "show", "no/such#row")
     assert code == 4
-    assert run(capsys, storage_connection, "kept", "delete", quarantined["keptAs"])[0] == 0
+    assert run_cli(capsys, storage_connection, "kept", "delete", quarantined["keptAs"])[0] == 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import azure.functions as func
 import pytest
 
+from devhost import servicebus
 from devhost.app_loader import FunctionSpec
 from devhost.host import DevHost
 from devhost.servicebus import (
@@ -80,23 +83,36 @@ class FakeReceiver:
         self.batches = batches
         self.completed: list[str] = []
         self.abandoned: list[str] = []
+        self.receives = 0
         self.closed = False
         self.drained = threading.Event()
+        self.changed = threading.Condition()  # a receive, a complete or an abandon
+
+    def wait_until(self, done: Callable[[], bool], timeout: float = 5.0) -> bool:
+        """Wait for what the listener does to this receiver to make ``done`` true."""
+        with self.changed:
+            return self.changed.wait_for(done, timeout)
+
+    def _note(self, change: Callable[[], None]) -> None:
+        with self.changed:
+            change()
+            self.changed.notify_all()
 
     def receive_messages(
         self, max_message_count: int | None = 1, max_wait_time: float | None = None
     ) -> list[Any]:
+        self._note(lambda: setattr(self, "receives", self.receives + 1))
         if self.batches:
             return self.batches.pop(0)
         self.drained.set()
-        time.sleep(0.01)
+        time.sleep(0.01)  # an empty receive waits a little, as the SDK's does
         return []
 
     def complete_message(self, message: Any) -> None:
-        self.completed.append(message.message_id)
+        self._note(lambda: self.completed.append(message.message_id))
 
     def abandon_message(self, message: Any) -> None:
-        self.abandoned.append(message.message_id)
+        self._note(lambda: self.abandoned.append(message.message_id))
 
     def close(self) -> None:
         self.closed = True
@@ -249,13 +265,20 @@ def test_settle_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -
 
 
 def test_closing_a_hung_receiver_is_bounded() -> None:
+    hung, closing = threading.Event(), threading.Event()
+
     class Hangs:
         def close(self) -> None:
-            time.sleep(10)
+            closing.set()
+            hung.wait(30)
 
     started = time.monotonic()
-    assert close_within(Hangs(), timeout=0.2) is False
-    assert time.monotonic() - started < 2
+    try:
+        assert close_within(Hangs(), timeout=0.2) is False
+        assert time.monotonic() - started < 2
+        assert closing.is_set() and not hung.is_set()  # it gave up while close still hung
+    finally:
+        hung.set()
 
 
 def test_not_configured_means_skipped_with_a_reason() -> None:
@@ -288,12 +311,13 @@ def test_a_bad_connection_string_is_a_config_error() -> None:
 
 
 def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
-    never = threading.Event()
+    never, receiving = threading.Event(), threading.Event()
 
     class Silent(FakeReceiver):
         def receive_messages(
             self, max_message_count: int | None = 1, max_wait_time: float | None = None
         ) -> list[Any]:
+            receiving.set()
             never.wait(30)  # ignores max_wait_time, as a hung connection would
             return []
 
@@ -309,7 +333,7 @@ def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
     )
     stop = threading.Event()
     devhost.start(stop)
-    time.sleep(0.1)
+    assert receiving.wait(5)  # the listener is stuck in its receive
     stop.set()
     started = time.monotonic()
     assert devhost.stop(grace_seconds=1.0) is True
@@ -340,17 +364,13 @@ def test_the_pump_runs_the_next_message_while_one_is_still_running() -> None:
     stop = threading.Event()
     thread = listener.start(stop)
     try:
-        for _ in range(500):
-            if receiver.completed:
-                break
-            time.sleep(0.01)
-        assert receiver.completed == ["b"]  # settled while "a" still runs
+        # settled while "a" still runs (it waits for release)
+        assert receiver.wait_until(lambda: receiver.completed == ["b"]), receiver.completed
+        settled_at = receiver.receives
+        assert receiver.wait_until(lambda: receiver.receives > settled_at)  # a round after it
         assert listener.in_flight == 1
         release.set()
-        for _ in range(500):
-            if len(receiver.completed) == 2:
-                break
-            time.sleep(0.01)
+        assert receiver.wait_until(lambda: len(receiver.completed) == 2)
         assert receiver.completed == ["b", "a"]
     finally:
         release.set()
@@ -359,7 +379,9 @@ def test_the_pump_runs_the_next_message_while_one_is_still_running() -> None:
     assert listener.in_flight == 0 and not thread.is_alive()
 
 
-def test_a_stop_lets_running_messages_finish_and_settles_them() -> None:
+def test_a_stop_lets_running_messages_finish_and_settles_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     started, release = threading.Event(), threading.Event()
 
     def slow(message: func.ServiceBusMessage) -> None:
@@ -375,12 +397,22 @@ def test_a_stop_lets_running_messages_finish_and_settles_them() -> None:
         renewer_factory=FakeRenewer,
     )
     stop = threading.Event()
+    # The listener, stopped, waits for what runs (concurrent.futures.wait): say when.
+    draining = threading.Event()
+
+    def wait_for_running(*args: Any, **kwargs: Any) -> Any:
+        if stop.is_set():
+            draining.set()
+        return futures_wait(*args, **kwargs)
+
+    monkeypatch.setattr(servicebus, "wait", wait_for_running)
     thread = listener.start(stop)
     try:
         assert started.wait(5)
         stop.set()
-        time.sleep(0.2)
+        assert draining.wait(5), "the stopped listener did not wait for its running message"
         assert listener.in_flight == 1 and receiver.completed == []  # still running
+        assert receiver.abandoned == [] and not receiver.closed
         release.set()
         thread.join(5)
     finally:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-import time
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -211,6 +210,23 @@ def test_3_a_handler_running_on_holds_its_steps_compensation_until_it_ends() -> 
     assert refund.not_before < later + skew + IN_FLIGHT_GRACE
 
 
+class SignallingTransport(RecordingTransport):
+    """The reply queue, telling a waiting test when a run's renewal and its end arrive."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewed = threading.Event()
+        self.run_ended = threading.Event()
+
+    def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
+        sent = super().send_reply(reply, reply_to)
+        if reply.run_ended:
+            self.run_ended.set()
+        elif len(self.replies) > 1 and reply.running_until is not None:
+            self.renewed.set()
+        return sent
+
+
 def test_3_the_agent_reports_a_handler_that_outlives_its_attempt_and_its_outcome() -> None:
     release = threading.Event()
 
@@ -221,16 +237,15 @@ def test_3_the_agent_reports_a_handler_that_outlives_its_attempt_and_its_outcome
     client = python_client(slow, max_try_seconds=0.2)
     client.kind.lease_seconds = 0.3
     clock = FakeClock()
-    transport = RecordingTransport()
+    transport = SignallingTransport()
     request = make_request(2)
     asyncio.run(AgentWorker(client, transport, clock, sleep=clock.sleep).handle(request))
     first = transport.replies[0][0]
     assert first.applied == "maybe" and first.running_until is not None
-    time.sleep(0.35)  # a renewal while it runs
+    assert transport.renewed.wait(10), "no renewal while the handler ran"
+    assert not transport.run_ended.is_set()  # the handler is still held by release
     release.set()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and transport.replies[-1][0].outcome != "succeeded":
-        time.sleep(0.02)
+    assert transport.run_ended.wait(10), "the handler's end was not reported"
     outcomes = [(r.outcome, r.running_until is not None) for r, _ in transport.replies]
     assert ("transient", True) in outcomes[1:-1]  # the renewal
     runner = first.runner
@@ -629,11 +644,15 @@ def test_review_a_run_that_never_ends_is_given_up_on_after_the_cap() -> None:
     run = _Running(future, FakeClock(), 0.06, "stock", max_hold=0.1)
     beats: list[datetime] = []
     ended: list[Any] = []
-    run.watch(beats.append, ended.append)
-    deadline = time.monotonic() + 3
-    while not ended and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ended and ended[0].applied == "maybe" and "given up" in ended[0].error
+    reported = threading.Event()
+
+    def end(outcome: Any) -> None:
+        ended.append(outcome)
+        reported.set()
+
+    run.watch(beats.append, end)
+    assert reported.wait(10), "a run past its cap was never given up on"
+    assert ended[0].applied == "maybe" and "given up" in ended[0].error
     assert beats  # renewed while it was held
     # it ends at last, after the cap: its outcome is still reported (a late answer)
     from agents.outcomes import Try

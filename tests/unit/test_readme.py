@@ -1,6 +1,7 @@
-"""The README stays true where a test can check it cheaply: its table of functions against
-what ``function_app.py`` registers, its settings table against ``core/settings.py``, and
-the size of the bad-input catalogue it quotes against the catalogue itself."""
+"""The README and docs/ stay true where a test can check it cheaply: the README's table of
+functions against what ``function_app.py`` registers, its settings table against
+``core/settings.py``, the size of the bad-input catalogue docs/messages-and-state.md
+quotes against the catalogue itself, and every relative link between the pages."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from core.workflows import AGENTS
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+MESSAGES = (ROOT / "docs" / "messages-and-state.md").read_text(encoding="utf-8")
 
 
 def _table_after(header: str) -> list[str]:
@@ -79,7 +81,7 @@ def test_the_settings_table_names_every_setting_the_code_reads() -> None:
 def test_the_bad_input_counts_are_the_catalogues() -> None:
     from tests.integration import test_bad_input
 
-    match = re.search(r"(\d+) kinds of bad order and (\d+) kinds of bad transport", README)
+    match = re.search(r"(\d+) kinds of bad order and (\d+) kinds of bad transport", MESSAGES)
     assert match is not None
     transport = next(
         m
@@ -90,3 +92,106 @@ def test_the_bad_input_counts_are_the_catalogues() -> None:
         len(test_bad_input.ORDER_CATALOGUE),
         len(transport.args[1]),
     )
+
+
+# --- links: every relative link in README.md and docs/*.md resolves ------------------------
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"^(```|~~~)")
+#: [text](target) and ![alt](target); a target may carry a "title"
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+ANCHOR = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def _prose(text: str) -> str:
+    """``text`` with fenced code blocks and inline code spans blanked out, lines kept (a
+    link's text may run over two lines)."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if FENCE.match(line.lstrip()):
+            fenced = not fenced
+            lines.append("")
+        else:
+            lines.append("" if fenced else re.sub(r"`[^`]*`", "``", line))
+    return "\n".join(lines)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lowercase, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"<[^>]+>", "", heading)  # inline HTML
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link keeps its text
+    text = text.replace("`", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    """Every anchor a link into ``page`` may name: its headings' slugs (with GitHub's
+    ``-1``, ``-2`` for repeats) and its ``<a id=...>`` elements."""
+    text = page.read_text(encoding="utf-8")
+    found: set[str] = set(ANCHOR.findall(text))
+    seen: dict[str, int] = {}
+    fenced = False
+    for line in text.splitlines():
+        if FENCE.match(line.lstrip()):
+            fenced = not fenced
+            continue
+        match = None if fenced else HEADING.match(line)
+        if match:
+            base = slug(match[2])
+            count = seen.get(base, 0)
+            seen[base] = count + 1
+            found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def broken_links(pages: list[Path], root: Path = ROOT) -> list[str]:
+    """``page:line: target (why)`` for each relative link that does not resolve."""
+    broken = []
+    for page in pages:
+        prose = _prose(page.read_text(encoding="utf-8"))
+        for match in LINK.finditer(prose):
+            target, number = match[1], prose.count("\n", 0, match.start(1)) + 1
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.IGNORECASE):
+                continue  # https:, mailto: ...
+            path, _, anchor = target.partition("#")
+            goal = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(root)}:{number}: {target}"
+            if not goal.exists():
+                broken.append(f"{where} (no file {path})")
+            elif anchor and goal.suffix == ".md" and anchor not in anchors(goal):
+                broken.append(f"{where} (no heading or <a id> {anchor!r} in {goal.name})")
+    return broken
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = broken_links(PAGES)
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_link_check_finds_a_broken_link(tmp_path: Path) -> None:
+    """The check above can fail: a missing file, a missing anchor, and a heading's slug."""
+    (tmp_path / "b.md").write_text('# Operator\'s guide: `the` console\n<a id="x-1"></a>\n')
+    page = tmp_path / "a.md"
+    page.write_text(
+        "[ok](b.md#operators-guide-the-console) [ok](b.md#x-1) [ok](#here)\n"
+        "## Here\n[gone](c.md) [no anchor](b.md#nowhere) [over two\nlines](f.md)\n"
+        "```\n[in code](d.md)\n```\n`[in a span](e.md)`\n"
+    )
+    broken = broken_links([page], root=tmp_path)
+    assert [b.split(" (", 1)[0] for b in broken] == [
+        "a.md:3: c.md",
+        "a.md:3: b.md#nowhere",
+        "a.md:4: f.md",
+    ]
+
+
+def test_no_page_names_a_tracker_issue() -> None:
+    """Say what changed, not which ticket asked for it."""
+    named = [
+        f"{page.relative_to(ROOT)}:{number}: {line.strip()}"
+        for page in PAGES
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"issue ?#?[0-9]+", line, re.IGNORECASE)
+    ]
+    assert not named, named

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from simulator import SimulatorServer
+from simulator import SimulatorServer, identity
 from simulator.__main__ import build_parser
 from simulator.identity import IdentityEndpoint, audience_of, parse_rule
 
@@ -117,12 +117,27 @@ def test_other_steps_need_no_token(sim: SimulatorServer) -> None:
     assert answer.status_code == 200
 
 
-def test_an_expired_or_revoked_token_is_refused(sim: SimulatorServer) -> None:
+class FakeTime:
+    """``time`` as ``simulator.identity`` reads it (``time.time()``), moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_an_expired_or_revoked_token_is_refused(
+    sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = FakeTime()
+    monkeypatch.setattr(identity, "time", clock)
     sim.identity.configure(token_seconds=1)
     short = token(sim).json()["access_token"]
     sim.identity.configure(token_seconds=3600)
     kept = token(sim).json()["access_token"]
-    time.sleep(1.1)
+    assert ship(sim, f"Bearer {short}").status_code == 200  # good until it expires
+    clock.now += 1.1
 
     expired = ship(sim, f"Bearer {short}")
     assert (expired.status_code, expired.json()["error"]) == (401, "The token has expired.")
