@@ -221,7 +221,7 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
     and the default queue names; no broker is needed to call them."""
     script = textwrap.dedent(
         """
-        import json, sys, function_app
+        import asyncio, inspect, json, sys, function_app
 
         class DeadLetter:
             def __init__(self, body, props):
@@ -237,11 +237,13 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
         functions = {f.get_function_name(): f.get_user_function()
                      for f in function_app.app.get_functions()}
         for queue, order in json.loads(sys.argv[1]):
-            functions[f"alert_{queue.replace('-', '_')}_dead_letters"](DeadLetter(
+            done = functions[f"alert_{queue.replace('-', '_')}_dead_letters"](DeadLetter(
                 json.dumps({"orderId": order, "step": "ship"}).encode(),
                 {"DeadLetterReason": "TTLExpiredException",
                  "DeadLetterErrorDescription": "the message expired"},
             ))
+            if inspect.iscoroutine(done):  # async: the worker awaits it on its loop
+                asyncio.run(done)
         """
     )
     orders = [["agent-requests-carrier", f"{tag}-dq"], ["agent-replies", f"{tag}-dp"]]
