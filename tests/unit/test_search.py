@@ -6,12 +6,16 @@ the operator's listing that reads them and checks each order it names. On Azurit
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from admin import __main__ as cli
+from admin.query import parse_filter
 from core.flow import StepSpec, Workflow
 from core.messages import ReplyOutcome
 from core.plans import Plan
@@ -305,3 +309,56 @@ def test_what_a_search_reads_grows_with_the_orders_that_match_not_with_all(other
     assert [o["orderId"] for o in page["orders"]] == ["the-one"]
     # one search row read, one order loaded (its two records): whatever else is stored
     assert seen == {"rows": 1 + 2, "loads": 1}
+
+
+# --- the query string ----------------------------------------------------------------------
+
+
+def test_the_query_string_names_a_search_by_a_declared_field() -> None:
+    assert parse_filter({"customerId": "c-1"}) == ListFilter(None, search=CUSTOMER)
+    assert parse_filter({"customerId": "c-1", "status": "error"}) == ListFilter(
+        OrderStatus.ERROR, search=CUSTOMER
+    )
+    assert parse_filter({"customerId": "", "status": "error"}) == ListFilter(OrderStatus.ERROR)
+    assert parse_filter({"email": "a b@x", "code": "key"}).search == ("email", "a b@x")
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({"phone": "1"}, "'phone' is not a field orders can be searched by"),
+        ({"phone": "1"}, "customerId (checkout, fulfilment, order); email (fulfilment)"),
+        ({"customerId": "c", "email": "e"}, "search one field at a time"),
+        ({"customerId": "x" * (MAX_VALUE_CHARS + 1)}, "at most 256 characters"),
+        ({"customerId": ""}, "give ?status="),
+        ({"customerId": "c", "status": "lost"}, "give ?status= one of"),
+    ],
+)
+def test_a_search_the_list_cannot_make_says_what_it_can(params: dict[str, str], says: str) -> None:
+    with pytest.raises(ValueError, match=None) as refused:
+        parse_filter(params)
+    assert says in str(refused.value)
+
+
+def cli_where(**kw: Any) -> Callable[[], ListFilter]:
+    args = argparse.Namespace(**{"status": None, "workflow": None, "where": None, **kw})
+    return lambda: cli._where(args)
+
+
+def test_the_cli_searches_with_where() -> None:
+    assert cli_where(where="customerId=c-1")() == ListFilter(None, search=CUSTOMER)
+    assert cli_where(where="email=a=b", status="error")() == ListFilter(
+        OrderStatus.ERROR, search=("email", "a=b")
+    )
+    for wrong, says in (
+        ({"where": "customerId"}, "FIELD=VALUE"),
+        ({"where": "customerId="}, "needs a value"),
+        ({"where": "status=error"}, "FIELD=VALUE"),
+        ({"where": "phone=1"}, "not a field orders can be searched by"),
+        ({}, "give --status, or --where"),
+    ):
+        with pytest.raises(ValueError) as refused:
+            cli_where(**wrong)()
+        assert says in str(refused.value)
+    parsed = cli.parse_args(["orders", "--where", "customerId=c-1"])
+    assert parsed.command == "orders" and parsed.where == "customerId=c-1"
