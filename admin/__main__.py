@@ -2,6 +2,8 @@
 
     python -m admin show ORDER_ID
     python -m admin list --status error [--page-size 50] [--token T] [--all]
+    python -m admin orders --where FIELD=VALUE [--status S] [--workflow W] [--page-size 50]
+                           [--token T] [--all]
     python -m admin resubmit ORDER_ID [--reason TEXT] [--patch JSON|@FILE] [--as NAME]
     python -m admin cancel ORDER_ID [--reason TEXT] [--not-applied STEP] [--as NAME]
     python -m admin event ORDER_ID NAME (--result JSON | --refuse REASON) [--reason TEXT]
@@ -90,6 +92,7 @@ from azure.core.exceptions import AzureError
 from admin import deploycheck, inflight
 from admin.agents import apply_change, parse_change
 from admin.drain import drain
+from admin.query import LIST_PARAMS, parse_filter, searchable_text
 from admin.retention import show_or_where
 from bootstrap import (
     AppContext,
@@ -110,6 +113,7 @@ from core.errors import (
 )
 from core.names import Names, poison
 from core.orders import strict_json
+from core.ports import ListFilter
 from core.retention import ARCHIVABLE, parse_duration
 from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE
 from core.states import OrderStatus
@@ -266,8 +270,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     sub = parser.add_subparsers(dest="command", required=True)
     show = sub.add_parser("show", help="an order with every step and attempt")
     show.add_argument("order_id")
-    listing = sub.add_parser("list", help="orders with a status, a page at a time")
-    listing.add_argument("--status", required=True, choices=[s.value for s in OrderStatus])
+    listing = sub.add_parser(
+        "list",
+        aliases=["orders"],
+        help="orders with a status, or found by a field (--where), a page at a time",
+    )
+    listing.add_argument(
+        "--status",
+        default=None,
+        choices=[s.value for s in OrderStatus],
+        help="orders with this status (required without --where)",
+    )
+    listing.add_argument(
+        "--where",
+        default=None,
+        metavar="FIELD=VALUE",
+        help="orders whose data has exactly VALUE in FIELD, a field a workflow searches by "
+        "(Workflow(..., search=...)); of any status unless --status names one",
+    )
+    listing.add_argument("--workflow", default=None, help="only orders of this workflow")
     listing.add_argument("--page-size", type=int, default=50)
     listing.add_argument("--token", default=None, help="continuationToken of the last page")
     listing.add_argument("--all", action="store_true", help="follow every page")
@@ -474,13 +495,13 @@ def _run(ctx: AppContext, args: argparse.Namespace) -> int:
     admin = ctx.admin
     if args.command == "show":
         _print(show_or_where(admin, ctx.retainer, args.order_id))
-    elif args.command == "list":
-        status = OrderStatus(args.status)
-        page = admin.page(status, args.page_size, args.token)
+    elif args.command in ("list", "orders"):
+        where = _where(args)
+        page = admin.page(where, args.page_size, args.token)
         if args.all:
             orders = list(page["orders"])
             while page["continuationToken"]:
-                page = admin.page(status, args.page_size, page["continuationToken"])
+                page = admin.page(where, args.page_size, page["continuationToken"])
                 orders += page["orders"]
             page = {"orders": orders, "continuationToken": None}
         _print(page)
@@ -526,6 +547,24 @@ def _run(ctx: AppContext, args: argparse.Namespace) -> int:
         ctx.queues.client(ctx.names.orders).send_message(json.dumps(body))
         _print({"submitted": body.get("orderId"), "queue": ctx.names.orders})
     return 0
+
+
+def _where(args: argparse.Namespace) -> ListFilter:
+    """``list`` / ``orders``: the filter of ``GET /api/orders`` (``admin.query``), a
+    ValueError (exit 2) saying what to give instead."""
+    params = {"status": args.status or "", "workflow": args.workflow or ""}
+    if args.where is not None:
+        field_name, equals, value = args.where.partition("=")
+        if not equals or not field_name or field_name in LIST_PARAMS:
+            raise ValueError(
+                f"--where takes FIELD=VALUE, like customerId=c-42; {searchable_text()}"
+            )
+        if not value:
+            raise ValueError(f"--where {field_name}= needs a value to search for")
+        params[field_name] = value
+    elif args.status is None:
+        raise ValueError("give --status, or --where FIELD=VALUE to search")
+    return parse_filter(params)
 
 
 def _target(module: str) -> deploycheck.Target:

@@ -1,8 +1,10 @@
 """The list filter as the query string states it, for the operator API and the console.
 
-``status`` (required by the API; the console defaults it), ``workflow``, ``from`` and
-``to`` (creation time, UTC: ``2026-11-22``, ``2026-11-22T10:00``, or with an offset;
-1970 to 2199), ``pageSize`` and ``continuationToken``. Every bad value is a
+``status`` (required by the API unless it searches; the console defaults it), ``workflow``,
+``from`` and ``to`` (creation time, UTC: ``2026-11-22``, ``2026-11-22T10:00``, or with an
+offset; 1970 to 2199), ``pageSize`` and ``continuationToken``; and a search,
+``<field>=<value>`` (docs/contracts.md §3.14): any other name is a field to search by,
+which a workflow must declare (``Workflow(..., search=(...))``). Every bad value is a
 ``ValueError`` whose text tells the caller what to send instead.
 """
 
@@ -12,7 +14,9 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from core.ports import ListFilter
+from core.search import check_value
 from core.states import OrderStatus
+from core.workflows import search_fields
 
 MAX_PAGE = 100
 #: The creation times a filter may name, ``[EARLIEST, LATEST)``: the status rows' keys
@@ -54,15 +58,61 @@ def parse_time(name: str, raw: str, *, end: bool = False) -> datetime | None:
     return value.astimezone(UTC)
 
 
-def parse_filter(params: Mapping[str, str], default_status: str | None = None) -> ListFilter:
+#: The names the API's list takes for itself (``code``: the function key, in Azure);
+#: every other name in its query string is a field to search by.
+LIST_PARAMS = frozenset(
+    {"status", "workflow", "from", "to", "pageSize", "continuationToken", "waiting", "code"}
+)
+
+
+def searchable_text() -> str:
+    """The fields orders can be searched by, for an error message."""
+    fields = search_fields()
+    if not fields:
+        return "no workflow declares fields to search by (Workflow(..., search=(...)))"
+    listed = "; ".join(f"{f} ({', '.join(w)})" for f, w in fields.items())
+    return f"the fields orders can be searched by (and the workflows that declare them): {listed}"
+
+
+def parse_search(params: Mapping[str, str], known: frozenset[str]) -> tuple[str, str] | None:
+    """``(field, value)`` from the one name of ``params`` not in ``known``, a field some
+    workflow declares; None if there is none (or its value is blank: no search)."""
+    asked = [name for name in params if name not in known]
+    if not asked:
+        return None
+    declared = search_fields()
+    for name in asked:
+        if name not in declared:
+            raise ValueError(
+                f"{name[:64]!r} is not a field orders can be searched by (nor a filter of "
+                f"the list: {', '.join(sorted(LIST_PARAMS - {'code'}))}); {searchable_text()}"
+            )
+    if len(asked) > 1:
+        raise ValueError(f"search one field at a time (got {', '.join(asked)})")
+    name = asked[0]
+    raw = params.get(name) or ""
+    if raw == "":
+        return None
+    return name, check_value(name, raw)
+
+
+def parse_filter(
+    params: Mapping[str, str],
+    default_status: str | None = None,
+    known: frozenset[str] = LIST_PARAMS,
+) -> ListFilter:
     """``waiting=<event>``: the orders waiting for that event (the operators' inbox); they
-    are ``processing``, the status it implies."""
+    are ``processing``, the status it implies. ``<field>=<value>``, a name not in
+    ``known``: a search, of any status unless ``status`` names one."""
+    search = parse_search(params, known)
     waiting = (params.get("waiting") or "").strip() or None
     if waiting is not None and params.get("status") not in (None, "", "processing"):
         raise ValueError("an order waiting for an event is processing: drop ?status= or say so")
-    status = parse_status(
-        params.get("status") or ("processing" if waiting else None) or default_status or ""
-    )
+    raw_status = params.get("status") or ("processing" if waiting else None)
+    if search is None:
+        raw_status = raw_status or default_status
+    # no status and no search: parse_status("") refuses it, saying what to give
+    status = parse_status(raw_status or "") if raw_status or search is None else None
     workflow = (params.get("workflow") or "").strip() or None
     try:
         return ListFilter(
@@ -71,6 +121,7 @@ def parse_filter(params: Mapping[str, str], default_status: str | None = None) -
             parse_time("from", params.get("from", "")),
             parse_time("to", params.get("to", ""), end=True),
             waiting,
+            search,
         )
     except ValueError as exc:
         raise ValueError(str(exc)) from None

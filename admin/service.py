@@ -42,6 +42,9 @@ DEFAULT_PAGE = 50
 #: A bulk action changes at most this many orders (one after the other, each its own save).
 MAX_BULK = 500
 BULK_ACTIONS = ("resubmit", "cancel")
+#: How many reads of search rows one page of a search makes at most, to fill the page when
+#: rows name orders that do not match (another status asked for, a value fixed since).
+SEARCH_READS = 5
 
 
 def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
@@ -300,28 +303,45 @@ class OrderAdmin:
         page_size: int = DEFAULT_PAGE,
         token: str | None = None,
     ) -> dict[str, Any]:
-        """A page of orders with a status (and filter), newest first."""
+        """A page of orders with a status (and filter), newest first. A search
+        (``where.search``, docs/contracts.md §3.14) lists the orders its rows name that
+        match on reading (still that value, and the status asked for, if any); when those
+        leave the page short it reads on, ``SEARCH_READS`` times at most, so the page
+        holds ``page_size`` orders unless the rows run out (the token then goes on from
+        the last row read)."""
         where = status if isinstance(status, ListFilter) else ListFilter(status)
-        status = where.status
         page_size = max(1, min(page_size, MAX_PAGE))
-        # A bad token is stores.listing.InvalidContinuationToken (a ValueError): a 400.
-        ids, next_token = self._store.list_by_status(where, page_size, token)
-        pauses = self.pauses() if ids else {}
-        orders = []
-        unreadable = []
-        for order_id in ids:
-            try:
-                order = self._store.load(order_id)
-            except CorruptOrder as exc:
-                # Listed, not hidden (the operator is the one who can repair it), and not
-                # allowed to break the page for every other order.
-                unreadable.append({"orderId": order_id, "error": exc.message})
-                continue
-            # The index row moves with the status in one transaction; an order
-            # that moved on since this page was read is skipped, not misreported.
-            if order is not None and where.matches(order):
-                orders.append(order_summary(order, pauses))
-        page: dict[str, Any] = {"orders": orders, "continuationToken": next_token}
+        orders: list[dict[str, Any]] = []
+        unreadable: list[dict[str, str]] = []
+        pauses: Mapping[str, AgentControl] | None = None
+        reads = 0
+        while True:
+            # A bad token is stores.listing.InvalidContinuationToken (a ValueError): a 400.
+            ids, token = self._store.list_by_status(where, page_size - len(orders), token)
+            reads += 1
+            for order_id in ids:
+                try:
+                    order = self._store.load(order_id)
+                except CorruptOrder as exc:
+                    # Listed, not hidden (the operator is the one who can repair it), and
+                    # not allowed to break the page for every other order.
+                    unreadable.append({"orderId": order_id, "error": exc.message})
+                    continue
+                # The index row moves with the status in one transaction; an order that
+                # moved on since this page was read is skipped, not misreported; so is one
+                # a stray row names (a search row whose order is gone).
+                if order is not None and where.matches(order):
+                    if pauses is None:
+                        pauses = self.pauses()
+                    orders.append(order_summary(order, pauses))
+            if (
+                where.search is None
+                or token is None
+                or len(orders) >= page_size
+                or reads >= SEARCH_READS
+            ):
+                break
+        page: dict[str, Any] = {"orders": orders, "continuationToken": token}
         if unreadable:
             page["unreadable"] = unreadable
         return page
@@ -357,10 +377,19 @@ class OrderAdmin:
         token: str | None = None
         while len(ids) < limit:
             page, token = self._store.list_by_status(where, min(MAX_PAGE, limit - len(ids)), token)
+            if where.search is not None:  # a search row is checked against its order
+                page = [i for i in page if self._matches(i, where)]
             ids.extend(page)
             if token is None:
                 break
         return ids[:limit]
+
+    def _matches(self, order_id: str, where: ListFilter) -> bool:
+        try:
+            order = self._store.load(order_id)
+        except CorruptOrder:
+            return False
+        return order is not None and where.matches(order)
 
     def bulk(self, action: str, order_ids: Iterable[str], by: str, reason: str) -> dict[str, Any]:
         """``resubmit`` or ``cancel`` each order; one refusal never stops the others."""

@@ -168,8 +168,11 @@ def purge_finished_orders(timer: func.TimerRequest) -> None:
 @bp.route(route="orders", methods=["GET"])
 @with_hsts
 def list_orders(req: func.HttpRequest) -> func.HttpResponse:
-    """``?status=`` (required), ``workflow``, ``from``, ``to``, ``pageSize``,
-    ``continuationToken``: newest first (``admin.query``)."""
+    """``?status=`` (required unless it searches), ``workflow``, ``from``, ``to``,
+    ``pageSize``, ``continuationToken``: newest first (``admin.query``). ``?<field>=<value>``:
+    the orders whose data has that value in a field a workflow searches by, of any status
+    unless ``status`` names one (docs/contracts.md §3.14); a name that is neither a filter
+    nor such a field is a 400 that lists the fields orders can be searched by."""
     try:
         where = parse_filter(req.params)
         page_size = parse_page_size(req.params.get("pageSize"))

@@ -136,12 +136,34 @@ def trouble(page: Page, call: Callable[[], func.HttpResponse]) -> func.HttpRespo
         return page.render("message.html", 500, message=exc.message, failed=True)
 
 
+#: The names the console's list and its forms use for themselves; any other name in a
+#: list's URL (or a bulk form) is a field to search by (docs/contracts.md §3.14), which
+#: ``admin.query.parse_filter`` checks (an undeclared one: a 400 page).
+OWN_PARAMS = frozenset(
+    {*FILTER_KEYS, "page", "code", "message", "failed", "searchField", "searchValue"}
+    | {"csrf", "action", "reason", "ids"}
+)
+
+
 def filters_of(params: Mapping[str, str]) -> dict[str, str]:
-    """The list's filters from a query string or a form. An order that waits for an event
-    is ``processing``: that is the status a ``waiting`` filter implies; a URL that names
-    another is refused by ``admin.query.parse_filter`` (a 400 page), not corrected."""
+    """The list's filters from a query string or a form: ``FILTER_KEYS`` and the search
+    (``<field>=<value>``), if any. An order that waits for an event is ``processing``:
+    that is the status a ``waiting`` filter implies; a URL that names another is refused
+    by ``admin.query.parse_filter`` (a 400 page), not corrected. A search lists orders of
+    every status unless the URL names one."""
     kept = {k: params.get(k, "") for k in FILTER_KEYS}
+    searched = {k: params.get(k, "") for k in params if k not in OWN_PARAMS}
     kept["waiting"] = kept["waiting"].strip()
     implied = "processing" if kept["waiting"] else DEFAULT_STATUS
+    if any(searched.values()) and not kept["waiting"]:
+        implied = ""  # any status
     kept["status"] = kept["status"] or implied
-    return kept
+    return {**kept, **searched}
+
+
+def search_of(filters: Mapping[str, str]) -> tuple[str, str] | None:
+    """The search a list's filters hold: ``(field, value)``, or None."""
+    for name, value in filters.items():
+        if name not in FILTER_KEYS and value:
+            return name, value
+    return None

@@ -2,7 +2,8 @@
 use cases (``admin.service.OrderAdmin``), protected like the operator API.
 
 Pages: the order list (filters in the URL, ``?waiting=<event>`` for the orders waiting
-for an event), an order's detail with its timeline and the events it waits for, a
+for an event, ``?<field>=<value>`` for a search by a field a workflow declares: contract
+3.14), an order's detail with its timeline and the events it waits for, a
 confirmation before every change (an event sent included), bulk actions with a dry run,
 the inbox of events, the alerts and what retention would archive. The
 page structure is described in ``docs/console-dom.md``; the protection in
@@ -17,12 +18,12 @@ from typing import Any
 
 import azure.functions as func
 
-from admin.query import parse_filter, parse_page_size
+from admin.query import parse_filter, parse_page_size, searchable_text
 from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
 from console import agent_pages, dashboard, event_pages, fix_pages, inbox, layout, security, views
-from console.pages import ASSETS, Page, filters_of, form_of, guard, trouble
+from console.pages import ASSETS, FILTER_KEYS, Page, filters_of, form_of, guard, trouble
 from core.dashboard import STUCK_ROW
 from core.errors import (
     InvalidContinuationToken,
@@ -32,7 +33,11 @@ from core.errors import (
 from core.orders import is_valid_order_id
 from core.ports import ListFilter
 from core.states import OrderStatus
+from core.workflows import search_fields
 from stores.listing import COUNT_CAP
+
+#: What the list's filters name for themselves; any other name is a field to search by.
+FILTER_PARAMS = frozenset(FILTER_KEYS)
 
 bp = func.Blueprint()
 
@@ -42,9 +47,11 @@ bp = func.Blueprint()
 @bp.route(route="console", methods=["GET"])
 def console_list(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
+    if "searchField" in req.params:  # the search box: to the URL that names the search
+        return _search_redirect(page)
     filters = filters_of(req.params)
     try:
-        where = parse_filter(filters)
+        where = parse_filter(filters, known=FILTER_PARAMS)
         page_size = parse_page_size(filters["pageSize"])
     except ValueError as exc:
         return page.render("message.html", 400, message=str(exc), failed=True)
@@ -59,7 +66,8 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
         return page.render(
             "list.html",
             filters=filters,
-            counts=admin.counts(where),
+            # a search is not counted by status: that would read every order it matches
+            counts=admin.counts(where) if where.search is None else None,
             cap=COUNT_CAP,
             orders=listing["orders"],
             unreadable=listing.get("unreadable", []),
@@ -68,9 +76,28 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
             max_bulk=MAX_BULK,
             actions=BULK_ACTIONS,
             events=event_pages.declared_events(),
+            search=where.search,
+            search_fields=search_fields(),
         )
 
     return trouble(page, show)
+
+
+def _search_redirect(page: Page) -> func.HttpResponse:
+    """``?searchField=F&searchValue=V`` (the search box's form) to ``?F=V``, the URL a
+    search is shared by, with the list's other filters kept (but the status: a search
+    looks at every status until one is chosen); an empty value clears the search."""
+    params = page.req.params
+    field_name = params.get("searchField") or ""
+    value = params.get("searchValue") or ""
+    kept = {k: params.get(k, "") for k in FILTER_KEYS if k not in ("status", "waiting")}
+    if field_name not in search_fields():
+        return page.render(
+            "message.html", 400, message=f"{field_name[:64]!r}: {searchable_text()}", failed=True
+        )
+    if not value:
+        return page.redirect("", kept)
+    return page.redirect("", {**kept, field_name: value})
 
 
 @bp.route(route="console/inbox", methods=["GET"])
@@ -306,7 +333,7 @@ def _bulk_form(page: Page) -> tuple[dict[str, str], ListFilter, str, str] | func
     action = form.get("action", "")
     reason = form.get("reason", "").strip()[:MAX_REASON_CHARS]
     try:
-        where = parse_filter(filters)
+        where = parse_filter(filters, known=FILTER_PARAMS)
     except ValueError as exc:
         return page.render("message.html", 400, message=str(exc), failed=True)
     if action not in BULK_ACTIONS:
@@ -335,6 +362,7 @@ def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
             reason=reason,
             ids=ids,
             max_bulk=MAX_BULK,
+            search=where.search,
         )
 
     return trouble(page, preview)

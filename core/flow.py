@@ -38,6 +38,7 @@ from core.agent_spec import (
     DeclarationError,
     declared_at,
 )
+from core.search import SearchError, check_fields
 from core.settings import MAX_STEP_TIMEOUT_SECONDS
 
 #: A function of a step's context (``input``, ``when``, ``until``).
@@ -268,6 +269,9 @@ Element = Leaf | Parallel
 class Workflow:
     name: str
     steps: tuple[Element, ...]
+    #: top-level fields of the order's data that operators search by (docs/contracts.md
+    #: §3.14; ``core.search`` says what they may be and what a search matches)
+    search: tuple[str, ...] = ()
     declared_at: str = field(default_factory=declared_at, compare=False)
 
     def __post_init__(self) -> None:
@@ -279,6 +283,10 @@ class Workflow:
         ):
             raise DeclarationError(f"{where}: a name is 1-64 characters of a-z, 0-9, hyphens")
         object.__setattr__(self, "steps", tuple(self.steps))
+        try:
+            object.__setattr__(self, "search", check_fields(self.search))
+        except SearchError as exc:
+            raise DeclarationError(f"{where}: {exc}") from None
         if not self.steps:
             raise DeclarationError(f"{where} has no steps")
         for element in self.steps:
@@ -377,7 +385,12 @@ class Workflow:
                 steps.append({"parallel": [leaf(s) for s in element.steps]})
             else:
                 steps.append(leaf(element))
-        return {"workflow": self.name, "steps": steps, "events": list(self.event_names())}
+        return {
+            "workflow": self.name,
+            "steps": steps,
+            "events": list(self.event_names()),
+            "search": list(self.search),
+        }
 
 
 def _name_of(fn: object) -> str:

@@ -4,7 +4,8 @@
 What the plan pins: every step's kind (``task``, ``event``, ``delay``), its group (the
 steps of one ``Parallel`` share one; the others have one each, in order), its agent,
 remote path and timeout, its compensation, the event a ``completes_on`` step waits for, a
-delay's seconds, and which functions (``input``, ``when``, ``until``) the step calls.
+delay's seconds, and which functions (``input``, ``when``, ``until``) the step calls; and
+the fields the order is searched by (``search``, docs/contracts.md §3.14).
 The functions themselves are not pinned (code cannot be stored): they are taken from
 today's declarations by workflow and step name when the step starts
 (``core.workflows.function_of``). Changing a definition never changes an order already
@@ -116,6 +117,10 @@ class PlannedStep:
 class Plan:
     workflow: str
     steps: tuple[PlannedStep, ...] = field(default_factory=tuple)
+    #: the fields of the order's data it is found by (docs/contracts.md §3.14): pinned, so
+    #: the search rows an order has are the ones its plan implies, whatever a redeploy
+    #: declares (a plan stored before search has none)
+    search: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, workflow: Workflow, default_timeout_seconds: int) -> Plan:
@@ -166,7 +171,7 @@ class Plan:
                         uses=leaf.functions(),
                     )
                 )
-        return cls(workflow.name, tuple(planned))
+        return cls(workflow.name, tuple(planned), tuple(workflow.search))
 
     @property
     def compensates(self) -> bool:
@@ -219,7 +224,13 @@ class Plan:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {"workflow": self.workflow, "steps": [s.to_json() for s in self.steps]}
+        out: dict[str, Any] = {
+            "workflow": self.workflow,
+            "steps": [s.to_json() for s in self.steps],
+        }
+        if self.search:
+            out["search"] = list(self.search)
+        return out
 
     @classmethod
     def from_json(
@@ -237,4 +248,5 @@ class Plan:
             tuple(
                 PlannedStep.from_json(s, workflow, n, agent_of) for n, s in enumerate(raw["steps"])
             ),
+            tuple(str(f) for f in raw.get("search", ())),
         )

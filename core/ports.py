@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ from core.controls import AgentControl, AuditEntry
 from core.dashboard import Activity, InFlight
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
+from core.search import FIELD_NAME, check_value, search_text
 from core.states import OrderStatus
 
 _WORKFLOW = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -62,21 +63,32 @@ class SavedNotices:
 @dataclass(frozen=True)
 class ListFilter:
     """What a listing keeps: one status, optionally one workflow and a creation-time range
-    (``created_from`` inclusive, ``created_to`` exclusive)."""
+    (``created_from`` inclusive, ``created_to`` exclusive). With ``search``, the status may
+    be None: any."""
 
-    status: OrderStatus
+    status: OrderStatus | None
     workflow: str | None = None
     created_from: datetime | None = None
     created_to: datetime | None = None
     #: only orders that wait for this event (an ``Event`` step, or a remote's callback):
     #: the operators' inbox (docs/contracts.md §3.13); they are ``processing``
     waiting: str | None = None
+    #: only orders whose data has this value (``core.search.search_text``) in this field,
+    #: one their plan searches by (docs/contracts.md §3.14): ``(field, value)``
+    search: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.workflow is not None and not _WORKFLOW.fullmatch(self.workflow):
             raise ValueError("workflow must be 1-64 characters of A-Z a-z 0-9 - _")
         if self.waiting is not None and not _EVENT.fullmatch(self.waiting):
             raise ValueError("waiting must name an event: kebab-case (a-z, 0-9, -), 1-48")
+        if self.search is not None:
+            name, value = self.search
+            if not FIELD_NAME.fullmatch(name):
+                raise ValueError(f"{name[:80]!r} is not a field name")
+            check_value(name, value)
+        elif self.status is None:
+            raise ValueError("a listing names a status, unless it searches")
         for name in ("created_from", "created_to"):
             value = getattr(self, name)
             if value is not None and value.tzinfo is None:
@@ -85,15 +97,24 @@ class ListFilter:
             raise ValueError("the time range is empty: 'from' must be before 'to'")
 
     def with_status(self, status: OrderStatus) -> ListFilter:
-        return ListFilter(status, self.workflow, self.created_from, self.created_to, self.waiting)
+        return replace(self, status=status)
 
     def matches(self, order: Order) -> bool:
+        """Whether the order, as read now, is one this filter lists: what a listing checks
+        of each order its index rows name (a row can be behind the order, or stray)."""
         return (
-            order.status is self.status
+            (self.status is None or order.status is self.status)
             and (self.workflow is None or order.workflow == self.workflow)
             and (self.created_from is None or order.created_at >= self.created_from)
             and (self.created_to is None or order.created_at < self.created_to)
             and (self.waiting is None or self.waiting in order.awaited_events())
+            and (
+                self.search is None
+                or (
+                    self.search[0] in order.plan.search
+                    and search_text(order.body.get(self.search[0])) == self.search[1]
+                )
+            )
         )
 
 
@@ -139,7 +160,10 @@ class StateStore(Protocol):
         self, where: ListFilter | OrderStatus, page_size: int, token: str | None
     ) -> tuple[list[str], str | None]:
         """Order ids matching, newest first, a page at a time (``InvalidContinuationToken``
-        for a token this store did not hand out)."""
+        for a token this store did not hand out). With ``where.search``: the ids its search
+        rows name (``stores.layout.search_rows``), newest first, of the workflow and time
+        range asked for; the status, and whether the order still has that value, are for the
+        caller to check on the orders it loads (``ListFilter.matches``)."""
         ...
 
     def count_by_status(self, where: ListFilter, cap: int = 1000) -> int: ...

@@ -84,6 +84,7 @@ __all__ = [
     "events_url",
     "function_of",
     "legacy_agent",
+    "search_fields",
 ]
 
 DECLARATIONS_SETTING: Final = DECLARATIONS
@@ -200,6 +201,16 @@ def declared_steps() -> frozenset[str]:
             if isinstance(leaf, StepSpec) and leaf.compensation is not None:
                 names.add(leaf.compensation.step)
     return frozenset(names)
+
+
+def search_fields() -> dict[str, tuple[str, ...]]:
+    """Every field today's declarations let operators search by (docs/contracts.md §3.14),
+    with the workflows that name it, sorted."""
+    found: dict[str, list[str]] = {}
+    for name in sorted(WORKFLOWS):
+        for field_name in WORKFLOWS[name].search:
+            found.setdefault(field_name, []).append(name)
+    return {f: tuple(found[f]) for f in sorted(found)}
 
 
 def function_of(workflow: str, step: str, name: str) -> Callable[[Any], Any] | None:

@@ -141,6 +141,13 @@ def policies(service: str, directory: str | None) -> dict[str, Any]:
     return {"raw_request_hook": OpCounter(service)}
 
 
+def snapshot() -> Counter[str]:
+    """What this process's counters hold now (a copy): what a test compares before and
+    after an operation, with clients built with ``OpCounter`` as their hook."""
+    with _lock:
+        return Counter(_counts)
+
+
 def collect(directory: Path) -> Counter[str]:
     total: Counter[str] = Counter()
     for path in directory.glob("*.json"):

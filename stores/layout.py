@@ -15,6 +15,10 @@ cost grows with the work in flight, not with history):
                                            step, or a task that completes on it): the
                                            operators' inbox, newest first
     status|<status>|<newest>|<id>          every order, by status, newest first (listing.py)
+    search|<field>|<digest>|<newest>|<id>  an order whose data has that value in <field>, a
+                                           field its plan searches by (docs/contracts.md
+                                           §3.14): <digest> stands for the value
+                                           (``core.search.digest``), kept as ``Value``
     outbox|<createdAt>|<id>|<n>            notices committed but maybe not yet sent
     activity|<at>|<id>|<event>             what the order did, for the dashboard (activity.py)
     archived|<id>                          an archived order: where it went (retention.py)
@@ -35,6 +39,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from core.model import Order, StepRecord
+from core.search import digest, searchable
 from core.states import StepKind, StepState
 from core.timefmt import ensure_utc, sortable
 
@@ -109,8 +114,32 @@ def outbox_row(created: datetime, order_id: str, n: str) -> str:
     return f"outbox|{sortable(created)}|{order_id}|{n}"
 
 
+def search_prefix(field: str, text: str) -> str:
+    """The rows of the orders whose ``field`` has the value ``text`` (``core.search``)."""
+    return f"search|{field}|{digest(text)}|"
+
+
+def search_row(field: str, text: str, order_id: str, created_at: datetime) -> str:
+    return f"{search_prefix(field, text)}{newest_first(created_at)}|{order_id}"
+
+
+def search_rows(order: Order) -> dict[str, dict[str, str]]:
+    """One row per field the order's plan searches by that its data carries a searchable
+    value in; whatever its status (a finished order is found too). They move with the
+    order's state in its transactions: a fix that changes the value moves its row."""
+    return {
+        search_row(name, text, order.order_id, order.created_at): {
+            "OrderRef": order.order_id,
+            "Workflow": order.workflow,
+            "Field": name,
+            "Value": text,
+        }
+        for name, text in searchable(order.body, order.plan.search).items()
+    }
+
+
 #: The RowKey prefixes of index rows: what ``index_rows`` writes, what a repair may delete.
-INDEX_PREFIXES: Final = ("pending|", "processing|", "status|", "waiting|")
+INDEX_PREFIXES: Final = ("pending|", "processing|", "status|", "waiting|", "search|")
 
 
 def is_index_row(row_key: str) -> bool:
@@ -124,6 +153,7 @@ def index_rows(order: Order) -> dict[str, dict[str, str]]:
             "OrderRef": order.order_id,
             "Workflow": order.workflow,
         },
+        **search_rows(order),
     }
     if order.status.terminal:
         return rows

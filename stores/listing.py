@@ -9,9 +9,10 @@ the rows are merged by key. So one page costs one query per shard (16), whatever
 table holds, and the continuation token is simply the key of the last row returned.
 
 A filter narrows the key range (a creation-time range) or is evaluated by the table
-service (``Workflow eq``), never by loading orders. Rows written before the time part
-existed (``status|<status>|<orderId>``) still list, after all newer ones, until
-``python -m admin repair-index`` rewrites them.
+service (``Workflow eq``), never by loading orders. A search (docs/contracts.md §3.14)
+reads the search rows of one field and value instead of the status rows: the same shape.
+Rows written before the time part existed (``status|<status>|<orderId>``) still list,
+after all newer ones, until ``python -m admin repair-index`` rewrites them.
 """
 
 from __future__ import annotations
@@ -39,8 +40,13 @@ _LEGACY: Final = "~"
 
 
 def _prefix(where: ListFilter) -> str:
-    """The rows a filter reads: by status, or (``waiting``) the orders waiting for an event,
-    which have the same key shape (``layout.waiting_row``)."""
+    """The rows a filter reads: by status; (``waiting``) the orders waiting for an event;
+    or (``search``) the orders whose data has a value in a field (``layout.search_row``):
+    the same key shape, so the same merge and tokens. A search reads only the rows of that
+    value, so its cost grows with the orders that match, not with all orders; what else
+    the filter asks (a status) is checked on the orders read."""
+    if where.search is not None:
+        return layout.search_prefix(*where.search)
     if where.waiting is not None:
         return layout.waiting_prefix(where.waiting)
     return layout.status_prefix(str(where.status))
@@ -122,7 +128,7 @@ def list_page(
         listed = ((str(e["RowKey"]), str(e["OrderRef"])) for e in found if e.get("OrderRef"))
         return list(itertools.islice(listed, page_size))
 
-    per_shard = _each_shard(read, f"list {where.status} orders")
+    per_shard = _each_shard(read, f"list {_what(where)} orders")
     merged = sorted(row for shard_rows in per_shard for row in shard_rows)
     page = merged[:page_size]
     more = len(merged) > page_size or any(len(r) == page_size for r in per_shard)
@@ -140,7 +146,11 @@ def count(rows: StatusRows, where: ListFilter, cap: int = COUNT_CAP) -> int:
         listed = (("", "") for e in found if e.get("OrderRef"))  # a row without one lists nothing
         return list(itertools.islice(listed, cap))
 
-    return min(cap, sum(len(r) for r in _each_shard(read, f"count {where.status} orders")))
+    return min(cap, sum(len(r) for r in _each_shard(read, f"count {_what(where)} orders")))
+
+
+def _what(where: ListFilter) -> str:
+    return f"{where.search[0]}-matching" if where.search else str(where.status)
 
 
 def _each_shard(read: Any, what: str) -> list[list[tuple[str, str]]]:

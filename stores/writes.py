@@ -126,6 +126,8 @@ INDEX_FIELDS = [
     "Agent",
     "Since",
     "Waits",
+    "Field",
+    "Value",
 ]
 
 

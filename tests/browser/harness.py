@@ -128,10 +128,16 @@ class Orders:
         """What is submitted for each order except the bulk group."""
         dead, declined = self.failed
         bodies: dict[str, dict[str, Any]] = {
-            "ok-1": {"orderId": "ok-1", "amount": 1},
-            "ok-2": {"orderId": "ok-2", "amount": 2},
+            # customerId: what the search box finds (contract 3.14)
+            "ok-1": {"orderId": "ok-1", "amount": 1, "customerId": "c-7"},
+            "ok-2": {"orderId": "ok-2", "amount": 2, "customerId": "c-8"},
             "ok-3": {"orderId": "ok-3", "workflow": "fulfilment"},
-            dead: {"orderId": dead, "amount": 3, "simulate": {"process": DEAD}},
+            dead: {
+                "orderId": dead,
+                "amount": 3,
+                "customerId": "c-7",
+                "simulate": {"process": DEAD},
+            },
             declined: {"orderId": declined, "simulate": {"process": DECLINED}},
             self.guard: {"orderId": self.guard, "simulate": {"process": DECLINED}},
             self.fix: {"orderId": self.fix, "amount": 4, "simulate": {"process": DECLINED}},

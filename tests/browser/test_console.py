@@ -150,6 +150,28 @@ def test_list_filters_by_status_in_the_url_and_the_form(console: Console, browse
     assert order_id in browser.text("h1")
 
 
+def test_the_search_box_finds_orders_by_a_field_in_a_url_to_share(
+    console: Console, browser: Browser
+) -> None:
+    """Contract 3.14: a search by a declared field, from the box to a URL that names it."""
+    browser.open(console.page(status="error", refresh="off"), "form#search")
+    Select(browser.one("form#search select#search-field")).select_by_value("customerId")
+    browser.one("form#search input#search-value").send_keys("c-7")
+    browser.click_through("form#search #search-button", "h1#search-title")
+    assert query(browser.driver.current_url) == {"customerId": ["c-7"], "refresh": ["off"]}
+    assert browser.text("#search-shown") == "c-7"
+    listed = rows(browser)
+    api = httpx.get(f"{console.api}/orders", params={"customerId": "c-7"}, timeout=10).json()
+    assert list(listed) == [o["orderId"] for o in api["orders"]]
+    assert set(listed) == {"ok-1", console.orders.failed[0]}, listed
+    # the status narrows the search, and the search stays in the URL
+    browser.click_through('nav#counts a.count[data-status="error"]', "table#orders")
+    assert query(browser.driver.current_url).get("customerId") == ["c-7"]
+    assert rows(browser) == {console.orders.failed[0]: "error"}
+    browser.click_through("a#search-clear", "form#filters")
+    assert "customerId" not in query(browser.driver.current_url)
+
+
 def test_list_auto_refresh_can_be_paused(console: Console, browser: Browser) -> None:
     browser.open(console.page(status="error"), "a#refresh-toggle")
     toggle = browser.one("a#refresh-toggle")

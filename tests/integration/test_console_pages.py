@@ -443,3 +443,82 @@ def test_the_inbox_lists_waiting_orders_and_an_approval_takes_one_out(ctx: AppCo
         assert ids_listed(html(get("", {"waiting": "approved"}))) == []
         assert get("", {"waiting": "approved", "status": "error"}).status_code == 400
         assert get("", {"waiting": "no!"}).status_code == 400
+
+
+# --- search (docs/contracts.md §3.14) ------------------------------------------------------------
+
+
+def test_the_search_box_leads_to_a_url_that_names_the_search(ctx: AppContext) -> None:
+    page = html(get(""))
+    assert re.search(r'<form id="search" method="get"', page)
+    fields = re.findall(r'<option value="([^"]*)"[^>]*title="declared by', page)
+    assert fields == ["customerId", "email"]
+    assert 'id="search-value" name="searchValue"' in page and 'id="search-button"' in page
+    moved = get("", {"searchField": "customerId", "searchValue": "c 1&x", "status": "error"})
+    assert moved.status_code == 303
+    query = parse_qs(urlsplit(moved.headers["Location"]).query)
+    assert query == {"customerId": ["c 1&x"]}  # every status, until the operator picks one
+    cleared = get("", {"searchField": "customerId", "searchValue": "", "workflow": "order"})
+    assert parse_qs(urlsplit(cleared.headers["Location"]).query) == {"workflow": ["order"]}
+    unknown = get("", {"searchField": "phone", "searchValue": "1"})
+    assert unknown.status_code == 400 and "customerId (checkout" in html(unknown)
+
+
+def test_a_search_lists_its_orders_of_any_status_and_keeps_itself_in_every_link(
+    ctx: AppContext,
+) -> None:
+    seed(ctx, 4, failing=2, customerId=HOSTILE)  # p-0, p-1 in error; p-2, p-3 pending
+    ctx.store.create(accept("other", T0 + timedelta(minutes=1)))
+    response = get("", {"customerId": HOSTILE, "pageSize": "3"})
+    page = html(response)
+    assert response.status_code == 200
+    assert "<script>window.__pwned" not in page and "&lt;script&gt;" in page  # escaped
+    assert ids_listed(page) == ["p-3", "p-2", "p-1"]
+    assert re.search(r'<h1 id="search-title">', page)
+    assert re.search(r'<option value="" selected>any</option>', page)
+    hidden = re.search(r'<input type="hidden" name="customerId" value="([^"]*)">', page)
+    assert hidden is not None and "&lt;script&gt;" in hidden[1]
+    assert not re.search(r'class="count[^"]*" data-status="error"[^>]*>error <span>', page)
+    assert re.search(r'class="count current" data-status=""', page)  # "any status"
+    next_page = re.search(r'id="next-page" href="([^"]+)"', page)
+    assert next_page is not None
+    query = parse_qs(urlsplit(next_page[1].replace("&amp;", "&")).query)
+    assert query["customerId"] == [HOSTILE] and query["page"]
+    rest = html(get("", {k: v[0] for k, v in query.items()}))
+    assert ids_listed(rest) == ["p-0"]
+    errors = html(get("", {"customerId": HOSTILE, "status": "error"}))
+    assert ids_listed(errors) == ["p-1", "p-0"]
+    none = html(get("", {"customerId": "nobody"}))
+    assert ids_listed(none) == [] and "No orders whose customerId is nobody" in none
+    clear = re.search(r'id="search-clear" href="([^"]+)"', page)
+    assert clear is not None and "customerId" not in clear[1]
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({"phone": "1"}, "not a field orders can be searched by"),
+        ({"customerId": "x" * 257}, "at most 256 characters"),
+        ({"customerId": "a", "email": "b"}, "one field at a time"),
+    ],
+)
+def test_a_search_the_console_cannot_make_is_a_400_page(
+    ctx: AppContext, params: dict[str, str], says: str
+) -> None:
+    response = get("", params)
+    assert response.status_code == 400 and says in html(response)
+
+
+def test_a_bulk_action_over_a_search_takes_only_the_orders_that_match(ctx: AppContext) -> None:
+    seed(ctx, 3, failing=3, customerId="c-bulk")
+    other = accept("p-other", T0 + timedelta(minutes=1))
+    other.body["customerId"] = "c-else"
+    ctx.store.create(other)
+    fail(ctx, "p-other")
+    token = security.new_token()
+    form = {"customerId": "c-bulk", "status": "error", "action": "cancel", "reason": "gone"}
+    preview = html(post("/bulk/preview", {**form, "csrf": token}, token))
+    assert re.search(r'id="bulk-count">3<', preview) and "whose customerId is c-bulk" in preview
+    ids = re.search(r'name="ids" value="([^"]+)"', preview)
+    assert ids is not None and ids[1] == "p-2,p-1,p-0"
+    assert re.search(r'<input type="hidden" name="customerId" value="c-bulk">', preview)

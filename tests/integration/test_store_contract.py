@@ -580,6 +580,101 @@ def test_a_malformed_index_row_is_skipped_not_read_as_an_order(store: StateStore
     assert "o-bad-index" not in expired  # no StepName: skipped as well
 
 
+# --- search rows (docs/contracts.md §3.14) ------------------------------------------------------
+
+
+def searched(field: str, value: str, **kw: Any) -> ListFilter:
+    return ListFilter(None, search=(field, value), **kw)
+
+
+def search_keys(raw: Raw, order_id: str) -> list[str]:
+    return sorted(k for k in raw.rows(order_id) if k.startswith("search|"))
+
+
+def test_search_rows_list_newest_first_paged_by_workflow_and_time(store: StateStore) -> None:
+    ids = [f"s-{i:02d}" for i in range(20)]  # a second apart: s-19 is the newest
+    for i, order_id in enumerate(ids):
+        workflow = "fulfilment" if i % 4 == 0 else "order"
+        customer = "c-1" if i % 2 == 0 else "c-2"
+        store.create(accept(order_id, workflow, at=T0 + timedelta(seconds=i), customerId=customer))
+    evens = [f"s-{i:02d}" for i in range(18, -1, -2)]
+    assert len({layout.shard_of(i) for i in evens}) > 5  # spread over the shards
+    pages = all_pages(store, searched("customerId", "c-1"), 3)
+    assert [i for p in pages for i in p] == evens
+    assert [len(p) for p in pages[:3]] == [3, 3, 3]
+    assert all_pages(store, searched("customerId", "c-1"), 100) == [evens]
+    fulfilment = searched("customerId", "c-1", workflow="fulfilment")
+    listed = [i for p in all_pages(store, fulfilment, 2) for i in p]
+    assert listed == ["s-16", "s-12", "s-08", "s-04", "s-00"]
+    window = searched(
+        "customerId",
+        "c-2",
+        created_from=T0 + timedelta(seconds=5),
+        created_to=T0 + timedelta(seconds=9),
+    )
+    assert all_pages(store, window, 10) == [["s-07", "s-05"]]
+    assert store.count_by_status(searched("customerId", "c-2")) == 10
+    assert all_pages(store, searched("customerId", "c-3"), 10) == [[]]
+    assert all_pages(store, searched("email", "c-1"), 10) == [[]]  # not that field's rows
+
+
+def test_a_value_a_key_cannot_hold_is_searched_by_its_digest(store: StateStore, raw: Raw) -> None:
+    value = "A/B\\C#?\u0007 ü " + "z" * 200  # what Table keys refuse, and long
+    store.create(accept("s-odd", customerId=value))
+    [key] = search_keys(raw, "s-odd")
+    assert value not in key and raw.rows("s-odd")[key]["Value"] == value
+    assert store.list_by_status(searched("customerId", value), 5, None) == (["s-odd"], None)
+
+
+def test_search_rows_move_with_the_orders_data_in_its_save(store: StateStore, raw: Raw) -> None:
+    """A fix of the order's data (``Order.resubmit`` with a patch) is a save like this one:
+    the row of the old value goes and the new one comes in the same transaction."""
+    store.create(accept("s-move", "fulfilment", customerId="c-old", email="a@x"))
+    order = loaded(store, "s-move")
+    before = search_keys(raw, "s-move")
+    order.body["customerId"] = "c-new"
+    store.save(order)
+    after = search_keys(raw, "s-move")
+    assert len(before) == len(after) == 2 and len(set(before) & set(after)) == 1
+    assert store.list_by_status(searched("customerId", "c-new"), 5, None) == (["s-move"], None)
+    assert store.list_by_status(searched("customerId", "c-old"), 5, None) == ([], None)
+    assert store.list_by_status(searched("email", "a@x"), 5, None) == (["s-move"], None)
+    order = loaded(store, "s-move")
+    del order.body["email"]
+    order.claim("i", T0)  # a transition too: the rows stay with any status
+    store.save(order)
+    assert store.list_by_status(searched("email", "a@x"), 5, None) == ([], None)
+    assert len(search_keys(raw, "s-move")) == 1
+
+
+def test_repair_index_rebuilds_search_rows_and_a_stray_one_lists_no_order(
+    store: StateStore, raw: Raw
+) -> None:
+    store.create(accept("s-fix", customerId="c-1"))
+    [key] = search_keys(raw, "s-fix")
+    raw.delete("s-fix", key)
+    assert store.list_by_status(searched("customerId", "c-1"), 5, None) == ([], None)
+    assert store.repair_index("s-fix")["added"] == [key]
+    assert store.list_by_status(searched("customerId", "c-1"), 5, None) == (["s-fix"], None)
+    # a row that names no order is listed by the store as any row is; the order it names
+    # is not there, and the caller checks every order it loads (``ListFilter.matches``)
+    ghost = layout.search_row("customerId", "c-1", "s-ghost", T0 + timedelta(seconds=1))
+    raw.put(
+        {
+            "PartitionKey": layout.shard_of("s-ghost"),
+            "RowKey": ghost,
+            "OrderRef": "s-ghost",
+            "Workflow": "order",
+            "Field": "customerId",
+            "Value": "c-1",
+        }
+    )
+    ids, _ = store.list_by_status(searched("customerId", "c-1"), 5, None)
+    assert ids == ["s-ghost", "s-fix"] and store.load("s-ghost") is None
+    where = searched("customerId", "c-1")
+    assert where.matches(loaded(store, "s-fix"))
+
+
 # --- the agents' runtime controls (AgentControlStore) ----------------------------------------
 
 DECLARED_LIMITS = Limits(32, None)
