@@ -25,6 +25,11 @@ from tests import SUITE_DECLARATIONS
 
 os.environ[DECLARATIONS] = SUITE_DECLARATIONS
 workflows.use(SUITE_DECLARATIONS)
+# The trigger modules read AGENT_TRANSPORT once, when the first is imported
+# (bootstrap.index_time): the tests that call them in this process run on Storage queues,
+# whichever test imports one first; a test of the Service Bus triggers starts a process
+# of its own with AGENT_TRANSPORT=servicebus.
+os.environ.setdefault("AGENT_TRANSPORT", "storage")
 
 
 @pytest.fixture(autouse=True)
