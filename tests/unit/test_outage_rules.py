@@ -5,13 +5,16 @@ becomes an outage, that each alert is owed exactly once, how a streak ends, and 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from core.controls import Limits
+from core.dashboard import outage_rows
 from core.outages import (
     OUTAGE,
+    PAST_DAYS,
     PAST_KEPT,
     RAMP_DOUBLING,
     RECOVERED,
@@ -188,3 +191,27 @@ def test_orders_told_to_come_back_during_the_ramp_are_spread_over_a_doubling() -
     assert all(T0 <= t < T0 + RAMP_DOUBLING for t in times)
     assert len(times) > 150  # not all in the same instant
     assert spread("o-1:ship", T0) == spread("o-1:ship", T0)  # the same key: the same time
+
+
+# --- what the dashboard lists ---------------------------------------------------------------
+
+
+def test_the_dashboard_lists_agents_failing_now_and_outages_that_ended() -> None:
+    carrier = failing(failing(Outage("carrier"), 0, 10), 0, 300)  # an outage, still on
+    payments = failing(Outage("payments"), 200, 220)  # failing, not an outage yet
+    orders = report_answer(failing(failing(Outage("orders"), 0, 10), 0, 310), at(400), at(400))
+    assert orders is not None
+    old = replace(orders, past=(replace(orders.past[0], until=at(400) - PAST_DAYS * 2),))
+
+    current, past = outage_rows([payments, carrier, orders, Outage("idle")], at(500))
+    assert [(r.agent, r.since, r.alerted, r.until) for r in current] == [
+        ("carrier", at(0), True, None),
+        ("payments", at(200), False, None),
+    ]
+    assert [(r.agent, r.since, r.until) for r in past] == [("orders", at(0), at(400))]
+    assert current[0].shown == {
+        "since": "2030-01-01T12:00:00.000Z",
+        "until": "-",
+        "lastFailure": "2030-01-01T12:05:00.000Z",
+    }
+    assert outage_rows([old], at(500)) == ([], [])  # ended more than 7 days ago
