@@ -105,8 +105,9 @@ class World:
 
     def run(self, until: float, orders: list[str]) -> None:
         """Until T0 + ``until``: requests go to the instances in turn (the queue's
-        competing consumers), due steps are dispatched, the timers run every 10 s."""
-        handled, turn, next_timer = 0, 0, self.clock.now
+        competing consumers), due steps are dispatched, the supervisor's timers run every
+        10 s and the dashboard's (with its stuck check) every minute."""
+        handled, turn, next_timer, next_dashboard = 0, 0, self.clock.now, self.clock.now
         while self.clock.now < T0 + timedelta(seconds=until):
             while handled < len(self.transport.requests):
                 request = self.transport.requests[handled]
@@ -132,6 +133,9 @@ class World:
                     instance.ctx.supervisor.run()
                     instance.ctx.outages.finish()
                 next_timer = self.clock.now + timedelta(seconds=10)
+            if self.clock.now >= next_dashboard:  # the stuck check alerts no waiting order
+                self.instances[0].ctx.dashboard.run()
+                next_dashboard = self.clock.now + timedelta(seconds=60)
             self.clock.advance(0.5)
 
 
