@@ -13,7 +13,8 @@ never per call:
 - the first answer after it reported, or after it saw the shared record failing.
 
 So an instance writes a few times per outage (about ``alert_after / heartbeat`` + 3),
-whatever the traffic. Reports run in order on a thread of their own (``SerialWorker``),
+whatever the traffic; a report the store did not take is not tried again for
+``report_after``. Reports run in order on a thread of their own (``SerialWorker``),
 off the event loop and off the orders' path: a slow store delays the report, not a call.
 """
 
@@ -96,6 +97,8 @@ class OutageWatch:
         self._streak = 0
         self._busy = False
         self._answering = False
+        #: a report that failed (the store did not answer) is not tried again before this
+        self._quiet_until: datetime | None = None
 
     def failed(self, at: datetime, reason: str) -> None:
         """A call ended unanswered at ``at`` (memory only, unless a report is due)."""
@@ -103,7 +106,7 @@ class OutageWatch:
             if self._first is None:
                 self._first = at
             self._reason = reason
-            if self._busy or not self._due(at):
+            if self._busy or self._quiet(at) or not self._due(at):
                 return
             self._busy = True
             first, streak = self._first, self._streak
@@ -114,11 +117,22 @@ class OutageWatch:
                 with self._lock:
                     if self._streak == streak:
                         self._reported = at
+            except Exception:
+                self._hush(at)
+                raise
             finally:
                 with self._lock:
                     self._busy = False
 
         self._run(report)
+
+    def _quiet(self, at: datetime) -> bool:
+        """(With the lock held.) Is it too soon after a report that failed?"""
+        return self._quiet_until is not None and at < self._quiet_until
+
+    def _hush(self, at: datetime) -> None:
+        with self._lock:
+            self._quiet_until = at + self._policy.report_after
 
     def _due(self, at: datetime) -> bool:
         """(With the lock held.) Is a report of the failures due at ``at``?"""
@@ -144,7 +158,7 @@ class OutageWatch:
             told = self._reported is not None
             self._first, self._reported = None, None
             self._streak += 1
-            if self._answering:
+            if self._answering or self._quiet(at):
                 return
             shared = self._shared()
             failing = (
@@ -160,6 +174,9 @@ class OutageWatch:
         def report() -> None:
             try:
                 self._reporter.answered(self.agent, at)
+            except Exception:
+                self._hush(at)
+                raise
             finally:
                 with self._lock:
                     self._answering = False

@@ -12,6 +12,7 @@ decide the alert at the same moment (one wins the write, one alert).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -409,3 +410,72 @@ def test_a_write_that_keeps_conflicting_gives_up_and_the_next_report_tries_again
     b = book(Always(), RecordingQueues(), FakeClock(T0))
     with pytest.raises(ConcurrencyConflict):
         b.failing(AGENT, T0, T0 + timedelta(seconds=10), "HTTP 503")
+
+
+# --- the watch: memory per call, a report when its view changes ------------------------------
+
+
+class Reports:
+    def __init__(self, fail: int = 0) -> None:
+        self.made: list[tuple[str, datetime]] = []
+        self.fail = fail
+
+    def failing(self, agent: str, first: datetime, at: datetime, reason: str) -> Outage:
+        return self._made("failing", at, Outage(agent, failing=True, since=first))
+
+    def answered(self, agent: str, at: datetime) -> Outage:
+        return self._made("answered", at, Outage(agent))
+
+    def _made(self, kind: str, at: datetime, outage: Outage) -> Outage:
+        if self.fail:
+            self.fail -= 1
+            raise StorageUnavailable("no storage")
+        self.made.append((kind, at))
+        return outage
+
+
+def watch(reports: Reports, shared: Outage | None = None) -> OutageWatch:
+    def run(job: Any) -> None:
+        with contextlib.suppress(StorageUnavailable):  # the worker logs it
+            job()
+
+    return OutageWatch(AGENT, reports, lambda: shared, OutagePolicy(), run)
+
+
+def t(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_a_blip_costs_no_report_and_an_outage_a_few() -> None:
+    reports = Reports()
+    w = watch(reports)
+    for s in range(0, 9):  # nine seconds of failures, then an answer: nothing told
+        w.failed(t(s), "503")
+    w.answered(t(9))
+    assert reports.made == []
+
+    for s in range(20, 20 + 300):  # five minutes of failures, one a second
+        w.failed(t(s), "503")
+    w.answered(t(400))
+    assert reports.made == [
+        ("failing", t(30)),  # 10 s in
+        *(("failing", t(30 + 60 * n)) for n in range(1, 5)),  # a heartbeat a minute
+        ("answered", t(400)),
+    ]
+
+
+def test_a_report_the_store_did_not_take_is_not_tried_on_every_call() -> None:
+    reports = Reports(fail=1)
+    w = watch(reports)
+    for s in range(0, 30):
+        w.failed(t(s), "503")
+    assert reports.made == [("failing", t(20))]  # tried at 10 s, failed, again 10 s later
+
+
+def test_an_instance_that_never_failed_ends_a_streak_it_sees_in_the_shared_record() -> None:
+    reports = Reports()
+    watch(reports, shared=Outage(AGENT, failing=True, since=t(0))).answered(t(50))
+    assert reports.made == [("answered", t(50))]
+    quiet = Reports()
+    watch(quiet, shared=Outage(AGENT)).answered(t(50))  # nothing failing: nothing to tell
+    assert quiet.made == []
