@@ -20,34 +20,20 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any, Final
 
 from azure.core.exceptions import AzureError
 
 from core.errors import StorageUnavailable
 from core.outages import Outage, parse_owed, parse_past
-from core.timefmt import ensure_utc
 from stores import layout
-from stores.controls import PARTITION
+from stores.controls import PARTITION, _time, _when
 from stores.rows import RowReads
 from stores.writes import Op
 
 PREFIX: Final = "outage|"
-#: "Never" for a time that is not set (a property set to None is not stored:
-#: docs/contracts.md#fact-none-not-stored).
-_NEVER: Final = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _time(value: datetime | None) -> datetime:
-    return value if value is not None else _NEVER
-
-
-def _when(value: Any) -> datetime | None:
-    if not isinstance(value, datetime):
-        return None
-    value = ensure_utc(value)
-    return None if value <= _NEVER else value
+# A time not set is stored as the controls' "never" (``_time``, ``_when``): a property set
+# to None is not stored (docs/contracts.md#fact-none-not-stored).
 
 
 def outage_entity(outage: Outage, write_id: str) -> dict[str, Any]:
