@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from agents.agent import AgentWorker, Binding
 from agents.auth import TokenCredential, auth_for
 from agents.health import HealthPolicy
+from agents.outage_watch import OutageWatch
 from agents.outcomes import TryKind
 from agents.pacing import RemotePolicy
 from agents.python import PythonTry, check_handler
@@ -96,10 +97,12 @@ def client_of(
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
     threads: AgentThreads | None = None,
+    watch: OutageWatch | None = None,
 ) -> AttemptRunner[TryKind]:
     """The attempts of one agent: its kind of try under its policy and limits (those
     declared, or what ``runtime`` says is in force: an operator's pause and limits, read
-    on ``threads``, the agent's own)."""
+    on ``threads``, the agent's own); ``watch`` is told how its calls end (the agent's
+    shared outage record, ``agents.outage_watch``)."""
     kind = try_kind_of(spec, settings, clock, env=env, credential=credential)
     return AttemptRunner(
         kind,
@@ -109,6 +112,7 @@ def client_of(
         rate=spec.rate,
         runtime=runtime,
         threads=threads,
+        watch=watch,
     )
 
 
@@ -122,10 +126,18 @@ def build_agent(
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
+    watch: OutageWatch | None = None,
 ) -> AgentWorker:
     threads = AgentThreads(spec.name)
     client = client_of(
-        spec, settings, clock, env=env, credential=credential, runtime=runtime, threads=threads
+        spec,
+        settings,
+        clock,
+        env=env,
+        credential=credential,
+        runtime=runtime,
+        threads=threads,
+        watch=watch,
     )
     return AgentWorker(
         client,

@@ -18,6 +18,12 @@ running finish; new ones wait until fewer than N run.
 Each try (a call of the remote) takes a token first. Tokens come at R a second, at most
 max(1, R) saved up (a burst of one second's worth); a try that would have to wait past
 the time left for it is not made (``deferred``, not counted).
+
+After a release (a resume, the end of an outage: ``core.outages``) the tries take their
+turn from a ``Ramp`` instead, until it reaches the agent's limits: one call a second at
+first, doubling every few seconds, at most a second's worth saved up. The turns are
+counted from the release, not from each attempt's start, so the attempts that all start
+at the release (the held steps) share one growing rate.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+
+from core.outages import ramp_call_at, ramp_calls, ramp_rate_at
 
 
 class Slot:
@@ -184,3 +192,30 @@ class CallRate:
                 return None
             self._tokens -= 1.0
             return wait
+
+
+class Ramp:
+    """The turns of the calls after a release: the k-th call since ``released`` (epoch
+    seconds) may go ``ramp_call_at(k)`` after it, with at most a second's worth of calls
+    saved up (a call that comes late does not let a burst through)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._released: float | None = None
+        self._taken = 0.0
+
+    def reserve(self, released: float, now: float, max_wait: float) -> tuple[float | None, float]:
+        """Take the next turn at ``now``: how long to wait for it (None, nothing taken, if
+        longer than ``max_wait``), and when the next turn is (epoch seconds)."""
+        with self._lock:
+            if released != self._released:
+                self._released, self._taken = released, 0.0
+            elapsed = now - released
+            saved = max(1.0, ramp_rate_at(elapsed))
+            turn = max(self._taken, ramp_calls(elapsed) - saved) + 1.0
+            at = released + ramp_call_at(turn)
+            wait = max(at - now, 0.0)
+            if wait > max_wait:
+                return None, at
+            self._taken = turn
+            return wait, at

@@ -8,7 +8,10 @@ The attempt is made of four parts, each its own:
   slot (``agents.limits``) must come while a try could still start, else the attempt is
   deferred, not called; the endpoint's breaker (``agents.health``) lets the call out, or
   defers it until the remote may be called again; each try waits for a token of the
-  agent's call rate, if it has one (none in time: deferred, not called);
+  agent's call rate, if it has one (none in time: deferred, not called), or, after a
+  release (a resume, the end of an outage), its turn from the agent's ``Ramp``, from one
+  call a second doubling to the agent's limits (none in time: deferred to about the next
+  free turn, spread over a doubling);
 - **budget and pacing** (``agents.pacing``): when tries stop, how long each may take,
   and the wait between them;
 - **the try** (``agents.outcomes.TryKind``): an HTTP call (``agents.remote``) or a
@@ -17,6 +20,9 @@ The attempt is made of four parts, each its own:
   tries that are this order's failure (``transient``, counted) or the endpoint's
   (``deferred``, not counted), with whether any may have applied. A call that runs on
   past the attempt goes with its report (``CallOutcome.running``).
+
+How each call ended (unanswered, or answered) is also told to the agent's outage watch
+(``agents.outage_watch``): memory only, but for a report when its view changes.
 """
 
 from __future__ import annotations
@@ -30,13 +36,15 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from agents.health import EndpointHealth, HostActivity, Mark
-from agents.limits import CallRate, CallSlots, Slot
+from agents.limits import CallRate, CallSlots, Ramp, Slot
+from agents.outage_watch import OutageWatch
 from agents.outcomes import CallOutcome, Try, TryKind, applied_of
 from agents.pacing import Backoff, Budget, RemotePolicy
 from agents.threads import AgentThreads
 from core.control_view import HOLD_MIN, AgentRuntime
 from core.controls import Limits
 from core.messages import AgentRequest
+from core.outages import ramp_end, spread
 from core.timefmt import iso
 from observability.logs import get_logger
 from observability.metrics import METRICS
@@ -64,12 +72,15 @@ class AttemptRunner[K: TryKind]:
         rate: float | None = None,
         runtime: Callable[[], AgentRuntime] | None = None,
         threads: AgentThreads | None = None,
+        watch: OutageWatch | None = None,
     ):
         """``runtime``: what an operator set for the agent now (paused, its limits), asked
         before each attempt; without it, ``concurrency`` and ``rate`` hold for good. It may
         read the state store (once a period): with ``threads``, it is asked on the agent's
         own threads (``agents.threads``), off the event loop. ``sleep``: the waits between
-        tries, awaited (an attempt that waits holds no thread)."""
+        tries, awaited (an attempt that waits holds no thread). ``watch``: told how each
+        call ended, for the agent's shared outage record (``agents.outage_watch``)."""
+        self.watch = watch
         self.kind = kind
         self.policy = policy or RemotePolicy()
         #: None: no limit of its own (the host's concurrency limits it).
@@ -80,9 +91,16 @@ class AttemptRunner[K: TryKind]:
         self._clock = clock
         self._sleep = sleep
         self._backoff = Backoff(self.policy, rng)
+        #: the calls take their turns from the ramp: a release and when its ramp ends
+        self.ramp = Ramp()
+        self._release: tuple[datetime, datetime] | None = None
         self._health: dict[str, EndpointHealth] = {}
         self._host = HostActivity()  # every endpoint of an agent shares its host
         self._lock = threading.Lock()
+
+    def _answered(self, now: datetime) -> None:
+        if self.watch is not None:
+            self.watch.answered(now)
 
     def health(self, path: str) -> EndpointHealth:
         with self._lock:
@@ -120,7 +138,7 @@ class AttemptRunner[K: TryKind]:
                     not_before=now + HOLD_MIN,
                     paused=True,
                 )
-            self._limit(runtime.limits, now)
+            self._limit(runtime.limits, now, runtime.released_at)
         if self.slots is None:
             return await self._attempt(request, budget, None)
         wait = budget.slot_wait(now)
@@ -144,13 +162,19 @@ class AttemptRunner[K: TryKind]:
             return runtime()
         return await self._threads.run(runtime, bound=RUNTIME_READ_BOUND, what="controls read")
 
-    def _limit(self, limits: Limits, now: datetime) -> None:
-        """The limits in force now: a change reaches the attempts that start after it."""
+    def _limit(self, limits: Limits, now: datetime, released_at: datetime | None = None) -> None:
+        """The limits in force now: a change reaches the attempts that start after it.
+        Since a release (``released_at``: a resume, the end of an outage), until the ramp
+        reaches the agent's limits (``core.outages.ramp_end``), the tries take their turns
+        from ``ramp`` (one call a second at first, doubling) instead of the rate's tokens."""
         if self.slots is None:
             self.slots = CallSlots(limits.concurrency)
         else:
             self.slots.resize(limits.concurrency)
         self.rate.set_rate(limits.rate, now.timestamp())
+        self._release = None
+        if released_at is not None and now < ramp_end(limits, released_at):
+            self._release = (released_at, ramp_end(limits, released_at))
 
     async def _attempt(
         self, request: AgentRequest, budget: Budget, slot: Slot | None
@@ -173,23 +197,14 @@ class AttemptRunner[K: TryKind]:
                 # Too little time for an answer: a try cut this short would only turn a
                 # call into "may have applied". Not starting it is honest: not applied.
                 break
-            if self.rate.rate is not None:
-                token = self.rate.reserve(
-                    now.timestamp(), budget.left(now) - self.policy.min_try_seconds
-                )
-                if token is None:
-                    METRICS.inc("agent_rate_deferrals")
-                    return tries.deferred(
-                        f"{path}: the agent's call rate ({self.rate.rate:g} a second on this "
-                        "instance) leaves no time for a call before the deadline; not called",
-                        now,
-                    )
-                if token > 0:
-                    await self._sleep(token)
-                    now = self._clock()
-                    timeout = budget.try_seconds(now)
-                    if timeout is None:  # pragma: no cover - the token came in time for one
-                        break
+            waited = await self._turn(key, path, budget, now, tries)
+            if isinstance(waited, CallOutcome):
+                return waited  # no turn or token in time: deferred, not called
+            if waited:
+                now = self._clock()
+                timeout = budget.try_seconds(now)
+                if timeout is None:  # pragma: no cover - the turn came in time for one
+                    break
             admission = health.admit(
                 key,
                 now.timestamp(),
@@ -211,6 +226,7 @@ class AttemptRunner[K: TryKind]:
             now = self._clock()
             if attempt.applied == "yes":
                 health.record_answer(key, now.timestamp())
+                self._answered(now)
                 return CallOutcome("succeeded", result=attempt.result, tries=tries.count + 1)
             if not attempt.retryable:
                 health.record_refusal(key, now.timestamp())
@@ -226,13 +242,14 @@ class AttemptRunner[K: TryKind]:
                 tries.mark = before
             if attempt.answered:
                 health.record_answer(key, now.timestamp())  # up, and busy with this key
+                self._answered(now)
             else:
+                explained = request.singled_out or health.successes > tries.mark.endpoint
                 health.record_failure(
-                    key,
-                    now.timestamp(),
-                    explained=request.singled_out or health.successes > tries.mark.endpoint,
-                    probe=admission.probe,
+                    key, now.timestamp(), explained=explained, probe=admission.probe
                 )
+                if self.watch is not None and not explained:
+                    self.watch.failed(now, attempt.error)
             tries.failed.append(attempt)
             wait = self._backoff.after(attempt, tries.count)
             if not budget.fits_after(now, wait):
@@ -256,6 +273,43 @@ class AttemptRunner[K: TryKind]:
             )
             await self._sleep(wait)
         return self._classify(request, health, tries)
+
+    async def _turn(
+        self, key: str, path: str, budget: Budget, now: datetime, tries: _Tries
+    ) -> CallOutcome | bool:
+        """Wait for this try's turn: from the ramp after a release, else a token of the
+        agent's call rate (if it has one). True if it waited; the deferral if no turn or
+        token comes while a try could still start."""
+        max_wait = budget.left(now) - self.policy.min_try_seconds
+        release = self._release
+        if release is not None and now < release[1]:
+            # Released from a pause or an outage: the calls take their turns from the
+            # ramp (from one a second, doubling), whichever attempt they belong to.
+            wait, next_turn = self.ramp.reserve(release[0].timestamp(), now.timestamp(), max_wait)
+            if wait is None:
+                METRICS.inc("agent_ramp_deferrals")
+                return tries.deferred(
+                    f"{path}: released gently after a pause or an outage (calls ramp up "
+                    "from one a second, doubling every few seconds): no turn before the "
+                    "deadline; not called",
+                    spread(key, datetime.fromtimestamp(next_turn, UTC)),
+                )
+        elif self.rate.rate is not None:
+            token = self.rate.reserve(now.timestamp(), max_wait)
+            if token is None:
+                METRICS.inc("agent_rate_deferrals")
+                return tries.deferred(
+                    f"{path}: the agent's call rate ({self.rate.rate:g} a second on this "
+                    "instance) leaves no time for a call before the deadline; not called",
+                    now,
+                )
+            wait = token
+        else:
+            return False
+        if wait > 0:
+            await self._sleep(wait)
+            return True
+        return False
 
     # --- classification ---------------------------------------------------------------
 

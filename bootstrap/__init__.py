@@ -29,11 +29,13 @@ from admin.service import OrderAdmin
 from agents.agent import AgentWorker
 from agents.binding import RequestBinding
 from agents.build import build_agent
+from agents.outage_watch import OutageWatch, SerialWorker
 from agents.threads import AgentThreads
 from bootstrap import clients
 from core import workflows
 from core.control_view import ControlView
 from core.names import Names
+from core.outages import OutagePolicy
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
 from core.settings import (
@@ -48,6 +50,7 @@ from core.unit_of_work import OrderChanges
 from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue
 from messaging.inline import InlineReplies
+from messaging.outages import OutageBook
 from messaging.outbox import NoticeSender
 from messaging.resilience import ride_out
 from messaging.storage_queues import StorageQueues, StorageQueueTransport
@@ -258,7 +261,30 @@ class AppContext:
     def agent_controls(self) -> ControlView:
         """The agents' runtime controls (paused, limits) as this process knows them: read
         at most every few seconds (``core.control_view``), by the scheduler and agents."""
-        return ControlView(self.store, self.clock, warn=_control_log.warning)
+        return ControlView(self.store, self.clock, warn=_control_log.warning, outages=self.store)
+
+    @part
+    def outage_policy(self) -> OutagePolicy:
+        return OutagePolicy.of(self.settings.outage_alert_seconds)
+
+    @part
+    def outages(self) -> OutageBook:
+        """The agents' shared outage records and their alerts (docs/contracts.md §3.14):
+        where this process's agents report, and what the supervisor's timer finishes."""
+        return OutageBook(
+            self.store,
+            self.queues,
+            self.names,
+            self.clock,
+            self.outage_policy,
+            learn=self.agent_controls.learn,
+            record=self.store.add_activity,
+        )
+
+    @part
+    def outage_reports(self) -> SerialWorker:
+        """The thread the agents' outage reports run on, one after the other."""
+        return SerialWorker()
 
     @part
     def notices(self) -> NoticeSender:
@@ -317,6 +343,13 @@ class AppContext:
                         self.store, name, copies=self.settings.transport is Transport.STORAGE
                     ),
                     runtime=lambda: controls.runtime(spec),
+                    watch=OutageWatch(
+                        name,
+                        self.outages,
+                        lambda: controls.outage(name),
+                        self.outage_policy,
+                        self.outage_reports.submit,
+                    ),
                 )
         return agent
 

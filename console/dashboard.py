@@ -2,7 +2,8 @@
 (``supervisor/dashboard.py``), drawn on the server as SVG, as the timeline is.
 
 A page view reads three ranges of the dashboard partition (the last hour's minute rows,
-the last day's hour rows, the stuck list): never an order, whatever the history. Colours
+the last day's hour rows, the stuck list) and the agents' outage records (one row per
+agent): never an order, whatever the history. Colours
 are SVG presentation attributes (not ``style``), so the page needs nothing from other
 hosts and no inline style under the console's Content-Security-Policy.
 """
@@ -10,9 +11,10 @@ hosts and no inline style under the console's Content-Security-Policy.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from core.dashboard import (
     FAILURE_KINDS,
@@ -21,13 +23,16 @@ from core.dashboard import (
     STUCK_ROW,
     DurationRow,
     Figures,
+    OutageRow,
     duration_rows,
     hour_row,
     merged,
     minute_row,
+    outage_rows,
     split_key,
     time_of_row,
 )
+from core.outages import Outage
 from core.ports import DashboardStore, StoredRow
 from core.timefmt import iso
 
@@ -138,6 +143,9 @@ class Dashboard:
     poison_day: int
     stuck: list[dict[str, Any]]
     stuck_checked: str | None
+    #: the agents failing now, and the outages that ended in the last days
+    outages: list[OutageRow] = field(default_factory=list)
+    past_outages: list[OutageRow] = field(default_factory=list)
 
 
 def _figures(rows: list[StoredRow]) -> dict[str, Figures]:
@@ -163,11 +171,23 @@ def stuck_of(rows: list[StoredRow]) -> tuple[list[dict[str, Any]], str | None]:
     return [], None
 
 
-def load(store: DashboardStore, now: datetime) -> Dashboard:
+class DashboardSource(DashboardStore, Protocol):
+    """What the page reads: the dashboard's rows and the agents' outage records."""
+
+    def read_outages(self) -> dict[str, Outage]: ...
+
+
+def load(store: DashboardSource, now: datetime) -> Dashboard:
     minute_rows = store.dashboard_rows(minute_row(now - timedelta(minutes=59)), MINUTE_PREFIX + "~")
     hour_rows = store.dashboard_rows(hour_row(now - timedelta(hours=23)), HOUR_PREFIX + "~")
     stuck_rows = store.dashboard_rows(STUCK_ROW, STUCK_ROW + "~")
-    return build(_figures(minute_rows), _figures(hour_rows), stuck_of(stuck_rows), now)
+    return build(
+        _figures(minute_rows),
+        _figures(hour_rows),
+        stuck_of(stuck_rows),
+        now,
+        outages=store.read_outages().values(),
+    )
 
 
 def build(
@@ -175,6 +195,8 @@ def build(
     hours: dict[str, Figures],
     stuck: tuple[list[dict[str, Any]], str | None],
     now: datetime,
+    *,
+    outages: Iterable[Outage] = (),
 ) -> Dashboard:
     """The page from the bucket rows: the last 60 minutes and the last 24 hours."""
     minute_keys = [minute_row(now - timedelta(minutes=59 - n)) for n in range(60)]
@@ -253,6 +275,7 @@ def build(
         )
         for agent in agents
     ]
+    current, past = outage_rows(outages, now)
     return Dashboard(
         iso(now),
         started_chart,
@@ -268,6 +291,8 @@ def build(
         day_total.poison,
         stuck[0],
         stuck[1],
+        current,
+        past,
     )
 
 

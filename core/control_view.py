@@ -6,6 +6,11 @@ claim, an agent before a call, the sweep — never once per order. So a pause or
 reaches every instance within ``PERIOD`` seconds, and costs each instance at most one
 read per period (17,280 a day at 5 s; none while idle: the read happens when asked).
 
+The same read takes the agents' shared outage records (``core.outages``: one small range
+query more, the same period), so every instance knows when an outage ended and ramps the
+release of the steps it held from the same time (``AgentRuntime.released_at``), and a
+process that wrote a record itself uses what it wrote at once (``learn``).
+
 When the read fails, the last controls read stay in force (logged through ``warn``), and
 the next read is tried a period later; an instance that never read them runs every
 agent as declared (it does not stop work it cannot know is paused).
@@ -27,6 +32,7 @@ from types import MappingProxyType
 from typing import Final, Protocol
 
 from core.controls import AgentControl, Limits, Pause, declared_limits
+from core.outages import Outage
 from core.workflows import Agent
 
 #: How long an instance uses the controls it read before reading them again.
@@ -52,6 +58,10 @@ class ControlSource(Protocol):
     def read_controls(self) -> Mapping[str, AgentControl]: ...
 
 
+class OutageSource(Protocol):
+    def read_outages(self) -> Mapping[str, Outage]: ...
+
+
 @dataclass(frozen=True)
 class AgentRuntime:
     """What this instance applies to one agent now."""
@@ -59,9 +69,13 @@ class AgentRuntime:
     agent: str
     pause: Pause | None
     limits: Limits
+    #: when the steps held for it were last released (a resume every instance has read,
+    #: or the end of an outage): calls ramp up from then (``core.outages.ramp_rate``)
+    released_at: datetime | None = None
 
 
 _NONE: Mapping[str, AgentControl] = MappingProxyType({})
+_NO_OUTAGES: Mapping[str, Outage] = MappingProxyType({})
 
 
 class ControlView:
@@ -72,8 +86,13 @@ class ControlView:
         *,
         period: timedelta = PERIOD,
         warn: Callable[[str], None] | None = None,
+        outages: OutageSource | None = None,
     ):
+        """``outages``: where the agents' shared outage records are read, with the
+        controls (None: none known)."""
         self._source = source
+        self._outage_source = outages
+        self._outages: Mapping[str, Outage] = _NO_OUTAGES
         self._clock = clock
         self._period = period
         self._warn = warn
@@ -104,6 +123,7 @@ class ControlView:
                     f"the agents' runtime controls could not be read ({type(exc).__name__}: "
                     f"{exc}); {'keeping the last ones read' if known else 'running as declared'}"
                 )
+        outages = self._read_outages()
         with self._lock:
             self._reading = False
             self._fresh_until = now + self._period
@@ -111,7 +131,34 @@ class ControlView:
                 self._controls = fresh
             elif self._controls is None:
                 self._controls = _NONE
+            if outages is not None:
+                self._outages = outages
             return self._controls
+
+    def _read_outages(self) -> Mapping[str, Outage] | None:
+        if self._outage_source is None:
+            return None
+        try:
+            return MappingProxyType(dict(self._outage_source.read_outages()))
+        except Exception as exc:  # noqa: BLE001 - keep what is known; try again a period later
+            if self._warn is not None:
+                self._warn(
+                    f"the agents' outage records could not be read ({type(exc).__name__}: "
+                    f"{exc}); keeping the last ones read"
+                )
+            return None
+
+    def outage(self, agent: str) -> Outage | None:
+        """The agent's shared outage record as last read or written here (None: none).
+        Never reads: the agents ask it on their event loop (the controls' read, before
+        each attempt, keeps it fresh)."""
+        with self._lock:
+            return self._outages.get(agent)
+
+    def learn(self, outage: Outage) -> None:
+        """This process wrote (or read) ``outage`` just now: use it until the next read."""
+        with self._lock:
+            self._outages = MappingProxyType({**self._outages, outage.agent: outage})
 
     def forget(self) -> None:
         """Read again at the next question (this process changed them)."""
@@ -126,7 +173,30 @@ class ControlView:
 
     def runtime(self, agent: Agent) -> AgentRuntime:
         control = self.control(agent.name)
-        return AgentRuntime(agent.name, control.pause, control.limits(declared_limits(agent)))
+        return AgentRuntime(
+            agent.name,
+            control.pause,
+            control.limits(declared_limits(agent)),
+            self.released_at(agent.name),
+        )
+
+    def released_at(self, agent: str) -> datetime | None:
+        """When the steps held for ``agent`` were last released: the resume once every
+        instance has read it (``SETTLE``: when held steps start to go), or the end of its
+        last outage, whichever is later. None while it is paused, or never held."""
+        control = self.control(agent)
+        if control.pause is not None:
+            return None
+        outage = self.outage(agent)
+        times = [
+            t
+            for t in (
+                control.resumed_at + SETTLE if control.resumed_at is not None else None,
+                outage.ended_at if outage is not None and not outage.failing else None,
+            )
+            if t is not None
+        ]
+        return max(times, default=None)
 
     def released(self, agent: str, now: datetime) -> bool:
         """Not paused, and any resume is old enough that every instance has read it: a

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from core.outages import PAST_DAYS, Outage
+from core.timefmt import iso
+
 #: Histogram buckets: bucket ``i`` holds durations in [2^(i/4), 2^((i+1)/4)) ms; bucket 0
 #: also holds everything under 1 ms, the last one everything over 2^26 ms (18.6 h).
 PER_DOUBLING: Final = 4
@@ -367,3 +370,56 @@ def stuck_steps(
                 )
             )
     return sorted(out, key=lambda s: (s.since, s.order_id))
+
+
+# --- outages --------------------------------------------------------------------------------
+
+#: Past outages the dashboard lists at most (newest first).
+PAST_OUTAGES_SHOWN: Final = 20
+
+
+@dataclass(frozen=True)
+class OutageRow:
+    """An agent's outage as the dashboard lists it (docs/contracts.md §3.14): current (its
+    remote still failing: ``until`` None), or past."""
+
+    agent: str
+    since: datetime
+    until: datetime | None
+    last_failure: datetime | None
+    #: orders held, counted when its alert went (None: not alerted yet, or not counted)
+    waiting: int | None
+    reason: str
+    #: told to operators: failing for OUTAGE_ALERT_SECONDS (a streak shorter than that is
+    #: listed as failing, not yet an outage)
+    alerted: bool
+
+    @property
+    def shown(self) -> dict[str, str]:
+        """Its times as the page shows them (ISO 8601 UTC; "-" for none)."""
+        return {
+            "since": iso(self.since),
+            "until": iso(self.until) if self.until else "-",
+            "lastFailure": iso(self.last_failure) if self.last_failure else "-",
+        }
+
+
+def outage_rows(
+    outages: Iterable[Outage], now: datetime
+) -> tuple[list[OutageRow], list[OutageRow]]:
+    """The agents failing now (earliest first), and the outages that ended within
+    ``PAST_DAYS`` (newest first), from the agents' shared outage records."""
+    current, past = [], []
+    for o in outages:
+        if o.failing and o.since is not None:
+            current.append(
+                OutageRow(o.agent, o.since, None, o.last_failure_at, o.waiting, o.reason, o.alerted)
+            )
+        past += [
+            OutageRow(o.agent, p.since, p.until, None, p.waiting, p.reason, True)
+            for p in o.past
+            if p.until >= now - PAST_DAYS
+        ]
+    current.sort(key=lambda r: (r.since, r.agent))
+    past.sort(key=lambda r: (r.until or r.since, r.agent), reverse=True)
+    return current, past[:PAST_OUTAGES_SHOWN]

@@ -630,6 +630,12 @@ def status_message(order_id: str, status: str, at: datetime, **extra: Any) -> st
     )
 
 
+#: An alert's ``kind`` (docs/contracts.md §3.5, §3.14): about an order, or an agent's
+#: outage and its end.
+ORDER_ALERT: Final = "order"
+OUTAGE_ALERT: Final = "outage"
+RECOVERED_ALERT: Final = "recovered"
+
 #: What an alert names as its step when that is no step the declarations declare. The step
 #: is a dimension of the Azure Monitor alert rule (one e-mail per value, infra/app/
 #: alerts.bicep), so it takes only declared names: a message cannot mint new ones.
@@ -654,16 +660,51 @@ def alert_step(step: object) -> tuple[str, str]:
 def alert_message(
     order_id: str, step: str, reason: str, failure_count: int, at: datetime, **extra: Any
 ) -> str:
-    """An operator alert (docs/contracts.md §3.5): ``step`` only as ``alert_step`` allows."""
+    """An operator alert about an order (docs/contracts.md §3.5; ``kind`` ``order``, as
+    §3.14 tells it from an agent's outage): ``step`` only as ``alert_step`` allows."""
     step, detail = alert_step(step)
     return json.dumps(
         {
+            "kind": ORDER_ALERT,
             "orderId": order_id,
             "step": step,
             "reason": visible(reason) + detail,
             "failureCount": failure_count,
             "at": iso(at),
             **extra,
+        },
+        separators=(",", ":"),
+    )
+
+
+def outage_alert_message(
+    agent: str, since: datetime, waiting: int | None, reason: str, at: datetime
+) -> str:
+    """One agent's outage, told once (docs/contracts.md §3.14): every call to its remote
+    has failed since ``since``; ``waiting`` orders are held (None: they could not be
+    counted)."""
+    return json.dumps(
+        {
+            "kind": OUTAGE_ALERT,
+            "agent": agent,
+            "since": iso(since),
+            "waiting": waiting,
+            "reason": visible(reason),
+            "at": iso(at),
+        },
+        separators=(",", ":"),
+    )
+
+
+def recovered_alert_message(agent: str, since: datetime, at: datetime, reason: str) -> str:
+    """The end of the outage that began at ``since``: the remote answered at ``at``."""
+    return json.dumps(
+        {
+            "kind": RECOVERED_ALERT,
+            "agent": agent,
+            "since": iso(since),
+            "at": iso(at),
+            "reason": visible(reason),
         },
         separators=(",", ":"),
     )

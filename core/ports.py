@@ -4,7 +4,8 @@
 (``tests/integration/test_store_contract.py``): ``stores.tables.TableStateStore`` (Azure
 Table Storage) and ``stores.memory.InMemoryStateStore`` (for unit tests of the services).
 ``AgentControlStore`` (the agents' runtime controls and their audit, ``core.controls``)
-is kept by the same two stores, beside the orders, under the same contract suite.
+and ``OutageStore`` (the agents' shared outage records, ``core.outages``) are kept by the
+same two stores, beside the orders, under the same contract suite.
 ``AgentTransport`` has two adapters that pass one contract suite
 (``tests/integration/test_transport_contract.py``):
 ``messaging.storage_queues.StorageQueueTransport`` (on Azurite) and
@@ -23,6 +24,7 @@ from core.controls import AgentControl, AuditEntry
 from core.dashboard import Activity, InFlight
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
+from core.outages import Outage
 from core.search import FIELD_NAME, check_value, search_text
 from core.states import OrderStatus
 
@@ -190,6 +192,20 @@ class AgentControlStore(Protocol):
     ) -> tuple[list[AuditEntry], str | None]:
         """Audit entries, newest first (of one agent, or all), a page at a time
         (``InvalidContinuationToken`` for a token this store did not hand out)."""
+
+
+class OutageStore(Protocol):
+    """The agents' shared outage records (``core.outages``): one per agent, each write
+    conditional on the ETag read (``ConcurrencyConflict`` if another came first; a record
+    read as new must not exist yet). ``StorageUnavailable`` if the store does not answer,
+    or the outcome of a write is unknown."""
+
+    def read_outages(self) -> dict[str, Outage]: ...
+
+    def write_outage(self, outage: Outage) -> Outage:
+        """Store ``outage`` (If-Match its ``etag``; None: create); returns it with its new
+        ETag."""
+        ...
 
 
 @dataclass(frozen=True)

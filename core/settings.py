@@ -43,6 +43,7 @@ STUCK_FLOOR_SECONDS: Final = "STUCK_FLOOR_SECONDS"
 MAX_CLOCK_SKEW_SECONDS: Final = "MAX_CLOCK_SKEW_SECONDS"
 REPLY_QUEUES: Final = "REPLY_QUEUES"
 KEPT_DAYS: Final = "KEPT_DAYS"
+OUTAGE_ALERT_SECONDS: Final = "OUTAGE_ALERT_SECONDS"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
 DECLARATIONS: Final = "ORDERS_DECLARATIONS"
@@ -92,6 +93,7 @@ APP_SETTINGS: Final = (
     MAX_CLOCK_SKEW_SECONDS,
     REPLY_QUEUES,
     KEPT_DAYS,
+    OUTAGE_ALERT_SECONDS,
 )
 
 DEFAULT_STEP_TIMEOUT_SECONDS: Final = 30
@@ -101,6 +103,10 @@ DEFAULT_SUPERVISOR_SCHEDULE: Final = "*/10 * * * * *"
 #: the service down for everyone) before it fails for good; outages shorter than this
 #: are ridden out without an operator.
 DEFAULT_DEFERRAL_WINDOW_SECONDS: Final = 1800
+#: Every call to an agent's remote failing for this long is an outage: one operator alert
+#: for the agent (and one when it answers again), never one per order (§3.14).
+DEFAULT_OUTAGE_ALERT_SECONDS: Final = 300
+MAX_OUTAGE_ALERT_SECONDS: Final = 86_400
 #: Retention runs every 15 minutes, each archiving at most ``RETENTION_BATCH`` orders
 #: (about 96,000 a day by default; raise the batch for more).
 DEFAULT_RETENTION_SCHEDULE: Final = "0 */15 * * * *"
@@ -422,6 +428,8 @@ class Settings:
     max_clock_skew_seconds: int = DEFAULT_MAX_CLOCK_SKEW_SECONDS
     #: the queues an order's replyTo may name (core.reply_queues; empty: none)
     reply_queues: ReplyQueues = field(default_factory=ReplyQueues)
+    #: how long every call to an agent's remote fails before one outage alert (core.outages)
+    outage_alert_seconds: int = DEFAULT_OUTAGE_ALERT_SECONDS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -484,6 +492,9 @@ class Settings:
                 MAX_MAX_CLOCK_SKEW_SECONDS,
             ),
             reply_queues=_reply_queues(env),
+            outage_alert_seconds=_positive_int(
+                env, OUTAGE_ALERT_SECONDS, DEFAULT_OUTAGE_ALERT_SECONDS, MAX_OUTAGE_ALERT_SECONDS
+            ),
         )
 
     def require_remote_service_url(self) -> str:

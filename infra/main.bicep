@@ -66,6 +66,11 @@ param deferralWindowSeconds int = 1800
 @description('MAX_CLOCK_SKEW_SECONDS: how far apart two instances\' clocks may be. A step in doubt is not undone before its last attempt\'s deadline plus this has passed on every clock.')
 param maxClockSkewSeconds int = 10
 
+@minValue(1)
+@maxValue(86400)
+@description('OUTAGE_ALERT_SECONDS: when every call to an agent\'s remote has failed for this long, one operator alert (kind outage) tells of it for the agent, and one more (kind recovered) when it answers again, however many instances run; the orders that wait get none. At most a day.')
+param outageAlertSeconds int = 300
+
 @description('RETENTION: how long finished orders stay in the state table before the retention timer archives them to the orders-archive container and deletes them: comma-separated [workflow/]status=duration (s, m, h, d). error orders (waiting for an operator) go 180 days after their last change; a status no rule names stays for ever.')
 param retention string = 'completed=30d,compensated=90d,cancelled=90d,error=180d'
 
@@ -318,6 +323,7 @@ module functionApp 'app/function-app.bicep' = {
     supervisorSchedule: supervisorSchedule
     deferralWindowSeconds: deferralWindowSeconds
     maxClockSkewSeconds: maxClockSkewSeconds
+    outageAlertSeconds: outageAlertSeconds
     consoleReadOnly: consoleReadOnly
     replyQueues: replyQueues
     retention: retention

@@ -50,6 +50,7 @@ from core.states import OrderStatus
 from stores import codec, controls, entities, layout, listing, writes
 from stores.controls import ControlRows
 from stores.dashboard import DashboardRows
+from stores.outages import OutageRows
 from stores.sweeps import SweepReads
 from stores.writes import Op
 
@@ -98,7 +99,7 @@ class _Partition:
         del self.keys[bisect.bisect_left(self.keys, row)]
 
 
-class InMemoryStateStore(SweepReads, ControlRows, DashboardRows):
+class InMemoryStateStore(SweepReads, ControlRows, OutageRows, DashboardRows):
     """``core.ports.StateStore`` in memory, with ``TableStateStore``'s observable semantics."""
 
     def __init__(self) -> None:

@@ -51,6 +51,7 @@ from core.states import OrderStatus
 from stores import codec, controls, entities, layout, listing, writes
 from stores.controls import ControlRows
 from stores.dashboard import DashboardRows
+from stores.outages import OutageRows
 from stores.recent import MAX_BODY_CHARS, RecentWrites
 from stores.sweeps import SweepReads
 
@@ -59,7 +60,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class TableStateStore(SweepReads, ControlRows, DashboardRows):
+class TableStateStore(SweepReads, ControlRows, OutageRows, DashboardRows):
     def __init__(self, table: TableClient, recent: RecentWrites | None = None):
         """``recent``: what this process wrote last of each order (``stores/recent.py``);
         a store of its own by default."""

@@ -41,7 +41,10 @@ async def _off_the_loop(work: Callable[[AppContext], object], what: str) -> None
     arg_name="timer", schedule="%SUPERVISOR_SCHEDULE%", run_on_startup=False, use_monitor=True
 )
 def supervise(timer: func.TimerRequest) -> None:
-    app_context().supervisor.run()
+    ctx = app_context()
+    ctx.supervisor.run()
+    # The agents' outage alerts still owed after their grace (messaging/outages.py).
+    ctx.outages.finish()
 
 
 @bp.timer_trigger(

@@ -48,6 +48,10 @@ param deferralWindowSeconds int
 @maxValue(300)
 param maxClockSkewSeconds int
 
+@minValue(1)
+@maxValue(86400)
+param outageAlertSeconds int
+
 @description('CONSOLE_READ_ONLY: the console shows orders but offers and accepts no action.')
 param consoleReadOnly bool
 
@@ -292,6 +296,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
         {
           name: 'MAX_CLOCK_SKEW_SECONDS'
           value: string(maxClockSkewSeconds)
+        }
+        {
+          name: 'OUTAGE_ALERT_SECONDS'
+          value: string(outageAlertSeconds)
         }
         {
           // Written out: string() of a bool gives 'True'/'False'.

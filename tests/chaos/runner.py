@@ -768,7 +768,12 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
                 and (final[o] is None or str(final[o].status) != "completed")  # type: ignore[union-attr]
             ),
             stalledAlerted=sorted(
-                {a["orderId"] for a in alerts if a["orderId"].endswith("-stall")}
+                {
+                    a["orderId"]
+                    for a in alerts
+                    # an agent's outage alert (contract 3.14) names no order
+                    if a.get("kind", "order") == "order" and a["orderId"].endswith("-stall")
+                }
             ),
         )
         if plan.keep_workdir:

@@ -204,6 +204,7 @@ def test_parameter_defaults_match_the_code_defaults() -> None:
     assert params["dashboardSchedule"]["default"] == settings.DEFAULT_DASHBOARD_SCHEDULE
     assert params["stuckFloorSeconds"]["default"] == settings.DEFAULT_STUCK_FLOOR_SECONDS
     assert params["maxClockSkewSeconds"]["default"] == settings.DEFAULT_MAX_CLOCK_SKEW_SECONDS
+    assert params["outageAlertSeconds"]["default"] == settings.DEFAULT_OUTAGE_ALERT_SECONDS
     assert params["replyQueues"]["default"] == ""  # no status messages unless listed
     assert params["keptDays"]["default"] == DEFAULT_KEPT_DAYS
     Retention.parse(params["retention"]["default"])  # a default the app accepts
@@ -247,6 +248,15 @@ def test_clock_skew_bounds_match_the_code() -> None:
         assert _bounds(param) == {
             "min_value": 1,
             "max_value": settings.MAX_MAX_CLOCK_SKEW_SECONDS,
+        }, rel(path)
+
+
+def test_outage_alert_bounds_match_the_code() -> None:
+    for path in (MAIN, INFRA / "app" / "function-app.bicep"):
+        param = parse(path)["parameters"]["outageAlertSeconds"]
+        assert _bounds(param) == {
+            "min_value": 1,
+            "max_value": settings.MAX_OUTAGE_ALERT_SECONDS,
         }, rel(path)
 
 

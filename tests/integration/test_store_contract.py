@@ -1,6 +1,7 @@
-"""The ``StateStore`` contract (and ``AgentControlStore``'s, kept by the same stores), one
-suite run on both adapters: ``TableStateStore`` on Azurite and ``InMemoryStateStore``. What passes here may be relied on of either, so the
-services' unit tests on the in-memory store say something about Azure.
+"""The ``StateStore`` contract (and ``AgentControlStore``'s and ``OutageStore``'s, kept by
+the same stores), one suite run on both adapters: ``TableStateStore`` on Azurite and
+``InMemoryStateStore``. What passes here may be relied on of either, so the services'
+unit tests on the in-memory store say something about Azure.
 
 A few tests damage or add rows below the store (a stray row, a manual edit, an index
 row gone): ``Raw`` does that the same way on both.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,6 +32,7 @@ from core.errors import (
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
 from core.orders import decode_order, utf16_units
+from core.outages import Outage, OutagePolicy, report_answer, report_failing
 from core.policy import RetryPolicy
 from core.ports import IndexEntry, ListFilter, StateStore
 from core.states import OrderStatus, StepState
@@ -764,6 +766,58 @@ def test_controls_are_not_orders_and_orders_are_not_controls(store: Any) -> None
     assert [e.order_id for e in store.stale_outbox(far)] == ["o-beside"]
     assert store.list_by_status(OrderStatus.PENDING, 10, None) == (["o-beside"], None)
     assert list(store.read_controls()) == ["orders"]
+
+
+# --- the agents' shared outage records (OutageStore) ------------------------------------------
+
+
+def _outage(agent: str = "carrier") -> Outage:
+    first = report_failing(
+        Outage(agent), T0, T0 + timedelta(seconds=10), "HTTP 503", T0, OutagePolicy()
+    )
+    assert first is not None
+    alerted = report_failing(
+        first, T0, T0 + timedelta(seconds=300), "HTTP 502 \u202e", T0, OutagePolicy()
+    )
+    assert alerted is not None and alerted.owed
+    return alerted
+
+
+def test_an_outage_record_round_trips_every_field(store: Any) -> None:
+    assert store.read_outages() == {}
+    stored = store.write_outage(_outage())
+    assert stored.etag is not None
+    assert store.read_outages() == {"carrier": stored}  # every field, the ETag included
+
+    ended = report_answer(stored, T0 + timedelta(seconds=400), T0 + timedelta(seconds=400))
+    assert ended is not None and len(ended.owed) == 2 and ended.past
+    again = store.write_outage(ended)
+    assert again.etag != stored.etag
+    assert store.read_outages()["carrier"] == again
+
+
+def test_an_outage_write_is_conditional(store: Any) -> None:
+    first = store.write_outage(_outage())
+    with pytest.raises(ConcurrencyConflict):  # created meanwhile by another instance
+        store.write_outage(_outage())
+    newer = store.write_outage(replace(first, reason="newer"))
+    with pytest.raises(ConcurrencyConflict):  # decided on what was read before that
+        store.write_outage(replace(first, reason="stale"))
+    assert store.read_outages()["carrier"] == newer
+
+
+def test_outages_are_neither_controls_nor_orders(store: Any) -> None:
+    paused, entry = controls.pause(AgentControl("carrier"), DECLARED_LIMITS, "alice", "r", T0)
+    store.write_control(paused, entry)
+    store.write_outage(_outage("carrier"))
+    store.write_outage(_outage("orders"))
+    store.create(accept("o-beside"))
+    assert list(store.read_controls()) == ["carrier"]
+    assert sorted(store.read_outages()) == ["carrier", "orders"]
+    far = T0 + timedelta(days=3650)
+    assert [e.order_id for e in store.due_pending(far)] == ["o-beside"]
+    entries, _ = store.audit_page(10)
+    assert [e.action for e in entries] == ["pause"]
 
 
 def test_steps_held_for_a_pause_are_found_whatever_their_due_time(

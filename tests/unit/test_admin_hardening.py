@@ -436,6 +436,7 @@ def test_alert_once_alerts_once_and_forgets_the_oldest(monkeypatch: pytest.Monke
     queue, body = queues.sent[0]
     assert queue == "operator-alerts"
     assert json.loads(body) == {
+        "kind": "order",
         "orderId": "o-1",
         "step": "process",
         "reason": "corrupt",

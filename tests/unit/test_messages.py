@@ -18,6 +18,8 @@ from core.messages import (
     alert_message,
     decode_reply,
     decode_request,
+    outage_alert_message,
+    recovered_alert_message,
     rejection_message,
     status_message,
 )
@@ -730,11 +732,39 @@ def test_notice_times_are_utc_with_z_whatever_the_offset_given() -> None:
 
 def test_alert_message_has_exactly_the_contract_fields() -> None:
     assert json.loads(alert_message("o-1", "ship", "ship gave no reply", 5, T0)) == {
+        "kind": "order",
         "orderId": "o-1",
         "step": "ship",
         "reason": "ship gave no reply",
         "failureCount": 5,
         "at": T0_TEXT,
+    }
+
+
+def test_an_outage_alert_has_exactly_the_contract_fields() -> None:
+    since = T0 - timedelta(minutes=5)
+    body = outage_alert_message("carrier", since, 17, "ship: HTTP 503 \u202ebusy", T0)
+
+    assert json.loads(body) == {
+        "kind": "outage",
+        "agent": "carrier",
+        "since": "2026-11-22T10:10:30.123Z",
+        "waiting": 17,
+        "reason": "ship: HTTP 503 \\u202ebusy",  # outside text, shown escaped
+        "at": T0_TEXT,
+    }
+
+
+def test_a_recovered_alert_names_the_outage_it_ends() -> None:
+    since = T0 - timedelta(minutes=5)
+    body = json.loads(recovered_alert_message("carrier", since, T0, "answered again"))
+
+    assert body == {
+        "kind": "recovered",
+        "agent": "carrier",
+        "since": "2026-11-22T10:10:30.123Z",
+        "at": T0_TEXT,
+        "reason": "answered again",
     }
 
 

@@ -47,6 +47,7 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "MAX_CLOCK_SKEW_SECONDS",
         "REPLY_QUEUES",
         "KEPT_DAYS",
+        "OUTAGE_ALERT_SECONDS",
     )
 
 
@@ -378,6 +379,19 @@ def test_the_deferral_window_is_a_setting_with_a_production_default() -> None:
     assert "DEFERRAL_WINDOW_SECONDS" in error(
         AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", DEFERRAL_WINDOW_SECONDS="soon"
     )
+
+
+def test_the_outage_alert_time_is_a_setting_with_a_production_default() -> None:
+    assert settings(AGENT_TRANSPORT="storage").outage_alert_seconds == 300
+    assert settings(AGENT_TRANSPORT="storage", OUTAGE_ALERT_SECONDS="60").outage_alert_seconds == 60
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-5", "1.5", "86401"])
+def test_an_outage_alert_time_out_of_bounds_is_refused_by_name(raw: str) -> None:
+    message = error(
+        AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", OUTAGE_ALERT_SECONDS=raw
+    )
+    assert "OUTAGE_ALERT_SECONDS" in message and "86400" in message
 
 
 @pytest.mark.parametrize(
