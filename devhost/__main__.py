@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from core.settings import DEVHOST_INSTANCE_ID, disabled_setting
-from devhost import app_loader, deployed
+from devhost import app_loader, deployed, pool
 from devhost.host import DevHost
 from devhost.invoke import Invoker
 from devhost.settings import ConfigError, load_host_json
 from devhost.singleton import host_id
-from hostrun import pool
 from hostrun import worker as hostrun
 from observability import opcount
 
@@ -132,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.verbose)
     try:
         devhost = build(args)
-    except ConfigError as error:
+    except (ConfigError, hostrun.WorkerError) as error:
         print(f"devhost: error: {error}", file=sys.stderr, flush=True)
         return 2
     stop = threading.Event()

@@ -7,7 +7,7 @@ it starts the runtime, sets each one the environment leaves unset. So an app sta
 the README says runs on the pool it has in Azure, not on Python's default of
 ``min(32, CPUs + 4)`` threads. A value set in the environment wins (a test or a run that
 means to differ): devhost logs it beside the deployed value, and warns when the pool is
-below what the functions need (``hostrun.pool.shortfall``).
+below what the functions need (``devhost.pool.shortfall``).
 
 The app's own settings (``core/settings.py``) have their defaults in code, equal to
 Bicep's parameters' defaults (``tests/infra``); they are not listed here.

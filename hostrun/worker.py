@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devhost.settings import ConfigError
 from hostrun import rpc, shapes
 
 log = logging.getLogger("hostrun")
@@ -54,7 +53,7 @@ BUILDERS: dict[str, Callable[[Any, Any, str], tuple[Any, shapes.Metadata]]] = {
 }
 
 
-class WorkerError(ConfigError):
+class WorkerError(Exception):
     """The runtime refused a request (init, indexing, load): devhost exits 2 with it."""
 
 

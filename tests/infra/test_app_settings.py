@@ -35,7 +35,7 @@ from tests.infra.bicep import (
 PLATFORM_SETTINGS = {
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",
-    # azure-functions-runtime's pool (hostrun/pool.py; tests/unit/test_thread_pool.py)
+    # azure-functions-runtime's pool (devhost/pool.py; tests/unit/test_thread_pool.py)
     "PYTHON_THREADPOOL_THREAD_COUNT",
 }
 CONNECTIONS = {settings.STORAGE, settings.SERVICE_BUS}

@@ -119,6 +119,12 @@ def test_observability_imports_nothing_of_the_app_but_core(path: Path) -> None:
     assert imports_of(path) & app == set()
 
 
+@pytest.mark.parametrize("path", modules("hostrun"), ids=lambda p: p.name)
+def test_hostrun_drives_the_runtime_and_knows_nothing_of_devhost(path: Path) -> None:
+    """One direction: devhost (the local host) uses hostrun (the runtime's driver)."""
+    assert "devhost" not in imports_of(path)
+
+
 def test_every_app_package_is_covered_by_a_rule() -> None:
     ruled = set(ROLES) | {"core", "observability", "stores", "messaging", "bootstrap"}
     assert set(APP) <= ruled <= local_packages()

@@ -1,5 +1,5 @@
 """The runtime's thread pool holds every synchronous function's host.json concurrency at
-once (hostrun/pool.py): deployed, locally (devhost applies the deployed value when unset:
+once (devhost/pool.py): deployed, locally (devhost applies the deployed value when unset:
 devhost/deployed.py), and in the example settings."""
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 
-from devhost import deployed
+from devhost import deployed, pool
 from devhost.app_loader import FunctionSpec
+from devhost.pool import SETTING
 from devhost.settings import ConfigError
-from hostrun import pool
-from hostrun.pool import SETTING
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYED_THREADS = deployed.settings(ROOT)[SETTING]
@@ -29,7 +28,7 @@ DEPLOYED_THREADS = deployed.settings(ROOT)[SETTING]
 NEEDED = """
 import json, sys
 from devhost import app_loader
-from hostrun import pool
+from devhost import pool
 app = app_loader.find_app(app_loader.load_module("function_app", "."))
 environ = {"SUPERVISOR_SCHEDULE": "*/10 * * * * *", "ServiceBusConnection": "x"}
 specs = [app_loader.build_spec(fn, environ) for fn in app.get_functions()]
