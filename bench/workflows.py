@@ -20,11 +20,15 @@ figure's target, what was measured and whether it holds:
   apart (the trigger polls every 100 ms after a message). ``fireLagMs``: the delay's end
   (its ``succeeded`` event) minus its time (``decided.until``); ``requestLagMs``: the next
   step's call arriving at the simulator minus the delay's time. How the wake-up is made
-  (``messaging/dispatch.py``): the order is queued on ``order-dispatch`` with a visibility
-  delay of ``ceil(until - now)`` seconds (a Storage queue counts whole seconds); the
-  ``visibilityRoundUpMs`` figure is that rounding, and ``pickupMs`` the rest: the time
-  from the message becoming visible to the delay's end (the trigger's poll back-off, up
-  to ``maxPollingInterval`` when the queue was idle, then the claim).
+  (``messaging/dispatch.py``): on Storage queues the order is queued on ``order-dispatch``
+  with a visibility delay of ``ceil(until - now)`` seconds (a Storage queue counts whole
+  seconds); the ``visibilityRoundUpMs`` figure is that rounding, and ``pickupMs`` the
+  rest: the time from the message becoming visible to the delay's end (the trigger's
+  poll back-off, up to ``maxPollingInterval`` when the queue was idle, then the claim).
+  With ``--transport servicebus`` the wake-up is a Service Bus scheduled message for the
+  delay's time to the millisecond on ``order-wakeups``, pushed to ``wake_order``: no
+  rounding (``visibilityRoundUpMs`` 0), and ``pickupMs`` is the broker's enqueue, the
+  push and the claim.
 - ``events`` (``ev``: ``Event("go")``, then one remote step): ``--events`` orders wait,
   then their events are POSTed open-loop at ``--event-rate`` per second to the devhosts
   (alternating). ``eventToRequestMs``: the next step's call arriving at the simulator
@@ -254,7 +258,9 @@ def delay_series(
     stack: LocalStack, count: int, gaps: tuple[float, float], timeout: float
 ) -> dict[str, Any]:
     """``count`` delayed orders, half ``dl`` (seconds), half ``dl-until`` (a time), sent
-    ``gaps`` seconds apart (low, high; spread evenly between them)."""
+    ``gaps`` seconds apart (low, high; spread evenly between them). On Service Bus the
+    wake-up is scheduled to the millisecond: no round-up."""
+    rounded = stack.transport != "servicebus"
     ctx = stack.context
     prefix = f"dl-{uuid.uuid4().hex[:6]}"
     sent: dict[str, str] = {}
@@ -283,7 +289,7 @@ def delay_series(
         ended = event_times(pause.history, "succeeded")[0]
         figures = by_form.setdefault(sent[order_id], {})
         figures.setdefault("fireLag", []).append(ended - until)
-        round_up = visibility_round_up(order.created_at.timestamp(), until)
+        round_up = visibility_round_up(order.created_at.timestamp(), until) if rounded else 0.0
         figures.setdefault("visibilityRoundUp", []).append(round_up)
         figures.setdefault("pickup", []).append(ended - until - round_up)
         remote = first_call(calls, f"{order_id}:after")
@@ -317,8 +323,10 @@ def delays(stack: LocalStack, idle: int, busy: int, timeout: float) -> dict[str,
         "on an otherwise idle stack; fireLag = the delay's succeeded event - decided.until; "
         "requestLag = the next step's call at the simulator - decided.until; "
         "visibilityRoundUp = ceil(until - accepted) - (until - accepted): the whole-second "
-        "rounding of the order-dispatch message's visibility delay; pickup = fireLag - "
-        "visibilityRoundUp: the trigger's poll, then the claim",
+        "rounding of the order-dispatch message's visibility delay (0 on Service Bus: a "
+        "scheduled message on order-wakeups, to the millisecond); pickup = fireLag - "
+        "visibilityRoundUp: the trigger's poll (Storage) or the push (Service Bus), then "
+        "the claim",
         "idle": delay_series(stack, idle, IDLE_GAPS, timeout),
         "busy": delay_series(stack, busy, BUSY_GAPS, timeout),
     }

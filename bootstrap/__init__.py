@@ -292,7 +292,16 @@ class AppContext:
 
     @part
     def dispatch_queue(self) -> DispatchQueue:
-        return DispatchQueue(self.queues, self.names, self.clock)
+        """Wake-ups for later as Service Bus scheduled messages where the agent queues are
+        on Service Bus (``order-wakeups``, ``wake_order``); on Storage queues, a visibility
+        delay on ``order-dispatch``."""
+        if self.settings.transport is Transport.STORAGE:
+            return DispatchQueue(self.queues, self.names, self.clock)
+        from messaging.servicebus import ServiceBusTransport
+
+        transport = self.transport
+        scheduled = transport if isinstance(transport, ServiceBusTransport) else None
+        return DispatchQueue(self.queues, self.names, self.clock, scheduled=scheduled)
 
     @part
     def supervisor(self) -> Supervisor:

@@ -11,6 +11,9 @@ OPERATOR_ALERTS: Final = "operator-alerts"
 ORDER_DISPATCH: Final = "order-dispatch"
 AGENT_REQUESTS: Final = "agent-requests"
 AGENT_REPLIES: Final = "agent-replies"
+#: An order's wake-ups at a time (a delay's end, a retry after its backoff), as Service
+#: Bus scheduled messages when the agent queues are on Service Bus (messaging/dispatch.py).
+ORDER_WAKEUPS: Final = "order-wakeups"
 STATE_TABLE: Final = "OrderState"
 #: The Blob container of archived orders (docs/contracts.md §3.12).
 ORDERS_ARCHIVE: Final = "orders-archive"
@@ -26,6 +29,7 @@ class Names:
     order_dispatch: str = ORDER_DISPATCH
     agent_requests: str = AGENT_REQUESTS
     agent_replies: str = AGENT_REPLIES
+    order_wakeups: str = ORDER_WAKEUPS
     state_table: str = STATE_TABLE
     orders_archive: str = ORDERS_ARCHIVE
 
@@ -39,6 +43,7 @@ class Names:
             order_dispatch=f"{ORDER_DISPATCH}-{tag}",
             agent_requests=f"{AGENT_REQUESTS}-{tag}",
             agent_replies=f"{AGENT_REPLIES}-{tag}",
+            order_wakeups=f"{ORDER_WAKEUPS}-{tag}",
             state_table=f"{STATE_TABLE}{tag}",
             orders_archive=f"{ORDERS_ARCHIVE}-{tag}",
         )
@@ -61,6 +66,11 @@ class Names:
         from core.workflows import AGENTS  # core: the registry, loaded when first needed
 
         return tuple(self.agent_queue(name) for name in sorted(AGENTS))
+
+    def service_bus_queues(self) -> tuple[str, ...]:
+        """The queues that live on Service Bus with ``AGENT_TRANSPORT=servicebus`` (as
+        deployed): every agent's request queue, the replies and the order wake-ups."""
+        return (*self.agent_queues(), self.agent_replies, self.order_wakeups)
 
     def poisoned(self) -> tuple[str, ...]:
         """The queues whose failed messages go to ``<queue>-poison`` (Storage queues; the
@@ -103,6 +113,7 @@ class Names:
             self.order_dispatch,
             self.agent_requests,
             self.agent_replies,
+            self.order_wakeups,
         }
         return base in fixed or base.startswith(f"{self.agent_requests}-")
 

@@ -264,6 +264,16 @@ class Clock(Protocol):
     def __call__(self) -> datetime: ...
 
 
+class ScheduledSender(Protocol):
+    """A queue whose messages can be scheduled to the millisecond and are pushed to their
+    trigger when due (Service Bus: ``messaging.servicebus``)."""
+
+    def send_at(self, queue: str, body: str, at: datetime) -> None:
+        """``body`` on ``queue``, invisible until ``at`` (UTC). Raises StorageUnavailable
+        (retry later) or an OrderError subclass (never sendable)."""
+        ...
+
+
 class QueueSender(Protocol):
     """Storage queues: orders-rejected, operator-alerts, order-dispatch, replyTo queues."""
 

@@ -188,9 +188,8 @@ class LocalStack:
         assert self.workdir is not None
         names = Names()
         extra = "".join(f":{key}={value}" for key, value in self.bus_options.items())
-        requests = list(names.agent_queues())
         return LocalBus.start(
-            [f"{queue}{extra}" for queue in requests] + [f"{names.agent_replies}{extra}"],
+            [f"{queue}{extra}" for queue in names.service_bus_queues()],
             log_path=self.workdir / "localbus.log",
         )
 

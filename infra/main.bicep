@@ -188,8 +188,11 @@ var storageQueueNames = concat([
 // agents is no longer deployed; docs/operating.md, "Upgrading"). What expires in them unread is
 // dead-lettered and reported as not called (servicebus.bicep).
 var serviceBusRequestQueueNames = agentQueueNames
+// order-wakeups: an order's wake-ups at a time (a delay's end, a retry after its
+// backoff) as scheduled messages, pushed to wake_order when due (messaging/dispatch.py).
 var serviceBusQueueNames = concat(serviceBusRequestQueueNames, [
   'agent-replies'
+  'order-wakeups'
 ])
 
 var functionAppName = '${abbrs.webSitesFunctions}orders-${resourceToken}'

@@ -13,6 +13,10 @@ the rest is how the SDK behaves, as ``tests/localbus/test_contract.py`` states i
   goes out on the link the client attached *from* the same node, with ``correlation-id`` =
   the request's ``message-id`` and both ``status-code`` and ``statusCode`` (``$cbs`` reads
   one spelling, ``<entity>/$management`` the other);
+- a message annotated ``x-opt-scheduled-enqueue-time`` (a timestamp, ms: what the SDK's
+  ``scheduled_enqueue_time_utc`` sends) is held until that time, then enqueued (a timer at
+  its time, the sweep as a backstop); the annotation stays on the message as delivered.
+  The ``schedule-message`` management operation is not done (``send_messages`` is);
 - entity addresses arrive as URLs (``amqps://host:port/queue``): scheme and host go;
 - every delivery carries a header written here with every field (Proton leaves out a zero
   ``delivery-count``, and the SDK then reports ``None``), and the annotations
@@ -60,6 +64,7 @@ log = logging.getLogger("localbus")
 #: ``amqp:link:message-size-exceeded`` (the SDK's ``MessageSizeExceededError``).
 MAX_MESSAGE_SIZE = 256 * 1024
 SWEEP_SECONDS = 0.2
+SCHEDULED = symbol("x-opt-scheduled-enqueue-time")
 CREDIT_WINDOW = 200
 LOCK_LOST = "com.microsoft:message-lock-lost"
 NOT_FOUND = "amqp:not-found"
@@ -190,9 +195,27 @@ class Broker(Handler):
     def on_timer_task(self, event: Any) -> None:
         now = time.time()
         for entity in self.entities.values():
+            entity.activate(now)
             entity.expire(now)
             self._pump(entity)
         event.container.schedule(SWEEP_SECONDS, self)
+
+    def _wake_at(self, entity: Entity, at: float) -> None:
+        """Enqueue ``entity``'s scheduled messages at ``at`` and deliver them (never before:
+        a timer that fires early is set again for the rest)."""
+        broker = self
+
+        class Wake(Handler):
+            def on_timer_task(self, event: Any) -> None:
+                now = time.time()
+                if now < at:
+                    event.container.schedule(at - now, self)
+                    return
+                entity.activate(now)
+                broker._pump(entity)
+
+        if self.container is not None:
+            self.container.schedule(max(at - time.time(), 0.0), Wake())
 
     def on_connection_bound(self, event: Any) -> None:
         sasl = event.transport.sasl()
@@ -356,7 +379,13 @@ class Broker(Handler):
         payload = Payload.of(message)
         self.sequence += 1
         key = None if message_id is None else str(_text(message_id))
-        entity.enqueue(payload, key, ttl, time.time(), self.sequence)
+        annotations: dict[Any, Any] = dict(message.annotations or {})
+        scheduled = annotations.get(SCHEDULED)
+        at = int(scheduled) / 1000 if isinstance(scheduled, int) else None
+        now = time.time()
+        stored = entity.enqueue(payload, key, ttl, now, self.sequence, scheduled_at=at)
+        if stored is not None and stored.sequence_number in entity.scheduled:
+            self._wake_at(entity, stored.enqueued_at)
 
     @staticmethod
     def _settle(delivery: Any, outcome: int, condition: Condition | None = None) -> None:

@@ -16,7 +16,12 @@ namespace when one is configured):
   the message is never delivered again: dead-lettered (``TTLExpiredException``) when the
   queue dead-letters on expiration, dropped otherwise. A locked message is not expired
   while its lock holds (it can still be completed); it expires when the lock ends.
-- A ``message_id`` seen within ``duplicate_window`` is accepted and dropped.
+- A ``message_id`` seen within ``duplicate_window`` is accepted and dropped (a scheduled
+  message's id is checked when it is sent).
+- A message sent with a scheduled enqueue time in the future is invisible to receivers
+  until then (never earlier); then it is enqueued as if sent at that time: its enqueued
+  time and its time to live count from it, and it queues behind what was enqueued before
+  (FIFO by enqueue time). ``peek`` shows it meanwhile, as Service Bus does.
 - Dead-lettered messages keep their body and properties, get ``DeadLetterReason`` and
   ``DeadLetterErrorDescription``, never expire and are never dead-lettered again.
 """
@@ -115,6 +120,8 @@ class Entity:
     available: OrderedDict[int, Stored] = field(default_factory=OrderedDict)
     locked: dict[uuid.UUID, Stored] = field(default_factory=dict)
     seen_ids: dict[str, float] = field(default_factory=dict)  # message_id -> first seen
+    #: Sent with a scheduled enqueue time still ahead, by sequence number.
+    scheduled: dict[int, Stored] = field(default_factory=dict)
 
     @property
     def is_dead_letter_queue(self) -> bool:
@@ -123,18 +130,43 @@ class Entity:
     # -- sending ---------------------------------------------------------------------------
 
     def enqueue(
-        self, payload: Any, message_id: str | None, ttl: float | None, now: float, sequence: int
+        self,
+        payload: Any,
+        message_id: str | None,
+        ttl: float | None,
+        now: float,
+        sequence: int,
+        scheduled_at: float | None = None,
     ) -> Stored | None:
-        """Store a sent message; None when it is a duplicate (accepted and dropped)."""
+        """Store a sent message; None when it is a duplicate (accepted and dropped).
+        ``scheduled_at`` (epoch seconds) still ahead: kept out of sight until then."""
         if self.config.duplicate_detection and message_id is not None:
             self._forget_old_ids(now)
             if message_id in self.seen_ids:
                 return None
             self.seen_ids[message_id] = now
+        at = scheduled_at if scheduled_at is not None and scheduled_at > now else now
         lifetime = self.config.default_ttl if not ttl else min(ttl, self.config.default_ttl)
-        stored = Stored(sequence, payload, message_id, now, ttl, now + lifetime)
-        self._put_back(stored)
+        stored = Stored(sequence, payload, message_id, at, ttl, at + lifetime)
+        if at > now:
+            self.scheduled[sequence] = stored
+        else:
+            self._put_back(stored)
         return stored
+
+    def next_scheduled(self) -> float | None:
+        """When the next scheduled message is due (epoch seconds), if one waits."""
+        return min((s.enqueued_at for s in self.scheduled.values()), default=None)
+
+    def activate(self, now: float) -> None:
+        """Enqueue the scheduled messages whose time has come, in the order of their times."""
+        due = sorted(
+            (s for s in self.scheduled.values() if s.enqueued_at <= now),
+            key=lambda s: (s.enqueued_at, s.sequence_number),
+        )
+        for stored in due:
+            del self.scheduled[stored.sequence_number]
+            self._put_back(stored)
 
     def _forget_old_ids(self, now: float) -> None:
         horizon = now - self.config.duplicate_window
@@ -143,15 +175,18 @@ class Entity:
 
     def _put_back(self, stored: Stored) -> None:
         stored.lock_token, stored.locked_until = None, 0.0
-        last = next(reversed(self.available), None)
+        last = self.available[next(reversed(self.available))] if self.available else None
         self.available[stored.sequence_number] = stored
-        if last is not None and last > stored.sequence_number:  # keep sequence order
-            self.available = OrderedDict(sorted(self.available.items()))
+        if last is not None and _order(last) > _order(stored):  # keep enqueue order
+            self.available = OrderedDict(
+                sorted(self.available.items(), key=lambda item: _order(item[1]))
+            )
 
     # -- receiving -------------------------------------------------------------------------
 
     def take(self, now: float, *, lock: bool) -> Stored | None:
         """The next deliverable message: locked (peek-lock) or removed (receive-and-delete)."""
+        self.activate(now)
         self.expire(now)
         if not self.available:
             return None
@@ -163,9 +198,11 @@ class Entity:
         return stored
 
     def peek(self, from_sequence: int, count: int) -> list[Stored]:
-        """Messages from a sequence number on, locked or not, without locking them."""
+        """Messages from a sequence number on, locked, scheduled or not, without locking
+        them."""
         everything = sorted(
-            [*self.available.values(), *self.locked.values()], key=lambda s: s.sequence_number
+            [*self.available.values(), *self.locked.values(), *self.scheduled.values()],
+            key=lambda s: s.sequence_number,
         )
         return [s for s in everything if s.sequence_number >= from_sequence][:count]
 
@@ -241,6 +278,11 @@ class Entity:
                     TTL_EXPIRED_REASON,
                     "The message expired and was dead lettered.",
                 )
+
+
+def _order(stored: Stored) -> tuple[float, int]:
+    """Where a message waits: by enqueue time (a scheduled one's is its time), then sent."""
+    return stored.enqueued_at, stored.sequence_number
 
 
 def make_queue(config: QueueConfig) -> Entity:

@@ -1,4 +1,5 @@
-"""Agent requests and replies on Service Bus queues (the default transport in Azure).
+"""Agent requests and replies on Service Bus queues (the default transport in Azure), and
+the orders' wake-ups at a time (``send_at``: scheduled messages on ``order-wakeups``).
 
 Contract 3.3: ``message_id`` = ``<orderId>:<step>:<attempt>`` (the queues have
 duplicate detection on, so a request sent twice is delivered once),
@@ -105,6 +106,21 @@ def reply_message(reply: AgentReply, now: datetime) -> ServiceBusMessage:
             **_properties(reply.order_id, reply.step, reply.attempt, reply.trace),
             "outcome": reply.outcome,
         },
+    )
+
+
+def wakeup_message(body: str, at: datetime) -> ServiceBusMessage:
+    """A scheduled message: invisible until ``at``, then pushed to its trigger. ``at`` is
+    rounded up to the millisecond (the wire's unit), so it is never early. Its id is its
+    own: a later wake-up of the same order must not be dropped as a duplicate."""
+    from azure.servicebus import ServiceBusMessage
+
+    spare = at.microsecond % 1000
+    return ServiceBusMessage(
+        body,
+        message_id=uuid.uuid4().hex,
+        content_type="application/json",
+        scheduled_enqueue_time_utc=at + timedelta(microseconds=1000 - spare) if spare else at,
     )
 
 
@@ -217,6 +233,12 @@ class ServiceBusTransport:
         now = self._clock()
         self._send(reply_to or self._names.agent_replies, lambda: reply_message(reply, now))
         return True
+
+    def send_at(self, queue: str, body: str, at: datetime) -> None:
+        """``body`` on ``queue``, enqueued by the broker at ``at`` (``ScheduledSender``):
+        a plain send with ``scheduled_enqueue_time_utc`` (``schedule_messages`` would
+        return sequence numbers to cancel with, which nothing here needs)."""
+        self._send(queue, lambda: wakeup_message(body, at))
 
     def close(self) -> None:
         with self._lock:

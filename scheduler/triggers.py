@@ -23,8 +23,14 @@ def submit_order(msg: func.QueueMessage) -> None:
 
 @bp.queue_trigger(arg_name="msg", queue_name=names.ORDER_DISPATCH, connection=STORAGE)
 def dispatch_order(msg: func.QueueMessage) -> None:
+    _dispatch(msg.get_body())
+
+
+def _dispatch(raw: bytes) -> None:
+    """An order-dispatch message or a wake-up: ``{"orderId": ...}``, the step claimed if
+    due (else queued again for when it is); a bad one quarantined to order-dispatch's
+    poison queue, whichever queue it came from."""
     ctx = app_context()
-    raw = msg.get_body()
     try:
         order_id = decode_dispatch(raw)
     except InvalidMessage as exc:
@@ -60,6 +66,15 @@ else:
     )
     def handle_agent_reply(msg: func.ServiceBusMessage) -> None:
         _apply_reply(msg.get_body())
+
+    @bp.service_bus_queue_trigger(
+        arg_name="msg", queue_name=names.ORDER_WAKEUPS, connection=SERVICE_BUS
+    )
+    def wake_order(msg: func.ServiceBusMessage) -> None:
+        """A wake-up scheduled for a time (a delay's end, a retry after its backoff:
+        messaging/dispatch.py), pushed here when the broker enqueues it: as
+        ``dispatch_order``."""
+        _dispatch(msg.get_body())
 
 
 @bp.timer_trigger(

@@ -10,10 +10,10 @@
 //     orders-archive Storage Blob Data Contributor   the retention timer's archive (3.12)
 //   storage account  Storage Queue Data Contributor  orders, replyTo, alert and poison queues
 //                    Storage Table Data Contributor  OrderState, host diagnostic-event tables
-//   each agent queue (agent-requests-<agent> for each agent in agents.json,
-//   agent-replies: main.bicep's serviceBusQueueNames), never the namespace
-//                    Azure Service Bus Data Sender   scheduler sends requests, agents replies
-//                    Azure Service Bus Data Receiver agents take requests, scheduler replies
+//   each Service Bus queue (agent-requests-<agent> for each agent in agents.json,
+//   agent-replies, order-wakeups: main.bicep's serviceBusQueueNames), never the namespace
+//                    Azure Service Bus Data Sender   scheduler sends requests and wake-ups, agents replies
+//                    Azure Service Bus Data Receiver agents take requests, scheduler replies and wake-ups
 //                                                    (and the queue's $DeadLetterQueue)
 //                    Azure Service Bus Data Owner    only with serviceBusTargetScaling: the
 //                                                    scale controller reads queue length

@@ -1,5 +1,7 @@
 // Service Bus namespace and the agent request/reply queues (contract 3.3): the
-// legacy agent-requests, one agent-requests-<agent> per agent, agent-replies.
+// legacy agent-requests, one agent-requests-<agent> per agent, agent-replies; and
+// order-wakeups, the orders' wake-ups as scheduled messages (contract 3.13), whose
+// ids are unique per wake-up (duplicate detection drops none of them).
 //
 // Standard is the default: it has duplicate detection (which the message_id
 // rule of contract 3.3 relies on) at a small base charge. Premium adds

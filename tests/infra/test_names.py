@@ -30,9 +30,9 @@ def _var(name: str) -> object:
 
 
 def _service_bus_queues() -> tuple[str, ...]:
-    """What core.names puts on Service Bus: every agent queue, request and reply."""
-    n = names.Names()
-    return (*n.agent_queues(), n.agent_replies)
+    """What core.names puts on Service Bus: every agent queue, request and reply, and the
+    orders' wake-ups."""
+    return names.Names().service_bus_queues()
 
 
 def _request_queues() -> tuple[str, ...]:

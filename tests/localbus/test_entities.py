@@ -127,3 +127,22 @@ def test_an_abandoned_message_keeps_its_place_in_the_queue() -> None:
     q.abandon(first.lock_token, 0.0)
     again = q.take(0.0, lock=True)
     assert again is not None and again.sequence_number == 1
+
+
+def test_a_scheduled_message_waits_for_its_time_then_queues_by_it() -> None:
+    q = make_queue(QueueConfig("q", default_ttl=60))
+    q.enqueue("later", "s", None, 0.0, 1, scheduled_at=10.0)
+    q.enqueue("now", None, None, 1.0, 2)
+    assert q.next_scheduled() == 10.0
+    first = q.take(9.999, lock=False)
+    assert first is not None and first.payload == "now"
+    assert q.take(9.999, lock=False) is None  # not a moment early
+    assert [s.payload for s in q.peek(0, 10)] == ["later"]  # peek shows it meanwhile
+    q.enqueue("after", None, None, 10.5, 3)
+    woken = q.take(11.0, lock=False)
+    assert woken is not None and woken.payload == "later"  # enqueued at 10, before "after"
+    assert (woken.enqueued_at, woken.expires_at) == (10.0, 70.0)  # its TTL counts from 10
+    assert q.enqueue("copy", "s", None, 12.0, 4, scheduled_at=20.0) is None  # a duplicate
+    assert q.next_scheduled() is None
+    past = q.enqueue("past", None, None, 13.0, 5, scheduled_at=12.0)  # a time gone: now
+    assert past is not None and past.enqueued_at == 13.0 and not q.scheduled
