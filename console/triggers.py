@@ -22,7 +22,7 @@ from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
 from console import agent_pages, dashboard, event_pages, fix_pages, inbox, layout, security, views
-from console.pages import ASSETS, Page, filters_of, form_of, guard, trouble
+from console.pages import ASSETS, Page, access, filters_of, form_of, guard, trouble
 from core.dashboard import STUCK_ROW
 from core.errors import (
     InvalidContinuationToken,
@@ -31,15 +31,21 @@ from core.errors import (
 )
 from core.orders import is_valid_order_id
 from core.ports import ListFilter
+from core.principals import Access
 from core.states import OrderStatus
 from stores.listing import COUNT_CAP
 
 bp = func.Blueprint()
+#: No function key: a page must never carry it (in a link, a form, the history). Every
+#: route needs a principal instead, and the role for what it does (``@access``; none for
+#: the stylesheet and script, which hold nothing secret).
+ANONYMOUS = func.AuthLevel.ANONYMOUS
 
 # --- list ---------------------------------------------------------------------------------
 
 
-@bp.route(route="console", methods=["GET"])
+@bp.route(route="console", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_list(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     filters = filters_of(req.params)
@@ -73,7 +79,8 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, show)
 
 
-@bp.route(route="console/inbox", methods=["GET"])
+@bp.route(route="console/inbox", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_inbox(req: func.HttpRequest) -> func.HttpResponse:
     """The events the deployed workflows declare, how many orders wait for each, and the
     link to each one's list (``/api/console?waiting=<event>``)."""
@@ -81,7 +88,8 @@ def console_inbox(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, lambda: event_pages.inbox(page, app_context().admin))
 
 
-@bp.route(route="console/lookup", methods=["GET"])
+@bp.route(route="console/lookup", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_lookup(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     order_id = (req.params.get("orderId") or "").strip()
@@ -136,7 +144,8 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
     )
 
 
-@bp.route(route="console/orders/{orderId}", methods=["GET"])
+@bp.route(route="console/orders/{orderId}", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_order(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     order_id = _order_id(req)
@@ -152,7 +161,8 @@ def console_order(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, show)
 
 
-@bp.route(route="console/orders/{orderId}/confirm", methods=["GET"])
+@bp.route(route="console/orders/{orderId}/confirm", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     order_id = _order_id(req)
@@ -224,12 +234,14 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
     return trouble(page, change)
 
 
-@bp.route(route="console/orders/{orderId}/resubmit", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/resubmit", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_resubmit(req: func.HttpRequest) -> func.HttpResponse:
     return _act(req, "resubmit")
 
 
-@bp.route(route="console/orders/{orderId}/cancel", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/cancel", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_cancel(req: func.HttpRequest) -> func.HttpResponse:
     return _act(req, "cancel")
 
@@ -256,20 +268,23 @@ def _fix(req: func.HttpRequest, step: str) -> func.HttpResponse:
     return trouble(page, act)
 
 
-@bp.route(route="console/orders/{orderId}/fix/preview", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/fix/preview", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_fix_preview(req: func.HttpRequest) -> func.HttpResponse:
     """What a fix of the order's data would change (docs/contracts.md §3.14): nothing
     changes."""
     return _fix(req, "preview")
 
 
-@bp.route(route="console/orders/{orderId}/fix", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/fix", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_fix(req: func.HttpRequest) -> func.HttpResponse:
     """Fix the order's data and resubmit it, as previewed."""
     return _fix(req, "fix")
 
 
-@bp.route(route="console/orders/{orderId}/events/{name}", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/events/{name}", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.EVENT)
 def console_event(req: func.HttpRequest) -> func.HttpResponse:
     """Send the event ``name`` to the order (``action`` approve, with ``result`` and an
     optional note in ``reason``; or refuse, with its ``reason``), as confirmed. Through
@@ -317,7 +332,8 @@ def _bulk_form(page: Page) -> tuple[dict[str, str], ListFilter, str, str] | func
     return filters, where, action, reason
 
 
-@bp.route(route="console/bulk/preview", methods=["POST"])
+@bp.route(route="console/bulk/preview", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     parsed = _bulk_form(page)
@@ -340,7 +356,8 @@ def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, preview)
 
 
-@bp.route(route="console/bulk/run", methods=["POST"])
+@bp.route(route="console/bulk/run", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     parsed = _bulk_form(page)
@@ -359,13 +376,15 @@ def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
 # --- agents at runtime ----------------------------------------------------------------------
 
 
-@bp.route(route="console/agents", methods=["GET"])
+@bp.route(route="console/agents", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_agents(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     return trouble(page, lambda: agent_pages.listing(page, app_context().agents_admin))
 
 
-@bp.route(route="console/agents/{agent}/confirm", methods=["GET"])
+@bp.route(route="console/agents/{agent}/confirm", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_agent_confirm(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     agent = req.route_params.get("agent", "")
@@ -374,7 +393,8 @@ def console_agent_confirm(req: func.HttpRequest) -> func.HttpResponse:
     )
 
 
-@bp.route(route="console/agents/{agent}/change", methods=["POST"])
+@bp.route(route="console/agents/{agent}/change", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_agent_change(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     agent = req.route_params.get("agent", "")
@@ -386,7 +406,8 @@ def console_agent_change(req: func.HttpRequest) -> func.HttpResponse:
 # --- alerts and assets ---------------------------------------------------------------------
 
 
-@bp.route(route="console/alerts", methods=["GET"])
+@bp.route(route="console/alerts", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
 
@@ -407,7 +428,8 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, show)
 
 
-@bp.route(route="console/dashboard", methods=["GET"])
+@bp.route(route="console/dashboard", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_dashboard(req: func.HttpRequest) -> func.HttpResponse:
     """The figures the dashboard timer keeps, and the stuck steps (console/dashboard.py)."""
     page = Page(req)
@@ -424,7 +446,8 @@ def console_dashboard(req: func.HttpRequest) -> func.HttpResponse:
 RETENTION_PREVIEW = 200
 
 
-@bp.route(route="console/retention", methods=["GET"])
+@bp.route(route="console/retention", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_retention(req: func.HttpRequest) -> func.HttpResponse:
     """What the retention timer would archive now (a dry run; docs/contracts.md §3.12)."""
     page = Page(req)
@@ -443,7 +466,8 @@ def console_retention(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, show)
 
 
-@bp.route(route="console/assets/{name}", methods=["GET"])
+@bp.route(route="console/assets/{name}", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.PUBLIC)
 def console_asset(req: func.HttpRequest) -> func.HttpResponse:
     path = ASSETS.get(req.route_params.get("name", ""))
     if path is None:
@@ -457,6 +481,8 @@ def console_asset(req: func.HttpRequest) -> func.HttpResponse:
     headers = {
         **security.HEADERS,
         **security.transport_headers(req),
-        "Cache-Control": "public, max-age=300",
+        # the browser's own cache only: a shared cache would keep whatever an old link
+        # put in the URL (a function key in ?code=, once)
+        "Cache-Control": "private, max-age=300",
     }
     return func.HttpResponse(path.read_bytes(), mimetype=mimetype, headers=headers)
