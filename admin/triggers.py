@@ -10,17 +10,21 @@ Orders: ``orders/{orderId}``, ``orders``, ``orders/{orderId}/resubmit``,
 ``agents/{agent}/pause``, ``agents/{agent}/resume``, ``agents/{agent}/limits``,
 ``agents/audit``.
 
-Who did it (kept in the order's history): the signed-in principal's name, but only
-where App Service authentication (Easy Auth) put it there. The platform sets
-``WEBSITE_AUTH_ENABLED=True`` when it is on, and then strips client-sent
-``X-MS-CLIENT-PRINCIPAL-*`` headers; without it any caller holding the function key
-could write any name. So otherwise the caller is recorded as ``function-key``, and a
-name sent in ``x-operator`` (or an unverified principal header) only as a claim:
-``function-key (claims: alice)``.
+Who may (``core/principals.py``; docs/operating.md, "Who can do what"): every route
+says what it does with ``@requires(Access...)``: reads need ``Orders.Reader``, changes
+``Orders.Operator``, from the principal App Service authentication vouches for. A caller
+with the function key and no principal (a machine: a webhook, a script) may read and
+deliver events, and change orders and agents only where no sign-in is configured. A
+refusal is a 403 (or a 401) with a JSON ``error`` and the ``role`` it needs.
+
+Who did it (kept in the order's history): the principal's name; for a key caller
+``function-key``, with a name it sent in ``x-operator`` (or an unverified principal
+header) kept only as a claim: ``function-key (claims: alice)``.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -46,6 +50,7 @@ from core.errors import (
 )
 from core.orders import is_valid_order_id, strict_json
 from core.patches import InvalidPatch
+from core.principals import CLIENT_PRINCIPAL_NAME, Access, Principal, refusal
 from core.workflows import AGENTS, MAX_STEP_NAME, WORKFLOWS
 
 bp = func.Blueprint()
@@ -81,12 +86,43 @@ def _name(value: str | None) -> str:
     return text[:MAX_NAME_CHARS]
 
 
+def principal_of(req: func.HttpRequest) -> Principal | None:
+    """The request's principal, as core/principals.py believes one here; None: none (on
+    the API, a key caller)."""
+    return app_context().settings.sign_in.principal(req.headers, req.params)
+
+
 def caller(req: func.HttpRequest) -> str:
-    principal = _name(req.headers.get("x-ms-client-principal-name"))
-    if principal and app_context().settings.easy_auth:  # WEBSITE_AUTH_ENABLED
-        return principal  # set by the platform, which removes any the client sent
-    claimed = principal or _name(req.headers.get("x-operator"))
+    """Who acts, for the history: the principal's name, else ``function-key``."""
+    principal = principal_of(req)
+    if principal is not None:
+        return principal.name
+    claimed = _name(req.headers.get(CLIENT_PRINCIPAL_NAME)) or _name(req.headers.get("x-operator"))
     return f"{FUNCTION_KEY_CALLER} (claims: {claimed})" if claimed else FUNCTION_KEY_CALLER
+
+
+Route = Callable[[func.HttpRequest], func.HttpResponse]
+
+
+def requires(access: Access) -> Callable[[Route], Route]:
+    """The route does ``access``: a caller who may not gets a 401 or 403 with a JSON
+    ``error`` (and ``role``: what it needs) before the route runs. The route carries its
+    ``access`` (tests/integration/test_roles.py reads it from every HTTP function)."""
+
+    def decorate(route: Route) -> Route:
+        @functools.wraps(route)
+        def checked(req: func.HttpRequest) -> func.HttpResponse:
+            settings = app_context().settings
+            refused = refusal(principal_of(req), access, settings.sign_in, console=False)
+            if refused is None:
+                return route(req)
+            extra = {"role": refused.role} if refused.role else {}
+            return _error(refused.status, refused.reason, **extra)
+
+        checked.access = access  # type: ignore[attr-defined]
+        return checked
+
+    return decorate
 
 
 def _answer(
@@ -133,6 +169,7 @@ def _order_id(req: func.HttpRequest) -> str | None:
 
 @bp.route(route="orders/{orderId}", methods=["GET"])
 @with_hsts
+@requires(Access.READ)
 def get_order(req: func.HttpRequest) -> func.HttpResponse:
     order_id = _order_id(req)
     if order_id is None:
@@ -167,6 +204,7 @@ def purge_finished_orders(timer: func.TimerRequest) -> None:
 
 @bp.route(route="orders", methods=["GET"])
 @with_hsts
+@requires(Access.READ)
 def list_orders(req: func.HttpRequest) -> func.HttpResponse:
     """``?status=`` (required unless it searches), ``workflow``, ``from``, ``to``,
     ``pageSize``, ``continuationToken``: newest first (``admin.query``). ``?<field>=<value>``:
@@ -238,18 +276,21 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
 
 @bp.route(route="orders/{orderId}/resubmit", methods=["POST"])
 @with_hsts
+@requires(Access.CHANGE)
 def resubmit_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "resubmit")
 
 
 @bp.route(route="orders/{orderId}/cancel", methods=["POST"])
 @with_hsts
+@requires(Access.CHANGE)
 def cancel_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "cancel")
 
 
 @bp.route(route="orders/{orderId}/events/{name}", methods=["POST"])
 @with_hsts
+@requires(Access.EVENT)
 def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
     """docs/contracts.md §3.13: ``{"result": {...}}`` or ``{"refused": "<reason>"}`` (and an
     optional ``reason``, kept in the history). 202 kept for a step that has not started,
@@ -286,6 +327,7 @@ def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="workflows", methods=["GET"])
 @with_hsts
+@requires(Access.READ)
 def list_workflows(req: func.HttpRequest) -> func.HttpResponse:
     """The workflows and agents as deployed (docs/contracts.md §3.8)."""
     return _json(200, workflows_view())
@@ -303,6 +345,7 @@ def workflows_view() -> dict[str, Any]:
 
 @bp.route(route="agents", methods=["GET"])
 @with_hsts
+@requires(Access.READ)
 def list_agents(req: func.HttpRequest) -> func.HttpResponse:
     """Every declared agent: ``name``, ``paused`` (and ``pause``: since, by, reason),
     ``limits`` in force, ``declared`` limits, ``overrides``."""
@@ -337,6 +380,7 @@ def _agent_change(req: func.HttpRequest, action: str) -> func.HttpResponse:
 
 @bp.route(route="agents/{agent}/pause", methods=["POST"])
 @with_hsts
+@requires(Access.CHANGE)
 def pause_agent(req: func.HttpRequest) -> func.HttpResponse:
     """``{"reason": ...}`` (required): calls to the agent's remote stop on every instance
     within seconds; its steps wait, Pending, uncounted, without an alert."""
@@ -345,6 +389,7 @@ def pause_agent(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="agents/{agent}/resume", methods=["POST"])
 @with_hsts
+@requires(Access.CHANGE)
 def resume_agent(req: func.HttpRequest) -> func.HttpResponse:
     """``{"reason": ...}`` (optional): calls start again; the waiting steps go on."""
     return _agent_change(req, "resume")
@@ -352,6 +397,7 @@ def resume_agent(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="agents/{agent}/limits", methods=["POST"])
 @with_hsts
+@requires(Access.CHANGE)
 def set_agent_limits(req: func.HttpRequest) -> func.HttpResponse:
     """``{"concurrency": N | "declared", "rate": R | "declared", "reason": ...}``."""
     return _agent_change(req, "limits")
@@ -359,6 +405,7 @@ def set_agent_limits(req: func.HttpRequest) -> func.HttpResponse:
 
 @bp.route(route="agents/audit", methods=["GET"])
 @with_hsts
+@requires(Access.READ)
 def agent_audit(req: func.HttpRequest) -> func.HttpResponse:
     """Every pause, resume and limit change, newest first: ``?agent=``, ``pageSize``
     (1-100, default 50), ``continuationToken``."""

@@ -1,21 +1,27 @@
-"""The console's page plumbing: templates, the per-request ``Page`` (base path, the
-function key to carry, the CSRF token), form parsing, and the checks every POST passes.
+"""The console's page plumbing: templates, the per-request ``Page`` (base path, who is
+signed in and what they may do, the CSRF token), form parsing, the role every route
+needs (``access``) and the checks every POST passes.
+
+No page ever carries the function key: the console's routes are anonymous to the
+Functions host, and every one of them needs a principal (core/principals.py).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import azure.functions as func
 
 from bootstrap import app_context
 from console import security
 from core.errors import ConcurrencyConflict, CorruptOrder, StorageUnavailable
+from core.principals import OPERATOR, Access, Principal, refusal
 from core.states import OrderStatus
 from core.workflows import WORKFLOWS
 
@@ -45,22 +51,33 @@ def templates() -> Any:
 
 
 class Page:
-    """One request's view of the console: its base path, the key to carry, its token."""
+    """One request's view of the console: its base path, who asks, its token."""
 
     def __init__(self, req: func.HttpRequest):
         self.req = req
         path = urlsplit(req.url).path
         self.root = path[: path.index("/console") + len("/console")] if "/console" in path else ""
-        self.code = req.params.get("code") or ""
         held = security.cookie_token(req.headers.get("cookie"))
         self.csrf = held or security.new_token()
         self.new_cookie = held is None
-        self.read_only = app_context().settings.console_read_only
+        settings = app_context().settings
+        self.sign_in = settings.sign_in
+        self.principal: Principal | None = settings.sign_in.principal(req.headers, req.params)
+        #: why no action is offered ("" when they are): the switch, or a missing role
+        self.read_only_why = ""
+        if settings.console_read_only:
+            self.read_only_why = "actions are turned off (CONSOLE_READ_ONLY)"
+        elif self.principal is None or not self.principal.has(OPERATOR):
+            self.read_only_why = f"acting needs the {OPERATOR} role"
+        self.read_only = bool(self.read_only_why)
+
+    @property
+    def sign_out(self) -> str | None:
+        """Where signing out goes (App Service authentication's own route), if signed in."""
+        return "/.auth/logout" if self.sign_in.entra and self.principal is not None else None
 
     def url(self, path: str = "", params: Mapping[str, Any] | None = None) -> str:
         query = {k: str(v) for k, v in (params or {}).items() if v not in (None, "")}
-        if self.code:
-            query["code"] = self.code
         return f"{self.root}{path}" + (f"?{urlencode(query)}" if query else "")
 
     def render(self, template: str, status: int = 200, **context: Any) -> func.HttpResponse:
@@ -110,7 +127,7 @@ def guard(page: Page, form: Mapping[str, str]) -> func.HttpResponse | None:
     """A refusal for a POST that is read-only or may be forged; None lets it through."""
     if page.read_only:
         return page.render(
-            "message.html", 403, message="The console is read-only here.", failed=True
+            "message.html", 403, message=f"Read-only: {page.read_only_why}.", failed=True
         )
     why = security.forged(
         page.req.headers.get("cookie"),
@@ -122,6 +139,46 @@ def guard(page: Page, form: Mapping[str, str]) -> func.HttpResponse | None:
     if why is not None:
         return page.render("message.html", 403, message=f"Refused: {why}.", failed=True)
     return None
+
+
+Route = Callable[[func.HttpRequest], func.HttpResponse]
+#: App Service authentication's sign-in route for Microsoft Entra ID.
+SIGN_IN_PATH = "/.auth/login/aad"
+
+
+def sign_in_url(req: func.HttpRequest) -> str:
+    """The sign-in page, coming back to this page (a path on this host: the platform
+    refuses redirects elsewhere unless allowed)."""
+    parts = urlsplit(req.url)
+    back = parts.path + (f"?{parts.query}" if parts.query else "")
+    return f"{SIGN_IN_PATH}?post_login_redirect_uri={quote(back, safe='')}"
+
+
+def access(need: Access) -> Callable[[Route], Route]:
+    """The console route does ``need``: a caller who may not gets the message page (403),
+    or, not signed in where sign-in is on, the sign-in page (a GET) or a 401. The route
+    carries its ``access`` (tests/integration/test_roles.py reads it)."""
+
+    def decorate(route: Route) -> Route:
+        @functools.wraps(route)
+        def checked(req: func.HttpRequest) -> func.HttpResponse:
+            page = Page(req)
+            refused = refusal(page.principal, need, page.sign_in, console=True)
+            if refused is None:
+                return route(req)
+            if refused.sign_in and req.method.upper() == "GET":
+                headers = {
+                    **security.HEADERS,
+                    **security.transport_headers(req),
+                    "Location": sign_in_url(req),
+                }
+                return func.HttpResponse(status_code=302, headers=headers)
+            return page.render("message.html", refused.status, message=refused.reason, failed=True)
+
+        checked.access = need  # type: ignore[attr-defined]
+        return checked
+
+    return decorate
 
 
 def trouble(page: Page, call: Callable[[], func.HttpResponse]) -> func.HttpResponse:

@@ -1,8 +1,9 @@
 """What keeps the console's actions from being forged, and its pages from running input.
 
-- Never anonymous: the routes take the same function key as the operator API (in Azure
-  the browser carries it as ``?code=``, which every link and form the page makes keeps);
-  App Service authentication (Entra ID) may stand in front as well (infra/, docs/operating.md).
+- Never anonymous, and never the function key: every route needs a principal, signed in
+  with App Service authentication (Microsoft Entra ID) in Azure, and the app role for
+  what it does (``console.pages.access``, core/principals.py); no page, link or form
+  carries a key.
 - Actions are POSTs that need a CSRF token: a random value in a ``SameSite=Strict``,
   ``HttpOnly`` cookie that must equal the form's ``csrf`` field (double submit: a page on
   another site can neither read the cookie nor make the browser send it). A browser's
@@ -11,8 +12,9 @@
   Content-Security-Policy that allows only the app's own scripts, styles and images.
 - Every answer served over https (the console's and the operator API's) sends
   ``Strict-Transport-Security``: a browser that has seen it uses https only for the host,
-  so the function key in ``?code=`` never goes out in clear text. Not over plain http
-  (``func start``, devhost), where the standard forbids it (RFC 6797 §7.2).
+  so neither its sign-in cookie nor an API caller's key or token goes out in clear text.
+  Not over plain http (``func start``, devhost), where the standard forbids it (RFC 6797
+  §7.2).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ HEADERS: Final = {
         "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",  # the function key must not leak in a Referer
+    "Referrer-Policy": "no-referrer",  # order ids and filters stay out of other sites' logs
     "Cache-Control": "no-store",
     "X-Frame-Options": "DENY",
 }

@@ -23,7 +23,7 @@ from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
 from console import agent_pages, dashboard, event_pages, fix_pages, inbox, layout, security, views
-from console.pages import ASSETS, FILTER_KEYS, Page, filters_of, form_of, guard, trouble
+from console.pages import ASSETS, FILTER_KEYS, Page, access, filters_of, form_of, guard, trouble
 from core.dashboard import STUCK_ROW
 from core.errors import (
     InvalidContinuationToken,
@@ -32,6 +32,7 @@ from core.errors import (
 )
 from core.orders import is_valid_order_id
 from core.ports import ListFilter
+from core.principals import Access
 from core.states import OrderStatus
 from core.workflows import search_fields
 from stores.listing import COUNT_CAP
@@ -40,11 +41,16 @@ from stores.listing import COUNT_CAP
 FILTER_PARAMS = frozenset(FILTER_KEYS)
 
 bp = func.Blueprint()
+#: No function key: a page must never carry it (in a link, a form, the history). Every
+#: route needs a principal instead, and the role for what it does (``@access``; none for
+#: the stylesheet and script, which hold nothing secret).
+ANONYMOUS = func.AuthLevel.ANONYMOUS
 
 # --- list ---------------------------------------------------------------------------------
 
 
-@bp.route(route="console", methods=["GET"])
+@bp.route(route="console", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_list(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     if "searchField" in req.params:  # the search box: to the URL that names the search
@@ -100,7 +106,8 @@ def _search_redirect(page: Page) -> func.HttpResponse:
     return page.redirect("", {**kept, field_name: value})
 
 
-@bp.route(route="console/inbox", methods=["GET"])
+@bp.route(route="console/inbox", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_inbox(req: func.HttpRequest) -> func.HttpResponse:
     """The events the deployed workflows declare, how many orders wait for each, and the
     link to each one's list (``/api/console?waiting=<event>``)."""
@@ -108,7 +115,8 @@ def console_inbox(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, lambda: event_pages.inbox(page, app_context().admin))
 
 
-@bp.route(route="console/lookup", methods=["GET"])
+@bp.route(route="console/lookup", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_lookup(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     order_id = (req.params.get("orderId") or "").strip()
@@ -163,7 +171,8 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
     )
 
 
-@bp.route(route="console/orders/{orderId}", methods=["GET"])
+@bp.route(route="console/orders/{orderId}", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_order(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     order_id = _order_id(req)
@@ -179,7 +188,8 @@ def console_order(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, show)
 
 
-@bp.route(route="console/orders/{orderId}/confirm", methods=["GET"])
+@bp.route(route="console/orders/{orderId}/confirm", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     order_id = _order_id(req)
@@ -251,12 +261,14 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
     return trouble(page, change)
 
 
-@bp.route(route="console/orders/{orderId}/resubmit", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/resubmit", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_resubmit(req: func.HttpRequest) -> func.HttpResponse:
     return _act(req, "resubmit")
 
 
-@bp.route(route="console/orders/{orderId}/cancel", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/cancel", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_cancel(req: func.HttpRequest) -> func.HttpResponse:
     return _act(req, "cancel")
 
@@ -283,20 +295,23 @@ def _fix(req: func.HttpRequest, step: str) -> func.HttpResponse:
     return trouble(page, act)
 
 
-@bp.route(route="console/orders/{orderId}/fix/preview", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/fix/preview", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_fix_preview(req: func.HttpRequest) -> func.HttpResponse:
     """What a fix of the order's data would change (docs/contracts.md §3.14): nothing
     changes."""
     return _fix(req, "preview")
 
 
-@bp.route(route="console/orders/{orderId}/fix", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/fix", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_fix(req: func.HttpRequest) -> func.HttpResponse:
     """Fix the order's data and resubmit it, as previewed."""
     return _fix(req, "fix")
 
 
-@bp.route(route="console/orders/{orderId}/events/{name}", methods=["POST"])
+@bp.route(route="console/orders/{orderId}/events/{name}", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.EVENT)
 def console_event(req: func.HttpRequest) -> func.HttpResponse:
     """Send the event ``name`` to the order (``action`` approve, with ``result`` and an
     optional note in ``reason``; or refuse, with its ``reason``), as confirmed. Through
@@ -344,7 +359,8 @@ def _bulk_form(page: Page) -> tuple[dict[str, str], ListFilter, str, str] | func
     return filters, where, action, reason
 
 
-@bp.route(route="console/bulk/preview", methods=["POST"])
+@bp.route(route="console/bulk/preview", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     parsed = _bulk_form(page)
@@ -368,7 +384,8 @@ def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, preview)
 
 
-@bp.route(route="console/bulk/run", methods=["POST"])
+@bp.route(route="console/bulk/run", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     parsed = _bulk_form(page)
@@ -387,13 +404,15 @@ def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
 # --- agents at runtime ----------------------------------------------------------------------
 
 
-@bp.route(route="console/agents", methods=["GET"])
+@bp.route(route="console/agents", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_agents(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     return trouble(page, lambda: agent_pages.listing(page, app_context().agents_admin))
 
 
-@bp.route(route="console/agents/{agent}/confirm", methods=["GET"])
+@bp.route(route="console/agents/{agent}/confirm", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_agent_confirm(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     agent = req.route_params.get("agent", "")
@@ -402,7 +421,8 @@ def console_agent_confirm(req: func.HttpRequest) -> func.HttpResponse:
     )
 
 
-@bp.route(route="console/agents/{agent}/change", methods=["POST"])
+@bp.route(route="console/agents/{agent}/change", methods=["POST"], auth_level=ANONYMOUS)
+@access(Access.CHANGE)
 def console_agent_change(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
     agent = req.route_params.get("agent", "")
@@ -414,7 +434,8 @@ def console_agent_change(req: func.HttpRequest) -> func.HttpResponse:
 # --- alerts and assets ---------------------------------------------------------------------
 
 
-@bp.route(route="console/alerts", methods=["GET"])
+@bp.route(route="console/alerts", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
     page = Page(req)
 
@@ -435,7 +456,8 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, show)
 
 
-@bp.route(route="console/dashboard", methods=["GET"])
+@bp.route(route="console/dashboard", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_dashboard(req: func.HttpRequest) -> func.HttpResponse:
     """The figures the dashboard timer keeps, and the stuck steps (console/dashboard.py)."""
     page = Page(req)
@@ -452,7 +474,8 @@ def console_dashboard(req: func.HttpRequest) -> func.HttpResponse:
 RETENTION_PREVIEW = 200
 
 
-@bp.route(route="console/retention", methods=["GET"])
+@bp.route(route="console/retention", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.READ)
 def console_retention(req: func.HttpRequest) -> func.HttpResponse:
     """What the retention timer would archive now (a dry run; docs/contracts.md §3.12)."""
     page = Page(req)
@@ -471,7 +494,8 @@ def console_retention(req: func.HttpRequest) -> func.HttpResponse:
     return trouble(page, show)
 
 
-@bp.route(route="console/assets/{name}", methods=["GET"])
+@bp.route(route="console/assets/{name}", methods=["GET"], auth_level=ANONYMOUS)
+@access(Access.PUBLIC)
 def console_asset(req: func.HttpRequest) -> func.HttpResponse:
     path = ASSETS.get(req.route_params.get("name", ""))
     if path is None:
@@ -485,6 +509,8 @@ def console_asset(req: func.HttpRequest) -> func.HttpResponse:
     headers = {
         **security.HEADERS,
         **security.transport_headers(req),
-        "Cache-Control": "public, max-age=300",
+        # the browser's own cache only: a shared cache would keep whatever an old link
+        # put in the URL (a function key in ?code=, once)
+        "Cache-Control": "private, max-age=300",
     }
     return func.HttpResponse(path.read_bytes(), mimetype=mimetype, headers=headers)

@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Final
 from urllib.parse import urlsplit
 
+from core.principals import SignIn, parse_dev_principal
 from core.reply_queues import ReplyQueues
 from core.retention import DEFAULT_KEPT_DAYS, DEFAULT_RETENTION, Retention
 
@@ -34,6 +35,9 @@ MAX_FAILURE_COUNT: Final = "MAX_FAILURE_COUNT"
 SUPERVISOR_SCHEDULE: Final = "SUPERVISOR_SCHEDULE"
 DEFERRAL_WINDOW_SECONDS: Final = "DEFERRAL_WINDOW_SECONDS"
 CONSOLE_READ_ONLY: Final = "CONSOLE_READ_ONLY"
+#: The app registration people sign in to (App Service authentication); Bicep writes it
+#: from authClientId, empty without sign-in (core/principals.py).
+SIGN_IN_CLIENT_ID: Final = "SIGN_IN_CLIENT_ID"
 RETENTION: Final = "RETENTION"
 RETENTION_SCHEDULE: Final = "RETENTION_SCHEDULE"
 RETENTION_BATCH: Final = "RETENTION_BATCH"
@@ -51,6 +55,10 @@ DEFAULT_DECLARATIONS: Final = "declarations"
 #: Set by the platform: which instance this is; App Service authentication on.
 WEBSITE_INSTANCE_ID: Final = "WEBSITE_INSTANCE_ID"
 WEBSITE_AUTH_ENABLED: Final = "WEBSITE_AUTH_ENABLED"
+#: Set by App Service in Azure (never by devhost): where a development principal is refused.
+AZURE_MARKERS: Final = ("WEBSITE_SITE_NAME", "WEBSITE_INSTANCE_ID", "WEBSITE_OWNER_NAME")
+#: The host name the app is served at (Azure, func start, devhost: 127.0.0.1:<port>).
+WEBSITE_HOSTNAME: Final = "WEBSITE_HOSTNAME"
 #: Application Insights (set by Bicep; identity-based ingestion by its second setting).
 APPINSIGHTS_CONNECTION: Final = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 APPINSIGHTS_AUTHENTICATION: Final = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
@@ -66,6 +74,10 @@ FAILPOINTS: Final = "ORDERS_FAILPOINTS"
 #: Tests only: this instance's clock runs this many seconds ahead (negative: behind).
 CLOCK_OFFSET: Final = "ORDERS_CLOCK_OFFSET_SECONDS"
 OPCOUNT_DIR: Final = "ORDERS_OPCOUNT_DIR"
+#: devhost only: the development principal (``<name>; roles=<role>,...``) of a request
+#: that names none, and X-Dev-Principal believed (core/principals.py). devhost sets it
+#: to the OS user as Orders.Operator unless the environment sets it (empty: off).
+DEV_PRINCIPAL: Final = "ORDERS_DEV_PRINCIPAL"
 #: The function that applies agent replies (scheduler/triggers.py): where an instance
 #: does not run it (``AzureWebJobs.handle_agent_reply.Disabled``), its agents send their
 #: replies to the reply queue instead of applying them in process.
@@ -84,6 +96,7 @@ APP_SETTINGS: Final = (
     SUPERVISOR_SCHEDULE,
     DEFERRAL_WINDOW_SECONDS,
     CONSOLE_READ_ONLY,
+    SIGN_IN_CLIENT_ID,
     RETENTION,
     RETENTION_SCHEDULE,
     RETENTION_BATCH,
@@ -350,6 +363,47 @@ def _url(env: Mapping[str, str], name: str = REMOTE_SERVICE_URL) -> str | None:
     return raw.rstrip("/")
 
 
+_CLIENT_ID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
+
+def _sign_in(env: Mapping[str, str]) -> SignIn:
+    """``SIGN_IN_CLIENT_ID``, ``WEBSITE_AUTH_ENABLED`` and ``ORDERS_DEV_PRINCIPAL``. A
+    development principal makes X-Dev-Principal believed, which only a server no one else
+    can reach may do: devhost (it listens on 127.0.0.1 only), never Azure, never beside
+    sign-in."""
+    client_id = env.get(SIGN_IN_CLIENT_ID, "").strip() or None
+    if client_id is not None and not _CLIENT_ID.fullmatch(client_id):
+        raise SettingsError(
+            f"{SIGN_IN_CLIENT_ID} must be the client id (a GUID) of the app registration "
+            f"people sign in to, got {client_id[:80]!r}"
+        )
+    platform = env.get(WEBSITE_AUTH_ENABLED, "").strip().lower() == "true"
+    raw = env.get(DEV_PRINCIPAL, "").strip()
+    if not raw:
+        return SignIn(client_id, platform)
+    hostname = urlsplit(f"//{env.get(WEBSITE_HOSTNAME, '').strip()}").hostname
+    elsewhere = [name for name in AZURE_MARKERS if env.get(name, "").strip()]
+    elsewhere += [SIGN_IN_CLIENT_ID] if client_id else []
+    elsewhere += [WEBSITE_AUTH_ENABLED] if platform else []
+    elsewhere += [WEBSITE_HOSTNAME] if hostname and not is_loopback(hostname) else []
+    if elsewhere:
+        raise SettingsError(
+            f"{DEV_PRINCIPAL} lets any caller say who it is (X-Dev-Principal): it is for "
+            f"devhost on this machine only, and {', '.join(elsewhere)} says this is not "
+            f"that. Remove {DEV_PRINCIPAL}; in Azure people sign in ({SIGN_IN_CLIENT_ID})"
+        )
+    if not env.get(DEVHOST_INSTANCE_ID, "").strip():
+        raise SettingsError(
+            f"{DEV_PRINCIPAL} is accepted under devhost only (python -m devhost, which "
+            "listens on 127.0.0.1 alone), since it lets any caller say who it is"
+        )
+    try:
+        default = parse_dev_principal(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{DEV_PRINCIPAL}: {exc}") from None
+    return SignIn(client_id, platform, default)
+
+
 def agent_url(env: Mapping[str, str], setting: str) -> str | None:
     """An agent's own base URL (``AGENT_<NAME>_URL``), if set; checked like
     ``REMOTE_SERVICE_URL``, which it overrides for that agent."""
@@ -400,8 +454,9 @@ class Settings:
     instance_id: str = field(default_factory=lambda: instance_of({}))
     #: whether this instance runs the reply handler (then its agents apply replies in process)
     inline_replies: bool = True
-    #: whether App Service authentication vouches for the caller's name (operator API)
-    easy_auth: bool = False
+    #: who callers are: App Service authentication, devhost's development principal, or
+    #: neither (core/principals.py)
+    sign_in: SignIn = field(default_factory=SignIn)
     #: Application Insights: the connection string and the authentication string, if any
     telemetry_connection: str | None = None
     telemetry_authentication: str | None = None
@@ -462,7 +517,7 @@ class Settings:
             declarations=declarations_of(env),
             instance_id=instance_of(env),
             inline_replies=not function_disabled(env, REPLY_HANDLER),
-            easy_auth=env.get(WEBSITE_AUTH_ENABLED, "").strip().lower() == "true",
+            sign_in=_sign_in(env),
             telemetry_connection=env.get(APPINSIGHTS_CONNECTION) or None,
             telemetry_authentication=env.get(APPINSIGHTS_AUTHENTICATION) or None,
             agent_settings=MappingProxyType(

@@ -225,7 +225,9 @@ class Operator:
         else:
             url, body = f"{base}/events/approved", {"refused": "over this customer's limit"}
         try:
-            response = httpx.post(url, json=body, headers={"x-operator": "demo"}, timeout=10)
+            # as a person with the operator role would (devhost's stand-in for sign-in)
+            operator = {"X-Dev-Principal": "demo; roles=Orders.Operator"}
+            response = httpx.post(url, json=body, headers=operator, timeout=10)
         except httpx.HTTPError as exc:
             return f"no answer ({exc})"
         return f"HTTP {response.status_code}"

@@ -11,7 +11,9 @@ the Functions Python runtime the app pins, loaded and driven as the host drives 
 (:mod:`hostrun.worker`). It prints a line per function, ``DEVHOST_HTTP=<url>``
 when it serves HTTP routes, then ``DEVHOST_READY``. It sets ``WEBSITE_HOSTNAME`` to
 ``127.0.0.1:<port>`` when it serves HTTP routes, as ``func start`` sets it (Azure sets
-the app's host name). SIGINT/SIGTERM stop it: polling and
+the app's host name), and ``ORDERS_DEV_PRINCIPAL`` to the OS user as ``Orders.Operator``
+unless the environment sets it (the local stand-in for sign-in: core/principals.py).
+SIGINT/SIGTERM stop it: polling and
 serving stop, running invocations get up to 10 s, then it exits 0. Exit code 2: the
 configuration cannot run (the message says which function and setting).
 """
@@ -19,6 +21,7 @@ configuration cannot run (the message says which function and setting).
 from __future__ import annotations
 
 import argparse
+import getpass
 import logging
 import os
 import signal
@@ -28,7 +31,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from core.settings import DEVHOST_INSTANCE_ID, disabled_setting
+from core.principals import OPERATOR
+from core.settings import DEV_PRINCIPAL, DEVHOST_INSTANCE_ID, disabled_setting
 from devhost import app_loader, deployed, pool
 from devhost.host import DevHost
 from devhost.invoke import Invoker
@@ -75,11 +79,25 @@ def configure_logging(verbose: bool) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in this environment (some containers)
+        return "developer"
+
+
 def build(args: argparse.Namespace) -> DevHost:
     """Load the app, check every function, build what runs them."""
     root = os.getcwd()
     default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
     os.environ[DEVHOST_INSTANCE_ID] = args.instance_id or default_id
+    # The local stand-in for sign-in (core/principals.py): a request that names no
+    # principal (X-Dev-Principal) and no function key is the developer, as an operator, so
+    # the console works as it does for a signed-in operator; ORDERS_DEV_PRINCIPAL set to
+    # another principal, or empty for none, says otherwise.
+    if DEV_PRINCIPAL not in os.environ:
+        os.environ[DEV_PRINCIPAL] = f"{_os_user()}; roles={OPERATOR}"
+    log.info("development principal: %s", os.environ[DEV_PRINCIPAL] or "none")
     # The platform's settings as the deployment sets them, where the environment sets
     # none (the runtime reads its pool size when it starts, so before it starts).
     applied = deployed.apply(os.environ, root)

@@ -107,11 +107,11 @@ param archiveDeleteAfterDays int = 730
 @description('REPLY_QUEUES: the Storage queues an order\'s replyTo may name, comma-separated; an entry ending in * is a prefix (shop-status,partner-*). Empty: no status messages, and an order naming a replyTo is rejected. The app\'s own queues are never allowed, and it never creates a replyTo queue.')
 param replyQueues string = ''
 
-@description('CONSOLE_READ_ONLY: when true the operator console (GET /api/console) only shows orders; it hides every action and the app refuses them. False lets an operator holding the function key act from it.')
+@description('CONSOLE_READ_ONLY: when true the operator console (GET /api/console) only shows orders; it hides every action and the app refuses them, whoever signs in. False lets a signed-in person with the Orders.Operator role act from it.')
 param consoleReadOnly bool = false
 
 @maxLength(36)
-@description('Client id of the Microsoft Entra app registration that signs operators in to the app (App Service authentication, "Easy Auth"), in front of the console and the operator API. Empty (the default) turns sign-in off: the function key alone guards them. See infra/app/auth.bicep for what the registration needs.')
+@description('Client id of the Microsoft Entra app registration people sign in to (App Service authentication, "Easy Auth"), with the app roles Orders.Reader and Orders.Operator (infra/app-roles.json) that decide who may read and who may change orders and agents, on the console and the operator API. Empty (the default) turns sign-in off: the console is closed and the function key alone guards the API. See infra/app/auth.bicep and docs/deployment.md, "Sign-in and roles".')
 param authClientId string = ''
 
 @description('Tenant of that app registration; empty means the deployment\'s tenant.')
@@ -328,6 +328,7 @@ module functionApp 'app/function-app.bicep' = {
     maxClockSkewSeconds: maxClockSkewSeconds
     outageAlertSeconds: outageAlertSeconds
     consoleReadOnly: consoleReadOnly
+    signInClientId: authClientId
     replyQueues: replyQueues
     retention: retention
     retentionSchedule: retentionSchedule
@@ -357,9 +358,9 @@ module diagnostics 'app/diagnostics.bicep' = {
   }
 }
 
-// Sign-in with Microsoft Entra ID (App Service authentication) in front of the
-// console and the operator API, only when an app registration is given; the
-// function key stays required as well (app/auth.bicep says what it needs).
+// Sign-in with Microsoft Entra ID (App Service authentication) for the console and
+// the operator API, only when an app registration is given; its app roles decide who
+// may do what (app/auth.bicep says what the registration needs).
 module auth 'app/auth.bicep' = if (!empty(authClientId)) {
   name: 'function-app-auth'
   scope: rg
@@ -411,7 +412,7 @@ output AZURE_TENANT_ID string = tenant().tenantId
 output AZURE_RESOURCE_GROUP string = rg.name
 output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
 output AZURE_FUNCTION_APP_URL string = 'https://${functionApp.outputs.defaultHostName}'
-// The operator console; like the operator API it needs the function key (?code=).
+// The operator console: people sign in (AZURE_AUTH_CLIENT_ID); it takes no function key.
 output CONSOLE_URL string = functionApp.outputs.consoleUrl
 output CONSOLE_SIGN_IN_ENABLED bool = !empty(authClientId)
 // Grant this principal Key Vault Secrets User on the ApiKey agents' secrets.

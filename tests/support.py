@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import inspect
 import json
@@ -11,14 +12,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
+from azure.functions.decorators.http import HttpTrigger
 from azure.storage.queue import QueueClient
 
 from bootstrap import AppContext, bootstrap, reset_app_context
 from core.names import Names
+from core.principals import OPERATOR, Principal, SignIn
 from core.settings import DECLARATIONS, Settings
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
@@ -29,6 +33,53 @@ def settings_from(env: dict[str, str]) -> Settings:
     """``Settings.from_env(env)`` on the suite's declarations unless ``env`` names others
     (the tests never run on ``declarations/``, the deployment's own)."""
     return Settings.from_env({DECLARATIONS: SUITE_DECLARATIONS, **env})
+
+
+#: The app registration of the tests' sign-in (a GUID, as SIGN_IN_CLIENT_ID must be).
+CLIENT_ID = "00000000-0000-4000-8000-0000000000c1"
+#: App Service authentication on, as Bicep and the platform set it in Azure.
+SIGNED_IN = {"SIGN_IN_CLIENT_ID": CLIENT_ID, "WEBSITE_AUTH_ENABLED": "True"}
+#: devhost's development principal by default: the developer, an operator.
+DEV_OPERATOR = Principal("ops@devhost", frozenset({OPERATOR}), "devhost")
+
+
+def client_principal(
+    name: str, *roles: str, audience: str = CLIENT_ID, role_typ: str = "roles"
+) -> dict[str, str]:
+    """The headers App Service authentication sets for ``name`` signed in with ``roles``
+    (``X-MS-CLIENT-PRINCIPAL``: base64 of the claims as JSON)."""
+    claims = [
+        {"typ": "aud", "val": audience},
+        {"typ": "name", "val": name.split("@", maxsplit=1)[0].title()},
+        {"typ": "preferred_username", "val": name},
+        *({"typ": role_typ, "val": role} for role in roles),
+    ]
+    document = {"auth_typ": "aad", "claims": claims, "name_typ": "name", "role_typ": role_typ}
+    encoded = base64.b64encode(json.dumps(document).encode()).decode()
+    return {
+        "X-MS-CLIENT-PRINCIPAL": encoded,
+        "X-MS-CLIENT-PRINCIPAL-NAME": name,
+        "X-MS-CLIENT-PRINCIPAL-IDP": "aad",
+    }
+
+
+def on_devhost(ctx: AppContext, principal: Principal | None = DEV_OPERATOR) -> AppContext:
+    """``ctx`` as devhost runs it: a request that names no principal and no key is
+    ``principal`` (what ORDERS_DEV_PRINCIPAL sets; the settings refuse it outside devhost,
+    so the tests set it on the settings)."""
+    ctx.settings = replace(ctx.settings, sign_in=SignIn(dev_default=principal))
+    return ctx
+
+
+@contextlib.contextmanager
+def settings_only(sign_in: SignIn | None = None) -> Iterator[None]:
+    """An app context of settings alone (no sign-in unless ``sign_in``): for a route that
+    reads no store (the workflows' list) but still asks who calls."""
+    reset_app_context(SimpleNamespace(settings=SimpleNamespace(sign_in=sign_in or SignIn())))  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        reset_app_context(None)
 
 
 @contextlib.contextmanager
@@ -158,6 +209,8 @@ def wait_for[T](
 
 
 _FUNCTIONS: dict[str, Callable[..., Any]] = {}
+#: The HTTP functions' triggers: name -> (route, methods, auth level), from the same list.
+_HTTP: dict[str, tuple[str, tuple[str, ...], str]] = {}
 
 
 def app_function(name: str) -> Callable[..., Any]:
@@ -172,10 +225,21 @@ def app_function(name: str) -> Callable[..., Any]:
             named = function.get_function_name()
             assert named is not None, f"a function of function_app has no name: {function}"
             _FUNCTIONS[named] = function.get_user_function()
+            trigger = function.get_trigger()
+            if isinstance(trigger, HttpTrigger):
+                methods = tuple(str(getattr(m, "value", m)) for m in trigger.methods or ())
+                level = getattr(trigger.auth_level, "value", trigger.auth_level)
+                _HTTP[named] = (str(trigger.route), methods, str(level))
     user = _FUNCTIONS[name]
     if inspect.iscoroutinefunction(user):
         return lambda *args, **kwargs: asyncio.run(user(*args, **kwargs))
     return user
+
+
+def http_functions() -> dict[str, tuple[str, tuple[str, ...], str]]:
+    """Every HTTP function of ``function_app``: name -> (route, methods, auth level)."""
+    app_function("get_order")  # lists the functions (once per process)
+    return dict(_HTTP)
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], connection: str, *args: str) -> tuple[int, Any]:
@@ -190,8 +254,9 @@ def run_cli(capsys: pytest.CaptureFixture[str], connection: str, *args: str) -> 
 
 def installed(storage_connection: str, tag: str) -> Iterator[AppContext]:
     """A context of its own (no simulator, wall clock), installed as the process's app
-    context for the triggers under test, and removed afterwards (for a fixture)."""
-    context = make_context(storage_connection, tag)
+    context for the triggers under test, and removed afterwards (for a fixture); as
+    devhost runs it, a request that names no principal and no key is an operator."""
+    context = on_devhost(make_context(storage_connection, tag))  # the console: an operator
     reset_app_context(context)
     yield context
     reset_app_context(None)

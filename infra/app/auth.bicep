@@ -1,7 +1,8 @@
-// App Service authentication ("Easy Auth") with Microsoft Entra ID in front of
-// the Function App: operators sign in before they reach the console, and API
-// clients bring an Entra token. main.bicep deploys this module only when
-// authClientId names an app registration.
+// App Service authentication ("Easy Auth") with Microsoft Entra ID for the Function
+// App: people sign in to the console, API callers bring an Entra token, and the app
+// roles of the registration (Orders.Reader, Orders.Operator: infra/app-roles.json)
+// decide what each may do. main.bicep deploys this module only when authClientId
+// names an app registration.
 //
 // It is a module of its own because checkov runs its siteConfig (`web`) checks on
 // every Microsoft.Web/sites/config resource, and this one holds no siteConfig:
@@ -23,26 +24,32 @@ resource site 'Microsoft.Web/sites@2024-04-01' existing = {
   name: functionAppName
 }
 
-/* What it adds, and what it does not replace:
-   - The function key stays required as well: every HTTP function (the console
-     and the operator API) is AuthLevel FUNCTION, and the Functions host checks
-     the key after Easy Auth has let a request through.
-   - Sign-in, and an audit name that can be trusted: with Easy Auth on, the
-     platform sets WEBSITE_AUTH_ENABLED=True and strips X-MS-CLIENT-PRINCIPAL-*
-     headers a client sends, so admin/triggers.py records
-     X-MS-CLIENT-PRINCIPAL-NAME as who acted. Without it a name is only a claim.
-   - Every HTTP route is behind it: a browser is redirected to the Entra sign-in
-     page; an API client sends an Entra token for the registration (audience
-     api://<clientId> or <clientId>) as well as the function key.
+/* What it adds, and what the app decides:
+   - Who the caller is, vouched for: the platform validates the browser's session
+     cookie or the caller's bearer token (audience api://<clientId> or <clientId>) and
+     hands the app its claims, app roles included, in X-MS-CLIENT-PRINCIPAL, after
+     removing any X-MS-CLIENT-PRINCIPAL* header the client sent. With WEBSITE_AUTH_ENABLED
+     (the platform's) and SIGN_IN_CLIENT_ID (function-app.bicep writes it from the same
+     authClientId) the app believes it (core/principals.py).
+   - What each may do is the app's decision, on every route: reads need Orders.Reader,
+     changes Orders.Operator; the console sends a browser that is not signed in to
+     /.auth/login/aad. Unauthenticated requests are therefore let through
+     (AllowAnonymous, not RedirectToLoginPage): the event route must take a webhook
+     that brings the function key alone, and excludedPaths end only in a trailing
+     wildcard, so /api/orders/{orderId}/events/{name} cannot be excluded by itself.
+     The operator API still needs the function key (AuthLevel FUNCTION, checked by the
+     Functions host); the console never takes one (AuthLevel ANONYMOUS) and refuses
+     anyone without a principal and a role.
    No client secret: without one, Easy Auth signs in with the ID-token (implicit)
-   flow. The registration needs "ID tokens" enabled and the redirect URI
-   https://<app host>/.auth/login/aad/callback. A secret, if ever wanted (for
-   access tokens to call other APIs), goes in an app setting that is a Key Vault
-   reference, named by registration.clientSecretSettingName; never inline here.
-   Who may sign in: anyone in the tenant, unless the registration's enterprise
-   application has "Assignment required" on (then its assigned users and groups).
-   Turning it off: deployments are incremental, so clearing authClientId deletes
-   nothing; set platform.enabled to false once (az webapp auth update
+   flow. The registration needs "ID tokens" enabled, the redirect URI
+   https://<app host>/.auth/login/aad/callback, the two app roles, and api://<clientId>
+   as its application ID URI for API tokens (docs/deployment.md, "Sign-in and roles").
+   A secret, if ever wanted (for access tokens to call other APIs), goes in an app
+   setting that is a Key Vault reference, named by registration.clientSecretSettingName;
+   never inline here. Who may sign in: anyone in the tenant, unless the registration's
+   enterprise application has "Assignment required" on (recommended: then only people
+   given a role). Turning it off: deployments are incremental, so clearing authClientId
+   deletes nothing; set platform.enabled to false once (az webapp auth update
    --enabled false, or the portal). */
 resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = {
   // checkov:skip=CKV_AZURE_13: That check reads the v1 authsettings shape (properties.enabled); this authsettingsV2 resource turns sign-in on with properties.platform.enabled, which CKV_AZURE_56 checks and passes.
@@ -59,9 +66,8 @@ resource authSettings 'Microsoft.Web/sites/config@2024-04-01' = {
       enabled: true
     }
     globalValidation: {
-      requireAuthentication: true
-      unauthenticatedClientAction: 'RedirectToLoginPage'
-      redirectToProvider: 'azureactivedirectory'
+      requireAuthentication: false
+      unauthenticatedClientAction: 'AllowAnonymous'
     }
     httpSettings: {
       requireHttps: true

@@ -55,6 +55,10 @@ param outageAlertSeconds int
 @description('CONSOLE_READ_ONLY: the console shows orders but offers and accepts no action.')
 param consoleReadOnly bool
 
+@maxLength(36)
+@description('SIGN_IN_CLIENT_ID: the client id of the Entra app registration people sign in to (app/auth.bicep), empty without sign-in. The app believes the signed-in principal and its app roles only when this is set and App Service authentication is on.')
+param signInClientId string = ''
+
 @description('REPLY_QUEUES: the queues an order\'s replyTo may name (comma-separated; an entry ending in * is a prefix). Empty: none.')
 param replyQueues string
 
@@ -307,6 +311,10 @@ resource site 'Microsoft.Web/sites@2024-04-01' = {
           value: consoleReadOnly ? 'true' : 'false'
         }
         {
+          name: 'SIGN_IN_CLIENT_ID'
+          value: signInClientId
+        }
+        {
           name: 'REPLY_QUEUES'
           value: replyQueues
         }
@@ -374,5 +382,5 @@ resource scmPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2
 output name string = site.name
 output id string = site.id
 output defaultHostName string = site.properties.defaultHostName
-// The operator console (console/); it needs the function key (?code=) like the API.
+// The operator console (console/): people sign in (app/auth.bicep); it takes no function key.
 output consoleUrl string = 'https://${site.properties.defaultHostName}/api/console'

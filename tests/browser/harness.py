@@ -4,7 +4,9 @@
 orders the tests look at, made once and settled before the first test runs:
 
 - devhost 0 runs every function with ``CONSOLE_READ_ONLY=false``: the console the tests
-  drive, and the one instance that processes orders;
+  drive, and the one instance that processes orders. Each devhost signs the browser in
+  as its development principal (the OS user, ``Orders.Operator``: core/principals.py);
+  ``Browser.signed_in_as`` makes every request say another (``X-Dev-Principal``);
 - devhost 1 runs only the HTTP functions (the others are ``--exclude``d, so it never
   competes for work) with ``CONSOLE_READ_ONLY=true``: the read-only console.
 
@@ -44,6 +46,7 @@ import pytest
 from selenium import webdriver
 from selenium.common.exceptions import TimeoutException, WebDriverException
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.chromium.webdriver import ChromiumDriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
@@ -490,6 +493,23 @@ class Browser:
             raise AssertionError(
                 f"{what}: still on {self.driver.current_url} after {timeout:.0f} s"
             ) from None
+
+    # who the browser is
+
+    @contextlib.contextmanager
+    def signed_in_as(self, principal: str) -> Iterator[None]:
+        """Every request the browser makes says ``X-Dev-Principal: <principal>`` (devhost's
+        stand-in for sign-in, e.g. ``"rita; roles=Orders.Reader"``) for the block; then
+        the devhost's own development principal again (an operator)."""
+        assert isinstance(self.driver, ChromiumDriver), "the header is set through CDP"
+        self.driver.execute_cdp_cmd("Network.enable", {})
+        self.driver.execute_cdp_cmd(
+            "Network.setExtraHTTPHeaders", {"headers": {"X-Dev-Principal": principal}}
+        )
+        try:
+            yield
+        finally:
+            self.driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
 
     # reading
 

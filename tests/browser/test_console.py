@@ -311,6 +311,8 @@ def test_resubmit_with_a_reason_completes_the_order(console: Console, browser: B
     assert [e.get("reason") for e in resubmitted] == [RESUBMIT_REASON], resubmitted
     operator = str(resubmitted[0].get("by") or "")
     assert operator and operator in message.text, (operator, message.text)
+    # the person signed in (devhost's development principal), never the key
+    assert operator != "function-key" and operator in browser.text("#principal"), operator
 
     def completed(_: object) -> bool:
         browser.reload("#order-status")
@@ -453,6 +455,99 @@ def test_read_only_mode_shows_no_actions_and_refuses_posts(
         response.status_code,
         response.text[:300],
     )
+
+
+# --- (e') roles ----------------------------------------------------------------------
+
+READER = "rita; roles=Orders.Reader"
+
+
+def test_a_reader_sees_no_action_and_every_change_is_refused(
+    console: Console, browser: Browser
+) -> None:
+    order_id = console.orders.guard
+    before = snapshot(console.load(order_id))
+    with browser.signed_in_as(READER):
+        browser.open(console.page(status="error", refresh="off"), "table#orders")
+        assert browser.one("#principal").get_attribute("data-roles") == "Orders.Reader"
+        assert "rita" in browser.text("#principal")
+        assert "Orders.Operator" in browser.text("#read-only"), "the banner says why"
+        assert not browser.has("form#bulk"), "form#bulk for a reader"
+        assert order_id in rows(browser), "a reader reads the list"
+        browser.open(console.page(f"/orders/{order_id}"), "#order-status")
+        assert browser.one("#order-status").get_attribute("data-status") == "error"
+        for form in ("#resubmit-form", "#cancel-form", "#fix-form", "div.event-actions"):
+            assert not browser.has(form), f"{form} for a reader"
+        browser.open(console.page("/agents"), "table#agents")
+        assert not browser.has("form.pause-form") and not browser.has("form.limits-form")
+        # typed in by hand, a confirmation page is refused too
+        browser.open(
+            console.page(f"/orders/{order_id}/confirm", action="resubmit", reason="probe"),
+            "#message",
+        )
+        assert "Orders.Operator" in browser.text("#message")
+
+    # what the forms would send, forced, with a valid CSRF pair: every one refused
+    pair = csrf_pair(console.url, order_id)
+    assert pair, "the operator's confirm page hands out no CSRF token"
+    cookie, token = pair
+    as_reader = {"X-Dev-Principal": READER}
+    same_origin = {**as_reader, "Origin": console.base, "Sec-Fetch-Site": "same-origin"}
+    reason = {"reason": "reader probe", "csrf": token}
+    bulk = {**reason, "status": "error", "action": "resubmit", "ids": order_id}
+    posts = {
+        f"/orders/{order_id}/resubmit": reason,
+        f"/orders/{order_id}/cancel": reason,
+        f"/orders/{order_id}/fix/preview": {**reason, "data": "{}"},
+        f"/orders/{order_id}/fix": {**reason, "data": "{}"},
+        f"/orders/{order_id}/events/approved": {**reason, "action": "approve", "result": "{}"},
+        "/bulk/preview": bulk,
+        "/bulk/run": bulk,
+        "/agents/orders/change": {**reason, "action": "pause"},
+    }
+    for path, data in posts.items():
+        response = console_post(console.page(path), data, cookie=cookie, headers=same_origin)
+        assert response.status_code == 403, (path, response.status_code, response.text[:300])
+        assert "Orders.Operator" in response.text, (path, response.text[:300])
+    # and the operator API, for the same reader
+    for path, body in {
+        f"orders/{order_id}/resubmit": {"reason": "reader probe"},
+        f"orders/{order_id}/cancel": {"reason": "reader probe"},
+        f"orders/{order_id}/events/approved": {"result": {}},
+        "agents/orders/pause": {"reason": "reader probe"},
+        "agents/orders/limits": {"concurrency": 1, "reason": "reader probe"},
+    }.items():
+        response = httpx.post(f"{console.api}/{path}", json=body, headers=as_reader, timeout=10)
+        assert response.status_code == 403, (path, response.status_code, response.text[:300])
+        assert response.json()["role"] == "Orders.Operator", response.text
+    reads = httpx.get(f"{console.api}/orders/{order_id}", headers=as_reader, timeout=10)
+    assert reads.status_code == 200, "a reader reads through the API"
+    assert snapshot(console.load(order_id)) == before, "a reader changed the order"
+    audit = httpx.get(f"{console.api}/agents/audit", timeout=10).json()["entries"]
+    assert not [e for e in audit if "rita" in json.dumps(e)], "a reader changed an agent"
+
+    # the control: the operator (the devhost's own principal) is offered the actions
+    browser.open(console.page(f"/orders/{order_id}"), "#order-status")
+    assert browser.one("#principal").get_attribute("data-roles") == "Orders.Operator"
+    assert browser.has("#resubmit-form") and not browser.has("#read-only")
+
+
+def test_no_page_carries_a_key_and_the_key_opens_no_page(
+    console: Console, browser: Browser
+) -> None:
+    response = httpx.get(console.page(status="error", code="k3y"), timeout=10)
+    assert response.status_code == 403 and "function key" in response.text, response.text[:300]
+    for url in (
+        console.page(status="error", refresh="off"),
+        console.page(f"/orders/{console.orders.guard}"),
+        console.page("/agents"),
+    ):
+        browser.open(url, "#principal")
+        source = browser.driver.page_source
+        assert "code=" not in source and 'name="code"' not in source, url
+    css = httpx.get(f"{console.url}/assets/console.css", timeout=10)
+    assert css.status_code == 200
+    assert css.headers["cache-control"].startswith("private"), css.headers["cache-control"]
 
 
 # --- (f) escaping -------------------------------------------------------------------------

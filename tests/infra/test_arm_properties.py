@@ -1,10 +1,12 @@
-"""Property names of the diagnostic settings and the private network, against the ARM
-reference (pycep checks syntax only and checkov ignores unknown properties, so a misspelt
-name would first fail at `azd provision`).
+"""Property names of the diagnostic settings, the private network and App Service
+authentication, against the ARM reference (pycep checks syntax only and checkov ignores
+unknown properties, so a misspelt name would first fail at `azd provision`, or, in
+authsettingsV2, be dropped without a word).
 
 The allowed names are those of the template references (learn.microsoft.com/azure/
 templates): Microsoft.Insights/diagnosticSettings 2021-05-01-preview;
-Microsoft.Network/virtualNetworks/subnets 2023-05-01; and, for private endpoints, their
+Microsoft.Network/virtualNetworks/subnets 2023-05-01; Microsoft.Web/sites/config
+authsettingsV2 2024-04-01 (SiteAuthSettingsV2Properties); and, for private endpoints, their
 DNS zone groups, private DNS zones and their virtual network links, the shapes of the
 Azure-Samples Flex Consumption azd templates (storage-PrivateEndpoint.bicep,
 servicebus-privateEndpoint.bicep). Only what infra/ uses is listed, not every property.
@@ -93,6 +95,67 @@ ALLOWED: dict[str, tuple[str, dict[str, set[str]]]] = {
             "": {"parent", "name", "location", "tags", "properties"},
             "properties": {"registrationEnabled", "virtualNetwork"},
             "properties.virtualNetwork": {"id"},
+        },
+    ),
+    "Microsoft.Web/sites/config": (
+        "2024-04-01",
+        {
+            "": {"parent", "name", "properties"},
+            "properties": {"platform", "globalValidation", "identityProviders", "login"}
+            | {"httpSettings"},
+            "properties.platform": {"enabled", "runtimeVersion", "configFilePath"},
+            "properties.globalValidation": {
+                "requireAuthentication",
+                "unauthenticatedClientAction",
+                "redirectToProvider",
+                "excludedPaths",
+            },
+            "properties.httpSettings": {"requireHttps", "routes", "forwardProxy"},
+            "properties.identityProviders": {
+                "azureActiveDirectory",
+                "apple",
+                "azureStaticWebApps",
+                "customOpenIdConnectProviders",
+                "facebook",
+                "gitHub",
+                "google",
+                "legacyMicrosoftAccount",
+                "twitter",
+            },
+            "properties.identityProviders.azureActiveDirectory": {
+                "enabled",
+                "registration",
+                "login",
+                "validation",
+                "isAutoProvisioned",
+            },
+            "properties.identityProviders.azureActiveDirectory.registration": {
+                "openIdIssuer",
+                "clientId",
+                "clientSecretSettingName",
+                "clientSecretCertificateThumbprint",
+                "clientSecretCertificateSubjectAlternativeName",
+                "clientSecretCertificateIssuer",
+            },
+            "properties.identityProviders.azureActiveDirectory.validation": {
+                "jwtClaimChecks",
+                "allowedAudiences",
+                "defaultAuthorizationPolicy",
+            },
+            "properties.login": {
+                "routes",
+                "tokenStore",
+                "preserveUrlFragmentsForLogins",
+                "allowedExternalRedirectUrls",
+                "cookieExpiration",
+                "nonce",
+            },
+            "properties.login.tokenStore": {
+                "enabled",
+                "tokenRefreshExtensionHours",
+                "fileSystem",
+                "azureBlobStorage",
+            },
         },
     ),
 }

@@ -1,9 +1,12 @@
-"""(f) The operator console: its read-only switch, its URL, and optional Entra sign-in.
+"""(f) The operator console: its read-only switch, its URL, and Entra sign-in with roles.
 
 CONSOLE_READ_ONLY comes from the consoleReadOnly parameter and is written as a value
 core.settings accepts. App Service authentication (Easy Auth, authsettingsV2) is
-deployed only when authClientId names an app registration, then requires sign-in with
-Microsoft Entra ID, and holds no secret.
+deployed only when authClientId names an app registration; it vouches for every caller
+it can (a cookie, a token) and lets the others through for the app to decide by role
+(core/principals.py), which believes it only with SIGN_IN_CLIENT_ID, written from the
+same parameter. It holds no secret. The app roles the registration needs are
+infra/app-roles.json, the code's role names.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from core import settings
+from core import principals, settings
 from tests.infra.bicep import (
     FUNCTION_APP,
     INFRA,
@@ -177,14 +180,15 @@ def test_sign_in_is_off_by_default_and_in_the_deployment_tenant() -> None:
     assert _not_empty(main["outputs"]["CONSOLE_SIGN_IN_ENABLED"]["value"], "authClientId")
 
 
-def test_sign_in_requires_an_entra_id_login() -> None:
+def test_sign_in_vouches_for_callers_and_the_app_decides_by_role() -> None:
     (config,) = _auth_configs()[rel(AUTH)]
     properties = body(config)["properties"]
     assert properties["platform"] == {"enabled": True}
+    # The app decides on every route (tests/integration/test_roles.py): the event route
+    # takes a webhook with the function key alone, which no excludedPaths entry can name.
     assert properties["globalValidation"] == {
-        "requireAuthentication": True,
-        "unauthenticatedClientAction": "RedirectToLoginPage",
-        "redirectToProvider": "azureactivedirectory",
+        "requireAuthentication": False,
+        "unauthenticatedClientAction": "AllowAnonymous",
     }
     assert properties["httpSettings"]["requireHttps"] is True
     assert set(properties["identityProviders"]) == {"azureActiveDirectory"}, (
@@ -219,3 +223,35 @@ def test_sign_in_holds_no_secret() -> None:
         d["type"] == "secure" for p in tree["parameters"].values() for d in p["decorators"]
     )
     assert not tree.get("outputs"), "the module has nothing to hand back"
+
+
+def test_the_app_believes_sign_in_only_with_the_same_registration() -> None:
+    """SIGN_IN_CLIENT_ID is authClientId, passed down as the auth module's clientId: the
+    app reads the platform's principal header only where Bicep deployed sign-in."""
+    assert _app_setting(settings.SIGN_IN_CLIENT_ID, signInClientId="abc") == "abc"
+    param = parse(FUNCTION_APP)["parameters"]["signInClientId"]
+    assert param["type"] == "string" and param["default"] == ""
+    params = body(parse(MAIN)["modules"]["functionApp"])["params"]
+    assert params["signInClientId"] == "authClientId"
+    env = {settings.STORAGE: "UseDevelopmentStorage=true", settings.AGENT_TRANSPORT: "storage"}
+    assert not settings.Settings.from_env({**env, settings.SIGN_IN_CLIENT_ID: ""}).sign_in.entra
+
+
+def test_the_app_roles_file_names_the_roles_the_code_checks() -> None:
+    roles = load_json(INFRA / "app-roles.json")
+    assert [r["value"] for r in roles] == list(principals.ROLES)
+    ids = [r["id"] for r in roles]
+    assert len(set(ids)) == len(ids) and all(re.fullmatch(r"[0-9a-f-]{36}", i) for i in ids)
+    for role in roles:
+        # people, and applications (client credentials) that call the API
+        assert role["allowedMemberTypes"] == ["User", "Application"] and role["isEnabled"]
+        assert set(role) == {
+            "id",
+            "value",
+            "displayName",
+            "description",
+            "allowedMemberTypes",
+            "isEnabled",
+        }
+    docs = (REPO / "docs" / "deployment.md").read_text(encoding="utf-8")
+    assert "--app-roles @infra/app-roles.json" in docs, "the deployment guide uses the file"

@@ -30,7 +30,14 @@ from messaging import resilience
 from messaging.storage_queues import StorageQueues
 from stores.tables import TableStateStore
 from tests.integration.test_storage_faults import FaultyAdapter, faulty_transport
-from tests.support import FakeClock, app_function, drain_requests, make_context, settings_from
+from tests.support import (
+    FakeClock,
+    app_function,
+    drain_requests,
+    make_context,
+    on_devhost,
+    settings_from,
+)
 
 
 class Outage(FaultyAdapter):
@@ -148,7 +155,7 @@ def test_routes_whose_first_request_meets_a_table_outage_answer_503_then_recover
         settings_from({"AzureWebJobsStorage": storage_connection, "AGENT_TRANSPORT": "storage"}),
         names=Names.unique(tag),
     )
-    reset_app_context(context)
+    reset_app_context(on_devhost(context))  # the console's pages need a principal
     missing = f"{tag}-none"
     calls = {
         "get_order": func.HttpRequest(

@@ -28,11 +28,12 @@ from core.errors import (
     TransitionRefused,
 )
 from core.names import Names
+from core.principals import OPERATOR, READER, SignIn
 from messaging.outbox import NoticeSender
 from stores import layout
 from stores.listing import format_token, parse_token
 from stores.tables import TableStateStore
-from tests.support import settings_from
+from tests.support import SIGNED_IN, client_principal, settings_from
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 
@@ -159,9 +160,9 @@ class StubAdmin:
 
 
 class StubContext:
-    def __init__(self, admin: Any, *, easy_auth: bool = False) -> None:
+    def __init__(self, admin: Any) -> None:
         self.admin = admin
-        self.settings = SimpleNamespace(easy_auth=easy_auth)  # WEBSITE_AUTH_ENABLED, read once
+        self.settings: Any = SimpleNamespace(sign_in=SignIn())  # no sign-in, read once
         self.archived: dict[str, dict[str, str]] = {}
         self.retainer = SimpleNamespace(where=self.archived.get)
 
@@ -243,40 +244,50 @@ def test_bad_query_strings_are_400s(
 # --- who did it ---------------------------------------------------------------------------
 
 
+ALICE = client_principal("alice@contoso.com", OPERATOR)
+FORGED = client_principal("mallory@contoso.com", OPERATOR)
+NO_AUTH: dict[str, str] = {}
+PLATFORM_ONLY = {"WEBSITE_AUTH_ENABLED": "True"}  # no SIGN_IN_CLIENT_ID: not believed
+CONFIGURED_OFF = {"SIGN_IN_CLIENT_ID": SIGNED_IN["SIGN_IN_CLIENT_ID"]}  # module off
+
+
 @pytest.mark.parametrize(
-    ("auth", "headers", "expected"),
+    ("env", "headers", "expected"),
     [
-        (None, {}, "function-key"),
-        (None, {"x-operator": "alice"}, "function-key (claims: alice)"),
-        (None, {"x-ms-client-principal-name": "mallory"}, "function-key (claims: mallory)"),
-        ("False", {"x-ms-client-principal-name": "mallory"}, "function-key (claims: mallory)"),
-        ("True", {"x-ms-client-principal-name": "alice@contoso.com"}, "alice@contoso.com"),
-        ("true", {"x-ms-client-principal-name": "alice@contoso.com"}, "alice@contoso.com"),
-        # Easy Auth on, but no signed-in principal (a function-key call): x-operator is a claim.
-        ("True", {"x-operator": "bob"}, "function-key (claims: bob)"),
-        ("True", {"x-operator": "bob", "x-ms-client-principal-name": "alice"}, "alice"),
-        (None, {"x-operator": "  \u2028 eve\n\x00  "}, "function-key (claims: eve)"),
-        (None, {"x-operator": "x" * 500}, f"function-key (claims: {'x' * 64})"),
-        (None, {"x-operator": "\n\t"}, "function-key"),
+        (NO_AUTH, {}, "function-key"),
+        (NO_AUTH, {"x-operator": "alice"}, "function-key (claims: alice)"),
+        (NO_AUTH, {"x-ms-client-principal-name": "mallory"}, "function-key (claims: mallory)"),
+        # a principal header no platform wrote is the client's own: a claim at most
+        (NO_AUTH, FORGED, "function-key (claims: mallory@contoso.com)"),
+        (PLATFORM_ONLY, FORGED, "function-key (claims: mallory@contoso.com)"),
+        (SIGNED_IN, ALICE, "alice@contoso.com"),
+        (SIGNED_IN, {**ALICE, "x-operator": "bob"}, "alice@contoso.com"),
+        (NO_AUTH, {"x-operator": "  \u2028 eve\n\x00  "}, "function-key (claims: eve)"),
+        (NO_AUTH, {"x-operator": "x" * 500}, f"function-key (claims: {'x' * 64})"),
+        (NO_AUTH, {"x-operator": "\n\t"}, "function-key"),
+        # sign-in configured: a change needs a person with the operator role
+        (SIGNED_IN, {"x-operator": "bob"}, None),
+        (SIGNED_IN, client_principal("rita@contoso.com", READER), None),
+        (CONFIGURED_OFF, FORGED, None),
     ],
 )
 def test_the_caller_is_whoever_the_platform_vouches_for(
-    context: StubContext,
-    monkeypatch: pytest.MonkeyPatch,
-    auth: str | None,
-    headers: dict[str, str],
-    expected: str,
+    context: StubContext, env: dict[str, str], headers: dict[str, str], expected: str | None
 ) -> None:
-    context.settings = SimpleNamespace(
-        easy_auth=settings_from(
-            {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT": "storage"}
-            | ({"WEBSITE_AUTH_ENABLED": auth} if auth is not None else {})
-        ).easy_auth
+    context.settings = settings_from(
+        {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT": "storage"} | env
     )
 
-    triggers.resubmit_order(post("o-1", "resubmit", headers))
-    triggers.cancel_order(post("o-1", "cancel", headers, b'{"reason": "duplicate"}'))
+    answers = [
+        triggers.resubmit_order(post("o-1", "resubmit", headers)),
+        triggers.cancel_order(post("o-1", "cancel", headers, b'{"reason": "duplicate"}')),
+    ]
 
+    if expected is None:
+        assert [a.status_code for a in answers] == [403, 403]
+        assert all(json.loads(a.get_body())["role"] == OPERATOR for a in answers)
+        assert context.admin.calls == []
+        return
     assert context.admin.calls == [
         ("resubmit", ("o-1", expected)),
         ("cancel", ("o-1", expected, "duplicate")),

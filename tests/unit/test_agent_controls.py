@@ -28,6 +28,7 @@ from core.control_view import PERIOD, RELEASE_WINDOW, SETTLE, ControlView
 from core.controls import DECLARED, AgentControl, Limits, Pause
 from core.errors import StorageUnavailable, TransitionRefused
 from core.workflows import AGENTS
+from tests.support import DEV_OPERATOR, on_devhost
 from tests.unit.test_agent_pause import App, build
 from tests.unit.test_remote_client import T0
 
@@ -237,7 +238,7 @@ def test_a_resume_releases_held_steps_once_every_instance_has_read_it() -> None:
 @pytest.fixture
 def installed() -> Iterator[App]:
     app = build()
-    reset_app_context(app.ctx)
+    reset_app_context(on_devhost(app.ctx))  # the console needs a principal: an operator
     yield app
     reset_app_context(None)
 
@@ -250,8 +251,10 @@ def call(
         if isinstance(body, bytes)
         else (json.dumps(body).encode() if body is not None else b"")
     )
+    # a machine with the function key (no principal): "function-key" in the audit
+    key = {"x-functions-key": "k"}
     response = handler(
-        func.HttpRequest(method, f"http://h/api/{path}", body=raw, route_params=route)
+        func.HttpRequest(method, f"http://h/api/{path}", body=raw, route_params=route, headers=key)
     )
     assert response.mimetype == "application/json"
     return response.status_code, json.loads(response.get_body())
@@ -472,7 +475,7 @@ def test_the_console_pauses_an_agent_through_a_confirmation(installed: App) -> N
     )
     assert response.status_code == 303
     location = urlsplit(response.headers["Location"])
-    assert "paused by function-key" in parse_qs(location.query)["message"][0]
+    assert f"paused by {DEV_OPERATOR.name}" in parse_qs(location.query)["message"][0]
     listing = page("/agents", console.console_agents)
     assert re.search(r'data-agent="orders" data-paused="true"', listing)
     assert re.search(r'class="audit-row" data-agent="orders" data-action="pause"', listing)

@@ -11,6 +11,7 @@ from console import security, views
 from core.messages import ReplyOutcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus
+from tests.support import settings_only
 from tests.unit.test_failure_semantics import fail_until_given_up, reach
 from tests.unit.test_model import new_order, reply
 
@@ -115,7 +116,7 @@ def test_the_cookie_is_strict_and_secure_over_https() -> None:
 
 
 def test_answers_over_https_carry_strict_transport_security_and_over_http_do_not() -> None:
-    """The console and the operator API (the function key rides in ``?code=``): a browser
+    """The console and the operator API (a sign-in cookie, a key, a token): a browser
     that saw the header uses https only for the host. Not over plain http (RFC 6797)."""
     from admin.triggers import list_workflows
 
@@ -126,7 +127,8 @@ def test_answers_over_https_carry_strict_transport_security_and_over_http_do_not
     behind_front_end = request("http://10.0.0.4/api/workflows", **{"X-Forwarded-Proto": "https"})
     plain = request("http://127.0.0.1:7071/api/workflows")
 
-    assert list_workflows(https).headers["Strict-Transport-Security"] == "max-age=31536000"
-    assert "Strict-Transport-Security" in list_workflows(behind_front_end).headers
-    assert "Strict-Transport-Security" not in list_workflows(plain).headers
+    with settings_only():
+        assert list_workflows(https).headers["Strict-Transport-Security"] == "max-age=31536000"
+        assert "Strict-Transport-Security" in list_workflows(behind_front_end).headers
+        assert "Strict-Transport-Security" not in list_workflows(plain).headers
     assert security.transport_headers(plain) == {}

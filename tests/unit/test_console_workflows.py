@@ -22,7 +22,7 @@ from bootstrap import reset_app_context
 from console import layout, security, views
 from console import triggers as console
 from core.states import OrderStatus, StepState
-from tests.support import declarations
+from tests.support import DEV_OPERATOR, declarations, on_devhost
 from tests.unit.test_agent_pause import App, build
 from tests.unit.test_services_in_memory import reply_to
 
@@ -33,7 +33,7 @@ HOSTILE = "<script>window.__pwned=1</script><img src=x onerror=alert(1)>"
 @pytest.fixture
 def app() -> Iterator[App]:
     built = build()  # (the bootstrap puts the settings' declarations to use: then ours)
-    reset_app_context(built.ctx)
+    reset_app_context(on_devhost(built.ctx))  # the console needs a principal: an operator
     with declarations():
         yield built
     reset_app_context(None)
@@ -241,7 +241,7 @@ def test_approve_goes_through_a_confirmation_then_the_order_goes_on(app: App) ->
 
     assert (
         message_of(done)
-        == "Approved by function-key: event approved was taken and the order goes on."
+        == f"Approved by {DEV_OPERATOR.name}: event approved was taken and the order goes on."
     )
     assert done.headers["Location"].startswith("/api/console/orders/a-1?")
     order = app.order("a-1")
@@ -250,18 +250,18 @@ def test_approve_goes_through_a_confirmation_then_the_order_goes_on(app: App) ->
     assert approved.result == {"approver": "maria"}
     assert hold is not None and hold.process_state is StepState.PROCESSING
     [taken] = [h for h in approved.history if h["event"] == "event-taken"]
-    assert (taken["by"], taken["reason"]) == ("function-key", "checked the stock")
+    assert (taken["by"], taken["reason"]) == (DEV_OPERATOR.name, "checked the stock")
     after = text(get("/orders/a-1", orderId="a-1"))
     row = re.search(
         r'<tr class="event-row" data-event="approved" data-kind="result">(.*?)</tr>', after, re.S
     )
-    assert row is not None and "checked the stock" in row[1] and "function-key" in row[1]
+    assert row is not None and "checked the stock" in row[1] and DEV_OPERATOR.name in row[1]
     assert 'class="approve-form"' not in after  # nothing waits for an event any more
     assert "Step hold waits until" in after
     waited = re.search(
         r'<rect class="wait succeeded" data-step="approved"[^>]*><title>([^<]*)', after
     )
-    assert waited is not None and "sent by function-key: checked the stock" in waited[1]
+    assert waited is not None and f"sent by {DEV_OPERATOR.name}: checked the stock" in waited[1]
 
 
 def test_an_event_that_never_came_is_the_reason_the_order_is_in_error(app: App) -> None:
@@ -302,7 +302,7 @@ def test_refuse_needs_a_reason_and_unwinds_at_once(app: App) -> None:
     assert "fails for good" in confirm and 'class="danger">Confirm refuse' in confirm
     done = send("a-1", "approved", confirm_form(confirm))
 
-    assert message_of(done).startswith("Refused by function-key: event approved was taken")
+    assert message_of(done).startswith(f"Refused by {DEV_OPERATOR.name}: event approved was taken")
     order = app.order("a-1")
     assert order.status is OrderStatus.COMPENSATING
     approved = order.find("approved")

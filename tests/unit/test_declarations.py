@@ -28,7 +28,7 @@ from core.workflows import (
     Workflow,
     validate,
 )
-from tests.support import declarations
+from tests.support import declarations, settings_only
 
 HERE = Path(__file__).name
 
@@ -157,7 +157,7 @@ def test_the_set_is_checked_together() -> None:
 
 
 def test_get_workflows_lists_each_step_with_its_agent() -> None:
-    with declarations():  # the tests' own (tests/fixtures/flows.py)
+    with declarations(), settings_only():  # the tests' own (tests/fixtures/flows.py)
         response = triggers.list_workflows(func.HttpRequest("GET", "/api/workflows", body=b""))
     body = json.loads(response.get_body())
     fulfilment = next(w for w in body["workflows"] if w["workflow"] == "fulfilment")

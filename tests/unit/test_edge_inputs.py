@@ -22,7 +22,9 @@ from admin.query import parse_filter, parse_time
 from bootstrap import reset_app_context
 from console import security
 from console import triggers as console
+from core.principals import SignIn
 from stores.listing import key_range
+from tests.support import DEV_OPERATOR
 from tests.unit.test_admin_hardening import (
     StubAdmin,
     StubContext,
@@ -38,7 +40,10 @@ RANGE = ("1970-01-01", "2199-12-31")
 @pytest.fixture
 def context() -> Iterator[StubContext]:
     stub = StubContext(StubAdmin())
-    stub.settings = SimpleNamespace(console_read_only=False)
+    # devhost's sign-in: the console needs a principal (an operator here)
+    stub.settings = SimpleNamespace(
+        console_read_only=False, sign_in=SignIn(dev_default=DEV_OPERATOR)
+    )
     reset_app_context(stub)  # type: ignore[arg-type]
     try:
         yield stub
@@ -140,7 +145,7 @@ def test_a_body_within_the_nesting_limit_still_gives_its_reason(context: StubCon
     status, _ = answer(triggers.cancel_order(post("o-1", "cancel", body=body)))
 
     assert status == 200
-    assert context.admin.calls == [("cancel", ("o-1", "function-key", "duplicate"))]
+    assert context.admin.calls == [("cancel", ("o-1", DEV_OPERATOR.name, "duplicate"))]
 
 
 # --- console POSTs: the CSRF token, and bodies that are not forms -------------------------------

@@ -38,6 +38,7 @@ def test_the_contract_names_are_the_ones_read() -> None:
         "SUPERVISOR_SCHEDULE",
         "DEFERRAL_WINDOW_SECONDS",
         "CONSOLE_READ_ONLY",
+        "SIGN_IN_CLIENT_ID",
         "RETENTION",
         "RETENTION_SCHEDULE",
         "RETENTION_BATCH",
