@@ -90,10 +90,10 @@ from typing import Any, Final
 from azure.core.exceptions import AzureError
 
 from admin import deploycheck, inflight
-from admin.agents import apply_change, parse_change
+from admin.agent_admin import apply_change, parse_change
+from admin.archiving import show_or_where
 from admin.drain import drain
 from admin.query import LIST_PARAMS, parse_filter, searchable_text
-from admin.retention import show_or_where
 from bootstrap import (
     AppContext,
     bootstrap,
@@ -112,7 +112,7 @@ from core.errors import (
     TransitionRefused,
 )
 from core.names import Names, poison
-from core.orders import strict_json
+from core.order_message import strict_json
 from core.ports import ListFilter
 from core.retention import ARCHIVABLE, parse_duration
 from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE

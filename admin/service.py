@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from core.attempts import Applied, Ending
-from core.control_view import ControlSource
+from core.control_cache import ControlSource
 from core.controls import AgentControl
 from core.errors import (
     ConcurrencyConflict,

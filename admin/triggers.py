@@ -6,7 +6,7 @@ not answer or the outcome of a change is unknown (retry), 500 only for an order 
 records cannot be read (a person must repair them).
 
 Orders: ``orders/{orderId}``, ``orders``, ``orders/{orderId}/resubmit``,
-``orders/{orderId}/cancel``. Agents at runtime (``admin/agents.py``): ``agents`` (list),
+``orders/{orderId}/cancel``. Agents at runtime (``admin/agent_admin.py``): ``agents`` (list),
 ``agents/{agent}/pause``, ``agents/{agent}/resume``, ``agents/{agent}/limits``,
 ``agents/audit``.
 
@@ -32,7 +32,7 @@ from typing import Any
 
 import azure.functions as func
 
-from admin.agents import CHANGE_FIELDS, apply_change, parse_change
+from admin.agent_admin import CHANGE_FIELDS, apply_change, parse_change
 from admin.query import parse_filter, parse_page_size
 from bootstrap import app_context, index_time
 from console.security import with_hsts
@@ -48,7 +48,7 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
-from core.orders import is_valid_order_id, strict_json
+from core.order_message import is_valid_order_id, strict_json
 from core.patches import InvalidPatch
 from core.principals import CLIENT_PRINCIPAL_NAME, Access, Principal, refusal
 from core.workflows import AGENTS, MAX_STEP_NAME, WORKFLOWS
@@ -185,7 +185,7 @@ def _show(order_id: str) -> dict[str, Any]:
     try:
         return ctx.admin.show(order_id)
     except OrderNotFound as exc:
-        from admin.retention import archived_or  # the Blob SDK: only when it may be needed
+        from admin.archiving import archived_or  # the Blob SDK: only when it may be needed
 
         raise archived_or(exc, ctx.retainer, order_id) from None
 

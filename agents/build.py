@@ -11,7 +11,7 @@ Each is an ``AttemptRunner`` (``agents.runner``) around the agent's kind of try:
 
 Both take at most ``concurrency`` calls at once on this instance, and at most ``rate``
 calls a second if it has one (``agents.limits``), unless an operator changed them at
-runtime; a paused agent calls nothing (``runtime``: ``core.control_view``). Each agent's
+runtime; a paused agent calls nothing (``runtime``: ``core.control_cache``). Each agent's
 blocking work (its claim read, its reply handed over, its controls read) runs on threads
 of its own (``agents.threads``): never on the runtime's pool, nor on another agent's.
 A setting that is missing is a ``SettingsError`` naming it, raised here, when the
@@ -33,7 +33,7 @@ from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from agents.threads import AgentThreads
 from core import workflows
-from core.control_view import AgentRuntime
+from core.control_cache import AgentRuntime
 from core.ports import AgentTransport, Clock
 from core.settings import Settings, SettingsError, agent_url
 

@@ -41,7 +41,7 @@ from agents.outage_watch import OutageWatch
 from agents.outcomes import CallOutcome, Try, TryKind, applied_of
 from agents.pacing import Backoff, Budget, RemotePolicy
 from agents.threads import AgentThreads
-from core.control_view import HOLD_MIN, AgentRuntime
+from core.control_cache import HOLD_MIN, AgentRuntime
 from core.controls import Limits
 from core.messages import AgentRequest
 from core.outages import ramp_end, spread

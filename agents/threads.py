@@ -10,7 +10,7 @@ its event loop:
 - handing over the reply (``messaging.inline``: applying it in process, which claims and
   dispatches the next step; else sending it on the reply queue: the Storage queue or
   Service Bus SDK);
-- reading the agent's runtime controls when they are due (``core.control_view``).
+- reading the agent's runtime controls when they are due (``core.control_cache``).
 
 Each is bounded in time here (``bound``): the SDK clients bound each request, and the
 work rides storage trouble out for a known budget, so a bound passed means something

@@ -68,7 +68,7 @@ from bench.latency import machine, percentile, utc_now_text
 from bootstrap import AppContext
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.settings import OPCOUNT_DIR
 from core.workflows import WORKFLOWS, Plan

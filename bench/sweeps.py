@@ -56,7 +56,7 @@ from bench.latency import machine, utc_now_text
 from bootstrap import AppContext, clients
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.workflows import WORKFLOWS, Plan
 from demo.stack import LocalStack
 from stores import entities, layout

@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
-from admin.agents import AgentAdmin
+from admin.agent_admin import AgentAdmin
 from admin.drain import LegacyQueue, ServiceBusLegacyQueue, StorageLegacyQueue
 from admin.service import OrderAdmin
 from agents.agent import AgentWorker
@@ -33,7 +33,7 @@ from agents.outage_watch import OutageWatch, SerialWorker
 from agents.threads import AgentThreads
 from bootstrap import clients
 from core import workflows
-from core.control_view import ControlView
+from core.control_cache import ControlView
 from core.names import Names
 from core.outages import OutagePolicy
 from core.policy import RetryPolicy
@@ -60,16 +60,16 @@ from scheduler.service import Scheduler, SchedulerConfig
 from stores import layout
 from stores.kept import KeptMessages
 from stores.tables import TableStateStore
-from supervisor.dashboard import DashboardAggregator
+from supervisor.aggregator import DashboardAggregator
 from supervisor.expired import ExpiredRequests
 from supervisor.poison import PoisonWatch
 from supervisor.service import Supervisor
 
 if TYPE_CHECKING:
-    from admin.retention import Retainer
+    from admin.archiving import Retainer
 
 T = TypeVar("T")
-_control_log = get_logger("core.control_view")
+_control_log = get_logger("core.control_cache")
 
 
 def utc_now() -> datetime:
@@ -260,7 +260,7 @@ class AppContext:
     @part
     def agent_controls(self) -> ControlView:
         """The agents' runtime controls (paused, limits) as this process knows them: read
-        at most every few seconds (``core.control_view``), by the scheduler and agents."""
+        at most every few seconds (``core.control_cache``), by the scheduler and agents."""
         return ControlView(self.store, self.clock, warn=_control_log.warning, outages=self.store)
 
     @part
@@ -406,9 +406,9 @@ class AppContext:
         """Retention and restore (docs/contracts.md §3.12). Imported here, on first use:
         the Blob SDK is for the retention timer, the CLI and the console, never an
         order's path."""
-        from admin.retention import Retainer
+        from admin.archiving import Retainer
         from stores.archive import BlobArchive
-        from stores.retention import TableRetention
+        from stores.retention_rows import TableRetention
 
         blobs = clients.blob_service(self.settings.storage)
         archive = BlobArchive(blobs.get_container_client(self.names.orders_archive))

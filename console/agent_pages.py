@@ -1,7 +1,7 @@
 """The console's agents page: every declared agent, paused or not and its limits, the
 pause, resume and limits forms (each through a confirmation page that changes nothing),
 and the audit of every change, newest first. The use cases are the operator API's
-(``admin.agents.AgentAdmin``), so the console, the API and the CLI cannot disagree.
+(``admin.agent_admin.AgentAdmin``), so the console, the API and the CLI cannot disagree.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Mapping
 
 import azure.functions as func
 
-from admin.agents import AgentAdmin, Change, parse_change
+from admin.agent_admin import AgentAdmin, Change, parse_change
 from console.pages import Page, form_of, guard
-from core.control_view import PERIOD
+from core.control_cache import PERIOD
 from core.errors import AgentNotFound, InvalidContinuationToken, TransitionRefused
 
 AUDIT_PAGE = 50

@@ -20,7 +20,7 @@ from admin.triggers import MAX_REASON_CHARS
 from console.pages import Page, form_of, guard
 from core.errors import OrderChanged, OrderNotFound, TransitionRefused
 from core.model import Order
-from core.orders import strict_json
+from core.order_message import strict_json
 from core.patches import InvalidPatch, apply_patch, history_of, patch_between
 from core.states import OrderStatus
 

@@ -13,7 +13,7 @@ from typing import Any
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
 from bootstrap import AppContext
-from core.orders import strict_json
+from core.order_message import strict_json
 
 PEEK: int = 32
 PREVIEW_CHARS: int = 300

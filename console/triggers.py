@@ -22,15 +22,24 @@ from admin.query import parse_filter, parse_page_size, searchable_text
 from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
 from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
-from console import agent_pages, dashboard, event_pages, fix_pages, inbox, layout, security, views
+from console import (
+    agent_pages,
+    dashboard_page,
+    event_pages,
+    fix_pages,
+    inbox,
+    layout,
+    security,
+    views,
+)
 from console.pages import ASSETS, FILTER_KEYS, Page, access, filters_of, form_of, guard, trouble
-from core.dashboard import STUCK_ROW
 from core.errors import (
     InvalidContinuationToken,
     OrderNotFound,
     TransitionRefused,
 )
-from core.orders import is_valid_order_id
+from core.figures import STUCK_ROW
+from core.order_message import is_valid_order_id
 from core.ports import ListFilter
 from core.principals import Access
 from core.states import OrderStatus
@@ -443,7 +452,7 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
         ctx = app_context()
         attention = ctx.admin.page(ListFilter(OrderStatus.ERROR), 100)
         stuck_rows = ctx.store.dashboard_rows(STUCK_ROW, STUCK_ROW + "~")
-        stuck, checked = dashboard.stuck_of(stuck_rows)
+        stuck, checked = dashboard_page.stuck_of(stuck_rows)
         return page.render(
             "alerts.html",
             dash={"stuck": stuck, "stuck_checked": checked},
@@ -459,13 +468,13 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/dashboard", methods=["GET"], auth_level=ANONYMOUS)
 @access(Access.READ)
 def console_dashboard(req: func.HttpRequest) -> func.HttpResponse:
-    """The figures the dashboard timer keeps, and the stuck steps (console/dashboard.py)."""
+    """The figures the dashboard timer keeps, and the stuck steps (console/dashboard_page.py)."""
     page = Page(req)
 
     def show() -> func.HttpResponse:
         now = datetime.now(UTC)
-        dash = dashboard.load(app_context().store, now)
-        return page.render("dashboard.html", dash=dash, fmt=dashboard.ms)
+        dash = dashboard_page.load(app_context().store, now)
+        return page.render("dashboard_page.html", dash=dash, fmt=dashboard_page.ms)
 
     return trouble(page, show)
 

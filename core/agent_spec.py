@@ -29,7 +29,7 @@ MAX_STEP_NAME: Final = 48
 MAX_AGENT_NAME: Final = 24
 DECLARATIONS_SETTING: Final = DECLARATIONS
 #: The agent a step runs on when its declaration names none.
-LEGACY_AGENT: Final = "orders"
+DEFAULT_AGENT: Final = "orders"
 #: An agent's limits, per instance: calls at once, and calls a second (declared, or set
 #: at runtime: ``core.controls``).
 MIN_CONCURRENCY: Final = 1

@@ -8,9 +8,9 @@ its declaration (``core.workflows.Agent``) unless an operator overrode them; an 
 change back to ``declared`` ends an override. Every change is an ``AuditEntry``: when,
 which agent, what, who, why, and the agent's state before and after.
 
-Pure: ``now`` is an argument and nothing is stored here. ``stores/controls.py`` keeps
+Pure: ``now`` is an argument and nothing is stored here. ``stores/control_rows.py`` keeps
 one row per agent (written with If-Match) and the audit beside it, in one transaction;
-``core.control_view`` is what each instance reads of them, at most every few seconds.
+``core.control_cache`` is what each instance reads of them, at most every few seconds.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class AgentControl:
     concurrency: int | None = None
     rate: float | None = None
     #: the last resume (instances release the steps that waited for it, see
-    #: ``core.control_view``)
+    #: ``core.control_cache``)
     resumed_at: datetime | None = None
     changed_at: datetime | None = None
     changed_by: str = ""

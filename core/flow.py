@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from core.agent_spec import (
-    LEGACY_AGENT,
+    DEFAULT_AGENT,
     MAX_STEP_NAME,
     PATH_PATTERN,
     STEP_NAME,
@@ -118,7 +118,7 @@ class StepSpec:
     """A call to a remote service through ``agent`` (docs/contracts.md §3.4, §3.13)."""
 
     name: str
-    agent: str = LEGACY_AGENT
+    agent: str = DEFAULT_AGENT
     input: Fn | None = None
     when: Fn | None = None
     completes_on: str | None = None

@@ -1,4 +1,4 @@
-"""Message formats of docs/contracts.md besides the order itself (``core/orders.py``):
+"""Message formats of docs/contracts.md besides the order itself (``core/order_message.py``):
 agent requests and replies, status notifications, operator alerts, rejections.
 
 (Over 400 lines: each format's encoder and its never-trusting decoder sit together.)
@@ -17,7 +17,7 @@ from enum import StrEnum
 from typing import Any, Final, Literal
 
 from core.errors import InvalidMessage
-from core.orders import MAX_NESTING, ORDER_ID_RULE, describe, is_valid_order_id, strict_json
+from core.order_message import MAX_NESTING, ORDER_ID_RULE, describe, is_valid_order_id, strict_json
 from core.text import visible
 from core.timefmt import iso, parse_iso
 from core.workflows import declared_steps

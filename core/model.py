@@ -31,12 +31,12 @@ from typing import Any, Final, Literal
 
 from core.attempts import Applied, Attempt, Ending
 from core.cancel import CancelPreview
-from core.control_view import hold_until
+from core.control_cache import hold_until
 from core.errors import UnboundMessage
 from core.events import Event
 from core.evidence import Evidence, ReplyEffect, applied_of
 from core.messages import AgentReply, ReplyOutcome
-from core.orders import OrderMessage
+from core.order_message import OrderMessage
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
@@ -296,7 +296,7 @@ class Order(Evidence):
         return "took"
 
     def mark_stuck(self, step: str, reason: str, now: datetime) -> StepRecord:
-        """The stuck check's alert (supervisor/dashboard.py): the active step ``step`` has
+        """The stuck check's alert (supervisor/aggregator.py): the active step ``step`` has
         been in its state far longer than it usually takes. One alert per stuck episode (a
         step and its attempt): a second call for the same one is refused, and so is one
         for a step that has moved on; a later episode (another step, a later attempt) is

@@ -36,7 +36,7 @@ dies, or takes longer than ``grace``, in that window.
 call a second, per instance, and doubles every ``RAMP_DOUBLING`` until it reaches the
 agent's rate limit (without one, ``RAMP_CALLS_PER_SLOT`` calls a second per concurrency
 slot), counted from the release: the end of a streak (``ended_at``), or a resume once
-every instance has read it (``core.control_view``). Every instance reads both with the
+every instance has read it (``core.control_cache``). Every instance reads both with the
 controls, so all ramp from the same time.
 """
 

@@ -4,7 +4,7 @@ data with a JSON merge patch (RFC 7386) when resubmitting it.
 ``apply_patch`` checks the patch and what it makes: the patch is a JSON object; it cannot
 change ``orderId`` or ``workflow`` (what the order is), nor ``replyTo`` (where its status
 goes: routing, not business data); the patched data must be an order the app would accept
-(``core.orders.decode_order``: size, depth, the rules of §3.1), else ``InvalidPatch`` says
+(``core.order_message.decode_order``: size, depth, the rules of §3.1), else ``InvalidPatch`` says
 why (a 400). It returns the new data and each field that changed, old and new, for the
 order's history; the history keeps at most ``MAX_CHANGES`` of them, each value cut to
 ``MAX_VALUE_CHARS`` characters of JSON (an order's history is read by operators, not a
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from core.errors import InvalidOrder, OrderError
-from core.orders import decode_order, describe
+from core.order_message import decode_order, describe
 
 #: Fields a patch cannot change.
 FIXED_FIELDS: Final = ("orderId", "workflow", "replyTo")

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from core.controls import AgentControl, AuditEntry
-from core.dashboard import Activity, InFlight
+from core.figures import Activity, InFlight
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.outages import Outage
@@ -228,8 +228,8 @@ class RowWrite:
 
 
 class DashboardStore(Protocol):
-    """The dashboard's reads and writes (``supervisor/dashboard.py``,
-    ``console/dashboard.py``): activity rows per shard, and the figures' own partition,
+    """The dashboard's reads and writes (``supervisor/aggregator.py``,
+    ``console/dashboard_page.py``): activity rows per shard, and the figures' own partition,
     written all or nothing (``ConcurrencyConflict`` if a row changed since read)."""
 
     def activity(

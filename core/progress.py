@@ -41,7 +41,7 @@ from core.attempts import Applied, GaveUp
 from core.errors import InvalidEvent, TransitionRefused
 from core.events import Event
 from core.flow import MAX_WAIT_SECONDS, Context
-from core.orders import MAX_MESSAGE_CHARS, MAX_NESTING, strict_json, utf16_units
+from core.order_message import MAX_MESSAGE_CHARS, MAX_NESTING, strict_json, utf16_units
 from core.plans import Plan, PlannedStep
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord

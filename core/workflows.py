@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from core.agent_spec import (
-    LEGACY_AGENT,
+    DEFAULT_AGENT,
     MAX_AGENT_NAME,
     MAX_CONCURRENCY,
     MAX_RATE,
@@ -54,9 +54,9 @@ from core.settings import DECLARATIONS, DEFAULT_DECLARATIONS
 
 __all__ = [
     "AGENTS",
+    "DEFAULT_AGENT",
     "DEFAULT_WORKFLOW",
     "FUNCTIONS",
-    "LEGACY_AGENT",
     "MAX_AGENT_NAME",
     "MAX_CONCURRENCY",
     "MAX_RATE",

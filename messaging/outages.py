@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
 
-from core.dashboard import ALERT, Activity, InFlight
 from core.errors import ConcurrencyConflict, StorageUnavailable
+from core.figures import ALERT, Activity, InFlight
 from core.messages import outage_alert_message, recovered_alert_message
 from core.names import Names
 from core.outages import (
@@ -76,7 +76,7 @@ class OutageBook:
         record: Callable[[Activity], None] | None = None,
     ):
         """``learn``: told every record this process reads or writes (the instance's view,
-        ``core.control_view``); ``record``: counts each alert for the dashboard."""
+        ``core.control_cache``); ``record``: counts each alert for the dashboard."""
         self._store = store
         self._queues = queues
         self._names = names

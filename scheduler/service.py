@@ -6,7 +6,7 @@ moved the order first: reload and decide again (a claim that lost simply
 moves on: the winner sends the request).
 
 An agent an operator paused (``core.controls``, as this instance last read them:
-``core.control_view``) gets no claim: its due step stays Pending, held for the pause
+``core.control_cache``) gets no claim: its due step stays Pending, held for the pause
 (``Order.hold_for_pause``: no attempt, nothing counted, no alert), and is looked at
 again by the sweep; once the resume has reached every instance, the sweep releases
 the held steps of that agent (``StateStore.held_pending``) and they go on.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from core.control_view import ControlView, hold_until
+from core.control_cache import ControlView, hold_until
 from core.controls import Pause
 from core.errors import (
     ConcurrencyConflict,
@@ -33,7 +33,7 @@ from core.errors import (
 from core.messages import AgentReply, AgentRequest
 from core.model import Order, ReplyEffect, StepRecord
 from core.names import Names
-from core.orders import OrderMessage, decode_order
+from core.order_message import OrderMessage, decode_order
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock, IndexEntry, QueueSender, StateStore
 from core.reply_queues import ReplyQueues

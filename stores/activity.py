@@ -13,7 +13,7 @@ transaction as the transition that did it, for the dashboard's aggregator to cou
 They live in the order's shard partition, so they commit with the transition (no event
 is counted that did not happen, none is missed that did); the aggregator reads each
 shard's ``activity|`` range up to a little before now, a bounded page a run, and deletes
-the rows it counted (``supervisor/dashboard.py``). Which events a save adds is a diff,
+the rows it counted (``supervisor/aggregator.py``). Which events a save adds is a diff,
 like the index rows': the events the loaded state already implies (``tags``, kept in
 ``store_meta`` at load) against those the new state implies. So an order written before
 this existed adds only what happens from now on, and a restored order (written back row
@@ -31,7 +31,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Final
 
-from core.dashboard import ALERT, ATTEMPT, FINISHED, KINDS, POISON, STARTED, Activity
+from core.figures import ALERT, ATTEMPT, FINISHED, KINDS, POISON, STARTED, Activity
 from core.model import Order
 from core.timefmt import ensure_utc, sortable
 from stores import layout

@@ -18,7 +18,7 @@ from typing import Any, Final
 from core.errors import CorruptOrder
 from core.events import read_history
 from core.model import Order, StepRecord
-from core.orders import utf16_units
+from core.order_message import utf16_units
 from core.ports import IndexEntry, OutboxEntry
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import ensure_utc

@@ -11,7 +11,7 @@ message itself, so:
 is kept here, and the alert or record carries ``messagePreview`` and ``keptAs`` (the row
 key) instead. ``python -m admin kept`` lists, shows and deletes them. They do not stay
 for ever: the retention run archives those older than ``KEPT_DAYS`` (default 30) to the
-``_kept/`` blobs of ``orders-archive``, then deletes them (``admin/retention.py``).
+``_kept/`` blobs of ``orders-archive``, then deletes them (``admin/archiving.py``).
 
 They live in the state table under the partition ``kept`` (sweeps never read it), one
 entity per message: the text split over ``Text``, ``Text1`` ... (at most 30,000 UTF-16

@@ -168,7 +168,7 @@ def _step_rows(order: Order, step: StepRecord) -> dict[str, dict[str, str]]:
     except KeyError:
         agent = ""
     rows: dict[str, dict[str, str]] = {}
-    # Agent and Since are for the stuck-step check (supervisor/dashboard.py): a Pending
+    # Agent and Since are for the stuck-step check (supervisor/aggregator.py): a Pending
     # step is late from its due time (the key), a Processing one from its claim.
     if step.process_state is StepState.PENDING:
         rows[pending_row(step.complete_by, order.order_id, step.step)] = {

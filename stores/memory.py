@@ -37,7 +37,7 @@ from core.errors import (
     StorageUnavailable,
 )
 from core.model import Order
-from core.orders import utf16_units
+from core.order_message import utf16_units
 from core.ports import (
     AgentControlStore,
     DashboardStore,
@@ -47,9 +47,9 @@ from core.ports import (
     StateStore,
 )
 from core.states import OrderStatus
-from stores import codec, controls, entities, layout, listing, writes
-from stores.controls import ControlRows
-from stores.dashboard import DashboardRows
+from stores import codec, control_rows, entities, layout, listing, writes
+from stores.control_rows import ControlRows
+from stores.dashboard_rows import DashboardRows
 from stores.outages import OutageRows
 from stores.sweeps import SweepReads
 from stores.writes import Op
@@ -301,11 +301,11 @@ class InMemoryStateStore(SweepReads, ControlRows, OutageRows, DashboardRows):
         return etags
 
     def _control_commit(self, ops: list[Op], row: str, write_id: str) -> str:
-        """An agent's control row and its audit row, all or nothing (``stores.controls``)."""
+        """An agent's control row and its audit row, all or nothing (``stores.control_rows``)."""
         with self._lock:
             self._fault("write_control")
             try:
-                etags = self._apply(controls.PARTITION, ops)
+                etags = self._apply(control_rows.PARTITION, ops)
             except _Refused as exc:
                 raise ConcurrencyConflict(f"{row} changed while it was being updated") from exc
             except _Invalid as exc:
@@ -344,7 +344,7 @@ class InMemoryStateStore(SweepReads, ControlRows, OutageRows, DashboardRows):
         )
         return report
 
-    # --- the dashboard's rows (stores/dashboard.py) -----------------------------------------
+    # --- the dashboard's rows (stores/dashboard_rows.py) -----------------------------------------
 
     def _transact(self, partition: str, ops: list[Op]) -> dict[str, str]:
         with self._lock:

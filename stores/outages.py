@@ -27,7 +27,7 @@ from azure.core.exceptions import AzureError
 from core.errors import StorageUnavailable
 from core.outages import Outage, parse_owed, parse_past
 from stores import layout
-from stores.controls import PARTITION, _time, _when
+from stores.control_rows import PARTITION, _time, _when
 from stores.rows import RowReads
 from stores.writes import Op
 

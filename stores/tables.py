@@ -48,9 +48,9 @@ from core.errors import (
 from core.model import Order
 from core.ports import ListFilter, OutboxEntry, SavedNotices
 from core.states import OrderStatus
-from stores import codec, controls, entities, layout, listing, writes
-from stores.controls import ControlRows
-from stores.dashboard import DashboardRows
+from stores import codec, control_rows, entities, layout, listing, writes
+from stores.control_rows import ControlRows
+from stores.dashboard_rows import DashboardRows
 from stores.outages import OutageRows
 from stores.recent import MAX_BODY_CHARS, RecentWrites
 from stores.sweeps import SweepReads
@@ -301,12 +301,12 @@ class TableStateStore(SweepReads, ControlRows, OutageRows, DashboardRows):
 
     def _control_commit(self, ops: list[writes.Op], row: str, write_id: str) -> str:
         """An agent's control row and its audit row, in one transaction
-        (``stores.controls``); an outcome in doubt is settled by the row's ``WriteId``."""
+        (``stores.control_rows``); an outcome in doubt is settled by the row's ``WriteId``."""
         try:
             results = self._table.submit_transaction([_sdk(op) for op in ops])
         except AzureError as exc:
             try:
-                stored = self._table.get_entity(controls.PARTITION, row, select=["WriteId"])
+                stored = self._table.get_entity(control_rows.PARTITION, row, select=["WriteId"])
             except ResourceNotFoundError:
                 stored = None
             except AzureError:
@@ -383,7 +383,7 @@ class TableStateStore(SweepReads, ControlRows, OutageRows, DashboardRows):
             order_id=order_id,
         )
 
-    # --- the dashboard's rows (stores/dashboard.py) -----------------------------------------
+    # --- the dashboard's rows (stores/dashboard_rows.py) -----------------------------------------
 
     def _transact(self, partition: str, ops: list[writes.Op]) -> dict[str, str]:
         try:

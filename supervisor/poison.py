@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from core.dashboard import POISON, Activity
+from core.figures import POISON, Activity
 from core.messages import alert_message
 from core.names import Names, poison
-from core.orders import is_valid_order_id
+from core.order_message import is_valid_order_id
 from core.ports import Clock, QueueSender
 from observability.logs import get_logger, log_operator_alert
 from observability.metrics import METRICS

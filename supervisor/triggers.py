@@ -55,7 +55,7 @@ def supervise(timer: func.TimerRequest) -> None:
 )
 def aggregate_dashboard(timer: func.TimerRequest) -> None:
     """The console dashboard's figures from the orders' activity rows, and the stuck
-    check (``supervisor/dashboard.py``; ``DASHBOARD_SCHEDULE``)."""
+    check (``supervisor/aggregator.py``; ``DASHBOARD_SCHEDULE``)."""
     app_context().dashboard.run()
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from core.control_view import HOLD_MIN, PERIOD, SETTLE
+from core.control_cache import HOLD_MIN, PERIOD, SETTLE
 from core.states import OrderStatus, StepState
 from scheduler.service import SWEEP_GRACE
 from tests.browser.harness import Browser, Console, squash

@@ -18,7 +18,7 @@ from azure.data.tables import TableServiceClient
 from admin.__main__ import main
 from bootstrap import AppContext, bootstrap
 from bootstrap.clients import retry_options
-from core.control_view import PERIOD, SETTLE
+from core.control_cache import PERIOD, SETTLE
 from core.errors import ConcurrencyConflict
 from core.states import OrderStatus, StepState
 from scheduler.service import Handled

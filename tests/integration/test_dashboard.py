@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from core.dashboard import POISON, Activity, Figures
 from core.errors import ConcurrencyConflict
+from core.figures import POISON, Activity, Figures
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
 from core.policy import RetryPolicy
@@ -21,7 +21,7 @@ from core.states import OrderStatus
 from stores import layout
 from stores.memory import InMemoryStateStore
 from stores.tables import TableStateStore
-from supervisor.dashboard import DashboardAggregator, figures_of
+from supervisor.aggregator import DashboardAggregator, figures_of
 from tests.integration.test_store_contract import T0, Raw, accept, raw, store, succeeded
 
 __all__ = ["raw", "store"]  # the contract suite's fixtures, parametrised by adapter

@@ -11,7 +11,7 @@ from bootstrap import AppContext
 from core.errors import InvalidContinuationToken, TransitionRefused
 from core.messages import AgentRequest
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.ports import ListFilter
 from core.states import OrderStatus

@@ -12,7 +12,7 @@ import pytest
 os.environ.setdefault("AGENT_TRANSPORT", "storage")
 
 from core.model import Order
-from core.orders import MAX_MESSAGE_CHARS, decode_order, utf16_units
+from core.order_message import MAX_MESSAGE_CHARS, decode_order, utf16_units
 from core.workflows import WORKFLOWS, Plan
 from stores import layout
 from stores.entities import BODY_PART_UNITS

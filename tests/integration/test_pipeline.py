@@ -266,7 +266,7 @@ def test_sweep_dispatches_a_step_whose_dispatch_was_lost(
     ctx: AppContext, tag: str, clock: FakeClock
 ) -> None:
     from core.model import Order
-    from core.orders import decode_order
+    from core.order_message import decode_order
     from core.workflows import WORKFLOWS, Plan
 
     order_id = f"{tag}-lost"
@@ -309,7 +309,7 @@ def test_sweep_resends_notices_left_in_the_outbox(
     ctx: AppContext, tag: str, clock: FakeClock
 ) -> None:
     from core.model import Order
-    from core.orders import decode_order
+    from core.order_message import decode_order
     from core.workflows import WORKFLOWS, Plan
 
     order_id = f"{tag}-outbox"

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from admin.retention import Retainer
+from admin.archiving import Retainer
 from bootstrap import AppContext
 from core.errors import OrderAlreadyExists, OrderNotFound
 from core.messages import AgentRequest
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.retention import Retention, parse_duration
 from core.states import OrderStatus
@@ -29,8 +29,8 @@ from core.workflows import WORKFLOWS, Plan
 from stores import layout
 from stores.archive import decode_lines
 from stores.kept import KeptMessages
-from stores.retention import TableRetention
-from supervisor.dashboard import DashboardAggregator
+from stores.retention_rows import TableRetention
+from supervisor.aggregator import DashboardAggregator
 from tests.support import FakeClock, make_context
 
 T0 = datetime(2026, 9, 1, 10, 0, tzinfo=UTC)

@@ -24,7 +24,7 @@ from admin.service import OrderAdmin
 from bootstrap import AppContext, bootstrap, reset_app_context
 from core.messages import AgentRequest, ReplyOutcome, decode_request
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.retention import Retention
 from core.workflows import WORKFLOWS, Plan

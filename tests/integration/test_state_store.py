@@ -13,7 +13,7 @@ from azure.data.tables import TableClient
 from core.errors import ConcurrencyConflict, OrderAlreadyExists, TransitionRefused
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
 from core.workflows import WORKFLOWS, Plan

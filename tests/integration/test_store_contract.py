@@ -31,7 +31,7 @@ from core.errors import (
 )
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
-from core.orders import decode_order, utf16_units
+from core.order_message import decode_order, utf16_units
 from core.outages import Outage, OutagePolicy, report_answer, report_failing
 from core.policy import RetryPolicy
 from core.ports import IndexEntry, ListFilter, StateStore

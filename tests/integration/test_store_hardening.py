@@ -32,7 +32,7 @@ from bootstrap.clients import retry_options
 from core.errors import CorruptOrder, InvalidContinuationToken, StorageUnavailable
 from core.messages import AgentReply, ReplyOutcome, decode_request
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.states import OrderStatus, StepState
 from core.timefmt import sortable
 from core.workflows import WORKFLOWS, Plan

@@ -15,7 +15,7 @@ from admin.drain import ServiceBusLegacyQueue, drain
 from core.messages import AgentRequest, decode_request
 from core.model import Order
 from core.names import Names
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.settings import Connection
 from core.workflows import WORKFLOWS, Plan
 from localbus.process import LocalBus

@@ -1,6 +1,6 @@
 """The agents' runtime controls as rules (``core.controls``), as each instance reads them
-(``core.control_view``), and as the operator API, the CLI's parser and the console take
-them (``admin/agents.py``, ``admin/triggers.py``, ``console/agent_pages.py``), on the
+(``core.control_cache``), and as the operator API, the CLI's parser and the console take
+them (``admin/agent_admin.py``, ``admin/triggers.py``, ``console/agent_pages.py``), on the
 in-memory store: the contract of docs/contracts.md §3.7 — 404 for an unknown agent, 400
 for bad input (never 500), 409 for a change the state refuses.
 """
@@ -19,12 +19,12 @@ import azure.functions as func
 import pytest
 
 from admin import triggers as api
-from admin.agents import parse_change
+from admin.agent_admin import parse_change
 from bootstrap import reset_app_context
 from console import security
 from console import triggers as console
 from core import controls
-from core.control_view import PERIOD, RELEASE_WINDOW, SETTLE, ControlView
+from core.control_cache import PERIOD, RELEASE_WINDOW, SETTLE, ControlView
 from core.controls import DECLARED, AgentControl, Limits, Pause
 from core.errors import StorageUnavailable, TransitionRefused
 from core.workflows import AGENTS

@@ -21,9 +21,9 @@ from agents.outcomes import Try
 from agents.pacing import RemotePolicy
 from agents.runner import AttemptRunner
 from bootstrap import AppContext, bootstrap
-from core import control_view
+from core import control_cache
 from core.attempts import Ending
-from core.control_view import HOLD_MAX, HOLD_MIN, SETTLE
+from core.control_cache import HOLD_MAX, HOLD_MIN, SETTLE
 from core.events import Event
 from core.messages import AgentRequest, decode_reply
 from core.model import Order
@@ -158,10 +158,10 @@ def test_an_order_for_a_paused_agent_waits_pending_with_nothing_counted_however_
 
 
 def test_a_held_step_is_looked_at_again_less_and_less_often() -> None:
-    assert control_view.hold_until(T0, None) == T0 + HOLD_MIN
-    assert control_view.hold_until(T0 + timedelta(minutes=3), T0) == T0 + timedelta(minutes=6)
+    assert control_cache.hold_until(T0, None) == T0 + HOLD_MIN
+    assert control_cache.hold_until(T0 + timedelta(minutes=3), T0) == T0 + timedelta(minutes=6)
     assert (
-        control_view.hold_until(T0 + timedelta(hours=5), T0) == T0 + timedelta(hours=5) + HOLD_MAX
+        control_cache.hold_until(T0 + timedelta(hours=5), T0) == T0 + timedelta(hours=5) + HOLD_MAX
     )
 
 
@@ -187,7 +187,7 @@ def test_a_retry_of_a_paused_agent_is_held_not_claimed(app: App) -> None:
     app.ctx.supervisor.run()
     expired = app.order("o-1").steps[0]
     assert expired.process_state is StepState.PENDING and expired.failure_count == 1
-    app.clock.advance(control_view.PERIOD.total_seconds())
+    app.clock.advance(control_cache.PERIOD.total_seconds())
     assert app.ctx.scheduler.dispatch("o-1") is Handled.HELD
     step = app.order("o-1").steps[0]
     assert step.attempt == request.attempt and step.paused_for == "orders"
@@ -226,7 +226,7 @@ def test_a_request_queued_before_the_pause_is_deferred_back_without_a_call(app: 
     assert app.alerts() == [] and len(app.transport.requests) == 1 and remote.calls == []
 
     app.resume()
-    app.later(SETTLE.total_seconds() + control_view.PERIOD.total_seconds())
+    app.later(SETTLE.total_seconds() + control_cache.PERIOD.total_seconds())
     [_, again] = app.transport.requests
     assert again.attempt == 2
     app.deliver(worker, again)
@@ -247,7 +247,7 @@ def test_a_call_already_running_when_the_pause_lands_finishes(app: App) -> None:
     app.deliver(worker, first)
     assert app.order("o-1").status is OrderStatus.COMPLETED
     remote.run = lambda r, t, s: ScriptedKind.run(remote, r, t, s)  # type: ignore[method-assign,assignment]
-    app.clock.advance(control_view.PERIOD.total_seconds())  # every instance knows now
+    app.clock.advance(control_cache.PERIOD.total_seconds())  # every instance knows now
     app.deliver(worker, second)
     assert len(remote.calls) == 1
     assert app.transport.replies[-1].paused
@@ -296,7 +296,7 @@ def test_a_pause_spends_none_of_a_deferral_streaks_window(app: App) -> None:
     assert step.deferrals == 1 and since is not None
     app.clock.advance(300)  # five minutes of the ten-minute window spent
     app.pause()
-    app.later(control_view.PERIOD.total_seconds())
+    app.later(control_cache.PERIOD.total_seconds())
     held = app.order("o-1").steps[0]
     assert held.paused_for == "orders" and held.paused_since is not None
     app.later(3 * 3600)  # a three-hour pause
@@ -368,7 +368,7 @@ def test_a_concurrency_set_at_runtime_limits_the_next_attempts(app: App) -> None
     assert runner.slots is not None and runner.slots.limit == 1 and runner.slots.in_use == 0
 
     app.ctx.agents_admin.limits("orders", "alice", "back", concurrency="declared")
-    app.clock.advance(control_view.PERIOD.total_seconds())
+    app.clock.advance(control_cache.PERIOD.total_seconds())
     remote.run = lambda r, t, s: ScriptedKind.run(remote, r, t, s)  # type: ignore[method-assign,assignment]
     assert asyncio.run(runner.call(request)).kind == "succeeded"
     assert runner.slots.limit == AGENTS["orders"].concurrency
@@ -394,5 +394,5 @@ def test_a_call_rate_set_at_runtime_spaces_the_calls(app: App) -> None:
     assert len(remote.calls) == 3
 
     app.ctx.agents_admin.limits("orders", "alice", "no quota", rate="declared")
-    app.clock.advance(control_view.PERIOD.total_seconds())
+    app.clock.advance(control_cache.PERIOD.total_seconds())
     assert asyncio.run(runner.call(request)).kind == "succeeded" and runner.rate.rate is None

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from bootstrap import AppContext, bootstrap
-from console.dashboard import build as build_page
-from core.dashboard import (
+from console.dashboard_page import build as build_page
+from core.errors import TransitionRefused
+from core.figures import (
     MAYBE_APPLIED,
     NOT_APPLIED,
     REFUSED,
@@ -31,14 +32,13 @@ from core.dashboard import (
     percentile,
     stuck_steps,
 )
-from core.errors import TransitionRefused
 from core.messages import ReplyOutcome
 from core.names import Names
 from core.ports import RowWrite
 from core.unit_of_work import OrderChanges
 from stores import activity, layout
 from stores.memory import InMemoryStateStore
-from supervisor.dashboard import DashboardAggregator, figures_of
+from supervisor.aggregator import DashboardAggregator, figures_of
 from tests.support import FakeClock, settings_from
 from tests.unit.test_services_in_memory import (
     T0,

@@ -22,7 +22,7 @@ from core.errors import TransitionRefused
 from core.messages import ReplyOutcome
 from core.model import Order
 from core.needs import Need, Why, still_needed
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.states import OrderStatus
 from core.workflows import Agent, Compensation, Plan, StepSpec, Workflow, validate
 from stores import layout

@@ -504,7 +504,7 @@ def test_9_a_deferral_asking_for_days_fails_for_good_at_once_with_an_alert() -> 
 
 
 def new_order_message() -> Any:
-    from core.orders import decode_order
+    from core.order_message import decode_order
 
     return decode_order(json.dumps({"orderId": "o-1"}))
 

@@ -10,7 +10,7 @@ import pytest
 
 from core.errors import OrderChanged, TransitionRefused
 from core.messages import AgentRequest, ReplyOutcome
-from core.orders import MAX_NESTING
+from core.order_message import MAX_NESTING
 from core.patches import (
     MAX_CHANGES,
     MAX_VALUE_CHARS,

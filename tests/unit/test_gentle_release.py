@@ -1,7 +1,7 @@
 """Gentle release (docs/contracts.md §3.14), on a fake clock: steps held by a pause or an
 outage go on at a rate that starts at one call a second and doubles every few seconds up
 to the agent's limits (``core.outages.ramp_rate``), applied by each agent's runner from
-the release time every instance reads with the controls (``core.control_view``); an
+the release time every instance reads with the controls (``core.control_cache``); an
 order that cannot have a call in time during the ramp comes back later, spread.
 """
 
@@ -17,7 +17,7 @@ from agents.limits import Ramp
 from agents.outcomes import Try
 from agents.pacing import RemotePolicy
 from agents.runner import AttemptRunner
-from core.control_view import SETTLE, AgentRuntime, ControlView
+from core.control_cache import SETTLE, AgentRuntime, ControlView
 from core.controls import AgentControl, Limits, Pause
 from core.outages import RAMP_DOUBLING, Outage
 from core.workflows import AGENTS

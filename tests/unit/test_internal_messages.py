@@ -24,7 +24,7 @@ from core.messages import (
     decode_reply,
     decode_request,
 )
-from core.orders import MAX_NESTING, decode_order
+from core.order_message import MAX_NESTING, decode_order
 from core.policy import RetryPolicy
 from core.states import OrderStatus
 from tests.unit.test_model import T0, new_order, reply

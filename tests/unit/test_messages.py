@@ -23,7 +23,7 @@ from core.messages import (
     rejection_message,
     status_message,
 )
-from core.orders import MAX_MESSAGE_CHARS, MAX_NESTING, decode_order
+from core.order_message import MAX_MESSAGE_CHARS, MAX_NESTING, decode_order
 from tests.fixtures import flows
 from tests.support import declarations
 

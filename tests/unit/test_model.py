@@ -14,7 +14,7 @@ from core.attempts import Attempt
 from core.errors import TransitionRefused, UnboundMessage
 from core.messages import AgentReply, Applied, ReplyOutcome
 from core.model import IN_FLIGHT_GRACE, Order, ReplyEffect
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord

@@ -20,7 +20,7 @@ import pytest
 from core.errors import InvalidOrder
 from core.model import Order
 from core.names import Names
-from core.orders import (
+from core.order_message import (
     MAX_MESSAGE_CHARS,
     MAX_NESTING,
     MAX_ORDER_DATA_UNITS,

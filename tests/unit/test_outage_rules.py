@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.controls import Limits
-from core.dashboard import outage_rows
+from core.figures import outage_rows
 from core.outages import (
     OUTAGE,
     PAST_DAYS,

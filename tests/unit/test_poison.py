@@ -15,7 +15,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
 from core.messages import UNDECLARED_STEP, alert_message, alert_step, rejection_message
 from core.names import Names
-from core.orders import utf16_units
+from core.order_message import utf16_units
 from messaging.dispatch import DispatchQueue
 from messaging.outbox import NoticeSender
 from messaging.quarantine import quarantine

@@ -12,7 +12,7 @@ import pytest
 
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.timefmt import ensure_utc, iso, parse_iso, sortable
 from core.workflows import WORKFLOWS, Plan

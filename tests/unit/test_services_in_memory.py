@@ -29,7 +29,7 @@ from core.errors import (
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
 from core.names import Names
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.ports import StateStore
 from core.states import OrderStatus, StepState
 from core.unit_of_work import CONFLICT_ATTEMPTS

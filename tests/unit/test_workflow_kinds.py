@@ -17,7 +17,7 @@ import pytest
 from core.errors import InvalidEvent, TransitionRefused
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
-from core.orders import decode_order
+from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.progress import check_event
 from core.states import OrderStatus, StepKind, StepState

@@ -4,7 +4,7 @@ merge, percentiles from fixed log-scale histograms, and the stuck-step rule.
 An ``Activity`` is one thing an order did (it started; an attempt of a step ended; it
 finished; an alert went out) or one poisoned message, as the store writes it in the
 same transaction as the transition (``stores/activity.py``). The aggregator
-(``supervisor/dashboard.py``) folds activities into ``Figures`` per minute and per hour;
+(``supervisor/aggregator.py``) folds activities into ``Figures`` per minute and per hour;
 both are the same shape, so an hour is the sum of its minutes and any range of buckets
 merges by addition. Durations are histograms over fixed buckets, a quarter of a doubling
 wide (19 %), so a percentile read from merged buckets is within 19 % of the true value

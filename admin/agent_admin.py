@@ -6,7 +6,7 @@ and the console, so the three cannot disagree. A change is decided by the pure r
 ``core.controls`` on what was read and stored with If-Match on it, with its audit entry
 in the same transaction; when another operator changed the agent in between, it is
 read again and decided again. Every instance applies it within
-``core.control_view.PERIOD`` seconds, with no redeploy.
+``core.control_cache.PERIOD`` seconds, with no redeploy.
 """
 
 from __future__ import annotations

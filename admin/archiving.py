@@ -3,7 +3,7 @@
 
 A run, timer or ``python -m admin purge``:
 1. reads, per status a rule names, the orders created before that status's shortest
-   retention (``stores.retention``: the end of the status index, oldest orders only);
+   retention (``stores.retention_rows``: the end of the status index, oldest orders only);
 2. reads each one's rows and keeps it when its own rule (by workflow) says it is due,
    it is still in that status, and every notice it committed has been sent;
 3. writes the due orders to the archive, one create-only blob per workflow and day they
@@ -44,7 +44,7 @@ from observability.logs import get_logger
 from stores import entities
 from stores.archive import FORMAT, BlobArchive, row_from_json, row_to_json
 from stores.kept import KeptMessage, KeptMessages, archived_line
-from stores.retention import StoredOrder, TableRetention
+from stores.retention_rows import StoredOrder, TableRetention
 
 log = get_logger(__name__)
 

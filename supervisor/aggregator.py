@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from core.dashboard import (
+from core.errors import ConcurrencyConflict, TransitionRefused
+from core.figures import (
     CURSOR_PREFIX,
     HOUR_PREFIX,
     MINUTE_PREFIX,
@@ -44,7 +45,6 @@ from core.dashboard import (
     stuck_steps,
     time_of_row,
 )
-from core.errors import ConcurrencyConflict, TransitionRefused
 from core.ports import Clock, DashboardStore, RowWrite, StoredRow
 from core.timefmt import iso
 from core.unit_of_work import OrderChanges

@@ -1,5 +1,5 @@
 """The dashboard page (``GET /api/console/dashboard``): the figures the aggregator keeps
-(``supervisor/dashboard.py``), drawn on the server as SVG, as the timeline is.
+(``supervisor/aggregator.py``), drawn on the server as SVG, as the timeline is.
 
 A page view reads three ranges of the dashboard partition (the last hour's minute rows,
 the last day's hour rows, the stuck list) and the agents' outage records (one row per
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Protocol
 
-from core.dashboard import (
+from core.figures import (
     FAILURE_KINDS,
     HOUR_PREFIX,
     MINUTE_PREFIX,

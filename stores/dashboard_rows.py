@@ -22,8 +22,8 @@ from typing import Any, Final
 
 from azure.core.exceptions import AzureError
 
-from core.dashboard import Activity, InFlight
 from core.errors import StorageUnavailable
+from core.figures import Activity, InFlight
 from core.ports import RowWrite, StoredRow
 from core.timefmt import parse_sortable, sortable
 from stores import activity, layout
