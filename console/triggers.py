@@ -474,7 +474,7 @@ def console_dashboard(req: func.HttpRequest) -> func.HttpResponse:
     def show() -> func.HttpResponse:
         now = datetime.now(UTC)
         dash = dashboard_page.load(app_context().store, now)
-        return page.render("dashboard_page.html", dash=dash, fmt=dashboard_page.ms)
+        return page.render("dashboard.html", dash=dash, fmt=dashboard_page.ms)
 
     return trouble(page, show)
 
