@@ -381,6 +381,7 @@ module alerts 'app/alerts.bicep' = {
   params: {
     actionGroupName: '${abbrs.actionGroups}orders-${resourceToken}'
     operatorAlertRuleName: '${abbrs.insightsScheduledQueryRules}operator-alert-${resourceToken}'
+    outageAlertRuleName: '${abbrs.insightsScheduledQueryRules}outage-alert-${resourceToken}'
     deadLetterAlertName: '${abbrs.insightsMetricAlerts}dead-letters-${resourceToken}'
     location: location
     tags: tags

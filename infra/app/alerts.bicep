@@ -1,11 +1,14 @@
 // How an operator hears about trouble: one action group (email), fed by
-//  - a log search alert on the app's operator alerts (contract 3.5), and
+//  - a log search alert on the app's operator alerts (contract 3.5),
+//  - a log search alert on its outage alerts (contract 3.14: an agent's remote failing
+//    every call, and its recovery), and
 //  - a metric alert on dead-lettered Service Bus messages.
 // The operator-alerts Storage queue stays the durable record of every alert;
 // these rules are the notification, at most a few minutes behind it.
 
 param actionGroupName string
 param operatorAlertRuleName string
+param outageAlertRuleName string
 param deadLetterAlertName string
 param location string
 param tags object
@@ -109,6 +112,84 @@ resource operatorAlertRule 'Microsoft.Insights/scheduledQueryRules@2023-12-01' =
     autoMitigate: false
     // AppTraces has no schema in a new workspace until the app's first log
     // record arrives; validation would fail the first deployment.
+    skipQueryValidation: true
+    actions: {
+      actionGroups: [
+        actionGroup.id
+      ]
+      customProperties: {
+        runbook: 'docs/deployment.md#alerts'
+      }
+    }
+  }
+}
+
+// The app logs one record per outage and one per recovery, however many instances run
+// (messaging/outages.py), e.g.
+//   OUTAGE ALERT agent=carrier since=2026-11-27T10:00:00Z waiting=42: <reason>  (ERROR)
+//   OUTAGE RECOVERED agent=carrier since=2026-11-27T10:00:00Z at=...          (WARNING)
+// Picked by ingestion time, as the operator alerts are.
+var outageAlertQuery = '''
+AppTraces
+| where ingestion_time() > ago(5m)
+| where SeverityLevel >= 2 and (Message startswith_cs "OUTAGE ALERT" or Message startswith_cs "OUTAGE RECOVERED")
+| parse Message with Kind:string " agent=" Agent:string " since=" Since:string " " Rest:string
+| project TimeGenerated, Kind, Agent, Since, AppRoleName
+'''
+
+resource outageAlertRule 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = {
+  name: outageAlertRuleName
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${alertsIdentityId}': {}
+    }
+  }
+  properties: {
+    displayName: 'An agent\'s remote service is down, or back'
+    description: 'Every call to an agent\'s remote service has failed for OUTAGE_ALERT_SECONDS (Kind OUTAGE ALERT), or it answers again (Kind OUTAGE RECOVERED). Its orders wait, uncounted, and resume by themselves when it answers; the dashboard lists the outage. Nothing to resubmit.'
+    severity: 1
+    enabled: true
+    scopes: [
+      workspaceId
+    ]
+    evaluationFrequency: 'PT5M'
+    windowSize: 'PT15M'
+    criteria: {
+      allOf: [
+        {
+          query: outageAlertQuery
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          // One email per agent and kind: the agents are declared names.
+          dimensions: [
+            {
+              name: 'Agent'
+              operator: 'Include'
+              values: [
+                '*'
+              ]
+            }
+            {
+              name: 'Kind'
+              operator: 'Include'
+              values: [
+                '*'
+              ]
+            }
+          ]
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: false
     skipQueryValidation: true
     actions: {
       actionGroups: [
