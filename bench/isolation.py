@@ -165,6 +165,18 @@ def cpu(stack: LocalStack) -> dict[str, float]:
     return {name: sum(group_cpu_seconds(p) for p in pids) for name, pids in groups.items()}
 
 
+#: Slow calls in flight before the window opens (more than a low pool's threads).
+IN_FLIGHT_AT_START = 10
+
+
+def wait_in_flight(stack: LocalStack, calls: int, timeout: float) -> None:
+    """Until ``calls`` remote calls are in flight, or ``timeout`` seconds have passed (the
+    run then fails on its own check, saying how many were)."""
+    deadline = time.monotonic() + timeout
+    while in_flight(stack) < calls and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
 def wait_idle(since: float, gap: float) -> None:
     """Until ``gap`` seconds have passed since ``since`` (monotonic)."""
     left = since + gap - time.monotonic()
@@ -290,6 +302,11 @@ def run(
             body = {"orderId": order_id, "workflow": "fulfilment", "simulate": directive}
             client.send_message(json.dumps(body))
         wait_idle(time.monotonic(), idle_gap)
+        # The window opens while the slow calls are in flight: on a busy machine the slow
+        # orders may take longer than the gap to reach their ship step (two steps before
+        # it). A longer gap changes nothing on the orders queue: its poll is at its
+        # slowest (maxPollingInterval, 2 s) after the gap already.
+        wait_in_flight(stack, min(IN_FLIGHT_AT_START, slow), timeout=60)
         beside = window(stack, f"{prefix}-beside", orders, rate, timeout)
         beside["shipSteps"] = dict(ship_attempts(stack, slowed, beside["between"]))
         if beside["shipCallsInFlight"]["atStart"] == 0:
