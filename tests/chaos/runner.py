@@ -387,26 +387,30 @@ class Outage:
         - slack for attempts admitted just before a breaker opened: a breaker opens
           once three different orders have failed on it; until then the attempts it
           admitted retry (full-jitter backoff from 0.2 s), and those in flight when it
-          opens land just after. A devhost runs at most C = 24 agent attempts at once
-          (batchSize 16 + newBatchThreshold 8, host.json): allow C calls per process
-          (re)started in the window (a fresh process starts with closed breakers), plus
-          C for breakers of the running processes that trip late (an endpoint with
-          fewer than 3 failing orders on an instance has not opened: those 1-2 orders
-          retry until their deadline). The probe term is itself generous (the interval
+          opens land just after. A devhost runs at most C = 24 attempts at once of each
+          agent's function (batchSize 16 + newBatchThreshold 8, host.json, per function),
+          and the remote's paths are spread over A = 4 agents' functions (orders,
+          inventory, payments, carrier), each with its own breakers: allow C calls per
+          agent for each process (re)started in the window (a fresh process starts with
+          closed breakers), plus as many for breakers of the running processes that trip
+          late (an endpoint with fewer than 3 failing orders on an instance has not
+          opened: those 1-2 orders retry until their deadline). (Counted once per process
+          before, as if every agent shared one function's 24 slots; one short run in
+          several went past that by ten calls.) The probe term is itself generous (the interval
           grows 2, 4, 8, 10 s: about 3 probes per path in 12 s, not 6), and its unused
           part absorbs a fresh process whose trips cost more than C.
 
-        bound = E * instances * W / 2 + C * (starts + 1). For the short run (W = 5 s,
-        3 instances, 1 restart in the window): 45 + 48 = 93 calls, 18.6/s. Without the
-        breakers, 3 instances each running C attempts, each retrying with full-jitter
-        backoff (0.2 s doubling, ~6 tries in the ~3.2 s before a 4 s deadline, then
-        redispatched), would send about 3 * 24 * 2 = 144 calls/s while at least 72
-        orders wait (100+/s with the ~60 in flight at the short run's outage): the
-        bound is several times below that.
+        bound = E * instances * W / 2 + C * A * (starts + 1). For the short run (W = 5 s,
+        3 instances, 1 restart in the window): 45 + 192 = 237 calls, 47/s. Without the
+        breakers, 3 instances each running C attempts of each of the A functions, each
+        retrying with full-jitter backoff (0.2 s doubling, ~6 tries in the ~3.2 s before
+        a 4 s deadline, then redispatched), would send about 3 * 4 * 24 * 2 = 576
+        calls/s while the orders wait (100+/s with the ~60 in flight at the short run's
+        outage): the bound is several times below that.
         """
-        endpoints, concurrency = 6, 24
+        endpoints, concurrency, agents = 6, 24, 4
         window = self.error_seconds - self.SETTLING
-        return int(endpoints * instances * window / 2 + concurrency * (starts + 1))
+        return int(endpoints * instances * window / 2 + concurrency * agents * (starts + 1))
 
     def summary(
         self, stack: LocalStack, starts: list[float], final: dict[str, Order | None]
