@@ -195,7 +195,11 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
             current, state = attempt, "Processing"
             claimed = max(claimed, attempt or 0)
         elif kind == Event.SUCCEEDED and attempt is None and settled_by_event:
-            if state not in ("Processing", "Error"):
+            # Evidence whenever it arrives (§3.11), as a late success is: a callback that
+            # lands after its attempt ran out and the step went back to Pending for the
+            # supervisor's retry (the same key) settles the step; the retry then finds it
+            # done.
+            if state not in ("Pending", "Processing", "Error"):
                 stale.append(f"{name}: an event's success applied while {state}")
             state, current, settled_by_event = "Processed", None, False
         elif kind == Event.SUCCEEDED:
