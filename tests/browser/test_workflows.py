@@ -235,8 +235,10 @@ def test_the_inbox_lists_the_orders_waiting_for_an_event_in_the_url(
     assert current.get_attribute("data-event") == APPROVED
     listed = [r.get_attribute("data-order-id") for r in browser.all("table#orders tr.order-row")]
     assert listed == waiting, "the page and the JSON API disagree"
-    created = [console.load(str(o)).created_at for o in listed]
-    assert created == sorted(created, reverse=True), "not newest first"
+    # newest first to the millisecond, the index key's grain; orders made in the same
+    # millisecond come in id order
+    millis = {o: int(console.load(str(o)).created_at.timestamp() * 1000) for o in listed}
+    assert listed == sorted(listed, key=lambda o: (-millis[o], o)), "not newest first"
     assert orders.small not in listed and orders.parallel not in listed
     for order_id in listed:
         badge = f'tr.order-row[data-order-id="{order_id}"] .waiting-for[data-event="{APPROVED}"]'
