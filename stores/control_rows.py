@@ -28,9 +28,10 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from azure.core.exceptions import AzureError
 
@@ -134,21 +135,42 @@ def parse_audit(e: Any) -> AuditEntry:
     )
 
 
-class ControlRows(RowReads):
-    """``AgentControlStore`` over a store's rows (``TableStateStore``, ``InMemoryStateStore``)."""
+class _OfAgent(Protocol):
+    """A record kept one per agent: it names its agent."""
+
+    @property
+    def agent(self) -> str: ...
+
+
+class AgentRows(RowReads):
+    """The rows of the partition ``agents`` kept one per agent (a control, an outage:
+    ``ControlRows``, ``OutageRows``): each kind read all at once by its row-key prefix,
+    written in the store's transaction."""
 
     def _control_commit(self, ops: list[Op], row: str, write_id: str) -> str:
         """Submit ``ops`` as one transaction; the new ETag of ``row``."""
         raise NotImplementedError
 
-    def read_controls(self) -> dict[str, AgentControl]:
-        self._before_read("read_controls")
+    def _per_agent[T: _OfAgent](
+        self, method: str, prefix: str, parse: Callable[[Any], T], what: str
+    ) -> dict[str, T]:
+        """Every row under ``prefix``, parsed, by agent (``method``: the read's name, for
+        ``_before_read``); ``StorageUnavailable`` that names the agents' ``what`` when the
+        range cannot be read."""
+        self._before_read(method)
         try:
-            rows = list(self._range(PARTITION, AGENT_PREFIX, AGENT_PREFIX + layout.HIGH))
+            rows = list(self._range(PARTITION, prefix, prefix + layout.HIGH))
         except AzureError as exc:
-            raise StorageUnavailable(f"could not read the agents' controls: {exc}") from exc
-        controls = (parse_control(e) for e in rows)
-        return {c.agent: c for c in controls}
+            raise StorageUnavailable(f"could not read the agents' {what}: {exc}") from exc
+        parsed = (parse(e) for e in rows)
+        return {p.agent: p for p in parsed}
+
+
+class ControlRows(AgentRows):
+    """``AgentControlStore`` over a store's rows (``TableStateStore``, ``InMemoryStateStore``)."""
+
+    def read_controls(self) -> dict[str, AgentControl]:
+        return self._per_agent("read_controls", AGENT_PREFIX, parse_control, "controls")
 
     def write_control(self, control: AgentControl, entry: AuditEntry) -> AgentControl:
         write_id = uuid.uuid4().hex

@@ -22,13 +22,8 @@ import uuid
 from dataclasses import replace
 from typing import Any, Final
 
-from azure.core.exceptions import AzureError
-
-from core.errors import StorageUnavailable
 from core.outages import Outage, parse_owed, parse_past
-from stores import layout
-from stores.control_rows import PARTITION, _time, _when
-from stores.rows import RowReads
+from stores.control_rows import PARTITION, AgentRows, _time, _when
 from stores.writes import Op
 
 PREFIX: Final = "outage|"
@@ -71,21 +66,11 @@ def parse_outage(e: Any) -> Outage:
     )
 
 
-class OutageRows(RowReads):
+class OutageRows(AgentRows):
     """``OutageStore`` over a store's rows (``TableStateStore``, ``InMemoryStateStore``)."""
 
-    def _control_commit(self, ops: list[Op], row: str, write_id: str) -> str:
-        """Submit ``ops`` as one transaction; the new ETag of ``row`` (the store's)."""
-        raise NotImplementedError
-
     def read_outages(self) -> dict[str, Outage]:
-        self._before_read("read_outages")
-        try:
-            rows = list(self._range(PARTITION, PREFIX, PREFIX + layout.HIGH))
-        except AzureError as exc:
-            raise StorageUnavailable(f"could not read the agents' outages: {exc}") from exc
-        outages = (parse_outage(e) for e in rows)
-        return {o.agent: o for o in outages}
+        return self._per_agent("read_outages", PREFIX, parse_outage, "outages")
 
     def write_outage(self, outage: Outage) -> Outage:
         write_id = uuid.uuid4().hex
