@@ -19,7 +19,8 @@ from console import security
 from console import triggers as console
 from core.messages import AgentRequest, alert_message, decode_request
 from core.states import OrderStatus
-from tests.integration.test_listing import T0, accept, fail
+from tests.integration.orders import accept
+from tests.integration.test_listing import T0, fail
 from tests.support import DEV_OPERATOR, declarations, drain_requests, installed
 
 BASE = "http://h:7071/api/console"

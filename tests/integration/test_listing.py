@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from bootstrap import AppContext
 from core.errors import InvalidContinuationToken, TransitionRefused
-from core.messages import AgentRequest
-from core.model import Order
-from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.ports import ListFilter
 from core.states import OrderStatus
-from core.workflows import WORKFLOWS, Plan
 from stores import layout
+from tests.integration.orders import accept, every_page, request_for
 from tests.support import make_context
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
@@ -28,39 +24,19 @@ def ctx(storage_connection: str, tag: str) -> AppContext:
     return make_context(storage_connection, tag)  # a table of its own: counts are exact
 
 
-def accept(order_id: str, at: datetime, workflow: str = "order") -> Order:
-    message = decode_order(json.dumps({"orderId": order_id, "workflow": workflow}))
-    return Order.accept(message, Plan.of(WORKFLOWS[workflow], 30), at)
-
-
 def fail(ctx: AppContext, order_id: str) -> None:
     """Take a stored pending order to ``error``: one attempt, refused by its service (a
     definite failure: nothing applied, so a cancel needs no statement)."""
     order = ctx.store.load(order_id)
     assert order is not None
     step = order.claim("i", order.created_at)
-    request = AgentRequest(
-        order_id,
-        step.step,
-        step.attempt,
-        step.complete_by,
-        step.path,
-        {},
-        token=step.token_for(step.attempt),
-    )
-    order.apply_reply(request.refused("HTTP 422 invalid"), order.created_at, POLICY)
+    order.apply_reply(request_for(step).refused("HTTP 422 invalid"), order.created_at, POLICY)
     assert order.status is OrderStatus.ERROR and not step.may_have_applied
     ctx.store.save(order)
 
 
 def all_pages(ctx: AppContext, where: ListFilter, size: int) -> list[list[str]]:
-    pages, token = [], None
-    for _ in range(100):
-        ids, token = ctx.store.list_by_status(where, size, token)
-        pages.append(ids)
-        if token is None:
-            return pages
-    raise AssertionError("the pages never ended")
+    return every_page(lambda token: ctx.store.list_by_status(where, size, token))
 
 
 def test_pages_are_newest_first_across_shards(ctx: AppContext) -> None:

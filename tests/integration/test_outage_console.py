@@ -16,7 +16,7 @@ import pytest
 from bootstrap import AppContext
 from console import triggers as console
 from core.timefmt import iso
-from tests.integration.test_listing import accept
+from tests.integration.orders import accept
 from tests.support import installed
 
 BASE = "http://h:7071/api/console"

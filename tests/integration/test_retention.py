@@ -19,18 +19,15 @@ import pytest
 from admin.archiving import Retainer
 from bootstrap import AppContext
 from core.errors import OrderAlreadyExists, OrderNotFound
-from core.messages import AgentRequest
-from core.model import Order
-from core.order_message import decode_order
 from core.policy import RetryPolicy
 from core.retention import Retention, parse_duration
 from core.states import OrderStatus
-from core.workflows import WORKFLOWS, Plan
 from stores import layout
 from stores.archive import decode_lines
 from stores.kept import KeptMessages
 from stores.retention_rows import TableRetention
 from supervisor.aggregator import DashboardAggregator
+from tests.integration.orders import accept, request_for
 from tests.support import FakeClock, make_context
 
 T0 = datetime(2026, 9, 1, 10, 0, tzinfo=UTC)
@@ -52,11 +49,6 @@ def ctx(storage_connection: str, tag: str, clock: FakeClock) -> AppContext:
     return make_context(storage_connection, tag, clock=clock)
 
 
-def accept(order_id: str, at: datetime, workflow: str = "order") -> Order:
-    message = decode_order(json.dumps({"orderId": order_id, "workflow": workflow}))
-    return Order.accept(message, Plan.of(WORKFLOWS[workflow], 30), at)
-
-
 def seed(ctx: AppContext, order_id: str, at: datetime, end: str, workflow: str = "order") -> None:
     """An order created at ``at`` that ended ``end`` a minute later (or stays pending)."""
     ctx.store.create(accept(order_id, at, workflow))
@@ -66,16 +58,7 @@ def seed(ctx: AppContext, order_id: str, at: datetime, end: str, workflow: str =
     assert order is not None
     later = at + timedelta(minutes=1)
     for _ in range(len(order.plan.steps)):  # every step succeeds, or the first is refused
-        step = order.claim("i", later)
-        request = AgentRequest(
-            order_id,
-            step.step,
-            step.attempt,
-            step.complete_by,
-            step.path,
-            {},
-            token=step.token_for(step.attempt),
-        )
+        request = request_for(order.claim("i", later))
         if end == "completed":
             order.apply_reply(request.succeeded({"ok": True}), later, POLICY)
         else:
@@ -90,16 +73,7 @@ def test_an_order_whose_notices_were_not_sent_waits_for_them(ctx: AppContext) ->
     ctx.store.create(accept("n-1", T0))
     order = ctx.store.load("n-1")
     assert order is not None
-    step = order.claim("i", T0)
-    request = AgentRequest(
-        "n-1",
-        step.step,
-        step.attempt,
-        step.complete_by,
-        step.path,
-        {},
-        token=step.token_for(step.attempt),
-    )
+    request = request_for(order.claim("i", T0))
     order.apply_reply(request.refused("HTTP 422 invalid"), T0, POLICY)
     saved = ctx.store.save(order)  # the operator alert is committed, not yet sent
     assert saved.entries
@@ -248,16 +222,7 @@ def test_workflow_rules_and_recently_finished_orders_are_kept(ctx: AppContext) -
     late = ctx.store.load("w-late")
     assert late is not None
     yesterday = NOW - timedelta(days=1)
-    step = late.claim("i", yesterday)
-    request = AgentRequest(
-        "w-late",
-        step.step,
-        step.attempt,
-        step.complete_by,
-        step.path,
-        {},
-        token=step.token_for(step.attempt),
-    )
+    request = request_for(late.claim("i", yesterday))
     late.apply_reply(request.succeeded({}), yesterday, POLICY)
     ctx.store.save(late)
 

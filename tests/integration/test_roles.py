@@ -30,7 +30,8 @@ import pytest
 from bootstrap import AppContext, reset_app_context
 from console import security
 from core.principals import OPERATOR, READER, Access, SignIn
-from tests.integration.test_listing import T0, accept, fail
+from tests.integration.orders import accept
+from tests.integration.test_listing import T0, fail
 from tests.support import (
     CLIENT_ID,
     DEV_OPERATOR,

@@ -18,20 +18,17 @@ import azure.functions as func
 import pytest
 from azure.data.tables import TableClient, UpdateMode
 
-from admin.__main__ import main
 from admin.query import parse_filter
 from admin.service import OrderAdmin
-from bootstrap import AppContext, bootstrap, reset_app_context
-from core.messages import AgentRequest, ReplyOutcome, decode_request
-from core.model import Order
-from core.order_message import decode_order
+from bootstrap import AppContext, reset_app_context
+from core.messages import ReplyOutcome, decode_request
 from core.policy import RetryPolicy
 from core.retention import Retention
-from core.workflows import WORKFLOWS, Plan
 from observability import opcount
 from stores import layout
 from stores.tables import TableStateStore
-from tests.support import FakeClock, app_function, drain_requests, make_context, settings_from
+from tests.integration.orders import accept, every_page, request_for
+from tests.support import FakeClock, app_function, drain_requests, make_context, run_cli
 from tests.unit.test_services_in_memory import reply_to
 
 T0 = datetime(2026, 9, 1, 10, 0, tzinfo=UTC)
@@ -52,26 +49,12 @@ def ctx(storage_connection: str, tag: str, clock: FakeClock) -> Iterator[AppCont
     reset_app_context(None)
 
 
-def accept(order_id: str, at: datetime, workflow: str = "order", **data: Any) -> Order:
-    message = decode_order(json.dumps({"orderId": order_id, "workflow": workflow, **data}))
-    return Order.accept(message, Plan.of(WORKFLOWS[workflow], 30), at)
-
-
 def end(ctx: AppContext, order_id: str, outcome: str) -> None:
     """The order's first step answered: ``completed`` (its one step succeeded) or
     ``error`` (refused: nothing applied); its notices sent."""
     order = ctx.store.load(order_id)
     assert order is not None
-    step = order.claim("i", order.created_at)
-    request = AgentRequest(
-        order_id,
-        step.step,
-        step.attempt,
-        step.complete_by,
-        step.path,
-        {},
-        token=step.token_for(step.attempt),
-    )
+    request = request_for(order.claim("i", order.created_at))
     reply = request.succeeded({}) if outcome == "completed" else request.refused("HTTP 422 no")
     order.apply_reply(reply, order.created_at + timedelta(seconds=1), POLICY)
     assert str(order.status) == outcome
@@ -88,15 +71,13 @@ def get(**params: str) -> tuple[int, Any]:
 
 def listed(**params: str) -> list[str]:
     """Every order the search lists, page after page, through the API."""
-    ids: list[str] = []
-    for _ in range(50):
-        status, page = get(**params)
+
+    def read(token: str | None) -> tuple[list[str], str | None]:
+        status, page = get(**(params if token is None else {**params, "continuationToken": token}))
         assert status == 200, page
-        ids += [o["orderId"] for o in page["orders"]]
-        if page["continuationToken"] is None:
-            return ids
-        params = {**params, "continuationToken": page["continuationToken"]}
-    raise AssertionError("the pages never ended")
+        return [o["orderId"] for o in page["orders"]], page["continuationToken"]
+
+    return [order_id for ids in every_page(read, most=50) for order_id in ids]
 
 
 def test_a_search_over_http_with_a_status_and_across_pages(ctx: AppContext) -> None:
@@ -185,17 +166,7 @@ def test_an_archived_order_takes_its_search_rows_and_a_restore_brings_them_back(
     for _ in range(3):  # reserve-stock, charge-payment, ship
         order = ctx.store.load("ar-1")
         assert order is not None
-        step = order.claim("i", T0)
-        request = AgentRequest(
-            "ar-1",
-            step.step,
-            step.attempt,
-            step.complete_by,
-            step.path,
-            {},
-            token=step.token_for(step.attempt),
-        )
-        order.apply_reply(request.succeeded({}), T0, POLICY)
+        order.apply_reply(request_for(order.claim("i", T0)).succeeded({}), T0, POLICY)
         ctx.store.delete_outbox(ctx.store.save(order))
     assert listed(customerId="c-1", status="completed") == ["ar-1"]
 
@@ -211,27 +182,16 @@ def test_an_archived_order_takes_its_search_rows_and_a_restore_brings_them_back(
 
 
 def test_the_cli_searches_with_orders_where(
-    storage_connection: str, tag: str, capsys: pytest.CaptureFixture[str]
+    default_ctx: AppContext, storage_connection: str, tag: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The CLI reads the app's own table (default names), as an operator's would."""
-    app = bootstrap(
-        settings_from(
-            {
-                "AzureWebJobsStorage": storage_connection,
-                "AGENT_TRANSPORT": "storage",
-                "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
-            }
-        )
-    )
-    app.provision()
     customer = f"c-{tag}"  # the table is shared: this test's customer is its own
-    app.store.create(accept(f"{tag}-1", T0, customerId=customer))
-    app.store.create(accept(f"{tag}-2", T0 + timedelta(seconds=1), customerId=customer))
-    end(app, f"{tag}-1", "error")
+    default_ctx.store.create(accept(f"{tag}-1", T0, customerId=customer))
+    default_ctx.store.create(accept(f"{tag}-2", T0 + timedelta(seconds=1), customerId=customer))
+    end(default_ctx, f"{tag}-1", "error")
 
     def run(*args: str) -> tuple[int, Any]:
-        code = main(["--connection", storage_connection, *args])
-        return code, json.loads(capsys.readouterr().out)
+        return run_cli(capsys, storage_connection, *args)
 
     code, out = run("orders", "--where", f"customerId={customer}", "--all")
     assert code == 0 and [o["orderId"] for o in out["orders"]] == [f"{tag}-2", f"{tag}-1"]
