@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from agents.outcomes import CallOutcome, Running, Try
 from agents.runner import AttemptRunner
-from agents.threads import AgentThreads
+from agents.threads import OwnThreads
 from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.ports import AgentTransport, Clock
@@ -66,7 +66,7 @@ class AgentWorker:
         sleep: Callable[[float], None] = time.sleep,
         *,
         ride_out_seconds: float = DEFAULT_RIDE_OUT_SECONDS,
-        threads: AgentThreads | None = None,
+        threads: OwnThreads | None = None,
     ):
         """``bind``: the request as its claim says it (``agents.binding``: path, key and
         body from the state store; ``UnboundMessage`` for a request no claim speaks for).
@@ -81,7 +81,7 @@ class AgentWorker:
         self._bind = bind
         self._sleep = sleep
         self._ride_out_seconds = ride_out_seconds
-        self._threads = threads or AgentThreads("agent")
+        self._threads = threads or OwnThreads("agent")
 
     async def blocking[T](self, work: Callable[[], T], *, bound: float, what: str) -> T:
         """``work`` on this agent's own threads (``agents.threads``), off the event loop."""

@@ -31,7 +31,7 @@ from agents.pacing import RemotePolicy
 from agents.python import PythonTry, check_handler
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
-from agents.threads import AgentThreads
+from agents.threads import OwnThreads
 from core import workflows
 from core.control_cache import AgentRuntime
 from core.ports import AgentTransport, Clock
@@ -96,7 +96,7 @@ def client_of(
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
-    threads: AgentThreads | None = None,
+    threads: OwnThreads | None = None,
     watch: OutageWatch | None = None,
 ) -> AttemptRunner[TryKind]:
     """The attempts of one agent: its kind of try under its policy and limits (those
@@ -128,7 +128,7 @@ def build_agent(
     runtime: Callable[[], AgentRuntime] | None = None,
     watch: OutageWatch | None = None,
 ) -> AgentWorker:
-    threads = AgentThreads(spec.name)
+    threads = OwnThreads(spec.name)
     client = client_of(
         spec,
         settings,

@@ -40,7 +40,7 @@ from agents.limits import CallRate, CallSlots, Ramp, Slot
 from agents.outage_watch import OutageWatch
 from agents.outcomes import CallOutcome, Try, TryKind, applied_of
 from agents.pacing import Backoff, Budget, RemotePolicy
-from agents.threads import AgentThreads
+from agents.threads import OwnThreads
 from core.control_cache import HOLD_MIN, AgentRuntime
 from core.controls import Limits
 from core.messages import AgentRequest
@@ -71,7 +71,7 @@ class AttemptRunner[K: TryKind]:
         concurrency: int | None = None,
         rate: float | None = None,
         runtime: Callable[[], AgentRuntime] | None = None,
-        threads: AgentThreads | None = None,
+        threads: OwnThreads | None = None,
         watch: OutageWatch | None = None,
     ):
         """``runtime``: what an operator set for the agent now (paused, its limits), asked

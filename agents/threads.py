@@ -1,4 +1,6 @@
-"""An agent's own threads, for the blocking work around its calls.
+"""Threads of their own for blocking work off the event loop: each agent's, around its
+calls, and the alert triggers' (one set for all of them: ``AppContext.alert_threads``,
+``supervisor.triggers``).
 
 The agents are ``async def`` (``agents.triggers``): the runtime awaits them on its event
 loop, and a call to a remote holds a coroutine there, never a thread (the Azure Functions
@@ -39,16 +41,17 @@ from core.errors import StorageUnavailable
 THREADS: Final = 32
 
 
-class AgentThreads:
-    """The threads of one agent (started when its invocations need them)."""
+class OwnThreads:
+    """At most ``size`` threads of ``name``'s own (an agent's, or the alert triggers'),
+    started when its invocations need them, named ``agent-<name>_<n>``."""
 
-    def __init__(self, agent: str, size: int = THREADS):
-        self.agent = agent
-        self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"agent-{agent}")
+    def __init__(self, name: str, size: int = THREADS):
+        self.name = name
+        self._pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=f"agent-{name}")
 
     async def run[T](self, work: Callable[[], T], *, bound: float, what: str) -> T:
-        """``work()`` on one of the agent's threads, with the caller's context (its log
-        fields and trace); ``StorageUnavailable`` if it takes longer than ``bound`` s."""
+        """``work()`` on one of these threads, with the caller's context (its log fields
+        and trace); ``StorageUnavailable`` if it takes longer than ``bound`` s."""
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         future = loop.run_in_executor(self._pool, context.run, work)
@@ -56,7 +59,7 @@ class AgentThreads:
             return await asyncio.wait_for(future, bound)
         except TimeoutError:
             raise StorageUnavailable(
-                f"{what} of agent {self.agent} did not finish within {bound:.0f} s (it runs "
+                f"{what} of agent {self.name} did not finish within {bound:.0f} s (it runs "
                 "on; the request will be delivered again)"
             ) from None
 

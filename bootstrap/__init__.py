@@ -30,7 +30,7 @@ from agents.agent import AgentWorker
 from agents.binding import RequestBinding
 from agents.build import build_agent
 from agents.outage_watch import OutageWatch, SerialWorker
-from agents.threads import AgentThreads
+from agents.threads import OwnThreads
 from bootstrap import clients
 from core import workflows
 from core.control_cache import ControlView
@@ -363,10 +363,10 @@ class AppContext:
         return agent
 
     @part
-    def alert_threads(self) -> AgentThreads:
+    def alert_threads(self) -> OwnThreads:
         """The threads of the poison and dead-letter alert triggers, all of them together
         (``supervisor.triggers``; alerts are rare: eight, started when needed)."""
-        return AgentThreads("alerts", ALERT_THREADS)
+        return OwnThreads("alerts", ALERT_THREADS)
 
     def built_agent(self, name: str) -> AgentWorker | None:
         """The agent ``name`` if it is built already (no I/O: for the event loop)."""

@@ -21,7 +21,7 @@ from agents.limits import CallSlots
 from agents.pacing import RemotePolicy
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
-from agents.threads import AgentThreads
+from agents.threads import OwnThreads
 from core.errors import StorageUnavailable
 from core.messages import AgentReply, ReplyOutcome
 from tests.unit.test_remote_client import T0, RecordingTransport, make_request
@@ -78,7 +78,7 @@ class SlowReplies(RecordingTransport):
         return super().send_reply(reply, reply_to)
 
 
-def quick_worker(transport: RecordingTransport, threads: AgentThreads) -> AgentWorker:
+def quick_worker(transport: RecordingTransport, threads: OwnThreads) -> AgentWorker:
     runner = AttemptRunner(
         HttpTry(
             "http://quick.test",
@@ -95,7 +95,7 @@ def test_one_agents_blocking_work_never_waits_for_another_agents_threads() -> No
     ``quick``, on the same loop, is served at once by threads of its own."""
 
     async def scenario() -> tuple[float, int]:
-        slow_threads, quick_threads = AgentThreads("slow", size=2), AgentThreads("quick")
+        slow_threads, quick_threads = OwnThreads("slow", size=2), OwnThreads("quick")
         slow = quick_worker(SlowReplies(0.5), slow_threads)
         quick_transport = RecordingTransport()
         quick = quick_worker(quick_transport, quick_threads)
@@ -142,7 +142,7 @@ def test_a_handler_of_a_python_agent_runs_on_a_thread_of_its_own() -> None:
 
 def test_work_runs_with_the_callers_context_and_within_its_bound() -> None:
     field: contextvars.ContextVar[str] = contextvars.ContextVar("field", default="")
-    threads = AgentThreads("orders")
+    threads = OwnThreads("orders")
 
     async def scenario() -> tuple[str, str]:
         field.set("o-1")
