@@ -55,6 +55,7 @@ from typing import Any
 
 import httpx
 
+from bench import stack_options
 from bench.cpu import group_cpu_seconds
 from bench.latency import (
     call_times,
@@ -345,8 +346,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.isolation")
-    parser.add_argument("--devhosts", type=int, default=2)
-    parser.add_argument("--transport", choices=["storage", "servicebus"], default="storage")
+    stack_options(parser, timeout=180)
     parser.add_argument("--pool", type=int, default=None, help=f"set {POOL} (default: unset)")
     parser.add_argument("--slow", type=int, default=120, help="fulfilment orders, ship slow")
     parser.add_argument("--slow-seconds", type=float, default=20, help="the ship call's answer")
@@ -354,7 +354,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=4.0, help="order orders a second")
     parser.add_argument("--idle-gap", type=float, default=6, help="the orders queue idle before")
     parser.add_argument("--runs", type=int, default=1, help="runs, each on a fresh stack")
-    parser.add_argument("--timeout", type=float, default=180)
     args = parser.parse_args(argv)
     if args.rate <= 0 or args.slow < 1 or args.orders < 1 or args.runs < 1:
         parser.error("--rate, --slow, --orders and --runs must be positive")

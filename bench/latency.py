@@ -51,6 +51,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from typing import Any
 
+from bench import stack_options
 from bootstrap import AppContext
 from core.events import Event
 from core.model import Order
@@ -274,15 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=None, help="orders/s (default: drain/2)")
     parser.add_argument("--seconds", type=float, default=45, help="how long the load runs")
     parser.add_argument("--burst", type=int, default=200, help="orders of the drain burst")
-    parser.add_argument("--devhosts", type=int, default=2)
     parser.add_argument("--workflow", default="order", choices=["order", "fulfilment"])
-    parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument(
-        "--transport",
-        default="storage",
-        choices=["storage", "servicebus"],
-        help="the agent queues: Storage (Azurite) or Service Bus (localbus, as deployed)",
-    )
+    stack_options(parser, timeout=300)
     args = parser.parse_args(argv)
     if args.rate is not None and args.rate <= 0:
         parser.error("--rate must be positive")

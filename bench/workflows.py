@@ -75,6 +75,7 @@ from typing import Any, Final
 
 import httpx
 
+from bench import stack_options
 from bench.cpuload import sample, share
 from bench.flows import DELAY_SECONDS, parallel_steps
 from bench.latency import call_times, done_at, machine, ms_stats, utc_now_text, wait_finished
@@ -538,13 +539,7 @@ def _list(text: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.workflows")
     parser.add_argument("--phases", type=_list, default=list(PHASES), help=",".join(PHASES))
-    parser.add_argument("--devhosts", type=int, default=2)
-    parser.add_argument(
-        "--transport",
-        default="storage",
-        choices=["storage", "servicebus"],
-        help="the agent queues: Storage (Azurite) or Service Bus (localbus, as deployed)",
-    )
+    stack_options(parser, timeout=300)
     parser.add_argument("--idle-delays", type=int, default=12, help="delays 6-8 s apart")
     parser.add_argument("--busy-delays", type=int, default=30, help="delays 0.15-0.65 s apart")
     parser.add_argument("--events", type=int, default=150, help="events delivered")
@@ -556,7 +551,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--expired", type=int, default=20, help="of them past their deadline")
     parser.add_argument("--runs", type=int, default=5, help="ticks per level (index)")
     parser.add_argument("--threads", type=int, default=4, help="insert threads (index)")
-    parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args(argv)
     unknown = set(args.phases) - set(PHASES)
     if unknown:
