@@ -52,6 +52,10 @@ class Binding(Protocol):
 
     def __call__(self, request: AgentRequest, copy: str | None = None) -> AgentRequest: ...
 
+    def at_hand(self, request: AgentRequest, copy: str | None = None) -> AgentRequest | None:
+        """The same, when it needs no request to the store (None: call it)."""
+        ...
+
 
 class AgentWorker:
     """The running side of one declared agent (``core.workflows.Agent`` is its
@@ -114,15 +118,21 @@ class AgentWorker:
                 bind, asked = self._bind, request
                 # Before any call, so waiting out a storage outage here is safe; a request
                 # no claim speaks for raises UnboundMessage: quarantined, never called.
-                request = await self._threads.run(
-                    lambda: ride_out(
-                        lambda: bind(asked, copy),
-                        what="request binding",
-                        seconds=self._ride_out_seconds,
-                        sleep=self._sleep,
-                    ),
-                    bound=self._ride_out_seconds + BLOCKING_MARGIN_SECONDS,
-                    what="the request's binding",
+                # Most often the claim was made here and is at hand: no thread needed.
+                at_hand = bind.at_hand(asked, copy)
+                request = (
+                    at_hand
+                    if at_hand is not None
+                    else await self._threads.run(
+                        lambda: ride_out(
+                            lambda: bind(asked, copy),
+                            what="request binding",
+                            seconds=self._ride_out_seconds,
+                            sleep=self._sleep,
+                        ),
+                        bound=self._ride_out_seconds + BLOCKING_MARGIN_SECONDS,
+                        what="the request's binding",
+                    )
                 )
             elif request.order is None:  # too large to travel, and no state to read it from
                 raise StorageUnavailable(

@@ -90,6 +90,22 @@ class RequestBinding:
             order_id=request.order_id,
         )
 
+    def at_hand(self, request: AgentRequest, copy: str | None = None) -> AgentRequest | None:
+        """``request`` as its claim says it, when what this process last wrote decides it
+        with no request to the store: the order is at hand and speaks for the request, and
+        no copy must take it. None otherwise: call the binding (on a thread; it reads, and
+        may write). Pure work, so the agent asks it on its event loop."""
+        order = self._store.recent(request.order_id)
+        if order is None:
+            return None
+        try:
+            bound = self._bound(order, request)
+        except UnboundMessage:
+            return None  # maybe stale: the binding reads the order
+        if self._copies and copy is not None and order.resendable(request.step, request.attempt):
+            return None  # a copy must take it: a write
+        return bound
+
     def _load(self, request: AgentRequest) -> Order:
         order = self._store.load(request.order_id)
         if order is None:

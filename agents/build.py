@@ -96,6 +96,7 @@ def client_of(
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
+    runtime_at_hand: Callable[[], AgentRuntime | None] | None = None,
     threads: OwnThreads | None = None,
     watch: OutageWatch | None = None,
 ) -> AttemptRunner[TryKind]:
@@ -111,6 +112,7 @@ def client_of(
         concurrency=spec.concurrency,
         rate=spec.rate,
         runtime=runtime,
+        runtime_at_hand=runtime_at_hand,
         threads=threads,
         watch=watch,
     )
@@ -126,6 +128,7 @@ def build_agent(
     env: Mapping[str, str] | None = None,
     credential: TokenCredential | None = None,
     runtime: Callable[[], AgentRuntime] | None = None,
+    runtime_at_hand: Callable[[], AgentRuntime | None] | None = None,
     watch: OutageWatch | None = None,
 ) -> AgentWorker:
     threads = OwnThreads(spec.name)
@@ -136,6 +139,7 @@ def build_agent(
         env=env,
         credential=credential,
         runtime=runtime,
+        runtime_at_hand=runtime_at_hand,
         threads=threads,
         watch=watch,
     )

@@ -71,13 +71,15 @@ class AttemptRunner[K: TryKind]:
         concurrency: int | None = None,
         rate: float | None = None,
         runtime: Callable[[], AgentRuntime] | None = None,
+        runtime_at_hand: Callable[[], AgentRuntime | None] | None = None,
         threads: OwnThreads | None = None,
         watch: OutageWatch | None = None,
     ):
         """``runtime``: what an operator set for the agent now (paused, its limits), asked
         before each attempt; without it, ``concurrency`` and ``rate`` hold for good. It may
         read the state store (once a period): with ``threads``, it is asked on the agent's
-        own threads (``agents.threads``), off the event loop. ``sleep``: the waits between
+        own threads (``agents.threads``), off the event loop, unless ``runtime_at_hand``
+        answers (the same, when no read is due; None: a read is due). ``sleep``: the waits between
         tries, awaited (an attempt that waits holds no thread). ``watch``: told how each
         call ended, for the agent's shared outage record (``agents.outage_watch``)."""
         self.watch = watch
@@ -87,6 +89,7 @@ class AttemptRunner[K: TryKind]:
         self.slots = CallSlots(concurrency) if concurrency is not None else None
         self.rate = CallRate(rate)
         self._runtime = runtime
+        self._runtime_at_hand = runtime_at_hand
         self._threads = threads
         self._clock = clock
         self._sleep = sleep
@@ -160,6 +163,8 @@ class AttemptRunner[K: TryKind]:
     async def _read_runtime(self, runtime: Callable[[], AgentRuntime]) -> AgentRuntime:
         if self._threads is None:
             return runtime()
+        if self._runtime_at_hand is not None and (known := self._runtime_at_hand()) is not None:
+            return known  # no read due: no thread needed
         return await self._threads.run(runtime, bound=RUNTIME_READ_BOUND, what="controls read")
 
     def _limit(self, limits: Limits, now: datetime, released_at: datetime | None = None) -> None:

@@ -352,6 +352,7 @@ class AppContext:
                         self.store, name, copies=self.settings.transport is Transport.STORAGE
                     ),
                     runtime=lambda: controls.runtime(spec),
+                    runtime_at_hand=lambda: controls.runtime_at_hand(spec),
                     watch=OutageWatch(
                         name,
                         self.outages,

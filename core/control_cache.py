@@ -106,11 +106,10 @@ class ControlView:
         a period; while one thread reads, the others use what was read before."""
         now = self._clock()
         with self._lock:
-            known = self._controls
-            if known is not None and (
-                self._reading or (self._fresh_until is not None and now < self._fresh_until)
-            ):
+            known = self._at_hand(now)
+            if known is not None:
                 return known
+            known = self._controls
             self._reading = True
         try:
             fresh: Mapping[str, AgentControl] | None = MappingProxyType(
@@ -134,6 +133,15 @@ class ControlView:
             if outages is not None:
                 self._outages = outages
             return self._controls
+
+    def _at_hand(self, now: datetime) -> Mapping[str, AgentControl] | None:
+        """What ``controls`` returns without reading (under the lock); None: a read is due."""
+        known = self._controls
+        if known is not None and (
+            self._reading or (self._fresh_until is not None and now < self._fresh_until)
+        ):
+            return known
+        return None
 
     def _read_outages(self) -> Mapping[str, Outage] | None:
         if self._outage_source is None:
@@ -172,19 +180,33 @@ class ControlView:
         return self.control(agent).pause
 
     def runtime(self, agent: Agent) -> AgentRuntime:
-        control = self.control(agent.name)
+        """What is in force for ``agent`` (its controls read first when they are due)."""
+        return self._runtime(agent, self.controls())
+
+    def runtime_at_hand(self, agent: Agent) -> AgentRuntime | None:
+        """``runtime(agent)`` when no read is due, with no request (the agents ask it on
+        their event loop); None: call ``runtime``, which reads."""
+        with self._lock:
+            known = self._at_hand(self._clock())
+        return None if known is None else self._runtime(agent, known)
+
+    def _runtime(self, agent: Agent, controls: Mapping[str, AgentControl]) -> AgentRuntime:
+        control = controls.get(agent.name) or AgentControl(agent.name)
         return AgentRuntime(
             agent.name,
             control.pause,
             control.limits(declared_limits(agent)),
-            self.released_at(agent.name),
+            self._released_at(control),
         )
 
     def released_at(self, agent: str) -> datetime | None:
         """When the steps held for ``agent`` were last released: the resume once every
         instance has read it (``SETTLE``: when held steps start to go), or the end of its
         last outage, whichever is later. None while it is paused, or never held."""
-        control = self.control(agent)
+        return self._released_at(self.control(agent))
+
+    def _released_at(self, control: AgentControl) -> datetime | None:
+        agent = control.agent
         if control.pause is not None:
             return None
         outage = self.outage(agent)

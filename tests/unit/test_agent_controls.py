@@ -217,6 +217,26 @@ def test_an_instance_that_never_read_the_controls_runs_every_agent_as_declared()
     assert "running as declared" in warnings[0]
 
 
+def test_the_runtime_at_hand_is_what_a_read_would_give_and_none_when_a_read_is_due() -> None:
+    """``ControlView.runtime_at_hand``, which the agents ask on their event loop: None
+    whenever ``runtime`` would read (the agent then asks that on its own threads), else
+    exactly ``runtime``'s answer, with no read."""
+    app = build()
+    source = Source()
+    view = ControlView(source, app.clock)
+    spec = AGENTS["orders"]
+    assert view.runtime_at_hand(spec) is None and source.reads == 0  # never read: due
+    first = view.runtime(spec)
+    assert source.reads == 1
+    assert view.runtime_at_hand(spec) == first and source.reads == 1
+    source.controls["orders"] = AgentControl("orders", pause=Pause(T0, "a", "r"))
+    app.clock.advance(PERIOD.total_seconds())
+    assert view.runtime_at_hand(spec) is None and source.reads == 1  # due again
+    paused = view.runtime(spec)
+    assert paused.pause is not None and source.reads == 2
+    assert view.runtime_at_hand(spec) == paused
+
+
 def test_a_resume_releases_held_steps_once_every_instance_has_read_it() -> None:
     app = build()
     source = Source()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from core.control_cache import SETTLE, AgentRuntime, ControlView
 from core.controls import AgentControl, Limits, Pause
 from core.outages import RAMP_DOUBLING, Outage
 from core.workflows import AGENTS
-from tests.unit.test_remote_client import T0, FakeClock, MaxRng, make_request
+from tests.unit.test_remote_client import T0, CountingThreads, FakeClock, MaxRng, make_request
 from tests.unit.test_runner import ScriptedKind
 
 OK = Try("yes", False, result={"ok": True})
@@ -210,3 +211,33 @@ def test_an_outage_record_that_cannot_be_read_keeps_the_last_one_read() -> None:
     view.controls()
     assert view.outage("orders") == Outage("orders", failing=True, since=T0)
     assert warnings and "outage records could not be read" in warnings[0]
+
+
+def test_the_runtime_at_hand_takes_no_thread_and_a_due_read_runs_on_the_agents() -> None:
+    """Before each attempt the runner asks what is in force: ``runtime_at_hand`` on the
+    event loop when it answers, else ``runtime`` on the agent's own threads; either way the
+    attempt obeys the answer (here: paused, so nothing is called)."""
+    paused = AgentRuntime("orders", Pause(T0, "ops", "maintenance"), Limits(4), None)
+
+    def runner(hand: bool, threads: CountingThreads, reads: list[str]) -> AttemptRunner[Any]:
+        def read() -> AgentRuntime:
+            reads.append("read")
+            return paused
+
+        clock = FakeClock(T0)
+        return AttemptRunner(
+            ScriptedKind([OK], clock),
+            RemotePolicy(),
+            clock=clock,
+            sleep=clock.asleep,
+            runtime=read,
+            runtime_at_hand=lambda: paused if hand else None,
+            threads=threads,
+        )
+
+    for hand in (True, False):
+        threads, reads = CountingThreads(), list[str]()
+        outcome = asyncio.run(runner(hand, threads, reads).call(make_request(60)))
+        assert outcome.kind == "deferred" and outcome.paused
+        assert threads.ran == ([] if hand else ["controls read"])
+        assert reads == ([] if hand else ["read"])

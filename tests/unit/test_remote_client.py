@@ -30,6 +30,7 @@ from agents.outcomes import CallOutcome, Try
 from agents.pacing import RemotePolicy
 from agents.remote import HttpTry, classify
 from agents.runner import AttemptRunner
+from agents.threads import OwnThreads
 from core.errors import DuplicateRequest, StorageUnavailable, UnboundMessage
 from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome, decode_reply
 from core.timefmt import iso
@@ -901,13 +902,28 @@ class StubRemote:
         return self.outcome
 
 
+class Binds:
+    """A binding from a function, never at hand (it always runs on the agent's threads)."""
+
+    def __init__(self, bind: Callable[[AgentRequest, str | None], AgentRequest]) -> None:
+        self._bind = bind
+
+    def __call__(self, request: AgentRequest, copy: str | None = None) -> AgentRequest:
+        return self._bind(request, copy)
+
+    def at_hand(self, request: AgentRequest, copy: str | None = None) -> AgentRequest | None:
+        return None
+
+
 def make_agent(
-    *script: Step, failures: int = 0, **kw: Any
+    *script: Step, failures: int = 0, bind: Any = None, **kw: Any
 ) -> tuple[AgentWorker, Remote, RecordingTransport]:
     r = remote(FakeClock(), *script)
     client, clock = make_client(r)
     transport = RecordingTransport(failures)
-    return AgentWorker(client, transport, clock, sleep=clock.sleep, **kw), r, transport
+    binding = Binds(bind) if bind is not None else None
+    agent = AgentWorker(client, transport, clock, sleep=clock.sleep, bind=binding, **kw)
+    return agent, r, transport
 
 
 @pytest.mark.parametrize(
@@ -1088,6 +1104,46 @@ def test_the_agent_calls_with_what_the_binding_reads_from_the_state() -> None:
     assert [s.url.rsplit("/", 1)[1] for s in r.seen] == ["process", "process"]
     assert {s.idempotency_key for s in r.seen} == {"o-1:process:2"}
     assert len(transport.replies) == 2
+
+
+class CountingThreads(OwnThreads):
+    def __init__(self) -> None:
+        super().__init__("counted")
+        self.ran: list[str] = []
+
+    async def run[T](self, work: Callable[[], T], *, bound: float, what: str) -> T:
+        self.ran.append(what)
+        return await super().run(work, bound=bound, what=what)
+
+
+def test_a_binding_at_hand_takes_no_thread_and_one_that_is_not_runs_on_the_agents() -> None:
+    """What the binding can decide with no request (``at_hand``) is decided on the event
+    loop; otherwise the binding runs on the agent's own threads. Both call the same."""
+
+    class Binding:
+        def __init__(self, at_hand: bool) -> None:
+            self.hand, self.called = at_hand, 0
+
+        def __call__(self, request: AgentRequest, copy: str | None = None) -> AgentRequest:
+            self.called += 1
+            return replace(request, path="process")
+
+        def at_hand(self, request: AgentRequest, copy: str | None = None) -> AgentRequest | None:
+            return replace(request, path="process") if self.hand else None
+
+    for hand in (True, False):
+        threads, binding = CountingThreads(), Binding(hand)
+        r = remote(FakeClock(), ok())
+        client, clock = make_client(r)
+        transport = RecordingTransport(0)
+        agent = AgentWorker(
+            client, transport, clock, bind=binding, sleep=clock.sleep, threads=threads
+        )
+        assert asyncio.run(agent.handle(make_request())) is ReplyOutcome.SUCCEEDED
+        binds = ["the request's binding"] if not hand else []
+        assert threads.ran == [*binds, "the reply's hand-over"]
+        assert binding.called == (0 if hand else 1)
+        assert [s.url.rsplit("/", 1)[1] for s in r.seen] == ["process"]
 
 
 def test_a_copy_whose_attempt_another_copy_took_calls_nothing_and_replies_nothing() -> None:

@@ -25,6 +25,7 @@ from core.errors import (
     QueueMissing,
     StorageUnavailable,
     TransitionRefused,
+    UnboundMessage,
 )
 from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
@@ -623,3 +624,26 @@ def test_on_storage_queues_one_copy_of_a_resendable_request_takes_its_attempt(
     binding(second, "m-3")
     binding(second, "m-4")
     assert stored(s, "o-copies").version == version
+
+
+def test_a_claim_this_process_wrote_binds_its_request_with_no_request_to_the_store(
+    s: Services,
+) -> None:
+    """``RequestBinding.at_hand``, which the agent asks on its event loop: the binding's
+    own answer when what this process last wrote decides it; None (the binding runs, on
+    the agent's threads) for an order not at hand, a request the order does not speak
+    for, another agent's step, and a copy that must take its attempt (a write)."""
+    submit(s, "o-hand")
+    [request] = s.transport.requests
+    version = stored(s, "o-hand").version
+    binding = RequestBinding(s.store, "orders")
+    assert binding.at_hand(request) == binding(request)
+    assert binding.at_hand(replace(request, order_id="o-elsewhere")) is None
+    assert binding.at_hand(replace(request, token="forged")) is None
+    with pytest.raises(UnboundMessage):
+        binding(replace(request, token="forged"))
+    assert RequestBinding(s.store, "payments").at_hand(request) is None
+    copies = RequestBinding(s.store, "orders", copies=True)
+    assert copies.at_hand(request, "m-1") is None  # attempt 1 may come twice: it takes
+    assert copies.at_hand(request) == binding(request)  # no message id: nothing to take
+    assert stored(s, "o-hand").version == version  # nothing was written
