@@ -6,11 +6,11 @@ Prints one JSON object:
 
 - ``invocationUs``: per invocation, devhost's ``Invoker.call`` of a queue function that
   does nothing and of an HTTP function (tests/fixtures/runtime_probe_app), ``direct``
-  (the function called with devhost's ``func`` object: the floor, what devhost did before
-  it ran everything through the runtime) and ``worker`` (that object turned
-  into the host's ``InvocationRequest``, through the runtime's ``invocation_request`` on
-  its event loop and thread pool, and the response decoded): p50 / p99 / mean in µs,
-  and ``overheadUs``, the difference of the means.
+  (the function called with a ``func`` object made beforehand: the floor, what devhost
+  did before it ran everything through the runtime) and ``worker`` (devhost's trigger
+  turned into the host's ``InvocationRequest``, through the runtime's
+  ``invocation_request`` on its event loop and thread pool, and the response decoded):
+  p50 / p99 / mean in µs, and ``overheadUs``, the difference of the means.
 - ``coldStartMs``: a fresh process (median of 3) that loads function_app.py (the real app,
   ``AGENT_TRANSPORT=storage``) ``direct`` (import, ``get_functions()``, as devhost's loader)
   and ``worker`` (the compiled protos, worker init, functions metadata, function loads).
@@ -62,44 +62,42 @@ def invocations(calls: int) -> dict[str, Any]:
     from azure.functions.queue import QueueMessage
 
     from devhost.app_loader import FunctionSpec
+    from hostrun import shapes
     from hostrun.worker import WorkerRuntime
 
     runtime = WorkerRuntime(PROBE).start()
     module = sys.modules["function_app"]  # the runtime imported it from PROBE
+    body, url = b'{"orderId": "o-1"}', "http://127.0.0.1/api/probe/1"
+    headers, route = {"a": "b"}, {"item": "1"}
     build: Any = QueueMessage
-    message = build(id="m", body=b'{"orderId": "o-1"}', dequeue_count=1, pop_receipt="p")
-    request = func.HttpRequest(
-        "POST",
-        "http://127.0.0.1/api/probe/1",
-        headers={"a": "b"},
-        route_params={"item": "1"},
-        body=b"{}",
-    )
     cases = {
         "queue": (
             FunctionSpec("probe_echo", "queueTrigger", {"name": "msg"}, module.probe_echo),
-            message,
+            shapes.QueueMessage(id="m", body=body, dequeue_count=1, pop_receipt="p"),
+            build(id="m", body=body, dequeue_count=1, pop_receipt="p"),
         ),
         "http": (
             FunctionSpec("probe_http", "httpTrigger", {"name": "req"}, module.probe_http),
-            request,
+            shapes.HttpRequest("POST", url, headers, {}, route, b"{}"),
+            func.HttpRequest("POST", url, headers=headers, route_params=route, body=b"{}"),
         ),
     }
-    results = {name: compare(runtime, spec, value, calls) for name, (spec, value) in cases.items()}
+    results = {name: compare(runtime, *case, calls) for name, case in cases.items()}
     runtime.stop()
     return results
 
 
-def compare(runtime: Any, spec: Any, value: Any, calls: int) -> dict[str, Any]:
+def compare(runtime: Any, spec: Any, trigger: Any, value: Any, calls: int) -> dict[str, Any]:
+    """The invocation through the runtime, and the function called with ``value``."""
     from devhost.invoke import Invoker
 
-    def call_directly(spec: Any, value: Any) -> Any:
+    def call_directly(spec: Any, _: Any) -> Any:
         return spec.func(**{spec.trigger_arg: value})
 
     direct, worker = Invoker(call_directly), Invoker(runtime.call)
     row: dict[str, Any] = {
-        "direct": summary(timed(lambda: direct.call(spec, value), calls)),
-        "worker": summary(timed(lambda: worker.call(spec, value), calls)),
+        "direct": summary(timed(lambda: direct.call(spec, trigger), calls)),
+        "worker": summary(timed(lambda: worker.call(spec, trigger), calls)),
     }
     row["overheadUs"] = round(row["worker"]["mean"] - row["direct"]["mean"], 1)
     return row

@@ -24,6 +24,7 @@ from werkzeug.wrappers import Request, Response
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker, start_thread
 from devhost.settings import ConfigError
+from hostrun.shapes import HttpRequest
 
 log = logging.getLogger("devhost.http")
 _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -108,11 +109,11 @@ class HttpServer:
 
     def invoke(self, spec: FunctionSpec, params: Mapping[str, str], request: Request) -> Response:
         target = request.environ.get("RAW_URI") or request.full_path
-        trigger = func.HttpRequest(
+        trigger = HttpRequest(
             request.method,
             f"{self.base_url}{target}",
             headers=dict(request.headers.items()),  # repeated headers joined by the server
-            params=dict(request.args.items(multi=True)),  # the last value wins
+            query=dict(request.args.items(multi=True)),  # the last value wins
             route_params=params,
             body=request.get_data(),
         )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devhost.app_loader import FunctionSpec
+from hostrun.shapes import Trigger
 
 log = logging.getLogger("devhost")
 
@@ -42,9 +43,9 @@ class Outcome:
         return self.error is None
 
 
-#: What runs one invocation: (the function, devhost's trigger value) -> its return value;
-#: raises when the invocation failed.
-Runner = Callable[[FunctionSpec, Any], Any]
+#: What runs one invocation: (the function, its trigger as the host has it) -> its return
+#: value; raises when the invocation failed.
+Runner = Callable[[FunctionSpec, Trigger], Any]
 
 
 class Invoker:
@@ -60,7 +61,7 @@ class Invoker:
         with self._lock:
             return self._running
 
-    def call(self, spec: FunctionSpec, trigger_value: Any, detail: str = "") -> Outcome:
+    def call(self, spec: FunctionSpec, trigger: Trigger, detail: str = "") -> Outcome:
         """Call ``spec``'s function. Never raises: a failure is logged (with its traceback
         and ``detail``, e.g. the message id) and returned."""
         started = time.monotonic()
@@ -68,7 +69,7 @@ class Invoker:
         with self._lock:
             self._running += 1
         try:
-            result = self.runner(spec, trigger_value)  # raises if the invocation failed
+            result = self.runner(spec, trigger)  # raises if the invocation failed
         except Exception as error:  # any user error is one failed invocation
             elapsed = time.monotonic() - started
             log.exception("function %s failed after %.3f s%s", spec.name, elapsed, suffix)

@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
-from azure.functions.queue import QueueMessage as FunctionsQueueMessage
 
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker, start_thread
 from devhost.settings import LeaseOptions, QueueOptions
+from hostrun.shapes import QueueMessage
 from messaging.storage_queues import StorageQueues
 
 log = logging.getLogger("devhost.queues")
@@ -309,15 +309,14 @@ class QueueListener:
     def process(self, message: Any, lease: Lease) -> None:
         try:
             content = message.content
-            build: Any = FunctionsQueueMessage  # its __init__ is untyped
-            trigger = build(
+            trigger = QueueMessage(
                 id=message.id,
                 body=content.encode("utf-8") if isinstance(content, str) else bytes(content or b""),
                 dequeue_count=message.dequeue_count,
-                expiration_time=message.expires_on,
-                insertion_time=message.inserted_on,
-                time_next_visible=message.next_visible_on,
                 pop_receipt=message.pop_receipt,
+                insertion_time=message.inserted_on,
+                expiration_time=message.expires_on,
+                next_visible_time=message.next_visible_on,
             )
             detail = f"message {message.id}, dequeue count {message.dequeue_count}"
             succeeded = self.invoker.call(self.spec, trigger, detail=detail).succeeded

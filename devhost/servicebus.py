@@ -19,12 +19,11 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
-from azure.functions.servicebus import ServiceBusMessage as FunctionsServiceBusMessage
-
 from core.settings import Connection
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker, start_thread
 from devhost.settings import ServiceBusOptions
+from hostrun.shapes import ServiceBusMessage
 
 log = logging.getLogger("devhost.servicebus")
 #: Longest a receive call waits for a message, so the loop sees a stop request in time.
@@ -32,18 +31,14 @@ MAX_WAIT_SECONDS = 5.0
 #: A receive's wait while messages run: how late a finished one may be settled.
 PUMP_WAIT_SECONDS = 0.05
 CLOSE_TIMEOUT_SECONDS = 5.0
-#: ``azure.functions.ServiceBusMessage`` arguments taken as is from the SDK message, and
-#: those taken from an attribute of another name.
+#: The fields of :class:`ServiceBusMessage` taken as they are from the SDK's message.
 # fmt: off
 _SAME = (
-    "content_type", "correlation_id", "dead_letter_error_description", "dead_letter_reason",
-    "dead_letter_source", "delivery_count", "enqueued_sequence_number", "enqueued_time_utc",
-    "expires_at_utc", "partition_key", "reply_to", "reply_to_session_id",
-    "scheduled_enqueue_time_utc", "sequence_number", "session_id", "subject", "time_to_live",
-    "to",
+    "content_type", "correlation_id", "dead_letter_source", "enqueued_time_utc",
+    "expires_at_utc", "partition_key", "reply_to", "reply_to_session_id", "sequence_number",
+    "session_id", "subject", "to",
 )
 # fmt: on
-_RENAMED = {"label": "subject", "locked_until": "locked_until_utc"}
 
 
 def message_body(body: Any) -> bytes:
@@ -59,32 +54,25 @@ def _text(value: Any) -> Any:
     return value.decode("utf-8", "replace") if isinstance(value, bytes | bytearray) else value
 
 
-def functions_message(message: Any) -> FunctionsServiceBusMessage:
-    """The ``azure.functions`` message the function receives, from an SDK (or fake) message."""
+def host_message(message: Any) -> ServiceBusMessage:
+    """The message as the Functions host has it, from an SDK (or fake) message."""
 
     def get(name: str) -> Any:
         return _text(getattr(message, name, None))
 
     raw = getattr(message, "application_properties", None) or {}
-    # Text keys and values: the SDK may hand back bytes.
-    props = {str(_text(key)): _text(value) for key, value in raw.items()}
-    state, lock_token = get("state"), get("lock_token")
-    fields = {name: get(name) for name in _SAME}
-    # The Python SDK gives the AMQP header's count of *earlier* deliveries (0 the first
-    # time); the Functions host's .NET SDK adds one, so a function sees 1 on its first
-    # delivery (tests/localbus/test_devhost_listener.py shows both through localbus).
-    if isinstance(fields["delivery_count"], int):
-        fields["delivery_count"] += 1
-    return FunctionsServiceBusMessage(
+    lock_token, count = get("lock_token"), get("delivery_count")
+    return ServiceBusMessage(
         body=message_body(getattr(message, "body", None)),
-        trigger_metadata=None,
-        application_properties=props,
-        user_properties=dict(props),
-        lock_token=None if lock_token is None else str(lock_token),
         message_id=get("message_id") or "",
-        state=None if state is None else int(state),
-        **fields,
-        **{argument: get(attribute) for argument, attribute in _RENAMED.items()},
+        # The Python SDK gives the AMQP header's count of *earlier* deliveries (0 the first
+        # time); the Functions host's .NET SDK adds one, so a function sees 1 on its first
+        # delivery (tests/localbus/test_devhost_listener.py shows both through localbus).
+        delivery_count=count + 1 if isinstance(count, int) else None,
+        lock_token=None if lock_token is None else str(lock_token),
+        # Text keys and values: the SDK may hand back bytes.
+        application_properties={str(_text(key)): _text(value) for key, value in raw.items()},
+        **{name: get(name) for name in _SAME},
     )
 
 
@@ -231,7 +219,7 @@ class ServiceBusListener:
             f"message {getattr(message, 'message_id', '?')}, "
             f"delivery count {getattr(message, 'delivery_count', '?')}"
         )
-        return self.invoker.call(self.spec, functions_message(message), detail=detail).succeeded
+        return self.invoker.call(self.spec, host_message(message), detail=detail).succeeded
 
     def settle(self, receiver: Any, message: Any, succeeded: bool) -> None:
         try:

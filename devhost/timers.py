@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from azure.functions.timer import TimerRequest
 from croniter import croniter
 
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker, start_thread
 from devhost.settings import ConfigError
+from hostrun.shapes import TimerInfo
 
 #: A tick later than this counts as past due.
 LATE_TOLERANCE = timedelta(seconds=1)
@@ -114,14 +114,6 @@ class TimerRunner:
 
     def fire(self, scheduled: datetime, past_due: bool) -> None:
         """One invocation (a failure is logged by the invoker)."""
-        request = TimerRequest(
-            past_due=past_due,
-            schedule_status={
-                "Last": self._last.isoformat() if self._last else None,
-                "Next": self.schedule.next_after(scheduled).isoformat(),
-                "LastUpdated": self._now().isoformat(),
-            },
-            schedule={"AdjustForDST": True},
-        )
+        info = TimerInfo(past_due, self._last, self.schedule.next_after(scheduled), self._now())
         self._last = scheduled
-        self.invoker.call(self.spec, request, detail=f"past due {past_due}")
+        self.invoker.call(self.spec, info, detail=f"past due {past_due}")

@@ -39,7 +39,11 @@ The binding data of each trigger, from the extensions' source:
   Headers (JSON objects) and each route parameter.
 
 Every invocation also has ``sys`` (MethodName, UtcNow, RandGuid), added by the WebJobs SDK.
-The functions receive these through ``azure.functions``' converters (queue.py,
+
+devhost hands over each trigger as the host has it, one dataclass per trigger below
+(:data:`Trigger`); its ``rpc`` gives the trigger's ``TypedData`` and binding data, and
+:func:`trigger_data` adds ``sys`` and turns the rest into ``TypedData``. The functions
+receive these through ``azure.functions``' converters (queue.py,
 servicebus.py, timer.py, http.py of azure-functions 2.3.0), which is what the
 trigger-shape tests (tests/runtime) check end to end.
 """
@@ -49,6 +53,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,19 +63,16 @@ import azure.functions as func
 Metadata = dict[str, Any]
 
 
-def net_time(moment: datetime | None, kind: str = "offset") -> str | None:
+def net_time(moment: datetime) -> str:
     """A time as Newtonsoft serializes it (ISO 8601, up to 7 fractional digits, trailing
-    zeros dropped): ``offset`` a DateTimeOffset (+00:00), ``utc`` a UTC DateTime (Z),
-    ``unspecified`` a DateTime of kind Unspecified (no zone)."""
-    if moment is None:
-        return None
+    zeros dropped): an aware time as a DateTimeOffset in UTC (``+00:00``), a naive one as a
+    DateTime of kind Unspecified (no zone)."""
+    zone = ""
     if moment.tzinfo is not None:
-        moment = moment.astimezone(UTC)
+        moment, zone = moment.astimezone(UTC), "+00:00"
     text = moment.strftime("%Y-%m-%dT%H:%M:%S")
     fraction = f"{moment.microsecond * 10:07d}".rstrip("0")
-    if fraction:
-        text += "." + fraction
-    return text + {"offset": "+00:00", "utc": "Z", "unspecified": ""}[kind]
+    return text + ("." + fraction if fraction else "") + zone
 
 
 def to_rpc(protos: Any, value: Any) -> Any:
@@ -81,40 +83,9 @@ def to_rpc(protos: Any, value: Any) -> Any:
         return protos.TypedData(string=value)
     if isinstance(value, float):
         return protos.TypedData(double=value)
+    if isinstance(value, datetime):
+        return protos.TypedData(json=json.dumps(net_time(value)))
     return protos.TypedData(json=json.dumps(value, separators=(",", ":")))
-
-
-def _json_time(moment: datetime | None, kind: str = "offset") -> Any:
-    """A time value that :func:`to_rpc` turns into JSON (a quoted string)."""
-    return _Json(net_time(moment, kind))
-
-
-class _Json:
-    """A value the host serializes to JSON even though it is a string (a time)."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-
-def metadata(protos: Any, data: Mapping[str, Any]) -> Metadata:
-    """Binding data -> ``trigger_metadata``: null values are left out, as the host does."""
-    out: Metadata = {}
-    for key, value in data.items():
-        if isinstance(value, _Json):
-            if value.value is not None:
-                out[key] = protos.TypedData(json=json.dumps(value.value))
-        elif value is not None:
-            out[key] = to_rpc(protos, value)
-    return out
-
-
-def sys_metadata(function_name: str, now: datetime | None = None) -> dict[str, Any]:
-    """The WebJobs SDK's ``sys`` binding data (a JSON object)."""
-    return {
-        "MethodName": f"Functions.{function_name}",
-        "UtcNow": net_time(now or datetime.now(UTC), "utc"),
-        "RandGuid": str(uuid.uuid4()),
-    }
 
 
 def _body(protos: Any, body: bytes) -> Any:
@@ -125,83 +96,153 @@ def _body(protos: Any, body: bytes) -> Any:
         return protos.TypedData(bytes=body)
 
 
-def queue_request(protos: Any, msg: func.QueueMessage, name: str) -> tuple[Any, Metadata]:
-    """(trigger TypedData, trigger_metadata) of a Storage queue message."""
-    body = msg.get_body()
-    data = _body(protos, body)
-    return data, metadata(
-        protos,
-        {
+def _unspecified(moment: datetime | None) -> datetime | None:
+    """``DateTimeOffset.DateTime`` of a UTC time: the same time, of kind Unspecified."""
+    return None if moment is None else moment.astimezone(UTC).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class QueueMessage:
+    """A Storage queue message as the queue trigger has it; times are aware."""
+
+    id: str
+    body: bytes
+    dequeue_count: int
+    pop_receipt: str
+    insertion_time: datetime | None = None
+    expiration_time: datetime | None = None
+    next_visible_time: datetime | None = None
+
+    def rpc(self, protos: Any) -> tuple[Any, dict[str, Any]]:
+        """The trigger's ``TypedData`` and its binding data."""
+        data = _body(protos, self.body)
+        return data, {
             "QueueTrigger": data.string if data.HasField("string") else None,
-            "DequeueCount": msg.dequeue_count,
-            "ExpirationTime": _json_time(msg.expiration_time),
-            "Id": msg.id,
-            "InsertionTime": _json_time(msg.insertion_time),
-            "NextVisibleTime": _json_time(msg.time_next_visible),
-            "PopReceipt": msg.pop_receipt,
-            "sys": sys_metadata(name),
-        },
-    )
+            "DequeueCount": self.dequeue_count,
+            "ExpirationTime": self.expiration_time,
+            "Id": self.id,
+            "InsertionTime": self.insertion_time,
+            "NextVisibleTime": self.next_visible_time,
+            "PopReceipt": self.pop_receipt,
+        }
 
 
-def servicebus_request(protos: Any, msg: func.ServiceBusMessage, name: str) -> tuple[Any, Metadata]:
-    """(trigger TypedData, trigger_metadata) of one Service Bus message."""
-    props = dict(msg.application_properties or {})
-    return _body(protos, msg.get_body()), metadata(
-        protos,
-        {
-            "DeliveryCount": msg.delivery_count,
-            "DeadLetterSource": msg.dead_letter_source,
-            "LockToken": msg.lock_token,
-            "ExpiresAtUtc": _json_time(msg.expires_at_utc, "unspecified"),
-            "ExpiresAt": _json_time(msg.expires_at_utc),
-            "EnqueuedTimeUtc": _json_time(msg.enqueued_time_utc, "unspecified"),
-            "EnqueuedTime": _json_time(msg.enqueued_time_utc),
-            "MessageId": msg.message_id,
-            "ContentType": msg.content_type,
-            "ReplyTo": msg.reply_to,
-            "SequenceNumber": msg.sequence_number,
-            "To": msg.to,
-            "Subject": msg.subject,
-            "Label": msg.subject,
-            "CorrelationId": msg.correlation_id,
+@dataclass(frozen=True)
+class ServiceBusMessage:
+    """One Service Bus message as the trigger has it: ``delivery_count`` is .NET's (1 on
+    the first delivery), times are aware, application properties have text keys."""
+
+    body: bytes
+    message_id: str
+    delivery_count: int | None = None
+    lock_token: str | None = None
+    enqueued_time_utc: datetime | None = None
+    expires_at_utc: datetime | None = None
+    application_properties: Mapping[str, Any] = field(default_factory=dict)
+    dead_letter_source: str | None = None
+    content_type: str | None = None
+    reply_to: str | None = None
+    sequence_number: int | None = None
+    to: str | None = None
+    subject: str | None = None
+    correlation_id: str | None = None
+    session_id: str | None = None
+    reply_to_session_id: str | None = None
+    partition_key: str | None = None
+
+    def rpc(self, protos: Any) -> tuple[Any, dict[str, Any]]:
+        """The trigger's ``TypedData`` and its binding data."""
+        props = dict(self.application_properties)
+        return _body(protos, self.body), {
+            "DeliveryCount": self.delivery_count,
+            "DeadLetterSource": self.dead_letter_source,
+            "LockToken": self.lock_token,
+            "ExpiresAtUtc": _unspecified(self.expires_at_utc),
+            "ExpiresAt": self.expires_at_utc,
+            "EnqueuedTimeUtc": _unspecified(self.enqueued_time_utc),
+            "EnqueuedTime": self.enqueued_time_utc,
+            "MessageId": self.message_id,
+            "ContentType": self.content_type,
+            "ReplyTo": self.reply_to,
+            "SequenceNumber": self.sequence_number,
+            "To": self.to,
+            "Subject": self.subject,
+            "Label": self.subject,
+            "CorrelationId": self.correlation_id,
             "ApplicationProperties": props,
             "UserProperties": props,
-            "SessionId": msg.session_id,
-            "ReplyToSessionId": msg.reply_to_session_id,
-            "PartitionKey": msg.partition_key,
-            "sys": sys_metadata(name),
-        },
-    )
+            "SessionId": self.session_id,
+            "ReplyToSessionId": self.reply_to_session_id,
+            "PartitionKey": self.partition_key,
+        }
 
 
-def timer_request(protos: Any, timer: func.TimerRequest, name: str) -> tuple[Any, Metadata]:
-    """(trigger TypedData, trigger_metadata) of a timer tick: ``TimerInfo`` as JSON."""
-    info = {
-        "Schedule": getattr(timer, "schedule", None) or {"AdjustForDST": True},
-        "ScheduleStatus": getattr(timer, "schedule_status", None),
-        "IsPastDue": timer.past_due,
+@dataclass(frozen=True)
+class TimerInfo:
+    """A timer tick: ``TimerInfo``'s IsPastDue and ScheduleStatus (Last, Next,
+    LastUpdated)."""
+
+    past_due: bool
+    last: datetime | None
+    next: datetime
+    last_updated: datetime
+
+    def rpc(self, protos: Any) -> tuple[Any, dict[str, Any]]:
+        """The trigger's ``TypedData`` (``TimerInfo`` as JSON); no binding data."""
+        info = {
+            "Schedule": {"AdjustForDST": True},
+            "ScheduleStatus": {
+                "Last": self.last.isoformat() if self.last else None,
+                "Next": self.next.isoformat(),
+                "LastUpdated": self.last_updated.isoformat(),
+            },
+            "IsPastDue": self.past_due,
+        }
+        return protos.TypedData(json=json.dumps(info, separators=(",", ":"))), {}
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    """An HTTP request as the host has it: headers as they came, the query (one value a
+    name), the route's parameters and the body."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    query: Mapping[str, str]
+    route_params: Mapping[str, str]
+    body: bytes
+
+    def rpc(self, protos: Any) -> tuple[Any, dict[str, Any]]:
+        """The trigger's ``TypedData`` (``RpcHttp``) and its binding data."""
+        query = {k: v for k, v in self.query.items() if v}
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        http = protos.RpcHttp(
+            method=self.method,
+            url=self.url,
+            headers=headers,
+            query=query,
+            params=dict(self.route_params),
+            body=protos.TypedData(bytes=self.body) if self.body else None,
+        )
+        binding = {"Query": query, "Headers": headers, **self.route_params}
+        return protos.TypedData(http=http), binding
+
+
+#: What devhost hands hostrun for one invocation.
+Trigger = QueueMessage | ServiceBusMessage | TimerInfo | HttpRequest
+
+
+def trigger_data(protos: Any, trigger: Trigger, function_name: str) -> tuple[Any, Metadata]:
+    """(trigger TypedData, trigger_metadata) of one invocation: the trigger's binding data
+    and ``sys``, null values left out, as the host does."""
+    data, binding = trigger.rpc(protos)
+    binding["sys"] = {
+        "MethodName": f"Functions.{function_name}",
+        "UtcNow": net_time(datetime.now(UTC).replace(tzinfo=None)) + "Z",  # a UTC DateTime
+        "RandGuid": str(uuid.uuid4()),
     }
-    data = protos.TypedData(json=json.dumps(info, separators=(",", ":")))
-    return data, metadata(protos, {"sys": sys_metadata(name)})
-
-
-def http_request(protos: Any, req: func.HttpRequest, name: str) -> tuple[Any, Metadata]:
-    """(trigger TypedData, trigger_metadata) of an HTTP request (``RpcHttp``)."""
-    body = req.get_body()
-    query = {k: v for k, v in req.params.items() if v}
-    headers = {k.lower(): v for k, v in req.headers.items()}
-    http = protos.RpcHttp(
-        method=req.method,
-        url=req.url,
-        headers=headers,
-        query=query,
-        params=dict(req.route_params),
-        body=protos.TypedData(bytes=body) if body else None,
-    )
-    data = protos.TypedData(http=http)
-    binding = {"Query": query, "Headers": headers, **req.route_params, "sys": sys_metadata(name)}
-    return data, metadata(protos, binding)
+    return data, {key: to_rpc(protos, value) for key, value in binding.items() if value is not None}
 
 
 def set_cookie(cookie: Any) -> str:

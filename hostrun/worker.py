@@ -44,13 +44,6 @@ from hostrun import rpc, shapes
 
 log = logging.getLogger("hostrun")
 HOST_VERSION = "4.1040.0"  # what the host reports; the runtime only logs it
-#: Trigger type -> the builder of (trigger TypedData, trigger_metadata) from devhost's value.
-BUILDERS: dict[str, Callable[[Any, Any, str], tuple[Any, shapes.Metadata]]] = {
-    "queueTrigger": shapes.queue_request,
-    "serviceBusTrigger": shapes.servicebus_request,
-    "timerTrigger": shapes.timer_request,
-    "httpTrigger": shapes.http_request,
-}
 
 
 class WorkerError(Exception):
@@ -200,18 +193,15 @@ class WorkerRuntime:
             self.runtime.invocation_request(WorkerRequest("FunctionInvocationRequest", message))
         )
 
-    def invoke(self, name: str, value: Any) -> Result:
-        """Invoke ``name`` with devhost's trigger value (a ``func.QueueMessage``,
-        ``ServiceBusMessage``, ``TimerRequest`` or ``HttpRequest``) turned into what the
-        host sends. Raises :class:`FunctionFailed` when the response says Failure."""
+    def invoke(self, name: str, trigger: shapes.Trigger) -> Result:
+        """Invoke ``name`` with its trigger as the host has it, turned into what the host
+        sends. Raises :class:`FunctionFailed` when the response says Failure."""
         _, kind = self.trigger_of(name)
-        trigger, metadata = BUILDERS[kind](self.protos, value, name)
+        data, metadata = shapes.trigger_data(self.protos, trigger, name)
         invocation_id = str(uuid.uuid4())
         self._triggers[invocation_id] = kind
         try:
-            return self.outcome(
-                name, self.send(self.request(name, trigger, metadata, invocation_id))
-            )
+            return self.outcome(name, self.send(self.request(name, data, metadata, invocation_id)))
         finally:
             del self._triggers[invocation_id]
 
@@ -235,12 +225,12 @@ class WorkerRuntime:
         outputs = {b.name: shapes.from_rpc(b.data) for b in response.output_data}
         return Result(value, outputs)
 
-    def call(self, spec: Any, trigger_value: Any) -> Any:
+    def call(self, spec: Any, trigger: shapes.Trigger) -> Any:
         """devhost's runner (:class:`devhost.invoke.Invoker`): one invocation, its output
         bindings delivered (``deliver``: after success only, as the host flushes them; a
         delivery that fails fails the invocation, so the trigger's message is retried);
         returns the return value (an HTTP function's is an ``HttpResponse``)."""
-        result = self.invoke(spec.name, trigger_value)
+        result = self.invoke(spec.name, trigger)
         if result.outputs:
             self.deliver(spec, result.outputs)
         return result.value

@@ -283,11 +283,12 @@ def handle_request(ctx: AppContext, request: Any) -> Any:
     return asyncio.run(ctx.agent_for(decoded.agent).handle(decoded))
 
 
-def call_handler(spec: FunctionSpec, value: Any) -> Any:
+def call_handler(spec: FunctionSpec, trigger: Any) -> Any:
     """devhost's runner for its own unit tests: calls the test's handler with the trigger
-    value (an async one to completion). The app never runs this way: ``python -m devhost``
-    always goes through azure-functions-runtime (hostrun/)."""
-    result = spec.func(**{spec.trigger_arg: value})
+    as devhost hands it over (hostrun/shapes.py; an async handler to completion). The app
+    never runs this way: ``python -m devhost`` always goes through azure-functions-runtime
+    (hostrun/)."""
+    result = spec.func(**{spec.trigger_arg: trigger})
     return asyncio.run(result) if inspect.iscoroutine(result) else result
 
 

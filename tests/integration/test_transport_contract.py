@@ -8,7 +8,7 @@ are given (tests/unit/test_services_in_memory.py), they deliver nothing.
 Each test sends through the adapter as the app builds it and receives as the agent's or
 the reply handler's trigger does (``Receiver``): the body, the ids, the time to live, and
 the delivery count as the function sees it (1 the first time, on both: devhost's mapping
-for Service Bus, ``devhost.servicebus.functions_message``). Where the adapters differ by
+for Service Bus, ``devhost.servicebus.host_message``). Where the adapters differ by
 design, the fixture states it (``Adapter``'s capabilities) and the test checks each side
 of the difference; nothing is skipped.
 
@@ -181,7 +181,7 @@ class StorageReceiver(Receiver):
 class ServiceBusReceiver(Receiver):
     """What the Service Bus trigger does (devhost/servicebus.py): a peek-lock receiver per
     queue, complete on success, abandon on failure; the function's view of a message
-    through devhost's own mapping (``functions_message``: the delivery count as the
+    through devhost's own mapping (``host_message``: the delivery count as the
     Functions host gives it). One per test, on the module's client: a receiver left open
     keeps link credit, and the broker then hands it (locks) each new message at once, as
     it would a listening agent."""
@@ -200,23 +200,22 @@ class ServiceBusReceiver(Receiver):
         return self._receivers[queue]
 
     def receive(self, queue: str, wait: float) -> list[Delivered]:
-        from devhost.servicebus import functions_message, message_body
+        from devhost.servicebus import host_message
 
         batch = self._receiver(queue).receive_messages(max_message_count=20, max_wait_time=wait)
         delivered = []
         for message in batch:
-            seen = functions_message(message)
+            seen = host_message(message)
             assert seen.delivery_count is not None, f"{seen.message_id} has no delivery count"
+            ttl = message.time_to_live  # the broker's; the host does not pass it on
             delivered.append(
                 Delivered(
-                    body=message_body(message.body).decode("utf-8"),
+                    body=seen.body.decode("utf-8"),
                     deliveries=seen.delivery_count,
                     message_id=seen.message_id,
                     correlation_id=seen.correlation_id,
                     reply_to=seen.reply_to,
-                    ttl_seconds=None
-                    if seen.time_to_live is None
-                    else seen.time_to_live.total_seconds(),
+                    ttl_seconds=None if ttl is None else ttl.total_seconds(),
                     properties=dict(seen.application_properties),
                     content_type=seen.content_type,
                     handle=message,

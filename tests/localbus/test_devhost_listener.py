@@ -8,7 +8,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import azure.functions as func
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
@@ -16,6 +15,7 @@ from core.settings import Connection
 from devhost.app_loader import FunctionSpec
 from devhost.servicebus import ServiceBusListener, sdk_receiver_factory
 from devhost.settings import ServiceBusOptions
+from hostrun import shapes
 from localbus.process import LocalBus
 from tests.support import direct_invoker
 
@@ -55,10 +55,10 @@ def send(bus: LocalBus, body: bytes, message_id: str) -> None:
 def test_a_failed_invocation_is_redelivered_counted_as_the_host_counts(bus: LocalBus) -> None:
     """The function fails once: the message comes back at once (abandoned), and the
     function sees delivery counts 1 then 2, as under the Functions host."""
-    seen: list[int | None] = []  # delivery_count is optional in azure.functions' type
+    seen: list[int | None] = []  # delivery_count is optional in the host's shape
     done = threading.Event()
 
-    def handler(msg: func.ServiceBusMessage) -> None:
+    def handler(msg: shapes.ServiceBusMessage) -> None:
         seen.append(msg.delivery_count)
         if len(seen) == 1:
             raise RuntimeError("first try fails")
@@ -81,12 +81,12 @@ def test_a_message_that_always_fails_reaches_the_dead_letter_trigger(bus: LocalB
     dead: list[tuple[bytes, Any]] = []
     arrived = threading.Event()
 
-    def always_fails(msg: func.ServiceBusMessage) -> None:
+    def always_fails(msg: shapes.ServiceBusMessage) -> None:
         failures.append(msg.delivery_count)
         raise RuntimeError("never works")
 
-    def on_dead_letter(msg: func.ServiceBusMessage) -> None:
-        dead.append((msg.get_body(), (msg.application_properties or {}).get("DeadLetterReason")))
+    def on_dead_letter(msg: shapes.ServiceBusMessage) -> None:
+        dead.append((msg.body, msg.application_properties.get("DeadLetterReason")))
         arrived.set()
 
     stops = [

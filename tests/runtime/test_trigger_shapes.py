@@ -1,9 +1,9 @@
 """The trigger shapes: what a function receives through azure-functions-runtime, driven
-as the host drives it (hostrun), from the values devhost builds out of a real message.
+as the host drives it (hostrun), from the triggers devhost builds out of a real message.
 
 Each test gives devhost a message as its SDK hands it over, lets devhost build the trigger
-value, hostrun the host's ``InvocationRequest`` (hostrun/shapes.py cites the host's and
-the extensions' source for every key), and checks what the probe function
+as the host has it, hostrun the host's ``InvocationRequest`` (hostrun/shapes.py cites the
+host's and the extensions' source for every key), and checks what the probe function
 (tests/fixtures/runtime_probe_app) saw against what the host's source says it sends.
 Python 3.13 only (``make runtime-check``); elsewhere they skip, but under
 ``RUNTIME_CHECK_REQUIRED=1`` a missing runtime fails.
@@ -32,9 +32,10 @@ from devhost.app_loader import FunctionSpec
 from devhost.http import HttpServer
 from devhost.invoke import Invoker
 from devhost.queues import QueueListener
-from devhost.servicebus import functions_message
+from devhost.servicebus import host_message
 from devhost.settings import LeaseOptions, QueueOptions
 from devhost.timers import TimerRunner, parse_schedule
+from hostrun.shapes import QueueMessage
 from hostrun.worker import FunctionFailed, Result, WorkerRuntime
 from observability import opcount
 from tests.unit.test_devhost_queues import FakeQueue, Message
@@ -61,8 +62,8 @@ class Capture:
     def __init__(self, runtime: WorkerRuntime) -> None:
         self.runtime, self.results = runtime, list[Result]()
 
-    def __call__(self, spec: FunctionSpec, value: Any) -> Any:
-        result = self.runtime.invoke(spec.name, value)
+    def __call__(self, spec: FunctionSpec, trigger: Any) -> Any:
+        result = self.runtime.invoke(spec.name, trigger)
         self.results.append(result)
         return result.value
 
@@ -125,11 +126,8 @@ def test_a_failing_function_is_retried_then_poisoned(runtime: WorkerRuntime) -> 
     assert "probe_fail" in failed.value.stack  # the worker's traceback of the user's code
 
 
-def _queue_value(message_id: str, body: str) -> Any:
-    from azure.functions.queue import QueueMessage
-
-    build: Any = QueueMessage
-    return build(id=message_id, body=body.encode(), dequeue_count=1, pop_receipt="p")
+def _queue_value(message_id: str, body: str) -> QueueMessage:
+    return QueueMessage(id=message_id, body=body.encode(), dequeue_count=1, pop_receipt="p")
 
 
 def test_service_bus_message(runtime: WorkerRuntime) -> None:
@@ -149,9 +147,7 @@ def test_service_bus_message(runtime: WorkerRuntime) -> None:
         session_id=None,
     )
     capture = Capture(runtime)
-    Invoker(capture).call(
-        spec("probe_bus", "serviceBusTrigger", {}), functions_message(sdk_message)
-    )
+    Invoker(capture).call(spec("probe_bus", "serviceBusTrigger", {}), host_message(sdk_message))
     # ServiceBusTriggerBindingStrategy.AddBindingData: DeliveryCount 1 on the first delivery;
     # ApplicationProperties and UserProperties the same dictionary; Subject and Label the
     # same; EnqueuedTimeUtc and ExpiresAtUtc are `.DateTime` (kind Unspecified: no zone),
@@ -247,7 +243,7 @@ def test_the_wire_shapes_are_the_hosts(runtime: WorkerRuntime) -> None:
     from hostrun import shapes
 
     p = runtime.protos
-    data, queue = shapes.queue_request(p, _queue_value("m-4", "z"), "probe_queue")
+    data, queue = shapes.trigger_data(p, _queue_value("m-4", "z"), "probe_queue")
     assert data.WhichOneof("data") == "string"
     assert kinds(queue) == {
         "QueueTrigger": "string",
@@ -257,7 +253,7 @@ def test_the_wire_shapes_are_the_hosts(runtime: WorkerRuntime) -> None:
         "sys": "json",
     }  # the times are left out here: the value has none, and the host skips nulls
     assert json.loads(queue["DequeueCount"].json) == 1
-    message = functions_message(
+    message = host_message(
         SimpleNamespace(
             body=[b"{}"],
             message_id="sb-2",
@@ -269,7 +265,7 @@ def test_the_wire_shapes_are_the_hosts(runtime: WorkerRuntime) -> None:
             sequence_number=1,
         )
     )
-    _, bus = shapes.servicebus_request(p, message, "probe_bus")
+    _, bus = shapes.trigger_data(p, message, "probe_bus")
     assert kinds(bus) == {
         "DeliveryCount": "json",
         "LockToken": "string",

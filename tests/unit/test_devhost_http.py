@@ -14,6 +14,7 @@ import pytest
 from devhost.app_loader import FunctionSpec
 from devhost.http import HttpServer, url_map
 from devhost.settings import ConfigError
+from hostrun.shapes import HttpRequest
 from tests.support import direct_invoker
 
 
@@ -26,7 +27,7 @@ def http_spec(
     return FunctionSpec(name, "httpTrigger", trigger, handler)
 
 
-def nothing(req: func.HttpRequest) -> func.HttpResponse:
+def nothing(req: HttpRequest) -> func.HttpResponse:
     return func.HttpResponse("")
 
 
@@ -71,32 +72,32 @@ def test_routes_devhost_does_not_serve_are_refused(route: str) -> None:
 
 @pytest.fixture
 def server() -> Iterator[HttpServer]:
-    def get_order(req: func.HttpRequest) -> func.HttpResponse:
+    def get_order(req: HttpRequest) -> func.HttpResponse:
         body = {
             "route": dict(req.route_params),
-            "query": dict(req.params),
+            "query": dict(req.query),
             "url": req.url,
-            "host": req.headers.get("host"),
-            "cookie": req.headers.get("cookie"),
+            "host": req.headers.get("Host"),
+            "cookie": req.headers.get("Cookie"),
         }
         return func.HttpResponse(json.dumps(body), mimetype="application/json")
 
-    async def create(req: func.HttpRequest) -> func.HttpResponse:
-        return func.HttpResponse(req.get_body(), status_code=201)
+    async def create(req: HttpRequest) -> func.HttpResponse:
+        return func.HttpResponse(req.body, status_code=201)
 
-    def page(req: func.HttpRequest) -> func.HttpResponse:
+    def page(req: HttpRequest) -> func.HttpResponse:
         headers = {"Set-Cookie": "console_csrf=t; HttpOnly", "X-Frame-Options": "DENY"}
         return func.HttpResponse(
             "<p>hi</p>", mimetype="text/html", charset="utf-8", headers=headers
         )
 
-    def moved(req: func.HttpRequest) -> func.HttpResponse:
+    def moved(req: HttpRequest) -> func.HttpResponse:
         return func.HttpResponse(status_code=303, headers={"Location": "/api/console?done=1"})
 
-    def fails(req: func.HttpRequest) -> func.HttpResponse:
+    def fails(req: HttpRequest) -> func.HttpResponse:
         raise RuntimeError("no")
 
-    def wrong(req: func.HttpRequest) -> dict[str, str]:
+    def wrong(req: HttpRequest) -> dict[str, str]:
         return {"not": "a response"}
 
     specs = [

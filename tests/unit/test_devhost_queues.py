@@ -127,7 +127,7 @@ def test_success_deletes_and_passes_the_message() -> None:
     built, queue, poison = listener(recorder(seen))
     run(built, Message("m1", "héllo {not base64}", dequeue_count=2))
     assert queue.calls == [("delete", "m1", "pop-0")]
-    assert seen[0].get_body() == "héllo {not base64}".encode()  # as stored
+    assert seen[0].body == "héllo {not base64}".encode()  # as stored
     assert seen[0].id == "m1"
     assert seen[0].dequeue_count == 2
     assert poison.sent == []
@@ -174,7 +174,7 @@ def test_async_functions_run() -> None:
     seen: list[bytes] = []
 
     async def handler(msg: Any) -> None:
-        seen.append(msg.get_body())
+        seen.append(msg.body)
 
     built, queue, _ = listener(handler)
     run(built, Message("m1", "async"))

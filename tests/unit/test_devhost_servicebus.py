@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import azure.functions as func
 import pytest
 
 from devhost import servicebus
@@ -20,10 +19,11 @@ from devhost.host import DevHost
 from devhost.servicebus import (
     ServiceBusListener,
     close_within,
-    functions_message,
+    host_message,
     message_body,
 )
 from devhost.settings import ServiceBusOptions
+from hostrun.shapes import ServiceBusMessage
 from tests.support import direct_invoker
 
 ENQUEUED = datetime(2026, 1, 1, tzinfo=UTC)
@@ -41,7 +41,6 @@ class FakeMessage:
     delivery_count: int = 0  # the Python SDK's: earlier deliveries (the header's count)
     enqueued_time_utc: datetime = ENQUEUED
     expires_at_utc: datetime = ENQUEUED + timedelta(minutes=5)
-    time_to_live: timedelta = timedelta(minutes=5)
     application_properties: dict[Any, Any] = field(
         default_factory=lambda: {b"orderId": b"o-1", "attempt": 2}
     )
@@ -58,11 +57,12 @@ def test_message_bodies() -> None:
     assert message_body(None) == b""
 
 
-def test_functions_message_carries_the_contract_fields() -> None:
+def test_host_message_carries_the_contract_fields() -> None:
+    """What the host has of the message; what the function then gets (UserProperties and
+    Label too) is tests/runtime/test_trigger_shapes.py's."""
     source = FakeMessage(body=iter([b'{"orderId":', b'"o-1"}']))
-    message = functions_message(source)
-    assert isinstance(message, func.ServiceBusMessage)
-    assert message.get_body() == b'{"orderId":"o-1"}'
+    message = host_message(source)
+    assert message.body == b'{"orderId":"o-1"}'
     assert message.message_id == "o-1:process:1"
     assert message.correlation_id == "req-1"
     assert message.reply_to == "agent-replies"
@@ -70,12 +70,10 @@ def test_functions_message_carries_the_contract_fields() -> None:
     assert message.delivery_count == 1  # the host's: this delivery included
     assert message.enqueued_time_utc == ENQUEUED
     assert message.expires_at_utc == ENQUEUED + timedelta(minutes=5)
-    assert message.time_to_live == timedelta(minutes=5)
     assert message.application_properties == {"orderId": "o-1", "attempt": 2}
-    assert message.user_properties == {"orderId": "o-1", "attempt": 2}
     assert message.sequence_number == 7
     assert message.lock_token == str(source.lock_token)
-    assert message.label == "process"
+    assert message.subject == "process"
 
 
 class FakeReceiver:
@@ -142,8 +140,8 @@ def spec(handler: Any) -> FunctionSpec:
     return FunctionSpec("agent", "serviceBusTrigger", trigger, handler)
 
 
-def handler(message: func.ServiceBusMessage) -> None:
-    if message.get_body() == b"bad":
+def handler(message: ServiceBusMessage) -> None:
+    if message.body == b"bad":
         raise ValueError("bad message")
 
 
@@ -346,8 +344,8 @@ def test_the_pump_runs_the_next_message_while_one_is_still_running() -> None:
     # The host's processor has no batch barrier: a slow message does not hold up the next.
     release = threading.Event()
 
-    def slow_or_quick(message: func.ServiceBusMessage) -> None:
-        if message.get_body() == b"slow":
+    def slow_or_quick(message: ServiceBusMessage) -> None:
+        if message.body == b"slow":
             release.wait(10)
 
     receiver = FakeReceiver(
@@ -384,7 +382,7 @@ def test_a_stop_lets_running_messages_finish_and_settles_them(
 ) -> None:
     started, release = threading.Event(), threading.Event()
 
-    def slow(message: func.ServiceBusMessage) -> None:
+    def slow(message: ServiceBusMessage) -> None:
         started.set()
         release.wait(10)
 

@@ -82,9 +82,9 @@ def test_a_tick_passes_past_due_and_the_schedule_status() -> None:
     runner.fire(T0, past_due=False)
     runner.fire(T0 + timedelta(seconds=1), past_due=True)
     assert [c.past_due for c in calls] == [False, True]
-    assert calls[0].schedule_status["Last"] is None
-    assert calls[1].schedule_status["Last"] == T0.isoformat()
-    assert calls[1].schedule_status["Next"] == (T0 + timedelta(seconds=2)).isoformat()
+    assert calls[0].last is None
+    assert calls[1].last == T0
+    assert calls[1].next == T0 + timedelta(seconds=2)
 
 
 def test_ticks_that_pass_while_the_function_runs_are_skipped() -> None:
