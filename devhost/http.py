@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import azure.functions as func
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from werkzeug.routing import Map, Rule
 from werkzeug.serving import make_server
@@ -24,7 +23,7 @@ from werkzeug.wrappers import Request, Response
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker, start_thread
 from devhost.settings import ConfigError
-from hostrun.shapes import HttpRequest
+from hostrun.shapes import HttpRequest, HttpResponse
 
 log = logging.getLogger("devhost.http")
 _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -56,16 +55,12 @@ def url_map(specs: Iterable[FunctionSpec], prefix: str) -> Map:
 
 
 def to_response(result: Any) -> Response:
-    """The response for what the function gave back (as the worker encodes it)."""
-    if isinstance(result, func.HttpResponse):
+    """The response for what the function gave back (the runtime's ``RpcHttp``, as
+    :class:`HttpResponse`); werkzeug's default Content-Type when it names none."""
+    if isinstance(result, HttpResponse):
         headers = [(k, v) for k, v in result.headers.items() if k.lower() not in _SERVER_HEADERS]
-        if not any(k.lower() == "content-type" for k, _ in headers):
-            mimetype = result.mimetype or "text/plain"
-            charset = f"; charset={result.charset}" if mimetype.startswith("text/") else ""
-            headers.append(("Content-Type", f"{mimetype}{charset}"))
-        # the runtime moves Set-Cookie into RpcHttp.cookies; hostrun renders them back
-        headers += [("Set-Cookie", cookie) for cookie in getattr(result, "set_cookies", ())]
-        return Response(result.get_body() or b"", result.status_code, headers)
+        headers += [("Set-Cookie", cookie) for cookie in result.cookies]
+        return Response(result.body, result.status, headers)
     raise TypeError(f"an HTTP function must return an HttpResponse, not {type(result).__name__}")
 
 

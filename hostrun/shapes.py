@@ -41,11 +41,13 @@ The binding data of each trigger, from the extensions' source:
 Every invocation also has ``sys`` (MethodName, UtcNow, RandGuid), added by the WebJobs SDK.
 
 devhost hands over each trigger as the host has it, one dataclass per trigger below
-(:data:`Trigger`); its ``rpc`` gives the trigger's ``TypedData`` and binding data, and
-:func:`trigger_data` adds ``sys`` and turns the rest into ``TypedData``. The functions
-receive these through ``azure.functions``' converters (queue.py,
-servicebus.py, timer.py, http.py of azure-functions 2.3.0), which is what the
-trigger-shape tests (tests/runtime) check end to end.
+(:data:`Trigger`); its ``rpc`` gives the trigger's ``TypedData`` and its binding data as
+Python values (an aware ``datetime`` for a DateTimeOffset, a naive one for a DateTime),
+and :func:`trigger_data` adds ``sys`` and makes each a ``TypedData``. What an HTTP
+function answers comes back as :class:`HttpResponse`. The functions receive the triggers
+through ``azure.functions``' converters (queue.py, servicebus.py, timer.py, http.py of
+azure-functions 2.3.0), which is what the trigger-shape tests (tests/runtime) check end
+to end.
 """
 
 from __future__ import annotations
@@ -56,8 +58,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-
-import azure.functions as func
 
 #: Trigger metadata: key -> TypedData. The key names and types are the contract.
 Metadata = dict[str, Any]
@@ -245,6 +245,17 @@ def trigger_data(protos: Any, trigger: Trigger, function_name: str) -> tuple[Any
     return data, {key: to_rpc(protos, value) for key, value in binding.items() if value is not None}
 
 
+@dataclass(frozen=True)
+class HttpResponse:
+    """What an HTTP function answered (``RpcHttp``), as the host writes it: each cookie
+    is its ``Set-Cookie`` value."""
+
+    body: bytes = b""
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    cookies: tuple[str, ...] = ()
+
+
 def set_cookie(cookie: Any) -> str:
     """An ``RpcHttpCookie`` as the host writes it: ``response.Cookies.Append(name, value,
     CookieOptions)`` (azure-functions-host, ``RpcHttpCookieConverter`` /
@@ -271,21 +282,20 @@ def set_cookie(cookie: Any) -> str:
 
 
 def from_rpc(data: Any) -> Any:
-    """A ``TypedData`` the runtime returned, as a Python value (an ``HttpResponse`` for
-    ``http``, as the host turns it into the HTTP response)."""
+    """A ``TypedData`` the runtime returned, as a Python value (an :class:`HttpResponse`
+    for ``http``, as the host turns it into the HTTP response)."""
     if data is None:
         return None
     kind = data.WhichOneof("data")
     if kind == "http":
         http = data.http
         body = from_rpc(http.body) if http.HasField("body") else b""
-        response = func.HttpResponse(
-            body=body.encode("utf-8") if isinstance(body, str) else body or b"",
-            status_code=int(http.status_code or 200),
-            headers=dict(http.headers),
+        return HttpResponse(
+            body.encode("utf-8") if isinstance(body, str) else body or b"",
+            int(http.status_code or 200),
+            dict(http.headers),
+            tuple(set_cookie(c) for c in http.cookies),
         )
-        response.set_cookies = [set_cookie(c) for c in http.cookies]  # type: ignore[attr-defined]
-        return response
     if kind == "json":
         return json.loads(data.json)
     if kind in ("string", "bytes", "int", "double"):

@@ -229,7 +229,7 @@ class WorkerRuntime:
         """devhost's runner (:class:`devhost.invoke.Invoker`): one invocation, its output
         bindings delivered (``deliver``: after success only, as the host flushes them; a
         delivery that fails fails the invocation, so the trigger's message is retried);
-        returns the return value (an HTTP function's is an ``HttpResponse``)."""
+        returns the return value (an HTTP function's is a :class:`shapes.HttpResponse`)."""
         result = self.invoke(spec.name, trigger)
         if result.outputs:
             self.deliver(spec, result.outputs)

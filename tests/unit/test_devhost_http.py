@@ -7,14 +7,13 @@ import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import azure.functions as func
 import httpx
 import pytest
 
 from devhost.app_loader import FunctionSpec
 from devhost.http import HttpServer, url_map
 from devhost.settings import ConfigError
-from hostrun.shapes import HttpRequest
+from hostrun.shapes import HttpRequest, HttpResponse
 from tests.support import direct_invoker
 
 
@@ -27,8 +26,8 @@ def http_spec(
     return FunctionSpec(name, "httpTrigger", trigger, handler)
 
 
-def nothing(req: HttpRequest) -> func.HttpResponse:
-    return func.HttpResponse("")
+def nothing(req: HttpRequest) -> HttpResponse:
+    return HttpResponse()
 
 
 def match(specs: list[FunctionSpec], path: str, method: str = "GET", prefix: str = "api") -> Any:
@@ -72,7 +71,7 @@ def test_routes_devhost_does_not_serve_are_refused(route: str) -> None:
 
 @pytest.fixture
 def server() -> Iterator[HttpServer]:
-    def get_order(req: HttpRequest) -> func.HttpResponse:
+    def get_order(req: HttpRequest) -> HttpResponse:
         body = {
             "route": dict(req.route_params),
             "query": dict(req.query),
@@ -80,21 +79,20 @@ def server() -> Iterator[HttpServer]:
             "host": req.headers.get("Host"),
             "cookie": req.headers.get("Cookie"),
         }
-        return func.HttpResponse(json.dumps(body), mimetype="application/json")
+        headers = {"Content-Type": "application/json"}
+        return HttpResponse(json.dumps(body).encode(), headers=headers)
 
-    async def create(req: HttpRequest) -> func.HttpResponse:
-        return func.HttpResponse(req.body, status_code=201)
+    async def create(req: HttpRequest) -> HttpResponse:
+        return HttpResponse(req.body, status=201)
 
-    def page(req: HttpRequest) -> func.HttpResponse:
-        headers = {"Set-Cookie": "console_csrf=t; HttpOnly", "X-Frame-Options": "DENY"}
-        return func.HttpResponse(
-            "<p>hi</p>", mimetype="text/html", charset="utf-8", headers=headers
-        )
+    def page(req: HttpRequest) -> HttpResponse:
+        headers = {"Content-Type": "text/html; charset=utf-8", "X-Frame-Options": "DENY"}
+        return HttpResponse(b"<p>hi</p>", headers=headers, cookies=("console_csrf=t; HttpOnly",))
 
-    def moved(req: HttpRequest) -> func.HttpResponse:
-        return func.HttpResponse(status_code=303, headers={"Location": "/api/console?done=1"})
+    def moved(req: HttpRequest) -> HttpResponse:
+        return HttpResponse(status=303, headers={"Location": "/api/console?done=1"})
 
-    def fails(req: HttpRequest) -> func.HttpResponse:
+    def fails(req: HttpRequest) -> HttpResponse:
         raise RuntimeError("no")
 
     def wrong(req: HttpRequest) -> dict[str, str]:
