@@ -27,7 +27,8 @@ The binding data of each trigger, from the extensions' source:
   (``.DateTime``: no zone), ExpiresAt and EnqueuedTime (DateTimeOffset), MessageId,
   ContentType, ReplyTo, SequenceNumber, To, Subject and Label (the same), CorrelationId,
   ApplicationProperties and UserProperties (the same dictionary), SessionId,
-  ReplyToSessionId, PartitionKey, TransactionPartitionKey. ``azure.functions`` decides
+  ReplyToSessionId, PartitionKey (and TransactionPartitionKey, which devhost leaves out:
+  the SDK's received message does not carry it). ``azure.functions`` decides
   "one message" from the presence of ``UserProperties`` (servicebus.py,
   ``_is_cardinality_one``).
 - Timer: the trigger value is ``TimerInfo`` as JSON (Azure/azure-webjobs-sdk-extensions,
@@ -52,11 +53,12 @@ to end.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 #: Trigger metadata: key -> TypedData. The key names and types are the contract.
@@ -85,7 +87,25 @@ def to_rpc(protos: Any, value: Any) -> Any:
         return protos.TypedData(double=value)
     if isinstance(value, datetime):
         return protos.TypedData(json=json.dumps(net_time(value)))
-    return protos.TypedData(json=json.dumps(value, separators=(",", ":")))
+    return protos.TypedData(json=json.dumps(value, separators=(",", ":"), default=_newtonsoft))
+
+
+def _newtonsoft(value: Any) -> Any:
+    """What Newtonsoft writes for a value JSON has no type for (a Service Bus application
+    property: a GUID, a time, bytes, a duration): text, bytes as base64."""
+    if isinstance(value, datetime):
+        return net_time(value)
+    if isinstance(value, bytes | bytearray):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, timedelta):  # a TimeSpan: [-][d.]hh:mm:ss[.fffffff]
+        days, rest = divmod(abs(value) // timedelta(microseconds=1), 86_400_000_000)
+        hours, rest = divmod(rest, 3_600_000_000)
+        minutes, rest = divmod(rest, 60_000_000)
+        seconds, micros = divmod(rest, 1_000_000)
+        sign, day = "-" if value < timedelta(0) else "", f"{days}." if days else ""
+        fraction = f".{micros * 10:07d}" if micros else ""
+        return f"{sign}{day}{hours:02d}:{minutes:02d}:{seconds:02d}{fraction}"
+    return str(value)
 
 
 def _body(protos: Any, body: bytes) -> Any:
@@ -96,14 +116,23 @@ def _body(protos: Any, body: bytes) -> Any:
         return protos.TypedData(bytes=body)
 
 
+def _utc(moment: datetime | None) -> datetime | None:
+    """A time the trigger has (aware from the SDKs; a naive one is taken as UTC) as a UTC
+    DateTimeOffset."""
+    if moment is None:
+        return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
 def _unspecified(moment: datetime | None) -> datetime | None:
     """``DateTimeOffset.DateTime`` of a UTC time: the same time, of kind Unspecified."""
-    return None if moment is None else moment.astimezone(UTC).replace(tzinfo=None)
+    utc = _utc(moment)
+    return None if utc is None else utc.replace(tzinfo=None)
 
 
 @dataclass(frozen=True)
 class QueueMessage:
-    """A Storage queue message as the queue trigger has it; times are aware."""
+    """A Storage queue message as the queue trigger has it (a naive time is UTC)."""
 
     id: str
     body: bytes
@@ -119,10 +148,10 @@ class QueueMessage:
         return data, {
             "QueueTrigger": data.string if data.HasField("string") else None,
             "DequeueCount": self.dequeue_count,
-            "ExpirationTime": self.expiration_time,
+            "ExpirationTime": _utc(self.expiration_time),
             "Id": self.id,
-            "InsertionTime": self.insertion_time,
-            "NextVisibleTime": self.next_visible_time,
+            "InsertionTime": _utc(self.insertion_time),
+            "NextVisibleTime": _utc(self.next_visible_time),
             "PopReceipt": self.pop_receipt,
         }
 
@@ -130,7 +159,7 @@ class QueueMessage:
 @dataclass(frozen=True)
 class ServiceBusMessage:
     """One Service Bus message as the trigger has it: ``delivery_count`` is .NET's (1 on
-    the first delivery), times are aware, application properties have text keys."""
+    the first delivery), a naive time is UTC, application properties have text keys."""
 
     body: bytes
     message_id: str
@@ -158,9 +187,9 @@ class ServiceBusMessage:
             "DeadLetterSource": self.dead_letter_source,
             "LockToken": self.lock_token,
             "ExpiresAtUtc": _unspecified(self.expires_at_utc),
-            "ExpiresAt": self.expires_at_utc,
+            "ExpiresAt": _utc(self.expires_at_utc),
             "EnqueuedTimeUtc": _unspecified(self.enqueued_time_utc),
-            "EnqueuedTime": self.enqueued_time_utc,
+            "EnqueuedTime": _utc(self.enqueued_time_utc),
             "MessageId": self.message_id,
             "ContentType": self.content_type,
             "ReplyTo": self.reply_to,

@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
+import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -281,6 +282,38 @@ def test_the_wire_shapes_are_the_hosts(runtime: WorkerRuntime) -> None:
     }
     assert json.loads(bus["EnqueuedTime"].json) == "2024-05-01T12:30:45.123456+00:00"
     assert json.loads(bus["EnqueuedTimeUtc"].json) == "2024-05-01T12:30:45.123456"
+
+
+def test_naive_times_are_utc_and_property_values_are_written_as_newtonsoft_does(
+    runtime: WorkerRuntime,
+) -> None:
+    """A naive time is UTC, whatever the machine's zone; an application property of a type
+    JSON lacks (a GUID, a time, bytes, a TimeSpan) is written as Newtonsoft writes it,
+    not a failed invocation on every delivery."""
+    from hostrun import shapes
+
+    message = shapes.ServiceBusMessage(
+        body=b"{}",
+        message_id="sb-3",
+        enqueued_time_utc=datetime(2024, 5, 1, 12, 30, 45),
+        application_properties={
+            "id": uuid.UUID(int=1),
+            "at": AT,
+            "raw": b"\x00\x01",
+            "ttl": timedelta(days=1, minutes=1, seconds=30, microseconds=5),
+            "back": -timedelta(seconds=90),
+        },
+    )
+    _, bus = shapes.trigger_data(runtime.protos, message, "probe_bus")
+    assert json.loads(bus["EnqueuedTime"].json) == "2024-05-01T12:30:45+00:00"
+    assert json.loads(bus["EnqueuedTimeUtc"].json) == "2024-05-01T12:30:45"
+    assert json.loads(bus["ApplicationProperties"].json) == {
+        "id": "00000000-0000-0000-0000-000000000001",
+        "at": "2024-05-01T12:30:45.123456+00:00",
+        "raw": "AAE=",
+        "ttl": "1.00:01:30.0000050",
+        "back": "-00:01:30",
+    }
 
 
 class FakeQueueService:
