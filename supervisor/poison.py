@@ -206,6 +206,12 @@ class PoisonWatch:
                 "The order is not lost: the scheduler's sweep dispatches pending steps whose "
                 "dispatch was lost. Read the message here and fix the cause if it recurs"
             )
+        if source == self._names.order_wakeups:
+            return (
+                "The order is not lost: the scheduler's sweep starts its steps once they are "
+                "due, and the supervisor ends its delays and waits at their time, later than "
+                "the wake-up would have. Read the message here and fix the cause if it recurs"
+            )
         return (
             "Nothing retries it: read it here, fix the cause, and send it again to "
             f"{source} if it should still run"

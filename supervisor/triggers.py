@@ -124,3 +124,4 @@ if index_time().transport is not Transport.STORAGE:
     for _queue in names.Names().agent_queues():
         _dead_letter_trigger(_queue, requests=True)
     _dead_letter_trigger(names.AGENT_REPLIES, requests=False)
+    _dead_letter_trigger(names.ORDER_WAKEUPS, requests=False)

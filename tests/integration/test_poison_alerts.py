@@ -130,7 +130,7 @@ def test_every_poison_queue_has_exactly_one_alert_function() -> None:
 def test_on_service_bus_each_dead_letter_queue_has_exactly_one_alert_function() -> None:
     functions = triggered_by("servicebus")
 
-    for queue in ("agent-requests-carrier", "agent-replies"):
+    for queue in ("agent-requests-carrier", "agent-replies", "order-wakeups"):
         assert functions[f"{queue}/$DeadLetterQueue"] == [
             f"alert_{queue.replace('-', '_')}_dead_letters"
         ]
@@ -246,7 +246,11 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
                 asyncio.run(done)
         """
     )
-    orders = [["agent-requests-carrier", f"{tag}-dq"], ["agent-replies", f"{tag}-dp"]]
+    orders = [
+        ["agent-requests-carrier", f"{tag}-dq"],
+        ["agent-replies", f"{tag}-dp"],
+        ["order-wakeups", f"{tag}-dw"],
+    ]
     env = {
         **os.environ,
         "AGENT_TRANSPORT": "servicebus",
@@ -276,6 +280,7 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
     assert sorted(a["poisonQueue"] for a in ours) == [
         "agent-replies/$DeadLetterQueue",
         "agent-requests-carrier/$DeadLetterQueue",
+        "order-wakeups/$DeadLetterQueue",
     ]
     for alert in ours:
         assert "TTLExpiredException - the message expired" in alert["reason"]

@@ -228,6 +228,25 @@ def test_a_dead_lettered_service_bus_message_gives_the_dead_letter_reason(
     assert alert["failureCount"] == 5
 
 
+def test_a_dead_lettered_wake_up_says_its_order_is_still_started_later(
+    watch: PoisonWatch, queues: FakeQueues
+) -> None:
+    """A wake-up (a delay's end, a retry after its backoff) that failed its deliveries is
+    alerted like any dead letter, and says what still wakes its order: not "nothing
+    retries it", which would send an operator to re-send it by hand."""
+    body = json.dumps({"orderId": "o-12"}).encode()
+    why = "MaxDeliveryCountExceeded - Message could not be consumed after 5 delivery attempts."
+
+    watch.alert(Poisoned(f"{NAMES.order_wakeups}/$DeadLetterQueue", body, 5, why))
+
+    alert = alert_of(queues)
+    assert alert["orderId"] == "o-12" and alert["queue"] == NAMES.order_wakeups
+    assert why in alert["reason"]
+    assert "The order is not lost" in alert["reason"]
+    assert "scheduler's sweep" in alert["reason"] and "supervisor" in alert["reason"]
+    assert "Nothing retries it" not in alert["reason"]
+
+
 def test_a_poisoned_dispatch_says_the_sweep_takes_the_order(
     watch: PoisonWatch, queues: FakeQueues
 ) -> None:

@@ -40,8 +40,9 @@ def _expand(name: str) -> set[str]:
     if name == "alert_<queue>_poison":
         return {f"alert_{q.replace('-', '_')}" for q in names.poison_queues()}
     if name == "alert_<queue>_dead_letters":
-        return {f"alert_{q.replace('-', '_')}_dead_letters" for q in names.agent_queues()} | {
-            f"alert_{names.agent_replies.replace('-', '_')}_dead_letters"
+        return {
+            f"alert_{q.replace('-', '_')}_dead_letters"
+            for q in (*names.agent_queues(), names.agent_replies, names.order_wakeups)
         }
     return {name}
 
