@@ -154,10 +154,6 @@ class Entity:
             self._put_back(stored)
         return stored
 
-    def next_scheduled(self) -> float | None:
-        """When the next scheduled message is due (epoch seconds), if one waits."""
-        return min((s.enqueued_at for s in self.scheduled.values()), default=None)
-
     def activate(self, now: float) -> None:
         """Enqueue the scheduled messages whose time has come, in the order of their times."""
         due = sorted(

@@ -133,7 +133,7 @@ def test_a_scheduled_message_waits_for_its_time_then_queues_by_it() -> None:
     q = make_queue(QueueConfig("q", default_ttl=60))
     q.enqueue("later", "s", None, 0.0, 1, scheduled_at=10.0)
     q.enqueue("now", None, None, 1.0, 2)
-    assert q.next_scheduled() == 10.0
+    assert [s.enqueued_at for s in q.scheduled.values()] == [10.0]
     first = q.take(9.999, lock=False)
     assert first is not None and first.payload == "now"
     assert q.take(9.999, lock=False) is None  # not a moment early
@@ -143,6 +143,6 @@ def test_a_scheduled_message_waits_for_its_time_then_queues_by_it() -> None:
     assert woken is not None and woken.payload == "later"  # enqueued at 10, before "after"
     assert (woken.enqueued_at, woken.expires_at) == (10.0, 70.0)  # its TTL counts from 10
     assert q.enqueue("copy", "s", None, 12.0, 4, scheduled_at=20.0) is None  # a duplicate
-    assert q.next_scheduled() is None
+    assert not q.scheduled
     past = q.enqueue("past", None, None, 13.0, 5, scheduled_at=12.0)  # a time gone: now
     assert past is not None and past.enqueued_at == 13.0 and not q.scheduled
