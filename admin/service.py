@@ -9,7 +9,7 @@ storage access.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from core.attempts import Applied, Ending
@@ -18,16 +18,17 @@ from core.controls import AgentControl
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
+    Forbidden,
     OrderChanged,
     OrderNotFound,
     StorageUnavailable,
     TransitionRefused,
 )
 from core.events import ATTEMPT_ENDINGS
+from core.inbox import RECORDED_REFUSALS, check_event, run_of_capability
 from core.model import CancelPreview, Order, StepRecord
 from core.plans import PlannedStep
 from core.ports import Clock, ListFilter, StateStore
-from core.progress import check_event
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import iso
 from core.unit_of_work import Dispatcher, OrderChanges
@@ -101,9 +102,9 @@ def preview_view(preview: CancelPreview) -> dict[str, Any]:
         "refusal": preview.refusal,
         "undo": [{"step": step, "by": by} for step, by in preview.undo],
         "leftAsIs": list(preview.left_as_is),
-        "inFlight": preview.in_flight,
-        "doubtful": preview.doubtful,
-        "doubtfulAttempts": list(preview.doubtful_attempts),
+        "inFlight": list(preview.in_flight),
+        "doubtful": list(preview.doubtful),
+        "doubtfulAttempts": {d.step: list(d.attempts) for d in preview.doubts},
         "notStarted": list(preview.not_started),
     }
 
@@ -255,6 +256,39 @@ def order_summary(order: Order, pauses: Mapping[str, AgentControl] | None = None
             failedStep=last.step, failureCount=last.failure_count, lastError=last.last_error
         )
     return summary
+
+
+_NOT_A_CAPABILITY = (
+    "the token is not a capability of this order's event: a remote delivers an event only on "
+    "the URL its step gave it (events_url), for its own run"
+)
+
+
+def _run_of(order: Order, name: str, token: str | None) -> int | None:
+    """The run a delivery answers: ``token``'s (a remote's capability), checked; None for a
+    person's. ``Forbidden`` where who delivers may not (docs/contracts.md §3.15)."""
+    planned = order.plan.step_for_event(name)
+    if planned is None:
+        return None  # the order's own refusal says which events it declares (400)
+    if token is None:
+        if planned.by_machine:
+            raise Forbidden(
+                f"event {name} is a remote's answer: it is delivered only on the URL its step "
+                "gave the remote (events_url), which carries the capability of its run; not by "
+                "a person, and a function key alone delivers nothing",
+                order_id=order.order_id,
+            )
+        return None
+    if not planned.by_machine:
+        raise Forbidden(
+            f"event {name} is a person's decision: an operator (Orders.Operator) delivers it, "
+            "from the console, the API or the CLI; no capability URL delivers it",
+            order_id=order.order_id,
+        )
+    run = run_of_capability(order.event_key, order.order_id, name, token)
+    if run is None:
+        raise Forbidden(_NOT_A_CAPABILITY, order_id=order.order_id)
+    return run
 
 
 class _Unchanged(Exception):
@@ -444,11 +478,12 @@ class OrderAdmin:
         order_id: str,
         by: str,
         reason: str = "",
-        not_applied: str | None = None,
+        not_applied: str | Sequence[str] | None = None,
         if_version: int | None = None,
     ) -> dict[str, Any]:
-        """``not_applied``: the operator states that this step (one that may have applied
-        and cannot be undone) did not happen; without it such a cancel is refused."""
+        """``not_applied``: the operator states that these steps (each one that may have
+        applied and cannot be undone) did not happen; without it such a cancel is refused
+        (docs/contracts.md §3.15: over every record of the order)."""
 
         def cancel(order: Order) -> object:
             _check_version(order, if_version)
@@ -459,18 +494,32 @@ class OrderAdmin:
             return self._change(order_id, cancel, "cancelled", by)
 
     def deliver_event(
-        self, order_id: str, name: str, body: Any, by: str
+        self, order_id: str, name: str, body: Any, by: str, *, token: str | None = None
     ) -> tuple[str, dict[str, Any]]:
         """Deliver the event ``name`` (``body``: ``{"result": {...}}`` or ``{"refused":
-        "..."}``, with an optional ``reason``) to the order (docs/contracts.md §3.13).
-        Returns ``"taken"``, ``"kept"`` or ``"same"`` and the order as it is now.
-        ``InvalidEvent`` (400), ``OrderNotFound`` (404), ``TransitionRefused`` (409). An
-        event acknowledged is written first, with If-Match, as every change."""
+        "..."}``, with an optional ``reason``) to the order (docs/contracts.md §3.13, §3.15).
+        Returns ``"taken"``, ``"kept"``, ``"same"`` or ``"noted"`` and the order as it is
+        now. Who may (§3.15): a person's ``Event`` comes without ``token`` (the caller,
+        ``by``, is an operator: the route checked); a remote's callback, or an
+        ``Event(..., by="machine")``, comes only with the capability ``token`` of its run
+        (``core.links.events_url``), else ``Forbidden``. ``InvalidEvent`` (400),
+        ``Forbidden`` (403), ``OrderNotFound`` (404; a 403 for a token), and
+        ``TransitionRefused`` (409; a ``stale`` or ``too-late`` one is saved in the history
+        first). An event acknowledged is written first, with If-Match, as every change."""
         payload, note = check_event(body)
         with order_context(order_id=order_id):
+            refused: list[TransitionRefused] = []
 
             def decide(order: Order) -> str:
-                effect = order.deliver_event(name, payload, self._clock(), by, note)
+                run = _run_of(order, name, token)
+                who = by if token is None else "callback"
+                try:
+                    effect = order.deliver_event(name, payload, self._clock(), who, note, run=run)
+                except TransitionRefused as exc:
+                    if exc.reason not in RECORDED_REFUSALS:
+                        raise
+                    refused.append(exc)  # saved, then answered
+                    return "refused"
                 if effect == "same":
                     raise _Unchanged(order)
                 return effect
@@ -488,10 +537,16 @@ class OrderAdmin:
                     f"order {order_id} kept changing; deliver the event again", order_id=order_id
                 ) from exc
             if changed is None:
+                if token is not None:  # a capability for no order reveals none
+                    raise Forbidden(_NOT_A_CAPABILITY, order_id=order_id)
                 raise OrderNotFound(f"no order with id {order_id!r}", order_id=order_id)
+            if refused:
+                raise refused[-1]
             return changed.result, order_view(changed.order, self.pauses())
 
-    def cancel_preview(self, order_id: str, not_applied: str | None = None) -> dict[str, Any]:
+    def cancel_preview(
+        self, order_id: str, not_applied: str | Sequence[str] | None = None
+    ) -> dict[str, Any]:
         """What a cancel would do now (nothing changes)."""
         return preview_view(self.get(order_id).cancel_preview(self._clock(), not_applied))
 

@@ -40,6 +40,7 @@ from core.errors import (
     AgentNotFound,
     ConcurrencyConflict,
     CorruptOrder,
+    Forbidden,
     InvalidContinuationToken,
     InvalidEvent,
     OrderChanged,
@@ -104,14 +105,19 @@ def caller(req: func.HttpRequest) -> str:
 Route = Callable[[func.HttpRequest], func.HttpResponse]
 
 
-def requires(access: Access) -> Callable[[Route], Route]:
+def requires(
+    access: Access, *, unless: Callable[[func.HttpRequest], bool] | None = None
+) -> Callable[[Route], Route]:
     """The route does ``access``: a caller who may not gets a 401 or 403 with a JSON
-    ``error`` (and ``role``: what it needs) before the route runs. The route carries its
+    ``error`` (and ``role``: what it needs) before the route runs. ``unless``: a request it
+    is true of is checked by the route itself (a capability). The route carries its
     ``access`` (tests/integration/test_roles.py reads it from every HTTP function)."""
 
     def decorate(route: Route) -> Route:
         @functools.wraps(route)
         def checked(req: func.HttpRequest) -> func.HttpResponse:
+            if unless is not None and unless(req):
+                return route(req)
             settings = app_context().settings
             refused = refusal(principal_of(req), access, settings.sign_in, console=False)
             if refused is None:
@@ -138,6 +144,8 @@ def _answer(
         return _json(200, call())
     except (InvalidEvent, InvalidPatch) as exc:
         return _error(400, exc.message, **ids)
+    except Forbidden as exc:
+        return _error(403, exc.message, **ids)
     except (OrderNotFound, AgentNotFound) as exc:
         return _error(404, exc.message, **ids)
     except OrderChanged as exc:
@@ -288,15 +296,27 @@ def cancel_order(req: func.HttpRequest) -> func.HttpResponse:
     return _change(req, "cancel")
 
 
-@bp.route(route="orders/{orderId}/events/{name}", methods=["POST"])
+def _capability(req: func.HttpRequest) -> bool:
+    """The request carries a capability (``?token=``): a remote's callback, which needs no
+    principal and no key (the token is checked against the order, the event and its run)."""
+    return bool(req.params.get("token"))
+
+
+@bp.route(
+    route="orders/{orderId}/events/{name}", methods=["POST"], auth_level=func.AuthLevel.ANONYMOUS
+)
 @with_hsts
-@requires(Access.EVENT)
+@requires(Access.EVENT, unless=_capability)
 def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
-    """docs/contracts.md §3.13: ``{"result": {...}}`` or ``{"refused": "<reason>"}`` (and an
-    optional ``reason``, kept in the history). 202 kept for a step that has not started,
-    200 taken (or the same event again), 409 another body for an event delivered before
-    or an order already finished, 404 an unknown order, 400 a name the order's workflow
-    does not declare or a body that is neither. Written (If-Match) before the answer."""
+    """docs/contracts.md §3.13, §3.15: ``{"result": {...}}`` or ``{"refused": "<reason>"}``
+    (and an optional ``reason``, kept in the history). Who may: a person's ``Event``, an
+    operator (``Orders.Operator``); a remote's callback or ``Event(..., by="machine")``, the
+    URL ``events_url`` gave it (``?token=``, the capability of its run); a function key
+    alone delivers nothing (403). 202 kept for a step that has not started, 200 taken (or
+    the same event again, or evidence noted), 409 another body for an event delivered
+    before, an earlier run's answer (``stale``), one too late (``too-late``) or an order
+    already finished, 404 an unknown order, 400 a name the order's workflow does not
+    declare or a body that is neither. Written (If-Match) before the answer."""
     order_id = _order_id(req)
     if order_id is None:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
@@ -316,10 +336,11 @@ def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
         body = strict_json(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         return _error(400, f'the body must be JSON like {{"result": {{...}}}} ({exc})')
+    token = req.params.get("token") or None
     by = caller(req)
 
     def deliver() -> tuple[int, dict[str, Any]]:
-        effect, view = app_context().events.deliver_event(order_id, name, body, by)
+        effect, view = app_context().events.deliver_event(order_id, name, body, by, token=token)
         return 202 if effect == "kept" else 200, {"event": name, "effect": effect, **view}
 
     return _answer(order_id, deliver, with_status=True)

@@ -23,8 +23,8 @@ from console import views
 from console.pages import Page, form_of, guard
 from core.agent_spec import MAX_STEP_NAME, STEP_NAME
 from core.errors import InvalidEvent, OrderNotFound, TransitionRefused
+from core.inbox import check_event
 from core.order_message import strict_json
-from core.progress import check_event
 from core.workflows import WORKFLOWS
 from stores.listing import COUNT_CAP
 

@@ -228,7 +228,7 @@ def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
             reason=reason,
             why=views.why(order),
             preview=preview,
-            doubt=views.doubt_of(order, preview) if preview else None,
+            doubts=views.doubts_of(order, preview) if preview else [],
         )
 
     return trouble(page, show)
@@ -249,8 +249,8 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
             f"/orders/{order_id}", {"message": "Give a reason for the record.", "failed": 1}
         )
     by = caller(req)
-    # The statement that a doubtful step did not happen: a ticked box naming the step.
-    not_applied = form.get("not_applied") or None
+    # The statement that doubtful steps did not happen: a ticked box for each, naming it.
+    not_applied = [v for k, v in form.items() if k.startswith("not_applied") and v] or None
 
     def change() -> func.HttpResponse:
         admin = app_context().admin  # in here: its first use may meet a storage outage

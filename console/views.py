@@ -14,7 +14,6 @@ from typing import Any
 
 from admin.service import attempts_of
 from core.events import Event
-from core.messages import idempotency_key
 from core.model import CancelPreview, Order, StepRecord
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import iso, parse_iso
@@ -383,19 +382,10 @@ class Doubt:
     attempts: tuple[int, ...]
 
 
-def doubt_of(order: Order, preview: CancelPreview) -> Doubt | None:
-    if preview.doubtful is None:
-        return None
-    try:
-        agent = order.plan.agent_of(preview.doubtful)
-    except KeyError:  # pragma: no cover - every record is a step of its plan
-        agent = None
-    return Doubt(
-        preview.doubtful,
-        agent,
-        idempotency_key(order.order_id, preview.doubtful),
-        preview.doubtful_attempts,
-    )
+def doubts_of(order: Order, preview: CancelPreview) -> list[Doubt]:
+    """Every step that may have applied and cannot be undone, as the cancel page asks about
+    each (docs/contracts.md §3.15)."""
+    return [Doubt(d.step, d.agent or None, d.key, d.attempts) for d in preview.doubts]
 
 
 def can_resubmit(order: Order) -> bool:

@@ -100,6 +100,9 @@ class Attempt:
     #: claimed): a call of this attempt may still run until ``deadline + skew`` as another
     #: instance's clock reads it, and a handler run until its ``running`` time + skew.
     skew_seconds: float = 0.0
+    #: The key round it ran under (``StepRecord.key_round``): a run of the step; what
+    #: answers one run never settles another (docs/contracts.md §3.15).
+    key_round: int = 1
 
     @property
     def skew(self) -> timedelta:
@@ -118,9 +121,14 @@ class Attempt:
 
     @property
     def doubtful(self) -> bool:
-        """Decided, and it may have applied with nothing to settle it (an attempt in
-        flight is not yet either)."""
-        return not self.in_flight and self.applied.doubtful and self.settled_by is None
+        """It may have applied with nothing to settle it: decided so, or accepted by a
+        remote that calls back (it may apply from then on); another attempt in flight is
+        not yet either."""
+        return (
+            (not self.in_flight or self.accepted)
+            and self.applied.doubtful
+            and self.settled_by is None
+        )
 
     @property
     def running_until(self) -> datetime | None:
@@ -204,6 +212,8 @@ class Attempt:
             out["accepted"] = True
         if self.taken_by:
             out["takenBy"] = self.taken_by
+        if self.key_round != 1:
+            out["round"] = self.key_round
         return out
 
     @classmethod
@@ -227,6 +237,7 @@ class Attempt:
             skew_seconds=float(value.get("skew", 0.0)),
             accepted=bool(value.get("accepted", False)),
             taken_by=str(value.get("takenBy") or ""),
+            key_round=int(value.get("round", 1)),
         )
 
 
@@ -343,11 +354,15 @@ class AttemptLog:
         self.folded_doubt = sorted([*self.folded_doubt, number])
         return True
 
-    def settle(self, by: str, now: datetime, before: int | None = None) -> list[int]:
-        """Settle the doubt of the attempts before ``before`` (all if None) whose handler
-        is not running; returns the attempts settled."""
+    def settle(
+        self, by: str, now: datetime, before: int | None = None, key_round: int | None = None
+    ) -> list[int]:
+        """Settle the doubt of the attempts before ``before`` (all if None), of the run
+        ``key_round`` (any if None), whose handler is not running; returns those settled."""
         settled: list[int] = []
         for attempt in self.items:
+            if key_round is not None and attempt.key_round != key_round:
+                continue
             if (before is None or attempt.number < before) and attempt.doubtful:
                 if attempt.running_at(now):
                     continue

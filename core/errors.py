@@ -94,6 +94,12 @@ class InvalidEvent(OrderError):
     order's state)."""
 
 
+class Forbidden(OrderError):
+    """Who delivers is not who may (docs/contracts.md §3.15, "who may answer"): a person's
+    decision from no person, a remote's callback without the capability of its run, or
+    with another's (a 403, whatever key came with it)."""
+
+
 class StorageUnavailable(OrderError):
     """The state store or a queue did not answer (after its own retries)."""
 

@@ -84,6 +84,10 @@ class Event(StrEnum):
     # --- the order's own history: events delivered ----------------------------------
     #: an event arrived before the step that takes it started: kept for it
     EVENT_KEPT = "event-kept"
+    #: an event refused and recorded: for an earlier run (``stale``), or too late
+    EVENT_REFUSED = "event-refused"
+    #: an effect that cannot be undone stands: declared ``may_stand``, or acknowledged
+    EFFECT_STANDS = "effect-stands"
 
     @classmethod
     def _missing_(cls, value: object) -> Event | None:

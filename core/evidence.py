@@ -1,26 +1,44 @@
-"""Evidence that arrives after its attempt was decided (docs/contracts.md §3.11).
+"""Evidence: what a report says a step's key did, whenever and however it arrives
+(docs/contracts.md §3.11, §3.15).
 
-Doubt is kept until the remote settles it: a report that says an attempt may have
-applied counts whichever copy of the attempt sends it and whenever it arrives; a
-success is evidence that the step applied, late or not; the first report of an attempt
-that expired corrects what the expiry assumed; a Python handler that runs on past its
-deadline holds its step's compensation. ``core.model.Order`` decides the attempt in
-flight; this is everything that comes after, read from the typed attempt state.
+- **A success is evidence**, late or not, by a 2xx reply or by a callback's ``result``:
+  it completes an active step; it settles a step that failed for good; a step that
+  unwinds or was stopped turns out to have applied, so it is undone (or, without a
+  compensation, its effect stands and is told); and a success that lands after its
+  step's undo began may have been missed by that undo: the order is ``error`` with an
+  alert, and a resubmit runs the undo again as a new effect (``applied_after_undo``).
+- **Doubt is kept until the remote settles it**: a report that says an attempt may have
+  applied counts whichever copy sends it and whenever it arrives; only a success, the
+  service's own refusal after looking the key up, or an operator's statement settles it.
+- **A report that adds no evidence of an effect changes nothing on a step that has
+  ended**: a late deferral or "not called" is noted, never a reason to run the step
+  again; the first report of an attempt may still say what that attempt did (an expiry
+  assumed it may have applied).
+
+Each function changes records; ``core.course.advance`` (called by the order after it)
+decides what that means for the order.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
+from core import moves
 from core.attempts import Applied, Attempt, Ending
+from core.course import doubtful, in_doubt, tell_overtaken
+from core.errors import TransitionRefused
 from core.events import Event
+from core.kinds import CALLBACK, begin, kind_of
 from core.messages import AgentReply, ReplyOutcome, idempotency_key
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
 from core.timefmt import iso
-from core.unwinding import Unwinding
+
+if TYPE_CHECKING:
+    from core.model import Order
 
 
 class ReplyEffect(StrEnum):
@@ -37,373 +55,433 @@ def applied_of(reply: AgentReply) -> Applied:
     return Applied.MAYBE if reply.may_have_applied else Applied.NO
 
 
-class Evidence(Unwinding):
-    """Late evidence, for ``core.model.Order``."""
-
-    def _success_evidence(
-        self, step: StepRecord, attempt: Attempt | None, reply: AgentReply, now: datetime
-    ) -> ReplyEffect:
-        """A success reply, on time or not: the effect exists (for a step that completes
-        on an event, only the remote's acceptance: ``_accepted``)."""
-        if step.kind is StepKind.ACTION and self.planned(step.step).completes_on:
-            return self._accepted(step, attempt, reply, now)
-        state = step.process_state
-        undo = self.undo_of(step) if state in _UNDONE else None
-        # A step already known applied has one effect, whichever attempt reports it (one
-        # idempotency key): its undo began after it, so covers it.
-        if undo is not None and not step.attempts.applied:
-            if attempt is not None:
-                attempt.report(Applied.YES, None, reply.runner or "", run_ended=reply.run_ended)
-                if attempt.in_flight:  # pragma: no cover - an undone step's attempts ended
-                    attempt.end(Ending.SUCCEEDED, now)
-            skew = attempt.skew if attempt is not None else timedelta(0)
-            if undo.attempt == 0 or self._before_undo(reply, undo, skew, now):
-                # Its undo has not begun, or began after the effect existed: the undo
-                # covers it. A handler that ran on has ended: the undo waits no longer.
-                step.record(now, Event.LATE_SUCCESS, attempt=reply.attempt, note="being undone")
-                self._hold_compensation(step, now)
-                return ReplyEffect.NOTED
-            return self._applied_after_undo(step, undo, reply, now)
-        if (
-            state in (StepState.PROCESSED, StepState.COMPENSATING)
-            or (state is StepState.COMPENSATED and step.undone_by is not None)
-            or (state is StepState.COMPENSATED and step.kind is StepKind.COMPENSATION)
-        ):
-            raise self._refuse(
-                "already-settled",
-                f"success for attempt {reply.attempt} but step {step.step} is {state}",
-                step.step,
-            )
-        if attempt is not None and attempt.applied is Applied.YES and not step.is_active:
-            raise self._refuse(
-                "already-settled", f"success for attempt {reply.attempt} was noted before"
-            )
-        on_time = (
-            state is StepState.PROCESSING
-            and step.attempt == reply.attempt
-            and attempt is not None
-            and attempt.in_flight
-            and now < step.complete_by
-        )
-        if attempt is not None:
-            attempt.report(Applied.YES, None, reply.runner or "", reply.run_ended)
-            if attempt.in_flight:
-                attempt.end(Ending.SUCCEEDED, now)
-        if step.is_active:
-            self._complete(step, reply, now, step.locked_by, late=not on_time)
-            return ReplyEffect.APPLIED if on_time else ReplyEffect.NOTED
-        # The step failed for good, and yet it succeeded.
-        if self.status is OrderStatus.ERROR and self.failed_step() is step:
-            # An operator was alerted about this very step: the evidence settles it.
-            self._event(
-                now, Event.RESOLVED, step=step.step, note="a success arrived after it failed"
-            )
-            self._set_status(
-                OrderStatus.COMPENSATING
-                if step.kind is StepKind.COMPENSATION
-                else OrderStatus.PROCESSING,
-                now,
-            )
-            step.gave_up = None
-            self._complete(step, reply, now, "", late=True)
-            return ReplyEffect.NOTED
-        compensation = (
-            self.planned(step.step).compensation if step.kind is StepKind.ACTION else None
-        )
-        if self.status is OrderStatus.COMPENSATING and compensation is not None:
-            # Being undone already: it was applied after all, so it is undone too.
-            step.process_state = StepState.PROCESSED
-            step.result = reply.result
-            step.record(
-                now, Event.SUCCEEDED, attempt=reply.attempt, late=True, note="applied after all"
-            )
-            if self.active_step() is None:
-                self._continue_unwinding(now)
-            return ReplyEffect.NOTED
-        step.record(now, Event.LATE_SUCCESS, attempt=reply.attempt)
-        self._alert(
-            step,
-            f"{step.step} reported success after the order became {self.status}: its effect "
-            + (f"stands; undo it with {compensation} if needed" if compensation else "stands"),
-            now,
-        )
-        return ReplyEffect.NOTED
-
-    def _accepted(
-        self, step: StepRecord, attempt: Attempt | None, reply: AgentReply, now: datetime
-    ) -> ReplyEffect:
-        """A 2xx for a step that ``completes_on`` an event: the remote accepted the work. It
-        may apply from then on (doubt), and the step stays Processing until the event
-        comes (or its deadline passes: the supervisor calls again, with the same key, so a
-        lost callback is asked for again). An event that came first is taken now."""
-        name = self.planned(step.step).completes_on
-        assert name is not None
-        if attempt is None or attempt.accepted:
-            raise self._stale(step, reply)
-        attempt.accepted = True
-        attempt.report(Applied.MAYBE, None, reply.runner or "", reply.run_ended)
-        on_time = (
-            step.process_state is StepState.PROCESSING
-            and step.attempt == reply.attempt
-            and attempt.in_flight
-        )
-        step.record(
-            now,
-            Event.ACCEPTED,
-            attempt=reply.attempt,
-            waitingFor={"event": name},
-            late=None if on_time else True,
-        )
-        if on_time:
-            step.waiting_for = {"event": name}
-            kept = self.events.get(name)
-            if kept is not None and not kept.get("taken"):
-                self._take_event(step, name, kept, now)
-            return ReplyEffect.APPLIED
-        if not step.is_active and step.process_state is StepState.ERROR:
-            self._new_doubt(step, reply.attempt, now)
-        return ReplyEffect.NOTED
-
-    def _before_undo(
-        self, reply: AgentReply, undo: StepRecord, skew: timedelta, now: datetime
-    ) -> bool:
-        """Whether the success existed before ``undo``'s first claim of this key round began,
-        on every clock: then the undo's call met the effect. The success's own time is the
-        agent's (``answeredAt``; its arrival, when the agent did not say), less the skew
-        its attempt allowed."""
-        began = undo.round_began()
-        answered = reply.answered_at or now
-        return began is not None and answered + skew < began
-
-    def _applied_after_undo(
-        self, step: StepRecord, undo: StepRecord, reply: AgentReply, now: datetime
-    ) -> ReplyEffect:
-        """The worst news the order can get (docs/contracts.md §3.11): ``step`` applied after
-        its undo began, so the undo may have missed it and its effect may stand. Never
-        swallowed: the step is being undone again; once no attempt of the undo is in
-        flight the order is ``error`` with an alert that says what happened, and a resubmit
-        (console, API, CLI) runs the undo again as a new effect, with the key
-        ``<orderId>:<undo>:<round>``."""
-        answered = reply.answered_at or now
-        step.applied_after_undo = answered
-        step.result = reply.result
-        step.record(
-            now,
-            Event.LATE_SUCCESS,
-            attempt=reply.attempt,
-            answeredAt=iso(answered),
-            note=f"applied after its undo {undo.step} began",
-        )
-        current = undo.current
-        if undo.process_state is StepState.PROCESSING and current is not None and current.in_flight:
-            return ReplyEffect.NOTED  # decided when the undo's attempt ends (``_overtaken``)
-        self._overtaken(undo, now)
-        return ReplyEffect.NOTED
-
-    def _late_report(
-        self,
-        step: StepRecord,
-        attempt: Attempt | None,
-        reply: AgentReply,
-        now: datetime,
-        policy: RetryPolicy,
-    ) -> ReplyEffect:
-        """A report for an attempt already decided (by an earlier report, its expiry, or a
-        failed send): its evidence counts, whenever it arrives.
-
-        A "maybe" is never dropped (another copy of the attempt ran; a report came late).
-        The first report of an attempt that expired corrects what the expiry assumed: a
-        "no" clears the doubt of no report, a deferral also gives back the failure the
-        expiry counted, and where the expiry made the step fail for good the correction
-        reaches that decision too. A Python handler's report that it still runs (or has
-        ended) moves the step's compensation accordingly.
-        """
-        number = reply.attempt
-        applied = applied_of(reply)
-        if attempt is None:  # kept only as a number: it applied nothing, or was folded
-            if applied is Applied.MAYBE and step.attempts.fold_doubt(number):
-                _note_report(step, reply, now)
-                self._new_doubt(step, number, now)
-                return ReplyEffect.NOTED
-            raise self._stale(step, reply)
-        was_in_doubt = step.may_have_applied
-        first = attempt.reports == 0
-        before = (attempt.applied, attempt.settled_by)
-        running_before = dict(attempt.running)
-        attempt.report(applied, reply.running_until, reply.runner or "", reply.run_ended)
-        if reply.settled:
-            # The service's own refusal of the key settles earlier attempts; a handler run's
-            # refusal when it ends also settles its own attempt (nothing of it runs on).
-            through = number + 1 if reply.run_ended and not attempt.running else number
-            step.attempts.settle(
-                f"the service refused attempt {number} after looking the key up "
-                f"({(reply.error or '')[:120]})",
-                now,
-                before=through,
-            )
-        deferred = reply.outcome is ReplyOutcome.DEFERRED
-        waiting = self._waiting_on(step, number)
-        refunded = (
-            first
-            and attempt.ending is Ending.EXPIRED
-            and deferred
-            and attempt.counted
-            and step.failure_count > 0
-            # counted in this budget (a resubmit since has reset the count)
-            and (step.budget_since is None or attempt.claimed_at >= step.budget_since)
-            and (step.is_active or waiting)
-        )
-        if refunded:
-            attempt.counted = False
-            step.failure_count -= 1
-        evidence = (attempt.applied, attempt.settled_by) != before
-        runs = attempt.running != running_before
-        if not (evidence or refunded or first or runs):
-            raise self._stale(step, reply)
-        if evidence or refunded or first or reply.run_ended:
-            _note_report(step, reply, now, refunded=True if refunded else None)
-        if runs:
-            self._hold_compensation(step, now)
-        if refunded and step.held and not policy.gives_up(step.failure_count):
-            self._unhold(step, attempt, now, policy)
-            return ReplyEffect.NOTED
-        if deferred and first and step.process_state is StepState.PENDING and reply.not_before:
-            if step.complete_by < reply.not_before <= now + policy.deferral_window:
-                self._retry_at(step, reply.not_before, now)  # not before the time it asked for
-            return ReplyEffect.NOTED
-        if waiting and deferred and first and not self.cancel_requested:
-            # The attempt that "failed" was never a failure: the step goes back to work.
-            self._event(now, Event.RESOLVED, step=step.step, note="a deferral, not a failure")
-            self._set_status(
-                OrderStatus.COMPENSATING
-                if step.kind is StepKind.COMPENSATION
-                else OrderStatus.PROCESSING,
-                now,
-            )
-            step.gave_up = None
-            step.deferrals += 1
-            step.deferred_since = step.deferred_since or now
-            self._retry_at(
-                step,
-                max(
-                    reply.not_before or now,
-                    now + policy.deferral_delay(step.deferrals, self.order_id),
-                ),
-                now,
-                deferral=step.deferrals,
-            )
-            self._alert(
-                step,
-                f"update: {step.step} was not failing: attempt {number} was deferred "
-                f"({reply.error}); it is back to work",
-                now,
-            )
-            return ReplyEffect.NOTED
-        if was_in_doubt and not step.may_have_applied and self._alerted_in_doubt(step):
-            self._not_applied_after_all(step, number, now)
-        elif not was_in_doubt and step.may_have_applied:
-            self._new_doubt(step, number, now)
-        return ReplyEffect.NOTED
-
-    def _unhold(
-        self, step: StepRecord, attempt: Attempt, now: datetime, policy: RetryPolicy
-    ) -> None:
-        """Held at its last counted failure, and a failure given back: the count is not spent
-        after all, so the step goes on (paced as after any counted failure)."""
-        since = step.budget_since or attempt.claimed_at
-        floor = policy.budget_floor(since, step.failure_count, step.timeout_seconds)
-        wait = policy.paced(step.failure_count, self.order_id)
-        step.record(now, Event.RESOLVED, note="a late deferral: the count is not spent")
-        self._retry_at(step, max(now + wait, floor), now)
-
-    def _stale(self, step: StepRecord, reply: AgentReply) -> Exception:
-        return self._refuse(
-            "stale-attempt",
-            f"{reply.outcome} report for attempt {reply.attempt} adds nothing: step "
-            f"{step.step} is {step.process_state} on attempt {step.attempt}",
-            step.step,
-        )
-
-    def _alerted_in_doubt(self, step: StepRecord) -> bool:
-        """The step failed for good as "may have been applied", an operator was told, and
-        no operator acted on it since (a resubmit, a cancel that left it as it is)."""
-        gave_up = step.gave_up
-        return (
-            gave_up is not None
-            and gave_up.ambiguous
-            and gave_up.operator is None
-            and step.process_state is StepState.ERROR
-            and self.status is OrderStatus.ERROR
-            and self.failed_step() is step
-        )
-
-    def _waiting_on(self, step: StepRecord, number: int) -> bool:
-        """... and that failure came from the expiry of attempt ``number``."""
-        return (
-            self._alerted_in_doubt(step)
-            and step.gave_up is not None
-            and step.gave_up.by_expiry_of == number
-        )
-
-    def _not_applied_after_all(self, step: StepRecord, number: int, now: datetime) -> None:
-        """It failed for good as "may have been applied"; now it is known it was not."""
-        if step.kind is not StepKind.ACTION:
-            return
-        if step.gave_up is not None:
-            step.gave_up.ambiguous = False
-        step.record(now, Event.ERROR, reason="not applied after all", applied="no")
-        self._event(now, Event.RECLASSIFIED, step=step.step, note="not applied after all")
-        late = f"{step.step} was not applied after all (a late report of attempt {number})"
-        if self.cancel_requested or self.plan.compensates:
-            self._alert(step, f"update: {late}; undoing the completed steps", now)
-            self._start_unwinding(now, None)
-        else:
-            self._alert(step, f"update: {late}; it is safe to resubmit", now)
-
-    def _new_doubt(self, step: StepRecord, number: int, now: datetime) -> None:
-        """Evidence that the step may have applied, after decisions assumed it had not."""
-        if step.is_active or step.kind is not StepKind.ACTION:
-            return  # still running: its verdict will count it
-        key = idempotency_key(self.order_id, step.step)
-        note = f"{step.step} may have been applied after all (a report of attempt {number})"
-        gave_up = step.gave_up
-        if (
-            gave_up is not None
-            and not gave_up.ambiguous
-            and self.status is OrderStatus.ERROR
-            and self.failed_step() is step
-        ):
-            gave_up.ambiguous = True
-            self._event(now, Event.RECLASSIFIED, step=step.step, note="may have been applied")
-            self._alert(
-                step,
-                f"update: {note}: it is no longer known to be safe to resubmit. Ask its "
-                f"service whether {key} happened, then resubmit (the same idempotency key) "
-                "or cancel, stating it did not happen",
-                now,
-            )
-            return
-        if step.attempts.applied:
-            # One key, one effect, and it is known to have applied (and, if the step was
-            # undone, undone): another attempt's "maybe" adds no doubt about anything.
-            return
-        if step.process_state in (StepState.ERROR, StepState.COMPENSATED):
-            self._event(now, Event.RECLASSIFIED, step=step.step, note="may have been applied")
-            self._alert(
-                step,
-                f"update: {note}, although the order is {self.status} as if it had not. Ask "
-                f"its service whether {key} happened, and undo it by hand if it did",
-                now,
-            )
-
-
 #: States of an action whose undo has been started.
 _UNDONE = frozenset({StepState.COMPENSATING, StepState.COMPENSATED})
 
 
-def _note_report(step: StepRecord, reply: AgentReply, now: datetime, **extra: object) -> None:
+# --- a success ----------------------------------------------------------------------------------
+
+
+def success_reply(
+    order: Order, record: StepRecord, attempt: Attempt | None, reply: AgentReply, now: datetime
+) -> ReplyEffect:
+    """A 2xx reply (or a Python handler's return), on time or not."""
+    planned = order.planned(record.step) if record.kind is StepKind.ACTION else None
+    if kind_of(record, planned) is CALLBACK:
+        return _acceptance(order, record, attempt, reply, now)
+    return success(
+        order,
+        record,
+        attempt,
+        reply.result or {},
+        now,
+        number=reply.attempt,
+        answered_at=reply.answered_at,
+        runner=reply.runner or "",
+        run_ended=reply.run_ended,
+    )
+
+
+def success(
+    order: Order,
+    record: StepRecord,
+    attempt: Attempt | None,
+    result: dict[str, Any],
+    now: datetime,
+    *,
+    number: int | None,
+    answered_at: datetime | None,
+    runner: str = "",
+    run_ended: bool = False,
+    by_callback: bool = False,
+) -> ReplyEffect:
+    """The key of ``record`` applied (``attempt``, if it names one; a callback names none:
+    then its answer time is its arrival, the latest it can have applied)."""
+    state = record.process_state
+    undo = order.undo_of(record) if state in _UNDONE else None
+    # A step already known applied has one effect, whichever attempt reports it (one
+    # idempotency key): its undo began after it, so covers it.
+    if undo is not None and not record.attempts.applied:
+        _mark_applied(record, attempt, now, runner, run_ended, by_callback=by_callback)
+        skew = attempt.skew if attempt is not None else _skew_of(record)
+        answered = answered_at or now
+        if undo.attempt == 0 or _before_undo(answered, undo, skew):
+            # Its undo has not begun, or began after the effect existed: the undo covers
+            # it. A handler that ran on has ended: the undo waits no longer.
+            record.record(now, Event.LATE_SUCCESS, attempt=number, note="being undone")
+            hold_compensation(order, record, now)
+            return ReplyEffect.NOTED
+        _applied_after_undo(order, record, undo, result, answered, number, now)
+        return ReplyEffect.NOTED
+    if (
+        state in (StepState.PROCESSED, StepState.COMPENSATING)
+        or (state is StepState.COMPENSATED and record.undone_by is not None)
+        or (state is StepState.COMPENSATED and record.kind is StepKind.COMPENSATION)
+    ):
+        raise order.refuse(
+            "already-settled",
+            f"success for attempt {number} but step {record.step} is {state}",
+            record.step,
+        )
+    if attempt is not None and attempt.applied is Applied.YES and not record.is_active:
+        raise order.refuse("already-settled", f"success for attempt {number} was noted before")
+    on_time = (
+        state is StepState.PROCESSING
+        and attempt is not None
+        and record.attempt == attempt.number
+        and attempt.in_flight
+        and now < record.complete_by
+    )
+    _mark_applied(record, attempt, now, runner, run_ended, by_callback=by_callback)
+    if record.is_active:
+        instance = record.locked_by
+        moves.complete(record, result, now, attempt=number, instance=instance, late=not on_time)
+        return ReplyEffect.APPLIED if on_time else ReplyEffect.NOTED
+    _ended_applied(order, record, result, number, now)
+    return ReplyEffect.NOTED
+
+
+def _mark_applied(
+    record: StepRecord,
+    attempt: Attempt | None,
+    now: datetime,
+    runner: str,
+    run_ended: bool,
+    *,
+    by_callback: bool,
+) -> None:
+    if by_callback:
+        # The remote's own word that the effect happened: every attempt it accepted is it.
+        for accepted in record.attempts.items:
+            if accepted.accepted and accepted.key_round == record.key_round:
+                accepted.report(Applied.YES)
+                if accepted.in_flight:
+                    accepted.end(Ending.SUCCEEDED, now)
+        return
+    if attempt is not None:
+        attempt.report(Applied.YES, None, runner, run_ended)
+        if attempt.in_flight:
+            attempt.end(Ending.SUCCEEDED, now)
+
+
+def _skew_of(record: StepRecord) -> timedelta:
+    skews = [a.skew for a in record.attempts.items]
+    return max(skews) if skews else timedelta(0)
+
+
+def _before_undo(answered: datetime, undo: StepRecord, skew: timedelta) -> bool:
+    """Whether the success existed before ``undo``'s first claim of this key round began, on
+    every clock: then the undo's call met the effect."""
+    began = undo.round_began()
+    return began is not None and answered + skew < began
+
+
+def _ended_applied(
+    order: Order, record: StepRecord, result: dict[str, Any], number: int | None, now: datetime
+) -> None:
+    """A step that had ended (failed for good, or stopped) applied after all."""
+    was_failed = record.process_state is StepState.ERROR
+    record.gave_up = None
+    record.process_state = StepState.PROCESSED
+    record.result = result
+    record.last_error = None
+    record.locked_by = ""
+    record.record(now, Event.SUCCEEDED, attempt=number, late=True, note="applied after all")
+    if record.kind is StepKind.COMPENSATION:
+        # An undo that applied after all: its step is undone (one an operator said was
+        # not needed, too).
+        target = order.find(record.compensates or "")
+        if (
+            target is not None
+            and order.undo_of(target) is record
+            and target.process_state is StepState.COMPENSATED
+            and target.undone_by is None
+        ):
+            target.undone_by = record.step
+            target.record(now, Event.COMPENSATED, by=record.step, late=True)
+        if order.status is OrderStatus.ERROR and was_failed and not blockers(order):
+            order.note(
+                now, Event.RESOLVED, step=record.step, note="a success arrived after it failed"
+            )
+            order.set_status(OrderStatus.COMPENSATING, now)
+        return
+    if order.status is OrderStatus.ERROR:
+        if was_failed and not blockers(order):
+            # An operator was told about this step, and the evidence settles it.
+            order.note(
+                now, Event.RESOLVED, step=record.step, note="a success arrived after it failed"
+            )
+            order.set_status(
+                OrderStatus.COMPENSATING if unwinding_began(order) else OrderStatus.PROCESSING,
+                now,
+            )
+        return
+    if order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
+        # Unwound as if it had not applied: the unwinding is not over after all.
+        order.note(now, Event.RESOLVED, step=record.step, note="applied after the order was undone")
+        order.set_status(OrderStatus.COMPENSATING, now)
+    elif order.status in (OrderStatus.PENDING, OrderStatus.PROCESSING) and (
+        not order.cancel_requested and record in order.group_records()
+    ):
+        # Its group halted because it failed: what that stopped runs after all.
+        for stopped in order.group_records():
+            if stopped.process_state is StepState.COMPENSATED and stopped.undone_by is None:
+                moves.restart(stopped, now)
+                begin(order, stopped, order.planned(stopped.step), now)
+
+
+def blockers(order: Order) -> list[StepRecord]:
+    """What keeps an order in ``error``: a compensation that failed for good (unwinding),
+    a step of the current group that did (going forward), or doubt."""
+    if unwinding_began(order):
+        failed = [u for u in order.latest_undos() if u.process_state is StepState.ERROR]
+    else:
+        failed = [r for r in order.group_records() if r.process_state is StepState.ERROR]
+    return failed + [r for r in doubtful(order) if r not in failed]
+
+
+def unwinding_began(order: Order) -> bool:
+    return any(s.kind is StepKind.COMPENSATION for s in order.steps)
+
+
+def _acceptance(
+    order: Order, record: StepRecord, attempt: Attempt | None, reply: AgentReply, now: datetime
+) -> ReplyEffect:
+    """A 2xx for a step that completes on an event: the remote accepted the work; it may
+    apply from then on. An event that came first is taken now."""
+    if attempt is None or attempt.accepted:
+        raise stale(order, record, reply)
+    if CALLBACK.accepted(order, record, attempt, reply, now):
+        name = order.planned(record.step).completes_on
+        assert name is not None
+        order.take_kept_event(record, name, now)
+        return ReplyEffect.APPLIED
+    if not record.is_active and record.process_state is StepState.ERROR:
+        new_doubt(order, record, reply.attempt, now)
+    return ReplyEffect.NOTED
+
+
+def _applied_after_undo(
+    order: Order,
+    record: StepRecord,
+    undo: StepRecord,
+    result: dict[str, Any],
+    answered: datetime,
+    number: int | None,
+    now: datetime,
+) -> None:
+    """The worst news the order can get (docs/contracts.md §3.11): ``record`` applied after
+    its undo began, so the undo may have missed it and its effect may stand. Never
+    swallowed: once no attempt of the undo is in flight, the order is ``error`` with an
+    alert that says what happened, and a resubmit runs the undo again as a new effect,
+    with the key ``<orderId>:<undo>:<round>``."""
+    record.applied_after_undo = answered
+    record.result = result
+    record.record(
+        now,
+        Event.LATE_SUCCESS,
+        attempt=number,
+        answeredAt=iso(answered),
+        note=f"applied after its undo {undo.step} began",
+    )
+    current = undo.current
+    if undo.process_state is StepState.PROCESSING and current is not None and current.in_flight:
+        return  # decided when the undo's attempt ends (``core.course``)
+    moves.overtaken(order, undo, now)
+    if order.status is OrderStatus.ERROR:
+        tell_overtaken(order, undo, now)  # news for the operator already at the order
+    elif order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
+        order.set_status(OrderStatus.COMPENSATING, now)  # told once the unwinding stops
+
+
+def hold_compensation(order: Order, record: StepRecord, now: datetime) -> None:
+    """A Python handler of ``record`` runs on (or has ended): its compensation, while
+    Pending, waits until the handler can no longer be running (docs/contracts.md §3.11: no
+    compensation of a step while its handler runs on a live instance). One already claimed
+    cannot be stopped: the operator is told."""
+    from core.course import IN_FLIGHT_GRACE
+
+    if record.process_state is not StepState.COMPENSATING:
+        return
+    for undo in order.steps:
+        if undo.kind is not StepKind.COMPENSATION or undo.compensates != record.step:
+            continue
+        running = record.attempts.running_until(now)
+        if undo.process_state is StepState.PENDING:
+            due = max(now, record.last_deadline() + IN_FLIGHT_GRACE)
+            if due != undo.complete_by:
+                undo.end_pause(now, "held for its step's handler")  # looked at when due
+                undo.complete_by = due
+                undo.record(now, Event.RETRY_SCHEDULED, notBefore=iso(due), note="held")
+        elif undo.process_state is StepState.PROCESSING and running is not None:
+            order.alert(
+                record,
+                f"{record.step}'s handler reports it still runs (until {iso(running)}) while "
+                f"its compensation {undo.step} is already running: check both when they end",
+                now,
+            )
+
+
+# --- reports that come after their attempt was decided -------------------------------------------
+
+
+def late_report(
+    order: Order,
+    record: StepRecord,
+    attempt: Attempt | None,
+    reply: AgentReply,
+    now: datetime,
+    policy: RetryPolicy,
+) -> ReplyEffect:
+    """A report (not a success) for an attempt already decided: by an earlier report, its
+    expiry, or a failed send. A "maybe" is never dropped; the first report of an attempt
+    that expired says what the expiry assumed (a "no" clears the doubt of no report; on a
+    step still at work a deferral also gives back the failure the expiry counted); on a
+    step that has ended, nothing but evidence of an effect changes anything."""
+    number = reply.attempt
+    applied = applied_of(reply)
+    if attempt is None:  # kept only as a number: it applied nothing, or was folded
+        if applied is Applied.MAYBE and record.attempts.fold_doubt(number):
+            note_report(record, reply, now)
+            new_doubt(order, record, number, now)
+            return ReplyEffect.NOTED
+        raise stale(order, record, reply)
+    was_in_doubt = in_doubt(record)
+    first = attempt.reports == 0
+    before = (attempt.applied, attempt.settled_by)
+    running_before = dict(attempt.running)
+    attempt.report(applied, reply.running_until, reply.runner or "", reply.run_ended)
+    if reply.settled:
+        # The service's own refusal of the key settles earlier attempts; a handler run's
+        # refusal when it ends also settles its own attempt (nothing of it runs on).
+        through = number + 1 if reply.run_ended and not attempt.running else number
+        record.attempts.settle(
+            f"the service refused attempt {number} after looking the key up "
+            f"({(reply.error or '')[:120]})",
+            now,
+            before=through,
+        )
+    deferred = reply.outcome is ReplyOutcome.DEFERRED
+    refunded = (
+        first
+        and record.is_active
+        and attempt.ending is Ending.EXPIRED
+        and deferred
+        and attempt.counted
+        and record.failure_count > 0
+        # counted in this budget (a resubmit since has reset the count)
+        and (record.budget_since is None or attempt.claimed_at >= record.budget_since)
+    )
+    if refunded:
+        attempt.counted = False
+        record.failure_count -= 1
+    evidence = (attempt.applied, attempt.settled_by) != before
+    runs = attempt.running != running_before
+    if not (evidence or refunded or first or runs):
+        raise stale(order, record, reply)
+    if evidence or refunded or first or reply.run_ended:
+        note_report(record, reply, now, refunded=True if refunded else None)
+    if runs:
+        hold_compensation(order, record, now)
+    if refunded and record.held and not policy.gives_up(record.failure_count):
+        _unhold(order, record, attempt, now, policy)
+        return ReplyEffect.NOTED
+    if deferred and first and record.process_state is StepState.PENDING and reply.not_before:
+        if record.complete_by < reply.not_before <= now + policy.deferral_window:
+            moves.retry_at(order, record, reply.not_before, now)  # not before the time asked
+        return ReplyEffect.NOTED
+    if was_in_doubt and not in_doubt(record) and _told_in_doubt(order, record):
+        _not_applied_after_all(order, record, number, now)
+    elif not was_in_doubt and in_doubt(record):
+        new_doubt(order, record, number, now)
+    return ReplyEffect.NOTED
+
+
+def _unhold(
+    order: Order, record: StepRecord, attempt: Attempt, now: datetime, policy: RetryPolicy
+) -> None:
+    """Held at its last counted failure, and a failure given back: the count is not spent
+    after all, so the step goes on (paced as after any counted failure)."""
+    since = record.budget_since or attempt.claimed_at
+    floor = policy.budget_floor(since, record.failure_count, record.timeout_seconds)
+    wait = policy.paced(record.failure_count, order.order_id)
+    record.record(now, Event.RESOLVED, note="a late deferral: the count is not spent")
+    moves.retry_at(order, record, max(now + wait, floor), now)
+
+
+def stale(order: Order, record: StepRecord, reply: AgentReply) -> TransitionRefused:
+    return order.refuse(
+        "stale-attempt",
+        f"{reply.outcome} report for attempt {reply.attempt} adds nothing: step "
+        f"{record.step} is {record.process_state} on attempt {record.attempt}",
+        record.step,
+    )
+
+
+def _told_in_doubt(order: Order, record: StepRecord) -> bool:
+    """The step failed for good as "may have been applied" and an operator was told."""
+    gave_up = record.gave_up
+    return (
+        gave_up is not None
+        and gave_up.ambiguous
+        and gave_up.operator is None
+        and record.process_state is StepState.ERROR
+        and order.status is OrderStatus.ERROR
+    )
+
+
+def _not_applied_after_all(order: Order, record: StepRecord, number: int, now: datetime) -> None:
+    """It failed for good as "may have been applied"; its attempt's own report says it was
+    not. Nothing is undone or run on that account: the operator, told, decides (cancel
+    needs no statement for it now; a resubmit runs it again)."""
+    if record.kind is not StepKind.ACTION:
+        return
+    if record.gave_up is not None:
+        record.gave_up.ambiguous = False
+    record.record(now, Event.ERROR, reason="not applied after all", applied="no")
+    order.note(now, Event.RECLASSIFIED, step=record.step, note="not applied after all")
+    late = f"{record.step} was not applied after all (a late report of attempt {number})"
+    advice = (
+        "cancel to undo the completed steps, or resubmit to run it again"
+        if order.plan.compensates or order.cancel_requested
+        else "it is safe to resubmit"
+    )
+    order.alert(record, f"update: {late}; {advice}", now)
+
+
+def new_doubt(order: Order, record: StepRecord, number: int, now: datetime) -> None:
+    """Evidence that the step may have applied, after decisions assumed it had not."""
+    if record.is_active or record.kind is not StepKind.ACTION:
+        return  # still running: its verdict will count it
+    if record.attempts.applied:
+        # One key, one effect, and it is known to have applied (and, if the step was
+        # undone, undone): another attempt's "maybe" adds no doubt about anything.
+        return
+    key = idempotency_key(order.order_id, record.step, record.key_round)
+    note = f"{record.step} may have been applied after all (a report of attempt {number})"
+    order.note(now, Event.RECLASSIFIED, step=record.step, note="may have been applied")
+    if record.process_state is StepState.ERROR and record.gave_up is not None:
+        record.gave_up.ambiguous = True
+        record.record(now, Event.ERROR, reason=note, applied="maybe")
+    elif record.process_state is StepState.COMPENSATED and record.undone_by is None:
+        # Stopped as if it had not applied: it may have. Failed, in doubt, so that the
+        # decision over all records sees it (undone where it can be; told where not).
+        moves.fail(record, now, note, True)
+    if order.status is OrderStatus.ERROR:
+        order.alert(
+            record,
+            f"update: {note}: it is no longer known to be safe to resubmit. Ask its service "
+            f"whether {key} happened, then resubmit (the same idempotency key) or cancel, "
+            "stating it did not happen",
+            now,
+        )
+    elif order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
+        order.set_status(OrderStatus.COMPENSATING, now)
+
+
+def note_report(record: StepRecord, reply: AgentReply, now: datetime, **extra: object) -> None:
     """A late report in the step's history (for people: decisions read the attempts)."""
-    step.record(
+    record.record(
         now,
         Event.LATE_REPORT,
         attempt=reply.attempt,

@@ -125,6 +125,10 @@ class StepSpec:
     compensation: Compensation | None = None
     timeout_seconds: int | None = None  # None: STEP_TIMEOUT_SECONDS
     path: str | None = None  # remote path; None: the step's name
+    #: Its effect may stand when the order is undone (a notification): an unwinding that
+    #: leaves it applied ends ``compensated``/``cancelled`` and says so, where a step
+    #: without a compensation otherwise makes it ``error``, told (docs/contracts.md §3.15).
+    may_stand: bool = False
     declared_at: str = field(default_factory=declared_at, compare=False)
 
     @property
@@ -148,6 +152,13 @@ class StepSpec:
         _check_function(self.when, "when", at)
         if self.completes_on is not None:
             _check_name(self.completes_on, at, "completes_on (an event name)")
+        if not isinstance(self.may_stand, bool):
+            raise DeclarationError(f"{at}: may_stand is True or False, got {self.may_stand!r}")
+        if self.may_stand and self.compensation is not None:
+            raise DeclarationError(
+                f"{at}: may_stand with a compensation; a step that can be undone is undone "
+                "(may_stand is for a step without one)"
+            )
         c = self.compensation
         if c is not None:
             cat = f"{c.declared_at}: compensation {c.step!r} of step {self.name!r}"
@@ -167,15 +178,23 @@ def _check_timeout(timeout: int | None, where: str) -> None:
         )
 
 
+#: Who delivers an ``Event``: a person (``Orders.Operator``), or a machine on the
+#: capability URL of its run (docs/contracts.md §3.15).
+EventBy = Literal["person", "machine"]
+
+
 @dataclass(frozen=True)
 class Event:
     """Wait for the event ``name`` to be delivered to the order (an approval, a webhook),
     at most ``timeout_seconds``: then the step fails for good, not applied, and the
-    workflow unwinds. ``when`` false: skipped."""
+    workflow unwinds. ``when`` false: skipped. ``by``: who decides it, a ``"person"`` (an
+    operator, from the console, the API or the CLI) or a ``"machine"`` (a remote, on the
+    URL ``events_url`` gives: a key alone delivers nothing)."""
 
     name: str
     timeout_seconds: int | None = None
     when: Fn | None = None
+    by: EventBy = "person"
     declared_at: str = field(default_factory=declared_at, compare=False)
 
     @property
@@ -195,6 +214,11 @@ class Event:
             )
         _check_wait(self.timeout_seconds, at, "timeout_seconds")
         _check_function(self.when, "when", at)
+        if self.by not in ("person", "machine"):
+            raise DeclarationError(
+                f'{at}: by={self.by!r}; an event is decided by a "person" (an operator) or a '
+                '"machine" (a remote, on its capability URL: events_url)'
+            )
 
 
 @dataclass(frozen=True)
@@ -348,6 +372,7 @@ class Workflow:
             if isinstance(s, Event):
                 out: dict[str, Any] = {"step": s.name, "kind": "event", "event": s.name}
                 out["timeout"] = s.timeout_seconds
+                out["by"] = s.by
             elif isinstance(s, Delay):
                 out = {"step": s.name, "kind": "delay"}
                 out["seconds" if s.seconds is not None else "until"] = (
@@ -365,6 +390,8 @@ class Workflow:
                     out["input"] = _name_of(s.input)
                 if s.completes_on:
                     out["completesOn"] = s.completes_on
+                if s.may_stand:
+                    out["mayStand"] = True
                 if s.compensation:
                     c = s.compensation
                     out["compensation"] = {

@@ -266,6 +266,9 @@ class AgentReply(_StepMessage):
     #: for deferred: not called because an operator paused the agent (``core.controls``):
     #: the step waits for the resume, and the wait spends none of its deferral window
     paused: bool = False
+    #: for transient: when the agent saw the evidence that the failure is the order's own
+    #: (another order served by the remote); the blame ages from it
+    blamed_at: datetime | None = None
 
     def __post_init__(self) -> None:
         # One type however it was built (ValueError for an outcome that does not exist).

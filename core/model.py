@@ -1,47 +1,53 @@
 """The order aggregate: one order record and one state record per step.
 
 All of an order's records live in one Table partition and change together in one
-conditional transaction, so the aggregate is the unit of consistency. The transitions
-below are pure: they take ``now``, change the records in memory, and queue the notices
-to send (status messages, operator alerts) in ``outbox``. The store writes the changed
-records with If-Match on their ETags and the outbox in the same transaction; nothing
-here does I/O.
+conditional transaction, so the aggregate is the unit of consistency. Its transitions
+are pure: they take ``now``, change the records in memory, and queue the notices to send
+(status messages, operator alerts) in ``outbox``; the store writes the changed records
+with If-Match on their ETags and the outbox in the same transaction.
 
-Invariant: at most one step record is ``Pending`` or ``Processing`` (the active step).
-Records are created when the workflow reaches them, so every record that exists has a
-meaningful state.
+The order holds its records and hands each transition to the record's kind
+(``core.kinds``: a call, a call answered by callback, an event, a delay) or to the
+evidence rules (``core.evidence``: what a late or duplicate report says); then one
+decision over all of its records says what the order does next (``core.course.advance``).
+The operator's actions are decided over all records too (``core.operator``), and so are
+events delivered (``core.inbox``). Records are created when the workflow reaches them;
+any number may be active at once (the steps of a ``Parallel``).
 
-Failure semantics (docs/contracts.md §3.11). Every attempt ends in one of:
-``succeeded``; ``refused`` (a permanent 4xx: nothing applied by that try); ``failed``
-(transient failures until time ran out, counted in ``FailureCount``); ``deferred``
-(not called, or the remote down for everyone: not counted, the step waits);
-``expired`` (no report by the deadline: counted); ``not-sent`` (its request never left:
-not counted). What each attempt may have done is typed state (``core.attempts``), and
-every decision reads that, never the history: a report that says "maybe" counts
-whenever it arrives, and only the remote's own answer for the key (or an operator's
-statement) settles it. How the workflow unwinds, and how the operator's actions change
-an order, is ``core.unwinding``.
+Failure semantics (docs/contracts.md §3.11, §3.15). Every attempt ends in one of:
+``succeeded``; ``refused`` (a permanent 4xx: nothing applied by that try); ``transient``
+(transient failures until time ran out, counted in ``FailureCount``); ``deferred`` (not
+called, or the remote down for everyone: not counted, the step waits); ``expired`` (no
+report by the deadline: counted); ``not-sent`` (its request never left: not counted).
+What each attempt may have done is typed state (``core.attempts``), and every decision
+reads that, never the history.
 """
 
 from __future__ import annotations
 
+import copy
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import Any, Final, Literal
 
+from core import course, evidence, inbox, kinds, moves, operator
 from core.attempts import Applied, Attempt, Ending
 from core.cancel import CancelPreview
-from core.control_cache import hold_until
-from core.errors import UnboundMessage
+from core.errors import TransitionRefused, UnboundMessage
 from core.events import Event
-from core.evidence import Evidence, ReplyEffect, applied_of
-from core.messages import AgentReply, ReplyOutcome
+from core.evidence import ReplyEffect
+from core.flow import Context
+from core.messages import AgentReply, ReplyOutcome, alert_message, status_message
 from core.order_message import OrderMessage
+from core.plans import PlannedStep
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
+from core.text import visible_details
 from core.timefmt import ensure_utc, iso
-from core.unwinding import IN_FLIGHT_GRACE, Notice
 from core.workflows import Plan
 
 __all__ = [
@@ -55,12 +61,27 @@ __all__ = [
 ]
 
 DEFAULT_POLICY: Final = RetryPolicy()
+IN_FLIGHT_GRACE: Final = course.IN_FLIGHT_GRACE
 #: Stuck episodes an order remembers having alerted (the latest ones).
 MAX_STUCK_EPISODES: Final = 10
+MAX_ORDER_HISTORY: Final = 100
+#: A full stop before the "; " or ", " that joins the next clause of an alert.
+_CLAUSE_END: Final = re.compile(r"\.([;,] )")
+#: The states of an action that succeeded (and may be being undone since).
+_SUCCEEDED: Final = frozenset({StepState.PROCESSED, StepState.COMPENSATING, StepState.COMPENSATED})
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A message to send once the transition is stored (transactional outbox)."""
+
+    kind: str  # "status" (to the order's replyTo) or "alert" (to operator-alerts)
+    body: str
+    queue: str | None = None  # the replyTo queue for a status notice
 
 
 @dataclass
-class Order(Evidence):
+class Order:
     order_id: str
     plan: Plan
     body: dict[str, Any]
@@ -84,13 +105,16 @@ class Order(Evidence):
     #: Whatever the store needs to remember between load and save (opaque here).
     store_meta: dict[str, Any] = field(default_factory=dict)
     #: Events delivered to the order (docs/contracts.md §3.13), by name: the payload, when,
-    #: by whom, and the step that took it (none yet: kept for its step).
+    #: by whom, the run it answered, the step that took it (none yet: kept for its step),
+    #: and what earlier runs were answered (``core.inbox``).
     events: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The key of its events' capability tokens (``core.inbox.capability``): never shown.
+    event_key: str = field(default="", repr=False)
     #: Not stored: times a transition wants the order looked at again (a delay that
     #: began), for the dispatcher to queue after the save (the sweeps are the safety net).
     wakeups: list[datetime] = field(default_factory=list)
 
-    # --- creation ---------------------------------------------------------------
+    # --- creation ---------------------------------------------------------------------
 
     @classmethod
     def accept(cls, message: OrderMessage, plan: Plan, now: datetime) -> Order:
@@ -104,13 +128,15 @@ class Order(Evidence):
             status=OrderStatus.PENDING,
             created_at=now,
             updated_at=now,
+            event_key=inbox.new_event_key(),
         )
-        order._event(now, Event.RECEIVED, workflow=plan.workflow)
+        order.note(now, Event.RECEIVED, workflow=plan.workflow)
         order._notify("received", now)
-        order._start_group(plan.groups()[0], now)
+        course.start_group(order, plan.groups()[0], now)
+        course.advance(order, now)
         return order
 
-    # --- transitions: attempts --------------------------------------------------------
+    # --- transitions: attempts ------------------------------------------------------------
 
     def claim(
         self,
@@ -128,65 +154,63 @@ class Order(Evidence):
         (``MAX_CLOCK_SKEW_SECONDS``), kept with the attempt so that no instance undoes the
         step while this attempt may still reach its remote."""
         record = self._claimable(now, step, resumed=resumed)
-        return self._claim(record, instance, now, skew)
-
-    def _claim(self, step: StepRecord, instance: str, now: datetime, skew: timedelta) -> StepRecord:
-        step.end_pause(now, "claimed")
-        step.process_state = StepState.PROCESSING
-        step.locked_by = instance
-        step.attempt += 1
-        step.ensure_secret(step.attempt)
-        if step.round_began_at is None:
-            step.round_began_at = now
-        step.complete_by = now + timedelta(seconds=step.timeout_seconds)
-        step.attempts.add(
+        record.end_pause(now, "claimed")
+        record.process_state = StepState.PROCESSING
+        record.locked_by = instance
+        record.attempt += 1
+        record.ensure_secret(record.attempt)
+        if record.round_began_at is None:
+            record.round_began_at = now
+        record.complete_by = now + timedelta(seconds=record.timeout_seconds)
+        record.attempts.add(
             Attempt(
-                step.attempt,
+                record.attempt,
                 now,
-                step.complete_by,
+                record.complete_by,
                 instance,
                 skew_seconds=skew.total_seconds(),
+                key_round=record.key_round,
             )
         )
-        if step.budget_since is None:
-            step.budget_since = now
-        step.record(
+        if record.budget_since is None:
+            record.budget_since = now
+        record.record(
             now,
             Event.CLAIMED,
-            attempt=step.attempt,
+            attempt=record.attempt,
             instance=instance,
-            completeBy=iso(step.complete_by),
+            completeBy=iso(record.complete_by),
         )
-        if step.kind is StepKind.ACTION and self.status is OrderStatus.PENDING:
-            self._set_status(OrderStatus.PROCESSING, now)
-        self._touch(now)
-        return step
+        if record.kind is StepKind.ACTION:
+            self.started(now)
+        self.touch(now)
+        return record
 
     def _claimable(
         self, now: datetime, name: str | None = None, *, resumed: bool = False
     ) -> StepRecord:
         if self.status.terminal:
-            raise self._refuse("order-not-running", f"the order is {self.status}")
+            raise self.refuse("order-not-running", f"the order is {self.status}")
         tasks = [s for s in self.active_steps() if not self.waits(s)]
         if name is not None:
             tasks = [s for s in tasks if s.step == name]
         pending = [s for s in tasks if s.process_state is StepState.PENDING]
         if not tasks:
-            raise self._refuse("no-active-step", "the order has no step waiting to run", name)
-        step = (pending or tasks)[0]
-        if step.process_state is StepState.PROCESSING:
-            raise self._refuse(
+            raise self.refuse("no-active-step", "the order has no step waiting to run", name)
+        record = (pending or tasks)[0]
+        if record.process_state is StepState.PROCESSING:
+            raise self.refuse(
                 "already-claimed",
-                f"step {step.step} is held by {step.locked_by} until {iso(step.complete_by)}",
-                step.step,
+                f"step {record.step} is held by {record.locked_by} until {iso(record.complete_by)}",
+                record.step,
             )
-        if step.complete_by > now and not (resumed and step.paused_for):
-            raise self._refuse(
-                "not-due", f"step {step.step} may run again at {iso(step.complete_by)}", step.step
+        if record.complete_by > now and not (resumed and record.paused_for):
+            raise self.refuse(
+                "not-due",
+                f"step {record.step} may run again at {iso(record.complete_by)}",
+                record.step,
             )
-        return step
-
-    # --- transitions: an agent paused at runtime (core.controls) ------------------------
+        return record
 
     def hold_for_pause(
         self, agent: str, now: datetime, until: datetime, step: str | None = None
@@ -195,63 +219,54 @@ class Order(Evidence):
         is not claimed (no attempt, nothing counted, no deferral window spent, no alert);
         it stays Pending, to be looked at again at ``until``, or sooner after a resume."""
         record = self._claimable(now, step)
-        self._hold(record, agent, now, until)
-        self._touch(now)
+        moves.hold(record, agent, now, until)
+        self.touch(now)
         return record
-
-    def _hold(self, step: StepRecord, agent: str, now: datetime, until: datetime) -> None:
-        if step.paused_for != agent:
-            step.paused_for, step.paused_since = agent, now
-            step.record(now, Event.AGENT_PAUSED, agent=agent, until=iso(until))
-        step.process_state = StepState.PENDING
-        step.locked_by = ""
-        step.complete_by = until
-        step.changed = True
 
     def apply_reply(
         self, reply: AgentReply, now: datetime, policy: RetryPolicy = DEFAULT_POLICY
     ) -> ReplyEffect:
         """Apply an agent's report.
 
-        A success is evidence whenever it arrives (late, or for an earlier attempt): it
-        completes the step unless the step is finished or its workflow is unwinding. The
-        first report of the attempt in flight decides it; any later report (another copy
-        of the attempt, a report after its expiry) adds its evidence (``_late_report``).
-        A report that adds nothing is refused (``TransitionRefused``: nothing to save).
+        A success is evidence whenever it arrives (``core.evidence``). The first report of
+        the attempt in flight decides it (its kind's ``decide``); any later report (another
+        copy of the attempt, a report after its expiry) adds its evidence. A report that
+        adds nothing is refused (``TransitionRefused``: nothing to save).
         """
-        step = self.bound_step(reply.step, reply.attempt, reply.token)
-        attempt = step.attempts.get(reply.attempt)
+        record = self.bound_step(reply.step, reply.attempt, reply.token)
+        attempt = record.attempts.get(reply.attempt)
         if reply.outcome is ReplyOutcome.SUCCEEDED:
-            effect = self._success_evidence(step, attempt, reply, now)
+            effect = evidence.success_reply(self, record, attempt, reply, now)
         elif (
             attempt is not None
             and attempt.in_flight
-            and step.process_state is StepState.PROCESSING
-            and step.attempt == reply.attempt
+            and record.process_state is StepState.PROCESSING
+            and record.attempt == reply.attempt
         ):
-            self._decide(step, attempt, reply, now, policy)
+            kinds.CALL.decide(self, record, attempt, reply, now, policy)
             effect = ReplyEffect.APPLIED
         else:
-            effect = self._late_report(step, attempt, reply, now, policy)
-        self._touch(now)
+            effect = evidence.late_report(self, record, attempt, reply, now, policy)
+        course.advance(self, now)
+        self.touch(now)
         return effect
 
     def bound_step(self, name: str, attempt: int, token: str) -> StepRecord:
         """The step record a request or report of attempt ``attempt`` speaks for, if its
         ``token`` is that attempt's own (``StepRecord.binds``); else ``UnboundMessage``:
-        forged, or for an attempt never claimed. Its compensation's records are searched
-        too (a compensation is a step of its own name)."""
-        step = self.find(name)
-        if step is None:
+        forged, or for an attempt never claimed. A compensation is a step of its own
+        name."""
+        record = self.find(name)
+        if record is None:
             raise UnboundMessage(
                 f"the order has no step {name!r}: no claim speaks for this message",
                 order_id=self.order_id,
                 step=name[:64],
             )
-        if not step.binds(attempt, token):
+        if not record.binds(attempt, token):
             why = (
-                f"attempt {attempt} was never claimed (the step has had {step.attempt})"
-                if not 1 <= attempt <= step.attempt
+                f"attempt {attempt} was never claimed (the step has had {record.attempt})"
+                if not 1 <= attempt <= record.attempt
                 else "its token is not that attempt's"
                 if token
                 else "it carries no token"
@@ -261,7 +276,7 @@ class Order(Evidence):
                 order_id=self.order_id,
                 step=name,
             )
-        return step
+        return record
 
     def resendable(self, name: str, attempt: int) -> bool:
         """Whether a duplicate delivery of the order may send this request again: attempt 1
@@ -299,18 +314,17 @@ class Order(Evidence):
         """The stuck check's alert (supervisor/aggregator.py): the active step ``step`` has
         been in its state far longer than it usually takes. One alert per stuck episode (a
         step and its attempt): a second call for the same one is refused, and so is one
-        for a step that has moved on; a later episode (another step, a later attempt) is
-        alerted again."""
+        for a step that has moved on; a later episode is alerted again."""
         active = self.find(step)
         if active is None or not active.is_active:
-            raise self._refuse("moved-on", f"step {step} is no longer active", step)
+            raise self.refuse("moved-on", f"step {step} is no longer active", step)
         episode = f"{step}:{active.attempt}"
         alerted = [e for e in self.stuck_alerted.split(",") if e]
         if episode in alerted:
-            raise self._refuse("stuck-alerted", f"already alerted: {episode}", step)
+            raise self.refuse("stuck-alerted", f"already alerted: {episode}", step)
         self.stuck_alerted = ",".join([*alerted, episode][-MAX_STUCK_EPISODES:])
-        self._alert(active, reason, now)
-        self._touch(now)
+        self.alert(active, reason, now)
+        self.touch(now)
         return active
 
     def expire(
@@ -321,106 +335,44 @@ class Order(Evidence):
         step: str | None = None,
     ) -> StepRecord:
         """The supervisor's move on a Processing step (``step``, or the first) whose
-        CompleteBy has passed.
-
-        No report came, so the attempt counts as a failure that may have applied (a
-        late report may still correct that). ``grace`` absorbs clock skew between
-        instances: a step counts as expired only once ``now`` is past ``CompleteBy +
-        grace``. A step held at its last counted failure (``StepRecord.held``) gives up
-        now: its time budget is spent. A delay whose time has come is over (``Processed``);
-        an event that did not come in time fails the step for good, not applied.
-        """
+        CompleteBy has passed (``grace`` absorbs clock skew between instances): its kind
+        says what that means (a call's attempt counts as a failure that may have applied;
+        a delay is over; an event that did not come fails the step, not applied)."""
         processing = [
             s
             for s in self.active_steps()
             if s.process_state is StepState.PROCESSING and (step is None or s.step == step)
         ]
         if not processing:
-            raise self._refuse("not-processing", "no step of the order is Processing", step)
+            raise self.refuse("not-processing", "no step of the order is Processing", step)
         expired = [s for s in processing if s.complete_by + grace <= now]
         if not expired:
             first = processing[0]
-            raise self._refuse(
+            raise self.refuse(
                 "not-expired", f"step {first.step} has until {iso(first.complete_by)}", first.step
             )
         record = expired[0]
-        kind = self.kind_of(record)
-        if kind == "delay":
-            self._end_delay(record, now)
-            self._touch(now)
-            return record
-        if kind == "event":
-            waited = record.waiting_for or {}
-            self._fail_for_good(
-                record,
-                now,
-                f"{record.step}: no event {waited.get('event', record.step)} within "
-                f"{record.timeout_seconds} s (nothing to retry)",
-                False,
-            )
-            self._touch(now)
-            return record
-        return self._expire_attempt(record, now, policy)
-
-    def _expire_attempt(self, step: StepRecord, now: datetime, policy: RetryPolicy) -> StepRecord:
-        attempt = step.current
-        if attempt is not None and not attempt.in_flight:
-            step.locked_by = ""
-            if self._halting() and step.kind is StepKind.ACTION:
-                self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
-            elif not policy.gives_up(step.failure_count):  # pragma: no cover - a refund un-holds
-                self._retry_at(step, now, now)
-            else:
-                spent = int((now - (step.budget_since or attempt.claimed_at)).total_seconds())
-                self._fail_for_good(
-                    step,
-                    now,
-                    f"{step.step} failed in {step.failure_count} attempts over {spent} s "
-                    f"(last: {step.last_error})",
-                    step.may_have_applied,
-                )
-            self._touch(now)
-            return step
-        if attempt is None:  # pragma: no cover - the latest attempt is always kept
-            attempt = Attempt(
-                step.attempt,
-                step.complete_by - timedelta(seconds=step.timeout_seconds),
-                step.complete_by,
-                step.locked_by,
-            )
-            step.attempts.add(attempt)
-        error = f"no reply within {step.timeout_seconds} s (attempt {step.attempt})"
-        attempt.end(Ending.EXPIRED, now, error)
-        self._count_failure(
-            step,
-            attempt,
-            now,
-            policy,
-            event=Event.EXPIRED,
-            instance=step.locked_by,
-            error=error,
-            reported=False,
-            singled_out=False,
-        )
-        self._touch(now)
-        return step
+        self.kind(record).expire(self, record, now, policy)
+        course.advance(self, now)
+        self.touch(now)
+        return record
 
     def unsent(
         self, step_name: str, number: int, reason: str, now: datetime, policy: RetryPolicy
     ) -> StepRecord:
         """The request of a claim never left (the send failed, or the transport refused
         it): no try, so no failure and no doubt; the step waits a little and runs again."""
-        step = self.find(step_name)
-        attempt = step.attempts.get(number) if step is not None else None
+        record = self.find(step_name)
+        attempt = record.attempts.get(number) if record is not None else None
         if (
-            step is None
+            record is None
             or attempt is None
             or not attempt.in_flight
             or attempt.reports
-            or step.process_state is not StepState.PROCESSING
-            or step.attempt != number
+            or record.process_state is not StepState.PROCESSING
+            or record.attempt != number
         ):
-            raise self._refuse(
+            raise self.refuse(
                 "not-in-flight",
                 f"attempt {number} of step {step_name} is not in flight with no report",
                 step_name,
@@ -428,192 +380,305 @@ class Order(Evidence):
         attempt.end(Ending.NOT_SENT, now, reason)
         attempt.sent = False
         attempt.applied = Applied.NO
-        step.last_error = reason
-        step.locked_by = ""
-        step.record(now, Event.NOT_SENT, attempt=number, reason=reason)
-        self._wait(step, now, policy, None, reason, cause="could not send its request")
-        self._touch(now)
-        return step
+        record.last_error = reason
+        record.locked_by = ""
+        record.record(now, Event.NOT_SENT, attempt=number, reason=reason)
+        moves.defer(self, record, now, policy, None, reason, cause="could not send its request")
+        course.advance(self, now)
+        self.touch(now)
+        return record
 
-    # --- attempts (private) --------------------------------------------------------------
+    # --- transitions: events and the operator ------------------------------------------------
 
-    def _decide(
+    def deliver_event(
         self,
-        step: StepRecord,
-        attempt: Attempt,
-        reply: AgentReply,
+        name: str,
+        payload: dict[str, Any],
         now: datetime,
-        policy: RetryPolicy,
-    ) -> None:
-        """The first report of the attempt in flight: it decides how the attempt ended."""
-        instance = step.locked_by
-        attempt.report(applied_of(reply), reply.running_until, reply.runner or "", reply.run_ended)
-        if reply.running_until is not None:
-            step.record(
-                now, Event.HANDLER_RUNNING, attempt=attempt.number, until=iso(reply.running_until)
-            )
-        if reply.outcome is ReplyOutcome.REFUSED:
-            attempt.end(Ending.REFUSED, now, reply.error)
-            attempt.counted = True
-            step.failure_count += 1
-            step.last_error = reply.error
-            step.locked_by = ""
-            settled: list[int] = []
-            if reply.settled:
-                # The service looked the key up and holds no effect for it: that settles
-                # earlier attempts' doubt; not that of a try in this same attempt, whose
-                # call may still be running at the service.
-                settled = step.attempts.settle(
-                    f"the service refused attempt {attempt.number} after looking the key up "
-                    f"({(reply.error or '')[:120]})",
-                    now,
-                    before=attempt.number,
-                )
-            step.record(
-                now,
-                Event.REFUSED,
-                attempt=attempt.number,
-                instance=instance,
-                error=reply.error,
-                applied=str(attempt.applied),
-                settled=settled or None,
-                failureCount=step.failure_count,
-            )
-            self._fail_for_good(
-                step,
-                now,
-                f"{step.step} was refused by its service: {reply.error}",
-                step.may_have_applied,
-            )
-        elif reply.outcome is ReplyOutcome.TRANSIENT:
-            attempt.end(Ending.TRANSIENT, now, reply.error)
-            self._count_failure(
-                step,
-                attempt,
-                now,
-                policy,
-                event=Event.TRANSIENT,
-                instance=instance,
-                error=reply.error or "transient failure",
-                reported=True,
-                singled_out=True,
-            )
-        else:
-            attempt.end(Ending.DEFERRED, now, reply.error)
-            step.last_error = reply.error
-            step.locked_by = ""
-            step.record(
-                now,
-                Event.DEFERRED,
-                attempt=attempt.number,
-                instance=instance or None,
-                reason=reply.error,
-                notBefore=iso(reply.not_before) if reply.not_before else None,
-                applied=str(attempt.applied),
-                paused=True if reply.paused else None,
-            )
-            if not reply.paused:
-                self._wait(step, now, policy, reply.not_before, reply.error or "deferred")
-            elif self._halting() and step.kind is StepKind.ACTION:
-                self._stop_for_cancel(step, now, f"{step.step} had not run when cancelled")
-            else:
-                # Its agent is paused: the step waits for the resume, not for the remote,
-                # so none of its deferral window is spent (a pause may last any time).
-                until = max(reply.not_before or now, hold_until(now, step.paused_since))
-                self._hold(step, self.plan.agent_of(step.step), now, until)
-
-    def _count_failure(
-        self,
-        step: StepRecord,
-        attempt: Attempt,
-        now: datetime,
-        policy: RetryPolicy,
+        by: str,
+        reason: str = "",
         *,
-        event: Event,
-        instance: str,
-        error: str,
-        reported: bool,
-        singled_out: bool,
+        run: int | None = None,
+    ) -> str:
+        """The event ``name`` delivered to the order (``core.inbox``): ``"taken"``,
+        ``"kept"``, ``"same"`` or ``"noted"``; ``InvalidEvent`` for a name the workflow does
+        not declare; ``TransitionRefused`` for what it refuses (``stale``, ``too-late``,
+        ``event-delivered``, ``finished``...)."""
+        effect = inbox.deliver(self, name, payload, now, by, reason, run=run)
+        course.advance(self, now)
+        self.touch(now)
+        return effect
+
+    def cancel(
+        self,
+        now: datetime,
+        by: str,
+        reason: str = "",
+        not_applied: str | Iterable[str] | None = None,
     ) -> None:
-        """An attempt that reached for the remote and failed: FailureCount + 1, and the next
-        attempt paced in time (docs/contracts.md §3.11)."""
-        step.failure_count += 1
-        attempt.counted = True
-        step.deferrals, step.deferred_since = 0, None
-        if singled_out:
-            step.singled_out = True
-            step.singled_out_at = now
-        step.last_error = error
-        step.record(
-            now,
-            event,
-            attempt=attempt.number,
-            instance=instance or None,
-            error=error,
-            applied=str(attempt.applied),
-            failureCount=step.failure_count,
+        """Operator or app: stop an unfinished order and undo what it did (``core.operator``):
+        refused with ``doubt`` while any step that cannot be undone may have applied,
+        unless ``not_applied`` names each (the operator states it did not happen)."""
+        operator.cancel(self, now, by, reason, not_applied)
+        course.advance(self, now)
+        self.touch(now)
+
+    def cancel_preview(
+        self, now: datetime, not_applied: str | Iterable[str] | None = None
+    ) -> CancelPreview:
+        """What a cancel would do now, and why it would be refused (``core.cancel``)."""
+        return operator.preview(self, now, not_applied)
+
+    def resubmit(self, now: datetime, by: str, reason: str = "", patch: Any = None) -> StepRecord:
+        """Operator: put an ``error`` order back to work at what failed or stopped
+        (``core.operator``); ``patch``, a JSON merge patch of its data (§3.14)."""
+        first = operator.resubmit(self, now, by, reason, patch)
+        course.advance(self, now)
+        self.touch(now)
+        return first
+
+    # --- queries ------------------------------------------------------------------------
+
+    @property
+    def workflow(self) -> str:
+        return self.plan.workflow
+
+    def find(self, step: str) -> StepRecord | None:
+        """The latest record of the named step (a resubmitted step keeps its record)."""
+        found: StepRecord | None = None
+        for record in self.steps:
+            if record.step == step and (found is None or record.seq > found.seq):
+                found = record
+        return found
+
+    def planned(self, step: str) -> PlannedStep:
+        return self.plan.steps[self.plan.index_of(step)]
+
+    def kind(self, record: StepRecord) -> kinds.Kind:
+        """The kind of ``record`` (``core.kinds``)."""
+        if record.kind is StepKind.COMPENSATION:
+            return kinds.CALL
+        try:
+            return kinds.kind_of(record, self.planned(record.step))
+        except KeyError:  # pragma: no cover - a record its plan does not name
+            return kinds.CALL
+
+    def kind_of(self, record: StepRecord) -> str:
+        """``task``, ``event`` or ``delay`` for an action; ``task`` for a compensation."""
+        return self.kind(record).name
+
+    def waits(self, record: StepRecord) -> bool:
+        """An event or a delay: no agent, no attempt."""
+        return self.kind(record).waits
+
+    def latest_actions(self) -> list[StepRecord]:
+        """The latest record of each action the order has reached, in plan order."""
+        out = []
+        for planned in self.plan.steps:
+            record = self.find(planned.name)
+            if record is not None:
+                out.append(record)
+        return out
+
+    def latest_undos(self) -> list[StepRecord]:
+        """The latest record of each compensation that has begun."""
+        names = {s.step for s in self.steps if s.kind is StepKind.COMPENSATION}
+        return [r for r in (self.find(n) for n in sorted(names)) if r is not None]
+
+    def undo_of(self, record: StepRecord) -> StepRecord | None:
+        """The latest record of the compensation that undoes ``record`` (None: not begun)."""
+        found: StepRecord | None = None
+        for s in self.steps:
+            undoes = s.kind is StepKind.COMPENSATION and s.compensates == record.step
+            if undoes and (found is None or s.seq > found.seq):
+                found = s
+        return found
+
+    def active_steps(self) -> list[StepRecord]:
+        """The records Pending or Processing: one, or several (a ``Parallel``'s)."""
+        return [s for s in self.steps if s.is_active]
+
+    def active_step(self) -> StepRecord | None:
+        """The active record when there is one; the first (by record) of several."""
+        active = self.active_steps()
+        return active[0] if active else None
+
+    def failed_step(self) -> StepRecord:
+        """The latest record in Error (what an order in ``error`` failed at, latest)."""
+        failed = [s for s in self.steps if s.process_state is StepState.ERROR]
+        if not failed:
+            raise self.refuse("no-failed-step", "the order has no step in Error")
+        return max(failed, key=lambda s: s.seq)
+
+    def awaited_events(self) -> list[str]:
+        """The events the order waits for now (for the inbox: ``waitingFor`` events)."""
+        return [
+            s.waiting_for["event"]
+            for s in self.active_steps()
+            if s.waiting_for and "event" in s.waiting_for
+        ]
+
+    def next_due(self) -> datetime | None:
+        """When the scheduler should look at the order next: the earliest due time of a
+        Pending step, or the end of a delay that waits."""
+        times = [s.not_before for s in self.active_steps() if s.process_state is StepState.PENDING]
+        times += [
+            s.complete_by
+            for s in self.active_steps()
+            if s.process_state is StepState.PROCESSING and self.kind_of(s) == "delay"
+        ]
+        times += self.wakeups
+        return min(times) if times else None
+
+    def context(self) -> Context:
+        """What a step's functions see: the order, and every succeeded step's result."""
+        results: dict[str, dict[str, Any]] = {}
+        for record in sorted(self.steps, key=lambda s: s.seq):
+            if (
+                record.kind is StepKind.ACTION
+                and record.result is not None
+                and record.process_state in _SUCCEEDED
+            ):
+                results[record.step] = copy.deepcopy(record.result)
+        return Context(self.order_id, copy.deepcopy(self.body), MappingProxyType(results))
+
+    def current_group(self) -> int | None:
+        """The group the order is at going forward: that of its latest action record."""
+        actions = [s for s in self.steps if s.kind is StepKind.ACTION]
+        if not actions:
+            return None
+        latest = max(actions, key=lambda s: s.seq)
+        try:
+            return self.planned(latest.step).group
+        except KeyError:  # pragma: no cover - a record its plan does not name
+            return None
+
+    def group_records(self, group: int | None = None) -> list[StepRecord]:
+        """The latest record of each action of ``group`` (default: the current one)."""
+        group = self.current_group() if group is None else group
+        if group is None:
+            return []
+        out: list[StepRecord] = []
+        for planned in self.plan.group(group):
+            record = self.find(planned.name)
+            if record is not None:
+                out.append(record)
+        return out
+
+    # --- what the order's parts use --------------------------------------------------------
+
+    def call_function(self, record: StepRecord, name: str) -> Any:
+        """Call ``record``'s function ``name`` (``input``, ``when``, ``until``) from today's
+        declarations with the order's context; ``StepFunctionFailed`` if it raises or is
+        no longer declared."""
+        from core.links import running_for
+        from core.workflows import function_of
+
+        fn = function_of(self.plan.workflow, record.step, name)
+        if fn is None:
+            raise kinds.StepFunctionFailed(
+                f"the declarations no longer give step {record.step} of workflow "
+                f"{self.plan.workflow} its {name} function (python -m admin deploy-check "
+                "refuses such a deployment)"
+            )
+        try:
+            with running_for(self, record):
+                return fn(self.context())
+        except Exception as exc:  # noqa: BLE001 - a bug in a declaration fails its step only
+            text = f"{type(exc).__name__}: {exc}"
+            raise kinds.StepFunctionFailed(f"{name} of {record.step} raised {text[:500]}") from None
+
+    def new_action(self, planned: PlannedStep, now: datetime) -> StepRecord:
+        return self.add_record(
+            step=planned.name,
+            path=planned.path,
+            timeout=planned.timeout_seconds,
+            kind=StepKind.ACTION,
+            compensates=None,
+            now=now,
         )
-        if self._halting() and step.kind is StepKind.ACTION:
-            step.locked_by = ""
-            self._stop_for_cancel(step, now, f"{step.step} had not succeeded when cancelled")
-            return
-        since = step.budget_since or attempt.claimed_at
-        if policy.gives_up(step.failure_count):
-            spent_at = policy.budget_floor(since, policy.max_failure_count, step.timeout_seconds)
-            if now < spent_at:
-                # The count is spent before the time is: the step stays Processing (its
-                # attempt decided) and the supervisor makes it final at the floor.
-                step.complete_by = max(step.complete_by, spent_at)
-                step.record(now, Event.GIVE_UP_HELD, until=iso(step.complete_by))
-                return
-            step.locked_by = ""
-            self._fail_for_good(
-                step,
-                now,
-                f"{step.step} failed in {step.failure_count} attempts (last: {error})",
-                step.may_have_applied,
-                by_expiry_of=attempt.number if event is Event.EXPIRED else None,
-            )
-            return
-        step.locked_by = ""
-        wait = (policy.paced if reported else policy.backoff)(step.failure_count, self.order_id)
-        floor = policy.budget_floor(since, step.failure_count, step.timeout_seconds)
-        self._retry_at(step, max(now + wait, floor), now)
 
-    def _wait(
+    def add_record(
         self,
-        step: StepRecord,
-        now: datetime,
-        policy: RetryPolicy,
-        not_before: datetime | None,
-        why: str,
         *,
-        cause: str = "could not reach its service",
-    ) -> None:
-        """Not called (or the remote is down for everyone, or the request never left):
-        wait, without a failure, at most for the deferral window."""
-        step.deferrals += 1
-        if step.deferred_since is None:
-            step.deferred_since = now
-        window_end = step.deferred_since + policy.deferral_window
-        if self._halting() and step.kind is StepKind.ACTION:
-            self._stop_for_cancel(step, now, f"{step.step} had not run when cancelled")
-        elif now >= window_end:
-            waited = int((now - step.deferred_since).total_seconds())
-            self._fail_for_good(
-                step,
-                now,
-                f"{step.step} {cause} for {waited} s (the deferral window; last: {why})",
-                step.may_have_applied,
+        step: str,
+        path: str,
+        timeout: int,
+        kind: StepKind,
+        compensates: str | None,
+        now: datetime,
+        due: datetime | None = None,
+    ) -> StepRecord:
+        if any(s.is_active and s.step == step for s in self.steps):  # pragma: no cover
+            raise AssertionError(f"order {self.order_id}: step {step} is already active")
+        record = StepRecord(
+            order_id=self.order_id,
+            step=step,
+            seq=max((s.seq for s in self.steps), default=-1) + 1,
+            kind=kind,
+            path=path,
+            timeout_seconds=timeout,
+            process_state=StepState.PENDING,
+            locked_by="",
+            complete_by=due or now,
+            compensates=compensates,
+            changed=True,
+        )
+        record.record(
+            now,
+            Event.CREATED,
+            compensates=compensates,
+            notBefore=iso(due) if due and due > now else None,
+        )
+        self.steps.append(record)
+        return record
+
+    def take_kept_event(self, record: StepRecord, name: str, now: datetime) -> None:
+        inbox.take_kept(self, record, name, now)
+
+    def started(self, now: datetime) -> None:
+        """A step of the order began to work: a pending order is processing."""
+        if self.status is OrderStatus.PENDING:
+            self.set_status(OrderStatus.PROCESSING, now)
+
+    def set_status(self, status: OrderStatus, now: datetime, **extra: Any) -> None:
+        if status is self.status:
+            return
+        self.status = status
+        self.note(now, Event.STATUS, status=str(status))
+        self._notify(str(status), now, **extra)
+
+    def _notify(self, status: str, now: datetime, **extra: Any) -> None:
+        if self.reply_to:
+            fields = {k: v for k, v in extra.items() if v is not None}
+            self.outbox.append(
+                Notice(
+                    "status", status_message(self.order_id, status, now, **fields), self.reply_to
+                )
             )
-        elif not_before is not None and not_before > window_end:
-            self._fail_for_good(
-                step,
-                now,
-                f"{step.step}'s service asked not to be called before {iso(not_before)}, past "
-                f"the deferral window (it ends {iso(window_end)}; last: {why})",
-                step.may_have_applied,
+
+    def alert(self, record: StepRecord, reason: str, now: datetime) -> None:
+        # A reason from a remote or a handler ends a sentence; the alert goes on after it.
+        reason = _CLAUSE_END.sub(r"\1", reason)
+        self.note(now, Event.ALERTED, step=record.step, reason=reason)
+        self.outbox.append(
+            Notice(
+                "alert",
+                alert_message(self.order_id, record.step, reason, record.failure_count, now),
             )
-        else:
-            due = max(not_before or now, now + policy.deferral_delay(step.deferrals, self.order_id))
-            self._retry_at(step, due, now, deferral=step.deferrals)
+        )
+
+    def note(self, now: datetime, event: Event, **details: Any) -> None:
+        """An entry in the order's own history (for people: no decision reads it)."""
+        entry: dict[str, Any] = {"at": iso(now), "event": str(event)}
+        # Outside text (a remote's error, an operator's reason) shown as it is: visible.
+        entry.update({k: visible_details(v) for k, v in details.items() if v is not None})
+        self.history.append(entry)
+        if len(self.history) > MAX_ORDER_HISTORY:
+            self.history = self.history[:1] + self.history[-(MAX_ORDER_HISTORY - 1) :]
+
+    def touch(self, now: datetime) -> None:
+        self.updated_at = now
+
+    def refuse(self, reason: str, message: str, step: str | None = None) -> TransitionRefused:
+        return TransitionRefused(reason, message, order_id=self.order_id, step=step)

@@ -4,12 +4,14 @@ still be sent to an agent, with the agent and remote path its stored plan names.
 The deploy guard (``python -m admin deploy-check``) compares this with the declarations
 about to deploy: an agent a need names must still have its function and queue.
 
-Everything here follows from the transitions (``core/unwinding.py``, ``core/model.py``):
+Everything here follows from the transitions (``core/course.py``, ``core/operator.py``,
+``core/evidence.py``):
 
-- A finished order (``completed``, ``compensated``, ``cancelled``) runs nothing more,
-  but for one thing: a step undone while nothing showed it applied may still report a
-  success that came after its undo began (docs/contracts.md §3.11); the order is then
-  ``error`` and its undo runs again (``Why.REDO``).
+- A completed order runs nothing more. A compensated or cancelled one runs nothing more
+  but for one thing: a step that ran and was undone, stopped or failed while nothing
+  showed it applied may still report that it did (docs/contracts.md §3.11, §3.15); its
+  undo then runs (again) (``Why.REDO``), or, for a step without one, the order is in
+  ``error`` and a resubmit asks it again with its key (``Why.RETRY``).
 - An order going **forward** (``pending``, ``processing``, or ``error`` at a failed
   action) runs its active or failed action again (a retry, an operator's resubmit, a
   late success that moves it on), then every later action; and, because a later failure
@@ -19,8 +21,9 @@ Everything here follows from the transitions (``core/unwinding.py``, ``core/mode
   late if it succeeds, and the order goes on.
 - An order **unwinding** (``compensating``, or ``error`` at a failed compensation: a
   resubmit or a second cancel retries it) runs its active or failed compensation, then
-  the compensations of the actions still ``Processed``; never an action again (a late
-  success of a step being undone is not accepted).
+  the compensations of the actions not undone yet that ran (a step that failed or was
+  stopped may turn out to have applied); never an action again, but one that may have
+  applied and cannot be undone, asked again with its key by a resubmit.
 
 A step already undone, or done without a compensation, needs nothing. What a step needs
 is read from the stored plan, never from the declarations: the scheduler routes a
@@ -147,7 +150,9 @@ def _unwinding(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:
     agent = plan.agent_of(current.step)
     needs = [Need(current.step, agent, current.path, why, current.compensates)]
     # the action being undone is Compensating, the ones already undone Compensated
-    still_done = [s for s in order.steps if s.kind is StepKind.ACTION and _undoable(s)]
+    still_done = [
+        s for s in order.latest_actions() if _undoable(s) and s.step != current.compensates
+    ]
     for record in sorted(still_done, key=lambda s: s.seq, reverse=True):
         planned = plan.steps[plan.index_of(record.step)]
         if planned.compensation:
@@ -159,21 +164,34 @@ def _redo(order: Order) -> tuple[Need, ...]:
     """A finished order: the undos that ran before their step was known applied (a success
     of it may still come, and overtake them)."""
     needs: list[Need] = []
-    for record in sorted(order.steps, key=lambda s: s.seq, reverse=True):
-        if (
-            record.kind is StepKind.ACTION
-            and record.process_state is StepState.COMPENSATED
-            and record.undone_by
-            and not record.attempts.applied
-        ):
-            planned = order.plan.steps[order.plan.index_of(record.step)]
-            if planned.compensation:
-                needs.append(replace(_undo(planned), why=Why.REDO))
+    if order.status is OrderStatus.COMPLETED:
+        return ()
+    for record in sorted(order.latest_actions(), key=lambda s: s.seq, reverse=True):
+        undone = record.process_state is StepState.COMPENSATED and record.undone_by is not None
+        if record.attempt == 0 or (undone and record.attempts.applied):
+            continue
+        if record.process_state not in (StepState.COMPENSATED, StepState.ERROR):
+            continue
+        planned = order.plan.steps[order.plan.index_of(record.step)]
+        if planned.compensation:
+            needs.append(replace(_undo(planned), why=Why.REDO))
+        elif not undone and not record.attempts.applied:
+            # A report that it may have applied after all puts the order in error
+            # (docs/contracts.md §3.15); a resubmit then asks it again, with its key.
+            needs.append(Need(record.step, planned.agent, record.path, Why.RETRY))
     return tuple(needs)
 
 
 def _undoable(step: StepRecord) -> bool:
-    return step.process_state is StepState.PROCESSED
+    """Not undone yet, and it applied or may turn out to have (late evidence of a step that
+    failed or was stopped after it ran reopens the unwinding: ``core.evidence``)."""
+    if step.process_state in (StepState.PROCESSED, StepState.COMPENSATING):
+        return True
+    if step.attempt == 0:
+        return False
+    return step.process_state is StepState.ERROR or (
+        step.process_state is StepState.COMPENSATED and step.undone_by is None
+    )
 
 
 def _undo(step: PlannedStep) -> Need:

@@ -48,6 +48,16 @@ class PlannedStep:
     #: the functions it calls when it starts, and those of its compensation
     uses: tuple[str, ...] = ()
     compensation_uses: tuple[str, ...] = ()
+    #: its effect may stand when the order is undone (``StepSpec.may_stand``)
+    may_stand: bool = False
+    #: for an event: who delivers it, a "person" or a "machine" (``Event.by``)
+    event_by: str = "person"
+
+    @property
+    def by_machine(self) -> bool:
+        """Its event comes from a remote, only on its capability URL: a callback
+        (``completes_on``) or an ``Event(..., by="machine")``."""
+        return self.kind == "task" or self.event_by == "machine"
 
     @property
     def waits(self) -> bool:
@@ -71,6 +81,10 @@ class PlannedStep:
             out["seconds"] = self.delay_seconds
         if self.uses:
             out["uses"] = list(self.uses)
+        if self.may_stand:
+            out["mayStand"] = True
+        if self.kind == "event" and self.event_by != "person":
+            out["by"] = self.event_by
         if self.compensation:
             out["compensation"] = {
                 "name": self.compensation,
@@ -110,6 +124,8 @@ class PlannedStep:
             delay_seconds=int(seconds) if seconds is not None else None,
             uses=tuple(str(u) for u in raw.get("uses", ())),
             compensation_uses=tuple(str(u) for u in comp.get("uses", ())),
+            may_stand=bool(raw.get("mayStand", False)),
+            event_by="machine" if raw.get("by") == "machine" else "person",
         )
 
 
@@ -144,6 +160,7 @@ class Plan:
                         completes_on=leaf.completes_on,
                         uses=leaf.functions(),
                         compensation_uses=("input",) if c and c.input is not None else (),
+                        may_stand=leaf.may_stand,
                     )
                 )
             elif isinstance(leaf, Event):
@@ -156,6 +173,7 @@ class Plan:
                         kind="event",
                         group=group,
                         uses=leaf.functions(),
+                        event_by=leaf.by,
                     )
                 )
             else:

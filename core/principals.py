@@ -83,7 +83,7 @@ class Access(StrEnum):
 
     PUBLIC = "public"  # nothing to protect: the console's stylesheet and script
     READ = "read"
-    EVENT = "event"  # deliver an event: an operator, or a machine with the function key
+    EVENT = "event"  # deliver a person's event: an operator (a machine: its capability URL)
     CHANGE = "change"
 
 
@@ -278,6 +278,14 @@ def refusal(
     if access is Access.PUBLIC:
         return None
     if principal is None:
+        if access is Access.EVENT:
+            return Refusal(
+                403,
+                f"an event is a person's decision (the {OPERATOR} role) or a remote's answer "
+                "on the URL its step gave it (events_url, with its token): a function key "
+                "alone delivers nothing",
+                OPERATOR,
+            )
         if console:
             if sign_in.entra:
                 return Refusal(401, "Sign in to use the console.", sign_in=True)

@@ -88,18 +88,25 @@ def test_an_order_going_forward_needs_its_step_the_later_ones_and_every_undo() -
 def test_an_order_unwinding_needs_only_the_compensations_still_to_run() -> None:
     order = new_order("fulfilment")
     drive(order, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
-    # the refund failed for good: resubmit retries it
+    # the refund failed for good: resubmit retries it. Ship, refused, ran: a report that
+    # it may have applied after all would put the order in error, and a resubmit would ask
+    # it again with its key (docs/contracts.md §3.15)
+    ship_again = ("ship", "carrier", "retry", None)
     assert (order.status, needs(order)) == (
         OrderStatus.ERROR,
-        [("refund-payment", "payments", "retry", "charge-payment"), RELEASE],
+        [("refund-payment", "payments", "retry", "charge-payment"), RELEASE, ship_again],
     )
     order.resubmit(T0 + timedelta(hours=1), "op")
     assert order.status is OrderStatus.COMPENSATING
-    assert needs(order) == [("refund-payment", "payments", "running", "charge-payment"), RELEASE]
+    assert needs(order) == [
+        ("refund-payment", "payments", "running", "charge-payment"),
+        RELEASE,
+        ship_again,
+    ]
     order = new_order("fulfilment")
     # the refund done: undone
     drive(order, {"ship": ReplyOutcome.REFUSED, "release-stock": ReplyOutcome.REFUSED})
-    assert needs(order) == [("release-stock", "inventory", "retry", "reserve-stock")]
+    assert needs(order) == [("release-stock", "inventory", "retry", "reserve-stock"), ship_again]
 
 
 def test_an_error_order_at_an_action_needs_it_and_every_undo() -> None:
@@ -126,16 +133,16 @@ def test_a_cancel_drops_the_later_steps_once_the_running_one_will_be_undone() ->
     assert needs(order) == [(*SHIP, "running", None), REFUND, RELEASE]  # too late if it succeeds
 
 
-def test_a_finished_order_needs_nothing() -> None:
-    choices: list[dict[str, ReplyOutcome | Literal["expire"]]] = [
-        {},
-        {"ship": ReplyOutcome.REFUSED},
-    ]
-    for outcomes in choices:
-        order = new_order("fulfilment")
-        drive(order, outcomes)
-        assert order.status.finished
-        assert still_needed(order) == ()
+def test_a_finished_order_needs_nothing_but_what_late_evidence_may_ask_again() -> None:
+    order = new_order("fulfilment")
+    drive(order, {})
+    assert order.status is OrderStatus.COMPLETED and still_needed(order) == ()
+    # compensated after ship was refused: a report that ship may have applied after all
+    # would put the order in error, and a resubmit would ask it again (§3.15)
+    order = new_order("fulfilment")
+    drive(order, {"ship": ReplyOutcome.REFUSED})
+    assert order.status is OrderStatus.COMPENSATED
+    assert needs(order) == [("ship", "carrier", "retry", None)]
 
 
 @pytest.mark.parametrize("seed", [7, 2026, 99])
@@ -254,7 +261,7 @@ def test_removing_an_agent_orders_in_flight_need_is_refused_naming_them() -> Non
     unwinding = accepted("fulfilment", "o-unwinding")
     drive(
         unwinding, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED}
-    )  # error, needs no carrier
+    )  # error; ship ran and was refused: a late "maybe" would have it asked again
     without_carrier = target(
         [ORDERS, INVENTORY, PAYMENTS], [ORDER, Workflow("fulfilment", (RESERVE_SPEC, CHARGE_SPEC))]
     )
@@ -266,9 +273,10 @@ def test_removing_an_agent_orders_in_flight_need_is_refused_naming_them() -> Non
         {
             "problem": "agent-removed",
             "agent": "carrier",
-            "orders": 3,
+            "orders": 4,
             "steps": [
                 {"workflow": "fulfilment", "step": "ship", "why": "later", "orders": 2},
+                {"workflow": "fulfilment", "step": "ship", "why": "retry", "orders": 1},
                 {"workflow": "fulfilment", "step": "ship", "why": "running", "orders": 1},
             ],
             "sample": [
@@ -287,6 +295,12 @@ def test_removing_an_agent_orders_in_flight_need_is_refused_naming_them() -> Non
                 {
                     "orderId": "o-reserve",
                     "status": "pending",
+                    "workflow": "fulfilment",
+                    "steps": ["ship"],
+                },
+                {
+                    "orderId": "o-unwinding",
+                    "status": "error",
                     "workflow": "fulfilment",
                     "steps": ["ship"],
                 },

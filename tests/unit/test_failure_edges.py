@@ -273,7 +273,7 @@ def ambiguous_ship() -> tuple[Order, datetime]:
 def test_4_cancel_of_an_ambiguous_ship_is_refused_without_the_statement() -> None:
     order, now = ambiguous_ship()
     preview = order.cancel_preview(now)
-    assert not preview.allowed and preview.doubtful == "ship"
+    assert not preview.allowed and preview.doubtful == ("ship",)
     assert preview.undo == (
         ("charge-payment", "refund-payment"),
         ("reserve-stock", "release-stock"),
@@ -298,9 +298,20 @@ def test_4_cancel_with_the_statement_undoes_the_rest_and_records_who_said_so() -
     said = [h for h in ship.history if h["event"] == Event.STATED_NOT_APPLIED]
     assert said and said[0]["by"] == "alice"
     assert all("alice" in (a.settled_by or "") for a in ship.attempts.items)
-    # a late success of ship after that: an alert, the effect stands
+    # a late success of ship after that: the undo goes on, and at its end the effect that
+    # stands is told, with what was undone (docs/contracts.md §3.15)
     order.apply_reply(reply(order, step="ship", attempt=2), now + timedelta(seconds=1), POLICY)
-    assert "reported success" in alerts(order)[-1]["reason"]
+    assert order.status is OrderStatus.COMPENSATING
+    later = now + timedelta(seconds=2)
+    while order.status is OrderStatus.COMPENSATING:
+        undo = order.active_step()
+        assert undo is not None and undo.kind is StepKind.COMPENSATION
+        later = max(later, undo.complete_by)
+        order.claim("i", later, step=undo.step)
+        order.apply_reply(reply(order, step=undo.step), later, POLICY)
+    assert order.status is OrderStatus.ERROR
+    told = alerts(order)[-1]["reason"]
+    assert "ship applied and cannot be undone" in told and "refund-payment" in told
 
 
 def test_4_cancel_of_a_pending_step_in_doubt_is_refused_too() -> None:
@@ -518,10 +529,10 @@ def plan_with_timeout(seconds: int) -> Any:
 # --- found in review: each failed before its fix ------------------------------------------
 
 
-def test_review_a_late_deferral_of_a_compensation_keeps_the_order_unwinding() -> None:
-    """A compensation that gave up by an expiry, then that attempt's late deferral: it goes
-    back to work as a compensation (status compensating), and a cancel cannot end the
-    order with the stock never released."""
+def test_review_a_late_deferral_of_a_compensation_never_ends_the_order_unreleased() -> None:
+    """A compensation that gave up by an expiry, then that attempt's late deferral: nothing
+    changes on the ended step, and a cancel cannot end the order with the stock never
+    released: it retries the unwinding."""
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
     fail_until_given_up(order, ["no", "no", "no"], now)  # definite: unwinding
@@ -535,9 +546,13 @@ def test_review_a_late_deferral_of_a_compensation_keeps_the_order_unwinding() ->
     assert (order.status, release.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     late = reply(order, ReplyOutcome.DEFERRED, step="release-stock", attempt=3, not_before=now)
     order.apply_reply(late, now + timedelta(seconds=1), POLICY)
+    # a late deferral changes nothing on a step that has ended (docs/contracts.md §3.15)...
+    assert (order.status, release.process_state) == (OrderStatus.ERROR, StepState.ERROR)
+    # ... and a cancel retries the unwinding: the stock is released, never left
+    order.cancel(now + timedelta(seconds=2), "ops")
+    again = order.find("release-stock")
     assert order.status is OrderStatus.COMPENSATING
-    with pytest.raises(TransitionRefused):
-        order.cancel(now + timedelta(seconds=2), "ops")
+    assert again is not None and again.process_state is StepState.PENDING
 
 
 def test_review_a_refund_while_held_lets_the_step_go_on() -> None:
@@ -689,7 +704,7 @@ def test_review_a_cancel_of_a_held_step_in_doubt_needs_the_statement() -> None:
     ship = order.find("ship")
     assert ship is not None and ship.held
     preview = order.cancel_preview(now)
-    assert preview.doubtful == "ship" and preview.in_flight is None and not preview.allowed
+    assert preview.doubtful == ("ship",) and preview.in_flight == () and not preview.allowed
     with pytest.raises(TransitionRefused):
         order.cancel(now, "app")
     order.cancel(now, "ops", not_applied="ship")

@@ -220,8 +220,13 @@ def test_a_late_report_turns_an_ambiguous_error_into_a_definite_one() -> None:
         now + timedelta(seconds=32),
         POLICY,
     )
-    assert order.status is OrderStatus.COMPENSATING
+    # The attempt's own report says it was not applied: the operator is told; nothing is
+    # undone on a report's word alone (docs/contracts.md §3.15): a cancel now needs no
+    # statement, and undoes the completed steps.
+    assert order.status is OrderStatus.ERROR and not ship.may_have_applied
     assert "not applied after all" in alerts(order)[-1]["reason"]
+    order.cancel(now + timedelta(seconds=33), "ops")
+    assert order.status is OrderStatus.COMPENSATING
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
 
@@ -530,7 +535,10 @@ def test_a_refusal_after_a_try_that_may_have_applied_in_the_same_attempt_is_ambi
     assert "may have been applied" in alerts(order)[-1]["reason"]
 
 
-def test_a_late_deferral_takes_back_the_expiry_that_failed_the_step() -> None:
+def test_a_late_deferral_of_the_expiry_that_failed_the_step_changes_nothing() -> None:
+    """A report that adds no evidence of an effect (a deferral: "not called") changes nothing
+    on a step that has ended (docs/contracts.md §3.15): the count, the state and the order
+    stay; the operator, told, decides."""
     order = new_order()
     fail_until_given_up(order, ["no", "no"])
     step = order.steps[0]
@@ -551,11 +559,11 @@ def test_a_late_deferral_takes_back_the_expiry_that_failed_the_step() -> None:
         POLICY,
     )
     assert (order.status, step.process_state, step.failure_count) == (
-        OrderStatus.PROCESSING,
-        StepState.PENDING,
-        2,
+        OrderStatus.ERROR,
+        StepState.ERROR,
+        3,
     )
-    assert "back to work" in alerts(order)[-1]["reason"]
+    assert not any("back to work" in a["reason"] for a in alerts(order))
 
 
 def test_a_late_report_does_not_skip_a_compensation_that_failed_after_it() -> None:

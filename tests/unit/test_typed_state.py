@@ -174,13 +174,13 @@ APP = [
 
 
 def test_no_decision_in_core_reads_a_history() -> None:
-    """In ``core/``, ``.history`` is only appended to (``record``, ``_event``): no transition
+    """In ``core/``, ``.history`` is only appended to (``record``, ``note``): no transition
     reads it to decide anything."""
     readers = []
     for path in sorted((ROOT / "core").glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for fn in ast.walk(tree):
-            if not isinstance(fn, ast.FunctionDef) or fn.name in ("record", "_event"):
+            if not isinstance(fn, ast.FunctionDef) or fn.name in ("record", "note"):
                 continue
             for node in ast.walk(fn):
                 if isinstance(node, ast.Attribute) and node.attr == "history":

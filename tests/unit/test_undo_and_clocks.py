@@ -18,9 +18,9 @@ from core.attempts import Applied
 from core.errors import TransitionRefused
 from core.messages import AgentReply, ReplyOutcome
 from core.model import IN_FLIGHT_GRACE, Order
+from core.moves import OVERTAKEN
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
-from core.unwinding import OVERTAKEN
 from tests.unit.test_failure_semantics import reach
 from tests.unit.test_model import T0, alerts, new_order, reply
 

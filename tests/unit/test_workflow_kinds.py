@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from core.errors import InvalidEvent, TransitionRefused
+from core.inbox import check_event
 from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
 from core.order_message import decode_order
 from core.policy import RetryPolicy
-from core.progress import check_event
 from core.states import OrderStatus, StepKind, StepState
 from core.workflows import WORKFLOWS, Plan
 from tests.fixtures.flows import NOON

@@ -1,0 +1,445 @@
+"""The order's course: one decision over all of its records (docs/contracts.md §3.15).
+
+After every transition (a report, an expiry, an event, an operator's action) the order
+calls ``advance``, which looks at every record and decides what the order does next. A
+plan is a line of groups: a group is one step, or the steps of one ``Parallel``.
+
+- **Going forward**, the current group runs until every step of it has succeeded or been
+  skipped; then the next group starts, or the order is ``completed``. When a step of the
+  group fails for good, or the order is cancelled, the group halts: what has not started
+  (a step waiting for its next attempt, an event, a delay) stops at once, and what is in
+  flight finishes its attempt first (§3.11).
+- **Settling** a group that failed (or a cancel) is decided over every record, wherever
+  it stands: while any step that cannot be undone may have applied (its doubt unsettled,
+  no operator's statement), nothing is undone — the order is ``error``, with one alert
+  naming every such step. Otherwise the order unwinds (or, in a workflow with nothing to
+  compensate, is ``error``, safe to resubmit).
+- **Unwinding** compensates, one at a time and latest first, every step that applied (or
+  may have, where it can be undone), never before its last call can no longer run. New
+  doubt about a step that cannot be undone stops it; so does a compensation that fails
+  for good. At its end, an effect that stands (a step without a compensation that
+  applied, not declared ``may_stand``) is told: the order is ``error``, one alert; else it
+  is ``compensated``, or ``cancelled``.
+
+Nothing here is called by a kind or an evidence rule: they change records; this decides.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Final
+
+from core import kinds, moves
+from core.events import Event
+from core.messages import idempotency_key
+from core.states import OrderStatus, StepKind, StepState
+from core.steps import StepRecord
+from core.timefmt import iso
+
+if TYPE_CHECKING:
+    from core.model import Order
+
+#: After an attempt's deadline, how long its last remote call may still be running
+#: somewhere (agents stop before the deadline; this covers clock skew). A compensation
+#: of a step that may have applied is not dispatched before then (it must not race it).
+IN_FLIGHT_GRACE: Final = timedelta(seconds=2)
+
+
+def advance(order: Order, now: datetime) -> None:
+    """Decide what the order does next from all of its records (see the module)."""
+    for _ in range(len(order.plan.steps) + 2):  # each round may start the next group
+        if order.status.finished or order.status is OrderStatus.ERROR:
+            return
+        if order.status is OrderStatus.COMPENSATING:
+            _unwind(order, now)
+            return
+        if not _forward(order, now):
+            return
+
+
+# --- going forward ------------------------------------------------------------------------
+
+
+def _forward(order: Order, now: datetime) -> bool:
+    """One look at the current group; True if the next group started (look again)."""
+    group = order.group_records()
+    if halting(order):
+        for record in [r for r in group if r.is_active]:
+            _halt(order, record, now)
+    if any(r.is_active for r in group):
+        return False
+    done = all(r.process_state in (StepState.PROCESSED, StepState.SKIPPED) for r in group)
+    if done and not order.cancel_requested:
+        current = order.current_group()
+        following = order.plan.next_group(current) if current is not None else None
+        if following is None:
+            order.set_status(OrderStatus.COMPLETED, now)
+            return False
+        start_group(order, following, now)
+        return True
+    return _settle(order, now)
+
+
+def start_group(order: Order, group: int, now: datetime) -> None:
+    """Every step of ``group``: records first, then what each decides when it starts."""
+    created = [(order.new_action(p, now), p) for p in order.plan.group(group)]
+    for record, planned in created:
+        kinds.begin(order, record, planned, now)
+
+
+def halting(order: Order) -> bool:
+    """The current group stops what has not started: a step of it failed for good, or the
+    order is being cancelled."""
+    if order.cancel_requested:
+        return True
+    return any(s.process_state is StepState.ERROR for s in order.group_records())
+
+
+def _halt(order: Order, record: StepRecord, now: datetime) -> None:
+    """A step of a halting group that has not started (or only waits) stops now; one in
+    flight finishes its attempt first (its report or its deadline)."""
+    cancelled = order.cancel_requested
+    why = "the order was cancelled" if cancelled else "another step of its group failed for good"
+    if order.waits(record):
+        moves.stop(record, now, f"{record.step} waited; stopped: {why}", cancelled=cancelled)
+    elif record.process_state is StepState.PENDING or record.held:
+        if record.attempt == 0 or not record.may_have_applied:
+            moves.stop(
+                record, now, f"{record.step} had not applied; stopped: {why}", cancelled=cancelled
+            )
+        else:
+            moves.fail(
+                record,
+                now,
+                f"{record.step} had not succeeded when stopped ({why}); an attempt may have "
+                "applied it",
+                True,
+            )
+
+
+def _settle(order: Order, now: datetime) -> bool:
+    """Nothing of the current group is active and it failed (or the order is being
+    cancelled): the verdict, over every record of the order. True if the order goes on
+    after all (a cancel too late): look again."""
+    group = order.group_records()
+    failed = [r for r in group if r.process_state is StepState.ERROR]
+    if not failed and order.cancel_requested:
+        ran = [
+            r
+            for r in group
+            if r.process_state is StepState.PROCESSED
+            and r.attempt
+            and order.planned(r.step).compensation is None
+        ]
+        if ran:
+            _cancel_too_late(order, ran[0], now)
+            return True
+    doubt = doubtful(order)
+    if doubt:
+        order.set_status(OrderStatus.ERROR, now)
+        tell_doubt(order, doubt, now)
+        return False
+    bugs = [r for r in failed if r.gave_up is not None and r.gave_up.kind == kinds.DECLARATION_BUG]
+    if order.cancel_requested or order.plan.compensates or _undoable(order):
+        if bugs:
+            _tell_bugs(order, bugs, now)
+        if _undoable(order):
+            order.set_status(OrderStatus.COMPENSATING, now)
+        _unwind(order, now)  # nothing to undo: it ends at once (compensated, or told)
+        return False
+    order.set_status(OrderStatus.ERROR, now)
+    _tell_not_applied(order, failed, now)
+    return False
+
+
+def _cancel_too_late(order: Order, record: StepRecord, now: datetime) -> None:
+    """A step that cannot be undone succeeded after the cancel: nothing is undone and the
+    order goes on; the steps of its group the cancel stopped run after all."""
+    order.cancel_requested = False
+    note = f"{record.step} succeeded after the cancel and cannot be undone: the order goes on"
+    record.record(now, Event.CANCEL_TOO_LATE, note=note)
+    order.note(now, Event.CANCEL_TOO_LATE, step=record.step, note=note)
+    for stopped in order.group_records():
+        if stopped.process_state is StepState.COMPENSATED and stopped.undone_by is None:
+            moves.restart(stopped, now)
+            kinds.begin(order, stopped, order.planned(stopped.step), now)
+
+
+# --- doubt, over every record ----------------------------------------------------------------
+
+
+def in_doubt(record: StepRecord) -> bool:
+    """Some attempt of ``record`` may have applied and nothing settled it, and it is not
+    known to have applied (one key, one effect: a success settles every attempt)."""
+    return record.may_have_applied and not record.attempts.applied
+
+
+def doubtful(order: Order) -> list[StepRecord]:
+    """Every action that may have applied, cannot be undone and may not stand: while any
+    is in doubt nothing is undone around it (docs/contracts.md §3.15)."""
+    return [
+        r
+        for r in order.latest_actions()
+        if not r.is_active
+        and in_doubt(r)
+        and not order.planned(r.step).compensation
+        and not order.planned(r.step).may_stand
+    ]
+
+
+def _undoable(order: Order) -> bool:
+    return next_to_compensate(order) is not None
+
+
+def tell_doubt(order: Order, records: list[StepRecord], now: datetime) -> None:
+    """One alert for the episode, naming every step that may have applied and cannot be
+    undone: nothing is undone around them; what to check, and what to do then."""
+    parts = []
+    for record in records:
+        numbers = ", ".join(map(str, record.maybe_applied))
+        reason = record.gave_up.reason if record.gave_up is not None else record.last_error or ""
+        parts.append(
+            f"{reason or record.step}; it may have been applied (attempt(s) {numbers} may have "
+            "reached it)"
+        )
+    keys = ", ".join(idempotency_key(order.order_id, r.step, r.key_round) for r in records)
+    names = ", ".join(r.step for r in records)
+    one = len(records) == 1
+    if order.cancel_requested:
+        advice = (
+            f"{'it cannot' if one else 'they cannot'} be compensated, so the cancel stops here: "
+            f"ask {'its service' if one else 'their services'} whether {keys} happened, then "
+            "resubmit (if it was applied, the same idempotency key returns its result and the "
+            "order completes) or cancel again, stating it did not happen, to undo the other "
+            "steps"
+        )
+    else:
+        advice = (
+            f"{'it has' if one else 'they have'} no compensation: ask "
+            f"{'its service' if one else 'their services'} whether {keys} happened, then "
+            "resubmit to retry with the same idempotency key (safe either way), or cancel, "
+            "stating it did not happen, to undo the completed steps"
+        )
+    reason = "; and ".join(parts) if one else f"{names} may have been applied: " + "; ".join(parts)
+    order.alert(records[0], f"{reason}, and {advice}", now)
+
+
+def _tell_not_applied(order: Order, failed: list[StepRecord], now: datetime) -> None:
+    if not failed:  # pragma: no cover - a group that settles without a failure unwinds
+        return
+    reasons = [(r.gave_up.reason if r.gave_up is not None else r.last_error or "") for r in failed]
+    verdict = "it was not applied" if len(failed) == 1 else "none of them was applied"
+    order.alert(
+        failed[0],
+        f"{'; '.join(reasons)}; {verdict}: it is safe to resubmit once the cause is fixed",
+        now,
+    )
+
+
+def _tell_bugs(order: Order, bugs: list[StepRecord], now: datetime) -> None:
+    """A declaration's function raised: told, even though the order unwinds (§3.17)."""
+    reasons = "; ".join(r.gave_up.reason for r in bugs if r.gave_up is not None)
+    order.alert(
+        bugs[0],
+        f"{reasons}: a bug in the workflow's declaration; nothing was sent for it, and the "
+        "order is being undone. Fix the declaration; new orders will use it",
+        now,
+    )
+
+
+# --- unwinding ---------------------------------------------------------------------------------
+
+
+def _unwind(order: Order, now: datetime) -> None:
+    """One look at the unwinding: one compensation at a time, latest first."""
+    undos = [s for s in order.steps if s.kind is StepKind.COMPENSATION]
+    if any(s.is_active for s in order.steps):
+        return  # one compensation at a time; a step asked again (a resubmit) first
+    _reconcile_undos(order, now)
+    failed = [
+        u
+        for u in undos
+        if u.process_state is StepState.ERROR
+        and u.gave_up is not None
+        and u.gave_up.kind != moves.OVERTAKEN
+    ]
+    if failed:
+        order.set_status(OrderStatus.ERROR, now)
+        _tell_failed_undo(order, max(failed, key=lambda s: s.seq), now)
+        return
+    doubt = doubtful(order)
+    if doubt:
+        order.set_status(OrderStatus.ERROR, now)
+        tell_doubt(order, doubt, now)
+        return
+    overtaken = [
+        u
+        for u in undos
+        if u.process_state is StepState.ERROR
+        and u.gave_up is not None
+        and u.gave_up.kind == moves.OVERTAKEN
+    ]
+    if overtaken:
+        # Its step applied after the undo began: the unwinding stops here, told.
+        order.set_status(OrderStatus.ERROR, now)
+        tell_overtaken(order, max(overtaken, key=lambda s: s.seq), now)
+        return
+    target = next_to_compensate(order)
+    if target is not None:
+        begin_compensation(order, target, now)
+        return
+    stands = standing(order)
+    told = [r for r in stands if not order.planned(r.step).may_stand and not r.stands]
+    if told:
+        order.set_status(OrderStatus.ERROR, now)
+        _tell_standing(order, told, now)
+        return
+    finish(order, now)
+
+
+def finish(order: Order, now: datetime) -> None:
+    """The unwinding is over: ``cancelled`` or ``compensated``; effects that may stand by
+    declaration are said in the history and the status message."""
+    stands = [r.step for r in standing(order)]
+    if stands:
+        order.note(now, Event.EFFECT_STANDS, steps=stands, note="declared may_stand")
+    order.set_status(
+        OrderStatus.CANCELLED if order.cancel_requested else OrderStatus.COMPENSATED,
+        now,
+        effectsStanding=stands or None,
+    )
+
+
+def _reconcile_undos(order: Order, now: datetime) -> None:
+    """A compensation that succeeded undid its step (unless the step applied after it
+    began: then it may have missed it, ``moves.overtaken``)."""
+    for undo in order.steps:
+        if undo.kind is not StepKind.COMPENSATION or undo.process_state is not StepState.PROCESSED:
+            continue
+        target = order.find(undo.compensates or "")
+        if (
+            target is None
+            or target.process_state is not StepState.COMPENSATING
+            or order.undo_of(target) is not undo
+        ):
+            continue
+        if target.applied_after_undo is not None:
+            moves.overtaken(order, undo, now)
+            continue
+        target.process_state = StepState.COMPENSATED
+        target.undone_by = undo.step
+        target.record(now, Event.COMPENSATED, by=undo.step)
+
+
+def standing(order: Order) -> list[StepRecord]:
+    """Steps that applied, cannot be undone, and stand: calls without a compensation that
+    succeeded (or are known to have applied)."""
+    return [
+        r
+        for r in order.latest_actions()
+        if not order.waits(r)
+        and not order.planned(r.step).compensation
+        and r.attempt
+        and (r.process_state is StepState.PROCESSED or r.attempts.applied)
+    ]
+
+
+def next_to_compensate(order: Order) -> StepRecord | None:
+    """The latest action still to undo: one that succeeded, or one that failed for good as
+    "may have applied" and can be undone (no operator said it did not happen)."""
+    candidates = [
+        s
+        for s in order.latest_actions()
+        if order.planned(s.step).compensation
+        and (
+            s.process_state is StepState.PROCESSED
+            or (
+                s.process_state is StepState.ERROR
+                and s.gave_up is not None
+                and s.gave_up.ambiguous
+                and s.gave_up.operator is None
+            )
+        )
+    ]
+    return max(candidates, key=lambda s: s.seq) if candidates else None
+
+
+def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
+    """Start undoing ``target``; not before its last call can no longer run where it may
+    have applied unreported, nor while a handler of it still runs (on any clock)."""
+    planned = order.planned(target.step)
+    assert planned.compensation is not None
+    not_before: datetime | None = None
+    if target.process_state is StepState.ERROR:
+        not_before = moves.not_before_undo(target, IN_FLIGHT_GRACE)
+    running = target.attempts.running_until(now)
+    if running is not None:
+        held = (target.last_deadline() or running) + IN_FLIGHT_GRACE
+        not_before = max(not_before or now, held)
+    target.process_state = StepState.COMPENSATING
+    target.record(now, Event.COMPENSATING, by=planned.compensation)
+    record = order.add_record(
+        step=planned.compensation,
+        path=planned.compensation_path or planned.compensation,
+        timeout=planned.compensation_timeout_seconds or planned.timeout_seconds,
+        kind=StepKind.COMPENSATION,
+        compensates=target.step,
+        now=now,
+        due=max(now, not_before) if not_before else now,
+    )
+    kinds.decide_compensation_input(order, record, now)
+    if record.process_state is StepState.ERROR:  # its input raised: the unwinding stops
+        order.set_status(OrderStatus.ERROR, now)
+        _tell_failed_undo(order, record, now)
+
+
+def _tell_failed_undo(order: Order, undo: StepRecord, now: datetime) -> None:
+    gave_up = undo.gave_up
+    reason = gave_up.reason if gave_up is not None else undo.last_error or ""
+    verdict = "it was not applied"
+    if gave_up is not None and gave_up.ambiguous:
+        numbers = ", ".join(map(str, undo.maybe_applied))
+        verdict = f"it may have been applied (attempt(s) {numbers} may have reached it)"
+    order.alert(
+        undo,
+        f"compensation {reason}; {verdict}. The unwinding stopped at {undo.step} (undoing "
+        f"{undo.compensates}): fix the cause, then resubmit the order (or cancel it again) to "
+        "retry it",
+        now,
+    )
+
+
+def tell_overtaken(order: Order, undo: StepRecord, now: datetime) -> None:
+    target = order.find(undo.compensates or "")
+    assert target is not None and target.applied_after_undo is not None
+    began = undo.round_began()
+    next_key = idempotency_key(order.order_id, undo.step, undo.key_round + 1)
+    order.alert(
+        undo,
+        f"{target.step} applied at {iso(target.applied_after_undo)}, after {undo.step} began "
+        f"undoing it at {iso(began) if began else 'an earlier time'}: {undo.step} may have "
+        f"missed it, so its effect may stand. Undo it: resubmit the order to run "
+        f"{undo.step} again as a new effect (idempotency key {next_key}); if its service "
+        f"shows the effect already undone, it will answer that",
+        now,
+    )
+
+
+def _tell_standing(order: Order, records: list[StepRecord], now: datetime) -> None:
+    """An unwinding that ends with an effect that stands is not ``compensated``: one alert
+    names the effect and what was undone (docs/contracts.md §3.15)."""
+    undone = [
+        f"{r.step} (by {r.undone_by})"
+        for r in order.latest_actions()
+        if r.process_state is StepState.COMPENSATED and r.undone_by
+    ]
+    names = ", ".join(r.step for r in records)
+    verb = "applies" if len(records) == 1 else "apply"
+    order.alert(
+        records[0],
+        f"{names} applied and cannot be undone (no compensation): its effect stands, while "
+        f"the order was undone ({', '.join(undone) or 'nothing else to undo'}). {names} "
+        f"{verb} for {idempotency_key(order.order_id, records[0].step, records[0].key_round)}; "
+        "undo it by hand if it must not stand, then cancel the order to close it",
+        now,
+    )
