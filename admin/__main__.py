@@ -118,7 +118,7 @@ from core.retention import ARCHIVABLE, parse_duration
 from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE
 from core.states import OrderStatus
 from core.timefmt import iso
-from stores.kept import KeptMessages
+from stores.kept import KeptMessages, as_shown
 
 #: Where ``agents-json --write`` writes; ``infra/main.bicep`` reads it (loadJsonContent).
 AGENTS_JSON: Final = Path(__file__).resolve().parents[1] / "infra" / "agents.json"
@@ -448,7 +448,7 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
                     "length": k.length,
                     "preview": k.preview,
                 }
-                for k in kept.summaries(max(args.limit, 1))
+                for k in (as_shown(s, ctx.names) for s in kept.summaries(max(args.limit, 1)))
             ]
         )
         return 0
@@ -457,6 +457,7 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
         if message is None:
             _print({"error": f"no kept message {args.row}"})
             return 4
+        message = as_shown(message, ctx.names)  # an agent message: without its tokens
         _print(
             {
                 "keptAs": message.row,

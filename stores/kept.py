@@ -24,10 +24,12 @@ says so (``truncated``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, Literal, Protocol
 
@@ -36,6 +38,8 @@ from azure.core.exceptions import AzureError, ResourceModifiedError, ResourceNot
 from azure.data.tables import TableClient
 
 from core.errors import StorageUnavailable
+from core.names import Names
+from core.redact import without_tokens, without_tokens_bytes
 from core.timefmt import iso, sortable
 from stores.entities import split_utf16
 
@@ -91,6 +95,18 @@ class KeptMessage:
     truncated: bool = False
     length: int = 0  # characters of the original text (before any truncation)
 
+    def without_tokens(self) -> KeptMessage:
+        """The message as an operator is shown it: every token value replaced
+        (``core/redact.py``), its exact bytes too when it is kept as base64."""
+        if self.encoding == "base64":
+            try:
+                raw = base64.b64decode(self.text, validate=True)
+            except (binascii.Error, ValueError):
+                return replace(self, text=without_tokens(self.text))
+            text = base64.b64encode(without_tokens_bytes(raw)).decode("ascii")
+            return replace(self, text=text)
+        return replace(self, text=without_tokens(self.text))
+
 
 @dataclass(frozen=True)
 class KeptSummary:
@@ -101,6 +117,15 @@ class KeptSummary:
     encoding: str
     length: int
     preview: str
+
+    def without_tokens(self) -> KeptSummary:
+        return replace(self, preview=without_tokens(self.preview))
+
+
+def as_shown[Kept: (KeptMessage, KeptSummary)](kept: Kept, names: Names) -> Kept:
+    """A kept message (or its summary) as an operator is shown it: an agent message
+    without its tokens (``core/redact.py``), an order's data as it came."""
+    return kept if names.holds_orders(kept.queue) else kept.without_tokens()
 
 
 def _name(n: int) -> str:
