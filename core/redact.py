@@ -18,6 +18,8 @@ and internal queues only (``core.names.Names.holds_orders``).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 from typing import Any, Final
@@ -59,6 +61,16 @@ def without_tokens_bytes(raw: bytes) -> bytes:
         return out
     rewritten = _rewritten_if_still_named(text)
     return out if rewritten is text else rewritten.encode("utf-8")
+
+
+def base64_without_tokens(exact: str) -> str:
+    """Base64 of a message's exact bytes (its quoted form when it is not UTF-8), their
+    tokens removed; text that is not base64 loses its tokens as text."""
+    try:
+        raw = base64.b64decode(exact, validate=True)
+    except (binascii.Error, ValueError):
+        return without_tokens(exact)
+    return base64.b64encode(without_tokens_bytes(raw)).decode("ascii")
 
 
 def _rewritten_if_still_named(text: str) -> str:

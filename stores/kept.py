@@ -24,8 +24,6 @@ says so (``truncated``).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 import uuid
 from collections.abc import Iterator
@@ -39,7 +37,7 @@ from azure.data.tables import TableClient
 
 from core.errors import StorageUnavailable
 from core.names import Names
-from core.redact import without_tokens, without_tokens_bytes
+from core.redact import base64_without_tokens, without_tokens
 from core.timefmt import iso, sortable
 from stores.entities import split_utf16
 
@@ -98,14 +96,8 @@ class KeptMessage:
     def without_tokens(self) -> KeptMessage:
         """The message as an operator is shown it: every token value replaced
         (``core/redact.py``), its exact bytes too when it is kept as base64."""
-        if self.encoding == "base64":
-            try:
-                raw = base64.b64decode(self.text, validate=True)
-            except (binascii.Error, ValueError):
-                return replace(self, text=without_tokens(self.text))
-            text = base64.b64encode(without_tokens_bytes(raw)).decode("ascii")
-            return replace(self, text=text)
-        return replace(self, text=without_tokens(self.text))
+        redact = base64_without_tokens if self.encoding == "base64" else without_tokens
+        return replace(self, text=redact(self.text))
 
 
 @dataclass(frozen=True)

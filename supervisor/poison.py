@@ -26,7 +26,6 @@ message from any queue but the orders' with every token value replaced
 from __future__ import annotations
 
 import base64
-import binascii
 import dataclasses
 import json
 import re
@@ -39,7 +38,7 @@ from core.messages import alert_message
 from core.names import Names, poison
 from core.order_message import is_valid_order_id
 from core.ports import Clock, QueueSender
-from core.redact import without_tokens, without_tokens_bytes
+from core.redact import base64_without_tokens, without_tokens, without_tokens_bytes
 from observability.logs import get_logger, log_operator_alert
 from observability.metrics import METRICS
 from stores.kept import PREVIEW_CHARS, Keeper, fits_a_queue_message, is_kept_row
@@ -187,7 +186,8 @@ class PoisonWatch:
             if secret:
                 why = without_tokens(why)
                 original.text = without_tokens(original.text)
-                original.exact = _exact_without_tokens(original.exact)
+                if original.exact is not None:
+                    original.exact = base64_without_tokens(original.exact)
             record = _json(original.text) or record  # a kept record: its own orderId/step
         if record is not None:
             order_id, step = record.get("orderId"), record.get("step")
@@ -236,18 +236,6 @@ class PoisonWatch:
             "Nothing retries it: read it here, fix the cause, and send it again to "
             f"{source} if it should still run"
         )
-
-
-def _exact_without_tokens(exact: str | None) -> str | None:
-    """Base64 of a message's bytes, their tokens removed (text that is not base64: as is,
-    its tokens removed)."""
-    if exact is None:
-        return None
-    try:
-        raw = base64.b64decode(exact, validate=True)
-    except (binascii.Error, ValueError):
-        return without_tokens(exact)
-    return base64.b64encode(without_tokens_bytes(raw)).decode("ascii")
 
 
 def _cut(text: str, limit: int) -> str:
