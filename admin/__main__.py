@@ -93,7 +93,7 @@ from admin import deploycheck, inflight
 from admin.agent_admin import apply_change, parse_change
 from admin.archiving import show_or_where
 from admin.drain import drain
-from admin.query import LIST_PARAMS, parse_filter, searchable_text
+from admin.query import LIST_PARAMS, one_field_at_a_time, parse_filter, searchable_text
 from bootstrap import (
     AppContext,
     bootstrap,
@@ -118,7 +118,7 @@ from core.retention import ARCHIVABLE, parse_duration
 from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE
 from core.states import OrderStatus
 from core.timefmt import iso
-from stores.kept import KeptMessages
+from stores.kept import KeptMessages, as_shown
 
 #: Where ``agents-json --write`` writes; ``infra/main.bicep`` reads it (loadJsonContent).
 AGENTS_JSON: Final = Path(__file__).resolve().parents[1] / "infra" / "agents.json"
@@ -283,10 +283,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     listing.add_argument(
         "--where",
+        action="append",
         default=None,
         metavar="FIELD=VALUE",
         help="orders whose data has exactly VALUE in FIELD, a field a workflow searches by "
-        "(Workflow(..., search=...)); of any status unless --status names one",
+        "(Workflow(..., search=...)); of any status unless --status names one. One field "
+        "at a time, as the API",
     )
     listing.add_argument("--workflow", default=None, help="only orders of this workflow")
     listing.add_argument("--page-size", type=int, default=50)
@@ -360,6 +362,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     _agents_parser(sub)
     args = parser.parse_args(argv)
+    if args.command in ("list", "orders") and len(args.where or ()) > 1:
+        # The API's 400 for two search fields: never a search of the last one given.
+        listing.error(one_field_at_a_time(w.partition("=")[0] for w in args.where))
     if args.command == "kept":
         words = list(args.words)
         if not words or words == ["list"]:
@@ -443,7 +448,7 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
                     "length": k.length,
                     "preview": k.preview,
                 }
-                for k in kept.summaries(max(args.limit, 1))
+                for k in (as_shown(s, ctx.names) for s in kept.summaries(max(args.limit, 1)))
             ]
         )
         return 0
@@ -452,6 +457,7 @@ def _kept(ctx: AppContext, args: argparse.Namespace) -> int:
         if message is None:
             _print({"error": f"no kept message {args.row}"})
             return 4
+        message = as_shown(message, ctx.names)  # an agent message: without its tokens
         _print(
             {
                 "keptAs": message.row,
@@ -553,8 +559,10 @@ def _where(args: argparse.Namespace) -> ListFilter:
     """``list`` / ``orders``: the filter of ``GET /api/orders`` (``admin.query``), a
     ValueError (exit 2) saying what to give instead."""
     params = {"status": args.status or "", "workflow": args.workflow or ""}
-    if args.where is not None:
-        field_name, equals, value = args.where.partition("=")
+    if args.where:
+        if len(args.where) > 1:  # parse_args refuses it first
+            raise ValueError(one_field_at_a_time(w.partition("=")[0] for w in args.where))
+        field_name, equals, value = args.where[0].partition("=")
         if not equals or not field_name or field_name in LIST_PARAMS:
             raise ValueError(
                 f"--where takes FIELD=VALUE, like customerId=c-42; {searchable_text()}"

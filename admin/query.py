@@ -10,7 +10,7 @@ which a workflow must declare (``Workflow(..., search=(...))``). Every bad value
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from core.ports import ListFilter
@@ -74,6 +74,11 @@ def searchable_text() -> str:
     return f"the fields orders can be searched by (and the workflows that declare them): {listed}"
 
 
+def one_field_at_a_time(names: Iterable[str]) -> str:
+    """The refusal of a search by more than one field (the API's 400, the CLI's exit 2)."""
+    return f"search one field at a time (got {', '.join(names)})"
+
+
 def parse_search(params: Mapping[str, str], known: frozenset[str]) -> tuple[str, str] | None:
     """``(field, value)`` from the one name of ``params`` not in ``known``, a field some
     workflow declares; None if there is none (or its value is blank: no search)."""
@@ -88,7 +93,7 @@ def parse_search(params: Mapping[str, str], known: frozenset[str]) -> tuple[str,
                 f"the list: {', '.join(sorted(LIST_PARAMS - {'code'}))}); {searchable_text()}"
             )
     if len(asked) > 1:
-        raise ValueError(f"search one field at a time (got {', '.join(asked)})")
+        raise ValueError(one_field_at_a_time(asked))
     name = asked[0]
     raw = params.get(name) or ""
     if raw == "":

@@ -2,7 +2,8 @@
 
 Peeked, never received: the console shows them and leaves them for whatever consumes
 them (an alerting integration, ``python -m admin``). A Storage queue shows at most 32
-messages to a peek; the approximate count says how many wait in all.
+messages to a peek; the approximate count says how many wait in all. What they quote of
+an agent message shows no token (``core/redact.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from azure.core.exceptions import AzureError, ResourceNotFoundError
 
 from bootstrap import AppContext
 from core.order_message import strict_json
+from core.redact import without_tokens
 
 PEEK: int = 32
 PREVIEW_CHARS: int = 300
@@ -39,6 +41,8 @@ def _peek(ctx: AppContext, queue: str) -> Waiting:
     messages = []
     for message in peeked:
         text = str(message.content or "")
+        if not ctx.names.holds_orders(queue):  # an agent message's token never shows
+            text = without_tokens(text)
         try:
             body = strict_json(text)  # never a RecursionError, whatever a queue holds
         except ValueError:

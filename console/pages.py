@@ -81,6 +81,9 @@ class Page:
         return f"{self.root}{path}" + (f"?{urlencode(query)}" if query else "")
 
     def render(self, template: str, status: int = 200, **context: Any) -> func.HttpResponse:
+        message, failed = context.pop("message", None), context.pop("failed", False)
+        if not message:
+            message, failed = self._redirected_message()
         body = (
             templates()
             .get_template(template)
@@ -88,25 +91,40 @@ class Page:
                 page=self,
                 statuses=[s.value for s in OrderStatus],
                 workflows=sorted(WORKFLOWS),
-                message=context.pop("message", None) or self.req.params.get("message"),
-                failed=context.pop("failed", False) or self.req.params.get("failed") == "1",
+                message=message,
+                failed=failed,
                 **context,
             )
         )
-        headers = {**security.HEADERS, **security.transport_headers(self.req)}
-        if self.new_cookie:
-            secure = urlsplit(self.req.url).scheme == "https"
-            headers["Set-Cookie"] = security.set_cookie(self.csrf, secure)
         return func.HttpResponse(
-            body, status_code=status, mimetype="text/html", charset="utf-8", headers=headers
+            body, status_code=status, mimetype="text/html", charset="utf-8", headers=self._headers()
         )
 
+    def _redirected_message(self) -> tuple[str | None, bool]:
+        """The ``?message=`` this app redirected this browser with (``console/security.py``:
+        its ``proof``), else none: a hand-written one is not shown."""
+        message = self.req.params.get("message") or ""
+        failed = self.req.params.get("failed") == "1"
+        held = None if self.new_cookie else self.csrf
+        if security.proven(held, message, failed, self.req.params.get("proof")):
+            return message, failed
+        return None, False
+
+    def _headers(self, **more: str) -> dict[str, str]:
+        headers = {**security.HEADERS, **security.transport_headers(self.req), **more}
+        if self.new_cookie:  # the CSRF token, which a message's proof is also bound to
+            secure = urlsplit(self.req.url).scheme == "https"
+            headers["Set-Cookie"] = security.set_cookie(self.csrf, secure)
+        return headers
+
     def redirect(self, path: str, params: Mapping[str, Any]) -> func.HttpResponse:
-        headers = {
-            **security.HEADERS,
-            **security.transport_headers(self.req),
-            "Location": self.url(path, params),
-        }
+        """A 303 to ``path``; a ``message`` in ``params`` goes with its ``proof``, so the page
+        it leads to shows it (``failed``: as a refusal)."""
+        if params.get("message"):
+            failed = str(params.get("failed", "")) == "1"
+            proof = security.message_proof(self.csrf, str(params["message"]), failed)
+            params = {**params, "proof": proof}
+        headers = self._headers(Location=self.url(path, params))
         return func.HttpResponse(status_code=303, headers=headers)
 
 
@@ -197,7 +215,7 @@ def trouble(page: Page, call: Callable[[], func.HttpResponse]) -> func.HttpRespo
 #: list's URL (or a bulk form) is a field to search by (docs/contracts.md §3.14), which
 #: ``admin.query.parse_filter`` checks (an undeclared one: a 400 page).
 OWN_PARAMS = frozenset(
-    {*FILTER_KEYS, "page", "code", "message", "failed", "searchField", "searchValue"}
+    {*FILTER_KEYS, "page", "code", "message", "failed", "proof", "searchField", "searchValue"}
     | {"csrf", "action", "reason", "ids"}
 )
 

@@ -8,6 +8,10 @@
   ``HttpOnly`` cookie that must equal the form's ``csrf`` field (double submit: a page on
   another site can neither read the cookie nor make the browser send it). A browser's
   ``Origin`` and ``Sec-Fetch-Site`` headers, when sent, must say "same origin".
+- A page shows a ``?message=`` only when the app redirected with it: the redirect after
+  an action carries ``proof``, an HMAC of the message under the browser's CSRF token
+  (``message_proof``). A link anyone else writes, or the same link in another browser,
+  shows no message, so a crafted URL cannot put official-looking words on a page.
 - Pages are Jinja2 templates with autoescaping on, and every answer sends a
   Content-Security-Policy that allows only the app's own scripts, styles and images.
 - Every answer served over https (the console's and the operator API's) sends
@@ -20,6 +24,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import hmac
 import re
 import secrets
@@ -96,6 +101,25 @@ def new_token() -> str:
 
 def set_cookie(token: str, secure: bool) -> str:
     return f"{COOKIE}={token}; Path=/; SameSite=Strict; HttpOnly" + ("; Secure" if secure else "")
+
+
+def message_proof(token: str, message: str, failed: bool) -> str:
+    """What a redirect adds to its ``message`` (and ``failed``) so that the page it leads
+    to shows them: an HMAC under the browser's own CSRF token, which no other site, and
+    no other browser, knows."""
+    signed = f"console-message\x00{int(failed)}\x00{message}".encode("utf-8", "surrogatepass")
+    return hmac.new(token.encode("ascii"), signed, hashlib.sha256).hexdigest()[:32]
+
+
+def proven(token: str | None, message: str, failed: bool, proof: str | None) -> bool:
+    """Whether ``message`` came from this app's redirect to the browser holding ``token``."""
+    return (
+        token is not None
+        and bool(message)
+        and proof is not None
+        and proof.isascii()
+        and hmac.compare_digest(message_proof(token, message, failed), proof)
+    )
 
 
 def forged(

@@ -44,6 +44,7 @@ from core.ports import ListFilter
 from core.principals import Access
 from core.states import OrderStatus
 from core.workflows import search_fields
+from stores.kept import as_shown
 from stores.listing import COUNT_CAP
 
 #: What the list's filters name for themselves; any other name is a field to search by.
@@ -458,7 +459,7 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
             dash={"stuck": stuck, "stuck_checked": checked},
             alerts=inbox.alerts(ctx),
             rejected=inbox.rejected(ctx),
-            kept=ctx.kept.summaries(limit=50),
+            kept=[as_shown(k, ctx.names) for k in ctx.kept.summaries(limit=50)],
             attention=attention["orders"],
         )
 

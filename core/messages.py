@@ -638,6 +638,9 @@ def status_message(order_id: str, status: str, at: datetime, **extra: Any) -> st
 ORDER_ALERT: Final = "order"
 OUTAGE_ALERT: Final = "outage"
 RECOVERED_ALERT: Final = "recovered"
+#: A queue the host has not been able to read (every receive failing), and its end.
+QUEUE_UNREADABLE_ALERT: Final = "queue-unreadable"
+QUEUE_RECOVERED_ALERT: Final = "queue-recovered"
 
 #: What an alert names as its step when that is no step the declarations declare. The step
 #: is a dimension of the Azure Monitor alert rule (one e-mail per value, infra/app/
@@ -708,6 +711,22 @@ def recovered_alert_message(agent: str, since: datetime, at: datetime, reason: s
             "since": iso(since),
             "at": iso(at),
             "reason": visible(reason),
+        },
+        separators=(",", ":"),
+    )
+
+
+def queue_alert_message(kind: str, queue: str, since: datetime, reason: str, at: datetime) -> str:
+    """A queue the host cannot read (``kind`` ``QUEUE_UNREADABLE_ALERT``: every receive
+    has failed since ``since``) or reads again (``QUEUE_RECOVERED_ALERT``), in the shape of
+    an outage's alerts (docs/contracts.md §3.5)."""
+    return json.dumps(
+        {
+            "kind": kind,
+            "queue": queue,
+            "since": iso(since),
+            "reason": visible(reason),
+            "at": iso(at),
         },
         separators=(",", ":"),
     )

@@ -82,6 +82,13 @@ class Names:
             self.agent_replies,
         )
 
+    def holds_orders(self, queue: str) -> bool:
+        """Whether ``queue`` (or a kept copy from it) holds order messages as submitted: the
+        orders queue, its poison queue and ``orders-rejected``. Their text is quoted
+        unchanged (docs/contracts.md §3.1); every other queue's is quoted without tokens
+        (``core/redact.py``)."""
+        return queue in (self.orders, poison(self.orders), self.orders_rejected)
+
     def poison_queues(self) -> tuple[str, ...]:
         return tuple(poison(q) for q in self.poisoned())
 

@@ -20,6 +20,10 @@ Where a principal comes from, and when it is believed (``SignIn``):
   believed only when ``ORDERS_DEV_PRINCIPAL`` is set, which the settings refuse outside
   devhost (it listens on 127.0.0.1 only) and in Azure. A request with neither that header
   nor a function key is ``ORDERS_DEV_PRINCIPAL`` itself: the developer's browser.
+- **A principal header believed here that cannot be read** (an X-Dev-Principal that is not
+  ``<name>; roles=<role>,...`` with this app's roles, an X-MS-CLIENT-PRINCIPAL that is not
+  the platform's): nobody. Not the development principal, and never a key caller, with a
+  key or without: every route but the public ones refuses it (403, saying which header).
 - **Neither**: no principal. On the operator API, whose routes need the function key in
   Azure, that is a key caller, a machine (a webhook delivering an event, a script): it
   may read and deliver events, and change orders and agents only where no sign-in is
@@ -103,8 +107,13 @@ class Principal:
     name: str
     roles: frozenset[str] = frozenset()
     source: str = "entra"  # "entra" (App Service authentication) or "devhost"
+    #: Not empty: the request carried a principal header believed here that could not be
+    #: read, and this says why. Such a request is nobody (``unreadable``).
+    unreadable: str = ""
 
     def has(self, role: str) -> bool:
+        if self.unreadable:
+            return False
         return role in self.roles or (role == READER and OPERATOR in self.roles)
 
     def may(self, access: Access) -> bool:
@@ -114,6 +123,19 @@ class Principal:
     def app_roles(self) -> list[str]:
         """This app's roles among the principal's, as they read."""
         return [r for r in ROLES if r in self.roles]
+
+
+def unreadable(header: str, why: str) -> Principal:
+    """Who a request is whose principal ``header`` is believed here but cannot be read:
+    nobody, with no role, refused everything but the public routes (never a key caller,
+    which a request with no principal is)."""
+    return Principal(
+        "(an unreadable principal header)",
+        frozenset(),
+        "unreadable",
+        f"the {header} header cannot be read ({why}), so this request is nobody's: neither "
+        "a person nor a key caller. Send a well-formed header or none",
+    )
 
 
 def parse_dev_principal(text: str) -> Principal:
@@ -225,17 +247,21 @@ class SignIn:
         named = _lowered(headers)
         if self.entra:
             encoded = named.get(CLIENT_PRINCIPAL)
-            if not encoded or self.client_id is None:
-                return None
-            return from_client_principal(encoded, named.get(CLIENT_PRINCIPAL_NAME), self.client_id)
+            if encoded is None or self.client_id is None:
+                return None  # a key caller (the Functions host checked the key)
+            found = from_client_principal(encoded, named.get(CLIENT_PRINCIPAL_NAME), self.client_id)
+            return found or unreadable(
+                "X-MS-CLIENT-PRINCIPAL",
+                "not the platform's description of a principal signed in to this app",
+            )
         if self.dev_default is None:
             return None  # any principal header is the client's own: ignored
         sent = named.get(DEV_PRINCIPAL_HEADER)
         if sent is not None:
             try:
                 return parse_dev_principal(sent)
-            except ValueError:
-                return None
+            except ValueError as exc:
+                return unreadable("X-Dev-Principal", str(exc))
         if params.get(KEY_PARAM) or named.get(KEY_HEADER):
             return None  # a key caller, as in Azure
         return self.dev_default
@@ -277,6 +303,8 @@ def refusal(
     ``access`` on the console (``console``) or the operator API; else why not."""
     if access is Access.PUBLIC:
         return None
+    if principal is not None and principal.unreadable:
+        return Refusal(403, principal.unreadable)
     if principal is None:
         if access is Access.EVENT:
             return Refusal(

@@ -31,6 +31,7 @@ from devhost.settings import (
 )
 from devhost.singleton import LOCK_CONTAINER, BlobLeases, TimerLocks, lock_client_options
 from devhost.timers import TimerRunner, parse_schedule
+from devhost.unreadable import UnreadableQueues
 from messaging.storage_queues import StorageQueues
 
 
@@ -49,6 +50,15 @@ class DevHost:
     enqueued: EnqueueWatcher = field(default_factory=EnqueueWatcher)
     #: The timers' singleton locks (None: every timer fires in this process)
     timer_locks: TimerLocks | None = None
+    #: Queues no receive has read for a minute: one alert each (``devhost/unreadable.py``)
+    unreadable: UnreadableQueues = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.unreadable = UnreadableQueues(self._send_alert)
+
+    def _send_alert(self, queue: str, body: str) -> None:
+        """An alert of devhost's own, to the app's ``operator-alerts`` in its storage."""
+        StorageQueues(self.queue_service(STORAGE)).send(queue, body)
 
     @classmethod
     def build(
@@ -159,6 +169,7 @@ class DevHost:
         listener = QueueListener(
             spec, queue, poison, options, lease, self.invoker, watcher=self.enqueued
         )
+        listener.unreadable = self.unreadable
         self.queues.append(listener)
         self.enqueued.register(listener)
         self._line(spec, listener.describe())
@@ -180,6 +191,7 @@ class DevHost:
         except ValueError as error:
             raise ConfigError(f"setting {setting}: not usable for Service Bus ({error})") from error
         listener = ServiceBusListener(spec, receiver, self.invoker, options)
+        listener.unreadable = self.unreadable
         self.service_bus.append(listener)
         self._line(spec, listener.describe())
 

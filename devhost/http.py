@@ -5,6 +5,20 @@ app uses; a route with constraints, optional or catch-all parameters is refused 
 A trailing slash is ignored. A path that matches a route with another method gets 405
 (with ``Allow``), no route 404, both with a JSON ``error``. An unhandled exception in the
 function gives 500 with a JSON ``error`` (Azure gives an empty 500).
+
+devhost serves the developer's machine only, and answers as the development principal
+(an operator) whoever asks without a key, so it refuses what a web page in the
+developer's browser could send it:
+
+- a ``Host`` other than the address it serves (``127.0.0.1:<port>`` or
+  ``localhost:<port>``): 421 (a DNS-rebinding page names its own host);
+- a change (POST, PUT, PATCH, DELETE) that the browser says comes from another origin:
+  ``Sec-Fetch-Site`` other than ``same-origin`` or ``none``, or an ``Origin`` other than
+  devhost's own (``null``, which a page with ``Referrer-Policy: no-referrer`` sends for
+  its own forms, only with ``Sec-Fetch-Site: same-origin``): 403. A cross-site
+  ``text/plain`` POST needs no preflight, so the answer must be refused, not just hidden.
+
+Clients that send neither header (the CLI, scripts, the tests) are served as before.
 """
 
 from __future__ import annotations
@@ -29,6 +43,10 @@ log = logging.getLogger("devhost.http")
 _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Set by the server itself, never taken from the function's response.
 _SERVER_HEADERS = ("content-length", "transfer-encoding", "connection")
+#: The methods that change something, which another origin may not send.
+_CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: What a browser's ``Sec-Fetch-Site`` says of a request its own page (or its user) made.
+_SAME_SITE = frozenset({"same-origin", "none"})
 
 
 def route_path(spec: FunctionSpec, prefix: str) -> str:
@@ -85,9 +103,50 @@ class HttpServer:
                 "pass --http-port 0 for a free port"
             ) from error
         self.base_url = f"http://127.0.0.1:{self._server.port}"
+        #: The ``Host`` values this server answers to, and so its own origins.
+        self.hosts = frozenset(f"{name}:{self._server.port}" for name in ("127.0.0.1", "localhost"))
+
+    def refusal(self, request: Request) -> Response | None:
+        """421 for a ``Host`` that is not this server's, 403 for a change another origin
+        sends (the module's docstring); None serves the request."""
+        host = (request.headers.get("Host") or "").strip().lower()
+        if host not in self.hosts:
+            return json_error(
+                421,
+                f"devhost serves Host {' or '.join(sorted(self.hosts))}, not {host[:100]!r}: "
+                "another name for this address is how a web page reaches it (DNS rebinding)",
+            )
+        if request.method.upper() not in _CHANGES:
+            return None
+        site = (request.headers.get("Sec-Fetch-Site") or "").strip().lower()
+        origin = (request.headers.get("Origin") or "").strip().lower()
+        if site and site not in _SAME_SITE:
+            return json_error(
+                403, f"the browser says this change comes from another origin ({site[:40]})"
+            )
+        if origin == "null" and site == "same-origin":
+            return None  # the console's own form, from a no-referrer page
+        if origin and origin.removeprefix("http://") not in self.hosts:
+            return json_error(
+                403,
+                f"a change from another origin ({origin[:100]}) is refused: devhost acts as "
+                "the developer for whoever asks, so only its own pages may post to it",
+            )
+        return None
 
     def wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
         request = Request(environ)
+        refused = self.refusal(request)
+        if refused is not None:
+            log.warning(
+                "refused %s %s (Host %r, Origin %r, Sec-Fetch-Site %r)",
+                request.method,
+                request.path,
+                request.headers.get("Host"),
+                request.headers.get("Origin"),
+                request.headers.get("Sec-Fetch-Site"),
+            )
+            return refused(environ, start_response)
         try:
             name, params = self.urls.bind_to_environ(environ).match()
         except MethodNotAllowed as error:

@@ -35,6 +35,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker, start_thread
 from devhost.settings import LeaseOptions, QueueOptions
+from devhost.unreadable import UnreadableQueues
 from hostrun.shapes import QueueMessage
 from messaging.storage_queues import StorageQueues
 
@@ -191,6 +192,9 @@ class QueueListener:
         self._changed = threading.Condition()
         self._nudged = threading.Event()  # this host added a message (or stops): poll now
         self._pool = ThreadPoolExecutor(options.max_concurrency, f"devhost-{spec.name}")
+        #: Told of every receive: a queue unread for a minute raises one alert
+        #: (``devhost/unreadable.py``); None: not told.
+        self.unreadable: UnreadableQueues | None = None
 
     def describe(self) -> str:
         o = self.options
@@ -230,10 +234,14 @@ class QueueListener:
                 level = logging.DEBUG if failing else logging.WARNING
                 self._warn("cannot read queue %s: %s", self.queue.name, error, level=level)
                 failing, found = True, False
+                if self.unreadable is not None:
+                    self.unreadable.failed(self.queue.name, error)
             else:
                 if failing:
                     self._warn("queue %s answers again", self.queue.name, level=logging.INFO)
                 failing = False
+                if self.unreadable is not None:
+                    self.unreadable.read(self.queue.name)
             finally:
                 with self._changed:
                     self._receiving = False

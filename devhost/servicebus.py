@@ -23,6 +23,7 @@ from core.settings import Connection
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker, start_thread
 from devhost.settings import ServiceBusOptions
+from devhost.unreadable import UnreadableQueues
 from hostrun.shapes import ServiceBusMessage
 
 log = logging.getLogger("devhost.servicebus")
@@ -131,6 +132,9 @@ class ServiceBusListener:
         )
         self.in_flight = 0  # messages received and not yet settled (read by shutdown)
         self.received = False  # a receive worked since the last (re)connect
+        #: Told of every receive: a queue unread for a minute raises one alert
+        #: (``devhost/unreadable.py``); None: not told.
+        self.unreadable: UnreadableQueues | None = None
 
     def describe(self) -> str:
         trigger = self.spec.trigger
@@ -162,6 +166,8 @@ class ServiceBusListener:
                         error,
                         backoff,
                     )
+                    if self.unreadable is not None:
+                        self.unreadable.failed(str(self.spec.trigger["queueName"]), error)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
                 finally:
@@ -190,6 +196,8 @@ class ServiceBusListener:
                 ):
                     self._start(receiver, renewer, message, running)
                 self.received = True
+                if self.unreadable is not None:
+                    self.unreadable.read(str(self.spec.trigger["queueName"]))
         finally:
             while running:
                 wait(running, timeout=MAX_WAIT_SECONDS, return_when=FIRST_COMPLETED)

@@ -19,7 +19,7 @@ param environmentName string
 })
 param location string
 
-@description('Object id of the deploying user (azd sets AZURE_PRINCIPAL_ID). When set, that user gets the app\'s data roles, for local runs and the Service Bus contract tests against Azure. Empty grants nothing.')
+@description('Object id of the deploying user (azd sets AZURE_PRINCIPAL_ID). It gets data roles only with grantDeployerDataAccess.')
 param principalId string = ''
 
 @allowed([
@@ -28,6 +28,9 @@ param principalId string = ''
 ])
 @description('Kind of principal principalId is: User from a workstation, ServicePrincipal from CI.')
 param principalType string = 'User'
+
+@description('Grant principalId the app\'s data roles (storage account and Service Bus namespace), for a local run or debugging against the deployed resources and the Service Bus contract tests (GRANT_DEPLOYER_DATA_ACCESS=true). Off by default: whoever deploys keeps no standing access to the orders\' data.')
+param grantDeployerDataAccess bool = false
 
 @minLength(3)
 @description('Email address that receives operator and dead-letter alerts.')
@@ -294,6 +297,7 @@ module rbac 'app/rbac.bicep' = {
     alertsPrincipalId: identity.outputs.alertsPrincipalId
     principalId: principalId
     principalType: principalType
+    grantDeployerDataAccess: grantDeployerDataAccess
     serviceBusTargetScaling: serviceBusTargetScaling
   }
 }

@@ -17,6 +17,9 @@ instead of ``message`` (and ``orderId``/``step`` when the message names them, so
 still can); ``reason``, ``queue`` and ``at`` are always there. Without a
 keeper the full record is sent as before (if it is too large the send fails, and the
 host's retries and poison/dead-letter path, which also alerts, take over).
+
+An agent message's ``token`` is a secret: the record, its kept copy and the log line quote
+the message with every token value replaced (``core/redact.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from datetime import datetime
 
 from core.messages import rejection_message
 from core.ports import Clock, QueueSender
+from core.redact import without_tokens, without_tokens_bytes
 from observability.logs import get_logger
 from observability.metrics import METRICS
 from stores.kept import Keeper, fits_a_queue_message
@@ -81,6 +85,7 @@ def quarantine(
     keeper: Keeper | None = None,
 ) -> None:
     poison_queue = f"{queue}-poison"
+    raw, reason = without_tokens_bytes(raw), without_tokens(reason)  # never quote a token
     body, kept_as = record_of(
         raw,
         reason,

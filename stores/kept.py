@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, Literal, Protocol
 
@@ -36,6 +36,8 @@ from azure.core.exceptions import AzureError, ResourceModifiedError, ResourceNot
 from azure.data.tables import TableClient
 
 from core.errors import StorageUnavailable
+from core.names import Names
+from core.redact import base64_without_tokens, without_tokens
 from core.timefmt import iso, sortable
 from stores.entities import split_utf16
 
@@ -91,6 +93,12 @@ class KeptMessage:
     truncated: bool = False
     length: int = 0  # characters of the original text (before any truncation)
 
+    def without_tokens(self) -> KeptMessage:
+        """The message as an operator is shown it: every token value replaced
+        (``core/redact.py``), its exact bytes too when it is kept as base64."""
+        redact = base64_without_tokens if self.encoding == "base64" else without_tokens
+        return replace(self, text=redact(self.text))
+
 
 @dataclass(frozen=True)
 class KeptSummary:
@@ -101,6 +109,15 @@ class KeptSummary:
     encoding: str
     length: int
     preview: str
+
+    def without_tokens(self) -> KeptSummary:
+        return replace(self, preview=without_tokens(self.preview))
+
+
+def as_shown[Kept: (KeptMessage, KeptSummary)](kept: Kept, names: Names) -> Kept:
+    """A kept message (or its summary) as an operator is shown it: an agent message
+    without its tokens (``core/redact.py``), an order's data as it came."""
+    return kept if names.holds_orders(kept.queue) else kept.without_tokens()
 
 
 def _name(n: int) -> str:

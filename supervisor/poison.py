@@ -17,11 +17,16 @@ outside ASCII up to twelve), is kept in the state table (``stores/kept.py``) and
 alert carries ``messagePreview`` and ``keptAs`` instead; ``python -m admin kept show
 <keptAs>`` shows it. A quarantine record that already kept its message passes its
 ``keptAs`` on. Every field taken from the message is bounded, so the alert always fits.
+
+An agent message's ``token`` is a secret: the alert, the kept copy and the log line quote a
+message from any queue but the orders' with every token value replaced
+(``core/redact.py``); an order is quoted as it came (docs/contracts.md §3.1).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -33,6 +38,7 @@ from core.messages import alert_message
 from core.names import Names, poison
 from core.order_message import is_valid_order_id
 from core.ports import Clock, QueueSender
+from core.redact import base64_without_tokens, without_tokens, without_tokens_bytes
 from observability.logs import get_logger, log_operator_alert
 from observability.metrics import METRICS
 from stores.kept import PREVIEW_CHARS, Keeper, fits_a_queue_message, is_kept_row
@@ -86,7 +92,14 @@ class PoisonWatch:
     def alert(self, poisoned: Poisoned) -> dict[str, Any]:
         now = self._clock()
         source = poisoned.queue.removesuffix("-poison").split("/")[0]
-        original, why = self._original(poisoned)
+        secret = not self._names.holds_orders(source)  # it may carry an attempt's token
+        if secret:
+            poisoned = dataclasses.replace(
+                poisoned,
+                body=without_tokens_bytes(poisoned.body),
+                reason=None if poisoned.reason is None else without_tokens(poisoned.reason),
+            )
+        original, why = self._original(poisoned, secret)
         if why is None:
             why = (
                 f"its function failed on it {poisoned.deliveries} times"
@@ -147,8 +160,10 @@ class PoisonWatch:
                 log.warning("could not count the poison alert for the dashboard: %s", exc)
         return alert
 
-    def _original(self, poisoned: Poisoned) -> tuple[_Original, str | None]:
-        """The message given up on, and why, if a quarantine record or the broker says."""
+    def _original(self, poisoned: Poisoned, secret: bool) -> tuple[_Original, str | None]:
+        """The message given up on, and why, if a quarantine record or the broker says.
+        ``secret``: what a quarantine record quotes loses its tokens too (a record written
+        before quarantine removed them)."""
         try:
             original = _Original(poisoned.body.decode("utf-8"))
         except UnicodeDecodeError:
@@ -168,6 +183,11 @@ class PoisonWatch:
                 exact if isinstance(exact, str) else None,
                 None if isinstance(inner, str) else record["keptAs"],
             )
+            if secret:
+                why = without_tokens(why)
+                original.text = without_tokens(original.text)
+                if original.exact is not None:
+                    original.exact = base64_without_tokens(original.exact)
             record = _json(original.text) or record  # a kept record: its own orderId/step
         if record is not None:
             order_id, step = record.get("orderId"), record.get("step")

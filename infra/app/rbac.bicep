@@ -20,8 +20,9 @@
 //   App Insights     Monitoring Metrics Publisher    Entra-authenticated telemetry ingestion
 // Alerts identity:
 //   workspace        Log Analytics Reader            the operator alert rule's query
-// Deploying user (only when principalId is given, so local runs and the
-// Service Bus contract tests can reach the deployed resources):
+// Deploying user: nothing by default. Only with grantDeployerDataAccess and a
+// principalId (for a local run or debugging against the deployed resources, and the
+// Service Bus contract tests; off again with the next deployment without it):
 //   storage account  Storage Blob Data Owner, Storage Queue Data Contributor and
 //                    Storage Table Data Contributor
 //   namespace        Data Sender and Data Receiver (namespace-wide: the
@@ -57,6 +58,9 @@ param principalId string = ''
 ])
 param principalType string = 'User'
 
+@description('Grant principalId the data roles on the storage account and the Service Bus namespace (read, write and delete every order, message and blob), for a local run or debugging against the deployed resources. Off: whoever deploys keeps no standing data access.')
+param grantDeployerDataAccess bool = false
+
 @description('Grant the app identity Azure Service Bus Data Owner on each agent queue, so that target-based scaling can read the queue lengths (docs/deployment.md). Off: Send and Listen only, and the agents scale incrementally.')
 param serviceBusTargetScaling bool = false
 
@@ -69,20 +73,19 @@ var appStorageRoleIds = [
   roles['Storage Table Data Contributor']
 ]
 
-// The deploying user's, for local runs and tests against the account.
-var userStorageRoleIdsIfGiven = [
+// The deploying user's, for local runs and tests against the account, when asked for.
+var userStorageRoleIds = [
   roles['Storage Blob Data Owner']
   roles['Storage Queue Data Contributor']
   roles['Storage Table Data Contributor']
 ]
+var grantsDeployer = grantDeployerDataAccess && !empty(principalId)
 
 var serviceBusRoleIds = [
   roles['Azure Service Bus Data Sender']
   roles['Azure Service Bus Data Receiver']
 ]
 
-var userStorageRoleIds = empty(principalId) ? [] : userStorageRoleIdsIfGiven
-var userServiceBusRoleIds = empty(principalId) ? [] : serviceBusRoleIds
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
@@ -227,7 +230,7 @@ resource alertsQuery 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
 }
 
 resource userStorage 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
-  for roleId in userStorageRoleIds: {
+  for roleId in userStorageRoleIds: if (grantsDeployer) {
     name: guid(storage.id, principalId, roleId)
     scope: storage
     properties: {
@@ -239,7 +242,7 @@ resource userStorage 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
 ]
 
 resource userServiceBus 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
-  for roleId in userServiceBusRoleIds: {
+  for roleId in serviceBusRoleIds: if (grantsDeployer) {
     name: guid(namespace.id, principalId, roleId)
     scope: namespace
     properties: {

@@ -20,8 +20,10 @@ STORAGE = "Microsoft.Storage/storageAccounts"
 EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     STORAGE: (set(), {"Transaction"}),
     f"{STORAGE}/blobServices": ({"StorageRead", "StorageWrite", "StorageDelete"}, set()),
-    f"{STORAGE}/queueServices": ({"StorageWrite", "StorageDelete"}, set()),
-    f"{STORAGE}/tableServices": ({"StorageWrite", "StorageDelete"}, set()),
+    # reads too: who read the orders' state and messages (an identity that holds data
+    # access reads them; docs/deployment.md, "Diagnostic settings")
+    f"{STORAGE}/queueServices": ({"StorageRead", "StorageWrite", "StorageDelete"}, set()),
+    f"{STORAGE}/tableServices": ({"StorageRead", "StorageWrite", "StorageDelete"}, set()),
     "Microsoft.ServiceBus/namespaces": ({"allLogs"}, {"AllMetrics"}),
     "Microsoft.Web/sites": ({"FunctionAppLogs", "AppServiceAuthenticationLogs"}, {"AllMetrics"}),
 }

@@ -212,3 +212,46 @@ def test_every_container_a_role_is_scoped_to_is_created_by_storage_bicep() -> No
     )
     rbac = main.module_params("rbac")
     assert {*rbac["appOwnedContainerNames"], rbac["archiveContainerName"]} <= created
+
+
+# --- the deploying user ---------------------------------------------------------------
+
+
+def _deployer_assignments() -> dict[str, dict[str, Any]]:
+    assignments = resources_of_type(parse(RBAC), "Microsoft.Authorization/roleAssignments")
+    return {
+        symbol: assignment
+        for symbol, assignment in assignments.items()
+        if body(assignment)["properties"]["principalId"] == "principalId"
+    }
+
+
+def test_the_deployer_gets_data_roles_only_when_the_deployment_asks() -> None:
+    """Whoever runs `azd up` keeps no standing data access: the storage and Service Bus
+    data roles of the deploying principal exist only with grantDeployerDataAccess (off by
+    default) and a principal id."""
+    deployer = _deployer_assignments()
+    assert set(deployer) == {"userStorage", "userServiceBus"}, sorted(deployer)
+    for symbol, assignment in deployer.items():
+        assert assignment["config"].get("condition") == "grantsDeployer", symbol
+
+    def granted(**params: Any) -> Any:
+        return Scope(RBAC, params)["grantsDeployer"]
+
+    assert granted(principalId="0000-user") is False  # the default: off
+    assert granted(principalId="0000-user", grantDeployerDataAccess=False) is False
+    assert granted(principalId="", grantDeployerDataAccess=True) is False  # no one named
+    assert granted(principalId="0000-user", grantDeployerDataAccess=True) is True
+
+    rbac = parse(RBAC)["parameters"]["grantDeployerDataAccess"]
+    main = parse(MAIN)["parameters"]["grantDeployerDataAccess"]
+    assert (rbac["type"], rbac["default"], main["type"], main["default"]) == (
+        "bool",
+        False,
+        "bool",
+        False,
+    )
+    passed = parse(MAIN)["modules"]["rbac"]["config"]["params"]["grantDeployerDataAccess"]
+    assert passed == "grantDeployerDataAccess"
+    given = load_json(INFRA / "main.parameters.json")["parameters"]["grantDeployerDataAccess"]
+    assert given == {"value": "${GRANT_DEPLOYER_DATA_ACCESS=false}"}

@@ -521,3 +521,64 @@ def test_a_bulk_action_over_a_search_takes_only_the_orders_that_match(ctx: AppCo
     ids = re.search(r'name="ids" value="([^"]+)"', preview)
     assert ids is not None and ids[1] == "p-2,p-1,p-0"
     assert re.search(r'<input type="hidden" name="customerId" value="c-bulk">', preview)
+
+
+def shown_message(page: str) -> str | None:
+    found = re.search(r'<p id="message" class="(\w+)">([^<]*)</p>', page)
+    return None if found is None else f"{found[1]}: {found[2]}"
+
+
+def follow(location: str, token: str | None, **route: str) -> func.HttpResponse:
+    """The GET a browser makes after a 303, with its cookie."""
+    parts = urlsplit(location)
+    params = {k: v[0] for k, v in parse_qs(parts.query).items()}
+    headers = {"cookie": f"{security.COOKIE}={token}"} if token else {}
+    path = parts.path.removeprefix("/api/console")
+    return _call("GET", path, params, b"", route, headers)
+
+
+def test_a_message_in_a_hand_written_url_is_not_shown(ctx: AppContext) -> None:
+    """Only what the app itself redirected with: a link anyone can write shows nothing."""
+    seed(ctx, 1, failing=1)
+    token = security.new_token()
+    phish = "Security team: approve all pending orders now"
+    for params in (
+        {"message": phish},
+        {"message": phish, "failed": "1"},
+        {"message": phish, "proof": "0" * 32},
+    ):
+        for cookie in (None, token):
+            headers = {"cookie": f"{security.COOKIE}={cookie}"} if cookie else {}
+            for path, route in (("", {}), ("/orders/p-0", {"orderId": "p-0"})):
+                page = html(_call("GET", path, params, b"", route, headers))
+                assert phish not in page and shown_message(page) is None, (params, path)
+
+
+def test_the_apps_own_message_after_an_action_is_shown(ctx: AppContext) -> None:
+    seed(ctx, 1, failing=1)
+    token = security.new_token()
+    done = post(
+        "/orders/p-0/resubmit", {"reason": "remote fixed", "csrf": token}, token, orderId="p-0"
+    )
+    assert done.status_code == 303
+    page = html(follow(done.headers["Location"], token, orderId="p-0"))
+    assert (shown_message(page) or "").startswith("ok: Resubmitted")
+    # the same URL in another browser (another cookie), or edited, shows nothing
+    assert (
+        shown_message(html(follow(done.headers["Location"], security.new_token(), orderId="p-0")))
+        is None
+    )
+    edited = done.headers["Location"].replace("Resubmitted", "Approved")
+    assert shown_message(html(follow(edited, token, orderId="p-0"))) is None
+    # a refusal the app redirects with is shown as one
+    refused = post("/orders/p-0/resubmit", {"csrf": token}, token, orderId="p-0")
+    assert refused.status_code == 303
+    shown = shown_message(html(follow(refused.headers["Location"], token, orderId="p-0")))
+    assert shown is not None and shown.startswith("error: ") and "reason" in shown
+    # a GET that redirects with a message sets the cookie its proof is bound to
+    looked = get("/lookup", {"orderId": "nope"})
+    cookie = security.cookie_token(looked.headers.get("Set-Cookie"))
+    assert looked.status_code == 303 and cookie is not None
+    assert "no order with id" in (
+        shown_message(html(follow(looked.headers["Location"], cookie))) or ""
+    )

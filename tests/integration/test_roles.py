@@ -294,3 +294,29 @@ def test_on_devhost_the_development_principal_decides(ctx: AppContext) -> None:
         refused_with(call(name, reader, ctx), name, 403)
     assert state(ctx) == before
     assert call("console_resubmit", {}, ctx).status_code == 303  # the developer, an operator
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        {"x-dev-principal": "x; roles=Orders.Admin"},  # a role this app does not have
+        {"x-dev-principal": "; roles=Orders.Operator"},  # no name
+        {"x-dev-principal": "x; role=Orders.Operator", "x-functions-key": "k"},  # with a key
+    ],
+    ids=["unknown-role", "no-name", "with-key"],
+)
+def test_on_devhost_a_malformed_principal_header_is_nobody(
+    ctx: AppContext, sent: dict[str, str]
+) -> None:
+    """Neither the development principal nor a key caller: refused on every route that
+    needs anyone, and nothing changes."""
+    signed_in(ctx, SignIn(dev_default=DEV_OPERATOR))
+    before = state(ctx)
+    for name, access in ACCESS.items():
+        response = call(name, sent, ctx)
+        if access is Access.PUBLIC:
+            assert response.status_code == 200, name
+            continue
+        body = refused_with(response, name, 403)
+        assert "X-Dev-Principal" in body, (name, body[:300])
+    assert state(ctx) == before

@@ -192,3 +192,18 @@ def test_a_venv_that_cannot_import_the_app_is_not_used_and_not_a_refusal(tree: P
         HOME=str(tree),
     )
     assert code == 2 and "REFUSED" not in err and "could not check" in err
+
+
+def test_without_granted_data_access_an_unreadable_account_is_not_checked_loudly(
+    tree: Path,
+) -> None:
+    """azd grants the deployer no data role unless GRANT_DEPLOYER_DATA_ACCESS is on, so
+    the check cannot read the state table with that login: said once, with how to have
+    it checked, and the command goes on (no two-minute wait for roles that never come)."""
+    code, calls, err = hook(tree, "deploy", 3, AZURE_STORAGE_ACCOUNT_NAME="storders1")
+    assert code == 0 and len(calls) == 4  # one call, no retries
+    assert "NOT CHECKED" in err and "GRANT_DEPLOYER_DATA_ACCESS true" in err
+    code, calls, err = hook(
+        tree, "deploy", 2, AZURE_STORAGE_ACCOUNT_NAME="storders1", GRANT_DEPLOYER_DATA_ACCESS="1"
+    )
+    assert code == 2 and "could not check" in err  # any other failure fails it, as before

@@ -171,3 +171,55 @@ def test_a_busy_port_is_a_config_error() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match="--http-port 0"):
             HttpServer(port, [http_spec("x", nothing, "x", None)], "api", direct_invoker())
+
+
+# --- what a page in the developer's browser may not do ------------------------------------
+
+
+def test_a_foreign_host_is_refused_dns_rebinding(server: HttpServer) -> None:
+    base, port = server.base_url, server.base_url.rsplit(":", 1)[1]
+    for host in ("evil.example.com", f"evil.example.com:{port}", "127.0.0.1:1", "", "localhost"):
+        response = httpx.get(f"{base}/api/orders/o-1", headers={"Host": host})
+        assert response.status_code == 421, (host, response.status_code)
+        assert "Host" in response.json()["error"]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"LOCALHOST:{port}"):
+        response = httpx.get(f"{base}/api/orders/o-1", headers={"Host": host})
+        assert response.status_code == 200, host
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Origin": "http://evil.example.com", "Content-Type": "text/plain"},
+        {"Origin": "http://127.0.0.1:1"},
+        {"Origin": "null"},  # a sandboxed frame, a file: page
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},
+    ],
+    ids=["other-site", "other-port", "null", "cross-site", "same-site"],
+)
+def test_a_change_from_another_origin_is_refused(
+    server: HttpServer, headers: dict[str, str]
+) -> None:
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        response = httpx.request(method, f"{server.base_url}/api/orders", headers=headers)
+        assert response.status_code == 403, (method, response.status_code)
+        assert "origin" in response.json()["error"]
+    read = httpx.get(f"{server.base_url}/api/orders/o-1", headers=headers)
+    assert read.status_code == 200  # a read changes nothing (the Host check guards reads)
+
+
+def test_the_consoles_own_forms_and_clients_without_an_origin_may_change(
+    server: HttpServer,
+) -> None:
+    base, port = server.base_url, server.base_url.rsplit(":", 1)[1]
+    same = [
+        {},  # the CLI, scripts, tests
+        {"Origin": base},
+        {"Origin": f"http://localhost:{port}", "Host": f"localhost:{port}"},
+        {"Origin": "null", "Sec-Fetch-Site": "same-origin"},  # a no-referrer page's form
+        {"Origin": base, "Sec-Fetch-Site": "same-origin"},
+    ]
+    for headers in same:
+        created = httpx.post(f"{base}/api/orders", content=b"x", headers=headers)
+        assert (created.status_code, created.content) == (201, b"x"), headers

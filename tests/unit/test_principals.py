@@ -71,9 +71,10 @@ def test_without_the_name_header_the_claims_name_the_principal() -> None:
     assert named == Principal("app-1", frozenset(), "entra")
 
 
-def test_a_principal_issued_for_another_app_is_no_principal() -> None:
+def test_a_principal_issued_for_another_app_is_nobody() -> None:
     headers = client_principal("alice@contoso.com", OPERATOR, audience="another-app")
-    assert ENTRA.principal(headers, {}) is None
+    principal = ENTRA.principal(headers, {})
+    assert principal is not None and principal.unreadable and not principal.may(Access.READ)
     api = client_principal("alice@contoso.com", OPERATOR, audience=f"api://{CLIENT_ID}")
     assert ENTRA.principal(api, {}) is not None
 
@@ -95,8 +96,10 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("value", MALFORMED.values(), ids=MALFORMED.keys())
-def test_a_malformed_header_is_no_principal_never_an_error(value: str) -> None:
-    assert ENTRA.principal({"x-ms-client-principal": value}, {}) is None
+def test_a_malformed_header_is_nobody_never_an_error(value: str) -> None:
+    principal = ENTRA.principal({"x-ms-client-principal": value}, {})
+    assert principal is not None and "X-MS-CLIENT-PRINCIPAL" in principal.unreadable
+    assert from_client_principal(value, None, CLIENT_ID) is None
 
 
 def test_missing_padding_is_tolerated() -> None:
@@ -157,7 +160,8 @@ def test_on_devhost_the_header_names_the_principal_else_the_default_or_a_key_cal
     assert DEVHOST.principal({}, {}) == DEVHOST.dev_default  # the developer's browser
     assert DEVHOST.principal({}, {"code": "k"}) is None  # a key caller, as in Azure
     assert DEVHOST.principal({"x-functions-key": "k"}, {}) is None
-    assert DEVHOST.principal({"X-Dev-Principal": "; roles=nope"}, {}) is None  # malformed
+    malformed = DEVHOST.principal({"X-Dev-Principal": "; roles=nope"}, {})
+    assert malformed is not None and malformed.unreadable  # nobody, never a key caller
     # anywhere else the header is the client's own
     assert SignIn().principal({"X-Dev-Principal": "rita; roles=Orders.Operator"}, {}) is None
     assert ENTRA.principal({"X-Dev-Principal": "rita; roles=Orders.Operator"}, {}) is None
@@ -237,3 +241,34 @@ def test_the_console_needs_a_principal_and_says_how_to_get_one() -> None:
     assert refusal(None, Access.PUBLIC, NO_SIGN_IN, console=True) is None
     key_on_devhost = refusal(None, Access.READ, DEVHOST, console=True)
     assert key_on_devhost is not None and "without ?code=" in key_on_devhost.reason
+
+
+# --- a principal header that cannot be read ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["x; roles=Orders.Admin", "; roles=Orders.Operator", "x; role=Orders.Operator", ""],
+    ids=["unknown-role", "no-name", "not-roles", "empty"],
+)
+@pytest.mark.parametrize("key", [False, True], ids=["no-key", "with-key"])
+def test_on_devhost_a_malformed_header_is_nobody_never_a_key_caller(value: str, key: bool) -> None:
+    headers = {"X-Dev-Principal": value, **({"x-functions-key": "k"} if key else {})}
+    principal = DEVHOST.principal(headers, {})
+    assert principal is not None and not principal.roles  # not None: that is a key caller
+    for console in (False, True):
+        for access in (Access.READ, Access.EVENT, Access.CHANGE):
+            refused = refusal(principal, access, DEVHOST, console=console)
+            assert refused is not None and refused.status == 403, (access, console)
+            assert "X-Dev-Principal" in refused.reason
+        assert refusal(principal, Access.PUBLIC, DEVHOST, console=console) is None
+
+
+def test_with_sign_in_a_platform_header_that_cannot_be_read_is_nobody() -> None:
+    for value in ("%%%not base64%%%", encoded({"auth_typ": "aad"})):
+        principal = ENTRA.principal({"x-ms-client-principal": value, "x-functions-key": "k"}, {})
+        assert principal is not None and not principal.roles
+        refused = refusal(principal, Access.EVENT, ENTRA, console=False)
+        assert refused is not None and refused.status == 403
+    # no header at all is still a key caller: a webhook with the function key
+    assert ENTRA.principal({"x-functions-key": "k"}, {}) is None

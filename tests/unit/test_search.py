@@ -346,19 +346,40 @@ def cli_where(**kw: Any) -> Callable[[], ListFilter]:
 
 
 def test_the_cli_searches_with_where() -> None:
-    assert cli_where(where="customerId=c-1")() == ListFilter(None, search=CUSTOMER)
-    assert cli_where(where="email=a=b", status="error")() == ListFilter(
+    assert cli_where(where=["customerId=c-1"])() == ListFilter(None, search=CUSTOMER)
+    assert cli_where(where=["email=a=b"], status="error")() == ListFilter(
         OrderStatus.ERROR, search=("email", "a=b")
     )
     for wrong, says in (
-        ({"where": "customerId"}, "FIELD=VALUE"),
-        ({"where": "customerId="}, "needs a value"),
-        ({"where": "status=error"}, "FIELD=VALUE"),
-        ({"where": "phone=1"}, "not a field orders can be searched by"),
+        ({"where": ["customerId"]}, "FIELD=VALUE"),
+        ({"where": ["customerId="]}, "needs a value"),
+        ({"where": ["status=error"]}, "FIELD=VALUE"),
+        ({"where": ["phone=1"]}, "not a field orders can be searched by"),
         ({}, "give --status, or --where"),
     ):
         with pytest.raises(ValueError) as refused:
             cli_where(**wrong)()
         assert says in str(refused.value)
     parsed = cli.parse_args(["orders", "--where", "customerId=c-1"])
-    assert parsed.command == "orders" and parsed.where == "customerId=c-1"
+    assert parsed.command == "orders" and parsed.where == ["customerId=c-1"]
+
+
+def test_the_cli_refuses_two_searches_with_the_apis_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--where a=1 --where b=2`` is refused (exit 2, on stderr), never a search of one."""
+    with pytest.raises(ValueError) as api:
+        parse_filter({"customerId": "c-1", "email": "a@b"})
+    for argv in (
+        ["orders", "--where", "customerId=c-1", "--where", "email=a@b"],
+        ["list", "--where", "customerId=c-1", "--where", "customerId=c-2"],
+    ):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 2
+        captured = capsys.readouterr()
+        assert "search one field at a time" in captured.err and not captured.out
+    assert str(api.value) == "search one field at a time (got customerId, email)"
+    with pytest.raises(SystemExit):
+        cli.parse_args(["orders", "--where", "customerId=c-1", "--where", "email=a@b"])
+    assert "search one field at a time (got customerId, email)" in capsys.readouterr().err
