@@ -497,6 +497,7 @@ class Order(Evidence):
                 error=reply.error or "transient failure",
                 reported=True,
                 singled_out=True,
+                seen=reply.evidence_at,
             )
         else:
             attempt.end(Ending.DEFERRED, now, reply.error)
@@ -534,6 +535,7 @@ class Order(Evidence):
         error: str,
         reported: bool,
         singled_out: bool,
+        seen: datetime | None = None,
     ) -> None:
         """An attempt that reached for the remote and failed: FailureCount + 1, and the next
         attempt paced in time (docs/contracts.md §3.11)."""
@@ -541,8 +543,7 @@ class Order(Evidence):
         attempt.counted = True
         step.deferrals, step.deferred_since = 0, None
         if singled_out:
-            step.singled_out = True
-            step.singled_out_at = now
+            step.single_out(seen, now)  # ages from its evidence (``seen``), never renewed
         step.last_error = error
         step.record(
             now,
