@@ -302,16 +302,20 @@ class EndpointHealth:
     def vouch(self) -> None:
         """The agent's health probe answered healthy (``agents.healthcheck``): the service
         says it serves, so the failures here are the orders' own. An open breaker closes
-        (its failing orders are called again, and counted); nobody is served by it, so it
-        counts as no success (no other order is blamed because of it)."""
+        (its failing orders are called again, and counted). No answer of this endpoint:
+        the runner tells the host (``HostActivity``) of it."""
         with self._lock:
             self._failing.clear()
-            if self._open:
-                self._open = False
-                self._probe = None
-                self._interval = self.policy.probe_interval_seconds
-                log.warning("circuit for %s closed: its health probe answered healthy", self.name)
-                METRICS.inc("breaker_closed")
+            self._probe = None
+            self._close("its health probe answered healthy")
+
+    def _close(self, why: str) -> None:
+        """(With the lock held.) An open breaker closes; the next trip probes at 2 s."""
+        if self._open:
+            self._open = False
+            self._interval = self.policy.probe_interval_seconds
+            log.warning("circuit for %s closed: %s", self.name, why)
+            METRICS.inc("breaker_closed")
 
     def next_probe_at(self, now: float, key: str = "", bound: float | None = None) -> float:
         """When ``key``, whose attempt the open breaker ended, should come back (``now``
@@ -339,11 +343,7 @@ class EndpointHealth:
             self.host.note(now, key)
             self._failing.clear()
             self._probe_ended(now)
-            if self._open:
-                self._open = False
-                self._interval = self.policy.probe_interval_seconds
-                log.warning("circuit for %s closed: %s got through", self.name, key)
-                METRICS.inc("breaker_closed")
+            self._close(f"{key} got through")
 
     def record_failure(self, key: str, now: float, *, explained: bool, probe: bool) -> None:
         """A transient failure (5xx, 408/425/429, connection error, timeout)."""
