@@ -62,14 +62,14 @@ class AgentAdmin:
         what it declares, what was overridden."""
         stored = self._store.read_controls()
         return [
-            (stored.get(name) or AgentControl(name)).view(declared_limits(self._agents[name]))
+            _view(stored.get(name) or AgentControl(name), self._agents[name])
             for name in sorted(self._agents)
         ]
 
     def show(self, agent: str) -> dict[str, Any]:
         spec = self.spec(agent)
         control = self._store.read_controls().get(agent) or AgentControl(agent)
-        return control.view(declared_limits(spec))
+        return _view(control, spec)
 
     def pause(self, agent: str, by: str, reason: str) -> dict[str, Any]:
         return self.change(agent, Change("pause", reason), by)
@@ -136,7 +136,7 @@ class AgentAdmin:
             )
             if self._changed is not None:
                 self._changed()
-            return stored.view(declared)
+            return _view(stored, spec)
         raise ConcurrencyConflict(f"agent {agent} kept changing; try again")
 
 
@@ -146,6 +146,14 @@ CHANGE_FIELDS: Mapping[str, frozenset[str]] = {
     "resume": frozenset({"reason"}),
     "limits": frozenset({"reason", "concurrency", "rate"}),
 }
+
+
+def _view(control: AgentControl, spec: Agent) -> dict[str, Any]:
+    """An agent's state at runtime, with its health probe's path if it declares one."""
+    view = control.view(declared_limits(spec))
+    if spec.health is not None:
+        view["health"] = spec.health
+    return view
 
 
 @dataclass(frozen=True)

@@ -240,7 +240,11 @@ def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:
         return request.refused(outcome.error, outcome.applied, settled=outcome.settled)
     if outcome.kind == "transient":
         return request.transient(
-            outcome.error, outcome.applied, running_until=running, runner=runner
+            outcome.error,
+            outcome.applied,
+            running_until=running,
+            runner=runner,
+            evidence_at=outcome.evidence_at,
         )
     return request.deferred(
         outcome.error,

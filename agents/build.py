@@ -9,6 +9,8 @@ Each is an ``AttemptRunner`` (``agents.runner``) around the agent's kind of try:
 - ``kind="python"``: ``PythonTry`` calling the declared handler
   (``agents.python``).
 
+An http agent that declares ``health="/path"`` gets its health probe
+(``agents.healthcheck``): a GET on its base URL plus that path, with its credentials.
 Both take at most ``concurrency`` calls at once on this instance, and at most ``rate``
 calls a second if it has one (``agents.limits``), unless an operator changed them at
 runtime; a paused agent calls nothing (``runtime``: ``core.control_cache``). Each agent's
@@ -25,6 +27,7 @@ from collections.abc import Callable, Mapping
 from agents.agent import AgentWorker, Binding
 from agents.auth import TokenCredential, auth_for
 from agents.health import HealthPolicy
+from agents.healthcheck import HealthCheck
 from agents.outage_watch import OutageWatch
 from agents.outcomes import TryKind
 from agents.pacing import RemotePolicy
@@ -105,9 +108,19 @@ def client_of(
     on ``threads``, the agent's own); ``watch`` is told how its calls end (the agent's
     shared outage record, ``agents.outage_watch``)."""
     kind = try_kind_of(spec, settings, clock, env=env, credential=credential)
+    policy = policy_of(spec)
+    check = None
+    if spec.health is not None and isinstance(kind, HttpTry):
+        check = HealthCheck(
+            kind,
+            spec.health,
+            interval=policy.health.check_interval_seconds,
+            timeout=policy.health.check_timeout_seconds,
+            clock=lambda: clock().timestamp(),
+        )
     return AttemptRunner(
         kind,
-        policy_of(spec),
+        policy,
         clock=clock,
         concurrency=spec.concurrency,
         rate=spec.rate,
@@ -115,6 +128,7 @@ def client_of(
         runtime_at_hand=runtime_at_hand,
         threads=threads,
         watch=watch,
+        check=check,
     )
 
 

@@ -24,7 +24,15 @@ Two questions, answered from this instance's own calls:
    (``AgentRequest.singled_out``). Anything else looks like an outage: the attempt is a
    deferral and the order's ``FailureCount`` does not grow. With no other traffic at
    all there is no evidence either way, and the order waits, deferred, at most for the
-   deferral window (``DEFERRAL_WINDOW_SECONDS``) before it fails for good.
+   deferral window (``DEFERRAL_WINDOW_SECONDS``) before it fails for good, unless the
+   agent declares a health probe (``agents.healthcheck``): its verdict settles what no
+   other order's call did.
+
+   A blame says when its evidence was seen (``Blame.seen``: the answer to another order
+   after this one first failed, by its time), and the step's flag ages from that
+   (``core.steps.StepRecord.single_out``). A blame on the flag alone brings no new
+   evidence (``seen`` None), and neither does the endpoint answering this very order (a
+   409): an order's own failures never renew its flag.
 
 The breaker opens when ``trip_keys`` different orders fail, with no success in
 between, without being explained (a failure is explained when the order is known to
@@ -54,6 +62,10 @@ class HealthPolicy:
     probe_interval_seconds: float = 2.0  # the first wait before probing an open endpoint
     probe_interval_max_seconds: float = 10.0
     probe_timeout_seconds: float = 15.0  # a probe not back by then frees the slot
+    #: The agent's health probe, if it declares one (``agents.healthcheck``): asked at
+    #: most once an interval per instance, and bounded by this timeout.
+    check_interval_seconds: float = 10.0
+    check_timeout_seconds: float = 3.0
 
 
 @dataclass(frozen=True)
@@ -64,28 +76,74 @@ class Mark:
     host: int
 
 
+@dataclass(frozen=True)
+class Blame:
+    """Whose failure a failed attempt is. ``own``: the order's (counted), else the
+    endpoint's (a deferral). ``seen``: when the evidence that blamed it was seen (epoch
+    s): an answer to another order after this one first failed, or a health probe's
+    healthy verdict; None when the blame brings no new evidence (the order's flag alone,
+    the endpoint answering this very order). ``settled``: answers seen during the attempt
+    decided it, so no health probe is asked."""
+
+    own: bool
+    seen: float | None = None
+    settled: bool = False
+
+
+class _Answers:
+    """A count of answers, and the latest two by different keys: when a key other than a
+    given one was last answered, in O(1) (not "this order's own 409", say)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        #: (key, at, number) of the latest answer, and of the latest by another key
+        self._last: tuple[str, float, int] | None = None
+        self._other: tuple[str, float, int] | None = None
+
+    def note(self, key: str, at: float) -> None:
+        self.count += 1
+        if self._last is not None and self._last[0] != key:
+            self._other = self._last
+        self._last = (key, at, self.count)
+
+    @property
+    def last_at(self) -> float | None:
+        return self._last[1] if self._last is not None else None
+
+    def by_other(self, key: str, after: int) -> float | None:
+        """When a key other than ``key`` was last answered, if that was after answer
+        number ``after`` (a ``Mark``'s counter); else None."""
+        for entry in (self._last, self._other):
+            if entry is not None and entry[0] != key:
+                return entry[1] if entry[2] > after else None
+        return None
+
+
 class HostActivity:
     """Answers from any endpoint of one base URL (the agents share one by default)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._answers = 0
-        self._last_answer_at: float | None = None
+        self._answers = _Answers()
 
-    def note(self, now: float) -> None:
+    def note(self, now: float, key: str = "") -> None:
         with self._lock:
-            self._answers += 1
-            self._last_answer_at = now
+            self._answers.note(key, now)
 
     @property
     def answers(self) -> int:
         with self._lock:
-            return self._answers
+            return self._answers.count
 
     @property
     def last_answer_at(self) -> float | None:
         with self._lock:
-            return self._last_answer_at
+            return self._answers.last_at
+
+    def answered_other(self, key: str, after: int) -> float | None:
+        """When another key than ``key`` was last answered, if after answer ``after``."""
+        with self._lock:
+            return self._answers.by_other(key, after)
 
 
 @dataclass(frozen=True)
@@ -106,8 +164,7 @@ class EndpointHealth:
         self.policy = policy or HealthPolicy()
         self.host = host or HostActivity()
         self._lock = threading.Lock()
-        self._successes = 0
-        self._last_success_at: float | None = None
+        self._successes = _Answers()
         self._failing: set[str] = set()  # unexplained failures since the last success
         self._open = False
         self._open_until = 0.0
@@ -125,7 +182,7 @@ class EndpointHealth:
     def successes(self) -> int:
         """Answers from the endpoint so far (a counter: compare two readings)."""
         with self._lock:
-            return self._successes
+            return self._successes.count
 
     @property
     def is_open(self) -> bool:
@@ -205,10 +262,14 @@ class EndpointHealth:
 
     def mark(self) -> Mark:
         with self._lock:
-            return Mark(self._successes, self.host.answers)
+            return Mark(self._successes.count, self.host.answers)
 
     def blames(self, key: str, *, mark: Mark | None, singled_out: bool) -> bool:
-        """Is a failed attempt of ``key`` its own failure (rather than the endpoint's)?
+        """Is a failed attempt of ``key`` its own failure (rather than the endpoint's)?"""
+        return self.attribute(key, mark=mark, singled_out=singled_out).own
+
+    def attribute(self, key: str, *, mark: Mark | None, singled_out: bool) -> Blame:
+        """Whose failure a failed attempt of ``key`` is, and on what evidence.
 
         ``mark``: the counters read before this attempt's first failing try.
         ``singled_out``: the order failed on its own recently (the flag ages:
@@ -216,16 +277,45 @@ class EndpointHealth:
         """
         with self._lock:
             if self._open:
-                return False
-            if mark is not None and self._successes > mark.endpoint:
-                return True  # this endpoint served someone else meanwhile
+                return Blame(False)
+            if mark is not None and self._successes.count > mark.endpoint:
+                # This endpoint answered meanwhile: someone else served (the evidence, by
+                # its time), or only this order (a 409: up, and busy with this key).
+                return Blame(True, self._successes.by_other(key, mark.endpoint), settled=True)
             if self._failing - {key}:
-                return False  # others fail here too: that looks like the endpoint
+                return Blame(False)  # others fail here too: that looks like the endpoint
             if mark is not None and self.host.answers > mark.host:
-                return True  # the host serves its other endpoints, and only this fails
-            return singled_out and (
-                self._last_success_at is not None or self.host.last_answer_at is not None
+                # The host serves its other endpoints, and only this fails.
+                return Blame(True, self.host.answered_other(key, mark.host), settled=True)
+            # The flag alone: no new evidence (the step's flag keeps its age).
+            return Blame(
+                singled_out
+                and (self._successes.last_at is not None or self.host.last_answer_at is not None)
             )
+
+    def last_word_at(self) -> float:
+        """When the endpoint, or its host, last answered anyone (epoch s; 0: never)."""
+        with self._lock:
+            times = (self._successes.last_at, self.host.last_answer_at)
+        return max((t for t in times if t is not None), default=0.0)
+
+    def vouch(self) -> None:
+        """The agent's health probe answered healthy (``agents.healthcheck``): the service
+        says it serves, so the failures here are the orders' own. An open breaker closes
+        (its failing orders are called again, and counted). No answer of this endpoint:
+        the runner tells the host (``HostActivity``) of it."""
+        with self._lock:
+            self._failing.clear()
+            self._probe = None
+            self._close("its health probe answered healthy")
+
+    def _close(self, why: str) -> None:
+        """(With the lock held.) An open breaker closes; the next trip probes at 2 s."""
+        if self._open:
+            self._open = False
+            self._interval = self.policy.probe_interval_seconds
+            log.warning("circuit for %s closed: %s", self.name, why)
+            METRICS.inc("breaker_closed")
 
     def next_probe_at(self, now: float, key: str = "", bound: float | None = None) -> float:
         """When ``key``, whose attempt the open breaker ended, should come back (``now``
@@ -249,16 +339,11 @@ class EndpointHealth:
     def record_answer(self, key: str, now: float) -> None:
         """The endpoint answered (2xx, or a permanent 4xx about the request): it is up."""
         with self._lock:
-            self._successes += 1
-            self._last_success_at = now
-            self.host.note(now)
+            self._successes.note(key, now)
+            self.host.note(now, key)
             self._failing.clear()
             self._probe_ended(now)
-            if self._open:
-                self._open = False
-                self._interval = self.policy.probe_interval_seconds
-                log.warning("circuit for %s closed: %s got through", self.name, key)
-                METRICS.inc("breaker_closed")
+            self._close(f"{key} got through")
 
     def record_failure(self, key: str, now: float, *, explained: bool, probe: bool) -> None:
         """A transient failure (5xx, 408/425/429, connection error, timeout)."""

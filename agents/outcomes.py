@@ -90,6 +90,9 @@ class CallOutcome:
     running: Running | None = None
     #: deferred because an operator paused the agent (``core.controls``)
     paused: bool = False
+    #: transient: when the evidence that blamed this attempt was seen (None: no new
+    #: evidence, the request's flag alone): the reply's ``evidenceAt``
+    evidence_at: datetime | None = None
 
 
 def applied_of(tries: Sequence[Try]) -> Applied:

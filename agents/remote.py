@@ -253,6 +253,39 @@ class HttpTry:
             return Try("maybe" if sent else "no", True, f"{path}: {type(exc).__name__}: {exc}")
         return response
 
+    async def probe(self, path: str, timeout: float) -> tuple[bool, str]:
+        """The agent's health probe (``agents.healthcheck``): ``GET {base}/{path}`` with
+        the agent's credentials, bounded as a whole by ``timeout``; (a 2xx, what it said).
+        The body is not read: the status is the answer."""
+        url = f"{self._base_url}/{path.lstrip('/')}"
+        what = f"GET {path}"
+        started = time.monotonic()
+        try:
+            credentials = await self.auth.headers(timeout)
+        except CredentialError as exc:
+            return False, f"{what}: {exc}; not sent"
+        left = timeout - (time.monotonic() - started)
+        if left <= 0:
+            return False, f"{what}: no time left to send"
+        headers = {**credentials, "Accept-Encoding": "identity"}
+        http = self._async_client()
+        try:
+            async with (
+                asyncio.timeout(left),
+                http.stream(
+                    "GET",
+                    url,
+                    headers=headers,
+                    timeout=httpx.Timeout(left, connect=min(left, self._connect_seconds)),
+                ) as response,
+            ):
+                status = response.status_code
+        except TimeoutError:
+            return False, f"{what}: no answer within {timeout:.1f} s"
+        except httpx.HTTPError as exc:
+            return False, f"{what}: {type(exc).__name__}: {exc}"
+        return 200 <= status < 300, f"{what}: HTTP {status}"
+
     def _async_client(self) -> httpx.AsyncClient:
         # Built on first use on each loop, and reused there (one connection pool): an
         # AsyncClient's connections belong to the loop that opened them.

@@ -17,12 +17,17 @@ The attempt is made of four parts, each its own:
 - **the try** (``agents.outcomes.TryKind``): an HTTP call (``agents.remote``) or a
   Python handler (``agents.python``);
 - **classification** of the attempt: a success, a refusal (settling or not), or failed
-  tries that are this order's failure (``transient``, counted) or the endpoint's
-  (``deferred``, not counted), with whether any may have applied. A call that runs on
-  past the attempt goes with its report (``CallOutcome.running``).
+  tries that are this order's failure (``transient``, counted, with when the evidence
+  that blamed it was seen: ``CallOutcome.evidence_at``) or the endpoint's (``deferred``,
+  not counted), with whether any may have applied; what no other order's call settles,
+  the agent's health probe does, if it declares one (``agents.healthcheck``). A call
+  that runs on past the attempt goes with its report (``CallOutcome.running``).
 
 How each call ended (unanswered, or answered) is also told to the agent's outage watch
 (``agents.outage_watch``): memory only, but for a report when its view changes.
+
+(Over 400 lines: the four parts share one attempt's state, ``_Tries``, and the loop that
+moves it; split, each would take all of it.)
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from agents.health import EndpointHealth, HostActivity, Mark
+from agents.healthcheck import HealthCheck, Verdict, judged
 from agents.limits import CallRate, CallSlots, Ramp, Slot
 from agents.outage_watch import OutageWatch
 from agents.outcomes import CallOutcome, Try, TryKind, applied_of
@@ -74,6 +80,7 @@ class AttemptRunner[K: TryKind]:
         runtime_at_hand: Callable[[], AgentRuntime | None] | None = None,
         threads: OwnThreads | None = None,
         watch: OutageWatch | None = None,
+        check: HealthCheck | None = None,
     ):
         """``runtime``: what an operator set for the agent now (paused, its limits), asked
         before each attempt; without it, ``concurrency`` and ``rate`` hold for good. It may
@@ -81,8 +88,10 @@ class AttemptRunner[K: TryKind]:
         own threads (``agents.threads``), off the event loop, unless ``runtime_at_hand``
         answers (the same, when no read is due; None: a read is due). ``sleep``: the waits between
         tries, awaited (an attempt that waits holds no thread). ``watch``: told how each
-        call ended, for the agent's shared outage record (``agents.outage_watch``)."""
+        call ended, for the agent's shared outage record (``agents.outage_watch``).
+        ``check``: the agent's health probe, if it declares one (``agents.healthcheck``)."""
         self.watch = watch
+        self.check = check
         self.kind = kind
         self.policy = policy or RemotePolicy()
         #: None: no limit of its own (the host's concurrency limits it).
@@ -100,10 +109,39 @@ class AttemptRunner[K: TryKind]:
         self._health: dict[str, EndpointHealth] = {}
         self._host = HostActivity()  # every endpoint of an agent shares its host
         self._lock = threading.Lock()
+        #: the last healthy verdict of the health probe that the host and breakers were told
+        self._vouched_at: float | None = None
 
     def _answered(self, now: datetime) -> None:
         if self.watch is not None:
             self.watch.answered(now)
+
+    def _vouched(self, now: datetime) -> Verdict | None:
+        """The health probe's healthy verdict, while it holds (None: none, or failing)."""
+        if self.check is None:
+            return None
+        verdict = self.check.fresh(now.timestamp())
+        return verdict if verdict is not None and verdict.healthy else None
+
+    async def _ask_health(self, budget: Budget) -> Verdict | None:
+        """Ask the health probe (at most once an interval per instance; within what the
+        attempt has left). A new healthy verdict is the host answering (``HostActivity``:
+        evidence, by its time, for the orders failing since) and closes this agent's open
+        breakers."""
+        if self.check is None:
+            return None
+        now = self._clock()
+        verdict = await self.check.ask(now.timestamp(), budget.left(now))
+        if verdict is None or not verdict.healthy:
+            return verdict
+        with self._lock:
+            new, self._vouched_at = verdict.at != self._vouched_at, verdict.at
+            endpoints = list(self._health.values())
+        if new:
+            self._host.note(verdict.at, f"GET {self.check.path}")
+            for endpoint in endpoints:
+                endpoint.vouch()
+        return verdict
 
     def health(self, path: str) -> EndpointHealth:
         with self._lock:
@@ -216,6 +254,13 @@ class AttemptRunner[K: TryKind]:
                 singled_out=request.singled_out or tries.mark is not None,
                 bound=timeout,
             )
+            if not admission.allowed and not tries.readmitted:
+                # The endpoint looks down for everyone: the health probe, if any, says
+                # whether it is (a healthy verdict closes the breaker: call, and count).
+                tries.readmitted = True
+                verdict = await self._ask_health(budget)
+                if verdict is not None and verdict.healthy:
+                    continue
             if not admission.allowed:
                 METRICS.inc("breaker_deferrals")
                 when = datetime.fromtimestamp(admission.retry_at, UTC)
@@ -225,7 +270,7 @@ class AttemptRunner[K: TryKind]:
                 )
             # Taken before the try: a success elsewhere while this try hangs also shows the
             # endpoint serving others.
-            before = health.mark()
+            before, before_at = health.mark(), now
             attempt = await self.kind.run(request, timeout, slot)
             tries.last = attempt
             now = self._clock()
@@ -244,17 +289,8 @@ class AttemptRunner[K: TryKind]:
                     settled=attempt.settles,
                 )
             if tries.mark is None:
-                tries.mark = before
-            if attempt.answered:
-                health.record_answer(key, now.timestamp())  # up, and busy with this key
-                self._answered(now)
-            else:
-                explained = request.singled_out or health.successes > tries.mark.endpoint
-                health.record_failure(
-                    key, now.timestamp(), explained=explained, probe=admission.probe
-                )
-                if self.watch is not None and not explained:
-                    self.watch.failed(now, attempt.error)
+                tries.mark, tries.since = before, before_at.timestamp()
+            now = await self._failed(request, health, budget, tries, attempt, admission.probe)
             tries.failed.append(attempt)
             wait = self._backoff.after(attempt, tries.count)
             if not budget.fits_after(now, wait):
@@ -278,6 +314,35 @@ class AttemptRunner[K: TryKind]:
             )
             await self._sleep(wait)
         return self._classify(request, health, tries)
+
+    async def _failed(
+        self,
+        request: AgentRequest,
+        health: EndpointHealth,
+        budget: Budget,
+        tries: _Tries,
+        attempt: Try,
+        probe: bool,
+    ) -> datetime:
+        """Record a try that failed transiently (what the endpoint's health and the outage
+        watch learn from it); the time after it."""
+        key, now = request.idempotency_key, self._clock()
+        if attempt.answered:
+            health.record_answer(key, now.timestamp())  # up, and busy with this key
+            self._answered(now)
+            return now
+        assert tries.mark is not None
+        settled = health.successes > tries.mark.endpoint
+        if not settled and self._vouched(now) is None:
+            # Nobody served since this order first failed: ask the service (at most once
+            # an interval per instance, whoever asks).
+            await self._ask_health(budget)
+            now = self._clock()
+        explained = request.singled_out or settled or self._vouched(now) is not None
+        health.record_failure(key, now.timestamp(), explained=explained, probe=probe)
+        if self.watch is not None and not explained:
+            self.watch.failed(now, attempt.error)
+        return now
 
     async def _turn(
         self, key: str, path: str, budget: Budget, now: datetime, tries: _Tries
@@ -328,19 +393,22 @@ class AttemptRunner[K: TryKind]:
                 "deferred", error="no time left to call before the deadline", not_before=now
             )
         last = tries.failed[-1]
-        if health.blames(request.idempotency_key, mark=tries.mark, singled_out=request.singled_out):
+        key = request.idempotency_key
+        blame = health.attribute(key, mark=tries.mark, singled_out=request.singled_out)
+        latest = self.check.last() if self.check is not None else None
+        blame, said = judged(blame, latest, tries.since, health.last_word_at())
+        if blame.own:
             return CallOutcome(
                 "transient",
-                error=last.error,
+                error=last.error + said,
                 applied=applied_of(tries.failed),
                 tries=tries.count,
+                evidence_at=None if blame.seen is None else datetime.fromtimestamp(blame.seen, UTC),
             )
         return tries.deferred(
             f"{last.error}; {request.path} is failing for other orders too, or has served none "
-            "since: waiting for it rather than counting it against this order",
-            datetime.fromtimestamp(
-                health.next_probe_at(now.timestamp(), request.idempotency_key), UTC
-            ),
+            f"since: waiting for it rather than counting it against this order{said}",
+            datetime.fromtimestamp(health.next_probe_at(now.timestamp(), key), UTC),
         )
 
 
@@ -353,6 +421,10 @@ class _Tries:
     last: Try | None = None
     #: what had answered before the attempt's first failing try
     mark: Mark | None = None
+    #: an open breaker's admission was asked again after a healthy verdict (once)
+    readmitted: bool = False
+    #: when the attempt's first failing try began (epoch s)
+    since: float = 0.0
 
     @property
     def count(self) -> int:

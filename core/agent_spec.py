@@ -102,6 +102,13 @@ class Agent:
     circuit breaker, at most ``concurrency`` calls at once per instance and, with a
     ``rate``, at most that many calls a second per instance (none by default). An
     operator can pause an agent and change both limits at runtime (``core.controls``).
+
+    ``health="/health"`` (http agents): the service's health endpoint, ``GET {base
+    URL}/health`` with the agent's own auth, a 2xx meaning healthy. When the agent's
+    calls fail and no other order's call tells whose failure it is, it asks (at most once
+    per interval per instance): healthy, the failing orders' failures are their own and
+    count; failing, it is an outage (``agents.healthcheck``). None: no probe, and a lone
+    failing order waits, deferred, for the deferral window (the outage alert tells).
     """
 
     name: str
@@ -115,6 +122,7 @@ class Agent:
     backoff_initial_seconds: float = 0.2
     backoff_max_seconds: float = 5.0
     breaker_failing_orders: int = 3
+    health: str | None = None  # the health probe's path, e.g. "/health"
     declared_at: str = field(default_factory=declared_at, compare=False)
 
     def __post_init__(self) -> None:
@@ -159,6 +167,19 @@ class Agent:
                 raise DeclarationError(f"{where}: {name} must be > 0 and at most the step limit")
         if self.breaker_failing_orders < 1:
             raise DeclarationError(f"{where}: breaker_failing_orders must be at least 1")
+        if self.health is not None:
+            if self.kind != "http":
+                raise DeclarationError(
+                    f"{where}: health is an http agent's health endpoint; a python agent has none"
+                )
+            if not (
+                isinstance(self.health, str)
+                and PATH_PATTERN.fullmatch(self.health.removeprefix("/"))
+            ):
+                raise DeclarationError(
+                    f'{where}: health must be a path like a step\'s, such as "/health" '
+                    f"(a-z, 0-9, - and / between them), got {self.health!r}"
+                )
 
     @property
     def setting_prefix(self) -> str:
@@ -188,6 +209,8 @@ class Agent:
         }
         if self.kind == "http":
             out["baseUrlSetting"] = self.url_setting
+        if self.health is not None:
+            out["health"] = self.health
         if isinstance(self.auth, EntraToken):
             out["scope"] = self.auth.scope
         if isinstance(self.auth, ApiKey):

@@ -168,7 +168,8 @@ class Call:
                 instance=instance,
                 error=reply.error or "transient failure",
                 reported=True,
-                evidence_at=reply.blamed_at or now,
+                blamed=True,
+                seen=reply.evidence_at,
             )
         else:
             attempt.end(Ending.DEFERRED, now, reply.error)
@@ -228,7 +229,6 @@ class Call:
             instance=record.locked_by,
             error=error,
             reported=False,
-            evidence_at=None,
         )
 
     def succeeded(

@@ -207,16 +207,19 @@ class AgentRequest(_StepMessage):
         *,
         running_until: datetime | None = None,
         runner: str | None = None,
+        evidence_at: datetime | None = None,
     ) -> AgentReply:
         """Every try failed transiently until time ran out; this order's failure.
         ``running_until``: a Python handler of this attempt still runs (until then, at
-        least: the agent reports again before it, and when the handler ends)."""
+        least: the agent reports again before it, and when the handler ends).
+        ``evidence_at``: when the agent saw what blamed this attempt (``AgentReply``)."""
         return self._reply(
             ReplyOutcome.TRANSIENT,
             error=error[:MAX_ERROR_CHARS],
             applied=applied,
             running_until=running_until,
             runner=runner,
+            evidence_at=evidence_at,
         )
 
     def deferred(
@@ -266,9 +269,12 @@ class AgentReply(_StepMessage):
     #: for deferred: not called because an operator paused the agent (``core.controls``):
     #: the step waits for the resume, and the wait spends none of its deferral window
     paused: bool = False
-    #: for transient: when the agent saw the evidence that the failure is the order's own
-    #: (another order served by the remote); the blame ages from it
-    blamed_at: datetime | None = None
+    #: for transient: when the agent saw the evidence that made this failure the order's
+    #: own (another order served by its endpoint, its host answering others, its health
+    #: probe answering healthy), by its clock. None: no new evidence (the request's
+    #: ``singledOut`` alone blamed it): the step's flag keeps its age (docs/contracts.md
+    #: §3.11, 18: "blame ages from its evidence")
+    evidence_at: datetime | None = None
 
     def __post_init__(self) -> None:
         # One type however it was built (ValueError for an outcome that does not exist).
@@ -301,6 +307,8 @@ class AgentReply(_StepMessage):
             out["answeredAt"] = iso(self.answered_at)
         if self.paused and self.outcome == "deferred":
             out["paused"] = True
+        if self.evidence_at is not None and self.outcome is ReplyOutcome.TRANSIENT:
+            out["evidenceAt"] = iso(self.evidence_at)
         if self.trace:
             out["trace"] = self.trace
         return out
@@ -579,6 +587,16 @@ def decode_reply(raw: bytes | str) -> AgentReply:
                 order_id=order_id,
                 step=step,
             )
+        evidence_at = None
+        if "evidenceAt" in value:
+            evidence_at = _utc_time(value["evidenceAt"])
+            if evidence_at is None or outcome != ReplyOutcome.TRANSIENT:
+                raise InvalidMessage(
+                    f"agent reply: evidenceAt must be an ISO 8601 UTC time {_TIME_RANGE}, "
+                    f"and only on a transient reply, got {_shown(value['evidenceAt'])}",
+                    order_id=order_id,
+                    step=step,
+                )
         return AgentReply(
             order_id,
             step,
@@ -594,6 +612,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             runner=runner,
             run_ended=run_ended,
             paused=paused,
+            evidence_at=evidence_at,
             **head.fields(),
         )
     raise InvalidMessage(

@@ -137,19 +137,18 @@ def count_failure(
     instance: str,
     error: str,
     reported: bool,
-    evidence_at: datetime | None,
+    blamed: bool = False,
+    seen: datetime | None = None,
 ) -> None:
     """An attempt that reached for the remote and failed: ``FailureCount`` + 1, and the next
-    attempt paced in time (docs/contracts.md §3.11). ``evidence_at``: when the agent saw
-    the evidence that this order's failures are its own (another order served), if it
-    saw any this attempt; the blame ages from it, never from the order's own failure."""
+    attempt paced in time (docs/contracts.md §3.11). ``blamed``: the agent counted the
+    failure as the order's own; ``seen``, when it saw the evidence that did (the blame
+    ages from it, never from the order's own failures: ``StepRecord.single_out``)."""
     record.failure_count += 1
     attempt.counted = True
     record.deferrals, record.deferred_since = 0, None
-    if evidence_at is not None:
-        record.singled_out = True
-        if record.singled_out_at is None or evidence_at > record.singled_out_at:
-            record.singled_out_at = evidence_at
+    if blamed:
+        record.single_out(seen, now)
     record.last_error = error
     record.record(
         now,

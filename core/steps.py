@@ -134,6 +134,25 @@ class StepRecord:
         horizon = timedelta(seconds=max(SINGLED_OUT_MIN_SECONDS, 3 * self.timeout_seconds))
         return now - self.singled_out_at <= horizon
 
+    def single_out(self, seen: datetime | None, now: datetime) -> None:
+        """An attempt's failure was counted as its own: the agent blamed it. ``seen``:
+        when the agent saw the evidence that did (another order served on its endpoint,
+        its host answering others, its health probe answering healthy: the reply's
+        ``evidenceAt``); the flag ages from that, never from the order's own failures.
+        None: no new evidence (the request's flag alone blamed it), so the flag keeps its
+        age; a step not singled out yet (or a row from before the flag aged) takes
+        ``now``, as an agent that does not date its evidence meant. An agent's time is not
+        trusted to lengthen the flag: later than ``now`` is ``now``, and evidence older
+        than what the step holds changes nothing."""
+        if seen is not None:
+            seen = min(seen, now)
+            if self.singled_out and self.singled_out_at is not None:
+                seen = max(seen, self.singled_out_at)
+            self.singled_out_at = seen
+        elif not self.singled_out or self.singled_out_at is None:
+            self.singled_out_at = now
+        self.singled_out = True
+
     @property
     def idempotency_key(self) -> str:
         return idempotency_key(self.order_id, self.step, self.key_round)

@@ -276,6 +276,14 @@ class LocalStack:
         response.raise_for_status()
         return response.json()  # type: ignore[no-any-return]
 
+    def health(self, control: dict[str, Any]) -> dict[str, Any]:
+        """Set the simulated service's own health endpoint (``POST /_healthcheck``)."""
+        import httpx
+
+        response = httpx.post(f"{self.simulator_url}/_healthcheck", json=control, timeout=10)
+        response.raise_for_status()
+        return response.json()  # type: ignore[no-any-return]
+
     def remote_calls(self, since: str | None = None) -> list[dict[str, Any]]:
         """The calls the remote services received (``GET /_calls``), oldest first."""
         import httpx

@@ -9,7 +9,9 @@ cutting open ones, listening again on the same port — which a framework hides.
         sim.start_outage([Phase.error(20, status=503), Phase.unreachable(15)])
 
 Endpoints: ``POST /{step}`` (docs/contracts.md §3.4; ids and compensations that must name
-them: ``simulator.engine``; callbacks: ``simulator.callbacks``), ``GET /_health``, ``GET /_ledger``,
+them: ``simulator.engine``; callbacks: ``simulator.callbacks``), ``GET /health`` (the
+service's own health, set by ``GET|POST /_healthcheck``: ``simulator.healthcheck``),
+``GET /_health`` (the simulator's, always 200), ``GET /_ledger``,
 ``GET /_stats``, ``GET /_calls[?since=ISO]``, ``GET|POST /_outage``, ``POST /_reset``, and
 a managed identity endpoint with steps that require its tokens (``simulator.identity``):
 ``GET /_identity/token``, ``GET|POST /_identity``.
@@ -42,6 +44,7 @@ from simulator.callbacks import DEFAULT_CALLBACK_MS
 from simulator.calllog import DEFAULT_CALL_LOG_SIZE, CallLog
 from simulator.engine import Answer, Simulator, json_answer
 from simulator.faults import STEP_PATTERN, RandomFaults
+from simulator.healthcheck import HealthError, HealthSwitch
 from simulator.identity import DEFAULT_TOKEN_SECONDS, IdentityEndpoint
 from simulator.ledger import Effect, Ledger
 from simulator.outage import (
@@ -126,8 +129,16 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.partition("?")[0]
         simulator = self.server.simulator
         if path == "/_reset":
-            simulator.reset()
+            self.server.owner.reset()
             self._send(json_answer(200, {"reset": True}))
+            return
+        if path == "/_healthcheck":
+            try:
+                status = self.server.owner.health.set(json.loads(body or b"null"))
+            except (HealthError, ValueError) as exc:  # also JSONDecodeError
+                self._send(json_answer(400, {"error": str(exc)}))
+                return
+            self._send(json_answer(200, status))
             return
         if path == "/_outage":
             self._post_outage(body)
@@ -153,6 +164,10 @@ class _Handler(BaseHTTPRequestHandler):
         simulator = self.server.simulator
         if path == "/_health":
             self._send(json_answer(200, {"status": "ok"}))
+        elif path == "/health":
+            self._send(json_answer(*self.server.owner.health.answer()))
+        elif path == "/_healthcheck":
+            self._send(json_answer(200, self.server.owner.health.status()))
         elif path == "/_ledger":
             self._send(json_answer(200, {"effects": simulator.effects()}))
         elif path == "/_stats":
@@ -293,6 +308,8 @@ class SimulatorServer:
         self.identity = IdentityEndpoint(
             header=identity_header, require=require_token, token_seconds=token_seconds
         )
+        #: The service's own health endpoint (``GET /health``), set on its own.
+        self.health = HealthSwitch()
         self.simulator = Simulator(
             random_faults=faults,
             compensations=compensations,
@@ -365,6 +382,7 @@ class SimulatorServer:
 
     def reset(self) -> None:
         self.simulator.reset()
+        self.health.reset()
 
     # --- outages -----------------------------------------------------------------
 

@@ -92,7 +92,7 @@ ANY_TIME = st.datetimes(
     max_value=datetime(9999, 12, 30),
     timezones=st.sampled_from([UTC, timezone(timedelta(hours=14)), timezone(-timedelta(hours=12))]),
 )
-TIME_FIELDS = ("completeBy", "notBefore", "runningUntil", "answeredAt")
+TIME_FIELDS = ("completeBy", "notBefore", "runningUntil", "answeredAt", "evidenceAt")
 
 
 @settings(max_examples=300, deadline=None)
@@ -119,7 +119,7 @@ def test_no_time_a_report_carries_can_overflow_anything(
     except InvalidMessage as refused:
         assert not EARLIEST_TIME <= when < LATEST_TIME or field in str(refused)
         return
-    for name in ("complete_by", "not_before", "running_until", "answered_at"):
+    for name in ("complete_by", "not_before", "running_until", "answered_at", "evidence_at"):
         value = getattr(decoded, name)
         assert value is None or EARLIEST_TIME <= value < LATEST_TIME
     now = T0 + timedelta(seconds=1)
