@@ -29,6 +29,7 @@ from core.inbox import RECORDED_REFUSALS, check_event, run_of_capability
 from core.model import CancelPreview, Order, StepRecord
 from core.plans import PlannedStep
 from core.ports import Clock, ListFilter, StateStore
+from core.redact import shown
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import iso
 from core.unit_of_work import Dispatcher, OrderChanges
@@ -122,7 +123,7 @@ def step_view(
         "group": planned.group if planned is not None else None,
         "waitingFor": step.waiting_for if step.is_active else None,
         "completesOn": planned.completes_on if planned is not None else None,
-        "input": step.input,
+        "input": shown(step.input),
         # the state fields of docs/contracts.md §3.2, named as in the table
         "OrderID": step.order_id,
         "Step": step.step,
@@ -134,7 +135,7 @@ def step_view(
         "CompleteBy": iso(step.complete_by),
         "FailureCount": step.failure_count,
         "Attempt": step.attempt,
-        "result": step.result,
+        "result": shown(step.result),
         "lastError": step.last_error,
         "attempts": attempts_of(step),
         "attemptsCompacted": step.attempts.compacted,

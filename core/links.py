@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 if TYPE_CHECKING:
@@ -33,8 +32,6 @@ if TYPE_CHECKING:
     from core.steps import StepRecord
 
 LOCAL_HOSTS = ("127.0.0.1:", "localhost:")
-#: What a capability looks like where it may be quoted (a step's body, an error): removed.
-_TOKEN_IN_TEXT: Final = re.compile(r"([?&]token=)r\d{1,2}\.[0-9a-f]{8,64}")
 
 
 @dataclass(frozen=True)
@@ -95,4 +92,6 @@ def events_url(order_id: str, event: str) -> str:
 
 def redact(text: str) -> str:
     """``text`` with every capability in it replaced (what people may read)."""
-    return _TOKEN_IN_TEXT.sub(r"\1(removed)", text)
+    from core.redact import without_capabilities
+
+    return without_capabilities(text)

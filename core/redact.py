@@ -41,8 +41,29 @@ _ESCAPED_BYTES = re.compile(_ESCAPED.encode(), re.S)
 _CUT_STR, _CUT_BYTES = re.compile(_CUT, re.S), re.compile(_CUT.encode(), re.S)
 
 
+#: A capability in a callback URL (``core.links.events_url``: ``?token=r<run>.<mac>``).
+_CAPABILITY: Final = re.compile(r"([?&]token=)r\d{1,2}\.[0-9a-f]{8,64}")
+
+
+def without_capabilities(text: str) -> str:
+    """``text`` with the capability of every callback URL in it replaced (a step's body
+    that carries its events_url is shown to people: docs/contracts.md §3.15)."""
+    return _CAPABILITY.sub(lambda m: f"{m[1]}{MARKER}", text)
+
+
+def shown(value: Any) -> Any:
+    """A JSON value as people may see it: no capability in it (None stays None)."""
+    if value is None:
+        return None
+    text = json.dumps(value, ensure_ascii=False)
+    cleaned = without_capabilities(text)
+    return value if cleaned == text else json.loads(cleaned)
+
+
 def without_tokens(text: str) -> str:
-    """``text`` with every token value replaced by ``MARKER``; otherwise unchanged."""
+    """``text`` with every token value replaced by ``MARKER``, and every callback URL's
+    capability; otherwise unchanged."""
+    text = without_capabilities(text)
     out = _PLAIN_STR.sub(lambda m: f'{m[1]}"{MARKER}"', text)
     out = _ESCAPED_STR.sub(lambda m: f'{m[1]}{m[2]}"{MARKER}{m[2]}"', out)
     out = _CUT_STR.sub(lambda m: f'{m[1]}{m[2]}"{MARKER}', out)

@@ -152,6 +152,8 @@ def order_entity(order: Order, write_id: str) -> dict[str, Any]:
         "WriteId": write_id,
         "History": _bounded_history(order.history),
         "TraceContext": _dumps(order.trace) if order.trace else "",
+        # the key of its events' capability tokens (core/inbox.py): never shown
+        "EventKey": order.event_key,
         # events delivered (docs/contracts.md §3.13): each up to an order's size
         **(_split("Events", _dumps(order.events)) if order.events else {"EventsParts": 0}),
     }
@@ -266,6 +268,7 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
         version=int(record.get("Version", 0)),
         etag=record.metadata["etag"],
         events=_optional_json(record, "Events") if record.get("EventsParts") else {},
+        event_key=str(record.get("EventKey") or ""),
     )
     order.store_meta["index"] = layout.index_rows(order)
     order.store_meta["write_id"] = record.get("WriteId", "")

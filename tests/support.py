@@ -96,6 +96,14 @@ def declarations(module: str = "tests.fixtures.flows") -> Iterator[None]:
         workflows.use(before)
 
 
+def callback_token(order: Any, event: str, run: int = 1) -> str:
+    """The capability of the URL ``events_url`` gives a remote for run ``run`` of ``event``
+    of ``order`` (a ``core.model.Order``): what a test's remote calls back with."""
+    from core.inbox import capability
+
+    return capability(order.event_key, order.order_id, event, run)
+
+
 def unanswered[M](reply: M) -> M:
     """A reply without the time its agent got the answer (``answeredAt``), to compare
     with one built from its request in a test."""

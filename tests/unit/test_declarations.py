@@ -252,5 +252,5 @@ def test_get_workflows_shows_groups_conditions_events_and_delays() -> None:
     assert [s["step"] for s in group["parallel"]] == ["a", "d"]
     assert group["parallel"][0]["when"].endswith("<lambda>")
     assert group["parallel"][1] == {"step": "d", "kind": "delay", "seconds": 9}
-    assert event == {"step": "ok", "kind": "event", "event": "ok", "timeout": 60}
+    assert event == {"step": "ok", "kind": "event", "event": "ok", "timeout": 60, "by": "person"}
     assert callback["completesOn"] == "b-done"

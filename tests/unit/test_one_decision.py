@@ -34,7 +34,7 @@ from core.timefmt import parse_iso
 from core.workflows import WORKFLOWS, Plan, Workflow
 from supervisor.service import SKEW_GRACE
 from tests.fixtures.decisions import may_stand_workflow
-from tests.support import declarations
+from tests.support import callback_token, declarations
 from tests.unit.test_services_in_memory import TIMEOUT, Services, build, reply_to, stored
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
@@ -224,7 +224,9 @@ def test_a_stale_callback_from_before_a_fix_never_settles_the_new_runs_doubt(s: 
     s.scheduler.apply_reply(reply_to(first))  # the bank accepted it
     s.clock.advance(5)
     refusal = {"refused": "card expired"}
-    s.admin.deliver_event("cb-1", "captured", refusal, "bank")
+    # the bank calls back on the URL the step gave it: the capability of run 1
+    first_run = callback_token(stored(s, "cb-1"), "captured", run=1)
+    s.admin.deliver_event("cb-1", "captured", refusal, "bank", token=first_run)
     assert stored(s, "cb-1").status is OrderStatus.ERROR
     s.clock.advance(60)
     s.admin.resubmit("cb-1", "ann", "the customer gave another card", {"amount": 12})
@@ -237,7 +239,7 @@ def test_a_stale_callback_from_before_a_fix_never_settles_the_new_runs_doubt(s: 
     delivered_at = s.clock()
 
     with pytest.raises(TransitionRefused) as refused:
-        s.admin.deliver_event("cb-1", "captured", refusal, "bank")  # the webhook's retry
+        s.admin.deliver_event("cb-1", "captured", refusal, "bank", token=first_run)  # a retry
 
     assert refused.value.reason == "stale"
     order = stored(s, "cb-1")

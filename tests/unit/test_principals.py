@@ -220,14 +220,22 @@ def test_a_reader_reads_and_an_operator_also_changes(console: bool) -> None:
 
 
 def test_a_key_caller_changes_only_where_no_sign_in_is_configured() -> None:
-    for access in (Access.READ, Access.EVENT, Access.CHANGE):
+    for access in (Access.READ, Access.CHANGE):
         assert refusal(None, access, NO_SIGN_IN, console=False) is None
         assert refusal(None, access, DEVHOST, console=False) is None
     for sign_in in (ENTRA, SignIn(client_id=CLIENT_ID)):
         assert refusal(None, Access.READ, sign_in, console=False) is None
-        assert refusal(None, Access.EVENT, sign_in, console=False) is None  # a webhook
         refused = refusal(None, Access.CHANGE, sign_in, console=False)
         assert refused is not None and refused.status == 403 and refused.role == OPERATOR
+
+
+def test_a_key_alone_delivers_no_event_whatever_the_sign_in() -> None:
+    """docs/contracts.md §3.15, "who may answer": a person's event needs Orders.Operator; a
+    remote's answers on its capability URL (checked by the route, not here)."""
+    for sign_in in (NO_SIGN_IN, DEVHOST, ENTRA, SignIn(client_id=CLIENT_ID)):
+        refused = refusal(None, Access.EVENT, sign_in, console=False)
+        assert refused is not None and refused.status == 403 and refused.role == OPERATOR
+        assert "function key alone delivers nothing" in refused.reason
 
 
 def test_the_console_needs_a_principal_and_says_how_to_get_one() -> None:

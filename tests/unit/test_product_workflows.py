@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from core.inbox import run_of_capability
 from core.links import events_url
 from core.messages import AgentRequest, ReplyOutcome
 from core.states import OrderStatus, StepState
+from tests.support import callback_token
 from tests.unit.test_services_in_memory import Services, build, reply_to, stored
 
 HOST = "127.0.0.1:7071"
@@ -85,11 +87,18 @@ def test_a_small_checkout_skips_the_approval_waits_then_ships_asking_for_a_callb
     s.clock.advance(3)
     s.scheduler.dispatch("c-1")
     ship = sent(s, "c-1")[-1]
-    url = f"http://{HOST}/api/orders/c-1/events/parcel-left"
+    token = callback_token(stored(s, "c-1"), "parcel-left")
+    url = f"http://{HOST}/api/orders/c-1/events/parcel-left?token={token}"
     assert ship.order == {**order, "reservation": "reservation-c-1", "callback": {"url": url}}
     succeed(s, ship)  # the carrier's 202: acceptance, the order waits for the callback
     assert stored(s, "c-1").status is OrderStatus.PROCESSING
-    s.admin.deliver_event("c-1", "parcel-left", {"result": {"parcel": "parcel-1"}}, "carrier")
+    s.admin.deliver_event(
+        "c-1",
+        "parcel-left",
+        {"result": {"parcel": "parcel-1"}},
+        "carrier",
+        token=callback_token(stored(s, "c-1"), "parcel-left"),
+    )
     done = stored(s, "c-1")
     assert done.status is OrderStatus.COMPLETED
     assert done.find("ship").result == {"parcel": "parcel-1"}  # type: ignore[union-attr]
@@ -124,8 +133,23 @@ def test_without_its_own_address_the_app_cannot_ask_for_a_callback(
     assert [r.step for r in sent(s, "c-3")][-1] != "ship"  # never reached the carrier
 
 
-def test_events_url(s: Services) -> None:
-    assert events_url("o-1", "parcel-left") == (f"http://{HOST}/api/orders/o-1/events/parcel-left")
+def test_events_url_is_a_capability_of_the_run_and_only_inside_its_step(s: Services) -> None:
+    """docs/contracts.md §3.15: the URL a step gives its remote carries an unguessable token
+    bound to the order, the event and the run; outside a step of that order it is not
+    given (a LookupError says why)."""
+    with pytest.raises(LookupError, match="called from a step's input"):
+        events_url("o-1", "parcel-left")
+    run_checkout(s, "c-url")
+    s.clock.advance(3)
+    s.scheduler.dispatch("c-url")
+    url = sent(s, "c-url")[-1].order["callback"]["url"]  # type: ignore[index]
+    order = stored(s, "c-url")
+    base, _, token = url.partition("?token=")
+    assert base == f"http://{HOST}/api/orders/c-url/events/parcel-left"
+    assert token == callback_token(order, "parcel-left", run=1)
+    assert run_of_capability(order.event_key, "c-url", "parcel-left", token) == 1
+    assert run_of_capability(order.event_key, "c-url", "approved", token) is None
+    assert run_of_capability(order.event_key, "c-other", "parcel-left", token) is None
 
 
 def test_an_alert_goes_on_after_a_reason_that_ends_a_sentence(s: Services) -> None:

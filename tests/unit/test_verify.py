@@ -18,8 +18,9 @@ from core.messages import ReplyOutcome
 from core.model import Order, StepRecord
 from core.states import OrderStatus, StepState
 from demo.verify import VIOLATIONS, Verdict, check_history, said_not_applied, verify
+from tests.support import callback_token
 from tests.unit.test_model import POLICY, T0, drive, new_order, reply, run_step
-from tests.unit.test_services_in_memory import reply_to
+from tests.unit.test_services_in_memory import reply_to, stored
 
 COMPENSATIONS = {"release-stock": "reserve-stock", "refund-payment": "charge-payment"}
 FULL = ["reserve-stock", "charge-payment", "ship"]
@@ -622,7 +623,13 @@ def test_a_checkout_with_its_waits_and_callback_replays_cleanly(shop: Any) -> No
         s.clock.advance(3)
         s.scheduler.dispatch(order_id)
         product.succeed(s, product.sent(s, order_id)[-1])
-        s.admin.deliver_event(order_id, "parcel-left", {"result": {}}, "carrier")
+        s.admin.deliver_event(
+            order_id,
+            "parcel-left",
+            {"result": {}},
+            "carrier",
+            token=callback_token(stored(s, order_id), "parcel-left"),
+        )
     orders = {o: s.store.load(o) for o in ("c-small", "c-big")}
     ledger = checkout_ledger("c-small", ["charge-payment", "reserve-stock", "ship"])
     ledger += checkout_ledger("c-big", ["reserve-stock", "charge-payment", "ship"])
@@ -668,7 +675,13 @@ def test_a_refused_callback_and_a_halted_group_replay_cleanly(shop: Any) -> None
     s.clock.advance(3)
     s.scheduler.dispatch("c-carrier")
     product.succeed(s, product.sent(s, "c-carrier")[-1])
-    s.admin.deliver_event("c-carrier", "parcel-left", {"refused": "no driver"}, "carrier")
+    s.admin.deliver_event(
+        "c-carrier",
+        "parcel-left",
+        {"refused": "no driver"},
+        "carrier",
+        token=callback_token(stored(s, "c-carrier"), "parcel-left"),
+    )
     for _ in range(2):
         s.scheduler.dispatch("c-carrier")
         product.succeed(s, product.sent(s, "c-carrier")[-1])

@@ -18,7 +18,7 @@ from core.messages import AgentRequest, ReplyOutcome
 from core.states import OrderStatus
 from scheduler.service import Handled
 from supervisor.service import SKEW_GRACE
-from tests.support import declarations
+from tests.support import callback_token, declarations
 from tests.unit.test_services_in_memory import T0, Services, build, reply_to, stored
 
 
@@ -133,7 +133,13 @@ def test_a_refused_callback_through_the_admin_unwinds(s: Services) -> None:
     capture = requests(s, "c-1")[-1]
     s.scheduler.apply_reply(reply_to(capture))  # the bank accepted it
     assert stored(s, "c-1").status is OrderStatus.PROCESSING
-    s.admin.deliver_event("c-1", "captured", {"refused": "insufficient funds"}, "bank")
+    s.admin.deliver_event(
+        "c-1",
+        "captured",
+        {"refused": "insufficient funds"},
+        "bank",
+        token=callback_token(stored(s, "c-1"), "captured"),
+    )
     assert stored(s, "c-1").status is OrderStatus.COMPENSATING
     s.scheduler.dispatch("c-1")
     release = requests(s, "c-1")[-1]
