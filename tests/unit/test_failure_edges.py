@@ -32,6 +32,7 @@ from tests.support import unanswered
 from tests.unit.test_agent_kinds import python_client
 from tests.unit.test_failure_semantics import fail_until_given_up, reach
 from tests.unit.test_model import T0, alerts, new_order, reply
+from tests.unit.test_model import status as status_of
 from tests.unit.test_remote_client import (
     FakeClock,
     RecordingTransport,
@@ -303,13 +304,13 @@ def test_4_cancel_with_the_statement_undoes_the_rest_and_records_who_said_so() -
     order.apply_reply(reply(order, step="ship", attempt=2), now + timedelta(seconds=1), POLICY)
     assert order.status is OrderStatus.COMPENSATING
     later = now + timedelta(seconds=2)
-    while order.status is OrderStatus.COMPENSATING:
+    while status_of(order) is OrderStatus.COMPENSATING:
         undo = order.active_step()
         assert undo is not None and undo.kind is StepKind.COMPENSATION
         later = max(later, undo.complete_by)
         order.claim("i", later, step=undo.step)
         order.apply_reply(reply(order, step=undo.step), later, POLICY)
-    assert order.status is OrderStatus.ERROR
+    assert status_of(order) is OrderStatus.ERROR
     told = alerts(order)[-1]["reason"]
     assert "ship applied and cannot be undone" in told and "refund-payment" in told
 

@@ -14,7 +14,7 @@ from core.messages import AgentReply, Applied, ReplyOutcome
 from core.model import Order, ReplyEffect
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
-from tests.unit.test_model import T0, alerts, new_order, reply, states, statuses
+from tests.unit.test_model import T0, alerts, new_order, reply, states, status, statuses
 
 POLICY = RetryPolicy(max_failure_count=3, soft_threshold=1, deferral_window_seconds=600)
 
@@ -226,7 +226,7 @@ def test_a_late_report_turns_an_ambiguous_error_into_a_definite_one() -> None:
     assert order.status is OrderStatus.ERROR and not ship.may_have_applied
     assert "not applied after all" in alerts(order)[-1]["reason"]
     order.cancel(now + timedelta(seconds=33), "ops")
-    assert order.status is OrderStatus.COMPENSATING
+    assert status(order) is OrderStatus.COMPENSATING
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
 
