@@ -103,6 +103,9 @@ class Attempt:
     #: The key round it ran under (``StepRecord.key_round``): a run of the step; what
     #: answers one run never settles another (docs/contracts.md §3.15).
     key_round: int = 1
+    #: Its token binds the order and the run as well as the attempt (claimed since runs
+    #: were bound: ``core.steps.StepRecord.token_for``).
+    bound: bool = False
 
     @property
     def skew(self) -> timedelta:
@@ -214,6 +217,8 @@ class Attempt:
             out["takenBy"] = self.taken_by
         if self.key_round != 1:
             out["round"] = self.key_round
+        if self.bound:
+            out["bound"] = True
         return out
 
     @classmethod
@@ -238,6 +243,7 @@ class Attempt:
             accepted=bool(value.get("accepted", False)),
             taken_by=str(value.get("takenBy") or ""),
             key_round=int(value.get("round", 1)),
+            bound=bool(value.get("bound", False)),
         )
 
 
@@ -346,6 +352,10 @@ class AttemptLog:
     @property
     def applied(self) -> bool:
         return any(a.applied is Applied.YES for a in self.items)
+
+    def applied_in(self, key_round: int) -> bool:
+        """Whether an attempt of run ``key_round`` is known to have applied."""
+        return any(a.applied is Applied.YES and a.key_round == key_round for a in self.items)
 
     def fold_doubt(self, number: int) -> bool:
         """Doubt for an attempt no longer kept in detail; True if it is new."""

@@ -143,12 +143,12 @@ def _refusal(
     known = [
         r.step
         for r in order.latest_actions()
-        if r.step in stated and r.attempts.applied and r.process_state is not StepState.COMPENSATED
+        if r.step in stated and r.applied and r.process_state is not StepState.COMPENSATED
     ] + [
         r.step
         for r in order.latest_actions()
         if r.step in stated
-        and r.attempts.applied
+        and r.applied
         and r.process_state is StepState.COMPENSATED
         and r.undone_by is None
     ]

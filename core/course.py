@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Final
 
 from core import kinds, moves
 from core.events import Event
-from core.messages import idempotency_key
+from core.messages import MAX_KEY_ROUND, idempotency_key
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
 from core.timefmt import iso
@@ -171,7 +171,7 @@ def _cancel_too_late(order: Order, record: StepRecord, now: datetime) -> None:
 def in_doubt(record: StepRecord) -> bool:
     """Some attempt of ``record`` may have applied and nothing settled it, and it is not
     known to have applied (one key, one effect: a success settles every attempt)."""
-    return record.may_have_applied and not record.attempts.applied
+    return record.may_have_applied and not record.applied
 
 
 def doubtful(order: Order) -> list[StepRecord]:
@@ -340,7 +340,7 @@ def standing(order: Order) -> list[StepRecord]:
         if not order.waits(r)
         and not order.planned(r.step).compensation
         and r.attempt
-        and (r.process_state is StepState.PROCESSED or r.attempts.applied)
+        and (r.process_state is StepState.PROCESSED or r.applied)
     ]
 
 
@@ -378,15 +378,27 @@ def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
         not_before = max(not_before or now, held)
     target.process_state = StepState.COMPENSATING
     target.record(now, Event.COMPENSATING, by=planned.compensation)
-    record = order.add_record(
-        step=planned.compensation,
-        path=planned.compensation_path or planned.compensation,
-        timeout=planned.compensation_timeout_seconds or planned.timeout_seconds,
-        kind=StepKind.COMPENSATION,
-        compensates=target.step,
-        now=now,
-        due=max(now, not_before) if not_before else now,
-    )
+    due = max(now, not_before) if not_before else now
+    record = order.undo_of(target)
+    if record is not None and not record.is_active:
+        # Undone once already (or found not needed), and now to undo again (it turned out
+        # to have applied): the same record, as a new effect under a new key if it ran.
+        moves.restart(record, now)
+        record.complete_by = due
+        if record.attempt and record.key_round < MAX_KEY_ROUND:
+            record.key_round += 1
+            record.round_began_at = None
+            record.record(now, Event.NEW_KEY, key=record.idempotency_key, why="undo again")
+    else:
+        record = order.add_record(
+            step=planned.compensation,
+            path=planned.compensation_path or planned.compensation,
+            timeout=planned.compensation_timeout_seconds or planned.timeout_seconds,
+            kind=StepKind.COMPENSATION,
+            compensates=target.step,
+            now=now,
+            due=due,
+        )
     kinds.decide_compensation_input(order, record, now)
     if record.process_state is StepState.ERROR:  # its input raised: the unwinding stops
         order.set_status(OrderStatus.ERROR, now)

@@ -66,7 +66,9 @@ def success_reply(
     order: Order, record: StepRecord, attempt: Attempt | None, reply: AgentReply, now: datetime
 ) -> ReplyEffect:
     """A 2xx reply (or a Python handler's return), on time or not."""
-    planned = order.planned(record.step) if record.kind is StepKind.ACTION else None
+    if attempt is not None and attempt.key_round < record.key_round:
+        return _earlier_run(order, record, attempt, reply, now)
+    planned = order.plan.planned(record.step) if record.kind is StepKind.ACTION else None
     if kind_of(record, planned) is CALLBACK:
         return _acceptance(order, record, attempt, reply, now)
     return success(
@@ -101,7 +103,7 @@ def success(
     undo = order.undo_of(record) if state in _UNDONE else None
     # A step already known applied has one effect, whichever attempt reports it (one
     # idempotency key): its undo began after it, so covers it.
-    if undo is not None and not record.attempts.applied:
+    if undo is not None and not record.applied:
         _mark_applied(record, attempt, now, runner, run_ended, by_callback=by_callback)
         skew = attempt.skew if attempt is not None else _skew_of(record)
         answered = answered_at or now
@@ -138,6 +140,37 @@ def success(
         moves.complete(record, result, now, attempt=number, instance=instance, late=not on_time)
         return ReplyEffect.APPLIED if on_time else ReplyEffect.NOTED
     _ended_applied(order, record, result, number, now)
+    return ReplyEffect.NOTED
+
+
+def _earlier_run(
+    order: Order, record: StepRecord, attempt: Attempt, reply: AgentReply, now: datetime
+) -> ReplyEffect:
+    """A success for an attempt of an earlier run (a fix ran the step again under a new key,
+    on the word that the earlier key had not applied): the evidence is kept on that
+    attempt and told, never applied to the new run (docs/contracts.md §3.15, "an answer
+    belongs to its run")."""
+    if attempt.applied is Applied.YES:
+        raise stale(order, record, reply)
+    attempt.report(Applied.YES, None, reply.runner or "", reply.run_ended)
+    if attempt.in_flight:
+        attempt.end(Ending.SUCCEEDED, now)
+    old = idempotency_key(order.order_id, record.step, attempt.key_round)
+    new = idempotency_key(order.order_id, record.step, record.key_round)
+    record.record(
+        now,
+        Event.LATE_SUCCESS,
+        attempt=attempt.number,
+        note=f"for run {attempt.key_round} ({old}), which a fix replaced: not applied to run "
+        f"{record.key_round}",
+    )
+    order.alert(
+        record,
+        f"{record.step} reported success for attempt {attempt.number} under {old}, after a fix "
+        f"ran it again under {new} on the word that {old} had not applied: both may have "
+        f"applied. Ask its service about {old}, and undo it by hand if it stands",
+        now,
+    )
     return ReplyEffect.NOTED
 
 
@@ -453,7 +486,7 @@ def new_doubt(order: Order, record: StepRecord, number: int, now: datetime) -> N
     """Evidence that the step may have applied, after decisions assumed it had not."""
     if record.is_active or record.kind is not StepKind.ACTION:
         return  # still running: its verdict will count it
-    if record.attempts.applied:
+    if record.applied:
         # One key, one effect, and it is known to have applied (and, if the step was
         # undone, undone): another attempt's "maybe" adds no doubt about anything.
         return

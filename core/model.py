@@ -170,6 +170,7 @@ class Order:
                 instance,
                 skew_seconds=skew.total_seconds(),
                 key_round=record.key_round,
+                bound=True,
             )
         )
         if record.budget_since is None:

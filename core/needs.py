@@ -168,14 +168,14 @@ def _redo(order: Order) -> tuple[Need, ...]:
         return ()
     for record in sorted(order.latest_actions(), key=lambda s: s.seq, reverse=True):
         undone = record.process_state is StepState.COMPENSATED and record.undone_by is not None
-        if record.attempt == 0 or (undone and record.attempts.applied):
+        if record.attempt == 0 or (undone and record.applied):
             continue
         if record.process_state not in (StepState.COMPENSATED, StepState.ERROR):
             continue
         planned = order.plan.steps[order.plan.index_of(record.step)]
         if planned.compensation:
             needs.append(replace(_undo(planned), why=Why.REDO))
-        elif not undone and not record.attempts.applied:
+        elif not undone and not record.applied:
             # A report that it may have applied after all puts the order in error
             # (docs/contracts.md §3.15); a resubmit then asks it again, with its key.
             needs.append(Need(record.step, planned.agent, record.path, Why.RETRY))

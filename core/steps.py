@@ -172,10 +172,19 @@ class StepRecord:
 
     def token_for(self, attempt: int) -> str:
         """The token of attempt ``attempt``: what its request carries and every report of it
-        must carry back (an HMAC of the attempt under the step's secret)."""
+        must carry back. An HMAC under the step's secret of the order, the step, the run
+        (the key round the attempt ran under) and the attempt (docs/contracts.md §3.15, "an
+        answer belongs to its run"); an attempt claimed before runs were bound, of the
+        step and the attempt alone."""
         if not self.secret:
             return ""
-        mac = hmac.new(bytes.fromhex(self.secret), f"{self.step}:{attempt}".encode(), "sha256")
+        found = self.attempts.get(attempt)
+        if found is not None and not found.bound:
+            message = f"{self.step}:{attempt}"
+        else:
+            key_round = found.key_round if found is not None else self.key_round
+            message = f"{self.order_id}:{self.step}:{key_round}:{attempt}"
+        mac = hmac.new(bytes.fromhex(self.secret), message.encode(), "sha256")
         return mac.hexdigest()[:32]
 
     def binds(self, attempt: int, token: str) -> bool:
@@ -192,6 +201,11 @@ class StepRecord:
     def current(self) -> Attempt | None:
         """The latest attempt, if it is still kept."""
         return self.attempts.get(self.attempt) if self.attempt else None
+
+    @property
+    def applied(self) -> bool:
+        """Its current run (key round) is known to have applied: one key, one effect."""
+        return self.attempts.applied_in(self.key_round)
 
     @property
     def may_have_applied(self) -> bool:

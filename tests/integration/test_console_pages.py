@@ -333,7 +333,7 @@ def test_the_cancel_confirmation_says_what_is_undone_and_asks_about_the_doubt(
     assert re.search(r"charge-payment</b> \(by refund-payment\).*reserve-stock</b> \(by", undo[1])
     doubt = re.search(r'id="cancel-doubtful">(.*?)</li>', page, re.S)
     assert doubt is not None and "ship" in doubt[1] and "1, 2, 3" in doubt[1]
-    assert 'name="not_applied" value="ship"' in page and "d-0:ship" in page
+    assert 'name="not_applied.ship" value="ship"' in page and "d-0:ship" in page
     # Without the statement: refused, nothing undone.
     refused = post("/orders/d-0/cancel", {"reason": "gone", "csrf": token}, token, orderId="d-0")
     assert refused.status_code == 409 and "may have been applied" in html(refused)
