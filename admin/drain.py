@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from core.errors import InvalidMessage, OrderError
-from core.messages import decode_request
 from core.ports import AgentTransport, Clock, StateStore
+from messaging.wire import decode_request
 from observability.logs import get_logger
 from observability.metrics import METRICS
 

@@ -28,10 +28,10 @@ from agents.agent import AgentWorker
 from bootstrap import app_context, current_app_context, index_time
 from core import names
 from core.errors import DuplicateRequest, InvalidMessage, UnboundMessage
-from core.messages import decode_request
 from core.settings import SERVICE_BUS, STORAGE, Transport
 from core.workflows import AGENTS
 from messaging.quarantine import quarantine
+from messaging.wire import decode_request
 from observability.logs import get_logger
 
 bp = func.Blueprint()

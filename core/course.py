@@ -136,8 +136,8 @@ def _settle(order: Order, now: datetime) -> bool:
             return True
     doubt = doubtful(order)
     if doubt:
-        order.set_status(OrderStatus.ERROR, now)
         tell_doubt(order, doubt, now)
+        order.set_status(OrderStatus.ERROR, now)
         return False
     bugs = [r for r in failed if r.gave_up is not None and r.gave_up.kind == kinds.DECLARATION_BUG]
     if order.cancel_requested or order.plan.compensates or _undoable(order):
@@ -147,8 +147,8 @@ def _settle(order: Order, now: datetime) -> bool:
             order.set_status(OrderStatus.COMPENSATING, now)
         _unwind(order, now)  # nothing to undo: it ends at once (compensated, or told)
         return False
-    order.set_status(OrderStatus.ERROR, now)
     _tell_not_applied(order, failed, now)
+    order.set_status(OrderStatus.ERROR, now)
     return False
 
 
@@ -264,13 +264,13 @@ def _unwind(order: Order, now: datetime) -> None:
         and u.gave_up.kind != moves.OVERTAKEN
     ]
     if failed:
-        order.set_status(OrderStatus.ERROR, now)
         _tell_failed_undo(order, max(failed, key=lambda s: s.seq), now)
+        order.set_status(OrderStatus.ERROR, now)
         return
     doubt = doubtful(order)
     if doubt:
-        order.set_status(OrderStatus.ERROR, now)
         tell_doubt(order, doubt, now)
+        order.set_status(OrderStatus.ERROR, now)
         return
     overtaken = [
         u
@@ -281,8 +281,8 @@ def _unwind(order: Order, now: datetime) -> None:
     ]
     if overtaken:
         # Its step applied after the undo began: the unwinding stops here, told.
-        order.set_status(OrderStatus.ERROR, now)
         tell_overtaken(order, max(overtaken, key=lambda s: s.seq), now)
+        order.set_status(OrderStatus.ERROR, now)
         return
     target = next_to_compensate(order)
     if target is not None:
@@ -291,8 +291,8 @@ def _unwind(order: Order, now: datetime) -> None:
     stands = standing(order)
     told = [r for r in stands if not order.planned(r.step).may_stand and not r.stands]
     if told:
-        order.set_status(OrderStatus.ERROR, now)
         _tell_standing(order, told, now)
+        order.set_status(OrderStatus.ERROR, now)
         return
     finish(order, now)
 
@@ -401,8 +401,8 @@ def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
         )
     kinds.decide_compensation_input(order, record, now)
     if record.process_state is StepState.ERROR:  # its input raised: the unwinding stops
-        order.set_status(OrderStatus.ERROR, now)
         _tell_failed_undo(order, record, now)
+        order.set_status(OrderStatus.ERROR, now)
 
 
 def _tell_failed_undo(order: Order, undo: StepRecord, now: datetime) -> None:

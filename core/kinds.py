@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from core import moves
 from core.attempts import Applied, Attempt, Ending, GaveUp
@@ -87,11 +87,131 @@ def start_waiting(order: Order, record: StepRecord, what: dict[str, str], now: d
     order.started(now)
 
 
+def claimable(
+    order: Order, now: datetime, name: str | None = None, *, resumed: bool = False
+) -> StepRecord:
+    """The Pending call (``name``, or the first) a claim may take now; ``TransitionRefused``
+    saying why not (``resumed``: its agent's pause is over, so it may go early)."""
+    if order.status.terminal:
+        raise order.refuse("order-not-running", f"the order is {order.status}")
+    tasks = [s for s in order.active_steps() if not order.waits(s)]
+    if name is not None:
+        tasks = [s for s in tasks if s.step == name]
+    pending = [s for s in tasks if s.process_state is StepState.PENDING]
+    if not tasks:
+        raise order.refuse("no-active-step", "the order has no step waiting to run", name)
+    record = (pending or tasks)[0]
+    if record.process_state is StepState.PROCESSING:
+        raise order.refuse(
+            "already-claimed",
+            f"step {record.step} is held by {record.locked_by} until {iso(record.complete_by)}",
+            record.step,
+        )
+    if record.complete_by > now and not (resumed and record.paused_for):
+        raise order.refuse(
+            "not-due", f"step {record.step} may run again at {iso(record.complete_by)}", record.step
+        )
+    return record
+
+
 class Call:
     """A call to a remote (or a Python handler) through an agent, attempt by attempt."""
 
     name: ClassVar[str] = "task"
     waits: ClassVar[bool] = False
+
+    def claim(
+        self, order: Order, record: StepRecord, instance: str, now: datetime, skew: timedelta
+    ) -> None:
+        """A new attempt: Processing, locked by ``instance``, with a deadline and its token;
+        ``skew`` (how far other instances' clocks may be) kept with it, so that no instance
+        undoes the step while this attempt may still reach its remote."""
+        record.end_pause(now, "claimed")
+        record.process_state = StepState.PROCESSING
+        record.locked_by = instance
+        record.attempt += 1
+        record.ensure_secret(record.attempt)
+        if record.round_began_at is None:
+            record.round_began_at = now
+        record.complete_by = now + timedelta(seconds=record.timeout_seconds)
+        record.attempts.add(
+            Attempt(
+                record.attempt,
+                now,
+                record.complete_by,
+                instance,
+                skew_seconds=skew.total_seconds(),
+                key_round=record.key_round,
+                bound=True,
+            )
+        )
+        if record.budget_since is None:
+            record.budget_since = now
+        record.record(
+            now,
+            Event.CLAIMED,
+            attempt=record.attempt,
+            instance=instance,
+            completeBy=iso(record.complete_by),
+        )
+        if record.kind is StepKind.ACTION:
+            order.started(now)
+
+    def take_copy(
+        self, order: Order, name: str, attempt: int, copy: str
+    ) -> Literal["took", "held", "other"]:
+        """An agent takes attempt ``attempt`` of step ``name`` with one copy of its request
+        (``copy``: the Storage queue message's id; that transport has no duplicate
+        detection, and a redelivered order sends attempt 1's request again while it may
+        be in flight). ``took``: the first copy, recorded (save it before calling);
+        ``held``: this copy took it before (a redelivery of the same message: it may call
+        again, as after a crash); ``other``: another copy holds it, and calls nothing."""
+        record = order.find(name)
+        found = record.attempts.get(attempt) if record is not None else None
+        if record is None or found is None:
+            return "other"  # compacted: long ended, so no copy of it is to call
+        if found.taken_by == copy:
+            return "held"
+        if found.taken_by:
+            return "other"
+        found.taken_by = copy
+        record.changed = True
+        return "took"
+
+    def unsent(
+        self,
+        order: Order,
+        step: str,
+        number: int,
+        reason: str,
+        now: datetime,
+        policy: RetryPolicy,
+    ) -> StepRecord:
+        """The request of a claim never left (the send failed, or the transport refused
+        it): no try, so no failure and no doubt; the step waits a little and runs again."""
+        record = order.find(step)
+        attempt = record.attempts.get(number) if record is not None else None
+        if (
+            record is None
+            or attempt is None
+            or not attempt.in_flight
+            or attempt.reports
+            or record.process_state is not StepState.PROCESSING
+            or record.attempt != number
+        ):
+            raise order.refuse(
+                "not-in-flight",
+                f"attempt {number} of step {step} is not in flight with no report",
+                step,
+            )
+        attempt.end(Ending.NOT_SENT, now, reason)
+        attempt.sent = False
+        attempt.applied = Applied.NO
+        record.last_error = reason
+        record.locked_by = ""
+        record.record(now, Event.NOT_SENT, attempt=number, reason=reason)
+        moves.defer(order, record, now, policy, None, reason, cause="could not send its request")
+        return record
 
     def start(self, order: Order, record: StepRecord, planned: PlannedStep, now: datetime) -> None:
         if "input" in planned.uses and "input" not in record.decided:

@@ -34,7 +34,6 @@ from types import MappingProxyType
 from typing import Any, Final, Literal
 
 from core import course, evidence, inbox, kinds, moves, operator
-from core.attempts import Applied, Attempt, Ending
 from core.cancel import CancelPreview
 from core.errors import TransitionRefused, UnboundMessage
 from core.events import Event
@@ -153,64 +152,9 @@ class Order:
         ``skew``: how far other instances' clocks may be from this one's
         (``MAX_CLOCK_SKEW_SECONDS``), kept with the attempt so that no instance undoes the
         step while this attempt may still reach its remote."""
-        record = self._claimable(now, step, resumed=resumed)
-        record.end_pause(now, "claimed")
-        record.process_state = StepState.PROCESSING
-        record.locked_by = instance
-        record.attempt += 1
-        record.ensure_secret(record.attempt)
-        if record.round_began_at is None:
-            record.round_began_at = now
-        record.complete_by = now + timedelta(seconds=record.timeout_seconds)
-        record.attempts.add(
-            Attempt(
-                record.attempt,
-                now,
-                record.complete_by,
-                instance,
-                skew_seconds=skew.total_seconds(),
-                key_round=record.key_round,
-                bound=True,
-            )
-        )
-        if record.budget_since is None:
-            record.budget_since = now
-        record.record(
-            now,
-            Event.CLAIMED,
-            attempt=record.attempt,
-            instance=instance,
-            completeBy=iso(record.complete_by),
-        )
-        if record.kind is StepKind.ACTION:
-            self.started(now)
+        record = kinds.claimable(self, now, step, resumed=resumed)
+        kinds.CALL.claim(self, record, instance, now, skew)
         self.touch(now)
-        return record
-
-    def _claimable(
-        self, now: datetime, name: str | None = None, *, resumed: bool = False
-    ) -> StepRecord:
-        if self.status.terminal:
-            raise self.refuse("order-not-running", f"the order is {self.status}")
-        tasks = [s for s in self.active_steps() if not self.waits(s)]
-        if name is not None:
-            tasks = [s for s in tasks if s.step == name]
-        pending = [s for s in tasks if s.process_state is StepState.PENDING]
-        if not tasks:
-            raise self.refuse("no-active-step", "the order has no step waiting to run", name)
-        record = (pending or tasks)[0]
-        if record.process_state is StepState.PROCESSING:
-            raise self.refuse(
-                "already-claimed",
-                f"step {record.step} is held by {record.locked_by} until {iso(record.complete_by)}",
-                record.step,
-            )
-        if record.complete_by > now and not (resumed and record.paused_for):
-            raise self.refuse(
-                "not-due",
-                f"step {record.step} may run again at {iso(record.complete_by)}",
-                record.step,
-            )
         return record
 
     def hold_for_pause(
@@ -219,7 +163,7 @@ class Order:
         """The scheduler's move on a due Pending step whose agent an operator paused: it
         is not claimed (no attempt, nothing counted, no deferral window spent, no alert);
         it stays Pending, to be looked at again at ``until``, or sooner after a resume."""
-        record = self._claimable(now, step)
+        record = kinds.claimable(self, now, step)
         moves.hold(record, agent, now, until)
         self.touch(now)
         return record
@@ -294,22 +238,8 @@ class Order:
 
     def take(self, name: str, attempt: int, copy: str) -> Literal["took", "held", "other"]:
         """An agent takes attempt ``attempt`` of step ``name`` with one copy of its request
-        (``copy``: the Storage queue message's id; that transport has no duplicate
-        detection, and a redelivered order sends attempt 1's request again while it may
-        be in flight). ``took``: the first copy, recorded (save it before calling);
-        ``held``: this copy took it before (a redelivery of the same message: it may call
-        again, as after a crash); ``other``: another copy holds it, and calls nothing."""
-        record = self.find(name)
-        found = record.attempts.get(attempt) if record is not None else None
-        if record is None or found is None:
-            return "other"  # compacted: long ended, so no copy of it is to call
-        if found.taken_by == copy:
-            return "held"
-        if found.taken_by:
-            return "other"
-        found.taken_by = copy
-        record.changed = True
-        return "took"
+        (``kinds.Call.take``: Storage queues detect no duplicates)."""
+        return kinds.CALL.take_copy(self, name, attempt, copy)
 
     def mark_stuck(self, step: str, reason: str, now: datetime) -> StepRecord:
         """The stuck check's alert (supervisor/aggregator.py): the active step ``step`` has
@@ -363,28 +293,7 @@ class Order:
     ) -> StepRecord:
         """The request of a claim never left (the send failed, or the transport refused
         it): no try, so no failure and no doubt; the step waits a little and runs again."""
-        record = self.find(step_name)
-        attempt = record.attempts.get(number) if record is not None else None
-        if (
-            record is None
-            or attempt is None
-            or not attempt.in_flight
-            or attempt.reports
-            or record.process_state is not StepState.PROCESSING
-            or record.attempt != number
-        ):
-            raise self.refuse(
-                "not-in-flight",
-                f"attempt {number} of step {step_name} is not in flight with no report",
-                step_name,
-            )
-        attempt.end(Ending.NOT_SENT, now, reason)
-        attempt.sent = False
-        attempt.applied = Applied.NO
-        record.last_error = reason
-        record.locked_by = ""
-        record.record(now, Event.NOT_SENT, attempt=number, reason=reason)
-        moves.defer(self, record, now, policy, None, reason, cause="could not send its request")
+        record = kinds.CALL.unsent(self, step_name, number, reason, now, policy)
         course.advance(self, now)
         self.touch(now)
         return record

@@ -306,6 +306,12 @@ def refusal(
     if principal is not None and principal.unreadable:
         return Refusal(403, principal.unreadable)
     if principal is None:
+        if console:
+            if sign_in.entra:
+                return Refusal(401, "Sign in to use the console.", sign_in=True)
+            if sign_in.dev_default is not None:
+                return Refusal(403, KEY_ON_DEVHOST)
+            return Refusal(403, PLATFORM_OFF if sign_in.configured else SIGN_IN_OFF)
         if access is Access.EVENT:
             return Refusal(
                 403,
@@ -314,12 +320,6 @@ def refusal(
                 "alone delivers nothing",
                 OPERATOR,
             )
-        if console:
-            if sign_in.entra:
-                return Refusal(401, "Sign in to use the console.", sign_in=True)
-            if sign_in.dev_default is not None:
-                return Refusal(403, KEY_ON_DEVHOST)
-            return Refusal(403, PLATFORM_OFF if sign_in.configured else SIGN_IN_OFF)
         if access is Access.CHANGE and sign_in.configured:
             return Refusal(
                 403,

@@ -7,9 +7,9 @@ import azure.functions as func
 from bootstrap import app_context, index_time
 from core import names
 from core.errors import InvalidMessage
-from core.messages import decode_dispatch, decode_reply
 from core.settings import SERVICE_BUS, STORAGE, Transport
 from messaging.quarantine import quarantine
+from messaging.wire import decode_dispatch, decode_reply
 
 bp = func.Blueprint()
 

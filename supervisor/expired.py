@@ -15,8 +15,8 @@ a request the app can read is left to the poison path (an operator alert).
 from __future__ import annotations
 
 from core.errors import InvalidMessage
-from core.messages import decode_request
 from core.ports import AgentTransport, Clock
+from messaging.wire import decode_request
 from observability.logs import get_logger, order_context
 from observability.metrics import METRICS
 

@@ -285,7 +285,7 @@ def drain_requests_json(ctx: AppContext) -> list[Any]:
 def handle_request(ctx: AppContext, request: Any) -> Any:
     """Run an agent request (its text, or decoded) through its own agent, as its queue's
     function does."""
-    from core.messages import decode_request
+    from messaging.wire import decode_request
 
     decoded = decode_request(request) if isinstance(request, str | bytes) else request
     return asyncio.run(ctx.agent_for(decoded.agent).handle(decoded))

@@ -22,7 +22,7 @@ def test_cli_shows_lists_resubmits_and_cancels(
         for m in ctx.queues.client(ctx.names.agent_queue("orders")).receive_messages()
         if order_id in m.content
     ]
-    from core.messages import decode_request
+    from messaging.wire import decode_request
 
     ctx.scheduler.apply_reply(decode_request(text).refused("HTTP 422 card declined"))
 

@@ -17,8 +17,9 @@ import pytest
 from bootstrap import AppContext, reset_app_context
 from console import security
 from console import triggers as console
-from core.messages import AgentRequest, alert_message, decode_request
+from core.messages import AgentRequest, alert_message
 from core.states import OrderStatus
+from messaging.wire import decode_request
 from tests.integration.orders import accept
 from tests.integration.test_listing import T0, fail
 from tests.support import DEV_OPERATOR, declarations, drain_requests, installed

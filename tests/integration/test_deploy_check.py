@@ -19,10 +19,11 @@ from admin.__main__ import main
 from admin.deploycheck import DeployCheck, Target
 from bootstrap import AppContext, bootstrap
 from core import workflows
-from core.messages import AgentRequest, decode_request
+from core.messages import AgentRequest
 from core.names import Names
 from core.states import OrderStatus
 from core.workflows import Agent, Compensation, StepSpec, Workflow, validate
+from messaging.wire import decode_request
 from tests import SUITE_DECLARATIONS
 from tests.integration.test_upgrade import stored_as_before_agents
 from tests.support import declarations, drain_requests, make_context, settings_from
@@ -124,17 +125,19 @@ def test_dropping_an_agent_in_use_is_refused_naming_the_orders(ctx: AppContext, 
         "error": 0,
     }
     [refusal] = report["refusals"]
+    # the unwinding order's ship, refused, ran: a report that it may have applied after
+    # all would have it asked again (docs/contracts.md §3.15), so it needs the carrier too
     assert (refusal["problem"], refusal["agent"], refusal["orders"]) == (
         "agent-removed",
         "carrier",
-        2,
+        3,
     )
-    assert sorted((o["orderId"], o["steps"]) for o in refusal["sample"]) == [
-        (ids["charge"], ["ship"]),
-        (ids["ship"], ["ship"]),
-    ]
+    assert sorted((o["orderId"], o["steps"]) for o in refusal["sample"]) == sorted(
+        [(ids["charge"], ["ship"]), (ids["ship"], ["ship"]), (ids["unwinding"], ["ship"])]
+    )
     assert refusal["steps"] == [
         {"workflow": "fulfilment", "step": "ship", "why": "later", "orders": 1},
+        {"workflow": "fulfilment", "step": "ship", "why": "retry", "orders": 1},
         {"workflow": "fulfilment", "step": "ship", "why": "running", "orders": 1},
     ]
     assert [p["workflow"] for p in refusal["plannedBy"]] == ["fulfilment"]
@@ -152,7 +155,7 @@ def test_dropping_a_step_but_keeping_its_agent_passes_and_an_unrelated_change_to
     assert not check.refused and report["refusals"] == []
     notes = {n["note"]: n for n in report["notes"]}
     assert notes["plan-differs"]["differences"] == ["step ship (carrier) is no longer declared"]
-    assert notes["agent-unused"]["ordersNeedingIt"] == 2  # ship, charge
+    assert notes["agent-unused"]["ordersNeedingIt"] == 3  # ship, charge, unwinding
     unrelated = inflight.read(ctx.store, DeployCheck(target("with_express"))).report()
     assert unrelated["verdict"] == "safe" and unrelated["refusals"] == []
     assert unrelated["notes"] == []
@@ -198,8 +201,8 @@ def test_the_command_refuses_with_exit_1_and_passes_with_0(
     assert refused["declarations"] == modules["without_carrier"]
     [carrier] = [r for r in refused["refusals"] if r.get("agent") == "carrier"]
     named = {o["orderId"] for o in carrier["sample"]}
-    assert {ids["ship"], ids["charge"]} <= named
-    assert not {ids["single"], ids["unwinding"]} & named
+    assert {ids["ship"], ids["charge"], ids["unwinding"]} <= named
+    assert ids["single"] not in named
     assert "SKIP_DEPLOY_CHECK=true" in str(refused["override"])
 
     code, passed = run(capsys, *base, "--declarations", modules["with_express"])

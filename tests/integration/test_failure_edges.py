@@ -16,9 +16,9 @@ from agents.build import build_agent
 from bootstrap import AppContext, reset_app_context
 from core.attempts import Applied
 from core.events import Event
-from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepKind, StepState
 from core.workflows import AGENTS
+from messaging.wire import decode_reply, decode_request
 from simulator import SimulatorServer, effects_by_order
 from stores import entities, layout
 from tests.integration.test_pipeline import pump, submit

@@ -7,9 +7,9 @@ import json
 from datetime import timedelta
 
 from bootstrap import AppContext
-from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepState
 from core.timefmt import parse_iso
+from messaging.wire import decode_reply, decode_request
 from simulator import SimulatorServer, effects_by_order
 from tests.integration.test_pipeline import pump, status_of, submit
 from tests.support import FakeClock, drain, drain_requests, drain_requests_json, handle_request

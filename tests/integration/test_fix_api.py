@@ -13,7 +13,8 @@ import azure.functions as func
 import pytest
 
 from bootstrap import AppContext, reset_app_context
-from core.messages import ReplyOutcome, decode_request
+from core.messages import ReplyOutcome
+from messaging.wire import decode_request
 from tests.support import app_function, drain_requests, make_context
 from tests.unit.test_services_in_memory import reply_to
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from bootstrap import AppContext
-from core.messages import decode_request
 from core.states import OrderStatus
+from messaging.wire import decode_request
 from simulator import SimulatorServer, effects_by_order
 from tests.support import drain, drain_requests
 

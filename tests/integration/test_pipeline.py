@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from bootstrap import AppContext
-from core.messages import decode_reply, decode_request
 from core.states import OrderStatus, StepState
+from messaging.wire import decode_reply, decode_request
 from scheduler.service import Handled
 from simulator import SimulatorServer, effects_by_order
 from tests.support import (

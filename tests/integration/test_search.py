@@ -21,9 +21,10 @@ from azure.data.tables import TableClient, UpdateMode
 from admin.query import parse_filter
 from admin.service import OrderAdmin
 from bootstrap import AppContext, reset_app_context
-from core.messages import ReplyOutcome, decode_request
+from core.messages import ReplyOutcome
 from core.policy import RetryPolicy
 from core.retention import Retention
+from messaging.wire import decode_request
 from observability import opcount
 from stores import layout
 from stores.tables import TableStateStore

@@ -24,9 +24,9 @@ from azure.storage.queue import QueueServiceClient
 
 from bootstrap import AppContext
 from bootstrap.clients import retry_options
-from core.messages import decode_reply, decode_request
 from core.states import OrderStatus
 from messaging.storage_queues import StorageQueues
+from messaging.wire import decode_reply, decode_request
 from scheduler.service import Handled
 from stores.tables import TableStateStore
 from supervisor.service import SKEW_GRACE

@@ -102,7 +102,7 @@ def test_an_order_submitted_during_a_table_outage_is_accepted_when_it_ends(
 def test_a_reply_during_a_table_outage_is_applied_when_it_ends(
     ctx: AppContext, outage: Outage, tag: str
 ) -> None:
-    from core.messages import decode_request
+    from messaging.wire import decode_request
 
     order_id = f"{tag}-reply"
     ctx.scheduler.submit(json.dumps({"orderId": order_id}).encode())

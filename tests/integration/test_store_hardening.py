@@ -30,13 +30,14 @@ from admin.__main__ import main
 from bootstrap import AppContext, bootstrap, reset_app_context
 from bootstrap.clients import retry_options
 from core.errors import CorruptOrder, InvalidContinuationToken, StorageUnavailable
-from core.messages import AgentReply, ReplyOutcome, decode_request
+from core.messages import AgentReply, ReplyOutcome
 from core.model import Order
 from core.order_message import decode_order
 from core.states import OrderStatus, StepState
 from core.timefmt import sortable
 from core.workflows import WORKFLOWS, Plan
 from messaging.storage_queues import StorageQueues
+from messaging.wire import decode_request
 from scheduler.service import Handled
 from stores import layout
 from stores.tables import TableStateStore

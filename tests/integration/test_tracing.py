@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from core.messages import decode_reply, decode_request
+from messaging.wire import decode_reply, decode_request
 from simulator import SimulatorServer
 from tests.support import FakeClock, drain, drain_requests, handle_request, make_context
 

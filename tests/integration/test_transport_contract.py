@@ -38,16 +38,12 @@ from typing import Any
 import pytest
 
 from core.errors import StorageUnavailable
-from core.messages import (
-    MAX_INLINE_ORDER_BYTES,
-    AgentRequest,
-    decode_reply,
-    decode_request,
-)
+from core.messages import MAX_INLINE_ORDER_BYTES, AgentRequest
 from core.names import Names
 from core.ports import AgentTransport
 from core.settings import Connection
 from messaging.storage_queues import REPLY_TTL_SECONDS, REQUEST_LATE_SECONDS
+from messaging.wire import decode_reply, decode_request
 from tests.localbus.target import Target, open_target
 from tests.support import make_context
 

@@ -11,8 +11,9 @@ from datetime import timedelta
 
 from admin.drain import drain
 from bootstrap import AppContext
-from core.messages import AgentRequest, decode_reply, decode_request
+from core.messages import AgentRequest
 from core.states import OrderStatus
+from messaging.wire import decode_reply, decode_request
 from stores import layout
 from tests.integration.test_pipeline import pump, submit
 from tests.support import FakeClock, drain_requests

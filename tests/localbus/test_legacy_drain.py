@@ -12,7 +12,7 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from admin.drain import ServiceBusLegacyQueue, drain
-from core.messages import AgentRequest, decode_request
+from core.messages import AgentRequest
 from core.model import Order
 from core.names import Names
 from core.order_message import decode_order
@@ -20,6 +20,7 @@ from core.settings import Connection
 from core.workflows import WORKFLOWS, Plan
 from localbus.process import LocalBus
 from messaging.servicebus import ServiceBusTransport, client_for
+from messaging.wire import decode_request
 from stores.memory import InMemoryStateStore
 
 pytestmark = pytest.mark.timeout(120)

@@ -25,11 +25,12 @@ from core import control_cache
 from core.attempts import Ending
 from core.control_cache import HOLD_MAX, HOLD_MIN, SETTLE
 from core.events import Event
-from core.messages import AgentRequest, decode_reply
+from core.messages import AgentRequest
 from core.model import Order
 from core.names import Names
 from core.states import OrderStatus, StepState
 from core.workflows import AGENTS
+from messaging.wire import decode_reply
 from scheduler.service import SWEEP_GRACE, Handled
 from stores.memory import InMemoryStateStore
 from supervisor.service import SKEW_GRACE

@@ -20,11 +20,12 @@ import pytest
 from agents.agent import AgentWorker
 from agents.health import Blame, EndpointHealth, HostActivity
 from core.errors import InvalidMessage
-from core.messages import AgentReply, AgentRequest, ReplyOutcome, decode_reply
+from core.messages import AgentReply, AgentRequest, ReplyOutcome
 from core.model import Order
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
 from core.timefmt import iso
+from messaging.wire import decode_reply
 from tests.unit.test_endpoint_health import request_for
 from tests.unit.test_model import T0, alerts, new_order, reply
 from tests.unit.test_remote_client import (

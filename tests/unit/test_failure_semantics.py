@@ -412,7 +412,7 @@ def test_a_second_cancel_of_an_order_whose_compensation_failed_retries_it() -> N
 
 
 def test_reply_json_round_trip_of_every_outcome() -> None:
-    from core.messages import decode_reply
+    from messaging.wire import decode_reply
 
     order = new_order()
     order.claim("i", T0)
@@ -428,7 +428,7 @@ def test_reply_json_round_trip_of_every_outcome() -> None:
 
 
 def test_an_old_agents_failed_reply_without_applied_still_means_refused() -> None:
-    from core.messages import decode_reply
+    from messaging.wire import decode_reply
 
     legacy = {
         "orderId": "o-1",
@@ -446,7 +446,7 @@ def test_an_old_agents_failed_reply_without_applied_still_means_refused() -> Non
 
 def test_reply_from_an_unknown_outcome_is_refused_by_the_decoder() -> None:
     from core.errors import InvalidMessage
-    from core.messages import decode_reply
+    from messaging.wire import decode_reply
 
     body = AgentReply(
         "o-1", "process", 1, T0, ReplyOutcome.DEFERRED, error="x", applied="no"
@@ -475,7 +475,8 @@ for _ in range(80):
 def test_a_success_whose_result_replies_cannot_carry_is_still_a_success(
     result: dict[str, object],
 ) -> None:
-    from core.messages import AgentRequest, decode_reply
+    from core.messages import AgentRequest
+    from messaging.wire import decode_reply
 
     request = AgentRequest("o-1", "process", 1, T0 + timedelta(seconds=30), "process", {})
     reply = request.succeeded(result)
@@ -485,7 +486,8 @@ def test_a_success_whose_result_replies_cannot_carry_is_still_a_success(
 
 
 def test_a_large_result_is_cut_with_a_marker_and_the_reply_fits_a_queue_message() -> None:
-    from core.messages import AgentRequest, decode_reply
+    from core.messages import AgentRequest
+    from messaging.wire import decode_reply
 
     request = AgentRequest("o-1", "process", 1, T0 + timedelta(seconds=30), "process", {})
     reply = request.succeeded({"blob": "é" * 200_000})

@@ -23,10 +23,11 @@ from agents.healthcheck import HealthCheck, Verdict
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from core.agent_spec import Agent, DeclarationError
-from core.messages import AgentRequest, ReplyOutcome, decode_reply
+from core.messages import AgentRequest, ReplyOutcome
 from core.model import Order
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
+from messaging.wire import decode_reply
 from tests.unit.test_endpoint_health import request_for
 from tests.unit.test_model import T0, alerts, new_order
 from tests.unit.test_remote_client import (

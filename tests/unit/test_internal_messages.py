@@ -15,18 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidMessage, InvalidOrder, TransitionRefused, UnboundMessage
-from core.messages import (
-    EARLIEST_TIME,
-    LATEST_TIME,
-    AgentRequest,
-    ReplyOutcome,
-    bounded_result,
-    decode_reply,
-    decode_request,
-)
+from core.messages import EARLIEST_TIME, LATEST_TIME, AgentRequest, ReplyOutcome, bounded_result
 from core.order_message import MAX_NESTING, decode_order
 from core.policy import RetryPolicy
 from core.states import OrderStatus
+from messaging.wire import decode_reply, decode_request
 from tests.unit.test_model import T0, new_order, reply
 
 POLICY = RetryPolicy(max_failure_count=3, soft_threshold=1, deferral_window_seconds=600)

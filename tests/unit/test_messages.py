@@ -16,14 +16,13 @@ from core.messages import (
     AgentRequest,
     ReplyOutcome,
     alert_message,
-    decode_reply,
-    decode_request,
     outage_alert_message,
     recovered_alert_message,
     rejection_message,
     status_message,
 )
 from core.order_message import MAX_MESSAGE_CHARS, MAX_NESTING, decode_order
+from messaging.wire import decode_reply, decode_request
 from tests.fixtures import flows
 from tests.support import declarations
 

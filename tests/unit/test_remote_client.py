@@ -32,8 +32,9 @@ from agents.remote import HttpTry, classify
 from agents.runner import AttemptRunner
 from agents.threads import OwnThreads
 from core.errors import DuplicateRequest, StorageUnavailable, UnboundMessage
-from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome, decode_reply
+from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome
 from core.timefmt import iso
+from messaging.wire import decode_reply
 from tests.support import unanswered
 
 T0 = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)

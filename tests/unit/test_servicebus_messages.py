@@ -15,10 +15,11 @@ from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
 
 from core.errors import StorageUnavailable
-from core.messages import AgentRequest, decode_reply, decode_request
+from core.messages import AgentRequest
 from core.names import Names
 from messaging.servicebus import ServiceBusTransport, reply_message, request_message
 from messaging.storage_queues import REPLY_TTL_SECONDS
+from messaging.wire import decode_reply, decode_request
 
 T0 = datetime(2026, 11, 22, 10, 0, 0, tzinfo=UTC)
 TRACE = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
