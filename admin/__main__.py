@@ -5,7 +5,7 @@
     python -m admin orders --where FIELD=VALUE [--status S] [--workflow W] [--page-size 50]
                            [--token T] [--all]
     python -m admin resubmit ORDER_ID [--reason TEXT] [--patch JSON|@FILE] [--as NAME]
-    python -m admin cancel ORDER_ID [--reason TEXT] [--not-applied STEP] [--as NAME]
+    python -m admin cancel ORDER_ID [--reason TEXT] [--not-applied STEP ...] [--as NAME]
     python -m admin event ORDER_ID NAME (--result JSON | --refuse REASON) [--reason TEXT]
                                         [--as NAME]
     python -m admin repair-index ORDER_ID
@@ -679,9 +679,11 @@ def _change_parsers(sub: Any) -> None:
             command.add_argument(
                 "--not-applied",
                 default=None,
+                action="append",
                 metavar="STEP",
                 help="state that STEP (which may have applied and cannot be undone) did not "
-                "happen: a cancel that would undo the other steps around it needs this",
+                "happen: a cancel that would undo the other steps around it needs this, for "
+                "each such step (repeat it)",
             )
 
 

@@ -163,7 +163,13 @@ def waiting_view(order: Order) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for step in order.active_steps():
         if step.waiting_for and step.process_state is StepState.PROCESSING:
-            out.append({"step": step.step, **step.waiting_for})
+            entry: dict[str, Any] = {"step": step.step, **step.waiting_for}
+            if "event" in step.waiting_for:
+                # who delivers it (docs/contracts.md §3.15): a person, or a remote on its URL
+                planned = order.plan.step_for_event(step.waiting_for["event"])
+                machine = planned is None or planned.by_machine
+                entry["by"] = "machine" if machine else "person"
+            out.append(entry)
     return out
 
 

@@ -65,6 +65,8 @@ MAX_EVENT_BODY_BYTES = 4 * 65_536
 #: A resubmit's or cancel's body: a reason and a patch, which makes at most an order.
 MAX_CHANGE_BODY_BYTES = MAX_EVENT_BODY_BYTES
 RETRY_AFTER_SECONDS = 5
+#: Steps one cancel may state did not happen (a workflow has fewer).
+MAX_STATED = 100
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
@@ -234,7 +236,7 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
         return _error(400, "orderId must be 1-64 characters of A-Z a-z 0-9 - _")
     by = caller(req)
     reason = ""
-    not_applied: str | None = None
+    not_applied: list[str] | None = None
     patch: Any = None
     raw_body = req.get_body()
     if len(raw_body) > MAX_CHANGE_BODY_BYTES:
@@ -264,13 +266,19 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
         except (ValueError, AttributeError, UnicodeDecodeError):
             return _error(400, 'the body, if any, must be JSON like {"reason": "..."}')
         if raw is not None:
-            if not isinstance(raw, str) or not _STEP.fullmatch(raw):
+            names = [raw] if isinstance(raw, str) else raw
+            if (
+                not isinstance(names, list)
+                or not names
+                or len(names) > MAX_STATED
+                or not all(isinstance(n, str) and _STEP.fullmatch(n) for n in names)
+            ):
                 return _error(
                     400,
-                    "notApplied must name the step you state did not happen (a step name "
-                    f'like "ship"), got {json.dumps(raw)[:80]}',
+                    "notApplied names the step you state did not happen, or a list of them "
+                    f'(step names like "ship"), got {json.dumps(raw)[:80]}',
                 )
-            not_applied = raw
+            not_applied = names
     if action == "resubmit":
         return _answer(
             order_id,

@@ -22,7 +22,7 @@ from admin.triggers import MAX_REASON_CHARS
 from console import views
 from console.pages import Page, form_of, guard
 from core.agent_spec import MAX_STEP_NAME, STEP_NAME
-from core.errors import InvalidEvent, OrderNotFound, TransitionRefused
+from core.errors import Forbidden, InvalidEvent, OrderNotFound, TransitionRefused
 from core.inbox import check_event
 from core.order_message import strict_json
 from core.workflows import WORKFLOWS
@@ -39,11 +39,12 @@ Detail = Callable[[int, str], func.HttpResponse]
 
 
 def declared_events() -> dict[str, list[str]]:
-    """Each event a deployed workflow declares (``Event`` steps, ``completes_on``), with
+    """Each person's decision a deployed workflow declares (``Event`` steps decided by a
+    person: a remote's callback is no operator's to send, docs/contracts.md §3.15), with
     the workflows that declare it, by name."""
     out: dict[str, list[str]] = {}
     for name in sorted(WORKFLOWS):
-        for event in WORKFLOWS[name].event_names():
+        for event in WORKFLOWS[name].person_events():
             out.setdefault(event, []).append(name)
     return dict(sorted(out.items()))
 
@@ -156,6 +157,8 @@ def deliver(
         return page.render("message.html", 404, message=exc.message, failed=True)
     except InvalidEvent as exc:
         return detail(400, f"Refused: {exc.message}")
+    except Forbidden as exc:
+        return detail(403, f"Refused: {exc.message}")
     except TransitionRefused as exc:
         return detail(409, f"Refused: {exc.message}")
     return page.redirect(f"/orders/{order_id}", {"message": _done(decision, effect, by)})

@@ -172,7 +172,12 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
         timeline=views.timeline(order, now),
         step_rows=layout.step_rows(order, view["steps"]),
         # the events it waits for now: what the page offers to send (Approve / Refuse)
-        awaited=[w for w in view["waitingFor"] if "event" in w and not order.status.finished],
+        # a person's decisions only: a remote answers on its own URL (docs/contracts.md §3.15)
+        awaited=[
+            w
+            for w in view["waitingFor"]
+            if "event" in w and w.get("by") == "person" and not order.status.finished
+        ],
         why=views.why(order, paused),
         can_resubmit=views.can_resubmit(order),
         can_fix=fix_pages.can_fix(order),

@@ -358,6 +358,10 @@ class Workflow:
         }
         return used
 
+    def person_events(self) -> tuple[str, ...]:
+        """The events of this workflow a person decides (``Event(..., by="person")``)."""
+        return tuple(s.name for s, _ in self.leaves() if isinstance(s, Event) and s.by == "person")
+
     def event_names(self) -> tuple[str, ...]:
         """The events an order of this workflow accepts (``Event`` steps, ``completes_on``)."""
         out = [s.name for s, _ in self.leaves() if isinstance(s, Event)]

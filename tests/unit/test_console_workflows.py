@@ -207,7 +207,8 @@ def test_why_and_the_timeline_for_a_remote_that_calls_back(app: App) -> None:
     assert capture is not None and capture.waiting_for == {"event": "captured"}
     assert "waits for its callback, event captured" in views.why(order)
     page = text(get("/orders/c-1", orderId="c-1"))
-    assert 'class="event-actions" data-event="captured"' in page  # the callback can be sent
+    # a remote's answer: no person sends it (docs/contracts.md §3.15)
+    assert 'class="event-actions" data-event="captured"' not in page
     assert re.search(r'data-step="capture" data-type="task" data-state="Processing"', page)
 
 
