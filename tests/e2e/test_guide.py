@@ -376,8 +376,10 @@ def check_exchanges(result: dict[str, Any]) -> None:
         ]
         assert callbacks and callbacks[0]["callback"]["answer"] == 200, callbacks
         url = callbacks[0]["callback"]["url"]
-        assert re.fullmatch(
-            rf"http://127\.0\.0\.1:\d+/api/orders/{order_id}/events/parcel-left", url
+        assert re.fullmatch(  # the capability of the ship's run (docs/contracts.md §3.15)
+            rf"http://127\.0\.0\.1:\d+/api/orders/{order_id}/events/parcel-left"
+            r"\?token=r1\.[0-9a-f]{40}",
+            url,
         )
     # refused: both undone, each naming the id its step handed out; nothing shipped
     assert "ship" not in refused
