@@ -221,3 +221,27 @@ def test_a_patch_that_changes_nothing_resubmits_under_the_same_key() -> None:
     [patched] = [h for h in stored(s, "n-1").history if h["event"] == "patched"]
     assert patched["changed"] == []
     assert stored(s, "n-1").steps[0].process_state is StepState.PROCESSING
+
+
+def test_an_order_being_undone_takes_no_patch_only_a_plain_resubmit() -> None:
+    """A fix can patch the data of an order whose failed step is a compensation, so the
+    refund would carry an amount the charge never had: refused there (reason
+    ``unwinding``), saying a plain resubmit retries it as it was; nothing changes."""
+    s = build()
+    s.scheduler.submit(json.dumps({"orderId": "u-1", "workflow": "fulfilment"}).encode())
+    s.scheduler.apply_reply(reply_to(sent(s, "u-1")[-1], result={"reservation": "r-1"}))
+    s.scheduler.apply_reply(reply_to(sent(s, "u-1")[-1], result={"charge": "c-1"}))
+    ship = sent(s, "u-1")[-1]
+    s.scheduler.apply_reply(reply_to(ship, ReplyOutcome.REFUSED, error="HTTP 422 no address"))
+    refund = sent(s, "u-1")[-1]
+    assert refund.step == "refund-payment"
+    s.scheduler.apply_reply(reply_to(refund, ReplyOutcome.REFUSED, error="HTTP 400"))
+    before = stored(s, "u-1")
+    assert before.status is OrderStatus.ERROR
+    with pytest.raises(TransitionRefused) as refused:
+        s.admin.resubmit("u-1", "ann", "the amount was wrong", {"amount": 1})
+    assert refused.value.reason == "unwinding"
+    assert "without a patch" in refused.value.message
+    assert stored(s, "u-1").body == before.body
+    s.admin.resubmit("u-1", "ann", "the payment service is back")  # as it was: accepted
+    assert stored(s, "u-1").status is OrderStatus.COMPENSATING

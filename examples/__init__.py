@@ -1,0 +1,1 @@
+"""Examples a team copies: each tested (tests/unit), none deployed by the app itself."""
