@@ -520,6 +520,16 @@ def test_a_reader_sees_no_action_and_every_change_is_refused(
         response = httpx.post(f"{console.api}/{path}", json=body, headers=as_reader, timeout=10)
         assert response.status_code == 403, (path, response.status_code, response.text[:300])
         assert response.json()["role"] == "Orders.Operator", response.text
+    # a key caller (a machine with the function key, no principal) delivers no event either
+    # (docs/contracts.md §3.15: a key alone delivers nothing)
+    keyed = httpx.post(
+        f"{console.api}/orders/{order_id}/events/approved",
+        json={"result": {}},
+        headers={"x-functions-key": "k3y"},
+        timeout=10,
+    )
+    assert keyed.status_code == 403, (keyed.status_code, keyed.text[:300])
+    assert "function key alone delivers nothing" in keyed.json()["error"]
     reads = httpx.get(f"{console.api}/orders/{order_id}", headers=as_reader, timeout=10)
     assert reads.status_code == 200, "a reader reads through the API"
     assert snapshot(console.load(order_id)) == before, "a reader changed the order"

@@ -20,8 +20,8 @@ from core.timefmt import parse_iso
 from demo.stack import LocalStack
 from simulator import effects_by_order, load_ledger
 from tests.e2e.conftest import FAST
-from tests.e2e.test_processes import TRANSPORTS, log_tail, wait_terminal
-from tests.support import declarations, wait_for
+from tests.e2e.test_processes import TRANSPORTS, load, log_tail, wait_terminal
+from tests.support import callback_token, declarations, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 FLOWS = "tests.fixtures.flows"
@@ -54,9 +54,16 @@ def waiting_for(stack: LocalStack, order_id: str, event: str) -> None:
     wait_for(waits, 60, interval=0.2, what=f"{order_id} to wait for {event}")
 
 
-def post_event(stack: LocalStack, order_id: str, name: str, body: dict[str, Any]) -> int:
+def post_event(
+    stack: LocalStack, order_id: str, name: str, body: dict[str, Any], token: str | None = None
+) -> int:
+    """As devhost's development principal (an operator), or, with ``token``, as the remote
+    on its capability URL (docs/contracts.md §3.15)."""
     response = httpx.post(
-        f"{stack.http_url}/api/orders/{order_id}/events/{name}", json=body, timeout=10
+        f"{stack.http_url}/api/orders/{order_id}/events/{name}",
+        params={"token": token} if token else None,
+        json=body,
+        timeout=10,
     )
     return response.status_code
 
@@ -70,7 +77,12 @@ def test_parallel_steps_events_delays_and_callbacks_end_to_end(flows_stack: Loca
     started = time.monotonic()
     waiting_for(stack, "wf-quick", "captured")  # after the 2 s pause: the bank accepted
     assert time.monotonic() - started >= 1.5
-    assert post_event(stack, "wf-quick", "captured", {"result": {"ref": "C-1"}}) == 200
+    # the bank's callback comes on its URL (a person cannot send it: 403)
+    assert post_event(stack, "wf-quick", "captured", {"result": {"ref": "C-1"}}) == 403
+    accepted = load(stack, "wf-quick")
+    assert accepted is not None
+    token = callback_token(accepted, "captured")
+    assert post_event(stack, "wf-quick", "captured", {"result": {"ref": "C-1"}}, token) == 200
     orders = wait_terminal(stack, ["wf-trip", "wf-quick"], 90)
     assert {k: str(o.status) for k, o in orders.items()} == {
         "wf-trip": "completed",
