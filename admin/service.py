@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from core.attempts import Applied, Ending
 from core.control_cache import ControlSource
 from core.controls import AgentControl
 from core.errors import (
@@ -27,6 +26,7 @@ from core.errors import (
 from core.events import ATTEMPT_ENDINGS
 from core.inbox import RECORDED_REFUSALS, check_event, run_of_capability
 from core.model import CancelPreview, Order, StepRecord
+from core.outcome import Applied, Outcome
 from core.plans import PlannedStep
 from core.ports import Clock, ListFilter, StateStore
 from core.redact import shown
@@ -76,7 +76,7 @@ def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
         if attempt.error:
             entry["error"] = attempt.error
         entry.update(detail.get(attempt.number, {}))
-        if attempt.applied is Applied.YES and attempt.ending not in (None, Ending.SUCCEEDED):
+        if attempt.applied is Applied.YES and attempt.ending not in (None, Outcome.SUCCEEDED):
             # a success that came after the attempt was given up on: it wins
             entry["before"], entry["outcome"], entry["late"] = (
                 str(attempt.ending),

@@ -28,7 +28,8 @@ from agents.outcomes import CallOutcome, Running, Try
 from agents.runner import AttemptRunner
 from agents.threads import OwnThreads
 from core.errors import StorageUnavailable
-from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.messages import AgentReply, AgentRequest
+from core.outcome import Applied, Outcome
 from core.ports import AgentTransport, Clock
 from core.settings import DEFAULT_RIDE_OUT_SECONDS
 from messaging.resilience import ride_out
@@ -97,7 +98,7 @@ class AgentWorker:
         reply_to: str | None = None,
         deliveries: int = 1,
         copy: str | None = None,
-    ) -> ReplyOutcome:
+    ) -> Outcome:
         """Call the remote for one request and send exactly one reply (plus, for a Python
         handler that outlives the attempt, its later reports). ``deliveries``: how often
         the transport has delivered this request (an earlier delivery may have called the
@@ -142,20 +143,20 @@ class AgentWorker:
                 )
             outcome = await self._remote.call(request)
             if deliveries > 1 and outcome.kind != "succeeded" and not outcome.settled:
-                if outcome.applied == "no":
+                if outcome.applied is Applied.NO:
                     METRICS.inc("agent_redelivered_doubt")
                 outcome = replace(
                     outcome,
-                    applied="maybe",
+                    applied=Applied.MAYBE,
                     error=f"{outcome.error} (delivery {deliveries}: an earlier delivery of "
                     "this request may have called the remote)",
                 )
             reply = replace(_reply(request, outcome), trace=telemetry.carrier() or request.trace)
-            if reply.outcome is ReplyOutcome.SUCCEEDED:
+            if reply.outcome is Outcome.SUCCEEDED:
                 reply = replace(reply, answered_at=self._clock())
             failpoints.hit("agent-after-call")
             if self._clock() >= request.complete_by:
-                METRICS.inc("agent_late_replies", outcome=reply.outcome)
+                METRICS.inc("agent_late_replies", outcome=reply.outcome.wire)
                 log.warning("reporting %s after the deadline (late evidence)", reply.outcome)
             await self._threads.run(
                 lambda: self._send(reply, reply_to),
@@ -168,7 +169,7 @@ class AgentWorker:
             # success carries no ``applied``: it applied).
             METRICS.inc(
                 "agent_replies",
-                outcome=reply.outcome,
+                outcome=reply.outcome.wire,  # the workbook reads the wire's words
                 applied=reply.applied or "yes",
                 agent=request.agent,
             )
@@ -192,7 +193,7 @@ class AgentWorker:
             self._send_late(
                 request.transient(
                     f"{request.step}: the handler still runs",
-                    "maybe",
+                    Applied.MAYBE,
                     running_until=until,
                     runner=runner,
                 ),
@@ -202,14 +203,13 @@ class AgentWorker:
         def ended(result: Try) -> None:
             METRICS.inc("python_agent_late_outcomes", applied=result.applied)
             log.warning("the handler that outlived its attempt ended: applied %s", result.applied)
-            if result.applied == "yes":
+            if result.applied is Applied.YES:
                 late = replace(request.succeeded(result.result or {}), answered_at=self._clock())
             elif not result.retryable:
-                late = request.refused(result.error, "no", settled=result.settles)
+                late = request.refused(result.error, Applied.NO, settled=result.settles)
             else:
-                late = request.transient(
-                    result.error, "maybe" if result.applied == "maybe" else "no"
-                )
+                maybe = result.applied is Applied.MAYBE
+                late = request.transient(result.error, Applied.MAYBE if maybe else Applied.NO)
             self._send_late(replace(late, runner=runner, run_ended=True), reply_to)
 
         running.watch(heartbeat, ended)
@@ -234,11 +234,11 @@ class AgentWorker:
 def _reply(request: AgentRequest, outcome: CallOutcome) -> AgentReply:
     running = outcome.running.until() if outcome.running is not None else None
     runner = outcome.running.runner if outcome.running is not None else None
-    if outcome.kind == "succeeded":
+    if outcome.kind is Outcome.SUCCEEDED:
         return request.succeeded(outcome.result or {})
-    if outcome.kind == "refused":
+    if outcome.kind is Outcome.REFUSED:
         return request.refused(outcome.error, outcome.applied, settled=outcome.settled)
-    if outcome.kind == "transient":
+    if outcome.kind is Outcome.TRANSIENT:
         return request.transient(
             outcome.error,
             outcome.applied,

@@ -12,17 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from agents.limits import Slot
-from core.messages import AgentRequest, Applied
+from core.messages import AgentRequest
+from core.outcome import Applied, Outcome
 
 
 @dataclass(frozen=True)
 class Try:
     """One try: what it did, as far as the caller can know."""
 
-    applied: Literal["yes", "no", "maybe"]
+    applied: Applied
     retryable: bool
     error: str = ""
     status: int | None = None
@@ -77,10 +78,10 @@ class TryKind(Protocol):
 class CallOutcome:
     """How one attempt ended: the agent turns it into its reply."""
 
-    kind: Literal["succeeded", "refused", "transient", "deferred"]
+    kind: Outcome
     result: dict[str, Any] | None = None
     error: str = ""
-    applied: Applied = "no"
+    applied: Applied = Applied.NO
     not_before: datetime | None = None
     tries: int = 0
     #: refused by the service after it looked the key up: settles earlier attempts' doubt
@@ -97,4 +98,4 @@ class CallOutcome:
 
 def applied_of(tries: Sequence[Try]) -> Applied:
     """What failed tries may have done: ``maybe`` if any may have applied."""
-    return "maybe" if any(t.applied == "maybe" for t in tries) else "no"
+    return Applied.MAYBE if any(t.applied is Applied.MAYBE for t in tries) else Applied.NO

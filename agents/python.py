@@ -79,6 +79,7 @@ from agents.limits import Slot
 from agents.outcomes import Try
 from agents.remote import MAX_RETRY_AFTER_SECONDS
 from core.messages import AgentRequest
+from core.outcome import Applied
 from observability.logs import get_logger
 from observability.metrics import METRICS
 
@@ -138,7 +139,7 @@ class _Running:
                             self._max_hold,
                         )
                         outcome = Try(
-                            "maybe",
+                            Applied.MAYBE,
                             True,
                             f"the handler still runs after {self._max_hold:.0f} s: given up on "
                             "(it may have applied)",
@@ -241,7 +242,7 @@ class PythonTry:
         except TimeoutError:
             METRICS.inc("python_agent_overruns")
             return Try(
-                "maybe",
+                Applied.MAYBE,
                 True,
                 f"{request.step}: the handler "
                 + ("(a run started by an earlier try) " if joined else "")
@@ -270,21 +271,23 @@ class PythonTry:
                     step=step,
                     attempt=request.attempt,
                 )
-                outcome = Try("yes", False, result=_result(value))
+                outcome = Try(Applied.YES, False, result=_result(value))
             except NotApplied as exc:
                 outcome = Try(
-                    "no",
+                    Applied.NO,
                     True,
                     f"{step}: not applied: {_text(exc.reason)}",
                     retry_after=_retry_after(exc.retry_after),
                 )
             except Refused as exc:
                 # The handler is the service: its refusal of the key settles, as a 422 does.
-                outcome = Try("no", False, f"{step}: refused: {_text(exc.reason)}", settles=True)
+                outcome = Try(
+                    Applied.NO, False, f"{step}: refused: {_text(exc.reason)}", settles=True
+                )
             except BaseException as exc:  # any other end: it may have applied
                 log.warning("handler of %s raised %s", step, type(exc).__name__, exc_info=True)
                 outcome = Try(
-                    "maybe",
+                    Applied.MAYBE,
                     True,
                     f"{step}: {type(exc).__name__}: {_text(str(exc))} (may have applied)",
                 )

@@ -41,6 +41,7 @@ from agents.auth import CredentialError, NoHeaders, RequestAuth
 from agents.limits import Slot
 from agents.outcomes import Try
 from core.messages import AgentRequest
+from core.outcome import Applied
 from observability import telemetry
 
 TRANSIENT_4XX = frozenset({408, 425, 429})
@@ -95,10 +96,16 @@ def classify(response: httpx.Response, path: str, now: datetime | None = None) -
             body = response.json()
         except Exception:  # noqa: BLE001 - whatever the remote sent: it still succeeded
             return Try(
-                "yes", False, status=status, result={"status": status, "text": response.text[:1000]}
+                Applied.YES,
+                False,
+                status=status,
+                result={"status": status, "text": response.text[:1000]},
             )
         return Try(
-            "yes", False, status=status, result=body if isinstance(body, dict) else {"value": body}
+            Applied.YES,
+            False,
+            status=status,
+            result=body if isinstance(body, dict) else {"value": body},
         )
     detail = ""
     try:
@@ -110,7 +117,7 @@ def classify(response: httpx.Response, path: str, now: datetime | None = None) -
     text = f"{path}: HTTP {status}" + (f" {detail}" if detail else "")
     if status in TRANSIENT_4XX or status >= 500 or status == KEY_IN_USE:
         return Try(
-            "no" if status in NOT_APPLIED_STATUSES else "maybe",
+            Applied.NO if status in NOT_APPLIED_STATUSES else Applied.MAYBE,
             True,
             text + (" (the key is in use: an earlier call may still run)" if status == 409 else ""),
             status,
@@ -119,7 +126,7 @@ def classify(response: httpx.Response, path: str, now: datetime | None = None) -
         )
     # Any other answer (3xx, 4xx): refused, nothing applied by this try; only the
     # service's own refusal of the key (400, 422) settles what earlier tries did.
-    return Try("no", False, text, status, settles=status in SETTLING_STATUSES)
+    return Try(Applied.NO, False, text, status, settles=status in SETTLING_STATUSES)
 
 
 class HttpTry:
@@ -151,7 +158,9 @@ class HttpTry:
         try:
             body = json.dumps(request.order, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
-            return Try("no", False, f"{request.path}: the order cannot be sent as JSON ({exc})")
+            return Try(
+                Applied.NO, False, f"{request.path}: the order cannot be sent as JSON ({exc})"
+            )
         # Only W3C trace context travels from the message, and never over the contract's key.
         headers = {
             k: v for k, v in (telemetry.carrier() or request.trace).items() if k in TRACE_HEADERS
@@ -169,7 +178,7 @@ class HttpTry:
         try:
             credentials = await self.auth.headers(timeout)
         except CredentialError as exc:
-            return Try("no", True, f"{path}: {exc}; the request was not sent")
+            return Try(Applied.NO, True, f"{path}: {exc}; the request was not sent")
         answer = await self._send(
             path, content, headers, credentials, left() if credentials else timeout
         )
@@ -181,7 +190,9 @@ class HttpTry:
                     credentials = await self.auth.headers(left())
                     answer = await self._send(path, content, headers, credentials, left())
             except CredentialError as exc:
-                return Try("no", True, f"{path}: HTTP 401, and no fresh token to send again: {exc}")
+                return Try(
+                    Applied.NO, True, f"{path}: HTTP 401, and no fresh token to send again: {exc}"
+                )
         if isinstance(answer, Try):
             return answer
         if len(answer.content) > LARGE_ANSWER_BYTES:
@@ -209,7 +220,9 @@ class HttpTry:
         own = {k.lower() for k in headers}
         headers = {**{k: v for k, v in credentials.items() if k.lower() not in own}, **headers}
         if timeout <= 0:
-            return Try("no", True, f"{path}: no time left to send (the request was never sent)")
+            return Try(
+                Applied.NO, True, f"{path}: no time left to send (the request was never sent)"
+            )
         return await self._post(f"{self._base_url}/{path}", content, headers, timeout, path)
 
     async def _post(
@@ -234,23 +247,29 @@ class HttpTry:
                 )
         except TimeoutError:
             return Try(
-                "maybe" if sent else "no",
+                Applied.MAYBE if sent else Applied.NO,
                 True,
                 f"{path}: no answer within {timeout:.1f} s"
                 + ("" if sent else " (the request was never sent)"),
             )
         except _NOT_SENT as exc:
             return Try(
-                "no", True, f"{path}: {type(exc).__name__}: {exc} (the request was never sent)"
+                Applied.NO,
+                True,
+                f"{path}: {type(exc).__name__}: {exc} (the request was never sent)",
             )
         except httpx.TimeoutException as exc:
             return Try(
-                "maybe", True, f"{path}: no answer within {timeout:.1f} s ({type(exc).__name__})"
+                Applied.MAYBE,
+                True,
+                f"{path}: no answer within {timeout:.1f} s ({type(exc).__name__})",
             )
         except httpx.TransportError as exc:
-            return Try("maybe", True, f"{path}: {type(exc).__name__}: {exc}")
+            return Try(Applied.MAYBE, True, f"{path}: {type(exc).__name__}: {exc}")
         except httpx.RequestError as exc:  # e.g. a body that cannot be decoded
-            return Try("maybe" if sent else "no", True, f"{path}: {type(exc).__name__}: {exc}")
+            return Try(
+                Applied.MAYBE if sent else Applied.NO, True, f"{path}: {type(exc).__name__}: {exc}"
+            )
         return response
 
     async def probe(self, path: str, timeout: float) -> tuple[bool, str]:

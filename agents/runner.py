@@ -51,6 +51,7 @@ from core.control_cache import HOLD_MIN, AgentRuntime
 from core.controls import Limits
 from core.messages import AgentRequest
 from core.outages import ramp_end, spread
+from core.outcome import Applied, Outcome
 from core.timefmt import iso
 from observability.logs import get_logger
 from observability.metrics import METRICS
@@ -163,7 +164,7 @@ class AttemptRunner[K: TryKind]:
         if (unsendable := _unsendable(request)) is not None:
             # Refused here, before any admission: the endpoint was not asked, so this
             # says nothing about its health (and must not close an open breaker).
-            return CallOutcome("refused", error=unsendable)
+            return CallOutcome(Outcome.REFUSED, error=unsendable)
         now = self._clock()
         budget = Budget.of(request, self.policy, now)
         if self._runtime is not None:
@@ -172,7 +173,7 @@ class AttemptRunner[K: TryKind]:
                 METRICS.inc("agent_paused_deferrals")
                 pause = runtime.pause
                 return CallOutcome(
-                    "deferred",
+                    Outcome.DEFERRED,
                     error=f"{request.path}: not called: agent {runtime.agent} is paused (by "
                     f"{pause.by} at {iso(pause.since)}: {pause.reason}); the step waits for "
                     "the resume",
@@ -187,7 +188,7 @@ class AttemptRunner[K: TryKind]:
         if slot is None:
             METRICS.inc("agent_busy_deferrals")
             return CallOutcome(
-                "deferred",
+                Outcome.DEFERRED,
                 error=f"{request.path}: all {self.slots.limit} call slots of this agent on "
                 f"this instance stayed busy for {max(wait, 0):.1f} s, until too little time "
                 "was left for a call; not called (concurrency limit)",
@@ -274,15 +275,15 @@ class AttemptRunner[K: TryKind]:
             attempt = await self.kind.run(request, timeout, slot)
             tries.last = attempt
             now = self._clock()
-            if attempt.applied == "yes":
+            if attempt.applied is Applied.YES:
                 health.record_answer(key, now.timestamp())
                 self._answered(now)
-                return CallOutcome("succeeded", result=attempt.result, tries=tries.count + 1)
+                return CallOutcome(Outcome.SUCCEEDED, result=attempt.result, tries=tries.count + 1)
             if not attempt.retryable:
                 health.record_refusal(key, now.timestamp())
                 # Refused now; an earlier try of this attempt may still have applied.
                 return CallOutcome(
-                    "refused",
+                    Outcome.REFUSED,
                     error=attempt.error,
                     applied=applied_of(tries.failed),
                     tries=tries.count + 1,
@@ -390,7 +391,7 @@ class AttemptRunner[K: TryKind]:
         now = self._clock()
         if not tries.failed:
             return CallOutcome(
-                "deferred", error="no time left to call before the deadline", not_before=now
+                Outcome.DEFERRED, error="no time left to call before the deadline", not_before=now
             )
         last = tries.failed[-1]
         key = request.idempotency_key
@@ -399,7 +400,7 @@ class AttemptRunner[K: TryKind]:
         blame, said = judged(blame, latest, tries.since, health.last_word_at())
         if blame.own:
             return CallOutcome(
-                "transient",
+                Outcome.TRANSIENT,
                 error=last.error + said,
                 applied=applied_of(tries.failed),
                 tries=tries.count,
@@ -432,7 +433,7 @@ class _Tries:
 
     def deferred(self, reason: str, not_before: datetime) -> CallOutcome:
         return CallOutcome(
-            "deferred",
+            Outcome.DEFERRED,
             error=reason,
             applied=applied_of(self.failed),
             not_before=not_before,
@@ -444,12 +445,12 @@ def _follow_run(outcome: CallOutcome, last: Try | None) -> CallOutcome:
     """A call the attempt's last try left running goes with the report: its success, if
     it has just ended with one, is the report; else the report says it runs on (and may
     apply), and its end is reported when it comes."""
-    if outcome.kind == "succeeded" or last is None or last.running is None:
+    if outcome.kind is Outcome.SUCCEEDED or last is None or last.running is None:
         return outcome
     ended = last.running.ended()
-    if ended is not None and ended.applied == "yes":
-        return CallOutcome("succeeded", result=ended.result, tries=outcome.tries)
-    return replace(outcome, applied="maybe", running=last.running)
+    if ended is not None and ended.applied is Applied.YES:
+        return CallOutcome(Outcome.SUCCEEDED, result=ended.result, tries=outcome.tries)
+    return replace(outcome, applied=Applied.MAYBE, running=last.running)
 
 
 def _unsendable(request: AgentRequest) -> str | None:

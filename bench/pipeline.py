@@ -66,9 +66,10 @@ from azure.data.tables import TableClient, UpdateMode
 
 from bench.latency import machine, percentile, utc_now_text
 from bootstrap import AppContext
-from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.settings import OPCOUNT_DIR
 from core.workflows import WORKFLOWS, Plan
@@ -141,7 +142,7 @@ def bare_replay(ctx: AppContext, prefix: str, count: int) -> dict[str, float]:
             step.step,
             step.attempt,
             step.complete_by,
-            ReplyOutcome.SUCCEEDED,
+            Outcome.SUCCEEDED,
             result={},
             token=token,
         )

@@ -47,9 +47,9 @@ from typing import Any
 
 from bench.latency import done_at, machine, ms_stats, send, utc_now_text
 from bootstrap import AppContext
-from core.attempts import Ending
 from core.events import Event
 from core.model import Order
+from core.outcome import Outcome
 from core.timefmt import parse_iso
 from core.workflows import AGENTS
 from demo.stack import ROOT, LocalStack
@@ -82,7 +82,7 @@ def retries(order: Order) -> list[dict[str, float]]:
     for step in order.steps:
         history = step.history
         for earlier, later in itertools.pairwise(step.attempts.items):
-            if earlier.ending is not Ending.EXPIRED or earlier.ended_at is None:
+            if earlier.ending is not Outcome.EXPIRED or earlier.ended_at is None:
                 continue
             deadline = earlier.deadline.timestamp()
             expired_at = earlier.ended_at.timestamp()

@@ -54,9 +54,10 @@ from azure.data.tables import TableClient, TableTransactionError
 
 from bench.latency import machine, utc_now_text
 from bootstrap import AppContext, clients
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.workflows import WORKFLOWS, Plan
 from demo.stack import LocalStack
 from stores import entities, layout
@@ -80,7 +81,7 @@ def completed_order(order_id: str, created: datetime, plan: Plan) -> Order:
         step.step,
         step.attempt,
         step.complete_by,
-        ReplyOutcome.SUCCEEDED,
+        Outcome.SUCCEEDED,
         result={"status": "ok", "reference": f"ref-{order_id}"},
         token=step.token_for(step.attempt),
     )

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any, ClassVar, Final
 
-from core.events import LEGACY_TRANSIENT
+from core.outcome import Applied, Outcome
 from core.text import visible
 from core.timefmt import iso_exact, parse_iso
 
@@ -41,33 +40,7 @@ from core.timefmt import iso_exact, parse_iso
 ERROR_CHARS: Final = 160
 
 
-class Applied(StrEnum):
-    NO = "no"
-    MAYBE = "maybe"
-    YES = "yes"
-    UNKNOWN = "unknown"
-
-    @property
-    def doubtful(self) -> bool:
-        return self in (Applied.MAYBE, Applied.UNKNOWN)
-
-
 _STRENGTH: Final = {Applied.NO: 0, Applied.MAYBE: 1, Applied.YES: 2}
-
-
-class Ending(StrEnum):
-    """How an attempt ended for the step (the first decision about it)."""
-
-    SUCCEEDED = "succeeded"
-    REFUSED = "refused"
-    TRANSIENT = "transient"  # transient failures until the agent's time ran out
-    DEFERRED = "deferred"  # not called, or the remote down for everyone
-    EXPIRED = "expired"  # no report by its deadline
-    NOT_SENT = "not-sent"  # its request never left (or expired unread)
-
-    @classmethod
-    def _missing_(cls, value: object) -> Ending | None:
-        return cls.TRANSIENT if value == LEGACY_TRANSIENT else None
 
 
 @dataclass
@@ -76,7 +49,7 @@ class Attempt:
     claimed_at: datetime
     deadline: datetime
     instance: str = ""
-    ending: Ending | None = None
+    ending: Outcome | None = None
     ended_at: datetime | None = None
     applied: Applied = Applied.UNKNOWN
     #: agent reports received for it (several copies of one attempt may report)
@@ -146,13 +119,13 @@ class Attempt:
         """Ended, not counted, applied nothing, nothing running: pure repetition."""
         return (
             self.ending is not None
-            and self.ending is not Ending.SUCCEEDED
+            and self.ending is not Outcome.SUCCEEDED
             and not self.counted
             and self.applied is Applied.NO
             and not self.running
         )
 
-    def end(self, ending: Ending, now: datetime, error: str | None = None) -> None:
+    def end(self, ending: Outcome, now: datetime, error: str | None = None) -> None:
         self.ending = ending
         self.ended_at = now
         if error:
@@ -230,7 +203,7 @@ class Attempt:
             claimed_at=parse_iso(value["claimedAt"]),
             deadline=parse_iso(value["deadline"]),
             instance=str(value.get("instance", "")),
-            ending=Ending(ending) if ending else None,
+            ending=Outcome(ending) if ending else None,
             ended_at=parse_iso(ended) if ended else None,
             applied=Applied(value.get("applied", "unknown")),
             reports=int(value.get("reports", 0)),

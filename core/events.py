@@ -15,7 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 #: How rows written before 2026-11 named a transient ending (``Event.TRANSIENT``,
-#: ``core.attempts.Ending.TRANSIENT``).
+#: ``core.attempts.Outcome.TRANSIENT``).
 LEGACY_TRANSIENT = "failed"
 
 
@@ -94,7 +94,7 @@ class Event(StrEnum):
         return cls.TRANSIENT if value == LEGACY_TRANSIENT else None
 
 
-#: How an attempt can end, as the history names it (``Ending`` in ``core.attempts``).
+#: How an attempt can end, as the history names it (``Outcome`` in ``core.attempts``).
 ATTEMPT_ENDINGS = frozenset(
     {
         Event.SUCCEEDED,

@@ -26,12 +26,13 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from core import moves
-from core.attempts import Applied, Attempt, Ending
+from core.attempts import Attempt
 from core.course import doubtful, in_doubt, tell_overtaken
 from core.errors import TransitionRefused
 from core.events import Event
 from core.kinds import CALLBACK, begin, kind_of
-from core.messages import AgentReply, ReplyOutcome, idempotency_key
+from core.messages import AgentReply, idempotency_key
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
@@ -50,7 +51,7 @@ class ReplyEffect(StrEnum):
 
 def applied_of(reply: AgentReply) -> Applied:
     """What a report says of its attempt's effect."""
-    if reply.outcome is ReplyOutcome.SUCCEEDED:
+    if reply.outcome is Outcome.SUCCEEDED:
         return Applied.YES
     return Applied.MAYBE if reply.may_have_applied else Applied.NO
 
@@ -154,7 +155,7 @@ def _earlier_run(
         raise stale(order, record, reply)
     attempt.report(Applied.YES, None, reply.runner or "", reply.run_ended)
     if attempt.in_flight:
-        attempt.end(Ending.SUCCEEDED, now)
+        attempt.end(Outcome.SUCCEEDED, now)
     old = idempotency_key(order.order_id, record.step, attempt.key_round)
     new = idempotency_key(order.order_id, record.step, record.key_round)
     record.record(
@@ -189,12 +190,12 @@ def _mark_applied(
             if accepted.accepted and accepted.key_round == record.key_round:
                 accepted.report(Applied.YES)
                 if accepted.in_flight:
-                    accepted.end(Ending.SUCCEEDED, now)
+                    accepted.end(Outcome.SUCCEEDED, now)
         return
     if attempt is not None:
         attempt.report(Applied.YES, None, runner, run_ended)
         if attempt.in_flight:
-            attempt.end(Ending.SUCCEEDED, now)
+            attempt.end(Outcome.SUCCEEDED, now)
 
 
 def _skew_of(record: StepRecord) -> timedelta:
@@ -394,11 +395,11 @@ def late_report(
             now,
             before=through,
         )
-    deferred = reply.outcome is ReplyOutcome.DEFERRED
+    deferred = reply.outcome is Outcome.DEFERRED
     refunded = (
         first
         and record.is_active
-        and attempt.ending is Ending.EXPIRED
+        and attempt.ending is Outcome.EXPIRED
         and deferred
         and attempt.counted
         and record.failure_count > 0

@@ -28,7 +28,7 @@ PER_DOUBLING: Final = 4
 LAST_BUCKET: Final = 26 * PER_DOUBLING
 
 #: How an attempt that did not succeed ended, in the typed attempt state's words
-#: (``core.attempts.Ending`` and ``Applied``): the failure kinds the dashboard counts.
+#: (``core.attempts.Outcome`` and ``Applied``): the failure kinds the dashboard counts.
 REFUSED: Final = "refused"
 NOT_APPLIED: Final = "not applied"
 MAYBE_APPLIED: Final = "may have applied"

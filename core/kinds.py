@@ -22,11 +22,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from core import moves
-from core.attempts import Applied, Attempt, Ending, GaveUp
+from core.attempts import Attempt, GaveUp
 from core.events import Event
 from core.flow import MAX_WAIT_SECONDS
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.order_message import MAX_MESSAGE_CHARS, MAX_NESTING, strict_json, utf16_units
+from core.outcome import Applied, Outcome
 from core.plans import PlannedStep
 from core.policy import RetryPolicy
 from core.states import StepKind, StepState
@@ -204,7 +205,7 @@ class Call:
                 f"attempt {number} of step {step} is not in flight with no report",
                 step,
             )
-        attempt.end(Ending.NOT_SENT, now, reason)
+        attempt.end(Outcome.NOT_SENT, now, reason)
         attempt.sent = False
         attempt.applied = Applied.NO
         record.last_error = reason
@@ -243,8 +244,8 @@ class Call:
             record.record(
                 now, Event.HANDLER_RUNNING, attempt=attempt.number, until=iso(reply.running_until)
             )
-        if reply.outcome is ReplyOutcome.REFUSED:
-            attempt.end(Ending.REFUSED, now, reply.error)
+        if reply.outcome is Outcome.REFUSED:
+            attempt.end(Outcome.REFUSED, now, reply.error)
             attempt.counted = True
             record.failure_count += 1
             record.last_error = reply.error
@@ -276,8 +277,8 @@ class Call:
                 f"{record.step} was refused by its service: {reply.error}",
                 record.may_have_applied,
             )
-        elif reply.outcome is ReplyOutcome.TRANSIENT:
-            attempt.end(Ending.TRANSIENT, now, reply.error)
+        elif reply.outcome is Outcome.TRANSIENT:
+            attempt.end(Outcome.TRANSIENT, now, reply.error)
             moves.count_failure(
                 order,
                 record,
@@ -292,7 +293,7 @@ class Call:
                 seen=reply.evidence_at,
             )
         else:
-            attempt.end(Ending.DEFERRED, now, reply.error)
+            attempt.end(Outcome.DEFERRED, now, reply.error)
             record.last_error = reply.error
             record.locked_by = ""
             record.record(
@@ -338,7 +339,7 @@ class Call:
             )
             record.attempts.add(attempt)
         error = f"no reply within {record.timeout_seconds} s (attempt {record.attempt})"
-        attempt.end(Ending.EXPIRED, now, error)
+        attempt.end(Outcome.EXPIRED, now, error)
         moves.count_failure(
             order,
             record,
@@ -408,12 +409,12 @@ class Callback(Call):
                 if attempt.accepted and attempt.key_round == record.key_round:
                     attempt.report(Applied.YES)
             if current is not None and current.in_flight:
-                current.end(Ending.SUCCEEDED, now)
+                current.end(Outcome.SUCCEEDED, now)
             moves.complete(record, dict(payload["result"]), now)
             return
         refusal = str(payload["refused"])
         if current is not None and current.in_flight:
-            current.end(Ending.REFUSED, now, refusal)
+            current.end(Outcome.REFUSED, now, refusal)
         # The remote says the effect will not happen: that settles this run's doubt.
         record.attempts.settle(
             f"event {name} refused: {refusal[:120]}", now, key_round=record.key_round

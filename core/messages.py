@@ -12,32 +12,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from enum import StrEnum
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from core.order_message import strict_json
+from core.outcome import WIRE_OUTCOMES, Applied, Outcome
 from core.text import visible
 from core.timefmt import iso
 from core.workflows import declared_steps
 
-#: What a remote call did, as far as the caller can know (docs/contracts.md §3.11).
-Applied = Literal["no", "maybe"]
-APPLIED_VALUES: Final = ("no", "maybe")
-
-
-class ReplyOutcome(StrEnum):
-    """How an attempt ended, as its agent reports it (docs/contracts.md §3.3 plus the two
-    docs/messages-and-state.md documents). The words are the product's everywhere (remote,
-    history, console, docs), but for one: a refusal travels as ``"failed"``, the word
-    contract 3.3 fixes for it."""
-
-    SUCCEEDED = "succeeded"  # 2xx
-    REFUSED = "failed"  # the remote refused: nothing applied by that try (the wire's word)
-    TRANSIENT = "transient"  # tries failed transiently until time ran out; counted
-    DEFERRED = "deferred"  # not called, or down for every order: waits until notBefore
-
-
-OUTCOMES: Final = tuple(o.value for o in ReplyOutcome)
+#: A reply's ``applied`` on the wire: what its attempt's failed tries may have done.
+APPLIED_VALUES: Final = (Applied.NO.value, Applied.MAYBE.value)
+#: A reply's ``outcome`` as the wire spells it (a refusal is ``failed``: contract 3.3).
+OUTCOMES: Final = WIRE_OUTCOMES
 #: A reply must always fit its queue (a Storage queue message is 64 KiB): a remote
 #: result larger than this is cut, with a marker, and the step still succeeds.
 MAX_RESULT_CHARS: Final = 16_000
@@ -168,7 +154,7 @@ class AgentRequest(_StepMessage):
     def with_order(self, order: dict[str, Any]) -> AgentRequest:
         return replace(self, order=order)
 
-    def _reply(self, outcome: ReplyOutcome, **fields: Any) -> AgentReply:
+    def _reply(self, outcome: Outcome, **fields: Any) -> AgentReply:
         return AgentReply(
             self.order_id,
             self.step,
@@ -182,15 +168,17 @@ class AgentRequest(_StepMessage):
         )
 
     def succeeded(self, result: dict[str, Any]) -> AgentReply:
-        return self._reply(ReplyOutcome.SUCCEEDED, result=bounded_result(result))
+        return self._reply(Outcome.SUCCEEDED, result=bounded_result(result))
 
-    def refused(self, error: str, applied: Applied = "no", *, settled: bool = False) -> AgentReply:
+    def refused(
+        self, error: str, applied: Applied = Applied.NO, *, settled: bool = False
+    ) -> AgentReply:
         """The remote refused (permanent 4xx): nothing was applied by that try (``applied``
         says "maybe" when an earlier try of the same attempt may have). ``settled``: the
         service itself refused after looking the key up (400, 422), which settles the
         doubt of earlier attempts (docs/contracts.md §3.11)."""
         return self._reply(
-            ReplyOutcome.REFUSED, error=error[:MAX_ERROR_CHARS], applied=applied, settled=settled
+            Outcome.REFUSED, error=error[:MAX_ERROR_CHARS], applied=applied, settled=settled
         )
 
     def transient(
@@ -207,7 +195,7 @@ class AgentRequest(_StepMessage):
         least: the agent reports again before it, and when the handler ends).
         ``evidence_at``: when the agent saw what blamed this attempt (``AgentReply``)."""
         return self._reply(
-            ReplyOutcome.TRANSIENT,
+            Outcome.TRANSIENT,
             error=error[:MAX_ERROR_CHARS],
             applied=applied,
             running_until=running_until,
@@ -219,7 +207,7 @@ class AgentRequest(_StepMessage):
         self,
         reason: str,
         not_before: datetime,
-        applied: Applied = "no",
+        applied: Applied = Applied.NO,
         *,
         running_until: datetime | None = None,
         runner: str | None = None,
@@ -229,7 +217,7 @@ class AgentRequest(_StepMessage):
         paused by an operator), or the remote is down for everyone: no failure of this
         order; run again at ``not_before`` (``paused``: once the agent is resumed)."""
         return self._reply(
-            ReplyOutcome.DEFERRED,
+            Outcome.DEFERRED,
             error=reason[:MAX_ERROR_CHARS],
             applied=applied,
             not_before=not_before,
@@ -241,11 +229,12 @@ class AgentRequest(_StepMessage):
 
 @dataclass(frozen=True)
 class AgentReply(_StepMessage):
-    outcome: ReplyOutcome
+    outcome: Outcome
     result: dict[str, Any] | None = None
     error: str | None = None
     trace: dict[str, str] = field(default_factory=dict)
-    applied: Applied | None = None  # for failed/transient/deferred: "no" or "maybe"
+    #: for refused/transient/deferred: no or maybe (a word of a reply is taken too)
+    applied: Applied | None = None
     not_before: datetime | None = None  # for deferred: the earliest time to call again
     #: for failed: the service refused after looking the key up (400, 422)
     settled: bool = False
@@ -271,24 +260,29 @@ class AgentReply(_StepMessage):
 
     def __post_init__(self) -> None:
         # One type however it was built (ValueError for an outcome that does not exist).
-        object.__setattr__(self, "outcome", ReplyOutcome(self.outcome))
+        outcome = self.outcome
+        if not isinstance(outcome, Outcome):
+            outcome = Outcome.of_wire(str(outcome))  # a reply's word ("failed": refused)
+        object.__setattr__(self, "outcome", outcome)
+        if self.applied is not None and not isinstance(self.applied, Applied):
+            object.__setattr__(self, "applied", Applied(self.applied))
 
     @property
     def may_have_applied(self) -> bool:
-        return self.applied == "maybe"
+        return self.applied is Applied.MAYBE
 
     def to_json(self) -> dict[str, Any]:
-        out = {**self._head(), "outcome": self.outcome}
+        out = {**self._head(), "outcome": self.outcome.wire}
         if self.outcome == "succeeded":
             out["result"] = self.result if self.result is not None else {}
         else:
             out["error"] = self.error or "unspecified failure"
-            out["applied"] = self.applied or (
-                "no" if self.outcome is ReplyOutcome.REFUSED else "maybe"
+            out["applied"] = str(
+                self.applied or (Applied.NO if self.outcome is Outcome.REFUSED else Applied.MAYBE)
             )
         if self.outcome == "deferred":
             out["notBefore"] = iso(self.not_before or self.complete_by)
-        if self.settled and self.outcome is ReplyOutcome.REFUSED:
+        if self.settled and self.outcome is Outcome.REFUSED:
             out["settled"] = True
         if self.running_until is not None and self.outcome != "succeeded":
             out["runningUntil"] = iso(self.running_until)
@@ -300,7 +294,7 @@ class AgentReply(_StepMessage):
             out["answeredAt"] = iso(self.answered_at)
         if self.paused and self.outcome == "deferred":
             out["paused"] = True
-        if self.evidence_at is not None and self.outcome is ReplyOutcome.TRANSIENT:
+        if self.evidence_at is not None and self.outcome is Outcome.TRANSIENT:
             out["evidenceAt"] = iso(self.evidence_at)
         if self.trace:
             out["trace"] = self.trace

@@ -39,8 +39,9 @@ from core.errors import TransitionRefused, UnboundMessage
 from core.events import Event
 from core.evidence import ReplyEffect
 from core.flow import Context
-from core.messages import AgentReply, ReplyOutcome, alert_message, status_message
+from core.messages import AgentReply, alert_message, status_message
 from core.order_message import OrderMessage
+from core.outcome import Outcome
 from core.plans import PlannedStep
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
@@ -180,7 +181,7 @@ class Order:
         """
         record = self.bound_step(reply.step, reply.attempt, reply.token)
         attempt = record.attempts.get(reply.attempt)
-        if reply.outcome is ReplyOutcome.SUCCEEDED:
+        if reply.outcome is Outcome.SUCCEEDED:
             effect = evidence.success_reply(self, record, attempt, reply, now)
         elif (
             attempt is not None

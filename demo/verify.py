@@ -28,9 +28,9 @@ from datetime import datetime
 from typing import Any
 
 from bootstrap import AppContext
-from core.attempts import Ending
 from core.events import ATTEMPT_ENDINGS, Event
 from core.model import Order, StepRecord
+from core.outcome import Outcome
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import parse_iso
 from simulator import double_effects, effects_by_order
@@ -349,7 +349,7 @@ def verify(
                 and sum(
                     1
                     for a in s.attempts.items
-                    if a.counted and a.ending in (Ending.EXPIRED, Ending.TRANSIENT)
+                    if a.counted and a.ending in (Outcome.EXPIRED, Outcome.TRANSIENT)
                 )
                 >= max_failures
                 for s in order.steps
@@ -365,7 +365,7 @@ def verify(
         applied = by_order.get(order_id, [])
         for step in order.steps:
             verdict.attempts += step.attempt
-            verdict.expiries += sum(1 for a in step.attempts.items if a.ending is Ending.EXPIRED)
+            verdict.expiries += sum(1 for a in step.attempts.items if a.ending is Outcome.EXPIRED)
             stale, wrong = check_history(order, step)
             verdict.stale_applied += stale
             verdict.inconsistent_history += wrong

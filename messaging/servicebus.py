@@ -104,7 +104,7 @@ def reply_message(reply: AgentReply, now: datetime) -> ServiceBusMessage:
         subject=reply.step,
         application_properties={
             **_properties(reply.order_id, reply.step, reply.attempt, reply.trace),
-            "outcome": reply.outcome,
+            "outcome": reply.outcome.wire,
         },
     )
 

@@ -23,10 +23,10 @@ from core.messages import (
     OUTCOMES,
     AgentReply,
     AgentRequest,
-    ReplyOutcome,
     idempotency_key,
 )
 from core.order_message import MAX_NESTING, ORDER_ID_RULE, describe, is_valid_order_id, strict_json
+from core.outcome import Applied, Outcome
 from core.timefmt import parse_iso
 
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
@@ -245,7 +245,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             step,
             attempt,
             complete_by,
-            ReplyOutcome.SUCCEEDED,
+            Outcome.SUCCEEDED,
             result=result,
             trace=_trace(value),
             runner=runner,
@@ -254,6 +254,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             **head.fields(),
         )
     if outcome in ("failed", "transient", "deferred"):
+        kind = Outcome.of_wire(outcome)  # the wire's word: "failed" is a refusal
         error = value.get("error")
         if not isinstance(error, str) or not error:
             raise InvalidMessage(
@@ -263,7 +264,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             )
         # A reply without "applied" comes from an older agent: assume the worst, except
         # for a refusal, which always meant "nothing applied".
-        applied = value.get("applied", "no" if outcome == ReplyOutcome.REFUSED else "maybe")
+        applied = value.get("applied", "no" if kind is Outcome.REFUSED else "maybe")
         if applied not in APPLIED_VALUES:
             raise InvalidMessage(
                 f"agent reply: applied must be 'no' or 'maybe', got {applied!r}",
@@ -282,7 +283,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
                     step=step,
                 )
         settled = value.get("settled", False)
-        if not isinstance(settled, bool) or (settled and outcome != ReplyOutcome.REFUSED):
+        if not isinstance(settled, bool) or (settled and kind is not Outcome.REFUSED):
             raise InvalidMessage(
                 f"agent reply: settled must be true or false, and true only on a refusal "
                 f"(outcome 'failed'), "
@@ -301,7 +302,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
                     step=step,
                 )
         paused = value.get("paused", False)
-        if not isinstance(paused, bool) or (paused and outcome != ReplyOutcome.DEFERRED):
+        if not isinstance(paused, bool) or (paused and kind is not Outcome.DEFERRED):
             raise InvalidMessage(
                 f"agent reply: paused must be true or false, and true only on a deferral, "
                 f"got {paused!r}",
@@ -311,7 +312,7 @@ def decode_reply(raw: bytes | str) -> AgentReply:
         evidence_at = None
         if "evidenceAt" in value:
             evidence_at = _utc_time(value["evidenceAt"])
-            if evidence_at is None or outcome != ReplyOutcome.TRANSIENT:
+            if evidence_at is None or kind is not Outcome.TRANSIENT:
                 raise InvalidMessage(
                     f"agent reply: evidenceAt must be an ISO 8601 UTC time {_TIME_RANGE}, "
                     f"and only on a transient reply, got {_shown(value['evidenceAt'])}",
@@ -323,10 +324,10 @@ def decode_reply(raw: bytes | str) -> AgentReply:
             step,
             attempt,
             complete_by,
-            ReplyOutcome(outcome),
+            kind,
             error=error,
             trace=_trace(value),
-            applied=applied,
+            applied=Applied(applied),
             not_before=not_before,
             settled=settled,
             running_until=running_until,

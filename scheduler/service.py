@@ -437,13 +437,13 @@ class Scheduler:
                 orderId=reply.order_id,
                 step=reply.step,
                 attempt=reply.attempt,
-                outcome=reply.outcome,
+                outcome=reply.outcome.wire,
             ),
         ):
 
             def applied(order: Order, effect: ReplyEffect) -> None:
                 failpoints.hit("after-reply-save")
-                METRICS.inc("replies_applied", outcome=reply.outcome, effect=str(effect))
+                METRICS.inc("replies_applied", outcome=reply.outcome.wire, effect=str(effect))
                 # The workbook's step durations (infra/app/workbook.json) read these
                 # dimensions: percentiles need one row per attempt, which a histogram's
                 # customMetrics rows (sum, count, min, max) do not give.
@@ -451,7 +451,7 @@ class Scheduler:
                     "event": "reply_applied",
                     "workflow": order.plan.workflow,
                     "agent": _agent_of(order, reply.step),
-                    "outcome": str(reply.outcome),
+                    "outcome": reply.outcome.wire,
                     "effect": str(effect),
                 }
                 took = _attempt_ms(order, reply) if effect is ReplyEffect.APPLIED else None

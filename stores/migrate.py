@@ -15,20 +15,21 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from core.attempts import Applied, Attempt, AttemptLog, Ending, GaveUp
+from core.attempts import Attempt, AttemptLog, GaveUp
 from core.events import Event
+from core.outcome import Applied, Outcome
 from core.states import StepState
 from core.steps import StepRecord
 from core.timefmt import parse_iso
 
 _ENDINGS = {
-    Event.SUCCEEDED: Ending.SUCCEEDED,
-    Event.REFUSED: Ending.REFUSED,
-    Event.TRANSIENT: Ending.TRANSIENT,
-    Event.DEFERRED: Ending.DEFERRED,
-    Event.EXPIRED: Ending.EXPIRED,
+    Event.SUCCEEDED: Outcome.SUCCEEDED,
+    Event.REFUSED: Outcome.REFUSED,
+    Event.TRANSIENT: Outcome.TRANSIENT,
+    Event.DEFERRED: Outcome.DEFERRED,
+    Event.EXPIRED: Outcome.EXPIRED,
 }
-_COUNTED = (Ending.REFUSED, Ending.TRANSIENT, Ending.EXPIRED)
+_COUNTED = (Outcome.REFUSED, Outcome.TRANSIENT, Outcome.EXPIRED)
 MIGRATED = "settled before typed attempt state (not in MaybeApplied)"
 
 
@@ -98,13 +99,13 @@ def _replay(
             ending = _ENDINGS[event]
             if attempt.ending is None:
                 attempt.end(ending, at, entry.get("error") or entry.get("reason"))
-            if ending is Ending.SUCCEEDED:
+            if ending is Outcome.SUCCEEDED:
                 attempt.applied = Applied.YES
-            elif ending is not Ending.EXPIRED and entry.get("applied") in ("no", "maybe"):
+            elif ending is not Outcome.EXPIRED and entry.get("applied") in ("no", "maybe"):
                 attempt.report(Applied(entry["applied"]))
             if ending in _COUNTED:
                 attempt.counted = True
-            last_expiry = attempt.number if ending is Ending.EXPIRED else None
+            last_expiry = attempt.number if ending is Outcome.EXPIRED else None
         elif event is Event.LATE_REPORT and attempt is not None:
             if entry.get("applied") in ("no", "maybe"):
                 attempt.report(Applied(entry["applied"]))

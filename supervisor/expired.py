@@ -15,6 +15,7 @@ a request the app can read is left to the poison path (an operator alert).
 from __future__ import annotations
 
 from core.errors import InvalidMessage
+from core.outcome import Applied
 from core.ports import AgentTransport, Clock
 from messaging.wire import decode_request
 from observability.logs import get_logger, order_context
@@ -43,7 +44,7 @@ class ExpiredRequests:
                 f"{request.step}: not called: the request expired unread in its queue"
                 + (" after an earlier delivery that may have called it" if read_before else ""),
                 self._clock(),
-                "maybe" if read_before else "no",
+                Applied.MAYBE if read_before else Applied.NO,
             )
             self._transport.send_reply(reply, None)
             METRICS.inc("expired_requests_reported", read=str(read_before).lower())

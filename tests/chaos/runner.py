@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from core.attempts import Attempt, Ending
+from core.attempts import Attempt
 from core.model import Order, StepRecord
+from core.outcome import Outcome
 from core.settings import CLOCK_OFFSET, REPLY_HANDLER, disabled_setting
 from core.states import StepState
 from core.timefmt import parse_iso
@@ -501,7 +502,7 @@ def counted_failures(step: StepRecord) -> list[Attempt]:
     return [
         a
         for a in step.attempts.items
-        if a.counted and a.ending in (Ending.EXPIRED, Ending.TRANSIENT)
+        if a.counted and a.ending in (Outcome.EXPIRED, Outcome.TRANSIENT)
     ]
 
 

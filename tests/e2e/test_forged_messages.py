@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.messages import AgentReply, AgentRequest
+from core.outcome import Outcome
 from demo.stack import LocalStack
 from demo.verify import drain_alerts
 from tests.e2e.test_processes import TRANSPORTS, log_tail, wait_terminal
@@ -39,7 +40,7 @@ def test_messages_no_claim_speaks_for_are_quarantined_never_applied_or_run(
 
     # 1. a success the remote never gave, for the order it refused
     ctx.transport.send_reply(
-        AgentReply(refused, "process", 1, soon, ReplyOutcome.SUCCEEDED, {}, token="f" * 32)
+        AgentReply(refused, "process", 1, soon, Outcome.SUCCEEDED, {}, token="f" * 32)
     )
     # 2. a refund for an order that does not exist, with the sender's body
     ghost = {"orderId": "ghost-1", "amount": 1_000_000}

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from core.attempts import Applied
-from core.messages import OUTCOMES, ReplyOutcome
+from core.messages import OUTCOMES
+from core.outcome import Applied, Outcome
 from tests.infra.bicep import (
     INFRA,
     MAIN,
@@ -177,7 +177,7 @@ def test_every_dimension_a_query_reads_is_written_where_it_reads_it(name: str, q
 
 @pytest.mark.parametrize(("name", "query"), QUERIES, ids=IDS)
 def test_the_words_a_query_compares_are_the_codes(name: str, query: str) -> None:
-    """``outcome`` is a ReplyOutcome on the wire (a refusal is "failed"), ``applied``
+    """``outcome`` is a Outcome on the wire (a refusal is "failed"), ``applied``
     is one of core.attempts.Applied."""
     allowed = {"outcome": set(OUTCOMES), "applied": {a.value for a in Applied}}
     for dimension, word in _COMPARED.findall(query):
@@ -229,7 +229,7 @@ def test_failures_by_agent_and_every_answer_kind() -> None:
     assert names, "no query of the agents' answers by agent, outcome and applied"
     for name in names:
         compared = set(_COMPARED.findall(dict(QUERIES)[name]))
-        for outcome in set(ReplyOutcome) - {ReplyOutcome.SUCCEEDED}:
+        for outcome in set(Outcome) - {Outcome.SUCCEEDED}:
             assert ("outcome", outcome.value) in compared, f"{name} misses {outcome.value}"
         assert ("applied", Applied.MAYBE.value) in compared, f"{name} misses may-have-applied"
 

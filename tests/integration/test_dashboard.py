@@ -13,8 +13,9 @@ import pytest
 
 from core.errors import ConcurrencyConflict
 from core.figures import POISON, Activity, Figures
-from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.messages import AgentReply, AgentRequest
 from core.model import Order
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.ports import RowWrite, StateStore
 from core.states import OrderStatus
@@ -222,7 +223,7 @@ def refuse(store: TableStateStore, order_id: str) -> None:
         step.step,
         1,
         step.complete_by,
-        ReplyOutcome.REFUSED,
+        Outcome.REFUSED,
         error="HTTP 400",
         token=step.token_for(1),
     )

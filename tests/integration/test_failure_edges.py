@@ -14,8 +14,8 @@ from azure.data.tables import UpdateMode
 
 from agents.build import build_agent
 from bootstrap import AppContext, reset_app_context
-from core.attempts import Applied
 from core.events import Event
+from core.outcome import Applied
 from core.states import OrderStatus, StepKind, StepState
 from core.workflows import AGENTS
 from messaging.wire import decode_reply, decode_request
@@ -88,7 +88,7 @@ def test_a_row_written_before_typed_state_is_migrated_when_read(
                 "order": {"orderId": order_id},
             }
         )
-    ).transient("process: HTTP 503", "no")
+    ).transient("process: HTTP 503", Applied.NO)
     ctx.scheduler.apply_reply(late)
     stored = ctx.store.table.get_entity(layout.shard_of(order_id), old["RowKey"])
     assert json.loads(stored["AttemptState"])["attempts"]["items"][0]["applied"] == "no"

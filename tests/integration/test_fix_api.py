@@ -13,7 +13,7 @@ import azure.functions as func
 import pytest
 
 from bootstrap import AppContext, reset_app_context
-from core.messages import ReplyOutcome
+from core.outcome import Outcome
 from messaging.wire import decode_request
 from tests.support import app_function, drain_requests, make_context
 from tests.unit.test_services_in_memory import reply_to
@@ -52,7 +52,7 @@ def test_fix_and_resubmit_over_http(ctx: AppContext, tag: str) -> None:
     data = {"orderId": order_id, "address": {"zip": "1011", "lines": ["a" * 30_000]}}
     ctx.scheduler.submit(json.dumps(data).encode())
     [first] = [decode_request(t) for t in drain_requests(ctx)]
-    ctx.scheduler.apply_reply(reply_to(first, ReplyOutcome.REFUSED, error="HTTP 400: zip"))
+    ctx.scheduler.apply_reply(reply_to(first, Outcome.REFUSED, error="HTTP 400: zip"))
     status, shown, response = call("get_order", order_id)
     assert status == 200 and shown["status"] == "error"
     version = shown["version"]

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order
+from core.outcome import Outcome
 from core.states import OrderStatus, StepState
 from scheduler.service import Handled
 from stores import entities
@@ -61,7 +62,7 @@ def success(order: Order, step: str) -> AgentReply:
         step,
         record.attempt,
         record.complete_by,
-        ReplyOutcome.SUCCEEDED,
+        Outcome.SUCCEEDED,
         {},
         token=record.token_for(record.attempt),
     )

@@ -21,7 +21,7 @@ from azure.data.tables import TableClient, UpdateMode
 from admin.query import parse_filter
 from admin.service import OrderAdmin
 from bootstrap import AppContext, reset_app_context
-from core.messages import ReplyOutcome
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.retention import Retention
 from messaging.wire import decode_request
@@ -124,7 +124,7 @@ def test_a_fixed_order_is_found_under_its_new_value_and_not_its_old(ctx: AppCont
     data = {"orderId": "fx-1", "customerId": "c-old", "note": "n"}
     ctx.scheduler.submit(json.dumps(data).encode())
     [first] = [decode_request(t) for t in drain_requests(ctx)]
-    ctx.scheduler.apply_reply(reply_to(first, ReplyOutcome.REFUSED, error="HTTP 422 customer"))
+    ctx.scheduler.apply_reply(reply_to(first, Outcome.REFUSED, error="HTTP 422 customer"))
     assert listed(customerId="c-old", status="error") == ["fx-1"]
     request = func.HttpRequest(
         method="POST",

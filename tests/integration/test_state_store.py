@@ -11,9 +11,10 @@ import pytest
 from azure.data.tables import TableClient
 
 from core.errors import ConcurrencyConflict, OrderAlreadyExists, TransitionRefused
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
 from core.workflows import WORKFLOWS, Plan
@@ -203,7 +204,7 @@ def test_index_rows_follow_the_state_and_leave_when_finished(store: TableStateSt
     assert not [e for e in store.expired_processing(step.complete_by) if e.order_id == "o-idx"]
     order.apply_reply(
         AgentReply(
-            "o-idx", "process", 1, T0, ReplyOutcome.SUCCEEDED, {"ok": 1}, token=step.token_for(1)
+            "o-idx", "process", 1, T0, Outcome.SUCCEEDED, {"ok": 1}, token=step.token_for(1)
         ),
         T0 + timedelta(seconds=1),
     )
@@ -229,9 +230,7 @@ def test_supervisor_and_late_reply_racing_on_one_step_exactly_one_wins(
         by_reply, by_supervisor = store.load(order_id), store.load(order_id)
         assert by_reply is not None and by_supervisor is not None
         by_reply.apply_reply(
-            AgentReply(
-                order_id, "process", 1, T0, ReplyOutcome.SUCCEEDED, {}, token=step.token_for(1)
-            ),
+            AgentReply(order_id, "process", 1, T0, Outcome.SUCCEEDED, {}, token=step.token_for(1)),
             step.complete_by - timedelta(seconds=1),
         )
         by_supervisor.expire(step.complete_by + timedelta(seconds=5), RetryPolicy())
@@ -285,7 +284,7 @@ def test_a_refused_transition_leaves_the_store_untouched(storage_connection: str
             "process",
             1,
             T0,
-            ReplyOutcome.SUCCEEDED,
+            Outcome.SUCCEEDED,
             {},
             token=done.steps[0].token_for(1),
         ),

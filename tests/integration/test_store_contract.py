@@ -29,10 +29,11 @@ from core.errors import (
     OrderNotFound,
     StorageUnavailable,
 )
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order
 from core.order_message import decode_order, utf16_units
 from core.outages import Outage, OutagePolicy, report_answer, report_failing
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.ports import IndexEntry, ListFilter, StateStore
 from core.states import OrderStatus, StepState
@@ -61,7 +62,7 @@ def succeeded(order: Order, result: dict[str, Any] | None = None) -> AgentReply:
         step.step,
         step.attempt,
         step.complete_by,
-        ReplyOutcome.SUCCEEDED,
+        Outcome.SUCCEEDED,
         result or {},
         token=step.token_for(step.attempt),
     )
@@ -182,9 +183,9 @@ def test_a_transition_round_trips_every_field_of_the_step(store: StateStore) -> 
         "process",
         1,
         T0,
-        ReplyOutcome.TRANSIENT,
+        Outcome.TRANSIENT,
         error="HTTP 503 é😀",
-        applied="maybe",
+        applied=Applied.MAYBE,
         token=order.steps[0].token_for(1),
     )
     order.apply_reply(reply, T0 + timedelta(seconds=1, microseconds=7), RetryPolicy())
@@ -904,9 +905,7 @@ def test_inputs_events_waits_decisions_and_results_round_trip(
     assert reserve is not None
     big = {"reservation": "r" * 50_000}  # over one property: kept whole, in parts
     order.apply_reply(
-        AgentReply(
-            "o-appr", "reserve", 1, T0, ReplyOutcome.SUCCEEDED, big, token=reserve.token_for(1)
-        ),
+        AgentReply("o-appr", "reserve", 1, T0, Outcome.SUCCEEDED, big, token=reserve.token_for(1)),
         T0,
         RetryPolicy(),
     )
@@ -946,7 +945,7 @@ def test_a_skipped_step_and_an_input_round_trip(store: StateStore, flows: None) 
             "receive-return",
             1,
             T0,
-            ReplyOutcome.SUCCEEDED,
+            Outcome.SUCCEEDED,
             {"rma": "R"},
             token=desk.token_for(1),
         ),
@@ -963,9 +962,7 @@ def test_a_skipped_step_and_an_input_round_trip(store: StateStore, flows: None) 
     reserve = small.find("reserve")
     assert reserve is not None
     small.apply_reply(
-        AgentReply(
-            "o-small", "reserve", 1, T0, ReplyOutcome.SUCCEEDED, {}, token=reserve.token_for(1)
-        ),
+        AgentReply("o-small", "reserve", 1, T0, Outcome.SUCCEEDED, {}, token=reserve.token_for(1)),
         T0,
         RetryPolicy(),
     )

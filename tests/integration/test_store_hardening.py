@@ -30,9 +30,10 @@ from admin.__main__ import main
 from bootstrap import AppContext, bootstrap, reset_app_context
 from bootstrap.clients import retry_options
 from core.errors import CorruptOrder, InvalidContinuationToken, StorageUnavailable
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.states import OrderStatus, StepState
 from core.timefmt import sortable
 from core.workflows import WORKFLOWS, Plan
@@ -268,7 +269,7 @@ def test_a_save_succeeds_when_the_processing_row_was_deleted_by_hand(
             "process",
             step.attempt,
             step.complete_by,
-            ReplyOutcome.SUCCEEDED,
+            Outcome.SUCCEEDED,
             {"ok": 1},
             token=step.token_for(step.attempt),
         ),
@@ -386,7 +387,7 @@ def test_repair_cannot_race_a_save(
                     "process",
                     step.attempt,
                     step.complete_by,
-                    ReplyOutcome.SUCCEEDED,
+                    Outcome.SUCCEEDED,
                     {},
                     token=step.token_for(step.attempt),
                 ),

@@ -40,6 +40,7 @@ import pytest
 from core.errors import StorageUnavailable
 from core.messages import MAX_INLINE_ORDER_BYTES, AgentRequest
 from core.names import Names
+from core.outcome import Applied
 from core.ports import AgentTransport
 from core.settings import Connection
 from messaging.storage_queues import REPLY_TTL_SECONDS, REQUEST_LATE_SECONDS
@@ -498,10 +499,14 @@ def test_every_report_of_an_attempt_arrives_even_alike_ones(adapter: Adapter) ->
     request = make_request(attempt=2)
     order_id, receiver = request.order_id, adapter.receiver
     reports = [
-        request.transient("process: HTTP 503", "no"),
-        request.transient("process: HTTP 500", "maybe"),
-        request.transient("still runs", "maybe", running_until=request.complete_by, runner="r"),
-        request.transient("still runs", "maybe", running_until=request.complete_by, runner="r"),
+        request.transient("process: HTTP 503", Applied.NO),
+        request.transient("process: HTTP 500", Applied.MAYBE),
+        request.transient(
+            "still runs", Applied.MAYBE, running_until=request.complete_by, runner="r"
+        ),
+        request.transient(
+            "still runs", Applied.MAYBE, running_until=request.complete_by, runner="r"
+        ),
         request.succeeded({"late": True}),
         request.succeeded({"late": True}),
     ]
@@ -628,7 +633,7 @@ def test_copies_of_one_attempt_and_reports_of_one_attempt(adapter: Adapter) -> N
 
     for request in (first, first, second):
         assert adapter.transport.send_request(request) is True
-    adapter.transport.send_reply(first.transient("HTTP 503", "no"))
+    adapter.transport.send_reply(first.transient("HTTP 503", Applied.NO))
     adapter.transport.send_reply(first.succeeded({"late": True}))
 
     expected = [1, 2] if adapter.drops_duplicate_ids else [1, 1, 2]

@@ -39,7 +39,8 @@ from agents.python import NotApplied, PythonTry, Refused
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from core import workflows
-from core.messages import AgentRequest, ReplyOutcome
+from core.messages import AgentRequest
+from core.outcome import Applied, Outcome
 from core.settings import Settings, SettingsError
 from simulator import SimulatorServer
 from tests.support import settings_from, unanswered
@@ -227,7 +228,7 @@ def test_an_entra_agent_sends_the_managed_identitys_token_as_bearer(
 
     agent, transport = entra_agent(sim, env={"AZURE_CLIENT_ID": "cid-1"})
 
-    assert asyncio.run(agent.handle(ship_request())) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(ship_request())) is Outcome.SUCCEEDED
 
     auth = agent._remote.kind.auth
     assert isinstance(auth, EntraBearer)
@@ -246,7 +247,7 @@ def test_without_azure_client_id_the_system_assigned_identity_is_used(
 ) -> None:
     agent, _ = entra_agent(sim)
 
-    assert asyncio.run(agent.handle(ship_request())) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(ship_request())) is Outcome.SUCCEEDED
     assert sim.identity.status()["identities"] == ["system-assigned"]
 
 
@@ -256,7 +257,7 @@ def test_the_simulator_refuses_a_call_without_the_token(sim: SimulatorServer) ->
     agent = build_agent(spec, settings(sim.url), transport, wall_clock, env={})
     closing(agent._remote)
 
-    assert asyncio.run(agent.handle(ship_request())) is ReplyOutcome.REFUSED
+    assert asyncio.run(agent.handle(ship_request())) is Outcome.REFUSED
 
     ((reply, _),) = transport.replies
     assert reply.applied == "no"
@@ -281,7 +282,7 @@ def test_one_token_serves_many_calls_and_the_credential_is_asked_once(
     monkeypatch.setattr(auth.credential, "get_token_info", spy)
 
     for n in range(5):
-        assert asyncio.run(agent.handle(ship_request(f"o-{n}"))) is ReplyOutcome.SUCCEEDED
+        assert asyncio.run(agent.handle(ship_request(f"o-{n}"))) is Outcome.SUCCEEDED
 
     assert sim.identity.issued == 1
     assert asked == [(("api://carrier/.default",), {"options": None})]
@@ -296,7 +297,7 @@ def test_a_token_close_to_expiry_is_replaced_before_it_is_sent(
     agent, _ = entra_agent(sim)
 
     for n in range(3):
-        assert asyncio.run(agent.handle(ship_request(f"o-{n}"))) is ReplyOutcome.SUCCEEDED
+        assert asyncio.run(agent.handle(ship_request(f"o-{n}"))) is Outcome.SUCCEEDED
 
     assert sim.identity.issued == 3
     assert sim.identity.status()["refusedCalls"] == 0
@@ -306,7 +307,7 @@ def test_a_revoked_token_is_replaced_once_and_the_call_goes_through(
     sim: SimulatorServer,
 ) -> None:
     agent, _ = entra_agent(sim)
-    assert asyncio.run(agent.handle(ship_request("o-1"))) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(ship_request("o-1"))) is Outcome.SUCCEEDED
     sim.identity.revoke()
 
     outcome = asyncio.run(agent._remote.call(ship_request("o-2")))
@@ -319,7 +320,7 @@ def test_a_revoked_token_is_replaced_once_and_the_call_goes_through(
 def test_a_persistent_401_is_a_refusal_after_one_fresh_token(sim: SimulatorServer) -> None:
     agent, transport = entra_agent(sim, scope="api://someone-else/.default")
 
-    assert asyncio.run(agent.handle(ship_request())) is ReplyOutcome.REFUSED
+    assert asyncio.run(agent.handle(ship_request())) is Outcome.REFUSED
 
     ((reply, _),) = transport.replies
     assert reply.applied == "no"
@@ -345,7 +346,7 @@ def test_no_token_is_a_try_that_sent_nothing(
     assert attempt.error.endswith("; the request was not sent")
 
     # A whole attempt, a lone order: no evidence against it, so it waits (deferred).
-    assert asyncio.run(agent.handle(ship_request(seconds=2.5))) is ReplyOutcome.DEFERRED
+    assert asyncio.run(agent.handle(ship_request(seconds=2.5))) is Outcome.DEFERRED
     ((reply, _),) = transport.replies
     assert reply.applied == "no"
     assert ship_calls(sim) == []
@@ -573,7 +574,7 @@ def test_refused_is_a_refusal_at_once() -> None:
 
     reply = asyncio.run(AgentWorker(client, transport, clock).handle(make_request()))
 
-    assert reply is ReplyOutcome.REFUSED
+    assert reply is Outcome.REFUSED
     ((sent, _),) = transport.replies
     assert (sent.error, sent.applied) == ("process: refused: no such sku", "no")
     assert len(handler.calls) == 1
@@ -586,7 +587,7 @@ def test_any_other_exception_may_have_applied() -> None:
     outcome = asyncio.run(client.call(make_request(10)))
 
     assert attempt == Try(
-        "maybe", True, "process: RuntimeError: db connection lost (may have applied)"
+        Applied.MAYBE, True, "process: RuntimeError: db connection lost (may have applied)"
     )
     assert (outcome.kind, outcome.applied) == ("deferred", "maybe")
 
@@ -628,7 +629,7 @@ def test_a_handler_still_running_at_the_try_deadline_may_have_applied() -> None:
     finally:
         release.set()
 
-    assert reply is ReplyOutcome.DEFERRED  # a lone order: no evidence against it
+    assert reply is Outcome.DEFERRED  # a lone order: no evidence against it
     sent = transport.replies[0][0]  # (its end is reported later: test_failure_edges)
     assert sent.applied == "maybe" and sent.running_until is not None
     assert sent.error is not None
@@ -697,7 +698,7 @@ def test_a_call_that_gets_no_slot_in_time_is_deferred_and_not_made() -> None:
         gate.release.set()
         first.join(5)
 
-    assert reply is ReplyOutcome.DEFERRED
+    assert reply is Outcome.DEFERRED
     ((sent, _),) = transport.replies
     assert sent.applied == "no"
     assert sent.error == (
@@ -799,7 +800,7 @@ def test_an_http_agent_takes_at_most_its_concurrency_too() -> None:
 
     assert (busy.kind, busy.applied, busy.tries) == ("deferred", "no", 0)
     assert "all 1 call slots" in busy.error
-    assert results == [CallOutcome("succeeded", result={"ok": True}, tries=1)]
+    assert results == [CallOutcome(Outcome.SUCCEEDED, result={"ok": True}, tries=1)]
 
 
 # --- built from the declarations ------------------------------------------------------------

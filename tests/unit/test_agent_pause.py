@@ -22,12 +22,12 @@ from agents.pacing import RemotePolicy
 from agents.runner import AttemptRunner
 from bootstrap import AppContext, bootstrap
 from core import control_cache
-from core.attempts import Ending
 from core.control_cache import HOLD_MAX, HOLD_MIN, SETTLE
 from core.events import Event
 from core.messages import AgentRequest
 from core.model import Order
 from core.names import Names
+from core.outcome import Applied, Outcome
 from core.states import OrderStatus, StepState
 from core.workflows import AGENTS
 from messaging.wire import decode_reply
@@ -40,8 +40,8 @@ from tests.unit.test_runner import ScriptedKind
 from tests.unit.test_services_in_memory import RecordingKeeper, RecordingQueues, RecordingTransport
 
 TIMEOUT = 30
-OK = Try("yes", False, result={"ok": True})
-DOWN = Try("no", True, "process: HTTP 503 busy", status=503)
+OK = Try(Applied.YES, False, result={"ok": True})
+DOWN = Try(Applied.NO, True, "process: HTTP 503 busy", status=503)
 
 
 @dataclass
@@ -216,7 +216,7 @@ def test_a_request_queued_before_the_pause_is_deferred_back_without_a_call(app: 
     assert decode_reply(reply.encode()) == reply  # through the reply queue as well
     step = app.order("o-1").steps[0]
     attempt = step.attempts.get(1)
-    assert attempt is not None and attempt.ending is Ending.DEFERRED and not attempt.counted
+    assert attempt is not None and attempt.ending is Outcome.DEFERRED and not attempt.counted
     assert (step.process_state, step.failure_count, step.deferrals) == (StepState.PENDING, 0, 0)
     assert step.paused_for == "orders" and step.complete_by >= app.clock.now + HOLD_MIN
 

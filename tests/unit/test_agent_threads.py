@@ -23,7 +23,8 @@ from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from agents.threads import OwnThreads
 from core.errors import StorageUnavailable
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
+from core.outcome import Outcome
 from tests.unit.test_remote_client import T0, RecordingTransport, make_request
 
 CALLS = 40  # more than Python's default pool (min(32, CPUs + 4)) and the host's 16 + 8
@@ -106,7 +107,7 @@ def test_one_agents_blocking_work_never_waits_for_another_agents_threads() -> No
         started = time.monotonic()
         outcome = await quick.handle(make_request(30, order_id="q-1"))
         took = time.monotonic() - started
-        assert outcome is ReplyOutcome.SUCCEEDED
+        assert outcome is Outcome.SUCCEEDED
         done = await asyncio.wait_for(asyncio.gather(*busy), 10)
         for threads in (slow_threads, quick_threads):
             threads.close()

@@ -20,8 +20,9 @@ import pytest
 from agents.agent import AgentWorker
 from agents.health import Blame, EndpointHealth, HostActivity
 from core.errors import InvalidMessage
-from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.messages import AgentReply, AgentRequest
 from core.model import Order
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
 from core.timefmt import iso
@@ -81,9 +82,9 @@ def outage(end: datetime) -> Agent:
             return reply(order), claimed + timedelta(seconds=1)
         at = claimed + TRIES
         if flag:
-            return reply(order, ReplyOutcome.TRANSIENT, error="HTTP 503", applied="no"), at
+            return reply(order, Outcome.TRANSIENT, error="HTTP 503", applied=Applied.NO), at
         deferred = reply(
-            order, ReplyOutcome.DEFERRED, error="HTTP 503; failing for others too", not_before=at
+            order, Outcome.DEFERRED, error="HTTP 503; failing for others too", not_before=at
         )
         return deferred, at
 
@@ -96,7 +97,7 @@ def singled_out_at_first(order: Order) -> datetime:
     order.claim("i-1", T0)
     at = T0 + TRIES
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, error="HTTP 500", applied="no"), at, POLICY
+        reply(order, Outcome.TRANSIENT, error="HTTP 500", applied=Applied.NO), at, POLICY
     )
     step = order.steps[0]
     assert step.singled_out and step.failure_count == 1
@@ -162,7 +163,7 @@ def test_the_flag_ages_from_when_the_agent_saw_its_evidence_not_from_the_report(
     order.claim("i-1", T0)
     seen = T0 + timedelta(seconds=3)  # another order served while this one failed
     failed = replace(
-        reply(order, ReplyOutcome.TRANSIENT, error="HTTP 500", applied="no"), evidence_at=seen
+        reply(order, Outcome.TRANSIENT, error="HTTP 500", applied=Applied.NO), evidence_at=seen
     )
     order.apply_reply(failed, T0 + TRIES, POLICY)
     step = order.steps[0]
@@ -205,17 +206,17 @@ def test_evidence_at_travels_on_a_transient_reply_and_nowhere_else() -> None:
     order.claim("i-1", T0)
     seen = T0 + timedelta(seconds=3, milliseconds=250)
     failed = replace(
-        reply(order, ReplyOutcome.TRANSIENT, error="HTTP 500", applied="no"), evidence_at=seen
+        reply(order, Outcome.TRANSIENT, error="HTTP 500", applied=Applied.NO), evidence_at=seen
     )
     wire = json.loads(failed.encode())
     assert wire["evidenceAt"] == iso(seen)
     assert decode_reply(failed.encode()).evidence_at == seen
-    plain = reply(order, ReplyOutcome.TRANSIENT, error="HTTP 500", applied="no")
+    plain = reply(order, Outcome.TRANSIENT, error="HTTP 500", applied=Applied.NO)
     assert "evidenceAt" not in json.loads(plain.encode())  # no new evidence: absent
     assert decode_reply(plain.encode()).evidence_at is None
     # another outcome never carries it
     deferred = replace(
-        reply(order, ReplyOutcome.DEFERRED, error="down", not_before=T0), evidence_at=seen
+        reply(order, Outcome.DEFERRED, error="down", not_before=T0), evidence_at=seen
     )
     assert "evidenceAt" not in json.loads(deferred.encode())
 
@@ -239,7 +240,7 @@ def test_a_reply_with_an_unreadable_or_misplaced_evidence_at_is_refused(
     order = new_order()
     order.claim("i-1", T0)
     wire = json.loads(
-        reply(order, ReplyOutcome(outcome), error="x", not_before=T0 + TRIES).encode()
+        reply(order, Outcome.of_wire(outcome), error="x", not_before=T0 + TRIES).encode()
     )
     wire["evidenceAt"] = value
 

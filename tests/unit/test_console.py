@@ -8,7 +8,7 @@ import azure.functions as func
 import pytest
 
 from console import security, views
-from core.messages import ReplyOutcome
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus
 from tests.support import settings_only
@@ -20,7 +20,7 @@ POLICY = RetryPolicy(max_failure_count=3, soft_threshold=1, deferral_window_seco
 
 def test_the_timeline_draws_every_attempt_and_the_waits_between_them() -> None:
     order = new_order()
-    now = fail_until_given_up(order, ["no", "no", "no"])
+    now = fail_until_given_up(order, [Applied.NO, Applied.NO, Applied.NO])
     assert order.status is OrderStatus.ERROR
 
     drawn = views.timeline(order, now)
@@ -43,7 +43,7 @@ def test_a_running_attempt_is_drawn_to_its_deadline_and_compensations_in_their_o
     now = reach(order, "charge-payment")
     order.claim("i-1", now)
     order.apply_reply(
-        reply(order, ReplyOutcome.REFUSED, step="charge-payment", error="card declined"),
+        reply(order, Outcome.REFUSED, step="charge-payment", error="card declined"),
         now + timedelta(seconds=1),
         POLICY,
     )
@@ -62,7 +62,7 @@ def test_a_running_attempt_is_drawn_to_its_deadline_and_compensations_in_their_o
 
 def test_why_names_the_failed_step_its_error_and_what_the_operator_was_told() -> None:
     order = new_order()
-    fail_until_given_up(order, ["no", "no", "no"])
+    fail_until_given_up(order, [Applied.NO, Applied.NO, Applied.NO])
     text = views.why(order)
     assert "Step process failed for good after 3" in text and "HTTP 503" in text
     assert "safe to resubmit" in text  # the alert, recorded in the order's history
@@ -71,7 +71,7 @@ def test_why_names_the_failed_step_its_error_and_what_the_operator_was_told() ->
 
 def test_why_for_a_waiting_step_says_when_it_runs_next() -> None:
     order = new_order()
-    fail_until_given_up(order, ["no"])
+    fail_until_given_up(order, [Applied.NO])
     assert "waiting to run (attempt 2)" in views.why(order)
     assert not views.can_resubmit(order)
 

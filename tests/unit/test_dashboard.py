@@ -32,8 +32,8 @@ from core.figures import (
     percentile,
     stuck_steps,
 )
-from core.messages import ReplyOutcome
 from core.names import Names
+from core.outcome import Outcome
 from core.ports import RowWrite
 from core.unit_of_work import OrderChanges
 from stores import activity, layout
@@ -142,7 +142,7 @@ class World:
         body = {"orderId": order_id, "workflow": workflow}
         self.app.scheduler.submit(json.dumps(body).encode())
 
-    def answer(self, order_id: str, outcome: ReplyOutcome, **kw: Any) -> None:
+    def answer(self, order_id: str, outcome: Outcome, **kw: Any) -> None:
         request = [r for r in self.transport.requests if r.order_id == order_id][-1]
         self.app.scheduler.apply_reply(reply_to(request, outcome, **kw))
 
@@ -172,14 +172,14 @@ def run_orders(w: World) -> None:
         w.submit(f"o-{n}")
         w.clock.advance(0.25 * (n + 1))
         if n < 3:
-            w.answer(f"o-{n}", ReplyOutcome.SUCCEEDED)
+            w.answer(f"o-{n}", Outcome.SUCCEEDED)
         else:
-            w.answer(f"o-{n}", ReplyOutcome.REFUSED, error="HTTP 400", settled=True)
+            w.answer(f"o-{n}", Outcome.REFUSED, error="HTTP 400", settled=True)
     for n in range(2):
         w.submit(f"f-{n}", "fulfilment")
         for _ in range(3):
             w.clock.advance(0.1)
-            w.answer(f"f-{n}", ReplyOutcome.SUCCEEDED)
+            w.answer(f"f-{n}", Outcome.SUCCEEDED)
 
 
 def test_figures_are_what_the_orders_did_and_the_activity_rows_are_gone() -> None:
@@ -343,7 +343,7 @@ def test_a_stuck_step_is_listed_and_alerted_once_per_order() -> None:
     w = World()
     w.submit("o-hang")
     w.submit("o-fine")
-    w.answer("o-fine", ReplyOutcome.SUCCEEDED)
+    w.answer("o-fine", Outcome.SUCCEEDED)
     notices = w.app.notices
     changes = OrderChanges(w.store, notices, w.app.dispatch_queue)
     agg = w.aggregator(changes=changes, floor=timedelta(seconds=10))
@@ -394,7 +394,7 @@ def test_the_stuck_check_reads_only_work_in_flight() -> None:
     w = World()
     for n in range(30):
         w.submit(f"done-{n}")
-        w.answer(f"done-{n}", ReplyOutcome.SUCCEEDED)
+        w.answer(f"done-{n}", Outcome.SUCCEEDED)
     w.submit("o-1")
     entries = w.store.in_flight()
     assert [(e.order_id, e.state) for e in entries] == [("o-1", "Processing")]

@@ -19,10 +19,10 @@ from admin.deploycheck import DeployCheck, Target
 from admin.plans import differences, fingerprint
 from core import workflows
 from core.errors import TransitionRefused
-from core.messages import ReplyOutcome
 from core.model import Order
 from core.needs import Need, Why, still_needed
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.states import OrderStatus
 from core.workflows import Agent, Compensation, Plan, StepSpec, Workflow, validate
 from stores import layout
@@ -87,7 +87,7 @@ def test_an_order_going_forward_needs_its_step_the_later_ones_and_every_undo() -
 
 def test_an_order_unwinding_needs_only_the_compensations_still_to_run() -> None:
     order = new_order("fulfilment")
-    drive(order, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
+    drive(order, {"ship": Outcome.REFUSED, "refund-payment": Outcome.REFUSED})
     # the refund failed for good: resubmit retries it. Ship, refused, ran: a report that
     # it may have applied after all would put the order in error, and a resubmit would ask
     # it again with its key (docs/contracts.md §3.15)
@@ -105,7 +105,7 @@ def test_an_order_unwinding_needs_only_the_compensations_still_to_run() -> None:
     ]
     order = new_order("fulfilment")
     # the refund done: undone
-    drive(order, {"ship": ReplyOutcome.REFUSED, "release-stock": ReplyOutcome.REFUSED})
+    drive(order, {"ship": Outcome.REFUSED, "release-stock": Outcome.REFUSED})
     assert needs(order) == [("release-stock", "inventory", "retry", "reserve-stock"), ship_again]
 
 
@@ -117,7 +117,7 @@ def test_an_error_order_at_an_action_needs_it_and_every_undo() -> None:
     assert order.status is OrderStatus.ERROR
     assert needs(order) == [(*SHIP, "retry", None), REFUND, RELEASE]
     order = new_order("order")
-    drive(order, {"process": ReplyOutcome.REFUSED})
+    drive(order, {"process": Outcome.REFUSED})
     assert needs(order) == [("process", "orders", "retry", None)]
 
 
@@ -140,7 +140,7 @@ def test_a_finished_order_needs_nothing_but_what_late_evidence_may_ask_again() -
     # compensated after ship was refused: a report that ship may have applied after all
     # would put the order in error, and a resubmit would ask it again (§3.15)
     order = new_order("fulfilment")
-    drive(order, {"ship": ReplyOutcome.REFUSED})
+    drive(order, {"ship": Outcome.REFUSED})
     assert order.status is OrderStatus.COMPENSATED
     assert needs(order) == [("ship", "carrier", "retry", None)]
 
@@ -153,7 +153,7 @@ def test_every_step_an_order_runs_was_needed_at_every_moment_before(seed: int) -
     earlier ``still_needed`` listed, with that agent. So the check never lets an agent go
     that an order could still call."""
     rng = random.Random(seed)
-    outcomes = list(ReplyOutcome)
+    outcomes = list(Outcome)
     claims: Counter[str] = Counter()
     for _ in range(300):
         order = new_order(rng.choice(["order", "fulfilment"]))
@@ -247,7 +247,7 @@ def checked(target_: Target, *orders: Order, finished: tuple[Order, ...] = ()) -
 def done(
     workflow: str,
     order_id: str,
-    outcomes: dict[str, ReplyOutcome | Literal["expire"]] | None = None,
+    outcomes: dict[str, Outcome | Literal["expire"]] | None = None,
 ) -> Order:
     order = accepted(workflow, order_id)
     drive(order, outcomes or {})
@@ -260,7 +260,7 @@ def test_removing_an_agent_orders_in_flight_need_is_refused_naming_them() -> Non
     reserving, single = at("reserve-stock", order_id="o-reserve"), new_order("order")
     unwinding = accepted("fulfilment", "o-unwinding")
     drive(
-        unwinding, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED}
+        unwinding, {"ship": Outcome.REFUSED, "refund-payment": Outcome.REFUSED}
     )  # error; ship ran and was refused: a late "maybe" would have it asked again
     without_carrier = target(
         [ORDERS, INVENTORY, PAYMENTS], [ORDER, Workflow("fulfilment", (RESERVE_SPEC, CHARGE_SPEC))]
@@ -349,7 +349,7 @@ def test_a_compensation_agent_still_needed_is_refused_too() -> None:
     """An order unwinding, or one that may unwind, needs its compensations' agents."""
     with declarations():  # the tests' own fulfilment: no functions, only agents to need
         unwinding = new_order("fulfilment")
-    drive(unwinding, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
+    drive(unwinding, {"ship": Outcome.REFUSED, "refund-payment": Outcome.REFUSED})
     no_inventory = [
         ORDERS,
         PAYMENTS,

@@ -24,8 +24,9 @@ import pytest
 from agents.agent import AgentWorker
 from agents.outcomes import CallOutcome
 from core.errors import TransitionRefused
-from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.messages import AgentReply, AgentRequest
 from core.model import IN_FLIGHT_GRACE, Order
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from tests.support import unanswered
@@ -67,7 +68,7 @@ def test_1_a_403_after_a_timeout_leaves_the_doubt_and_undoes_nothing() -> None:
     now, ship = claim_due(order, now)
     order.expire(ship.complete_by + timedelta(seconds=1), POLICY)
     now, _ = claim_due(order, now)
-    refused = reply(order, ReplyOutcome.REFUSED, error="ship: HTTP 403 forbidden")
+    refused = reply(order, Outcome.REFUSED, error="ship: HTTP 403 forbidden")
     assert getattr(refused, "settled", False) is False  # a 403, as the agent reports it
     order.apply_reply(refused, now + timedelta(seconds=1), POLICY)
     assert order.status is OrderStatus.ERROR and ship.process_state is StepState.ERROR
@@ -84,7 +85,7 @@ def test_1_a_422_after_a_timeout_settles_the_doubt_and_unwinds() -> None:
     order.expire(ship.complete_by + timedelta(seconds=1), POLICY)
     now, _ = claim_due(order, now)
     settling = replace(
-        reply(order, ReplyOutcome.REFUSED, error="ship: HTTP 422 bad address"), settled=True
+        reply(order, Outcome.REFUSED, error="ship: HTTP 422 bad address"), settled=True
     )
     order.apply_reply(settling, now + timedelta(seconds=1), POLICY)
     assert order.status is OrderStatus.COMPENSATING and alerts(order) == []
@@ -111,19 +112,19 @@ def test_2_a_second_copys_maybe_is_kept_and_the_charge_is_undone_not_left() -> N
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
     now, charge = claim_due(order, now)
-    copy_b = reply(order, ReplyOutcome.TRANSIENT, error="HTTP 503", applied="no")
+    copy_b = reply(order, Outcome.TRANSIENT, error="HTTP 503", applied=Applied.NO)
     order.apply_reply(copy_b, now + timedelta(seconds=2), POLICY)
     copy_a = reply(
         order,
-        ReplyOutcome.TRANSIENT,
+        Outcome.TRANSIENT,
         step="charge-payment",
         attempt=1,
         error="HTTP 500",
-        applied="maybe",
+        applied=Applied.MAYBE,
     )
     order.apply_reply(copy_a, now + timedelta(seconds=3), POLICY)
     assert charge.maybe_applied == [1]
-    fail_until_given_up(order, ["no", "no"], now + timedelta(seconds=4))
+    fail_until_given_up(order, [Applied.NO, Applied.NO], now + timedelta(seconds=4))
     assert charge.process_state is StepState.COMPENSATING  # being undone itself
     active = order.active_step()
     assert active is not None and active.step == "refund-payment"
@@ -133,12 +134,12 @@ def test_2_a_duplicate_report_that_adds_nothing_is_refused_but_one_that_adds_is_
     order = new_order()
     order.claim("i", T0)
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, applied="no", error="503"), T0 + timedelta(seconds=1)
+        reply(order, Outcome.TRANSIENT, applied=Applied.NO, error="503"), T0 + timedelta(seconds=1)
     )
-    same = reply(order, ReplyOutcome.TRANSIENT, attempt=1, applied="no", error="503")
+    same = reply(order, Outcome.TRANSIENT, attempt=1, applied=Applied.NO, error="503")
     with pytest.raises(TransitionRefused):
         order.apply_reply(same, T0 + timedelta(seconds=2))
-    more = reply(order, ReplyOutcome.TRANSIENT, attempt=1, applied="maybe", error="500")
+    more = reply(order, Outcome.TRANSIENT, attempt=1, applied=Applied.MAYBE, error="500")
     order.apply_reply(more, T0 + timedelta(seconds=3))
     assert order.steps[0].maybe_applied == [1]
 
@@ -173,12 +174,14 @@ def test_3_a_handler_running_on_holds_its_steps_compensation_until_it_ends() -> 
     now, charge = claim_due(order, now)
     running = now + timedelta(seconds=60)
     overran = replace(
-        reply(order, ReplyOutcome.TRANSIENT, applied="maybe", error="the handler is still running"),
+        reply(
+            order, Outcome.TRANSIENT, applied=Applied.MAYBE, error="the handler is still running"
+        ),
         running_until=running,
         runner="host-1:run-1",
     )
     order.apply_reply(overran, now + timedelta(seconds=20), POLICY)
-    fail_until_given_up(order, ["no", "no"], now + timedelta(seconds=21))
+    fail_until_given_up(order, [Applied.NO, Applied.NO], now + timedelta(seconds=21))
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
     skew = POLICY.skew  # the clocks of other instances may be this far off (the claim's)
@@ -187,16 +190,15 @@ def test_3_a_handler_running_on_holds_its_steps_compensation_until_it_ends() -> 
     # A renewal moves the compensation on; the handler's end lets it go.
     later = running + timedelta(seconds=45)
     heartbeat = replace(
-        reply(order, ReplyOutcome.TRANSIENT, step="charge-payment", attempt=1, applied="maybe"),
+        reply(order, Outcome.TRANSIENT, step="charge-payment", attempt=1, applied=Applied.MAYBE),
         running_until=later,
         runner="host-1:run-1",
     )
     order.apply_reply(heartbeat, running - timedelta(seconds=5), POLICY)
     assert refund.not_before == later + skew + IN_FLIGHT_GRACE
-    from core.attempts import Applied  # (imported here: the file collects on older code)
 
     # another copy's report, or a stale duplicate of the first: it shortens nothing
-    other = reply(order, ReplyOutcome.TRANSIENT, step="charge-payment", attempt=1, applied="maybe")
+    other = reply(order, Outcome.TRANSIENT, step="charge-payment", attempt=1, applied=Applied.MAYBE)
     with pytest.raises(TransitionRefused):
         order.apply_reply(other, running, POLICY)
     assert refund.not_before == later + skew + IN_FLIGHT_GRACE
@@ -330,7 +332,7 @@ def test_4_cancel_of_a_pending_step_in_doubt_is_refused_too() -> None:
 
 
 def test_5_an_unsent_request_is_not_counted_and_never_in_doubt() -> None:
-    from core.attempts import Ending
+    from core.outcome import Applied, Outcome
 
     order = new_order()
     step = order.claim("i", T0)
@@ -341,11 +343,11 @@ def test_5_an_unsent_request_is_not_counted_and_never_in_doubt() -> None:
         [],
     )
     attempt = step.attempts.get(1)
-    assert attempt is not None and attempt.ending is Ending.NOT_SENT and not attempt.sent
+    assert attempt is not None and attempt.ending is Outcome.NOT_SENT and not attempt.sent
     # a report of it after all (the send had gone through): its evidence still counts
     order.claim("i", step.not_before)
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, attempt=1, applied="maybe", error="500"),
+        reply(order, Outcome.TRANSIENT, attempt=1, applied=Applied.MAYBE, error="500"),
         step.not_before,
     )
     assert step.maybe_applied == [1]
@@ -372,9 +374,9 @@ def test_5_an_expired_unread_service_bus_request_is_reported_as_not_called() -> 
         "process",
         1,
         T0,
-        ReplyOutcome.DEFERRED,
+        Outcome.DEFERRED,
         error="not called",
-        applied="no",
+        applied=Applied.NO,
         not_before=T0,
         token=order.steps[0].token_for(1),
     )
@@ -447,7 +449,7 @@ def test_7_a_stall_shorter_than_the_budget_cannot_spend_it() -> None:
         else:
             order.apply_reply(
                 reply(
-                    order, ReplyOutcome.TRANSIENT, applied="maybe", error="no answer within 2.4 s"
+                    order, Outcome.TRANSIENT, applied=Applied.MAYBE, error="no answer within 2.4 s"
                 ),
                 answered,
                 policy,
@@ -474,7 +476,7 @@ def test_7_the_count_is_not_spent_before_count_times_timeout() -> None:
         order.claim("i", now)
         now += timedelta(seconds=0.2)  # refused-fast 503s, reported at once
         order.apply_reply(
-            reply(order, ReplyOutcome.TRANSIENT, applied="no", error="503"), now, policy
+            reply(order, Outcome.TRANSIENT, applied=Applied.NO, error="503"), now, policy
         )
     gave_up = order.steps[0].gave_up
     assert gave_up is not None and gave_up.at >= T0 + timedelta(seconds=9)
@@ -503,7 +505,7 @@ def test_9_a_deferral_asking_for_days_fails_for_good_at_once_with_an_alert() -> 
     order.claim("i", T0)
     far = T0 + timedelta(days=10)
     order.apply_reply(
-        reply(order, ReplyOutcome.DEFERRED, error="Retry-After 10 days", not_before=far),
+        reply(order, Outcome.DEFERRED, error="Retry-After 10 days", not_before=far),
         T0 + timedelta(seconds=1),
         POLICY,
     )
@@ -536,7 +538,7 @@ def test_review_a_late_deferral_of_a_compensation_never_ends_the_order_unrelease
     released: it retries the unwinding."""
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
-    fail_until_given_up(order, ["no", "no", "no"], now)  # definite: unwinding
+    fail_until_given_up(order, [Applied.NO, Applied.NO, Applied.NO], now)  # definite: unwinding
     release = order.active_step()
     assert release is not None and release.step == "release-stock"
     now = release.complete_by
@@ -545,7 +547,7 @@ def test_review_a_late_deferral_of_a_compensation_never_ends_the_order_unrelease
         now = claimed.complete_by + timedelta(seconds=1)
         order.expire(now, POLICY)
     assert (order.status, release.process_state) == (OrderStatus.ERROR, StepState.ERROR)
-    late = reply(order, ReplyOutcome.DEFERRED, step="release-stock", attempt=3, not_before=now)
+    late = reply(order, Outcome.DEFERRED, step="release-stock", attempt=3, not_before=now)
     order.apply_reply(late, now + timedelta(seconds=1), POLICY)
     # a late deferral changes nothing on a step that has ended (docs/contracts.md §3.15)...
     assert (order.status, release.process_state) == (OrderStatus.ERROR, StepState.ERROR)
@@ -562,14 +564,14 @@ def test_review_a_refund_while_held_lets_the_step_go_on() -> None:
     order.expire(T0 + timedelta(seconds=31), POLICY)  # 1: no report
     order.claim("i", T0 + timedelta(seconds=31))
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, applied="no"), T0 + timedelta(seconds=32), POLICY
+        reply(order, Outcome.TRANSIENT, applied=Applied.NO), T0 + timedelta(seconds=32), POLICY
     )
     order.claim("i", step.complete_by)
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, applied="no"), T0 + timedelta(seconds=61), POLICY
+        reply(order, Outcome.TRANSIENT, applied=Applied.NO), T0 + timedelta(seconds=61), POLICY
     )
     assert step.held and step.failure_count == 3
-    late = reply(order, ReplyOutcome.DEFERRED, step="process", attempt=1, not_before=T0)
+    late = reply(order, Outcome.DEFERRED, step="process", attempt=1, not_before=T0)
     order.apply_reply(late, T0 + timedelta(seconds=62), POLICY)
     assert step.failure_count == 2 and step.process_state is StepState.PENDING
     assert order.status is OrderStatus.PROCESSING and alerts(order) == []
@@ -581,15 +583,15 @@ def test_review_a_late_running_report_holds_a_compensation_that_was_tried_alread
     now, charge = claim_due(order, now)
     now = charge.complete_by + timedelta(seconds=1)
     order.expire(now, POLICY)  # attempt 1's report is late
-    fail_until_given_up(order, ["no", "no"], now)
+    fail_until_given_up(order, [Applied.NO, Applied.NO], now)
     now, refund = claim_due(order, now)
     order.apply_reply(
-        reply(order, ReplyOutcome.DEFERRED, not_before=now), now + timedelta(seconds=1), POLICY
+        reply(order, Outcome.DEFERRED, not_before=now), now + timedelta(seconds=1), POLICY
     )
     assert refund.process_state is StepState.PENDING and refund.attempt == 1
     until = now + timedelta(seconds=60)
     running = replace(
-        reply(order, ReplyOutcome.TRANSIENT, step="charge-payment", attempt=1, applied="maybe"),
+        reply(order, Outcome.TRANSIENT, step="charge-payment", attempt=1, applied=Applied.MAYBE),
         running_until=until,
         runner="r",
     )
@@ -602,7 +604,7 @@ def test_review_a_run_that_ends_refusing_settles_its_own_doubt() -> None:
     order = new_order()
     step = order.claim("i", T0)
     running = replace(
-        reply(order, ReplyOutcome.TRANSIENT, applied="maybe"),
+        reply(order, Outcome.TRANSIENT, applied=Applied.MAYBE),
         running_until=T0 + timedelta(seconds=55),
         runner="r",
     )
@@ -610,7 +612,7 @@ def test_review_a_run_that_ends_refusing_settles_its_own_doubt() -> None:
     ended = replace(
         reply(
             order,
-            ReplyOutcome.REFUSED,
+            Outcome.REFUSED,
             step="process",
             attempt=1,
             error="refused: no such customer",
@@ -621,7 +623,7 @@ def test_review_a_run_that_ends_refusing_settles_its_own_doubt() -> None:
     )
     order.apply_reply(ended, T0 + timedelta(seconds=40), POLICY)
     assert step.maybe_applied == []
-    fail_until_given_up(order, ["no", "no"], T0 + timedelta(seconds=40))
+    fail_until_given_up(order, [Applied.NO, Applied.NO], T0 + timedelta(seconds=40))
     assert "was not applied" in alerts(order)[-1]["reason"]
 
 
@@ -673,7 +675,7 @@ def test_review_a_run_that_never_ends_is_given_up_on_after_the_cap() -> None:
     # it ends at last, after the cap: its outcome is still reported (a late answer)
     from agents.outcomes import Try
 
-    future.set_result(Try("yes", False, "", result={"charged": True}))
+    future.set_result(Try(Applied.YES, False, "", result={"charged": True}))
     assert len(ended) == 2 and ended[1].applied == "yes" and ended[1].result == {"charged": True}
 
 
@@ -683,7 +685,7 @@ def test_review_a_cancel_of_a_held_step_acts_at_once() -> None:
     for _ in range(3):
         now, _ = claim_due(order, now)
         order.apply_reply(
-            reply(order, ReplyOutcome.TRANSIENT, applied="no"), now + timedelta(seconds=1), POLICY
+            reply(order, Outcome.TRANSIENT, applied=Applied.NO), now + timedelta(seconds=1), POLICY
         )
     charge = order.find("charge-payment")
     assert charge is not None and charge.held
@@ -698,7 +700,7 @@ def test_review_a_cancel_of_a_held_step_in_doubt_needs_the_statement() -> None:
     for _ in range(3):
         now, _ = claim_due(order, now)
         order.apply_reply(
-            reply(order, ReplyOutcome.TRANSIENT, applied="maybe"),
+            reply(order, Outcome.TRANSIENT, applied=Applied.MAYBE),
             now + timedelta(seconds=1),
             POLICY,
         )

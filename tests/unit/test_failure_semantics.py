@@ -10,8 +10,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from core.errors import TransitionRefused
-from core.messages import AgentReply, Applied, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order, ReplyEffect
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
 from tests.unit.test_model import T0, alerts, new_order, reply, states, status, statuses
@@ -22,7 +23,7 @@ POLICY = RetryPolicy(max_failure_count=3, soft_threshold=1, deferral_window_seco
 def attempt(
     order: Order,
     now: datetime,
-    outcome: ReplyOutcome,
+    outcome: Outcome,
     *,
     error: str = "declined",
     applied: Applied | None = None,
@@ -43,7 +44,7 @@ def fail_until_given_up(order: Order, applied: list[Applied], now: datetime = T0
         step = order.active_step()
         assert step is not None
         now = max(now, step.complete_by)
-        attempt(order, now, ReplyOutcome.TRANSIENT, error="HTTP 503", applied=value)
+        attempt(order, now, Outcome.TRANSIENT, error="HTTP 503", applied=value)
         now += timedelta(seconds=2)
     step = order.active_step()
     if step is not None and step.held:
@@ -55,7 +56,7 @@ def fail_until_given_up(order: Order, applied: list[Applied], now: datetime = T0
 def reach(order: Order, step: str, now: datetime = T0) -> datetime:
     """Succeed every step before ``step``."""
     while (active := order.active_step()) is not None and active.step != step:
-        attempt(order, max(now, active.complete_by), ReplyOutcome.SUCCEEDED)
+        attempt(order, max(now, active.complete_by), Outcome.SUCCEEDED)
         now += timedelta(seconds=2)
     return now
 
@@ -65,7 +66,7 @@ def reach(order: Order, step: str, now: datetime = T0) -> datetime:
 
 def test_all_tries_not_applied_is_a_definite_failure_safe_to_resubmit() -> None:
     order = new_order()
-    fail_until_given_up(order, ["no", "no", "no"])
+    fail_until_given_up(order, [Applied.NO, Applied.NO, Applied.NO])
     [step] = order.steps
     assert step.process_state is StepState.ERROR and step.failure_count == 3
     assert order.status is OrderStatus.ERROR
@@ -76,7 +77,7 @@ def test_all_tries_not_applied_is_a_definite_failure_safe_to_resubmit() -> None:
 
 def test_one_attempt_that_may_have_applied_makes_it_ambiguous() -> None:
     order = new_order()
-    fail_until_given_up(order, ["no", "maybe", "no"])
+    fail_until_given_up(order, [Applied.NO, Applied.MAYBE, Applied.NO])
     [alert] = alerts(order)
     assert "may have been applied" in alert["reason"]
     assert order.steps[0].maybe_applied == [2]
@@ -85,12 +86,12 @@ def test_one_attempt_that_may_have_applied_makes_it_ambiguous() -> None:
 def test_ship_refused_by_503_every_time_unwinds_to_compensated() -> None:
     order = new_order("fulfilment")
     now = reach(order, "ship")
-    fail_until_given_up(order, ["no", "no", "no"], now)
+    fail_until_given_up(order, [Applied.NO, Applied.NO, Applied.NO], now)
     now += timedelta(seconds=30)
     for name in ("refund-payment", "release-stock"):
         step = order.active_step()
         assert step is not None and step.step == name
-        attempt(order, max(now, step.complete_by), ReplyOutcome.SUCCEEDED)
+        attempt(order, max(now, step.complete_by), Outcome.SUCCEEDED)
     assert order.status is OrderStatus.COMPENSATED
     assert alerts(order) == []  # handled without people
     assert states(order) == [
@@ -105,7 +106,7 @@ def test_ship_refused_by_503_every_time_unwinds_to_compensated() -> None:
 def test_ambiguous_ship_waits_for_the_operator() -> None:
     order = new_order("fulfilment")
     now = reach(order, "ship")
-    fail_until_given_up(order, ["maybe", "no", "no"], now)
+    fail_until_given_up(order, [Applied.MAYBE, Applied.NO, Applied.NO], now)
     assert order.status is OrderStatus.ERROR
     [alert] = alerts(order)
     assert alert["step"] == "ship" and "may have been applied" in alert["reason"]
@@ -119,7 +120,7 @@ def test_a_deferral_is_no_failure_and_waits_for_the_time_asked() -> None:
     order.claim("i", T0)
     asked = T0 + timedelta(seconds=90)  # Retry-After well past the step's deadline
     order.apply_reply(
-        reply(order, ReplyOutcome.DEFERRED, error="Retry-After 90 s", not_before=asked),
+        reply(order, Outcome.DEFERRED, error="Retry-After 90 s", not_before=asked),
         T0 + timedelta(seconds=1),
         POLICY,
     )
@@ -142,7 +143,7 @@ def test_deferrals_grow_capped_and_end_at_the_window_as_a_definite_failure() -> 
         step = order.active_step()
         assert step is not None
         now = max(now, step.complete_by)
-        attempt(order, now, ReplyOutcome.DEFERRED, error="circuit open", not_before=now)
+        attempt(order, now, Outcome.DEFERRED, error="circuit open", not_before=now)
         if step.process_state is StepState.PENDING:
             delays.append((step.complete_by - (now + timedelta(seconds=1))).total_seconds())
         assert step.failure_count == 0
@@ -158,10 +159,10 @@ def test_deferrals_grow_capped_and_end_at_the_window_as_a_definite_failure() -> 
 
 def test_a_counted_failure_ends_the_deferral_streak() -> None:
     order = new_order()
-    attempt(order, T0, ReplyOutcome.DEFERRED, error="open", not_before=T0)
+    attempt(order, T0, Outcome.DEFERRED, error="open", not_before=T0)
     step = order.steps[0]
     assert (step.deferrals, step.deferred_since is not None, step.failure_count) == (1, True, 0)
-    attempt(order, step.complete_by, ReplyOutcome.TRANSIENT, error="503", applied="no")
+    attempt(order, step.complete_by, Outcome.TRANSIENT, error="503", applied=Applied.NO)
     assert (step.deferrals, step.deferred_since, step.failure_count) == (0, None, 1)
 
 
@@ -175,7 +176,7 @@ def test_a_late_not_applied_report_clears_the_doubt_of_an_expiry() -> None:
     step = order.steps[0]
     assert step.maybe_applied == [1] and step.failure_count == 1
     effect = order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, attempt=1, error="503", applied="no"),
+        reply(order, Outcome.TRANSIENT, attempt=1, error="503", applied=Applied.NO),
         T0 + timedelta(seconds=32),
         POLICY,
     )
@@ -183,7 +184,7 @@ def test_a_late_not_applied_report_clears_the_doubt_of_an_expiry() -> None:
     assert step.maybe_applied == [] and step.failure_count == 1
     with pytest.raises(TransitionRefused):  # a second copy changes nothing
         order.apply_reply(
-            reply(order, ReplyOutcome.TRANSIENT, attempt=1, error="503", applied="no"),
+            reply(order, Outcome.TRANSIENT, attempt=1, error="503", applied=Applied.NO),
             T0 + timedelta(seconds=33),
             POLICY,
         )
@@ -196,7 +197,7 @@ def test_a_late_deferral_gives_back_the_failure_the_expiry_counted() -> None:
     order.claim("i", T0 + timedelta(seconds=31))
     step = order.steps[0]
     order.apply_reply(
-        reply(order, ReplyOutcome.DEFERRED, attempt=1, error="open", not_before=T0),
+        reply(order, Outcome.DEFERRED, attempt=1, error="open", not_before=T0),
         T0 + timedelta(seconds=32),
         POLICY,
     )
@@ -207,7 +208,7 @@ def test_a_late_deferral_gives_back_the_failure_the_expiry_counted() -> None:
 def test_a_late_report_turns_an_ambiguous_error_into_a_definite_one() -> None:
     order = new_order("fulfilment")
     now = reach(order, "ship")
-    fail_until_given_up(order, ["no", "no"], now)
+    fail_until_given_up(order, [Applied.NO, Applied.NO], now)
     ship = order.active_step()
     assert ship is not None
     now = max(now + timedelta(seconds=10), ship.complete_by)
@@ -216,7 +217,7 @@ def test_a_late_report_turns_an_ambiguous_error_into_a_definite_one() -> None:
     assert (order.status, ship.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     assert "may have been applied" in alerts(order)[-1]["reason"]
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, step="ship", attempt=3, error="503", applied="no"),
+        reply(order, Outcome.TRANSIENT, step="ship", attempt=3, error="503", applied=Applied.NO),
         now + timedelta(seconds=32),
         POLICY,
     )
@@ -252,7 +253,9 @@ def test_a_late_success_resolves_an_order_waiting_for_the_operator() -> None:
 def test_a_late_success_of_a_step_being_undone_gets_it_undone_too() -> None:
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
-    fail_until_given_up(order, ["no", "no", "no"], now)  # definite: charge not compensated
+    fail_until_given_up(
+        order, [Applied.NO, Applied.NO, Applied.NO], now
+    )  # definite: charge not compensated
     undoing = order.active_step()
     assert undoing is not None
     assert (order.status, undoing.step) == (OrderStatus.COMPENSATING, "release-stock")
@@ -264,10 +267,10 @@ def test_a_late_success_of_a_step_being_undone_gets_it_undone_too() -> None:
     assert (charge.process_state, order.status) == (StepState.PROCESSED, OrderStatus.COMPENSATING)
     release = order.active_step()
     assert release is not None
-    attempt(order, max(now, release.complete_by) + timedelta(seconds=30), ReplyOutcome.SUCCEEDED)
+    attempt(order, max(now, release.complete_by) + timedelta(seconds=30), Outcome.SUCCEEDED)
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
-    attempt(order, refund.complete_by + timedelta(seconds=31), ReplyOutcome.SUCCEEDED)
+    attempt(order, refund.complete_by + timedelta(seconds=31), Outcome.SUCCEEDED)
     assert order.status is OrderStatus.COMPENSATED
     assert charge.process_state is StepState.COMPENSATED
 
@@ -313,7 +316,7 @@ def test_cancel_with_ship_unanswered_asks_the_operator_who_can_cancel_again() ->
     for _ in range(2):
         step = order.active_step()
         assert step is not None
-        attempt(order, max(later, step.complete_by), ReplyOutcome.SUCCEEDED)
+        attempt(order, max(later, step.complete_by), Outcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
     assert [s for s, _ in states(order)][-2:] == ["refund-payment", "release-stock"]
 
@@ -325,7 +328,7 @@ def test_cancel_with_ship_unanswered_then_resubmit_finds_it_applied() -> None:
     order.cancel(now + timedelta(seconds=1), "app")
     order.expire(ship.complete_by + timedelta(seconds=3), POLICY)
     order.resubmit(now + timedelta(minutes=5), "operator")
-    attempt(order, now + timedelta(minutes=5), ReplyOutcome.SUCCEEDED)  # the key's stored answer
+    attempt(order, now + timedelta(minutes=5), Outcome.SUCCEEDED)  # the key's stored answer
     assert order.status is OrderStatus.COMPLETED
 
 
@@ -335,7 +338,7 @@ def test_cancel_during_a_compensable_step_that_fails_transiently_undoes_the_rest
     order.claim("i", now)
     order.cancel(now + timedelta(seconds=1), "app")
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, error="503", applied="no"),
+        reply(order, Outcome.TRANSIENT, error="503", applied=Applied.NO),
         now + timedelta(seconds=2),
         POLICY,
     )
@@ -343,14 +346,14 @@ def test_cancel_during_a_compensable_step_that_fails_transiently_undoes_the_rest
     assert charge is not None and charge.process_state is StepState.COMPENSATED
     release = order.active_step()
     assert release is not None and release.step == "release-stock"
-    attempt(order, now + timedelta(seconds=3), ReplyOutcome.SUCCEEDED)
+    attempt(order, now + timedelta(seconds=3), Outcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
 
 
 def test_compensations_under_a_cancel_get_retries_and_supervision() -> None:
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
-    attempt(order, now, ReplyOutcome.SUCCEEDED)
+    attempt(order, now, Outcome.SUCCEEDED)
     ship = order.active_step()
     assert ship is not None and ship.step == "ship"
     order.cancel(now + timedelta(seconds=5), "app")
@@ -363,10 +366,10 @@ def test_compensations_under_a_cancel_get_retries_and_supervision() -> None:
         StepState.PENDING,
         1,
     )
-    attempt(order, refund.complete_by, ReplyOutcome.SUCCEEDED)
+    attempt(order, refund.complete_by, Outcome.SUCCEEDED)
     release = order.active_step()
     assert release is not None
-    attempt(order, release.complete_by, ReplyOutcome.SUCCEEDED)
+    attempt(order, release.complete_by, Outcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
 
 
@@ -384,7 +387,7 @@ def test_cancel_of_a_step_that_may_have_applied_compensates_it() -> None:
 def test_cancel_of_a_step_deferred_so_far_needs_no_undo() -> None:
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
-    attempt(order, now, ReplyOutcome.DEFERRED, error="open", not_before=now)
+    attempt(order, now, Outcome.DEFERRED, error="open", not_before=now)
     order.cancel(now + timedelta(seconds=2), "app")
     charge = order.find("charge-payment")
     assert charge is not None and charge.process_state is StepState.COMPENSATED
@@ -397,34 +400,35 @@ def test_a_second_cancel_of_an_order_whose_compensation_failed_retries_it() -> N
     now = reach(order, "ship")
     order.claim("i", now)
     order.cancel(now + timedelta(seconds=1), "app")
-    order.apply_reply(reply(order, ReplyOutcome.REFUSED), now + timedelta(seconds=2), POLICY)
+    order.apply_reply(reply(order, Outcome.REFUSED), now + timedelta(seconds=2), POLICY)
     refund = order.active_step()
     assert refund is not None
-    attempt(order, refund.complete_by, ReplyOutcome.REFUSED)  # refund refused: unwinding stops
+    attempt(order, refund.complete_by, Outcome.REFUSED)  # refund refused: unwinding stops
     assert (order.status, refund.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     order.cancel(now + timedelta(minutes=1), "operator")
     assert (order.status, refund.process_state) == (OrderStatus.COMPENSATING, StepState.PENDING)
     for _ in range(2):
         step = order.active_step()
         assert step is not None
-        attempt(order, max(now + timedelta(minutes=1), step.complete_by), ReplyOutcome.SUCCEEDED)
+        attempt(order, max(now + timedelta(minutes=1), step.complete_by), Outcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
 
 
 def test_reply_json_round_trip_of_every_outcome() -> None:
+    from core.outcome import REPORTED
     from messaging.wire import decode_reply
 
     order = new_order()
     order.claim("i", T0)
-    for outcome in ReplyOutcome:
+    for outcome in REPORTED:
         original = reply(order, outcome, not_before=T0 + timedelta(seconds=5))
         decoded = decode_reply(original.encode())
         assert decoded.outcome == outcome
         assert decoded.applied == original.applied
-        if outcome is ReplyOutcome.DEFERRED:
+        if outcome is Outcome.DEFERRED:
             assert decoded.not_before == T0 + timedelta(seconds=5)
         body = json.loads(original.encode())
-        assert ("applied" in body) is (outcome is not ReplyOutcome.SUCCEEDED)
+        assert ("applied" in body) is (outcome is not Outcome.SUCCEEDED)
 
 
 def test_an_old_agents_failed_reply_without_applied_still_means_refused() -> None:
@@ -449,7 +453,7 @@ def test_reply_from_an_unknown_outcome_is_refused_by_the_decoder() -> None:
     from messaging.wire import decode_reply
 
     body = AgentReply(
-        "o-1", "process", 1, T0, ReplyOutcome.DEFERRED, error="x", applied="no"
+        "o-1", "process", 1, T0, Outcome.DEFERRED, error="x", applied=Applied.NO
     ).to_json()
     del body["notBefore"]
     with pytest.raises(InvalidMessage, match="notBefore"):
@@ -517,7 +521,7 @@ def test_a_refusal_of_the_key_settles_the_doubt_of_an_earlier_attempt() -> None:
     ship = order.claim("i", now)
     order.expire(ship.complete_by + timedelta(seconds=3), POLICY)  # may have applied
     order.claim("i", ship.complete_by + timedelta(seconds=3))
-    settling = replace(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), settled=True)
+    settling = replace(reply(order, Outcome.REFUSED, error="HTTP 422"), settled=True)
     order.apply_reply(settling, now + timedelta(seconds=40), POLICY)
     assert order.status is OrderStatus.COMPENSATING  # unwinding: not "ask the operator"
     assert alerts(order) == []
@@ -529,7 +533,7 @@ def test_a_refusal_after_a_try_that_may_have_applied_in_the_same_attempt_is_ambi
     order = new_order()
     order.claim("i", T0)
     order.apply_reply(
-        reply(order, ReplyOutcome.REFUSED, error="409 after a 500", applied="maybe"),
+        reply(order, Outcome.REFUSED, error="409 after a 500", applied=Applied.MAYBE),
         T0 + timedelta(seconds=1),
         POLICY,
     )
@@ -542,7 +546,7 @@ def test_a_late_deferral_of_the_expiry_that_failed_the_step_changes_nothing() ->
     on a step that has ended (docs/contracts.md §3.15): the count, the state and the order
     stay; the operator, told, decides."""
     order = new_order()
-    fail_until_given_up(order, ["no", "no"])
+    fail_until_given_up(order, [Applied.NO, Applied.NO])
     step = order.steps[0]
     now = step.complete_by
     order.claim("i", now)
@@ -551,7 +555,7 @@ def test_a_late_deferral_of_the_expiry_that_failed_the_step_changes_nothing() ->
     order.apply_reply(
         reply(
             order,
-            ReplyOutcome.DEFERRED,
+            Outcome.DEFERRED,
             step="process",
             attempt=3,
             error="circuit open",
@@ -571,7 +575,7 @@ def test_a_late_deferral_of_the_expiry_that_failed_the_step_changes_nothing() ->
 def test_a_late_report_does_not_skip_a_compensation_that_failed_after_it() -> None:
     order = new_order("fulfilment")
     now = reach(order, "ship")
-    fail_until_given_up(order, ["no", "no"], now)
+    fail_until_given_up(order, [Applied.NO, Applied.NO], now)
     ship = order.active_step()
     assert ship is not None
     later = ship.complete_by
@@ -581,10 +585,10 @@ def test_a_late_report_does_not_skip_a_compensation_that_failed_after_it() -> No
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
     # refund refused: error again
-    attempt(order, later + timedelta(seconds=41), ReplyOutcome.REFUSED)
+    attempt(order, later + timedelta(seconds=41), Outcome.REFUSED)
     assert order.status is OrderStatus.ERROR
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, step="ship", attempt=3, error="503", applied="no"),
+        reply(order, Outcome.TRANSIENT, step="ship", attempt=3, error="503", applied=Applied.NO),
         later + timedelta(seconds=50),
         POLICY,
     )
@@ -601,22 +605,22 @@ def test_resubmitting_a_step_after_a_cancel_gives_it_the_usual_retries() -> None
     assert (order.status, ship.process_state) == (OrderStatus.ERROR, StepState.ERROR)
     order.resubmit(now + timedelta(minutes=5), "operator")
     assert not order.cancel_requested
-    attempt(order, now + timedelta(minutes=5), ReplyOutcome.DEFERRED, error="open", not_before=now)
+    attempt(order, now + timedelta(minutes=5), Outcome.DEFERRED, error="open", not_before=now)
     assert (order.status, ship.failure_count) == (OrderStatus.PROCESSING, 0)
-    attempt(order, ship.complete_by, ReplyOutcome.SUCCEEDED)
+    attempt(order, ship.complete_by, Outcome.SUCCEEDED)
     assert order.status is OrderStatus.COMPLETED
 
 
 def test_a_success_for_a_step_cancelled_as_not_applied_gets_it_undone() -> None:
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
-    attempt(order, now, ReplyOutcome.TRANSIENT, error="503", applied="no")
+    attempt(order, now, Outcome.TRANSIENT, error="503", applied=Applied.NO)
     charge = order.find("charge-payment")
     assert charge is not None
     order.claim("i", charge.complete_by)
     order.cancel(charge.complete_by + timedelta(seconds=1), "app")
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, error="503", applied="no"),
+        reply(order, Outcome.TRANSIENT, error="503", applied=Applied.NO),
         charge.complete_by + timedelta(seconds=2),
         POLICY,
     )
@@ -636,7 +640,7 @@ def test_a_success_for_a_step_cancelled_as_not_applied_gets_it_undone() -> None:
         step = order.active_step()
         if step is None:
             break
-        attempt(order, max(now + timedelta(seconds=100), step.complete_by), ReplyOutcome.SUCCEEDED)
+        attempt(order, max(now + timedelta(seconds=100), step.complete_by), Outcome.SUCCEEDED)
     assert order.status is OrderStatus.CANCELLED
     assert charge.process_state is StepState.COMPENSATED
     assert order.find("refund-payment") is not None
@@ -648,7 +652,7 @@ def test_a_late_deferral_keeps_the_time_the_remote_asked_for() -> None:
     order.expire(T0 + timedelta(seconds=33), POLICY)  # back to Pending, due at once
     asked = T0 + timedelta(seconds=150)
     order.apply_reply(
-        reply(order, ReplyOutcome.DEFERRED, attempt=1, error="Retry-After 120", not_before=asked),
+        reply(order, Outcome.DEFERRED, attempt=1, error="Retry-After 120", not_before=asked),
         T0 + timedelta(seconds=34),
         POLICY,
     )
@@ -666,12 +670,17 @@ def test_a_late_report_of_an_earlier_expiry_corrects_the_verdict_of_a_later_atte
     now = step.complete_by + timedelta(seconds=1)
     order.expire(now, POLICY)
     assert step.maybe_applied == [1]
-    now = fail_until_given_up(order, ["no", "no"], now)
+    now = fail_until_given_up(order, [Applied.NO, Applied.NO], now)
     assert order.status is OrderStatus.ERROR
     assert "may have been applied" in alerts(order)[-1]["reason"]
     order.apply_reply(
         reply(
-            order, ReplyOutcome.TRANSIENT, step="process", attempt=1, error="HTTP 503", applied="no"
+            order,
+            Outcome.TRANSIENT,
+            step="process",
+            attempt=1,
+            error="HTTP 503",
+            applied=Applied.NO,
         ),
         now,
         POLICY,
@@ -685,12 +694,17 @@ def test_a_late_report_of_an_earlier_expiry_corrects_the_verdict_of_a_later_atte
     other.claim("i", T0)
     later = other.steps[0].complete_by + timedelta(seconds=1)
     other.expire(later, POLICY)
-    later = fail_until_given_up(other, ["no", "no"], later)
+    later = fail_until_given_up(other, [Applied.NO, Applied.NO], later)
     other.resubmit(later, "ops")
     told = len(alerts(other))
     other.apply_reply(
         reply(
-            other, ReplyOutcome.TRANSIENT, step="process", attempt=1, error="HTTP 503", applied="no"
+            other,
+            Outcome.TRANSIENT,
+            step="process",
+            attempt=1,
+            error="HTTP 503",
+            applied=Applied.NO,
         ),
         later + timedelta(seconds=1),
         POLICY,

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 
 from core.errors import OrderChanged, TransitionRefused
-from core.messages import AgentRequest, ReplyOutcome
+from core.messages import AgentRequest
 from core.order_message import MAX_NESTING
+from core.outcome import Outcome
 from core.patches import (
     MAX_CHANGES,
     MAX_VALUE_CHARS,
@@ -57,7 +58,7 @@ def failed_order(s: Services, order_id: str, **data: Any) -> dict[str, Any]:
     body = {"orderId": order_id, "address": {"street": "Main St 1", "zip": "1011"}, **data}
     s.scheduler.submit(json.dumps(body).encode())
     request = sent(s, order_id)[-1]
-    s.scheduler.apply_reply(reply_to(request, ReplyOutcome.REFUSED, error="HTTP 400: bad zip"))
+    s.scheduler.apply_reply(reply_to(request, Outcome.REFUSED, error="HTTP 400: bad zip"))
     assert stored(s, order_id).status is OrderStatus.ERROR
     return body
 
@@ -118,7 +119,7 @@ def test_steps_already_done_keep_their_results_and_the_failed_one_decides_its_in
         s.scheduler.apply_reply(reply_to(sent(s, "r-1")[-1], result={"rma": "RMA-1"}))
         restock = sent(s, "r-1")[-1]
         assert restock.order == {"rma": "RMA-1", "items": ["boot"]}
-        s.scheduler.apply_reply(reply_to(restock, ReplyOutcome.REFUSED, error="HTTP 422"))
+        s.scheduler.apply_reply(reply_to(restock, Outcome.REFUSED, error="HTTP 422"))
         s.admin.resubmit("r-1", "ann", "two boots", {"items": ["boot", "boot"]})
         s.scheduler.dispatch("r-1")
         again = sent(s, "r-1")[-1]
@@ -232,10 +233,10 @@ def test_an_order_being_undone_takes_no_patch_only_a_plain_resubmit() -> None:
     s.scheduler.apply_reply(reply_to(sent(s, "u-1")[-1], result={"reservation": "r-1"}))
     s.scheduler.apply_reply(reply_to(sent(s, "u-1")[-1], result={"charge": "c-1"}))
     ship = sent(s, "u-1")[-1]
-    s.scheduler.apply_reply(reply_to(ship, ReplyOutcome.REFUSED, error="HTTP 422 no address"))
+    s.scheduler.apply_reply(reply_to(ship, Outcome.REFUSED, error="HTTP 422 no address"))
     refund = sent(s, "u-1")[-1]
     assert refund.step == "refund-payment"
-    s.scheduler.apply_reply(reply_to(refund, ReplyOutcome.REFUSED, error="HTTP 400"))
+    s.scheduler.apply_reply(reply_to(refund, Outcome.REFUSED, error="HTTP 400"))
     before = stored(s, "u-1")
     assert before.status is OrderStatus.ERROR
     with pytest.raises(TransitionRefused) as refused:

@@ -21,11 +21,12 @@ from agents.runner import AttemptRunner
 from core.control_cache import SETTLE, AgentRuntime, ControlView
 from core.controls import AgentControl, Limits, Pause
 from core.outages import RAMP_DOUBLING, Outage
+from core.outcome import Applied
 from core.workflows import AGENTS
 from tests.unit.test_remote_client import T0, CountingThreads, FakeClock, MaxRng, make_request
 from tests.unit.test_runner import ScriptedKind
 
-OK = Try("yes", False, result={"ok": True})
+OK = Try(Applied.YES, False, result={"ok": True})
 
 
 def ramped_runner(

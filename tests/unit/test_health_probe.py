@@ -23,8 +23,9 @@ from agents.healthcheck import HealthCheck, Verdict
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from core.agent_spec import Agent, DeclarationError
-from core.messages import AgentRequest, ReplyOutcome
+from core.messages import AgentRequest
 from core.model import Order
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
 from messaging.wire import decode_reply
@@ -387,7 +388,7 @@ def test_a_lone_order_failing_while_its_probe_says_healthy_ends_error_within_its
 
     step = order.steps[0]
     assert order.status is OrderStatus.ERROR, outcomes
-    assert outcomes == [ReplyOutcome.TRANSIENT] * POLICY.max_failure_count
+    assert outcomes == [Outcome.TRANSIENT] * POLICY.max_failure_count
     assert step.failure_count == POLICY.max_failure_count
     [alert] = alerts(order)
     assert "not applied" in alert["reason"] and "safe to resubmit" in alert["reason"]
@@ -404,7 +405,7 @@ def test_a_lone_order_rides_out_an_outage_its_probe_says_is_one() -> None:
     outcomes = drive(order, client, clock, back + timedelta(minutes=5))
 
     assert order.status is OrderStatus.COMPLETED, outcomes
-    assert set(outcomes[:-1]) == {ReplyOutcome.DEFERRED}
+    assert set(outcomes[:-1]) == {Outcome.DEFERRED}
     assert order.steps[0].failure_count == 0 and alerts(order) == []
     assert probes and one_an_interval(probes)  # it asked, and was told: an outage
 

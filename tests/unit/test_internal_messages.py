@@ -15,8 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import InvalidMessage, InvalidOrder, TransitionRefused, UnboundMessage
-from core.messages import EARLIEST_TIME, LATEST_TIME, AgentRequest, ReplyOutcome, bounded_result
+from core.messages import EARLIEST_TIME, LATEST_TIME, AgentRequest, bounded_result
 from core.order_message import MAX_NESTING, decode_order
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus
 from messaging.wire import decode_reply, decode_request
@@ -66,7 +67,7 @@ def test_one_level_deeper_is_refused_at_the_door_not_later() -> None:
 
 
 def test_a_reply_far_deeper_than_any_order_is_refused_as_a_message() -> None:
-    body = reply(_claimed(), ReplyOutcome.SUCCEEDED).to_json()
+    body = reply(_claimed(), Outcome.SUCCEEDED).to_json()
     body["result"] = {"data": nested(MAX_NESTING + 10)}
     with pytest.raises(InvalidMessage, match="levels deep"):
         decode_reply(json.dumps(body))

@@ -14,7 +14,6 @@ from core.errors import InvalidMessage, InvalidOrder
 from core.messages import (
     AgentReply,
     AgentRequest,
-    ReplyOutcome,
     alert_message,
     outage_alert_message,
     recovered_alert_message,
@@ -22,6 +21,7 @@ from core.messages import (
     status_message,
 )
 from core.order_message import MAX_MESSAGE_CHARS, MAX_NESTING, decode_order
+from core.outcome import Outcome
 from messaging.wire import decode_reply, decode_request
 from tests.fixtures import flows
 from tests.support import declarations
@@ -781,8 +781,8 @@ def test_notices_refuse_naive_times() -> None:
 
 
 def test_agent_reply_defaults_fill_result_or_error() -> None:
-    succeeded = AgentReply("o-1", "ship", 1, T0, ReplyOutcome.SUCCEEDED)
-    failed = AgentReply("o-1", "ship", 1, T0, ReplyOutcome.REFUSED)
+    succeeded = AgentReply("o-1", "ship", 1, T0, Outcome.SUCCEEDED)
+    failed = AgentReply("o-1", "ship", 1, T0, Outcome.REFUSED)
 
     assert json.loads(succeeded.encode())["result"] == {}
     assert json.loads(failed.encode())["error"] == "unspecified failure"

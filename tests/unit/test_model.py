@@ -12,9 +12,10 @@ import pytest
 
 from core.attempts import Attempt
 from core.errors import TransitionRefused, UnboundMessage
-from core.messages import AgentReply, Applied, ReplyOutcome
+from core.messages import AgentReply
 from core.model import IN_FLIGHT_GRACE, Order, ReplyEffect
 from core.order_message import decode_order
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
@@ -37,7 +38,7 @@ def new_order(
 
 def reply(
     order: Order,
-    outcome: ReplyOutcome = ReplyOutcome.SUCCEEDED,
+    outcome: Outcome = Outcome.SUCCEEDED,
     step: str | None = None,
     attempt: int | None = None,
     error: str = "declined",
@@ -57,15 +58,14 @@ def reply(
         attempt,
         T0,
         outcome,
-        result={"ok": True} if outcome == ReplyOutcome.SUCCEEDED else None,
-        error=None if outcome == ReplyOutcome.SUCCEEDED else error,
-        applied=(
-            applied
-            or ("no" if outcome in (ReplyOutcome.REFUSED, ReplyOutcome.DEFERRED) else "maybe")
+        result={"ok": True} if outcome == Outcome.SUCCEEDED else None,
+        error=None if outcome == Outcome.SUCCEEDED else error,
+        applied=Applied(
+            applied or ("no" if outcome in (Outcome.REFUSED, Outcome.DEFERRED) else "maybe")
         )
-        if outcome != ReplyOutcome.SUCCEEDED
+        if outcome != Outcome.SUCCEEDED
         else None,
-        not_before=not_before if outcome == ReplyOutcome.DEFERRED else None,
+        not_before=not_before if outcome == Outcome.DEFERRED else None,
         # the attempt's own token, as the agent carries it back from its request
         token=record.token_for(attempt) if record is not None else "",
     )
@@ -95,7 +95,7 @@ def alerts(order: Order) -> list[Alert]:
     return [json.loads(n.body) for n in order.outbox if n.kind == "alert"]
 
 
-def run_step(order: Order, now: datetime, outcome: ReplyOutcome = ReplyOutcome.SUCCEEDED) -> None:
+def run_step(order: Order, now: datetime, outcome: Outcome = Outcome.SUCCEEDED) -> None:
     order.claim("i-1", now)
     order.apply_reply(reply(order, outcome), now + timedelta(seconds=1))
 
@@ -142,23 +142,23 @@ def test_success_reply_completes_the_order() -> None:
     [
         (
             lambda o, r: AgentReply(
-                r.order_id, r.step, r.attempt + 1, T0, ReplyOutcome.SUCCEEDED, {}, token=r.token
+                r.order_id, r.step, r.attempt + 1, T0, Outcome.SUCCEEDED, {}, token=r.token
             ),
             "attempt 2 was never claimed",
         ),
         (
             lambda o, r: AgentReply(
-                r.order_id, "nope", r.attempt, T0, ReplyOutcome.SUCCEEDED, {}, token=r.token
+                r.order_id, "nope", r.attempt, T0, Outcome.SUCCEEDED, {}, token=r.token
             ),
             "the order has no step 'nope'",
         ),
         (
-            lambda o, r: AgentReply(r.order_id, r.step, r.attempt, T0, ReplyOutcome.SUCCEEDED, {}),
+            lambda o, r: AgentReply(r.order_id, r.step, r.attempt, T0, Outcome.SUCCEEDED, {}),
             "it carries no token",
         ),
         (
             lambda o, r: AgentReply(
-                r.order_id, r.step, r.attempt, T0, ReplyOutcome.SUCCEEDED, {}, token="f" * 32
+                r.order_id, r.step, r.attempt, T0, Outcome.SUCCEEDED, {}, token="f" * 32
             ),
             "its token is not that attempt's",
         ),
@@ -205,7 +205,7 @@ def test_duplicate_reply_is_refused_after_the_first_applies() -> None:
 
 def test_permanent_failure_makes_the_step_error_with_an_alert() -> None:
     order = new_order()
-    run_step(order, T0, ReplyOutcome.REFUSED)
+    run_step(order, T0, Outcome.REFUSED)
     [step] = order.steps
     assert step.process_state is StepState.ERROR
     assert step.failure_count == 1
@@ -274,7 +274,7 @@ def test_a_non_success_report_for_an_old_attempt_changes_nothing_it_should_not()
     order = new_order()
     order.claim("i", T0)
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, error="503", applied="no"), T0 + timedelta(seconds=5)
+        reply(order, Outcome.TRANSIENT, error="503", applied=Applied.NO), T0 + timedelta(seconds=5)
     )
     due = order.steps[0].complete_by  # paced: not before one step timeout after attempt 1
     assert due >= T0 + timedelta(seconds=30)
@@ -282,7 +282,7 @@ def test_a_non_success_report_for_an_old_attempt_changes_nothing_it_should_not()
     # attempt 1's report again (a duplicate delivery): it adds nothing
     with pytest.raises(TransitionRefused) as refused:
         order.apply_reply(
-            reply(order, ReplyOutcome.TRANSIENT, attempt=1, error="503", applied="no"),
+            reply(order, Outcome.TRANSIENT, attempt=1, error="503", applied=Applied.NO),
             due + timedelta(seconds=1),
         )
     assert refused.value.reason == "stale-attempt"
@@ -292,7 +292,7 @@ def test_a_non_success_report_for_an_old_attempt_changes_nothing_it_should_not()
 
 def test_resubmit_puts_an_error_order_back_at_its_failed_step_keeping_history() -> None:
     order = new_order()
-    run_step(order, T0, ReplyOutcome.REFUSED)
+    run_step(order, T0, Outcome.REFUSED)
     with pytest.raises(TransitionRefused):
         new_order().resubmit(T0, "op")
     step = order.resubmit(T0 + timedelta(minutes=5), "alice")
@@ -331,7 +331,7 @@ def states(order: Order) -> list[tuple[str, str]]:
 
 
 def drive(
-    order: Order, outcomes: dict[str, ReplyOutcome | Literal["expire"]], now: datetime = T0
+    order: Order, outcomes: dict[str, Outcome | Literal["expire"]], now: datetime = T0
 ) -> None:
     """Run the active steps until none is left; outcomes: step -> a reply's outcome, or
     "expire" (no reply: the step's deadlines pass until it errs); by default, succeeded."""
@@ -341,7 +341,7 @@ def drive(
             return
         now = max(now, step.complete_by)  # a compensation may be due later
         order.claim("i", now)
-        how = outcomes.get(step.step, ReplyOutcome.SUCCEEDED)
+        how = outcomes.get(step.step, Outcome.SUCCEEDED)
         if how == "expire":
             while step.process_state is not StepState.ERROR and order.active_step() is step:
                 now = step.complete_by + timedelta(seconds=1)
@@ -394,7 +394,7 @@ def test_permanent_failure_compensates_completed_steps_in_reverse(
     failing: str, expected_states: list[tuple[str, str]]
 ) -> None:
     order = new_order("fulfilment")
-    drive(order, {failing: ReplyOutcome.REFUSED})
+    drive(order, {failing: Outcome.REFUSED})
     assert states(order) == expected_states
     assert order.status is OrderStatus.COMPENSATED
     assert alerts(order) == []  # undone without anyone's help: the app hears "compensated"
@@ -446,7 +446,7 @@ def test_failed_compensation_stops_unwinding_and_can_be_resubmitted(
     failing_compensation: str,
 ) -> None:
     order = new_order("fulfilment")
-    drive(order, {"ship": ReplyOutcome.REFUSED, failing_compensation: ReplyOutcome.REFUSED})
+    drive(order, {"ship": Outcome.REFUSED, failing_compensation: Outcome.REFUSED})
     assert (order.status, named(order, failing_compensation).process_state) == (
         OrderStatus.ERROR,
         StepState.ERROR,
@@ -518,7 +518,7 @@ def test_random_histories_keep_the_invariants(seed: int) -> None:
     """A seeded random walk over every transition and every kind of reply (on time, late,
     for old attempts, duplicated); the invariants hold after each move."""
     rng = random.Random(seed)
-    outcomes = list(ReplyOutcome)
+    outcomes = list(Outcome)
     for _ in range(400):
         order = new_order(rng.choice(["order", "fulfilment"]))
         now = T0
@@ -626,7 +626,7 @@ def random_reply(
     order: Order,
     step: str,
     number: int,
-    outcome: ReplyOutcome,
+    outcome: Outcome,
     rng: random.Random,
     now: datetime,
 ) -> AgentReply:
@@ -639,11 +639,11 @@ def random_reply(
         number,
         T0,
         outcome,
-        result={} if outcome == ReplyOutcome.SUCCEEDED else None,
-        error=None if outcome == ReplyOutcome.SUCCEEDED else "no",
-        applied=None if outcome == ReplyOutcome.SUCCEEDED else rng.choice(["no", "maybe"]),
+        result={} if outcome == Outcome.SUCCEEDED else None,
+        error=None if outcome == Outcome.SUCCEEDED else "no",
+        applied=None if outcome == Outcome.SUCCEEDED else rng.choice([Applied.NO, Applied.MAYBE]),
         not_before=now + timedelta(seconds=rng.choice([0, 3, 90]))
-        if outcome == ReplyOutcome.DEFERRED
+        if outcome == Outcome.DEFERRED
         else None,
         token=record.token_for(number) if record is not None else "",
     )

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 
 from core.errors import TransitionRefused
-from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepState
 from core.steps import StepRecord
@@ -68,7 +69,7 @@ def record(order: Order, step: str) -> StepRecord:
 def report(
     order: Order,
     step: str,
-    outcome: ReplyOutcome = ReplyOutcome.SUCCEEDED,
+    outcome: Outcome = Outcome.SUCCEEDED,
     *,
     attempt: int | None = None,
     result: dict[str, Any] | None = None,
@@ -79,7 +80,7 @@ def report(
     found = record(order, step)
     number = found.attempt if attempt is None else attempt
     assert number >= 1, f"{step} was never claimed"
-    succeeded = outcome is ReplyOutcome.SUCCEEDED
+    succeeded = outcome is Outcome.SUCCEEDED
     return AgentReply(
         order.order_id,
         step,
@@ -346,7 +347,7 @@ def test_a_cancel_never_undoes_around_a_siblings_doubt() -> None:
     now = succeed(order, "reserve", T0)
     assert claim_all(order, now) == ["dispatch", "bill"]
     order.apply_reply(
-        report(order, "bill", ReplyOutcome.REFUSED, error="HTTP 422: card declined"),
+        report(order, "bill", Outcome.REFUSED, error="HTTP 422: card declined"),
         now + SECOND,
         POLICY,
     )
@@ -389,7 +390,7 @@ def test_a_cancel_is_refused_while_any_step_of_the_group_waits_in_doubt(workflow
     order = new(workflow)
     claim_all(order, T0)
     order.apply_reply(
-        report(order, "dispatch", ReplyOutcome.TRANSIENT, error="HTTP 500", applied="maybe"),
+        report(order, "dispatch", Outcome.TRANSIENT, error="HTTP 500", applied="maybe"),
         T0 + SECOND,
         POLICY,
     )
@@ -431,7 +432,7 @@ def test_a_resubmit_of_a_group_whose_delay_has_ended_raises_no_alert(refused_at:
     order = new("cool-off-beside")
     claim_all(order, T0)
     order.apply_reply(
-        report(order, "notify", ReplyOutcome.REFUSED, error="HTTP 400: no such address"),
+        report(order, "notify", Outcome.REFUSED, error="HTTP 400: no such address"),
         T0 + refused_at * SECOND,
         POLICY,
     )
@@ -497,7 +498,7 @@ def dispatched_beside_a_refused_bill(order: Order, how: str) -> datetime:
         order.cancel(now + SECOND, "ops", "the customer withdrew")
     order.apply_reply(report(order, "dispatch", result={"parcel": "P-1"}), now + SECOND, POLICY)
     order.apply_reply(
-        report(order, "bill", ReplyOutcome.REFUSED, error="HTTP 422: card declined"),
+        report(order, "bill", Outcome.REFUSED, error="HTTP 422: card declined"),
         now + 2 * SECOND,
         POLICY,
     )
@@ -575,7 +576,7 @@ def test_a_late_deferral_of_an_ended_steps_attempt_does_not_reopen_the_order() -
                 report(
                     order,
                     "process",
-                    ReplyOutcome.DEFERRED,
+                    Outcome.DEFERRED,
                     error="circuit open: not called",
                     applied="no",
                 ),
@@ -600,7 +601,7 @@ def test_a_late_deferral_of_an_ended_steps_attempt_does_not_reopen_the_order() -
     late = report(
         order,
         "process",
-        ReplyOutcome.DEFERRED,
+        Outcome.DEFERRED,
         attempt=5,
         error="no time left to call before the deadline",
         applied="no",

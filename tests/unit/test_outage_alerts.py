@@ -31,6 +31,7 @@ from core.errors import ConcurrencyConflict, StorageUnavailable
 from core.messages import AgentRequest
 from core.names import Names
 from core.outages import Outage, OutagePolicy
+from core.outcome import Applied
 from core.states import OrderStatus, StepState
 from core.workflows import AGENTS
 from messaging.outages import OutageBook
@@ -40,8 +41,8 @@ from tests.unit.test_remote_client import T0, FakeClock, MaxRng
 from tests.unit.test_services_in_memory import RecordingKeeper, RecordingQueues, RecordingTransport
 
 AGENT = "orders"
-OK = Try("yes", False, result={"ok": True})
-DOWN = Try("no", True, "process: HTTP 503 Service Unavailable", status=503)
+OK = Try(Applied.YES, False, result={"ok": True})
+DOWN = Try(Applied.NO, True, "process: HTTP 503 Service Unavailable", status=503)
 
 
 class CountingStore(InMemoryStateStore):

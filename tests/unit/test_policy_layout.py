@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.timefmt import ensure_utc, iso, parse_iso, sortable
 from core.workflows import WORKFLOWS, Plan
@@ -211,7 +212,7 @@ def accept(workflow: str = "order", order_id: str = "o-1") -> Order:
     return Order.accept(message, Plan.of(WORKFLOWS[workflow], 30), T0)
 
 
-def reply(order: Order, outcome: ReplyOutcome, now: datetime) -> None:
+def reply(order: Order, outcome: Outcome, now: datetime) -> None:
     step = order.active_step()
     assert step is not None
     order.apply_reply(
@@ -221,8 +222,8 @@ def reply(order: Order, outcome: ReplyOutcome, now: datetime) -> None:
             step.attempt,
             step.complete_by,
             outcome,
-            result={"ok": True} if outcome == ReplyOutcome.SUCCEEDED else None,
-            error="declined" if outcome == ReplyOutcome.REFUSED else None,
+            result={"ok": True} if outcome == Outcome.SUCCEEDED else None,
+            error="declined" if outcome == Outcome.REFUSED else None,
             token=step.token_for(step.attempt),
         ),
         now,
@@ -261,7 +262,7 @@ def test_claimed_order_is_indexed_by_its_deadline() -> None:
 def test_completed_order_leaves_the_sweep_ranges() -> None:
     order = accept()
     order.claim("instance-a", T0)
-    reply(order, ReplyOutcome.SUCCEEDED, T0 + timedelta(seconds=5))
+    reply(order, Outcome.SUCCEEDED, T0 + timedelta(seconds=5))
 
     assert layout.index_rows(order) == {layout.status_row("completed", "o-1", T0): STATUS_PROPS}
 
@@ -312,7 +313,7 @@ def test_order_in_error_has_only_its_status_row() -> None:
 def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a_step() -> None:
     order = accept("fulfilment")
     order.claim("instance-a", T0)
-    reply(order, ReplyOutcome.SUCCEEDED, T0 + timedelta(seconds=1))
+    reply(order, Outcome.SUCCEEDED, T0 + timedelta(seconds=1))
 
     assert layout.index_rows(order) == {
         layout.status_row("processing", "o-1", T0): FULFILMENT_PROPS,
@@ -324,7 +325,7 @@ def test_next_step_of_a_workflow_is_pending_and_a_compensation_is_indexed_like_a
     }
 
     order.claim("instance-a", T0 + timedelta(seconds=2))
-    reply(order, ReplyOutcome.REFUSED, T0 + timedelta(seconds=3))
+    reply(order, Outcome.REFUSED, T0 + timedelta(seconds=3))
 
     assert layout.index_rows(order) == {
         layout.status_row("compensating", "o-1", T0): FULFILMENT_PROPS,

@@ -13,7 +13,8 @@ import pytest
 
 from core.inbox import run_of_capability
 from core.links import events_url
-from core.messages import AgentRequest, ReplyOutcome
+from core.messages import AgentRequest
+from core.outcome import Outcome
 from core.states import OrderStatus, StepState
 from tests.support import callback_token
 from tests.unit.test_services_in_memory import Services, build, reply_to, stored
@@ -47,7 +48,7 @@ def test_fulfilment_compensations_name_the_ids_their_steps_handed_out(s: Service
     succeed(s, sent(s, "f-1")[-1], charge="charge-1")
     ship = sent(s, "f-1")[-1]
     assert ship.order == order  # no input: the order's JSON, as before
-    s.scheduler.apply_reply(reply_to(ship, ReplyOutcome.REFUSED, error="HTTP 422"))
+    s.scheduler.apply_reply(reply_to(ship, Outcome.REFUSED, error="HTTP 422"))
     refund = sent(s, "f-1")[-1]
     assert refund.step == "refund-payment" and refund.order == {**order, "charge": "charge-1"}
     succeed(s, refund)
@@ -59,7 +60,7 @@ def test_a_step_that_never_answered_has_no_id_to_name(s: Services) -> None:
     order = submit(s, "f-2", "fulfilment")
     succeed(s, sent(s, "f-2")[-1], reservation="reservation-2")
     charge = sent(s, "f-2")[-1]
-    s.scheduler.apply_reply(reply_to(charge, ReplyOutcome.REFUSED, error="HTTP 422"))
+    s.scheduler.apply_reply(reply_to(charge, Outcome.REFUSED, error="HTTP 422"))
     release = sent(s, "f-2")[-1]
     assert release.order == {**order, "reservation": "reservation-2"}
     # (charge-payment refused: not applied, nothing to refund, no refund sent)
@@ -159,10 +160,10 @@ def test_an_alert_goes_on_after_a_reason_that_ends_a_sentence(s: Services) -> No
     succeed(s, sent(s, "f-3")[-1], reservation="reservation-3")
     succeed(s, sent(s, "f-3")[-1], charge="charge-3")
     ship = sent(s, "f-3")[-1]
-    s.scheduler.apply_reply(reply_to(ship, ReplyOutcome.REFUSED, error="HTTP 422: no such road."))
+    s.scheduler.apply_reply(reply_to(ship, Outcome.REFUSED, error="HTTP 422: no such road."))
     refund = sent(s, "f-3")[-1]
     s.scheduler.apply_reply(
-        reply_to(refund, ReplyOutcome.REFUSED, error="HTTP 409: unknown charge 'charge-3'.")
+        reply_to(refund, Outcome.REFUSED, error="HTTP 409: unknown charge 'charge-3'.")
     )
     alerts = [a["reason"] for a in s.queues.on(s.names.operator_alerts)]
     assert alerts and all(".;" not in a and "., " not in a for a in alerts), alerts

@@ -32,7 +32,8 @@ from agents.remote import HttpTry, classify
 from agents.runner import AttemptRunner
 from agents.threads import OwnThreads
 from core.errors import DuplicateRequest, StorageUnavailable, UnboundMessage
-from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest, ReplyOutcome
+from core.messages import MAX_RESULT_CHARS, AgentReply, AgentRequest
+from core.outcome import Applied, Outcome
 from core.timefmt import iso
 from messaging.wire import decode_reply
 from tests.support import unanswered
@@ -224,7 +225,7 @@ def test_success_posts_the_order_with_the_idempotency_key_and_returns_the_json()
     outcome = asyncio.run(client.call(make_request()))
 
     assert outcome == CallOutcome(
-        "succeeded", result={"reservation": "r-1", "lines": [1, 2]}, tries=1
+        Outcome.SUCCEEDED, result={"reservation": "r-1", "lines": [1, 2]}, tries=1
     )
     assert [(s.method, s.url, s.body, s.idempotency_key) for s in r.seen] == [
         ("POST", "http://remote.test/api/process", ORDER, KEY)
@@ -437,9 +438,9 @@ def test_other_4xx_are_refused_and_not_retried(code: int) -> None:
     outcome = asyncio.run(client.call(make_request()))
 
     assert outcome == CallOutcome(
-        "refused",
+        Outcome.REFUSED,
         error=f"process: HTTP {code} out of stock",
-        applied="no",
+        applied=Applied.NO,
         tries=1,
         settled=code in (400, 422),  # the others may come from a gateway, not the service
     )
@@ -931,26 +932,28 @@ def make_agent(
     ("outcome", "expected"),
     [
         (
-            CallOutcome("succeeded", result={"reservation": "r-1"}, tries=2),
+            CallOutcome(Outcome.SUCCEEDED, result={"reservation": "r-1"}, tries=2),
             {"outcome": "succeeded", "result": {"reservation": "r-1"}},
         ),
         (
-            CallOutcome("refused", error="process: HTTP 409 out of stock", tries=1),
+            CallOutcome(Outcome.REFUSED, error="process: HTTP 409 out of stock", tries=1),
             {"outcome": "failed", "error": "process: HTTP 409 out of stock", "applied": "no"},
         ),
         (
-            CallOutcome("transient", error="process: HTTP 500", applied="maybe", tries=4),
+            CallOutcome(
+                Outcome.TRANSIENT, error="process: HTTP 500", applied=Applied.MAYBE, tries=4
+            ),
             {"outcome": "transient", "error": "process: HTTP 500", "applied": "maybe"},
         ),
         (
-            CallOutcome("transient", error="process: HTTP 503", applied="no", tries=4),
+            CallOutcome(Outcome.TRANSIENT, error="process: HTTP 503", applied=Applied.NO, tries=4),
             {"outcome": "transient", "error": "process: HTTP 503", "applied": "no"},
         ),
         (
             CallOutcome(
-                "deferred",
+                Outcome.DEFERRED,
                 error="circuit open",
-                applied="no",
+                applied=Applied.NO,
                 not_before=T0 + timedelta(seconds=7),
             ),
             {
@@ -962,9 +965,9 @@ def make_agent(
         ),
         (
             CallOutcome(
-                "deferred",
+                Outcome.DEFERRED,
                 error="down for everyone",
-                applied="maybe",
+                applied=Applied.MAYBE,
                 not_before=T0 + timedelta(seconds=90),
             ),
             {
@@ -984,7 +987,8 @@ def test_the_agent_sends_exactly_one_reply_per_outcome(
     agent = AgentWorker(StubRemote(clock, outcome), transport, clock, sleep=clock.sleep)  # type: ignore[arg-type]
     request = make_request(attempt=3)
 
-    assert asyncio.run(agent.handle(request, reply_to="agent-replies-x")) == expected["outcome"]
+    handled = asyncio.run(agent.handle(request, reply_to="agent-replies-x"))
+    assert handled.wire == expected["outcome"]  # the wire's word: a refusal is "failed"
 
     ((reply, reply_to),) = transport.replies
     assert reply_to == "agent-replies-x"
@@ -1006,7 +1010,7 @@ def test_the_agent_end_to_end_success() -> None:
     agent, r, transport = make_agent(status(503), ok({"reservation": "r-1"}))
     request = make_request()
 
-    assert asyncio.run(agent.handle(request, reply_to="agent-replies-x")) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(request, reply_to="agent-replies-x")) is Outcome.SUCCEEDED
 
     [(sent, to)] = transport.replies
     assert (unanswered(sent), to) == (request.succeeded({"reservation": "r-1"}), "agent-replies-x")
@@ -1016,10 +1020,10 @@ def test_the_agent_end_to_end_success() -> None:
 def test_the_agent_end_to_end_refusal_with_a_bounded_error() -> None:
     agent, r, transport = make_agent(status(422, error="x" * 5000))
 
-    assert asyncio.run(agent.handle(make_request())) is ReplyOutcome.REFUSED
+    assert asyncio.run(agent.handle(make_request())) is Outcome.REFUSED
 
     ((reply, _),) = transport.replies
-    assert (reply.outcome, reply.applied) == ("failed", "no")
+    assert (reply.outcome.wire, reply.applied) == ("failed", "no")
     assert reply.error is not None
     assert len(reply.error) <= 1000  # the detail is cut at 300 characters, the error at 1000
     assert reply.error.startswith("process: HTTP 422 xxx")
@@ -1038,9 +1042,7 @@ def test_the_agent_reports_a_success_that_arrives_after_the_deadline() -> None:
     transport = RecordingTransport()
     request = make_request(30)
 
-    assert (
-        asyncio.run(AgentWorker(client, transport, clock).handle(request)) is ReplyOutcome.SUCCEEDED
-    )
+    assert asyncio.run(AgentWorker(client, transport, clock).handle(request)) is Outcome.SUCCEEDED
 
     assert clock.now > request.complete_by
     [(sent, _)] = transport.replies
@@ -1051,7 +1053,7 @@ def test_the_agent_reports_a_success_that_arrives_after_the_deadline() -> None:
 @pytest.mark.parametrize("kind", ["refused", "transient", "deferred"])
 def test_the_agent_reports_any_outcome_that_comes_after_the_deadline(kind: str) -> None:
     clock = FakeClock()
-    outcome = CallOutcome(kind, error="e", applied="no", not_before=T0)  # type: ignore[arg-type]
+    outcome = CallOutcome(Outcome(kind), error="e", applied=Applied.NO, not_before=T0)
     transport = RecordingTransport()
     agent = AgentWorker(StubRemote(clock, outcome, takes=45), transport, clock)  # type: ignore[arg-type]
 
@@ -1064,7 +1066,7 @@ def test_the_agent_reports_any_outcome_that_comes_after_the_deadline(kind: str) 
     assert clock() > request.complete_by  # the call took 45 s of a 30 s budget
     ((reply, _),) = transport.replies
     wire = {"refused": "failed", "transient": "transient", "deferred": "deferred"}[kind]
-    assert (reply.outcome, reply.error, reply.applied) == (wire, "e", "no")
+    assert (reply.outcome.wire, reply.error, reply.applied) == (wire, "e", "no")
     assert reply.not_before == (T0 if kind == "deferred" else None)
     assert decode_reply(reply.encode()) == reply
 
@@ -1075,9 +1077,7 @@ def test_a_request_past_its_deadline_is_not_called_and_replied_deferred(
 ) -> None:
     agent, r, transport = make_agent(ok())
 
-    assert (
-        asyncio.run(agent.handle(make_request(seconds_left=seconds_left))) is ReplyOutcome.DEFERRED
-    )
+    assert asyncio.run(agent.handle(make_request(seconds_left=seconds_left))) is Outcome.DEFERRED
 
     assert r.seen == []
     ((reply, _),) = transport.replies
@@ -1097,8 +1097,8 @@ def test_the_agent_calls_with_what_the_binding_reads_from_the_state() -> None:
     agent, r, transport = make_agent(ok(), bind=bind)
 
     tampered = replace(make_request(order={"orderId": "o-1", "forged": True}), path="ship")
-    assert asyncio.run(agent.handle(tampered)) is ReplyOutcome.SUCCEEDED
-    assert asyncio.run(agent.handle(make_request(order=None))) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(tampered)) is Outcome.SUCCEEDED
+    assert asyncio.run(agent.handle(make_request(order=None))) is Outcome.SUCCEEDED
 
     assert bound == ["o-1", "o-1"]
     assert [s.body for s in r.seen] == [big, big]
@@ -1140,7 +1140,7 @@ def test_a_binding_at_hand_takes_no_thread_and_one_that_is_not_runs_on_the_agent
         agent = AgentWorker(
             client, transport, clock, bind=binding, sleep=clock.sleep, threads=threads
         )
-        assert asyncio.run(agent.handle(make_request())) is ReplyOutcome.SUCCEEDED
+        assert asyncio.run(agent.handle(make_request())) is Outcome.SUCCEEDED
         binds = ["the request's binding"] if not hand else []
         assert threads.ran == [*binds, "the reply's hand-over"]
         assert binding.called == (0 if hand else 1)
@@ -1160,11 +1160,11 @@ def test_a_copy_whose_attempt_another_copy_took_calls_nothing_and_replies_nothin
 
     agent, r, transport = make_agent(ok(), ok(), bind=bind)
 
-    assert asyncio.run(agent.handle(make_request(), copy="m-1")) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(make_request(), copy="m-1")) is Outcome.SUCCEEDED
     with pytest.raises(DuplicateRequest):
         asyncio.run(agent.handle(make_request(), copy="m-2"))
     again = agent.handle(make_request(), deliveries=2, copy="m-1")
-    assert asyncio.run(again) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(again) is Outcome.SUCCEEDED
     assert len(r.seen) == 2 and len(transport.replies) == 2  # m-2 called and sent nothing
 
 
@@ -1193,7 +1193,7 @@ def test_the_reply_send_is_retried_on_storage_trouble() -> None:
     agent, r, transport = make_agent(ok(), failures=3)
     request = make_request()
 
-    assert asyncio.run(agent.handle(request)) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(request)) is Outcome.SUCCEEDED
 
     assert transport.sends == 4
     [(sent, to)] = transport.replies
@@ -1222,7 +1222,7 @@ def test_a_large_result_is_cut_and_the_reply_still_fits_its_queue() -> None:
     big = {"items": [{"sku": f"s-{i}", "text": "ü€😀" * 40} for i in range(2000)]}
     agent, _, transport = make_agent(ok(big))
 
-    assert asyncio.run(agent.handle(make_request())) is ReplyOutcome.SUCCEEDED
+    assert asyncio.run(agent.handle(make_request())) is Outcome.SUCCEEDED
 
     ((reply, _),) = transport.replies
     assert reply.result is not None

@@ -17,6 +17,7 @@ from agents.outcomes import Try
 from agents.pacing import Backoff, Budget, RemotePolicy
 from agents.runner import AttemptRunner
 from core.messages import AgentRequest
+from core.outcome import Applied
 from tests.unit.test_remote_client import T0, FakeClock, MaxRng, make_request
 
 
@@ -79,12 +80,12 @@ def runner(
     )
 
 
-MAYBE = Try("maybe", True, "no answer")
-NOT_APPLIED = Try("no", True, "503")
+MAYBE = Try(Applied.MAYBE, True, "no answer")
+NOT_APPLIED = Try(Applied.NO, True, "503")
 
 
 def test_failed_tries_are_paced_then_a_success_ends_the_attempt() -> None:
-    client, _, clock, _ = runner([MAYBE, NOT_APPLIED, Try("yes", False, result={"ok": 1})])
+    client, _, clock, _ = runner([MAYBE, NOT_APPLIED, Try(Applied.YES, False, result={"ok": 1})])
 
     outcome = asyncio.run(client.call(make_request(30)))
 
@@ -93,7 +94,7 @@ def test_failed_tries_are_paced_then_a_success_ends_the_attempt() -> None:
 
 
 def test_a_refusal_ends_the_attempt_and_keeps_the_doubt_of_earlier_tries() -> None:
-    client, kind, _, _ = runner([MAYBE, Try("no", False, "HTTP 404", status=404)])
+    client, kind, _, _ = runner([MAYBE, Try(Applied.NO, False, "HTTP 404", status=404)])
 
     outcome = asyncio.run(client.call(make_request(30)))
 
@@ -120,7 +121,7 @@ def test_every_try_fits_in_the_time_left_and_none_starts_too_late() -> None:
 
 
 def test_a_retry_after_past_the_deadline_defers_until_then() -> None:
-    client, kind, clock, _ = runner([Try("no", True, "429", retry_after=60.0)])
+    client, kind, clock, _ = runner([Try(Applied.NO, True, "429", retry_after=60.0)])
 
     outcome = asyncio.run(client.call(make_request(30)))
 
@@ -129,7 +130,7 @@ def test_a_retry_after_past_the_deadline_defers_until_then() -> None:
 
 
 def test_each_try_is_handed_the_attempts_slot_and_the_slot_is_given_back() -> None:
-    client, kind, _, _ = runner([NOT_APPLIED, Try("yes", False, result={})], concurrency=1)
+    client, kind, _, _ = runner([NOT_APPLIED, Try(Applied.YES, False, result={})], concurrency=1)
 
     asyncio.run(client.call(make_request(30)))
 
@@ -139,7 +140,7 @@ def test_each_try_is_handed_the_attempts_slot_and_the_slot_is_given_back() -> No
 
 
 def test_without_a_limit_no_slot_is_handed_over() -> None:
-    client, kind, _, _ = runner([Try("yes", False, result={})])
+    client, kind, _, _ = runner([Try(Applied.YES, False, result={})])
     asyncio.run(client.call(make_request(30)))
     assert kind.calls[0][1] is None
 
@@ -147,7 +148,9 @@ def test_without_a_limit_no_slot_is_handed_over() -> None:
 def test_a_call_left_running_goes_with_the_report() -> None:
     run = FakeRun()
     # every later try joins the same run (as a Python handler's retry does)
-    client, _, _, _ = runner([Try("maybe", True, "still running", running=run)] * 3, takes=30.0)
+    client, _, _, _ = runner(
+        [Try(Applied.MAYBE, True, "still running", running=run)] * 3, takes=30.0
+    )
 
     outcome = asyncio.run(client.call(make_request(30)))
 
@@ -155,8 +158,10 @@ def test_a_call_left_running_goes_with_the_report() -> None:
 
 
 def test_a_call_left_running_that_has_just_succeeded_is_the_report() -> None:
-    run = FakeRun(Try("yes", False, result={"late": True}))
-    client, _, _, _ = runner([Try("maybe", True, "still running", running=run)] * 3, takes=30.0)
+    run = FakeRun(Try(Applied.YES, False, result={"late": True}))
+    client, _, _, _ = runner(
+        [Try(Applied.MAYBE, True, "still running", running=run)] * 3, takes=30.0
+    )
 
     outcome = asyncio.run(client.call(make_request(30)))
 
@@ -165,7 +170,8 @@ def test_a_call_left_running_that_has_just_succeeded_is_the_report() -> None:
 
 def test_a_call_that_ended_within_a_later_try_leaves_nothing_running() -> None:
     client, _, _, _ = runner(
-        [Try("maybe", True, "still running", running=FakeRun())] + [NOT_APPLIED] * 3, takes=10.0
+        [Try(Applied.MAYBE, True, "still running", running=FakeRun())] + [NOT_APPLIED] * 3,
+        takes=10.0,
     )
 
     outcome = asyncio.run(client.call(make_request(30)))
@@ -194,5 +200,5 @@ def test_the_budget_stops_a_margin_before_the_deadline(left: float, stop_after: 
 
 def test_retry_after_never_shortens_the_backoff() -> None:
     backoff = Backoff(RemotePolicy(backoff_initial_seconds=1.0), MaxRng())
-    assert backoff.after(Try("no", True, retry_after=0.0), 3) == 4.0
-    assert backoff.after(Try("no", True, retry_after=9.0), 3) == 9.0
+    assert backoff.after(Try(Applied.NO, True, retry_after=0.0), 3) == 4.0
+    assert backoff.after(Try(Applied.NO, True, retry_after=9.0), 3) == 9.0

@@ -17,7 +17,7 @@ import pytest
 from admin import __main__ as cli
 from admin.query import parse_filter
 from core.flow import StepSpec, Workflow
-from core.messages import ReplyOutcome
+from core.outcome import Outcome
 from core.plans import Plan
 from core.ports import ListFilter
 from core.search import MAX_SEARCH_FIELDS, MAX_VALUE_CHARS, digest, search_text
@@ -181,7 +181,7 @@ def test_a_finished_order_keeps_its_search_rows() -> None:
 def fail(s: Services, order_id: str) -> None:
     """Its service refuses the order's request: error, not applied (so it can be fixed)."""
     request = sent(s, order_id)[-1]
-    s.scheduler.apply_reply(reply_to(request, ReplyOutcome.REFUSED, error="HTTP 422 no"))
+    s.scheduler.apply_reply(reply_to(request, Outcome.REFUSED, error="HTTP 422 no"))
     assert stored(s, order_id).status is OrderStatus.ERROR
 
 

@@ -17,6 +17,7 @@ from azure.servicebus.exceptions import OperationTimeoutError, ServiceBusError
 from core.errors import StorageUnavailable
 from core.messages import AgentRequest
 from core.names import Names
+from core.outcome import Applied
 from messaging.servicebus import ServiceBusTransport, reply_message, request_message
 from messaging.storage_queues import REPLY_TTL_SECONDS
 from messaging.wire import decode_reply, decode_request
@@ -105,10 +106,10 @@ def test_every_report_is_its_own_message_so_duplicate_detection_keeps_each() -> 
     "may have applied" after "not applied"; a handler's renewals), so no two share an id."""
     request = make_request()
     reports = [
-        request.transient("HTTP 503", "no"),
-        request.transient("HTTP 500", "maybe"),
-        request.transient("still runs", "maybe", running_until=T0, runner="r"),
-        request.transient("still runs", "maybe", running_until=T0, runner="r"),
+        request.transient("HTTP 503", Applied.NO),
+        request.transient("HTTP 500", Applied.MAYBE),
+        request.transient("still runs", Applied.MAYBE, running_until=T0, runner="r"),
+        request.transient("still runs", Applied.MAYBE, running_until=T0, runner="r"),
         request.succeeded({}),
         request.succeeded({}),
     ]

@@ -27,10 +27,11 @@ from core.errors import (
     TransitionRefused,
     UnboundMessage,
 )
-from core.messages import AgentReply, AgentRequest, ReplyOutcome
+from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.names import Names
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.ports import StateStore
 from core.states import OrderStatus, StepState
 from core.unit_of_work import CONFLICT_ATTEMPTS
@@ -188,10 +189,8 @@ def submit(s: Services, order_id: str, **extra: Any) -> Handled:
     return s.scheduler.submit(json.dumps(body).encode())
 
 
-def reply_to(
-    request: AgentRequest, outcome: ReplyOutcome = ReplyOutcome.SUCCEEDED, **kw: Any
-) -> AgentReply:
-    if outcome is ReplyOutcome.SUCCEEDED:
+def reply_to(request: AgentRequest, outcome: Outcome = Outcome.SUCCEEDED, **kw: Any) -> AgentReply:
+    if outcome is Outcome.SUCCEEDED:
         kw.setdefault("result", {"ok": True})
     kw.setdefault("token", request.token)  # carried back, as an agent does
     return AgentReply(
@@ -569,7 +568,7 @@ def test_bidi_and_control_characters_from_outside_are_shown_escaped(s: Services)
     submit(s, "o-bidi")
     [request] = s.transport.requests
     s.scheduler.apply_reply(
-        reply_to(request, ReplyOutcome.REFUSED, error=f"HTTP 422 {hostile}", applied="no")
+        reply_to(request, Outcome.REFUSED, error=f"HTTP 422 {hostile}", applied="no")
     )
     order = stored(s, "o-bidi")
     assert order.status is OrderStatus.ERROR

@@ -23,11 +23,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.attempts import Ending
 from core.errors import TransitionRefused
 from core.events import Event, read_history
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import StepState
 from stores import entities
@@ -65,12 +65,12 @@ moves = st.lists(
 
 def _reply(order: Order, step: str, attempt: int, outcome: str, now: datetime) -> AgentReply:
     kind = {
-        "succeeded": ReplyOutcome.SUCCEEDED,
-        "refused": ReplyOutcome.REFUSED,
-        "settling": ReplyOutcome.REFUSED,
-        "transient-no": ReplyOutcome.TRANSIENT,
-        "transient-maybe": ReplyOutcome.TRANSIENT,
-        "deferred": ReplyOutcome.DEFERRED,
+        "succeeded": Outcome.SUCCEEDED,
+        "refused": Outcome.REFUSED,
+        "settling": Outcome.REFUSED,
+        "transient-no": Outcome.TRANSIENT,
+        "transient-maybe": Outcome.TRANSIENT,
+        "deferred": Outcome.DEFERRED,
     }[outcome]
     record = order.find(step)
     return AgentReply(
@@ -79,12 +79,12 @@ def _reply(order: Order, step: str, attempt: int, outcome: str, now: datetime) -
         attempt,
         now,
         kind,
-        result={"ok": True} if kind is ReplyOutcome.SUCCEEDED else None,
-        error=None if kind is ReplyOutcome.SUCCEEDED else outcome,
+        result={"ok": True} if kind is Outcome.SUCCEEDED else None,
+        error=None if kind is Outcome.SUCCEEDED else outcome,
         applied=None
-        if kind is ReplyOutcome.SUCCEEDED
-        else ("maybe" if outcome == "transient-maybe" else "no"),
-        not_before=now + timedelta(seconds=5) if kind is ReplyOutcome.DEFERRED else None,
+        if kind is Outcome.SUCCEEDED
+        else (Applied.MAYBE if outcome == "transient-maybe" else Applied.NO),
+        not_before=now + timedelta(seconds=5) if kind is Outcome.DEFERRED else None,
         settled=outcome == "settling",
         token=record.token_for(attempt) if record is not None else "",
     )
@@ -327,9 +327,10 @@ def test_a_new_row_round_trips_its_typed_state() -> None:
 def test_an_old_word_for_a_transient_ending_reads_as_today_s() -> None:
     # Rows and typed state written before 2026-11 said "failed" for a transient ending.
     assert Event("failed") is Event.TRANSIENT
-    assert Ending("failed") is Ending.TRANSIENT
+    assert Outcome("failed") is Outcome.TRANSIENT
     assert [e["event"] for e in read_history([{"event": "failed"}, {"event": "refused"}])] == [
         "transient",
         "refused",
     ]
-    assert ReplyOutcome.REFUSED.value == "failed"  # on the wire a refusal keeps contract 3.3's word
+    assert Outcome.REFUSED.wire == "failed"  # on the wire a refusal keeps contract 3.3's word
+    assert Outcome.of_wire("failed") is Outcome.REFUSED

@@ -14,11 +14,11 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from core.attempts import Applied
 from core.errors import TransitionRefused
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import IN_FLIGHT_GRACE, Order
 from core.moves import OVERTAKEN
+from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from tests.unit.test_failure_semantics import reach
@@ -50,7 +50,7 @@ def cancelled_around_a_running_charge() -> tuple[Order, datetime, datetime]:
     now = reach(order, "charge-payment")
     now, _ = claim_due(order, now)
     running = replace(
-        reply(order, ReplyOutcome.TRANSIENT, applied="maybe", error="the handler still runs"),
+        reply(order, Outcome.TRANSIENT, applied=Applied.MAYBE, error="the handler still runs"),
         running_until=now + timedelta(seconds=30),
         runner="host-a:1",
     )
@@ -142,7 +142,7 @@ def test_a_success_while_the_undo_runs_waits_for_its_attempt_then_tells(refund_s
     now, _ = claim_due(order, now)
     if refund_state == "pending":
         order.apply_reply(
-            reply(order, ReplyOutcome.TRANSIENT, applied="no"), now + timedelta(seconds=1), POLICY
+            reply(order, Outcome.TRANSIENT, applied=Applied.NO), now + timedelta(seconds=1), POLICY
         )
         assert refund.process_state is StepState.PENDING and refund.attempt == 1
     order.outbox.clear()
@@ -162,7 +162,7 @@ def test_a_duplicate_success_of_a_step_known_applied_is_not_news() -> None:
     order = new_order("fulfilment")
     now = reach(order, "ship")
     now, _ = claim_due(order, now)
-    order.apply_reply(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), now, POLICY)
+    order.apply_reply(reply(order, Outcome.REFUSED, error="HTTP 422"), now, POLICY)
     now = succeed_active(order, now)  # refund
     now = succeed_active(order, now)  # release
     assert order.status is OrderStatus.COMPENSATED
@@ -241,9 +241,9 @@ def test_a_redelivered_copys_maybe_after_the_first_copys_no_is_kept() -> None:
     order = new_order()
     now, _ = claim_due(order, T0)
     step = order.steps[0]
-    order.apply_reply(reply(order, ReplyOutcome.TRANSIENT, applied="no"), now, POLICY)
+    order.apply_reply(reply(order, Outcome.TRANSIENT, applied=Applied.NO), now, POLICY)
     order.apply_reply(
-        reply(order, ReplyOutcome.TRANSIENT, step="process", attempt=1, applied="maybe"),
+        reply(order, Outcome.TRANSIENT, step="process", attempt=1, applied=Applied.MAYBE),
         now + timedelta(seconds=1),
         POLICY,
     )
@@ -257,7 +257,7 @@ def test_an_undone_step_of_the_right_kind_only() -> None:
     reserve = order.find("reserve-stock")
     assert reserve is not None and order.undo_of(reserve) is None
     now, _ = claim_due(order, now)
-    order.apply_reply(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), now, POLICY)
+    order.apply_reply(reply(order, Outcome.REFUSED, error="HTTP 422"), now, POLICY)
     undo = order.undo_of(reserve)
     assert undo is not None and undo.kind is StepKind.COMPENSATION
 
@@ -268,7 +268,7 @@ def test_an_undone_step_of_the_right_kind_only() -> None:
 def test_a_singled_out_flag_ages_so_an_old_failure_is_not_blamed_in_a_later_outage() -> None:
     order = new_order()
     now, _ = claim_due(order, T0)
-    order.apply_reply(reply(order, ReplyOutcome.TRANSIENT, applied="no"), now, POLICY)
+    order.apply_reply(reply(order, Outcome.TRANSIENT, applied=Applied.NO), now, POLICY)
     step = order.steps[0]
     assert step.singled_out and step.singled_out_now(now + timedelta(seconds=60))
     assert not step.singled_out_now(now + timedelta(minutes=4))  # evidence ages
@@ -307,15 +307,15 @@ def test_a_late_maybe_for_a_key_known_applied_and_undone_raises_no_alert() -> No
     order = new_order("fulfilment")
     now = reach(order, "charge-payment")
     now, _ = claim_due(order, now)
-    order.apply_reply(reply(order, ReplyOutcome.TRANSIENT, applied="no"), now, POLICY)
+    order.apply_reply(reply(order, Outcome.TRANSIENT, applied=Applied.NO), now, POLICY)
     now = succeed_active(order, now + timedelta(seconds=60))  # attempt 2: charged
     now, _ = claim_due(order, now)
-    order.apply_reply(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), now, POLICY)  # ship
+    order.apply_reply(reply(order, Outcome.REFUSED, error="HTTP 422"), now, POLICY)  # ship
     now = succeed_active(order, now)  # refund
     now = succeed_active(order, now)  # release
     assert order.status is OrderStatus.COMPENSATED
     order.outbox.clear()
-    copy = reply(order, ReplyOutcome.TRANSIENT, step="charge-payment", attempt=1, applied="maybe")
+    copy = reply(order, Outcome.TRANSIENT, step="charge-payment", attempt=1, applied=Applied.MAYBE)
     order.apply_reply(copy, now, POLICY)
     assert alerts(order) == [] and order.status is OrderStatus.COMPENSATED
 
@@ -335,7 +335,7 @@ def test_an_operator_states_a_refused_undo_is_not_needed_and_the_unwinding_goes_
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
     order.apply_reply(
-        reply(order, ReplyOutcome.REFUSED, error="HTTP 422 no charge to refund"), now, POLICY
+        reply(order, Outcome.REFUSED, error="HTTP 422 no charge to refund"), now, POLICY
     )
     assert str(order.status) == "error"
     order.cancel(now, "ops@example.com", "the bank shows no charge", not_applied="charge-payment")
@@ -352,14 +352,14 @@ def test_an_undo_waits_while_its_steps_handler_still_runs_even_after_a_success()
     now = reach(order, "charge-payment")
     now, _ = claim_due(order, now)
     running = replace(
-        reply(order, ReplyOutcome.TRANSIENT, applied="maybe", error="still runs"),
+        reply(order, Outcome.TRANSIENT, applied=Applied.MAYBE, error="still runs"),
         running_until=now + timedelta(seconds=120),
         runner="r-1",
     )
     order.apply_reply(running, now + timedelta(seconds=20), POLICY)
     now = succeed_active(order, now + timedelta(seconds=60))  # attempt 2 succeeds meanwhile
     now, _ = claim_due(order, now)
-    order.apply_reply(reply(order, ReplyOutcome.REFUSED, error="HTTP 422"), now, POLICY)  # ship
+    order.apply_reply(reply(order, Outcome.REFUSED, error="HTTP 422"), now, POLICY)  # ship
     refund = order.active_step()
     assert refund is not None and refund.step == "refund-payment"
     charge = order.find("charge-payment")

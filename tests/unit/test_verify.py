@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from core.messages import ReplyOutcome
 from core.model import Order, StepRecord
+from core.outcome import Applied, Outcome
 from core.states import OrderStatus, StepState
 from demo.verify import VIOLATIONS, Verdict, check_history, said_not_applied, verify
 from tests.support import callback_token
@@ -66,7 +66,7 @@ def completed(order_id: str) -> Order:
 def refused(order_id: str) -> Order:
     """A single-step order whose service refused it (a permanent 4xx): error, alerted."""
     order = new_order(orderId=order_id)
-    run_step(order, T0, ReplyOutcome.REFUSED)
+    run_step(order, T0, Outcome.REFUSED)
     return order
 
 
@@ -79,7 +79,7 @@ def fulfilled(order_id: str) -> Order:
 def unwound_at_ship(order_id: str) -> Order:
     """ship refused: charge-payment and reserve-stock compensated in reverse."""
     order = new_order("fulfilment", orderId=order_id)
-    drive(order, {"ship": ReplyOutcome.REFUSED})
+    drive(order, {"ship": Outcome.REFUSED})
     return order
 
 
@@ -389,7 +389,7 @@ def test_an_alert_for_another_step_or_order_does_not_count(run: Run) -> None:
 
 def test_a_failed_compensation_must_be_the_step_alerted(run: Run) -> None:
     order = new_order("fulfilment", orderId="stopped")
-    drive(order, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
+    drive(order, {"ship": Outcome.REFUSED, "refund-payment": Outcome.REFUSED})
     assert order.status is OrderStatus.ERROR
     run.orders["stopped"] = order
     run.effects["stopped"] = ["reserve-stock", "charge-payment"]
@@ -530,11 +530,11 @@ def long_history(order_id: str) -> Order:
     now = T0
     for _ in range(40):
         step = order.claim("i", now)
-        order.apply_reply(reply(order, ReplyOutcome.DEFERRED, applied="no"), now, POLICY)
+        order.apply_reply(reply(order, Outcome.DEFERRED, applied=Applied.NO), now, POLICY)
         now = step.complete_by
     for _ in range(2):
         order.claim("i", now)
-        report = reply(order, ReplyOutcome.TRANSIENT, applied="no")
+        report = reply(order, Outcome.TRANSIENT, applied=Applied.NO)
         now += timedelta(seconds=31)
         order.expire(now, POLICY)
         order.apply_reply(report, now, POLICY)
@@ -563,7 +563,7 @@ def test_a_long_history_with_its_middle_dropped_replays_from_its_next_claim(run:
 
 def test_check_history_replays_every_kind_of_ending_cleanly(run: Run) -> None:
     stopped = new_order("fulfilment", orderId="stopped")
-    drive(stopped, {"ship": ReplyOutcome.REFUSED, "refund-payment": ReplyOutcome.REFUSED})
+    drive(stopped, {"ship": Outcome.REFUSED, "refund-payment": Outcome.REFUSED})
     stopped.resubmit(T0 + timedelta(hours=1), "op")
     drive(stopped, {}, T0 + timedelta(hours=1))
     cancelled = new_order("fulfilment", orderId="cancelled")
@@ -688,8 +688,8 @@ def test_a_refused_callback_and_a_halted_group_replay_cleanly(shop: Any) -> None
     # a group whose step is refused while the other waits for its retry: that one halts
     product.submit(s, "c-halt", "checkout")
     reserve, charge = product.sent(s, "c-halt")
-    s.scheduler.apply_reply(reply_to(charge, ReplyOutcome.TRANSIENT, error="503", applied="no"))
-    s.scheduler.apply_reply(reply_to(reserve, ReplyOutcome.REFUSED, error="HTTP 422"))
+    s.scheduler.apply_reply(reply_to(charge, Outcome.TRANSIENT, error="503", applied="no"))
+    s.scheduler.apply_reply(reply_to(reserve, Outcome.REFUSED, error="HTTP 422"))
     orders = {o: s.store.load(o) for o in ("c-carrier", "c-halt")}
     assert {o: str(v.status) for o, v in orders.items()} == {
         "c-carrier": "compensated",

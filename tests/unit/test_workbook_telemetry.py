@@ -17,7 +17,8 @@ import pytest
 
 from agents.agent import AgentWorker
 from agents.outcomes import CallOutcome
-from core.messages import AgentRequest, ReplyOutcome
+from core.messages import AgentRequest
+from core.outcome import Applied, Outcome
 from core.states import OrderStatus
 from observability.metrics import METRICS
 from tests.unit.test_services_in_memory import (
@@ -127,7 +128,7 @@ def test_a_late_report_carries_no_duration(
     submit(s, "o-late")
     [request] = s.transport.requests
     expire(s)  # attempt 1 ended with no report; retried
-    late = reply_to(request, ReplyOutcome.TRANSIENT, error="503", applied="no")
+    late = reply_to(request, Outcome.TRANSIENT, error="503", applied="no")
 
     s.scheduler.apply_reply(late)
 
@@ -146,11 +147,15 @@ class _Remote:
 @pytest.mark.parametrize(
     ("outcome", "kind", "applied"),
     [
-        (CallOutcome("succeeded", result={}), "succeeded", "yes"),
-        (CallOutcome("refused", error="422"), "failed", "no"),
-        (CallOutcome("transient", error="503", applied="no"), "transient", "no"),
-        (CallOutcome("transient", error="500", applied="maybe"), "transient", "maybe"),
-        (CallOutcome("deferred", error="circuit open"), "deferred", "no"),
+        (CallOutcome(Outcome.SUCCEEDED, result={}), "succeeded", "yes"),
+        (CallOutcome(Outcome.REFUSED, error="422"), "failed", "no"),
+        (CallOutcome(Outcome.TRANSIENT, error="503", applied=Applied.NO), "transient", Applied.NO),
+        (
+            CallOutcome(Outcome.TRANSIENT, error="500", applied=Applied.MAYBE),
+            "transient",
+            Applied.MAYBE,
+        ),
+        (CallOutcome(Outcome.DEFERRED, error="circuit open"), "deferred", "no"),
     ],
 )
 def test_an_agents_answer_is_counted_by_agent_outcome_and_applied(
@@ -160,7 +165,7 @@ def test_an_agents_answer_is_counted_by_agent_outcome_and_applied(
     [request] = s.transport.requests
     worker = AgentWorker(_Remote(outcome), RecordingTransport(), s.clock)  # type: ignore[arg-type]
 
-    assert asyncio.run(worker.handle(request)) == ReplyOutcome(kind)
+    assert asyncio.run(worker.handle(request)) == Outcome.of_wire(kind)
 
     assert request.agent
     assert meter.of("orders.agent_replies") == [

@@ -16,9 +16,10 @@ import pytest
 
 from core.errors import InvalidEvent, TransitionRefused
 from core.inbox import check_event
-from core.messages import AgentReply, ReplyOutcome
+from core.messages import AgentReply
 from core.model import Order
 from core.order_message import decode_order
+from core.outcome import Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.workflows import WORKFLOWS, Plan
@@ -43,14 +44,14 @@ def new(workflow: str, **data: Any) -> Order:
 def report(
     order: Order,
     step: str,
-    outcome: ReplyOutcome = ReplyOutcome.SUCCEEDED,
+    outcome: Outcome = Outcome.SUCCEEDED,
     result: dict[str, Any] | None = None,
     **kw: Any,
 ) -> AgentReply:
     record = order.find(step)
     assert record is not None and record.attempt >= 1, f"{step} was never claimed"
     attempt = kw.pop("attempt", record.attempt)
-    succeeded = outcome is ReplyOutcome.SUCCEEDED
+    succeeded = outcome is Outcome.SUCCEEDED
     return AgentReply(
         order.order_id,
         step,
@@ -111,9 +112,7 @@ def test_a_compensation_gets_what_the_step_it_undoes_returned() -> None:
     order.apply_reply(report(order, "book-flight", result={"booking": "F-7"}), T0, POLICY)
     order.apply_reply(report(order, "book-hotel", result={"booking": "H-2"}), T0, POLICY)
     claim_all(order, T0)
-    order.apply_reply(
-        report(order, "charge", ReplyOutcome.REFUSED, error="card declined"), T0, POLICY
-    )
+    order.apply_reply(report(order, "charge", Outcome.REFUSED, error="card declined"), T0, POLICY)
     assert status(order) is OrderStatus.COMPENSATING
     refund = order.active_step()  # nothing to refund: the charge was refused; hotel first
     assert refund is not None and refund.step == "cancel-hotel"
@@ -180,9 +179,7 @@ def test_a_parallel_step_that_fails_lets_the_other_finish_then_both_are_undone()
     (it succeeds), then what succeeded is compensated; the order ends compensated."""
     order = new("trip")
     claim_all(order, T0)
-    order.apply_reply(
-        report(order, "book-hotel", ReplyOutcome.REFUSED, error="no rooms"), T0, POLICY
-    )
+    order.apply_reply(report(order, "book-hotel", Outcome.REFUSED, error="no rooms"), T0, POLICY)
     assert status(order) is OrderStatus.PROCESSING  # waits for the flight
     assert state(order)["book-flight"] == "Processing"
     order.apply_reply(report(order, "book-flight", result={"booking": "F-1"}), T0, POLICY)
@@ -199,13 +196,9 @@ def test_a_parallel_step_that_fails_lets_the_other_finish_then_both_are_undone()
 def test_a_failure_stops_a_parallel_step_waiting_for_its_next_attempt() -> None:
     order = new("trip")
     claim_all(order, T0)
-    order.apply_reply(
-        report(order, "book-flight", ReplyOutcome.TRANSIENT, error="HTTP 503"), T0, POLICY
-    )
+    order.apply_reply(report(order, "book-flight", Outcome.TRANSIENT, error="HTTP 503"), T0, POLICY)
     assert state(order)["book-flight"] == "Pending"
-    order.apply_reply(
-        report(order, "book-hotel", ReplyOutcome.REFUSED, error="no rooms"), T0, POLICY
-    )
+    order.apply_reply(report(order, "book-hotel", Outcome.REFUSED, error="no rooms"), T0, POLICY)
     assert state(order)["book-flight"] == "Compensated"  # stopped: it had applied nothing
     assert status(order) is OrderStatus.COMPENSATED
     assert not any(s.kind is StepKind.COMPENSATION for s in order.steps)
@@ -233,7 +226,7 @@ def test_a_parallel_step_that_may_have_applied_and_cannot_be_undone_undoes_nothi
 def test_a_definite_failure_waits_for_the_step_in_flight_then_undoes_it() -> None:
     order = new("ship-and-bill")
     claim_all(order, T0)
-    order.apply_reply(report(order, "dispatch", ReplyOutcome.REFUSED, error="HTTP 400"), T0, POLICY)
+    order.apply_reply(report(order, "dispatch", Outcome.REFUSED, error="HTTP 400"), T0, POLICY)
     assert status(order) is OrderStatus.PROCESSING and alerts(order) == []  # bill is out
     order.apply_reply(report(order, "bill"), T0, POLICY)
     assert status(order) is OrderStatus.COMPENSATING
@@ -246,7 +239,7 @@ def test_a_resubmit_runs_the_failed_parallel_step_again_and_keeps_the_others() -
     claim_all(order, T0)
     order.apply_reply(report(order, "bill"), T0, POLICY)
     order.apply_reply(
-        report(order, "dispatch", ReplyOutcome.TRANSIENT, error="HTTP 500", applied="maybe"),
+        report(order, "dispatch", Outcome.TRANSIENT, error="HTTP 500", applied="maybe"),
         T0,
         POLICY,
     )

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from core.errors import InvalidEvent, OrderNotFound, TransitionRefused
-from core.messages import AgentRequest, ReplyOutcome
+from core.messages import AgentRequest
+from core.outcome import Outcome
 from core.states import OrderStatus
 from scheduler.service import Handled
 from supervisor.service import SKEW_GRACE
@@ -152,7 +153,7 @@ def test_a_transient_parallel_step_is_retried_on_its_own(s: Services) -> None:
     submit(s, "t-2", "trip")
     flight, hotel = requests(s, "t-2")
     s.scheduler.apply_reply(reply_to(flight, result={"booking": "F"}))
-    s.scheduler.apply_reply(reply_to(hotel, ReplyOutcome.TRANSIENT, error="HTTP 503", applied="no"))
+    s.scheduler.apply_reply(reply_to(hotel, Outcome.TRANSIENT, error="HTTP 503", applied="no"))
     order = stored(s, "t-2")
     hotel_record = order.find("book-hotel")
     assert hotel_record is not None and hotel_record.failure_count == 1
