@@ -32,6 +32,9 @@ param principalType string = 'User'
 @description('Grant principalId the app\'s data roles (storage account and Service Bus namespace), for a local run or debugging against the deployed resources and the Service Bus contract tests (GRANT_DEPLOYER_DATA_ACCESS=true). Off by default: whoever deploys keeps no standing access to the orders\' data.')
 param grantDeployerDataAccess bool = false
 
+@description('Grant principalId Storage Table Data Reader on the state table only, for the deploy guard to read the orders in flight (DEPLOYER_READS_STATE; read-only, its reads logged). Off: the guard says NOT CHECKED.')
+param deployerReadsState bool = true
+
 @minLength(3)
 @description('Email address that receives operator and dead-letter alerts.')
 param alertEmail string
@@ -283,6 +286,7 @@ module rbac 'app/rbac.bicep' = {
   scope: rg
   params: {
     storageAccountName: storage.outputs.name
+    stateTableName: storage.outputs.tableName
     // The blob containers the app identity may use, each with its own role: the
     // deployment package and the host's own (Data Owner), the archive (Data Contributor).
     appOwnedContainerNames: concat([
@@ -298,6 +302,7 @@ module rbac 'app/rbac.bicep' = {
     principalId: principalId
     principalType: principalType
     grantDeployerDataAccess: grantDeployerDataAccess
+    deployerReadsState: deployerReadsState
     serviceBusTargetScaling: serviceBusTargetScaling
   }
 }

@@ -20,7 +20,11 @@
 //   App Insights     Monitoring Metrics Publisher    Entra-authenticated telemetry ingestion
 // Alerts identity:
 //   workspace        Log Analytics Reader            the operator alert rule's query
-// Deploying user: nothing by default. Only with grantDeployerDataAccess and a
+// Deploying user: by default only, with a principalId,
+//   the state table     Storage Table Data Reader      the deploy guard reads the orders in
+//                                                      flight (infra/hooks/deploy-check.sh);
+//                                                      read-only, its reads logged
+// and nothing more. Only with grantDeployerDataAccess and a
 // principalId (for a local run or debugging against the deployed resources, and the
 // Service Bus contract tests; off again with the next deployment without it):
 //   storage account  Storage Blob Data Owner, Storage Queue Data Contributor and
@@ -34,6 +38,9 @@
 // advance (storage.bicep creates the host's two), so no blob role needs the account.
 
 param storageAccountName string
+
+@description('The order state table (OrderState): the deploy guard reads it.')
+param stateTableName string
 
 @description('Blob containers the app identity owns: the deployment package and the Functions host\'s own (storage.bicep creates them all).')
 param appOwnedContainerNames array
@@ -61,6 +68,9 @@ param principalType string = 'User'
 @description('Grant principalId the data roles on the storage account and the Service Bus namespace (read, write and delete every order, message and blob), for a local run or debugging against the deployed resources. Off: whoever deploys keeps no standing data access.')
 param grantDeployerDataAccess bool = false
 
+@description('Grant principalId Storage Table Data Reader on the state table only, so that the deploy guard can read the orders in flight before a deployment (read-only; the reads are logged). Off: the guard says NOT CHECKED.')
+param deployerReadsState bool = true
+
 @description('Grant the app identity Azure Service Bus Data Owner on each agent queue, so that target-based scaling can read the queue lengths (docs/deployment.md). Off: Send and Listen only, and the agents scale incrementally.')
 param serviceBusTargetScaling bool = false
 
@@ -80,6 +90,7 @@ var userStorageRoleIds = [
   roles['Storage Table Data Contributor']
 ]
 var grantsDeployer = grantDeployerDataAccess && !empty(principalId)
+var readsState = deployerReadsState && !empty(principalId)
 
 var serviceBusRoleIds = [
   roles['Azure Service Bus Data Sender']
@@ -89,6 +100,16 @@ var serviceBusRoleIds = [
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
+}
+
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' existing = {
+  parent: storage
+  name: 'default'
+}
+
+resource stateTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' existing = {
+  parent: tableService
+  name: stateTableName
 }
 
 resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' existing = {
@@ -252,3 +273,14 @@ resource userServiceBus 'Microsoft.Authorization/roleAssignments@2022-04-01' = [
     }
   }
 ]
+
+// The deploy guard's read of the orders in flight: the state table, read-only.
+resource userReadsState 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (readsState) {
+  name: guid(stateTable.id, principalId, roles['Storage Table Data Reader'])
+  scope: stateTable
+  properties: {
+    principalId: principalId
+    principalType: principalType
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', roles['Storage Table Data Reader'])
+  }
+}

@@ -69,7 +69,8 @@ $env:AzureWebJobsStorage__accountName = $account
 
 # Exit 3 is retried only where azd grants the deployer data roles (they take a while to
 # apply); without them the login may read nothing, and the check is not made (said so).
-$granted = @('true', '1', 'yes') -contains "$env:GRANT_DEPLOYER_DATA_ACCESS".ToLower()
+$reads = if ("$env:DEPLOYER_READS_STATE") { "$env:DEPLOYER_READS_STATE".ToLower() } else { 'true' }
+$granted = (@('true', '1', 'yes') -contains "$env:GRANT_DEPLOYER_DATA_ACCESS".ToLower()) -or (@('true', '1', 'yes') -contains $reads)
 for ($try = 1; ; $try++) {
     & $python -m admin deploy-check --declarations declarations
     $status = $LASTEXITCODE
@@ -78,7 +79,7 @@ for ($try = 1; ; $try++) {
     Start-Sleep -Seconds 15
 }
 if ($status -eq 3 -and -not $granted) {
-    Write-Host "deploy-check: NOT CHECKED: your login could not read the state table of $account, and azd grants you no data access (GRANT_DEPLOYER_DATA_ACCESS is off). To have the orders in flight checked: azd env set GRANT_DEPLOYER_DATA_ACCESS true, azd provision, azd $Phase, then set it back to false and provision again"
+    Write-Host "deploy-check: NOT CHECKED: your login could not read the state table of $account, and azd grants you no read of it (DEPLOYER_READS_STATE is off). To have the orders in flight checked: azd env set DEPLOYER_READS_STATE true, azd provision, azd $Phase"
     exit 0
 }
 

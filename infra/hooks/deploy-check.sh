@@ -79,11 +79,12 @@ export AzureWebJobsStorage__accountName="$account"
 
 # --declarations declarations: the module the deployed app reads (Bicep sets no
 # ORDERS_DECLARATIONS). Exit 3 (storage did not answer) is retried for about two
-# minutes where azd grants you data roles (GRANT_DEPLOYER_DATA_ACCESS): they take a
-# while to apply on a first provision. Without them your login may read nothing: the
-# check is then not made, and says so (docs/deployment.md, "Identity model and roles").
-case "${GRANT_DEPLOYER_DATA_ACCESS:-}" in
-true | TRUE | True | 1 | yes) granted=true ;;
+# minutes where azd grants you a role that reads the state table (by default the read
+# of the state table alone, DEPLOYER_READS_STATE; or GRANT_DEPLOYER_DATA_ACCESS): it
+# takes a while to apply on a first provision. Without one your login may read nothing:
+# the check is then not made, and says so (docs/deployment.md, "Identity model and roles").
+case "${GRANT_DEPLOYER_DATA_ACCESS:-}:${DEPLOYER_READS_STATE:-true}" in
+true:* | TRUE:* | True:* | 1:* | yes:* | *:true | *:TRUE | *:True | *:1 | *:yes) granted=true ;;
 *) granted=false ;;
 esac
 tries=1
@@ -97,9 +98,8 @@ while :; do
 done
 if [ "$status" -eq 3 ] && [ "$granted" = false ]; then
     echo "deploy-check: NOT CHECKED: your login could not read the state table of $account," \
-        "and azd grants you no data access (GRANT_DEPLOYER_DATA_ACCESS is off). To have the" \
-        "orders in flight checked: azd env set GRANT_DEPLOYER_DATA_ACCESS true, azd provision," \
-        "azd $phase, then set it back to false and provision again" >&2
+        "and azd grants you no read of it (DEPLOYER_READS_STATE is off). To have the orders" \
+        "in flight checked: azd env set DEPLOYER_READS_STATE true, azd provision, azd $phase" >&2
     exit 0
 fi
 

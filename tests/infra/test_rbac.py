@@ -21,6 +21,7 @@ each month).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tests.infra.bicep import INFRA, MAIN, Scope, body, load_json, parse, resources_of_type
@@ -231,9 +232,9 @@ def test_the_deployer_gets_data_roles_only_when_the_deployment_asks() -> None:
     data roles of the deploying principal exist only with grantDeployerDataAccess (off by
     default) and a principal id."""
     deployer = _deployer_assignments()
-    assert set(deployer) == {"userStorage", "userServiceBus"}, sorted(deployer)
-    for symbol, assignment in deployer.items():
-        assert assignment["config"].get("condition") == "grantsDeployer", symbol
+    assert set(deployer) == {"userStorage", "userServiceBus", "userReadsState"}, sorted(deployer)
+    for symbol in ("userStorage", "userServiceBus"):
+        assert deployer[symbol]["config"].get("condition") == "grantsDeployer", symbol
 
     def granted(**params: Any) -> Any:
         return Scope(RBAC, params)["grantsDeployer"]
@@ -255,3 +256,29 @@ def test_the_deployer_gets_data_roles_only_when_the_deployment_asks() -> None:
     assert passed == "grantDeployerDataAccess"
     given = load_json(INFRA / "main.parameters.json")["parameters"]["grantDeployerDataAccess"]
     assert given == {"value": "${GRANT_DEPLOYER_DATA_ACCESS=false}"}
+
+
+def test_the_deployer_reads_the_state_table_alone_for_the_deploy_guard() -> None:
+    """By default the deploying principal gets one data role: Storage Table Data Reader on
+    the state table alone (the deploy guard reads the orders in flight; nothing it can
+    change), unless deployerReadsState is off (DEPLOYER_READS_STATE=false)."""
+    reads = _deployer_assignments()["userReadsState"]
+    assert reads["config"].get("condition") == "readsState"
+
+    def granted(**params: Any) -> Any:
+        return Scope(RBAC, params)["readsState"]
+
+    assert granted(principalId="0000-user") is True  # the default: on
+    assert granted(principalId="0000-user", deployerReadsState=False) is False
+    assert granted(principalId="", deployerReadsState=True) is False  # no one named
+    assert "Storage Table Data Reader" in json.dumps(body(reads)["properties"])
+    assert body(reads)["scope"] == "stateTable"
+    roles = load_json(INFRA / "app" / "roles.json")
+    assert roles["Storage Table Data Reader"] == "76199698-9eea-4c19-bc75-cec21354c6b6"
+    rbac = parse(RBAC)["parameters"]["deployerReadsState"]
+    assert (rbac["type"], rbac["default"]) == ("bool", True)
+    given = load_json(INFRA / "main.parameters.json")["parameters"]["deployerReadsState"]
+    assert given == {"value": "${DEPLOYER_READS_STATE=true}"}
+    passed = parse(MAIN)["modules"]["rbac"]["config"]["params"]
+    assert passed["deployerReadsState"] == "deployerReadsState"
+    assert "tableName" in json.dumps(passed["stateTableName"])  # storage.outputs.tableName

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from core.messages import OUTCOMES
-from core.outcome import Applied, Outcome
+from core.outcome import REPORTED, Applied, Outcome
 from tests.infra.bicep import (
     INFRA,
     MAIN,
@@ -229,8 +229,9 @@ def test_failures_by_agent_and_every_answer_kind() -> None:
     assert names, "no query of the agents' answers by agent, outcome and applied"
     for name in names:
         compared = set(_COMPARED.findall(dict(QUERIES)[name]))
-        for outcome in set(Outcome) - {Outcome.SUCCEEDED}:
-            assert ("outcome", outcome.value) in compared, f"{name} misses {outcome.value}"
+        # what an agent reports, as the metric records it: the wire's words
+        for outcome in set(REPORTED) - {Outcome.SUCCEEDED}:
+            assert ("outcome", outcome.wire) in compared, f"{name} misses {outcome.wire}"
         assert ("applied", Applied.MAYBE.value) in compared, f"{name} misses may-have-applied"
 
 

@@ -194,15 +194,18 @@ def test_a_venv_that_cannot_import_the_app_is_not_used_and_not_a_refusal(tree: P
     assert code == 2 and "REFUSED" not in err and "could not check" in err
 
 
-def test_without_granted_data_access_an_unreadable_account_is_not_checked_loudly(
+def test_without_a_read_of_the_state_an_unreadable_account_is_not_checked_loudly(
     tree: Path,
 ) -> None:
-    """azd grants the deployer no data role unless GRANT_DEPLOYER_DATA_ACCESS is on, so
-    the check cannot read the state table with that login: said once, with how to have
-    it checked, and the command goes on (no two-minute wait for roles that never come)."""
-    code, calls, err = hook(tree, "deploy", 3, AZURE_STORAGE_ACCOUNT_NAME="storders1")
+    """With DEPLOYER_READS_STATE off (and no data roles), azd grants the deployer no read of
+    the state table, so the check cannot read it with that login: said once, with how to
+    have it checked, and the command goes on (no two-minute wait for roles that never
+    come)."""
+    code, calls, err = hook(
+        tree, "deploy", 3, AZURE_STORAGE_ACCOUNT_NAME="storders1", DEPLOYER_READS_STATE="false"
+    )
     assert code == 0 and len(calls) == 4  # one call, no retries
-    assert "NOT CHECKED" in err and "GRANT_DEPLOYER_DATA_ACCESS true" in err
+    assert "NOT CHECKED" in err and "DEPLOYER_READS_STATE true" in err
     code, calls, err = hook(
         tree, "deploy", 2, AZURE_STORAGE_ACCOUNT_NAME="storders1", GRANT_DEPLOYER_DATA_ACCESS="1"
     )
