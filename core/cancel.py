@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from core.course import in_doubt
+from core.course import in_doubt, standing
 from core.messages import idempotency_key
 from core.states import OrderStatus, StepState
 from core.steps import StepRecord
@@ -54,6 +54,11 @@ class CancelPreview:
         return tuple(d.step for d in self.doubts)
 
 
+def _undone_around_a_standing_effect(order: Order) -> bool:
+    """The unwinding is over (``Order.unwound``) and an effect stands."""
+    return order.unwound and bool(standing(order))
+
+
 def blocking(order: Order) -> list[StepRecord]:
     """Every action that may have applied (an attempt decided, or one waiting for its next
     try, with its doubt unsettled), cannot be undone and may not stand: a cancel, a fix or
@@ -87,6 +92,13 @@ def preview_cancel(order: Order, now: datetime, stated: frozenset[str]) -> Cance
         return CancelPreview(False, "a cancel of this order is under way")
     if order.status is OrderStatus.COMPENSATING:
         return CancelPreview(False, "the order failed and is already being undone")
+    if error and _undone_around_a_standing_effect(order):
+        names = ", ".join(r.step for r in standing(order))
+        return CancelPreview(
+            False,
+            f"the order was undone and the effect of {names} stands (it cannot be undone): "
+            "nothing is left to cancel; it stays in error, the record of it",
+        )
     doubtful = blocking(order)
     undo = [
         (s.step, order.planned(s.step).compensation or "")

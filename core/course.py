@@ -289,7 +289,8 @@ def _unwind(order: Order, now: datetime) -> None:
         begin_compensation(order, target, now)
         return
     stands = standing(order)
-    told = [r for r in stands if not order.planned(r.step).may_stand and not r.stands]
+    told = [r for r in stands if not order.planned(r.step).may_stand]
+    order.unwound = True
     if told:
         _tell_standing(order, told, now)
         order.set_status(OrderStatus.ERROR, now)
@@ -452,6 +453,7 @@ def _tell_standing(order: Order, records: list[StepRecord], now: datetime) -> No
         f"{names} applied and cannot be undone (no compensation): its effect stands, while "
         f"the order was undone ({', '.join(undone) or 'nothing else to undo'}). {names} "
         f"{verb} for {idempotency_key(order.order_id, records[0].step, records[0].key_round)}; "
-        "undo it by hand if it must not stand, then cancel the order to close it",
+        "undo it by hand if it must not stand. The order stays in error, the record of it: "
+        "nothing is left for the workflow to undo",
         now,
     )

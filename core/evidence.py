@@ -21,13 +21,14 @@ decides what that means for the order.
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from core import moves
 from core.attempts import Attempt
-from core.course import doubtful, in_doubt, tell_overtaken
+from core.course import advance, doubtful, in_doubt, tell_overtaken
 from core.errors import TransitionRefused
 from core.events import Event
 from core.kinds import CALLBACK, begin, kind_of
@@ -136,6 +137,11 @@ def success(
         and now < record.complete_by
     )
     _mark_applied(record, attempt, now, runner, run_ended, by_callback=by_callback)
+    if record.gave_up is not None and record.gave_up.kind == moves.OVERTAKEN:
+        # An undo its step overtook: whatever it did, it may have missed the effect; it
+        # runs again as a new effect (the operator was told). Kept as evidence, no more.
+        record.record(now, Event.LATE_SUCCESS, attempt=number, note="overtaken by its step")
+        return ReplyEffect.NOTED
     if record.is_active:
         instance = record.locked_by
         moves.complete(record, result, now, attempt=number, instance=instance, late=not on_time)
@@ -234,26 +240,18 @@ def _ended_applied(
             target.undone_by = record.step
             target.record(now, Event.COMPENSATED, by=record.step, late=True)
         if order.status is OrderStatus.ERROR and was_failed and not blockers(order):
-            order.note(
-                now, Event.RESOLVED, step=record.step, note="a success arrived after it failed"
-            )
-            order.set_status(OrderStatus.COMPENSATING, now)
+            _resume(order, OrderStatus.COMPENSATING, record, now)
         return
     if order.status is OrderStatus.ERROR:
         if was_failed and not blockers(order):
             # An operator was told about this step, and the evidence settles it.
-            order.note(
-                now, Event.RESOLVED, step=record.step, note="a success arrived after it failed"
-            )
-            order.set_status(
-                OrderStatus.COMPENSATING if unwinding_began(order) else OrderStatus.PROCESSING,
-                now,
-            )
+            resumed = OrderStatus.COMPENSATING if unwinding_began(order) else OrderStatus.PROCESSING
+            _resume(order, resumed, record, now)
         return
     if order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
         # Unwound as if it had not applied: the unwinding is not over after all.
         order.note(now, Event.RESOLVED, step=record.step, note="applied after the order was undone")
-        order.set_status(OrderStatus.COMPENSATING, now)
+        reopen(order, now)
     elif order.status in (OrderStatus.PENDING, OrderStatus.PROCESSING) and (
         not order.cancel_requested and record in order.group_records()
     ):
@@ -262,6 +260,37 @@ def _ended_applied(
             if stopped.process_state is StepState.COMPENSATED and stopped.undone_by is None:
                 moves.restart(stopped, now)
                 begin(order, stopped, order.planned(stopped.step), now)
+
+
+def _resume(order: Order, status: OrderStatus, record: StepRecord, now: datetime) -> None:
+    """An order in ``error`` goes back to work on evidence, unless that would only bring it
+    back to ``error`` in the same transition (the app would see it leave and come back):
+    then it stays, quietly, and the decision is the operator's as before."""
+    if _ends_in_error(order, status, now):
+        return
+    order.note(now, Event.RESOLVED, step=record.step, note="a success arrived after it failed")
+    order.unwound = False
+    order.set_status(status, now)
+
+
+def reopen(order: Order, now: datetime) -> None:
+    """An order that ended ``compensated`` or ``cancelled`` has more to undo (or to tell):
+    ``compensating`` again, or straight to ``error`` where that is where it would end now
+    (no status it would leave in the same transition)."""
+    order.unwound = False
+    if _ends_in_error(order, OrderStatus.COMPENSATING, now):
+        order.status = OrderStatus.COMPENSATING  # passed through, not announced
+    else:
+        order.set_status(OrderStatus.COMPENSATING, now)
+
+
+def _ends_in_error(order: Order, status: OrderStatus, now: datetime) -> bool:
+    """Whether the order, put in ``status`` now, would be decided back into ``error`` at once
+    (decided on a copy: nothing of it is kept)."""
+    trial = copy.deepcopy(order)
+    trial.status = status
+    advance(trial, now)
+    return trial.status is OrderStatus.ERROR
 
 
 def blockers(order: Order) -> list[StepRecord]:
@@ -325,7 +354,7 @@ def _applied_after_undo(
     if order.status is OrderStatus.ERROR:
         tell_overtaken(order, undo, now)  # news for the operator already at the order
     elif order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
-        order.set_status(OrderStatus.COMPENSATING, now)  # told once the unwinding stops
+        reopen(order, now)  # told once the unwinding stops
 
 
 def hold_compensation(order: Order, record: StepRecord, now: datetime) -> None:
@@ -510,7 +539,7 @@ def new_doubt(order: Order, record: StepRecord, number: int, now: datetime) -> N
             now,
         )
     elif order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
-        order.set_status(OrderStatus.COMPENSATING, now)
+        reopen(order, now)
 
 
 def note_report(record: StepRecord, reply: AgentReply, now: datetime, **extra: object) -> None:

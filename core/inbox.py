@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from core import evidence
-from core.course import in_doubt
+from core.course import halting, in_doubt
 from core.errors import InvalidEvent, TransitionRefused
 from core.events import Event
 from core.kinds import CALLBACK, WAIT, StepFunctionFailed, json_object
@@ -113,7 +113,7 @@ def deliver(
         raise order.refuse(
             "finished", f"the order is already {order.status}: it takes no event", name
         )
-    if record is not None and not _takes(record):
+    if record is not None and not _takes(record, callback):
         if record.process_state in (StepState.ERROR, StepState.COMPENSATED) or _unwinding(order):
             _refuse_recorded(
                 order,
@@ -130,16 +130,23 @@ def deliver(
             f"step {planned.name} is {record.process_state}: it no longer takes event {name}",
             planned.name,
         )
-    if record is None and (_unwinding(order) or order.cancel_requested):
+    failing = order.status in (OrderStatus.PENDING, OrderStatus.PROCESSING) and halting(order)
+    if record is None and (_unwinding(order) or order.cancel_requested or failing):
+        why = (
+            "being cancelled"
+            if order.cancel_requested
+            else "being undone"
+            if _unwinding(order)
+            else "failing (a step of its current group failed for good)"
+        )
         _refuse_recorded(
             order,
             now,
             "too-late",
             name,
             by,
-            f"event {name} came too late: the order is "
-            f"{'being cancelled' if order.cancel_requested else 'being undone'}, and step "
-            f"{planned.name} will not start",
+            f"event {name} came too late: the order is {why}, and step {planned.name} will "
+            "not start",
             planned.name,
         )
     new = _entry(payload, sent, now, by, reason, current)
@@ -267,10 +274,13 @@ def _run_of(entry: dict[str, Any] | None, sent: str, run: int | None, current: i
     return current
 
 
-def _takes(record: StepRecord) -> bool:
-    if record.waiting_for is not None and record.process_state is StepState.PROCESSING:
-        return True
-    return record.is_active and not record.waiting_for  # a call that may call back early
+def _takes(record: StepRecord, callback: bool) -> bool:
+    """A callback is taken by its step while the step is at work, whatever it is doing (in
+    flight, accepted and waiting, or waiting for its next attempt: the remote may answer
+    at any time); an ``Event`` while its step waits for it."""
+    if callback:
+        return record.is_active
+    return record.waiting_for is not None and record.process_state is StepState.PROCESSING
 
 
 def _unwinding(order: Order) -> bool:

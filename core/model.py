@@ -110,6 +110,9 @@ class Order:
     events: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The key of its events' capability tokens (``core.inbox.capability``): never shown.
     event_key: str = field(default="", repr=False)
+    #: Its unwinding is over (``core.course``): what could be undone was; an ``error`` order
+    #: then has an effect that stands, and nothing is left to cancel or resubmit.
+    unwound: bool = False
     #: Not stored: times a transition wants the order looked at again (a delay that
     #: began), for the dispatcher to queue after the save (the sweeps are the safety net).
     wakeups: list[datetime] = field(default_factory=list)

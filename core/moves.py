@@ -100,6 +100,7 @@ def retry_at(
             return
     record.process_state = StepState.PENDING
     record.locked_by = ""
+    record.waiting_for = None
     record.complete_by = due
     record.record(
         now,

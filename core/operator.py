@@ -113,10 +113,6 @@ def cancel(
             by=by,
             note="left as is (not applied); undoing the completed steps",
         )
-    for record in standing(order):
-        if not record.stands:
-            record.stands = by
-            record.record(now, Event.EFFECT_STANDS, by=by, note="acknowledged with the cancel")
     order.set_status(OrderStatus.COMPENSATING, now)
 
 

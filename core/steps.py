@@ -76,9 +76,6 @@ class StepRecord:
     applied_after_undo: datetime | None = None
     #: When the first attempt of this key round was claimed (what an undo's "began" means).
     round_began_at: datetime | None = None
-    #: For an action that applied and cannot be undone, in an order that was undone: who
-    #: acknowledged that its effect stands (a cancel of the order in ``error`` for it).
-    stands: str = ""
     #: The body its calls send, as its ``input`` decided when it started (None: the
     #: order's JSON); what every attempt and every agent sends (docs/contracts.md §3.13).
     input: dict[str, Any] | None = None
@@ -284,8 +281,6 @@ class StepRecord:
             out["decided"] = self.decided
         if self.singled_out_at is not None:
             out["singledOutAt"] = iso_exact(self.singled_out_at)
-        if self.stands:
-            out["standsBy"] = self.stands
         return out
 
     def load_decision_state(self, value: dict[str, Any]) -> None:
@@ -312,4 +307,3 @@ class StepRecord:
         self.decided = dict(decided) if isinstance(decided, dict) else {}
         singled = value.get("singledOutAt")
         self.singled_out_at = parse_iso(singled) if singled else None
-        self.stands = str(value.get("standsBy") or "")

@@ -154,6 +154,7 @@ def order_entity(order: Order, write_id: str) -> dict[str, Any]:
         "TraceContext": _dumps(order.trace) if order.trace else "",
         # the key of its events' capability tokens (core/inbox.py): never shown
         "EventKey": order.event_key,
+        "Unwound": order.unwound,
         # events delivered (docs/contracts.md §3.13): each up to an order's size
         **(_split("Events", _dumps(order.events)) if order.events else {"EventsParts": 0}),
     }
@@ -269,6 +270,7 @@ def parse_order(entities: Sequence[Any]) -> Order | None:
         etag=record.metadata["etag"],
         events=_optional_json(record, "Events") if record.get("EventsParts") else {},
         event_key=str(record.get("EventKey") or ""),
+        unwound=bool(record.get("Unwound", False)),
     )
     order.store_meta["index"] = layout.index_rows(order)
     order.store_meta["write_id"] = record.get("WriteId", "")
