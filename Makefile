@@ -10,7 +10,7 @@ PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
 .PHONY: infra-checks infra-venvs suites run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
 	index-check runtime-check chaos chaos-short bench \
-	clean start test-servicebus localbus
+	clean start test-servicebus localbus model model-check
 
 # No Python 3.13 is a failure that says how to get one, not a skip.
 $(BIN)/.ok: requirements.txt requirements-dev.txt
@@ -45,8 +45,9 @@ run: deps
 start: deps
 	$(BIN)/python -m demo --serve --transport $(TRANSPORT) --simulator "$(SIMULATOR)"
 
-## make test: lint, types, unit, integration (Azurite), e2e (processes), browser (the console
-## in Chromium), chaos (short), infra. The Bicep checks' virtual environment (pip installs,
+## make test: lint, types, unit, the engine's model (a minute and a half of generated
+## interleavings), integration (Azurite), e2e (processes), browser (the console in
+## Chromium), chaos (short), infra. The Bicep checks' virtual environment (pip installs,
 ## mostly waiting on the network) is built while the suites run, and the localbus suite
 ## (its own broker; mostly waiting on lock and expiry timers) runs beside them; the infra
 ## checks run last.
@@ -55,7 +56,7 @@ test: deps
 	@$(MAKE) --no-print-directory infra-checks
 
 suites:
-	@$(MAKE) --no-print-directory -j1 lint typecheck unit integration e2e browser chaos-short
+	@$(MAKE) --no-print-directory -j1 lint typecheck unit model integration e2e browser chaos-short
 
 ## the Bicep checks (their own venv), the worker's indexer and the trigger shapes through
 ## the runtime, side by side
@@ -71,6 +72,17 @@ typecheck: deps
 
 unit: deps
 	$(PYTEST) tests/unit -q
+
+## make model: the engine's model checker under pytest (tests/model: generated workflows and
+## interleavings, every invariant of contract 3.15 after every transition)
+model: deps
+	$(PYTEST) tests/model -q
+
+## make model-check: a longer search, every distinct failure listed (MODEL_BUDGET seconds,
+## default an hour; MODEL_SEED for the first seed)
+MODEL_BUDGET ?= 3600
+model-check: deps
+	$(BIN)/python -m tests.model --report --budget $(MODEL_BUDGET) $(if $(MODEL_SEED),--seed $(MODEL_SEED))
 
 integration: deps
 	$(PYTEST) tests/integration -q

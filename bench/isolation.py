@@ -212,6 +212,9 @@ def window(
         "orders": len(submitted),
         "completed": len(completed),
         "unfinished": len(submitted) - len(finished),
+        # a failure counted, or a second attempt, on any of the window's orders
+        "failuresCounted": sum(s.failure_count for o in finished.values() for s in o.steps),
+        "retried": sum(1 for o in finished.values() for s in o.steps if s.attempt > 1),
         "maxSendLagMs": round(1000 * lag),
         "latencyMs": ms_stats(latencies),
         "hopsP50Ms": {hop: round(1000 * percentile(v, 0.5)) for hop, v in by_hop.items()},

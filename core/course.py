@@ -26,6 +26,7 @@ Nothing here is called by a kind or an evidence rule: they change records; this 
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
@@ -457,3 +458,23 @@ def _tell_standing(order: Order, records: list[StepRecord], now: datetime) -> No
         "nothing is left for the workflow to undo",
         now,
     )
+
+
+def ends_in_error(order: Order, status: OrderStatus, now: datetime) -> bool:
+    """Whether the order, put in ``status`` now, would be decided back into ``error`` at once
+    (decided on a copy: nothing of it is kept)."""
+    trial = copy.deepcopy(order)
+    trial.status = status
+    advance(trial, now)
+    return trial.status is OrderStatus.ERROR
+
+
+def enter(order: Order, status: OrderStatus, now: datetime) -> None:
+    """``status``, announced; or, where the decision that follows would take the order
+    straight to ``error``, passed through unannounced (an operator's cancel of an order
+    with nothing left to undo, more to undo that cannot be: no status the app would see
+    it leave in the same transition)."""
+    if ends_in_error(order, status, now):
+        order.pass_through(status)
+    else:
+        order.set_status(status, now)

@@ -21,14 +21,13 @@ decides what that means for the order.
 
 from __future__ import annotations
 
-import copy
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from core import moves
 from core.attempts import Attempt
-from core.course import advance, doubtful, in_doubt, tell_overtaken
+from core.course import doubtful, ends_in_error, enter, in_doubt, tell_overtaken
 from core.errors import TransitionRefused
 from core.events import Event
 from core.kinds import CALLBACK, begin, kind_of
@@ -266,7 +265,7 @@ def _resume(order: Order, status: OrderStatus, record: StepRecord, now: datetime
     """An order in ``error`` goes back to work on evidence, unless that would only bring it
     back to ``error`` in the same transition (the app would see it leave and come back):
     then it stays, quietly, and the decision is the operator's as before."""
-    if _ends_in_error(order, status, now):
+    if ends_in_error(order, status, now):
         return
     order.note(now, Event.RESOLVED, step=record.step, note="a success arrived after it failed")
     order.unwound = False
@@ -278,19 +277,7 @@ def reopen(order: Order, now: datetime) -> None:
     ``compensating`` again, or straight to ``error`` where that is where it would end now
     (no status it would leave in the same transition)."""
     order.unwound = False
-    if _ends_in_error(order, OrderStatus.COMPENSATING, now):
-        order.status = OrderStatus.COMPENSATING  # passed through, not announced
-    else:
-        order.set_status(OrderStatus.COMPENSATING, now)
-
-
-def _ends_in_error(order: Order, status: OrderStatus, now: datetime) -> bool:
-    """Whether the order, put in ``status`` now, would be decided back into ``error`` at once
-    (decided on a copy: nothing of it is kept)."""
-    trial = copy.deepcopy(order)
-    trial.status = status
-    advance(trial, now)
-    return trial.status is OrderStatus.ERROR
+    enter(order, OrderStatus.COMPENSATING, now)
 
 
 def blockers(order: Order) -> list[StepRecord]:

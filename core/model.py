@@ -116,6 +116,9 @@ class Order:
     #: Not stored: times a transition wants the order looked at again (a delay that
     #: began), for the dispatcher to queue after the save (the sweeps are the safety net).
     wakeups: list[datetime] = field(default_factory=list)
+    #: Not stored: the status the app was last told, while a transition passes silently
+    #: through another (``pass_through``); None otherwise.
+    told: OrderStatus | None = field(default=None, repr=False, compare=False)
 
     # --- creation ---------------------------------------------------------------------
 
@@ -559,8 +562,19 @@ class Order:
         if status is self.status:
             return
         self.status = status
+        told, self.told = self.told, None
+        if status is told:
+            return  # back where the app was last told, after a silent pass
         self.note(now, Event.STATUS, status=str(status))
         self._notify(str(status), now, **extra)
+
+    def pass_through(self, status: OrderStatus) -> None:
+        """In ``status`` for the rest of this transition only, unannounced: the decision
+        that follows takes it elsewhere (the app never sees a status it would leave in
+        the same transition)."""
+        if self.told is None:
+            self.told = self.status
+        self.status = status
 
     def _notify(self, status: str, now: datetime, **extra: Any) -> None:
         if self.reply_to:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from core import inbox, kinds, moves
+from core import course, inbox, kinds, moves
 from core.cancel import CancelPreview, blocking, preview_cancel
 from core.course import in_doubt, standing
 from core.events import Event
@@ -113,7 +113,7 @@ def cancel(
             by=by,
             note="left as is (not applied); undoing the completed steps",
         )
-    order.set_status(OrderStatus.COMPENSATING, now)
+    course.enter(order, OrderStatus.COMPENSATING, now)
 
 
 def state_not_applied(

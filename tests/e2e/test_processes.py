@@ -19,6 +19,8 @@ import re
 import runpy
 import shlex
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -44,14 +46,32 @@ def load(stack: LocalStack, order_id: str) -> Order | None:
     return stack.context.store.load(order_id)
 
 
-def wait_terminal(stack: LocalStack, order_ids: list[str], timeout: float) -> dict[str, Order]:
-    def done() -> dict[str, Order] | None:
+def wait_terminal(stack: LocalStack, order_ids: list[str], quiet: float) -> dict[str, Order]:
+    """Until every order has ended. A wait sized by the work, not by a guess at the
+    machine's speed: it fails only when ``quiet`` seconds pass in which no order moved (no
+    order saved since, none ended), saying which orders were still open, and where."""
+    last: dict[str, tuple[datetime, str] | None] = {}
+    moved_at = time.monotonic()
+    while True:
         orders = {o: load(stack, o) for o in order_ids}
         if all(o is not None and o.status.terminal for o in orders.values()):
             return {k: v for k, v in orders.items() if v is not None}
-        return None
-
-    return wait_for(done, timeout, interval=0.5, what=f"{len(order_ids)} orders to finish")
+        now = {k: (v.updated_at, str(v.status)) if v else None for k, v in orders.items()}
+        if now != last:
+            last, moved_at = now, time.monotonic()
+        elif time.monotonic() - moved_at > quiet:
+            open_ = {
+                k: (str(v.status), [f"{s.step}:{s.process_state}" for s in v.steps])
+                if v
+                else "not saved"
+                for k, v in orders.items()
+                if v is None or not v.status.terminal
+            }
+            raise AssertionError(
+                f"{len(open_)} of {len(order_ids)} orders still open after {quiet:.0f} s in "
+                f"which none moved: {dict(list(open_.items())[:20])}"
+            )
+        time.sleep(0.5)
 
 
 def log_tail(stack: LocalStack) -> str:

@@ -614,3 +614,32 @@ def test_a_late_deferral_of_an_ended_steps_attempt_does_not_reopen_the_order() -
     assert status(order) is OrderStatus.ERROR
     assert alerts(order) == []
     assert statuses(order) == []
+
+
+# --- found by the model (tests/model): a cancel with nothing left to undo ---------------------
+
+
+def test_a_cancel_with_nothing_to_undo_leaves_the_order_in_error_without_a_flap() -> None:
+    """Found by ``python -m tests.model`` (I7-status-sequence@cancel). Scenario: ``notify``
+    (no compensation) applied; ``process`` timed out twice, may have applied, and the order
+    is ``error``. The operator cancels, stating process did not happen.
+
+    Nothing is left to undo and notify's effect stands: the order stays ``error`` with an
+    alert that says so, and the app is told nothing (the engine of the time sent
+    ``compensating`` then ``error`` in the one transition: a status it left at once)."""
+    order = new("notify-then-process")
+    now = succeed(order, "notify", T0)
+    for _ in range(POLICY.max_failure_count):
+        now = claim(order, "process", now)
+        now += timedelta(seconds=TIMEOUT + 1)
+        order.expire(now, POLICY, step="process")
+        if status(order) is OrderStatus.ERROR:
+            break
+    assert status(order) is OrderStatus.ERROR, order.history
+    told = len(statuses(order))
+
+    order.cancel(now + SECOND, by="ops@example.com", not_applied="process")
+
+    assert status(order) is OrderStatus.ERROR
+    assert statuses(order)[told:] == []
+    assert any("stands" in said(a) and "notify" in said(a) for a in alerts(order)), alerts(order)

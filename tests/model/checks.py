@@ -1,0 +1,285 @@
+"""Contract 3.15's invariants as checks: each a pure function of what the model knows (the
+truth, the flow) and what the engine did (its answer, the order before and after, the
+requests and status messages it sent), returning the violations it finds.
+
+- I1 (``requested``): a compensation is requested only when no attempt of its step may
+  still apply (every attempt reported, or past its deadline plus the allowed skew,
+  unless its key is known applied), and never while a step without a compensation may
+  have applied (truly) without the engine knowing it: "never undone around a doubt".
+- I2 (``discarded_reply``, ``discarded_callback``): a success report of the current run
+  (a 2xx; a callback's result) answered dropped or 409 is evidence lost, unless the
+  record already knows it applied.
+- I3 (``standing``): compensated or cancelled only when every effect that truly applied
+  was undone after it (no step declares ``may_stand`` today).
+- I4 (``standing``, ``operator_alerts``): an order in error has had an alert since it
+  entered that episode; an operator action by itself raises none.
+- I5 (``requested``): a step is requested under a new key only when every earlier key of
+  it truly did not apply and cannot any more.
+- I6 (``standing``): an unfinished order that waits for no person has a Pending or
+  Processing record (a due time or a deadline).
+- I7 (``told``, ``kept_event``, ``kept_callback``): the status messages of a transition
+  repeat no status and the last one is the order's; ``error`` is left only by an
+  operator or by evidence; an event is kept only for a step not started that the order
+  can still reach.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from itertools import pairwise
+from typing import Any
+
+from tests.model.flows import Flow
+from tests.model.signatures import Finding
+from tests.model.truth import Call, Effect, Ledger
+from tests.model.vocabulary import Answer, OrderSnap, ReplyKind, terminal
+from tests.model.world import ALLOWED_SKEW
+
+
+def requested(
+    call: Call,
+    flow: Flow,
+    ledger: Ledger,
+    successes: set[str],
+    reported: dict[int, list[ReplyKind]],
+    after: OrderSnap | None,
+    now: datetime,
+) -> list[Finding]:
+    """I1 for a compensation's request, I5 for a step's request under a new key."""
+    req = call.req
+    out: list[Finding] = []
+    undone = flow.compensated(req.step)
+    if undone is not None:
+        skew = timedelta(seconds=ALLOWED_SKEW)
+        for other in ledger.calls:
+            if other.req.step != undone.name or other.req.key in successes:
+                continue
+            said = reported.get(other.req.index, [])
+            if all(k == "transient-maybe" for k in said) and now < other.req.deadline + skew:
+                out.append(
+                    Finding(
+                        "I1-undo-while-may-apply",
+                        f"{req.step} requested at {now:%H:%M:%S} while attempt "
+                        f"{other.req.attempt} of {undone.name} may still apply (deadline "
+                        f"{other.req.deadline:%H:%M:%S} + {ALLOWED_SKEW:g} s)",
+                    )
+                )
+        for task in flow.tasks():
+            if task.comp or not ledger.may_apply(task.name, now):
+                continue
+            step = after.step(task.name) if after is not None else None
+            if step is None or not step.known_applied:
+                out.append(
+                    Finding(
+                        "I1-undo-around-doubt",
+                        f"{req.step} requested while {task.name} (no compensation) may have "
+                        f"applied ({ledger.truth_of(task.name)}) and the engine does not "
+                        "know it",
+                    )
+                )
+        return out
+    for effect in ledger.effects_of(req.step):
+        if effect.key_round >= req.key_round:
+            continue
+        still = [c for c in ledger.calls if c.req.key == effect.key and c.open(now)]
+        if effect.state in ("applied", "accepted") or still:
+            out.append(
+                Finding(
+                    "I5-second-key",
+                    f"{req.step} requested under {req.key} while {effect.key} is "
+                    f"{effect.state}{' with a call still open' if still else ''}",
+                )
+            )
+    return out
+
+
+def discarded_reply(
+    call: Call, wire: ReplyKind, answer: Answer, after: OrderSnap | None, ledger: Ledger
+) -> list[Finding]:
+    """I2 for a 2xx (for a step answered by callback: its acceptance, evidence that it
+    may apply)."""
+    req = call.req
+    if (
+        wire != "success"
+        or answer.kind not in ("stale", "unbound")
+        or not ledger.current(req.step, req.key_round)
+    ):
+        return []
+    accepting = ledger.is_callback(req.step)
+    step = after.step(req.step) if after is not None else None
+    if step is not None and (step.known_applied or (accepting and step.accepted)):
+        return []
+    return [
+        Finding(
+            "I2-evidence-discarded",
+            f"the 2xx of {req.key} (attempt {req.attempt}) was answered {answer.kind} "
+            f"({answer.detail}); the record of {req.step} does not know it "
+            f"{'was accepted' if accepting else 'applied'}",
+            f"reply:{step.state if step is not None else 'gone'}",
+        )
+    ]
+
+
+def discarded_callback(
+    effect: Effect,
+    payload: dict[str, Any],
+    answer: Answer,
+    after: OrderSnap | None,
+    ledger: Ledger,
+) -> list[Finding]:
+    """I2 for a callback's result; I7 for a callback answered kept (its step started: the
+    remote only calls back about a request it was sent)."""
+    out: list[Finding] = []
+    if answer.kind == "kept":
+        out.append(
+            Finding(
+                "I7-kept-unreachable",
+                f"the callback of {effect.key} was kept, as if {effect.step} had not started",
+                "callback",
+            )
+        )
+    if (
+        "result" in payload
+        and answer.kind == "refused"
+        and ledger.current(effect.step, effect.key_round)
+    ):
+        step = after.step(effect.step) if after is not None else None
+        if step is None or not step.known_applied:
+            out.append(
+                Finding(
+                    "I2-evidence-discarded",
+                    f"the callback result of {effect.key} was answered 409 ({answer.detail}); "
+                    f"the record of {effect.step} does not know it applied",
+                    f"callback:{step.state if step is not None else 'gone'}",
+                )
+            )
+    return out
+
+
+def kept_event(name: str, before: OrderSnap | None, answer: Answer, flow: Flow) -> list[Finding]:
+    """I7: an event is kept only for a step that has not started and that the order can
+    still reach."""
+    if answer.kind != "kept" or before is None:
+        return []
+    started = before.step(name)
+    if started is not None:
+        return [
+            Finding(
+                "I7-kept-unreachable",
+                f"event {name} kept: its step had started ({started.state})",
+                "event-started",
+            )
+        ]
+    if not reachable(flow, before):
+        cancelling = ", cancel requested" if before.cancel_requested else ""
+        return [
+            Finding(
+                "I7-kept-unreachable",
+                f"event {name} kept while the order ({before.status}{cancelling}) cannot reach it",
+                "event-unreachable",
+            )
+        ]
+    return []
+
+
+def reachable(flow: Flow, snap: OrderSnap) -> bool:
+    """Whether the order can still go forward to a step it has not started."""
+    if snap.cancel_requested:
+        # Unless a step in flight that cannot be undone succeeds: then the cancel comes
+        # too late and the order goes on (3.11).
+        return snap.status != "error" and any(
+            s.active and (task := flow.task(s.name)) is not None and not task.comp
+            for s in snap.steps
+        )
+    if snap.status in ("pending", "processing"):
+        return not any(s.action and s.state == "error" for s in snap.steps)
+    if snap.status == "error":
+        return all(s.action for s in snap.steps)  # no undo has begun
+    return False
+
+
+def told(
+    rule: str,
+    before: OrderSnap | None,
+    after: OrderSnap,
+    sequence: list[str],
+    new: list[str],
+    leaves_error: bool,
+) -> list[Finding]:
+    """I7 on the status messages one transition sent (``new``; ``sequence``: the one before
+    them, then them): no status twice, the last one the order's; ``error`` left only by
+    an operator or by evidence (``leaves_error``: the transition was one of those)."""
+    out: list[Finding] = []
+    where = rule.split("-", maxsplit=1)[0]
+    if any(a == b for a, b in pairwise(sequence)) or len(set(sequence)) != len(sequence):
+        out.append(
+            Finding(
+                "I7-status-sequence",
+                f"{rule} sent {new} after {sequence[: len(sequence) - len(new)]}",
+                where,
+            )
+        )
+    last = new[-1] if new else (sequence[-1] if sequence else None)
+    if last is not None and last not in (after.status, "received"):
+        out.append(
+            Finding(
+                "I7-status-missed",
+                f"after {rule} the order is {after.status}; the app was last told {last}",
+            )
+        )
+    left = before is not None and before.status == "error" and after.status != "error"
+    if left and not leaves_error:
+        out.append(
+            Finding(
+                "I7-error-left",
+                f"{rule} took the order from error to {after.status} ({new})",
+                rule,
+            )
+        )
+    return out
+
+
+def operator_alerts(rule: str, after: OrderSnap | None, raised: list[str]) -> list[Finding]:
+    """I4: an operator action by itself raises no alert (unless it leaves the order in
+    front of a person again)."""
+    if after is None or not raised or after.status == "error":
+        return []
+    return [
+        Finding(
+            "I4-operator-alert",
+            f"{rule} raised {len(raised)} alert(s) and left the order {after.status}: "
+            f"{raised[0][:200]}",
+            rule,
+        )
+    ]
+
+
+def standing(
+    flow: Flow, ledger: Ledger, snap: OrderSnap, alerted_in_episode: bool, *, final: bool = False
+) -> list[Finding]:
+    """I3, I4 and I6 on the order as it stands. I3 is judged once the world is calm
+    (``final``): a remote may apply what it accepted after the order was undone, and only
+    its callback, which the calm world delivers, can tell the engine."""
+    out: list[Finding] = []
+    if final and snap.status in ("compensated", "cancelled"):
+        for task in flow.tasks():
+            for effect in ledger.effects_of(task.name):
+                if effect.state == "applied" and not ledger.undone(effect):
+                    out.append(
+                        Finding(
+                            "I3-effect-stands",
+                            f"the order is {snap.status} and {effect.key} applied and was "
+                            "never undone",
+                            "undo-missed" if task.comp else "no-undo",
+                        )
+                    )
+    if snap.status == "error" and not alerted_in_episode:
+        out.append(Finding("I4-error-without-alert", "the order is in error; nobody was told"))
+    if not terminal(snap.status) and not snap.active:
+        out.append(
+            Finding(
+                "I6-no-next-look",
+                f"the order is {snap.status} with no Pending or Processing record",
+            )
+        )
+    return out

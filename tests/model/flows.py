@@ -1,0 +1,300 @@
+"""Generated workflows: contract 3.13's vocabulary as small, printable specs.
+
+A ``Flow`` is what the model generates and Hypothesis prints: a line of elements, each a
+``Task`` (a ``StepSpec``: with or without a compensation, answered by a callback
+``completes_on`` or not, its ``input`` reading an earlier step's result, a ``when``), a
+``Wait`` (an ``Event``), a ``Sleep`` (a ``Delay``) or a ``Group`` (a ``Parallel`` of 2-4
+of those). Each spec's ``repr`` is the Python that builds it, so a printed failing
+sequence can be run again (``python -m tests.model --replay FILE``).
+
+``declarations(flow)`` turns a flow into a declarations module (``AGENTS``,
+``WORKFLOWS``) and ``installed(flow)`` puts it to use for a block, as
+``tests.support.declarations`` does for a module on disk. The strategy ``flows()`` is
+biased towards 2-3 elements: most of the engine's edges need only a step before a
+group, or a group alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from hypothesis import strategies as st
+
+from core import workflows
+from core.workflows import (
+    Agent,
+    Compensation,
+    Context,
+    Delay,
+    Event,
+    Parallel,
+    StepSpec,
+    Workflow,
+)
+
+#: The workflow every generated order runs, and its one agent (every step's remote).
+WORKFLOW = "model"
+AGENT = "remote"
+#: Where the generated declarations live while a flow is installed (``sys.modules``).
+MODULE = "tests.model._declared"
+
+When = Literal["never", "flag"] | None
+
+
+class _Printed:
+    """Printed as the Python that builds it, also by Hypothesis's pretty-printer (which
+    otherwise spells out every field of a dataclass)."""
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(repr(self))
+
+
+def _args(*parts: str | None) -> str:
+    return ", ".join(p for p in parts if p)
+
+
+def _when(when: When) -> str | None:
+    return f"when={when!r}" if when else None
+
+
+@dataclass(frozen=True, repr=False)
+class Task(_Printed):
+    """A remote call (``StepSpec``). ``comp``: it has a compensation ``undo-<name>``;
+    ``callback``: it ``completes_on`` the event ``<name>-done`` (its 2xx is the remote's
+    acceptance); ``reads``: its ``input`` carries that earlier step's result; ``when``:
+    ``never`` (skipped) or ``flag`` (runs when the order's ``flag`` is true)."""
+
+    name: str
+    comp: bool = False
+    callback: bool = False
+    reads: str | None = None
+    when: When = None
+
+    def __repr__(self) -> str:
+        return (
+            "Task("
+            + _args(
+                repr(self.name),
+                "comp=True" if self.comp else None,
+                "callback=True" if self.callback else None,
+                f"reads={self.reads!r}" if self.reads else None,
+                _when(self.when),
+            )
+            + ")"
+        )
+
+    @property
+    def undo(self) -> str | None:
+        return f"undo-{self.name}" if self.comp else None
+
+    @property
+    def event(self) -> str | None:
+        return f"{self.name}-done" if self.callback else None
+
+
+@dataclass(frozen=True, repr=False)
+class Wait(_Printed):
+    """An ``Event`` step: a person's decision, failing for good after ``timeout`` s."""
+
+    name: str
+    timeout: int = 60
+    when: When = None
+
+    def __repr__(self) -> str:
+        return f"Wait({_args(repr(self.name), f'timeout={self.timeout}', _when(self.when))})"
+
+
+@dataclass(frozen=True, repr=False)
+class Sleep(_Printed):
+    """A ``Delay`` of ``seconds``."""
+
+    name: str
+    seconds: int = 5
+    when: When = None
+
+    def __repr__(self) -> str:
+        return f"Sleep({_args(repr(self.name), f'seconds={self.seconds}', _when(self.when))})"
+
+
+Leaf = Task | Wait | Sleep
+
+
+@dataclass(frozen=True, repr=False, init=False)
+class Group(_Printed):
+    """A ``Parallel`` of its members."""
+
+    members: tuple[Leaf, ...]
+
+    def __init__(self, *members: Leaf) -> None:
+        object.__setattr__(self, "members", tuple(members))
+
+    def __repr__(self) -> str:
+        return f"Group({', '.join(map(repr, self.members))})"
+
+
+Element = Leaf | Group
+
+
+@dataclass(frozen=True, repr=False, init=False)
+class Flow(_Printed):
+    """A workflow: its elements in order; ``flag``: the order's ``flag`` field."""
+
+    elements: tuple[Element, ...]
+    flag: bool = True
+
+    def __init__(self, *elements: Element, flag: bool = True) -> None:
+        object.__setattr__(self, "elements", tuple(elements))
+        object.__setattr__(self, "flag", flag)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(map(repr, self.elements))
+        return f"Flow({inner}{'' if self.flag else ', flag=False'})"
+
+    def leaves(self) -> list[Leaf]:
+        out: list[Leaf] = []
+        for element in self.elements:
+            out += list(element.members) if isinstance(element, Group) else [element]
+        return out
+
+    def tasks(self) -> list[Task]:
+        return [leaf for leaf in self.leaves() if isinstance(leaf, Task)]
+
+    def task(self, name: str) -> Task | None:
+        return next((t for t in self.tasks() if t.name == name), None)
+
+    def compensated(self, undo: str) -> Task | None:
+        """The task that ``undo`` compensates."""
+        return next((t for t in self.tasks() if t.undo == undo), None)
+
+    def events(self) -> list[str]:
+        """The names of its ``Event`` steps (a person's decisions)."""
+        return [leaf.name for leaf in self.leaves() if isinstance(leaf, Wait)]
+
+
+# --- declarations ------------------------------------------------------------------------
+
+
+def _when_fn(when: When) -> Any:
+    if when == "never":
+        return lambda ctx: False
+    if when == "flag":
+        return lambda ctx: bool(ctx.order.get("flag"))
+    return None
+
+
+def _reader(name: str) -> Any:
+    def read(ctx: Context) -> dict[str, Any]:
+        return {**ctx.order, "from": name, "got": ctx.results.get(name, {})}
+
+    return read
+
+
+def _undo_input(name: str) -> Any:
+    def undo(ctx: Context) -> dict[str, Any]:
+        return {"undo": name, "result": ctx.results.get(name, {})}
+
+    return undo
+
+
+def _leaf(leaf: Leaf) -> StepSpec | Event | Delay:
+    if isinstance(leaf, Wait):
+        return Event(leaf.name, timeout_seconds=leaf.timeout, when=_when_fn(leaf.when))
+    if isinstance(leaf, Sleep):
+        return Delay(leaf.name, seconds=leaf.seconds, when=_when_fn(leaf.when))
+    undo = leaf.undo
+    return StepSpec(
+        leaf.name,
+        agent=AGENT,
+        input=_reader(leaf.reads) if leaf.reads else None,
+        when=_when_fn(leaf.when),
+        completes_on=leaf.event,
+        compensation=Compensation(undo, input=_undo_input(leaf.name)) if undo else None,
+    )
+
+
+def workflow_of(flow: Flow) -> Workflow:
+    steps: list[StepSpec | Event | Delay | Parallel] = []
+    for element in flow.elements:
+        if isinstance(element, Group):
+            steps.append(Parallel(*(_leaf(m) for m in element.members)))
+        else:
+            steps.append(_leaf(element))
+    return Workflow(WORKFLOW, tuple(steps))
+
+
+def declarations(flow: Flow) -> types.ModuleType:
+    """A declarations module for ``flow`` (and the default workflow ``order``)."""
+    module = types.ModuleType(MODULE)
+    module.AGENTS = [Agent(AGENT)]  # type: ignore[attr-defined]
+    module.WORKFLOWS = [  # type: ignore[attr-defined]
+        Workflow("order", (StepSpec("process", agent=AGENT),)),
+        workflow_of(flow),
+    ]
+    return module
+
+
+@contextlib.contextmanager
+def installed(flow: Flow) -> Iterator[str]:
+    """``flow``'s declarations in use for the block (their module's name); then the ones
+    in use before."""
+    before = workflows.in_use()
+    if before == MODULE:
+        raise RuntimeError("a flow is installed already: close the machine that installed it")
+    sys.modules[MODULE] = declarations(flow)
+    workflows.use(MODULE)
+    workflows.reload()
+    try:
+        yield MODULE
+    finally:
+        sys.modules.pop(MODULE, None)
+        workflows.use(before)
+        workflows.reload()
+
+
+# --- the strategy --------------------------------------------------------------------------
+
+_WHEN: st.SearchStrategy[When] = st.sampled_from([None, None, None, None, None, "flag", "never"])
+
+
+@st.composite
+def flows(draw: st.DrawFn) -> Flow:
+    """A small workflow: 1-4 elements (mostly 2-3); groups of 2-4 (mostly 2)."""
+    count = draw(st.sampled_from([2, 2, 2, 3, 3, 3, 1, 4]))
+    names = iter(range(1, 100))
+    done: list[str] = []  # tasks of earlier elements (what an input may read)
+
+    def leaf() -> Leaf:
+        n = next(names)
+        kind = draw(st.sampled_from(["task"] * 4 + ["wait", "sleep"]))
+        when = draw(_WHEN)
+        if kind == "wait":
+            return Wait(f"e{n}", timeout=draw(st.sampled_from([60, 20])), when=when)
+        if kind == "sleep":
+            return Sleep(f"d{n}", seconds=draw(st.sampled_from([5, 40])), when=when)
+        reads = draw(st.sampled_from([None, None, *done[-1:]])) if done else None
+        return Task(
+            f"t{n}",
+            comp=draw(st.sampled_from([True, True, False])),
+            callback=draw(st.sampled_from([False, False, True])),
+            reads=reads,
+            when=when,
+        )
+
+    elements: list[Element] = []
+    for _ in range(count):
+        if draw(st.sampled_from([False, True])):
+            size = draw(st.sampled_from([2, 2, 2, 3, 4]))
+            group = Group(*(leaf() for _ in range(size)))
+            elements.append(group)
+            done += [m.name for m in group.members if isinstance(m, Task)]
+        else:
+            single = leaf()
+            elements.append(single)
+            if isinstance(single, Task):
+                done.append(single.name)
+    return Flow(*elements, flag=draw(st.sampled_from([True, True, False])))

@@ -1,0 +1,51 @@
+"""The model checker under pytest (``make test`` runs it): about a minute and a half of
+generated workflows and interleavings against the engine, every invariant of contract
+3.15 checked after every transition (``tests/model/machine.py``).
+
+A failure prints the invariant's signature and Hypothesis's shortest failing sequence of
+rules. ``python -m tests.model --budget SECONDS --report`` searches longer and lists every
+distinct failure it finds (``make model-check``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.internal.conjecture import engine as conjecture_engine
+
+from tests.model.machine import EngineModel
+
+#: Shrinking a failure at most this long (Hypothesis's own limit, 300 s, is the whole
+#: test's timeout here): the shortest sequence is usually reached in well under a minute.
+SHRINK_SECONDS = 120
+
+
+@pytest.fixture(autouse=True)
+def _bounded() -> Iterator[None]:
+    """The engine logs every transition (thousands of records would only slow the run);
+    shrinking is bounded."""
+    logging.disable(logging.CRITICAL)
+    try:
+        with mock.patch.object(conjecture_engine, "MAX_SHRINKING_SECONDS", SHRINK_SECONDS):
+            yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+TestEngineModel = EngineModel.TestCase
+#: 800 examples take about a minute here; a machine three times slower stays well inside.
+TestEngineModel = pytest.mark.timeout(900)(TestEngineModel)
+TestEngineModel.settings = settings(
+    max_examples=800,
+    stateful_step_count=30,
+    deadline=None,
+    database=None,
+    # one failure, shrunk and printed (the runner collects them all)
+    report_multiple_bugs=False,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
