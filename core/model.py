@@ -14,13 +14,8 @@ The operator's actions are decided over all records too (``core.operator``), and
 events delivered (``core.inbox``). Records are created when the workflow reaches them;
 any number may be active at once (the steps of a ``Parallel``).
 
-Failure semantics (docs/contracts.md §3.11, §3.15). Every attempt ends in one of:
-``succeeded``; ``refused`` (a permanent 4xx: nothing applied by that try); ``transient``
-(transient failures until time ran out, counted in ``FailureCount``); ``deferred`` (not
-called, or the remote down for everyone: not counted, the step waits); ``expired`` (no
-report by the deadline: counted); ``not-sent`` (its request never left: not counted).
-What each attempt may have done is typed state (``core.attempts``), and every decision
-reads that, never the history.
+Failure semantics: docs/contracts.md §3.11 and §3.15 (how attempts end: ``core.outcome``;
+what each may have done: ``core.attempts``, which every decision reads, never the history).
 """
 
 from __future__ import annotations
@@ -569,9 +564,7 @@ class Order:
         self._notify(str(status), now, **extra)
 
     def pass_through(self, status: OrderStatus) -> None:
-        """In ``status`` for the rest of this transition only, unannounced: the decision
-        that follows takes it elsewhere (the app never sees a status it would leave in
-        the same transition)."""
+        """In ``status`` unannounced: the decision that follows takes it elsewhere."""
         if self.told is None:
             self.told = self.status
         self.status = status
@@ -579,22 +572,15 @@ class Order:
     def _notify(self, status: str, now: datetime, **extra: Any) -> None:
         if self.reply_to:
             fields = {k: v for k, v in extra.items() if v is not None}
-            self.outbox.append(
-                Notice(
-                    "status", status_message(self.order_id, status, now, **fields), self.reply_to
-                )
-            )
+            body = status_message(self.order_id, status, now, **fields)
+            self.outbox.append(Notice("status", body, self.reply_to))
 
     def alert(self, record: StepRecord, reason: str, now: datetime) -> None:
         # A reason from a remote or a handler ends a sentence; the alert goes on after it.
         reason = _CLAUSE_END.sub(r"\1", reason)
         self.note(now, Event.ALERTED, step=record.step, reason=reason)
-        self.outbox.append(
-            Notice(
-                "alert",
-                alert_message(self.order_id, record.step, reason, record.failure_count, now),
-            )
-        )
+        body = alert_message(self.order_id, record.step, reason, record.failure_count, now)
+        self.outbox.append(Notice("alert", body))
 
     def note(self, now: datetime, event: Event, **details: Any) -> None:
         """An entry in the order's own history (for people: no decision reads it)."""

@@ -81,6 +81,23 @@ def test_core_imports_only_core_the_standard_library_and_pydantic(path: Path) ->
     assert imports_of(path) - allowed == set()
 
 
+#: The domain's rooms stay small enough to read whole (docs/design.md).
+CORE_MAX_LINES = 600
+
+
+@pytest.mark.parametrize("path", modules("core"), ids=lambda p: p.name)
+def test_no_module_of_core_is_over_600_lines(path: Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= CORE_MAX_LINES, f"{path.name} has {lines} lines"
+
+
+def test_the_order_is_no_class_hierarchy() -> None:
+    """The aggregate by composition (§3.15): ``Order`` derives from nothing of the app's."""
+    tree = ast.parse((ROOT / "core" / "model.py").read_text(encoding="utf-8"))
+    [order] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Order"]
+    assert order.bases == [], [ast.unparse(b) for b in order.bases]
+
+
 @pytest.mark.parametrize("path", modules("agents"), ids=lambda p: p.name)
 def test_agents_never_import_stores(path: Path) -> None:
     assert "stores" not in imports_of(path)
