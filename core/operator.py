@@ -241,6 +241,7 @@ def _new_round_if_overtaken(order: Order, undo: StepRecord, now: datetime) -> No
     undo.key_round += 1
     undo.round_began_at = None
     target.applied_after_undo = None
+    target.changed = True
     target.process_state = StepState.COMPENSATING
     undo.record(now, Event.NEW_KEY, key=undo.idempotency_key)
 

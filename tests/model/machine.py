@@ -491,18 +491,25 @@ class EngineModel(RuleBasedStateMachine):
         ledger = self.ledger
         for _ in range(LIVENESS_ROUNDS):
             assert self.snap is not None
-            if terminal(self.snap.status):
-                break
             now = self.world.now()
-            for call in [c for c in ledger.calls if c.open(now)]:
-                self._reply(call, "success")
+            said = False
+            if not terminal(self.snap.status):
+                for call in [c for c in ledger.calls if c.open(now)]:
+                    self._reply(call, "success")
             for key in ledger.callback_keys():
                 effect = ledger.effects[key]
+                if terminal(self.snap.status) and effect.state != "applied":
+                    continue
                 if effect.state == "accepted" and ledger.current(effect.step, effect.key_round):
                     self._callback(key, "result")
+                    said = True
                 elif effect.state == "applied" and key not in self.successes:
-                    # applied and never said: its remote calls back now (on its run's URL)
+                    # applied and never said (even to an order that has ended): its
+                    # remote calls back now, on its run's URL
                     self._callback(key, "result")
+                    said = True
+            if terminal(self.snap.status) and not said:
+                break
             self.world.advance(self._to_next())
             self._after("calm-advance", Answer("ok"), leaves_error=False)
             self._after("calm-supervise", self.world.supervise(), leaves_error=False)
