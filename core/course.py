@@ -460,21 +460,25 @@ def _tell_standing(order: Order, records: list[StepRecord], now: datetime) -> No
     )
 
 
-def ends_in_error(order: Order, status: OrderStatus, now: datetime) -> bool:
-    """Whether the order, put in ``status`` now, would be decided back into ``error`` at once
-    (decided on a copy: nothing of it is kept)."""
+def lands_in(order: Order, status: OrderStatus, now: datetime) -> OrderStatus:
+    """Where the order, put in ``status`` now, would be decided to at once (decided on a
+    copy: nothing of it is kept)."""
     trial = copy.deepcopy(order)
     trial.status = status
     advance(trial, now)
-    return trial.status is OrderStatus.ERROR
+    return trial.status
+
+
+def ends_in_error(order: Order, status: OrderStatus, now: datetime) -> bool:
+    return lands_in(order, status, now) is OrderStatus.ERROR
 
 
 def enter(order: Order, status: OrderStatus, now: datetime) -> None:
     """``status``, announced; or, where the decision that follows would take the order
-    straight to ``error``, passed through unannounced (an operator's cancel of an order
-    with nothing left to undo, more to undo that cannot be: no status the app would see
-    it leave in the same transition)."""
-    if ends_in_error(order, status, now):
+    straight elsewhere, passed through unannounced (a cancel with nothing left to undo,
+    late doubt on an ended order that changes nothing, more to undo that cannot be): the
+    app never sees a status the order leaves in the same transition."""
+    if lands_in(order, status, now) is not status:
         order.pass_through(status)
     else:
         order.set_status(status, now)

@@ -55,6 +55,9 @@ class Verdict:
     statuses: Counter[str] = field(default_factory=Counter)
     as_expected: int = 0
     exhausted: list[str] = field(default_factory=list)  # Error after MAX deadline failures
+    #: Error because a step may have applied (a report of a redelivered request, say),
+    #: alerted so, though its service applied nothing: doubt told, not a wrong end
+    doubted: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     unexpected: list[str] = field(default_factory=list)
@@ -90,12 +93,27 @@ class Verdict:
             "statuses": dict(self.statuses),
             "endedAsExpected": self.as_expected,
             "exhaustedRetries": len(self.exhausted),
+            "endedInDoubt": len(self.doubted),
             **{_camel(name): len(getattr(self, name)) for name in VIOLATIONS},
             "attempts": self.attempts,
             "deadlineExpiries": self.expiries,
             "alerts": self.alerts,
             "effects": self.effects,
         }
+
+
+def _told_in_doubt(order: Order, applied: list[str], alerts: list[dict[str, Any]]) -> bool:
+    """The order is ``error`` because a step that its service never applied may have
+    applied, as far as the order can know (3.11: in doubt), and an alert said so."""
+    if order.status is not OrderStatus.ERROR:
+        return False
+    doubtful = {s.step for s in order.steps if s.may_have_applied and s.step not in applied}
+    return bool(doubtful) and any(
+        a.get("orderId") == order.order_id
+        and a.get("step") in doubtful
+        and "may have been applied" in str(a.get("reason"))
+        for a in alerts
+    )
 
 
 def _camel(name: str) -> str:
@@ -358,6 +376,8 @@ def verify(
                 verdict.as_expected += 1
             elif exhausted:
                 verdict.exhausted.append(order_id)
+            elif _told_in_doubt(order, by_order.get(order_id, []), alerts):
+                verdict.doubted.append(order_id)
             else:
                 verdict.unexpected.append(
                     f"{order_id}: {order.status}, expected {expected[order_id]}"

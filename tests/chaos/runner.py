@@ -41,7 +41,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -256,6 +256,8 @@ class RequestStorm(threading.Thread):
         self._rng = rng
         self._halt = stop
         self.copied = 0
+        #: (orderId, step, attempt) of every request it copied
+        self.attempts: set[tuple[str, str, int]] = set()
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -266,9 +268,19 @@ class RequestStorm(threading.Thread):
                         queue.send_message(message.content, visibility_timeout=delay or None)
                     queue.delete_message(message)
                     self.copied += 1
+                    self._note(message.content)
             except Exception:
                 pass
             self._halt.wait(STORM_POLL_SECONDS)
+
+    def _note(self, content: str) -> None:
+        try:
+            request = json.loads(content)
+            self.attempts.add(
+                (str(request["orderId"]), str(request["step"]), int(request["attempt"]))
+            )
+        except (ValueError, KeyError, TypeError):
+            pass
 
 
 class ServiceBusReplyMeddler(threading.Thread):
@@ -576,6 +588,43 @@ def explain_exhausted(
     return out
 
 
+def explain_doubted(
+    final: dict[str, Order | None],
+    doubted: Iterable[str],
+    deaths: Deaths,
+    copied: Collection[tuple[str, str, int]] = (),
+) -> dict[str, dict[str, Any]]:
+    """For each order that ended ``error`` in doubt about a step its service never applied
+    (``demo.verify``: told so): what explains each doubtful attempt. A request held by a
+    process that died comes back, and a request the storm copied comes again; the agent
+    that takes it again can only say "an earlier delivery may have called" (3.11:
+    "maybe"). So a death between the attempt's claim and its end (plus
+    ``DEATH_NOTICE_SLACK``), or a copy of its request, explains its doubt; nothing else
+    does."""
+    out: dict[str, dict[str, Any]] = {}
+    for order_id in doubted:
+        order = final.get(order_id)
+        steps = [s for s in order.steps if s.may_have_applied] if order is not None else []
+        unexplained: list[str] = []
+        for step in steps:
+            for number in step.maybe_applied:
+                attempt = step.attempts.get(number)
+                if attempt is None:
+                    unexplained.append(f"{step.step}:{number}")
+                    continue
+                ended = attempt.ended_at or attempt.deadline
+                died = any(
+                    attempt.claimed_at <= t <= ended + DEATH_NOTICE_SLACK for t, _ in deaths.log
+                )
+                if not died and (order_id, step.step, number) not in copied:
+                    unexplained.append(f"{step.step}:{number}")
+        out[order_id] = {
+            "steps": [s.step for s in steps],
+            "unexplained": unexplained if steps else ["no step in doubt"],
+        }
+    return out
+
+
 def exhausted_bound(orders: int) -> int:
     """The most orders a run may have run out of attempts (MAX_FAILURES on one step).
 
@@ -749,6 +798,9 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         )
         rejected = stack.context.queues.client(stack.context.names.orders_rejected)
         exhausted = explain_exhausted(final, verdict.exhausted, calls, deaths, meddler.held)
+        doubted = explain_doubted(
+            final, verdict.doubted, deaths, storm.attempts if storm is not None else set()
+        )
         timings.update(
             kills=kills,
             deaths=len(deaths),
@@ -763,6 +815,8 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             exhaustedBound=exhausted_bound(plan.orders),
             exhausted=exhausted,
             exhaustedUnexplained=sorted(o for o, e in exhausted.items() if e["unexplained"]),
+            doubted=doubted,
+            doubtedUnexplained=sorted(o for o, e in doubted.items() if e["unexplained"]),
             stalled=sum(1 for o in ids if o.endswith("-stall")),
             # docs/contracts.md §3.11: an order whose remote only stalled ends completed,
             # with no alert (not even as "ran out of attempts")

@@ -16,6 +16,7 @@ from tests.chaos.runner import (
     RANDOM_FAULTS_PER_KEY,
     Deaths,
     exhausted_bound,
+    explain_doubted,
     explain_exhausted,
 )
 from tests.unit.test_model import T0, new_order
@@ -111,3 +112,22 @@ def test_an_order_reported_exhausted_without_such_a_step_is_unexplained() -> Non
 def test_random_faults_alone_never_exhaust_a_step_and_the_bound_is_small() -> None:
     assert RANDOM_FAULTS_PER_KEY < MAX_FAILURES
     assert exhausted_bound(120) == 1 and exhausted_bound(400) == 4
+
+
+def test_an_order_in_doubt_is_explained_only_by_a_death_while_its_attempt_ran() -> None:
+    order, _ = run_out("unsure")  # every attempt expired: each may have applied
+    doubtful = order.steps[0].maybe_applied
+    assert doubtful, "expiries leave the attempts in doubt"
+    during = [
+        (order.steps[0].attempts.get(n).claimed_at + timedelta(seconds=1), "devhost-1-1")  # type: ignore[union-attr]
+        for n in doubtful
+    ]
+
+    [explained] = explain_doubted({"unsure": order}, ["unsure"], Deaths(during)).values()
+    before = Deaths([(T0 - timedelta(minutes=1), "devhost-1-0")])
+    [unexplained] = explain_doubted({"unsure": order}, ["unsure"], before).values()
+    [nothing] = explain_doubted({"fine": new_order(orderId="fine")}, ["fine"], Deaths()).values()
+
+    assert explained["unexplained"] == []
+    assert unexplained["unexplained"] == [f"process:{n}" for n in doubtful]
+    assert nothing["unexplained"] == ["no step in doubt"]

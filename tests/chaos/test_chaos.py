@@ -21,8 +21,13 @@ def _run(plan: ChaosPlan) -> None:
         {k: v[:10] for k, v in report.violations().items()}, indent=2
     )
     # Every order ended as its scenario expected, or ran out of attempts (MAX_FAILURES on
-    # one step; demo.verify reports those apart, not as "unexpected") ...
-    assert report.as_expected + len(report.exhausted) == report.orders == plan.orders, summary
+    # one step), or ended in error in doubt about a step, told so (demo.verify reports
+    # those apart, not as "unexpected") ...
+    ended = report.as_expected + len(report.exhausted) + len(report.doubted)
+    assert ended == report.orders == plan.orders, summary
+    # ... each doubt explained by a process death while its attempt ran (its request came
+    # back to an agent that could only say "an earlier delivery may have called") ...
+    assert not timings["doubtedUnexplained"], timings["doubted"]
     # ... and running out is rare (the bound and its reason: runner.exhausted_bound) and,
     # attempt by attempt, explained by the faults this run injected (runner.explain_exhausted).
     assert len(report.exhausted) <= timings["exhaustedBound"], timings["exhausted"]
