@@ -169,8 +169,8 @@ def resubmit(
         raise order.refuse(
             "nothing-failed",
             f"nothing of the order failed: the effect of {stands} stands, which a resubmit "
-            "cannot undo. Undo it by hand if it must not stand, then cancel the order to "
-            "close it",
+            "cannot undo. Undo it by hand if it must not stand; the order stays in error, "
+            "the record of it",
         )
     if patch is not None:
         _patch(order, again, patch, now, by, reason, unwinding)
