@@ -524,6 +524,13 @@ def test_an_unwinding_around_an_effect_that_stands_ends_in_error_and_tells(how: 
     [alert] = alerts(order)
     assert "dispatch" in said(alert)
     assert "reserve" in alert["reason"] or "release" in alert["reason"]
+    # nothing is left for an operator's cancel or resubmit: each says so, and neither
+    # points to the other
+    later = order.updated_at + timedelta(minutes=1)
+    assert not order.cancel_preview(later).allowed
+    with pytest.raises(TransitionRefused) as refused:
+        order.resubmit(later, "ops", "again")
+    assert "dispatch" in str(refused.value) and "cancel" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
