@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: infra-checks infra-venvs suites run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
+.PHONY: infra-checks infra-venvs suites lane-checks lane-processes run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
 	index-check runtime-check chaos chaos-short bench \
 	clean start test-servicebus localbus model model-check
 
@@ -47,14 +47,23 @@ start: deps
 
 ## make test: lint, types, unit, the engine's model (a minute and a half of generated
 ## interleavings), integration (Azurite), e2e (processes), browser (the console in
-## Chromium), chaos (short), infra. The Bicep checks' virtual environment (pip installs,
-## mostly waiting on the network) is built while the suites run, and the localbus suite
-## (its own broker; mostly waiting on lock and expiry timers) runs beside them; the infra
-## checks run last.
+## Chromium), chaos (short), infra. Three lanes side by side (the suites mostly wait on
+## processes, queues and timers, and no test asserts how long anything took): the checks
+## in process, then integration and the browser; the Bicep checks' virtual environment
+## (pip installs, mostly waiting on the network), then the short chaos run and e2e; and
+## the localbus suite (its own broker; mostly waiting on lock and expiry timers). The
+## infra checks run last.
 test: deps
-	@$(MAKE) --no-print-directory -j3 .venv-iac/.ok suites localbus
+	@$(MAKE) --no-print-directory -j3 lane-checks lane-processes localbus
 	@$(MAKE) --no-print-directory infra-checks
 
+lane-checks:
+	@$(MAKE) --no-print-directory -j1 lint typecheck unit model integration browser
+
+lane-processes:
+	@$(MAKE) --no-print-directory -j1 .venv-iac/.ok chaos-short e2e
+
+## every suite, one after the other (make test runs them in lanes)
 suites:
 	@$(MAKE) --no-print-directory -j1 lint typecheck unit model integration e2e browser chaos-short
 

@@ -26,6 +26,10 @@ from simulator.faults import RandomFaults
 from simulator.ledger import load_ledger
 from simulator.server import SimulatorServer
 
+#: A stop that did not wait for the hung call (which would hold it for an hour): far
+#: from either, on a machine as busy as a shared runner.
+PROMPT_SECONDS = 10
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -388,7 +392,7 @@ def test_stop_is_prompt_with_a_hung_call_in_flight(ledger_path: Path) -> None:
     started = time.monotonic()
     server.stop()
     caller.join(5)
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < PROMPT_SECONDS
     assert len(errors) == 1  # the hung caller sees a dropped connection, not a hang
 
 
@@ -429,7 +433,7 @@ def test_cli_serves_and_stops_promptly_on_sigterm(ledger_path: Path) -> None:
         started = time.monotonic()
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=5) == 0
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < PROMPT_SECONDS
         caller.join(5)
         assert len(errors) == 1
         stdout, _ = process.communicate(timeout=5)

@@ -19,6 +19,10 @@ import pytest
 from simulator.outage import Phase
 from simulator.server import HOST, SimulatorServer
 
+#: A stop that did not wait for the hung call (which would hold it for an hour): far
+#: from either, on a machine as busy as a shared runner.
+PROMPT_SECONDS = 10
+
 
 @pytest.fixture
 def sim() -> Iterator[SimulatorServer]:
@@ -242,7 +246,7 @@ def test_stop_during_an_unreachable_phase_is_prompt_and_final() -> None:
     server.outage({"mode": "unreachable", "seconds": 60})
     started = time.monotonic()
     server.stop()
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < PROMPT_SECONDS
     assert refused(port) and not server.listening
     with pytest.raises(RuntimeError):
         server.start_outage([Phase.error(1)])
