@@ -81,8 +81,10 @@ def requested(
     for effect in ledger.effects_of(req.step):
         if effect.key_round >= req.key_round:
             continue
+        # a key its remote declined for good stays declined: a call of it still open
+        # applies nothing (as ``Ledger.may_apply`` and ``Ledger.take`` have it)
         still = [c for c in ledger.calls if c.req.key == effect.key and c.open(now)]
-        if effect.state in ("applied", "accepted") or still:
+        if effect.state in ("applied", "accepted") or (still and effect.state != "declined"):
             out.append(
                 Finding(
                     "I5-second-key",
