@@ -47,6 +47,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from core.attempts import Attempt
+from core.messages import idempotency_key
 from core.model import Order, StepRecord
 from core.outcome import Outcome
 from core.settings import CLOCK_OFFSET, REPLY_HANDLER, disabled_setting
@@ -593,14 +594,18 @@ def explain_doubted(
     doubted: Iterable[str],
     deaths: Deaths,
     copied: Collection[tuple[str, str, int]] = (),
+    calls: list[dict[str, Any]] | None = None,
+    held: dict[tuple[str, str, int], float] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """For each order that ended ``error`` in doubt about a step its service never applied
     (``demo.verify``: told so): what explains each doubtful attempt. A request held by a
     process that died comes back, and a request the storm copied comes again; the agent
     that takes it again can only say "an earlier delivery may have called" (3.11:
-    "maybe"). So a death between the attempt's claim and its end (plus
-    ``DEATH_NOTICE_SLACK``), or a copy of its request, explains its doubt; nothing else
-    does."""
+    "maybe"). An attempt whose report never came in time is in doubt too (3.11: it may
+    have applied). So a death between the attempt's claim and its end (plus
+    ``DEATH_NOTICE_SLACK``), a copy of its request, a random fault the simulator injected
+    on its key in that window, or the meddler holding its reply back explains its doubt;
+    nothing else does."""
     out: dict[str, dict[str, Any]] = {}
     for order_id in doubted:
         order = final.get(order_id)
@@ -616,7 +621,15 @@ def explain_doubted(
                 died = any(
                     attempt.claimed_at <= t <= ended + DEATH_NOTICE_SLACK for t, _ in deaths.log
                 )
-                if not died and (order_id, step.step, number) not in copied:
+                key = idempotency_key(order_id, step.step, step.key_round)
+                faulted = any(
+                    c.get("idempotencyKey") == key
+                    and c.get("fault") in RANDOM_FAULTS
+                    and attempt.claimed_at <= parse_iso(c["at"]) <= ended
+                    for c in calls or []
+                )
+                attempt_id = (order_id, step.step, number)
+                if not (died or faulted or attempt_id in copied or attempt_id in (held or {})):
                     unexplained.append(f"{step.step}:{number}")
         out[order_id] = {
             "steps": [s.step for s in steps],
@@ -799,7 +812,12 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         rejected = stack.context.queues.client(stack.context.names.orders_rejected)
         exhausted = explain_exhausted(final, verdict.exhausted, calls, deaths, meddler.held)
         doubted = explain_doubted(
-            final, verdict.doubted, deaths, storm.attempts if storm is not None else set()
+            final,
+            verdict.doubted,
+            deaths,
+            storm.attempts if storm is not None else set(),
+            calls,
+            meddler.held,
         )
         timings.update(
             kills=kills,

@@ -128,6 +128,18 @@ def test_an_order_in_doubt_is_explained_only_by_a_death_while_its_attempt_ran() 
     [unexplained] = explain_doubted({"unsure": order}, ["unsure"], before).values()
     [nothing] = explain_doubted({"fine": new_order(orderId="fine")}, ["fine"], Deaths()).values()
 
+    held = {("unsure", "process", n): 6.0 for n in doubtful}
+    [by_held] = explain_doubted({"unsure": order}, ["unsure"], before, held=held).values()
+    faults = [
+        call("unsure", order.steps[0].attempts.get(n).claimed_at + timedelta(seconds=1), "hang")  # type: ignore[union-attr]
+        for n in doubtful
+    ]
+    [by_fault] = explain_doubted({"unsure": order}, ["unsure"], before, calls=faults).values()
+    outage = [{**c, "fault": "outage"} for c in faults]  # an outage explains nothing
+    [by_outage] = explain_doubted({"unsure": order}, ["unsure"], before, calls=outage).values()
+
     assert explained["unexplained"] == []
     assert unexplained["unexplained"] == [f"process:{n}" for n in doubtful]
+    assert by_held["unexplained"] == [] and by_fault["unexplained"] == []
+    assert by_outage["unexplained"] == unexplained["unexplained"]
     assert nothing["unexplained"] == ["no step in doubt"]
