@@ -86,7 +86,7 @@ class Event(StrEnum):
     EVENT_KEPT = "event-kept"
     #: an event refused and recorded: for an earlier run (``stale``), or too late
     EVENT_REFUSED = "event-refused"
-    #: an effect that cannot be undone stands: declared ``may_stand``, or acknowledged
+    #: an effect that cannot be undone stands, as its step's ``may_stand`` declares
     EFFECT_STANDS = "effect-stands"
 
     @classmethod

@@ -61,8 +61,8 @@ def cancel(
     something to undo); a step that cannot be undone and succeeds makes the cancel too
     late. On an order in ``error``: a failed compensation is retried (or, where the
     operator states its step did not happen, not needed); failed actions are left as
-    they are, those that may have applied and can be undone are undone too; an effect
-    that stood is acknowledged, and the order ends ``cancelled``."""
+    they are, those that may have applied and can be undone are undone too. An order
+    already undone around an effect that stands has nothing left to cancel (refused)."""
     stated = statement(not_applied)
     seen = preview_cancel(order, now, stated)
     if not seen.allowed:
