@@ -469,10 +469,6 @@ def lands_in(order: Order, status: OrderStatus, now: datetime) -> OrderStatus:
     return trial.status
 
 
-def ends_in_error(order: Order, status: OrderStatus, now: datetime) -> bool:
-    return lands_in(order, status, now) is OrderStatus.ERROR
-
-
 def enter(order: Order, status: OrderStatus, now: datetime) -> None:
     """``status``, announced; or, where the decision that follows would take the order
     straight elsewhere, passed through unannounced (a cancel with nothing left to undo,

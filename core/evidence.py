@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from core import moves
 from core.attempts import Attempt
-from core.course import doubtful, ends_in_error, enter, in_doubt, tell_overtaken
+from core.course import doubtful, enter, in_doubt, lands_in, tell_overtaken
 from core.errors import TransitionRefused
 from core.events import Event
 from core.kinds import CALLBACK, begin, kind_of
@@ -265,7 +265,7 @@ def _resume(order: Order, status: OrderStatus, record: StepRecord, now: datetime
     """An order in ``error`` goes back to work on evidence, unless that would only bring it
     back to ``error`` in the same transition (the app would see it leave and come back):
     then it stays, quietly, and the decision is the operator's as before."""
-    if ends_in_error(order, status, now):
+    if lands_in(order, status, now) is OrderStatus.ERROR:
         return
     order.note(now, Event.RESOLVED, step=record.step, note="a success arrived after it failed")
     order.unwound = False

@@ -555,30 +555,15 @@ def explain_exhausted(
         if order is None or step is None:
             out[order_id] = {"unexplained": ["no step ran out of attempts"]}
             continue
-        key = f"{order_id}:{step.step}"
-        faults = [
-            parse_iso(c["at"])
-            for c in calls
-            if c.get("idempotencyKey") == key and c.get("fault") in RANDOM_FAULTS
-        ]
+        faults = faults_on(calls, idempotency_key(order_id, step.step))
         causes: Counter[str] = Counter()
         unexplained: list[int] = []
         for failure in counted_failures(step):
-            attempt, claimed, instance = failure.number, failure.claimed_at, failure.instance
-            ended = failure.ended_at or failure.deadline
-            if any(claimed <= t <= ended for t in faults):
-                causes["random fault"] += 1
-            elif (order_id, step.step, attempt) in held:
-                causes["reply held back"] += 1
-            elif any(
-                instance.startswith(f"{who}-") and claimed <= t <= ended + DEATH_NOTICE_SLACK
-                for t, who in deaths.log
-            ):
-                causes["claimer died"] += 1
-            elif any(claimed <= t <= ended + DEATH_NOTICE_SLACK for t, _ in deaths.log):
-                causes["a process died"] += 1
+            cause = cause_of(failure, (order_id, step.step), faults, deaths, held)
+            if cause is None:
+                unexplained.append(failure.number)
             else:
-                unexplained.append(attempt)
+                causes[cause] += 1
         out[order_id] = {
             "step": step.step,
             "failures": len(counted_failures(step)),
@@ -612,30 +597,56 @@ def explain_doubted(
         steps = [s for s in order.steps if s.may_have_applied] if order is not None else []
         unexplained: list[str] = []
         for step in steps:
+            faults = faults_on(calls or [], idempotency_key(order_id, step.step, step.key_round))
             for number in step.maybe_applied:
                 attempt = step.attempts.get(number)
-                if attempt is None:
-                    unexplained.append(f"{step.step}:{number}")
-                    continue
-                ended = attempt.ended_at or attempt.deadline
-                died = any(
-                    attempt.claimed_at <= t <= ended + DEATH_NOTICE_SLACK for t, _ in deaths.log
+                explained = attempt is not None and (
+                    (order_id, step.step, number) in copied
+                    or cause_of(attempt, (order_id, step.step), faults, deaths, held or {})
+                    is not None
                 )
-                key = idempotency_key(order_id, step.step, step.key_round)
-                faulted = any(
-                    c.get("idempotencyKey") == key
-                    and c.get("fault") in RANDOM_FAULTS
-                    and attempt.claimed_at <= parse_iso(c["at"]) <= ended
-                    for c in calls or []
-                )
-                attempt_id = (order_id, step.step, number)
-                if not (died or faulted or attempt_id in copied or attempt_id in (held or {})):
+                if not explained:
                     unexplained.append(f"{step.step}:{number}")
         out[order_id] = {
             "steps": [s.step for s in steps],
             "unexplained": unexplained if steps else ["no step in doubt"],
         }
     return out
+
+
+def faults_on(calls: list[dict[str, Any]], key: str) -> list[datetime]:
+    """When the simulator injected a random fault on a call of ``key`` (its call log)."""
+    return [
+        parse_iso(c["at"])
+        for c in calls
+        if c.get("idempotencyKey") == key and c.get("fault") in RANDOM_FAULTS
+    ]
+
+
+def cause_of(
+    attempt: Attempt,
+    step: tuple[str, str],
+    faults: list[datetime],
+    deaths: Deaths,
+    held: dict[tuple[str, str, int], float],
+) -> str | None:
+    """What this run injected into ``attempt`` of ``step`` (order id, step name), claimed
+    at C and ended (or due) at E, in this order: a random fault on its key between C and
+    E; its reply held back; the death of the process that claimed it after C; the death
+    of any process between C and E + ``DEATH_NOTICE_SLACK``. None: nothing did."""
+    claimed, ended = attempt.claimed_at, attempt.ended_at or attempt.deadline
+    if any(claimed <= t <= ended for t in faults):
+        return "random fault"
+    if (*step, attempt.number) in held:
+        return "reply held back"
+    if any(
+        attempt.instance.startswith(f"{who}-") and claimed <= t <= ended + DEATH_NOTICE_SLACK
+        for t, who in deaths.log
+    ):
+        return "claimer died"
+    if any(claimed <= t <= ended + DEATH_NOTICE_SLACK for t, _ in deaths.log):
+        return "a process died"
+    return None
 
 
 def exhausted_bound(orders: int) -> int:

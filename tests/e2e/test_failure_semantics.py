@@ -23,7 +23,7 @@ from core.timefmt import iso, parse_iso
 from demo.stack import LocalStack
 from demo.verify import drain_alerts, verify
 from simulator import effects_by_order, load_ledger
-from tests.e2e.test_processes import log_tail, wait_terminal
+from tests.e2e.test_processes import load, log_tail, wait_terminal
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -148,7 +148,7 @@ def trickle_until_ended(
 
 
 def ended(stack: LocalStack, order_id: str) -> bool:
-    order = stack.context.store.load(order_id)
+    order = load(stack, order_id)
     return order is not None and order.status.terminal
 
 

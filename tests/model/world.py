@@ -52,6 +52,7 @@ from scheduler.service import Handled
 from stores.memory import InMemoryStateStore
 from tests.model.vocabulary import Answer, AnswerKind, OrderSnap, ReplyKind, Req, StepSnap
 from tests.support import FakeClock, settings_from
+from tests.unit.test_services_in_memory import RecordingKeeper, RecordingTransport
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 #: STEP_TIMEOUT_SECONDS: every task's (and compensation's) deadline after its claim.
@@ -110,27 +111,6 @@ class _Queues:
         return True
 
 
-class _Transport:
-    """``AgentTransport``: keeps every request (the model plays every agent)."""
-
-    def __init__(self) -> None:
-        self.requests: list[AgentRequest] = []
-
-    def send_request(self, request: AgentRequest) -> bool:
-        self.requests.append(request)
-        return True
-
-    def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
-        return True  # the model delivers replies itself
-
-
-class _Keeper:
-    def keep(
-        self, queue: str, text: str, reason: str, at: datetime, *, encoding: str = "text"
-    ) -> str:
-        return "kept|model"
-
-
 class _StoreTap:
     """The in-memory store, keeping each order as it was last saved: the model's snapshot
     of it (read without parsing the rows again: ``World.reload_differences`` checks that
@@ -167,7 +147,7 @@ class World:
         self.store = InMemoryStateStore()
         self._tap = _StoreTap(self.store)
         self._queues = _Queues(self.clock)
-        self._transport = _Transport()
+        self._transport = RecordingTransport()  # the model plays every agent
         self._declarations = declarations
         self._app = self._context("scheduler-1", self.clock)
         self._skewed: dict[float, AppContext] = {}
@@ -194,7 +174,7 @@ class World:
             store=self._tap,
             queues=self._queues,
             transport=self._transport,
-            kept=_Keeper(),
+            kept=RecordingKeeper(),
         )
 
     # --- time ------------------------------------------------------------------------------
