@@ -7,11 +7,9 @@ import base64
 import contextlib
 import inspect
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +24,7 @@ from core.principals import OPERATOR, Principal, SignIn
 from core.settings import DECLARATIONS, Settings
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
+from testkit.fakes import FakeClock as FakeClock  # noqa: PLC0414 - the tests import it from here
 from tests import SUITE_DECLARATIONS
 
 
@@ -108,23 +107,6 @@ def unanswered[M](reply: M) -> M:
     """A reply without the time its agent got the answer (``answeredAt``), to compare
     with one built from its request in a test."""
     return replace(reply, answered_at=None)  # type: ignore[type-var]
-
-
-class FakeClock:
-    """A settable UTC clock, shared by everything one test builds."""
-
-    def __init__(self, start: datetime | None = None):
-        self.now = start or datetime.now(UTC)
-        self._lock = threading.Lock()
-
-    def __call__(self) -> datetime:
-        with self._lock:
-            return self.now
-
-    def advance(self, seconds: float) -> datetime:
-        with self._lock:
-            self.now += timedelta(seconds=seconds)
-            return self.now
 
 
 #: ``REPLY_QUEUES`` of ``make_context``: the queues the tests name as an order's ``replyTo``.

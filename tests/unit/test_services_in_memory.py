@@ -22,7 +22,6 @@ from bootstrap import bootstrap
 from core.errors import (
     ConcurrencyConflict,
     DuplicateRequest,
-    QueueMissing,
     StorageUnavailable,
     TransitionRefused,
     UnboundMessage,
@@ -39,80 +38,16 @@ from core.workflows import WORKFLOWS, Plan
 from scheduler.service import OUTBOX_GRACE, SWEEP_GRACE, Handled, Scheduler
 from stores.memory import InMemoryStateStore
 from supervisor.service import SKEW_GRACE, Supervisor
+
+# The fakes live in the test kit; the suite's tests import them from here, as before.
+from testkit.fakes import RecordingKeeper as RecordingKeeper  # noqa: PLC0414
+from testkit.fakes import RecordingQueues as RecordingQueues  # noqa: PLC0414
+from testkit.fakes import RecordingTransport as RecordingTransport  # noqa: PLC0414
+from testkit.fakes import Sent as Sent  # noqa: PLC0414
 from tests.support import FakeClock, settings_from
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 TIMEOUT = 30
-
-
-@dataclass
-class Sent:
-    queue: str
-    body: str
-    delay_seconds: float = 0
-
-
-class RecordingQueues:
-    """``QueueSender``: keeps every message."""
-
-    def __init__(self) -> None:
-        self.sent: list[Sent] = []
-        #: queues that do not exist (every other one does)
-        self.missing: set[str] = set()
-
-    def send(
-        self,
-        queue: str,
-        body: str,
-        *,
-        delay_seconds: float = 0,
-        ttl_seconds: int | None = None,
-        create: bool = True,
-    ) -> None:
-        if queue in self.missing:
-            if not create:
-                raise QueueMissing(f"queue {queue} does not exist")
-            self.missing.discard(queue)
-        self.sent.append(Sent(queue, body, delay_seconds))
-
-    def exists(self, queue: str) -> bool:
-        return queue not in self.missing
-
-    def on(self, queue: str) -> list[dict[str, Any]]:
-        return [json.loads(s.body) for s in self.sent if s.queue == queue]
-
-
-class RecordingTransport:
-    """``AgentTransport``: keeps every request and reply."""
-
-    def __init__(self) -> None:
-        self.requests: list[AgentRequest] = []
-        self.replies: list[AgentReply] = []
-        self.fail_next = 0  # how many of the next requests fail to send
-
-    def send_request(self, request: AgentRequest) -> bool:
-        if self.fail_next:
-            self.fail_next -= 1
-            raise StorageUnavailable("the request queue is unavailable (fail_next)")
-        self.requests.append(request)
-        return True
-
-    def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
-        self.replies.append(reply)
-        return True
-
-
-class RecordingKeeper:
-    """``stores.kept.Keeper``: keeps a message too large for its rejection record."""
-
-    def __init__(self) -> None:
-        self.kept: list[tuple[str, str]] = []
-
-    def keep(
-        self, queue: str, text: str, reason: str, at: datetime, *, encoding: str = "text"
-    ) -> str:
-        self.kept.append((queue, text))
-        return f"kept|{len(self.kept)}"
 
 
 @dataclass
