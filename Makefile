@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest -p no:cacheprovider
 
-.PHONY: infra-checks infra-venvs suites lane-checks lane-processes run test deps lint typecheck unit integration e2e browser browser-deps iac-check \
+.PHONY: infra-checks infra-venvs suites lane-checks lane-processes run test deps lint typecheck unit team-tests integration e2e browser browser-deps iac-check \
 	index-check runtime-check chaos chaos-short bench \
 	clean start test-servicebus localbus model model-check
 
@@ -45,27 +45,27 @@ run: deps
 start: deps
 	$(BIN)/python -m demo --serve --transport $(TRANSPORT) --simulator "$(SIMULATOR)"
 
-## make test: lint, types, unit, the engine's model (a minute and a half of generated
-## interleavings), integration (Azurite), e2e (processes), browser (the console in
-## Chromium), chaos (short), infra. Three lanes side by side (the suites mostly wait on
-## processes, queues and timers, and no test asserts how long anything took): the checks
-## in process, then integration and the browser; the Bicep checks' virtual environment
-## (pip installs, mostly waiting on the network), then the short chaos run and e2e; and
-## the localbus suite (its own broker; mostly waiting on lock and expiry timers). The
-## infra checks run last.
+## make test: lint, types, unit, your workflows' own tests (declarations/tests), the
+## engine's model (a minute and a half of generated interleavings), integration (Azurite),
+## e2e (processes), browser (the console in Chromium), chaos (short), infra. Three lanes
+## side by side (the suites mostly wait on processes, queues and timers, and no test
+## asserts how long anything took): the checks in process, then integration and the
+## browser; the Bicep checks' virtual environment (pip installs, mostly waiting on the
+## network), then the short chaos run and e2e; and the localbus suite (its own broker;
+## mostly waiting on lock and expiry timers). The infra checks run last.
 test: deps
 	@$(MAKE) --no-print-directory -j3 lane-checks lane-processes localbus
 	@$(MAKE) --no-print-directory infra-checks
 
 lane-checks:
-	@$(MAKE) --no-print-directory -j1 lint typecheck unit model integration browser
+	@$(MAKE) --no-print-directory -j1 lint typecheck unit team-tests model integration browser
 
 lane-processes:
 	@$(MAKE) --no-print-directory -j1 .venv-iac/.ok chaos-short e2e
 
 ## every suite, one after the other (make test runs them in lanes)
 suites:
-	@$(MAKE) --no-print-directory -j1 lint typecheck unit model integration e2e browser chaos-short
+	@$(MAKE) --no-print-directory -j1 lint typecheck unit team-tests model integration e2e browser chaos-short
 
 ## the Bicep checks (their own venv), the worker's indexer and the trigger shapes through
 ## the runtime, side by side
@@ -81,6 +81,12 @@ typecheck: deps
 
 unit: deps
 	$(PYTEST) tests/unit -q
+
+## make team-tests: your workflows' own tests (declarations/tests, written with testkit/: each
+## runs a declared workflow in process with fake remotes, in milliseconds); a pytest run of
+## their own, on declarations/ (the product's suite runs on tests/fixtures/ instead)
+team-tests: deps
+	$(PYTEST) declarations/tests -q
 
 ## make model: the engine's model checker under pytest (tests/model: generated workflows and
 ## interleavings, every invariant of contract 3.15 after every transition)
