@@ -3,7 +3,7 @@
 A remote, by step (or compensation) name, in ``run_workflow(..., remotes={...})``:
 
 - ``answer(result, id=None)``: a 2xx with that JSON object (or a function of the body it
-  received that returns one); ``id="rma"`` adds a fresh id in that field;
+  received that returns one); ``id="rma"`` adds a fresh id in that field (``rma-1``);
 - ``refuse(reason, status=422)``: a 4xx: nothing applied, the step fails for good;
 - ``unavailable(reason)``: every try of the attempt failed, nothing applied (a 503), and
   ``crash(reason)``: the same, but it may have applied (a 500): the step is tried again;
@@ -114,7 +114,7 @@ class Decision:
 def answer(result: Result | None = None, *, id: str | None = None) -> Answer:
     """A 2xx answering ``result`` (a JSON object, or a function of the body the remote
     received returning one; default ``{}``); ``id="rma"``: plus a fresh id in ``rma``
-    (``<step>-1``, ``<step>-2``, ... by call: what the simulator's ``--id`` hands out)."""
+    (``rma-1``, ``rma-2``, ... one per call: as the simulator's ``--id`` hands out one)."""
     return Answer({} if result is None else result, id)
 
 

@@ -418,8 +418,8 @@ class World:
         if isinstance(remote, Answer):
             result = _result(remote.result, body, request.step)
             if remote.id is not None:
-                n = self._ids[request.step] = self._ids.get(request.step, 0) + 1
-                result[remote.id] = f"{request.step}-{n}"
+                n = self._ids[remote.id] = self._ids.get(remote.id, 0) + 1
+                result[remote.id] = f"{remote.id}-{n}"
             return request.succeeded(result)
         if isinstance(remote, Refuse):
             return request.refused(

@@ -31,8 +31,8 @@ def test_a_refused_shipment_undoes_the_charge_and_the_reservation_by_their_ids()
     run = run_workflow("fulfilment", ORDER, {**SHOP, "ship": refuse("no carrier today")})
 
     assert run.status == "compensated"
-    assert run.received["refund-payment"][0]["charge"] == "charge-payment-1"
-    assert run.received["release-stock"][0]["reservation"] == "reserve-stock-1"
+    assert run.received["refund-payment"][0]["charge"] == "charge-1"
+    assert run.received["release-stock"][0]["reservation"] == "reservation-1"
     assert run.step("ship").error == "ship: HTTP 422 no carrier today"
 
 
@@ -42,7 +42,7 @@ def test_a_small_checkout_skips_the_approval_and_ships_once_the_carrier_calls_ba
     assert run.status == "completed"
     assert run.steps["approved"].state == "skipped"
     assert run.results["ship"] == {"parcel": "P-1"}
-    assert run.received["ship"][0]["reservation"] == "reserve-stock-1"
+    assert run.received["ship"][0]["reservation"] == "reservation-1"
     assert run.received["ship"][0]["callback"]["url"].startswith("https://")
 
 
@@ -70,4 +70,4 @@ def test_a_refused_approval_refunds_and_releases() -> None:
 
     assert run.status == "compensated"
     assert "ship" not in run.received
-    assert run.received["refund-payment"][0]["charge"] == "charge-payment-1"
+    assert run.received["refund-payment"][0]["charge"] == "charge-1"

@@ -72,7 +72,7 @@ def test_an_answer_can_be_computed_from_the_body_and_hand_out_ids() -> None:
     run = returns(
         refund=answer(lambda body: {"refunded": body["amount"] * 2}, id="refundId"),
     )
-    assert run.results["refund"] == {"refunded": 80, "refundId": "refund-1"}
+    assert run.results["refund"] == {"refunded": 80, "refundId": "refundId-1"}
 
 
 # --- refusals and failures -------------------------------------------------------------
@@ -83,7 +83,7 @@ def test_a_refusal_fails_the_step_and_the_workflow_unwinds_with_the_ids_handed_o
 
     assert run.step("restock").state == "error"
     assert run.step("restock").error == "restock: HTTP 422 the shelf is full"
-    assert run.received["reverse-refund"] == [{"refundId": "refund-1"}]
+    assert run.received["reverse-refund"] == [{"refundId": "refundId-1"}]
     assert run.step("refund").state == "compensated"
     assert "notify-customer" not in run.received
 
