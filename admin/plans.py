@@ -18,6 +18,8 @@ def describe_step(step: PlannedStep) -> str:
     text = f"{step.name}@{step.agent}" + ("" if step.path == step.name else f" /{step.path}")
     if step.compensation:
         text += f", undone by {step.compensation}@{step.compensation_agent or step.agent}"
+    if step.on_failure != "unwind":
+        text += f", on failure: {step.on_failure}"
     return text
 
 
@@ -52,6 +54,8 @@ def differences(plan: Plan, declared: Workflow | None) -> list[str]:
             out.append(f"step {step.name}: agent {step.agent} -> {spec.agent}")
         if spec.remote_path != step.path:
             out.append(f"step {step.name}: path {step.path} -> {spec.remote_path}")
+        if spec.on_failure != step.on_failure:
+            out.append(f"step {step.name}: on_failure {step.on_failure} -> {spec.on_failure}")
         if spec.timeout_seconds not in (None, step.timeout_seconds):
             out.append(
                 f"step {step.name}: timeout {step.timeout_seconds} -> {spec.timeout_seconds}"

@@ -137,6 +137,9 @@ def step_view(
         "Attempt": step.attempt,
         "result": shown(step.result),
         "lastError": step.last_error,
+        # failed for good, and the order went on (on_failure="continue", §3.17)
+        "continued": step.continued,
+        "onFailure": planned.on_failure if planned is not None else None,
         "attempts": attempts_of(step),
         "attemptsCompacted": step.attempts.compacted,
         "mayHaveApplied": step.maybe_applied,

@@ -67,7 +67,7 @@ def blocking(order: Order) -> list[StepRecord]:
     out = []
     for record in order.latest_actions():
         planned = order.planned(record.step)
-        if planned.compensation or planned.may_stand or order.waits(record):
+        if planned.compensation or planned.may_stand or record.continued or order.waits(record):
             continue
         current = record.current
         in_flight = (

@@ -4,16 +4,20 @@ After every transition (a report, an expiry, an event, an operator's action) the
 calls ``advance``, which looks at every record and decides what the order does next. A
 plan is a line of groups: a group is one step, or the steps of one ``Parallel``.
 
-- **Going forward**, the current group runs until every step of it has succeeded or been
-  skipped; then the next group starts, or the order is ``completed``. When a step of the
-  group fails for good, or the order is cancelled, the group halts: what has not started
-  (a step waiting for its next attempt, an event, a delay) stops at once, and what is in
-  flight finishes its attempt first (§3.11).
+- **Going forward**, the current group runs until every step of it has succeeded, been
+  skipped, or failed for good where it is declared ``on_failure="continue"`` (recorded on
+  the step, told only if its declaration raised: §3.17); then the next group starts, or
+  the order is ``completed``. When another step of the group fails for good, or the order
+  is cancelled, the group halts: what has not started (a step waiting for its next
+  attempt, an event, a delay) stops at once, and what is in flight finishes its attempt
+  first (§3.11).
 - **Settling** a group that failed (or a cancel) is decided over every record, wherever
   it stands: while any step that cannot be undone may have applied (its doubt unsettled,
   no operator's statement), nothing is undone — the order is ``error``, with one alert
-  naming every such step. Otherwise the order unwinds (or, in a workflow with nothing to
-  compensate, is ``error``, safe to resubmit).
+  naming every such step. A step declared ``on_failure="hold"`` holds the order in
+  ``error``, told, until an operator resubmits (the step runs again) or cancels (the order
+  unwinds). Otherwise the order unwinds (or, in a workflow with nothing to compensate, is
+  ``error``, safe to resubmit).
 - **Unwinding** compensates, one at a time and latest first, every step that applied (or
   may have, where it can be undone), never before its last call can no longer run. New
   doubt about a step that cannot be undone stops it; so does a compensation that fails
@@ -64,12 +68,15 @@ def advance(order: Order, now: datetime) -> None:
 def _forward(order: Order, now: datetime) -> bool:
     """One look at the current group; True if the next group started (look again)."""
     group = order.group_records()
+    _go_on(order, group, now)
     if halting(order):
         for record in [r for r in group if r.is_active]:
             _halt(order, record, now)
     if any(r.is_active for r in group):
         return False
-    done = all(r.process_state in (StepState.PROCESSED, StepState.SKIPPED) for r in group)
+    done = all(
+        r.process_state in (StepState.PROCESSED, StepState.SKIPPED) or r.continued for r in group
+    )
     if done and not order.cancel_requested:
         current = order.current_group()
         following = order.plan.next_group(current) if current is not None else None
@@ -89,11 +96,40 @@ def start_group(order: Order, group: int, now: datetime) -> None:
 
 
 def halting(order: Order) -> bool:
-    """The current group stops what has not started: a step of it failed for good, or the
-    order is being cancelled."""
+    """The current group stops what has not started: a step of it failed for good (one
+    the workflow does not go on past), or the order is being cancelled."""
     if order.cancel_requested:
         return True
-    return any(s.process_state is StepState.ERROR for s in order.group_records())
+    return any(
+        s.process_state is StepState.ERROR and not s.continued for s in order.group_records()
+    )
+
+
+def _go_on(order: Order, group: list[StepRecord], now: datetime) -> None:
+    """A step declared ``on_failure="continue"`` that failed for good (not applied, or in
+    doubt) is recorded as such and the workflow goes on past it: nothing is undone and
+    nobody is told, unless its declaration raised (a bug is always told, §3.17)."""
+    for record in group:
+        if record.continued or record.process_state is not StepState.ERROR:
+            continue
+        if order.planned(record.step).on_failure != "continue":
+            continue
+        record.continued = True
+        reason = record.failure_reason
+        record.record(now, Event.CONTINUED, reason=reason)
+        order.note(now, Event.CONTINUED, step=record.step, reason=reason)
+        if _is_bug(record):
+            order.alert(
+                record,
+                f"{reason}: a bug in the workflow's declaration; nothing was sent for it, and "
+                'the order went on without it (on_failure="continue"). Fix the declaration; '
+                "new orders will use it",
+                now,
+            )
+
+
+def _is_bug(record: StepRecord) -> bool:
+    return record.gave_up is not None and record.gave_up.kind == kinds.DECLARATION_BUG
 
 
 def _halt(order: Order, record: StepRecord, now: datetime) -> None:
@@ -123,7 +159,7 @@ def _settle(order: Order, now: datetime) -> bool:
     cancelled): the verdict, over every record of the order. True if the order goes on
     after all (a cancel too late): look again."""
     group = order.group_records()
-    failed = [r for r in group if r.process_state is StepState.ERROR]
+    failed = [r for r in group if r.process_state is StepState.ERROR and not r.continued]
     if not failed and order.cancel_requested:
         ran = [
             r
@@ -140,7 +176,12 @@ def _settle(order: Order, now: datetime) -> bool:
         tell_doubt(order, doubt, now)
         order.set_status(OrderStatus.ERROR, now)
         return False
-    bugs = [r for r in failed if r.gave_up is not None and r.gave_up.kind == kinds.DECLARATION_BUG]
+    held = [r for r in failed if order.planned(r.step).on_failure == "hold"]
+    if held and not order.cancel_requested:
+        _tell_held(order, held, failed, now)
+        order.set_status(OrderStatus.ERROR, now)
+        return False
+    bugs = [r for r in failed if _is_bug(r)]
     if order.cancel_requested or order.plan.compensates or _undoable(order):
         if bugs:
             _tell_bugs(order, bugs, now)
@@ -183,6 +224,7 @@ def doubtful(order: Order) -> list[StepRecord]:
         for r in order.latest_actions()
         if not r.is_active
         and in_doubt(r)
+        and not r.continued
         and not order.planned(r.step).compensation
         and not order.planned(r.step).may_stand
     ]
@@ -228,11 +270,36 @@ def tell_doubt(order: Order, records: list[StepRecord], now: datetime) -> None:
 def _tell_not_applied(order: Order, failed: list[StepRecord], now: datetime) -> None:
     if not failed:  # pragma: no cover - a group that settles without a failure unwinds
         return
-    reasons = [(r.gave_up.reason if r.gave_up is not None else r.last_error or "") for r in failed]
+    reasons = [r.failure_reason for r in failed]
     verdict = "it was not applied" if len(failed) == 1 else "none of them was applied"
     order.alert(
         failed[0],
         f"{'; '.join(reasons)}; {verdict}: it is safe to resubmit once the cause is fixed",
+        now,
+    )
+
+
+def _tell_held(
+    order: Order, held: list[StepRecord], failed: list[StepRecord], now: datetime
+) -> None:
+    """A step declared ``on_failure="hold"`` failed for good: nothing is undone until an
+    operator decides; one alert says what failed and what to do (§3.17)."""
+    parts = []
+    for record in failed:
+        if in_doubt(record):
+            numbers = ", ".join(map(str, record.maybe_applied))
+            verdict = f"it may have been applied (attempt(s) {numbers} may have reached it)"
+        elif _is_bug(record):
+            verdict = "a bug in the workflow's declaration; nothing was sent for it"
+        else:
+            verdict = "it was not applied"
+        parts.append(f"{record.failure_reason}; {verdict}")
+    names = ", ".join(r.step for r in held)
+    order.alert(
+        held[0],
+        f"{'; and '.join(parts)}. Nothing was undone: {names} holds the order for you "
+        '(on_failure="hold"). Fix the cause and resubmit the order (with a patch of its data '
+        "if the data was wrong) to run it again, or cancel it to undo the completed steps",
         now,
     )
 

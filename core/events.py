@@ -80,6 +80,8 @@ class Event(StrEnum):
     ACCEPTED = "accepted"
     #: a step of a group that failed for good stopped the others that had not started
     HALTED = "halted"
+    #: a step declared ``on_failure="continue"`` failed for good: the workflow went on
+    CONTINUED = "continued"
 
     # --- the order's own history: events delivered ----------------------------------
     #: an event arrived before the step that takes it started: kept for it

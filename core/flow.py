@@ -6,7 +6,9 @@ A ``Workflow`` is a named sequence of elements, each one of:
   ``input=`` a function of the step's context gives the body sent (default: the order's
   JSON); with ``when=`` a function decides whether it runs at all (false: ``Skipped``);
   with ``completes_on="<event>"`` a 2xx is the remote's acceptance and the step ends when
-  that event arrives (a callback). ``compensation=Compensation(...)`` undoes it.
+  that event arrives (a callback). ``compensation=Compensation(...)`` undoes it;
+  ``on_failure=`` says what its failure for good means: unwind (the default), hold the
+  order for an operator, or continue.
 - ``Event(name, timeout_seconds)``: wait for an event delivered to the order
   (``POST /api/orders/{orderId}/events/{name}``): an approval, a webhook.
 - ``Delay(name, seconds=... | until=...)``: wait until then.
@@ -48,17 +50,22 @@ MAX_WAIT_SECONDS: Final = 365 * 86_400
 #: The functions a step can have, as plans name them.
 FUNCTIONS: Final = ("input", "when", "until")
 StepKindName = Literal["task", "event", "delay"]
+#: What a step's failure for good means to its order (docs/contracts.md §3.17).
+OnFailure = Literal["unwind", "hold", "continue"]
+ON_FAILURE: Final = ("unwind", "hold", "continue")
 
 
 @dataclass(frozen=True)
 class Context:
     """What ``input``, ``when`` and ``until`` see: the order's id, its JSON as submitted (a
-    copy of their own), and each succeeded step's result by step name (a remote's 2xx
-    JSON object, a Python handler's dict, an event's ``result``; a delay's is ``{}``)."""
+    copy of their own), each succeeded step's result by step name (a remote's 2xx JSON
+    object, a Python handler's dict, an event's ``result``; a delay's is ``{}``), and the
+    reason each ``on_failure="continue"`` step that failed gave (§3.17)."""
 
     order_id: str
     order: dict[str, Any]
     results: Mapping[str, dict[str, Any]]
+    failures: Mapping[str, str] = field(default_factory=dict)
 
 
 def _check_function(fn: object, what: str, where: str) -> None:
@@ -129,6 +136,10 @@ class StepSpec:
     #: leaves it applied ends ``compensated``/``cancelled`` and says so, where a step
     #: without a compensation otherwise makes it ``error``, told (docs/contracts.md §3.15).
     may_stand: bool = False
+    #: What its failure for good means (docs/contracts.md §3.17): ``"unwind"`` the order
+    #: (undo what applied), ``"hold"`` it in ``error`` for an operator (fix and resubmit,
+    #: or cancel to undo), or ``"continue"`` (recorded on the step; the workflow goes on).
+    on_failure: OnFailure = "unwind"
     declared_at: str = field(default_factory=declared_at, compare=False)
 
     @property
@@ -154,6 +165,13 @@ class StepSpec:
             _check_name(self.completes_on, at, "completes_on (an event name)")
         if not isinstance(self.may_stand, bool):
             raise DeclarationError(f"{at}: may_stand is True or False, got {self.may_stand!r}")
+        if self.on_failure not in ON_FAILURE:
+            raise DeclarationError(
+                f'{at}: on_failure={self.on_failure!r}; it is "unwind" (undo what applied, the '
+                'default), "hold" (the order waits in error for an operator: fix and resubmit, '
+                'or cancel to undo) or "continue" (the failure is recorded and the workflow '
+                "goes on)"
+            )
         if self.may_stand and self.compensation is not None:
             raise DeclarationError(
                 f"{at}: may_stand with a compensation; a step that can be undone is undone "
@@ -396,6 +414,7 @@ class Workflow:
                     out["completesOn"] = s.completes_on
                 if s.may_stand:
                     out["mayStand"] = True
+                out["onFailure"] = s.on_failure
                 if s.compensation:
                     c = s.compensation
                     out["compensation"] = {

@@ -45,15 +45,8 @@ from core.text import visible_details
 from core.timefmt import ensure_utc, iso
 from core.workflows import Plan
 
-__all__ = [
-    "DEFAULT_POLICY",
-    "IN_FLIGHT_GRACE",
-    "CancelPreview",
-    "Notice",
-    "Order",
-    "ReplyEffect",
-    "StepRecord",
-]
+__all__ = ["DEFAULT_POLICY", "IN_FLIGHT_GRACE", "CancelPreview", "Notice", "Order"]
+__all__ += ["ReplyEffect", "StepRecord"]
 
 DEFAULT_POLICY: Final = RetryPolicy()
 IN_FLIGHT_GRACE: Final = course.IN_FLIGHT_GRACE
@@ -443,16 +436,23 @@ class Order:
         return min(times) if times else None
 
     def context(self) -> Context:
-        """What a step's functions see: the order, and every succeeded step's result."""
+        """What a step's functions see: the order, every succeeded step's result, and the
+        reason of each step that failed and the workflow went on past (§3.17)."""
         results: dict[str, dict[str, Any]] = {}
+        failures: dict[str, str] = {}
         for record in sorted(self.steps, key=lambda s: s.seq):
-            if (
-                record.kind is StepKind.ACTION
-                and record.result is not None
-                and record.process_state in _SUCCEEDED
-            ):
+            if record.kind is not StepKind.ACTION:
+                continue
+            if record.result is not None and record.process_state in _SUCCEEDED:
                 results[record.step] = copy.deepcopy(record.result)
-        return Context(self.order_id, copy.deepcopy(self.body), MappingProxyType(results))
+            elif record.continued:
+                failures[record.step] = record.failure_reason
+        return Context(
+            self.order_id,
+            copy.deepcopy(self.body),
+            MappingProxyType(results),
+            MappingProxyType(failures),
+        )
 
     def current_group(self) -> int | None:
         """The group the order is at going forward: that of its latest action record."""

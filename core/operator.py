@@ -205,7 +205,7 @@ def _again(order: Order, unwinding: bool) -> list[StepRecord]:
             return [max(undos, key=lambda u: _target_seq(order, u))]
         return [r for r in blocking(order) if r.process_state is StepState.ERROR][:1]
     group = order.group_records()
-    failed = [r for r in group if r.process_state is StepState.ERROR]
+    failed = [r for r in group if r.process_state is StepState.ERROR and not r.continued]
     stopped = [
         r
         for r in group

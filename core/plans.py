@@ -3,9 +3,10 @@
 
 What the plan pins: every step's kind (``task``, ``event``, ``delay``), its group (the
 steps of one ``Parallel`` share one; the others have one each, in order), its agent,
-remote path and timeout, its compensation, the event a ``completes_on`` step waits for, a
-delay's seconds, and which functions (``input``, ``when``, ``until``) the step calls; and
-the fields the order is searched by (``search``, docs/contracts.md §3.14).
+remote path and timeout, its compensation, what its failure means (``on_failure``), the
+event a ``completes_on`` step waits for, a delay's seconds, and which functions
+(``input``, ``when``, ``until``) the step calls; and the fields the order is searched
+by (``search``, docs/contracts.md §3.14).
 The functions themselves are not pinned (code cannot be stored): they are taken from
 today's declarations by workflow and step name when the step starts
 (``core.workflows.function_of``). Changing a definition never changes an order already
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.flow import Delay, Event, StepKindName, StepSpec, Workflow
+from core.flow import ON_FAILURE, Delay, Event, OnFailure, StepKindName, StepSpec, Workflow
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class PlannedStep:
     may_stand: bool = False
     #: for an event: who delivers it, a "person" or a "machine" (``Event.by``)
     event_by: str = "person"
+    #: what its failure for good means (``StepSpec.on_failure``, §3.17)
+    on_failure: OnFailure = "unwind"
 
     @property
     def by_machine(self) -> bool:
@@ -83,6 +86,8 @@ class PlannedStep:
             out["uses"] = list(self.uses)
         if self.may_stand:
             out["mayStand"] = True
+        if self.on_failure != "unwind":
+            out["onFailure"] = self.on_failure
         if self.kind == "event" and self.event_by != "person":
             out["by"] = self.event_by
         if self.compensation:
@@ -126,7 +131,18 @@ class PlannedStep:
             compensation_uses=tuple(str(u) for u in comp.get("uses", ())),
             may_stand=bool(raw.get("mayStand", False)),
             event_by="machine" if raw.get("by") == "machine" else "person",
+            on_failure=_on_failure(raw.get("onFailure", "unwind")),
         )
+
+
+def _on_failure(value: object) -> OnFailure:
+    if value == "hold":
+        return "hold"
+    if value == "continue":
+        return "continue"
+    if value != "unwind":
+        raise ValueError(f"onFailure {value!r} is none of {', '.join(ON_FAILURE)}")
+    return "unwind"
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,7 @@ class Plan:
                         uses=leaf.functions(),
                         compensation_uses=("input",) if c and c.input is not None else (),
                         may_stand=leaf.may_stand,
+                        on_failure=leaf.on_failure,
                     )
                 )
             elif isinstance(leaf, Event):

@@ -56,6 +56,9 @@ class StepRecord:
     gave_up: GaveUp | None = None
     #: For an action: the compensation that undid it (it is then Compensated).
     undone_by: str | None = None
+    #: It failed for good and, declared ``on_failure="continue"``, the order went on past
+    #: it (docs/contracts.md §3.17): its failure stands recorded, undone by nothing.
+    continued: bool = False
     #: Pending because an operator paused this agent (``core.controls``), since then: the
     #: wait is not a deferral (no window spent) and a resume ends it at once.
     paused_for: str = ""
@@ -241,7 +244,13 @@ class StepRecord:
         self.record(now, Event.PAUSE_OVER, agent=self.paused_for, since=iso(since), why=why)
         self.paused_for, self.paused_since = "", None
 
+    @property
+    def failure_reason(self) -> str:
+        """Why it failed for good (its verdict's reason, else its last error)."""
+        return (self.gave_up.reason if self.gave_up is not None else "") or self.last_error or ""
+
     def reset_for_retry(self) -> None:
+        self.continued = False
         self.failure_count = 0
         self.deferrals = 0
         self.deferred_since = None
@@ -262,6 +271,8 @@ class StepRecord:
             out["gaveUp"] = self.gave_up.to_json()
         if self.undone_by:
             out["undoneBy"] = self.undone_by
+        if self.continued:
+            out["continued"] = True
         if self.paused_for:
             out["pausedFor"] = self.paused_for
             if self.paused_since is not None:
@@ -291,6 +302,7 @@ class StepRecord:
         gave_up = value.get("gaveUp")
         self.gave_up = GaveUp.from_json(gave_up) if gave_up else None
         self.undone_by = value.get("undoneBy") or None
+        self.continued = value.get("continued") is True
         self.paused_for = str(value.get("pausedFor") or "")
         since = value.get("pausedSince")
         self.paused_since = parse_iso(since) if since else None

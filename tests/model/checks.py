@@ -21,6 +21,11 @@ requests and status messages it sent), returning the violations it finds.
   repeat no status and the last one is the order's; ``error`` is left only by an
   operator or by evidence; an event is kept only for a step not started that the order
   can still reach.
+- I8 (``requested``): nothing is undone while a step declared ``on_failure="hold"`` has
+  failed, until an operator cancels (3.17).
+
+A task declared ``on_failure="continue"`` that failed may stand, in doubt or applied
+unbeknown, as one declared ``may_stand`` would (3.17): I1 and I3 pass over it.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ def requested(
     out: list[Finding] = []
     undone = flow.compensated(req.step)
     if undone is not None:
+        out += _held(req.step, flow, after)
         skew = timedelta(seconds=ALLOWED_SKEW)
         for other in ledger.calls:
             if other.req.step != undone.name or other.req.key in successes:
@@ -65,7 +71,7 @@ def requested(
                     )
                 )
         for task in flow.tasks():
-            if task.comp or not ledger.may_apply(task.name, now):
+            if task.comp or not ledger.may_apply(task.name, now) or _went_on(task.name, after):
                 continue
             step = after.step(task.name) if after is not None else None
             if step is None or not step.known_applied:
@@ -93,6 +99,24 @@ def requested(
                 )
             )
     return out
+
+
+def _went_on(step: str, snap: OrderSnap | None) -> bool:
+    found = snap.step(step) if snap is not None else None
+    return found is not None and found.continued
+
+
+def _held(undo: str, flow: Flow, after: OrderSnap | None) -> list[Finding]:
+    """I8: ``undo`` requested while a held step has failed and nobody cancelled."""
+    if after is None or after.cancel_requested:
+        return []
+    return [
+        Finding("I8-hold-unwound", f"{undo} requested while {task.name} (hold) failed")
+        for task in flow.tasks()
+        if task.fails == "hold"
+        and (step := after.step(task.name)) is not None
+        and step.state == "error"
+    ]
 
 
 def discarded_reply(
@@ -194,7 +218,7 @@ def reachable(flow: Flow, snap: OrderSnap) -> bool:
             for s in snap.steps
         )
     if snap.status in ("pending", "processing"):
-        return not any(s.action and s.state == "error" for s in snap.steps)
+        return not any(s.action and s.state == "error" and not s.continued for s in snap.steps)
     if snap.status == "error":
         return all(s.action for s in snap.steps)  # no undo has begun
     return False
@@ -265,6 +289,8 @@ def standing(
     out: list[Finding] = []
     if final and snap.status in ("compensated", "cancelled"):
         for task in flow.tasks():
+            if not task.comp and _went_on(task.name, snap):
+                continue
             for effect in ledger.effects_of(task.name):
                 if effect.state == "applied" and not ledger.undone(effect):
                     out.append(

@@ -44,6 +44,8 @@ AGENT = "remote"
 MODULE = "tests.model._declared"
 
 When = Literal["never", "flag"] | None
+#: What a task's failure for good means (``StepSpec.on_failure``, §3.17).
+Fails = Literal["unwind", "hold", "continue"]
 
 
 class _Printed:
@@ -67,13 +69,15 @@ class Task(_Printed):
     """A remote call (``StepSpec``). ``comp``: it has a compensation ``undo-<name>``;
     ``callback``: it ``completes_on`` the event ``<name>-done`` (its 2xx is the remote's
     acceptance); ``reads``: its ``input`` carries that earlier step's result; ``when``:
-    ``never`` (skipped) or ``flag`` (runs when the order's ``flag`` is true)."""
+    ``never`` (skipped) or ``flag`` (runs when the order's ``flag`` is true); ``fails``:
+    its ``on_failure``."""
 
     name: str
     comp: bool = False
     callback: bool = False
     reads: str | None = None
     when: When = None
+    fails: Fails = "unwind"
 
     def __repr__(self) -> str:
         return (
@@ -84,6 +88,7 @@ class Task(_Printed):
                 "callback=True" if self.callback else None,
                 f"reads={self.reads!r}" if self.reads else None,
                 _when(self.when),
+                f"fails={self.fails!r}" if self.fails != "unwind" else None,
             )
             + ")"
         )
@@ -214,6 +219,7 @@ def _leaf(leaf: Leaf) -> StepSpec | Event | Delay:
         when=_when_fn(leaf.when),
         completes_on=leaf.event,
         compensation=Compensation(undo, input=_undo_input(leaf.name)) if undo else None,
+        on_failure=leaf.fails,
     )
 
 
@@ -283,6 +289,7 @@ def flows(draw: st.DrawFn) -> Flow:
             callback=draw(st.sampled_from([False, False, True])),
             reads=reads,
             when=when,
+            fails=draw(st.sampled_from(["unwind"] * 4 + ["hold", "continue"])),
         )
 
     elements: list[Element] = []

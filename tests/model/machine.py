@@ -1,6 +1,6 @@
 """The model: a Hypothesis rule-based state machine that generates a workflow, submits one
 order of it, and plays everything the world can do to that order, checking contract
-3.15's invariants I1-I7 after every transition.
+3.15's invariants I1-I7 (and 3.17's I8) after every transition.
 
 Rules are what the world can do, every one through the adapter (``tests.model.world``):
 an agent's report of any request ever sent (success, refused, refused after the service
@@ -352,6 +352,10 @@ class EngineModel(RuleBasedStateMachine):
         self._raise(
             "I7-status-sequence", "I7-status-missed", "I7-error-left", "I7-kept-unreachable"
         )
+
+    @invariant()
+    def i8_a_held_failure_waits_for_an_operator(self) -> None:
+        self._raise("I8-hold-unwound")
 
     @invariant()
     def no_unexpected_exception_and_nothing_lost(self) -> None:

@@ -77,6 +77,8 @@ class StepSnap:
     accepted: bool
     #: it may have applied and nothing settled it (3.11)
     in_doubt: bool
+    #: it failed for good and the workflow went on past it (``on_failure="continue"``)
+    continued: bool = False
 
     @property
     def active(self) -> bool:

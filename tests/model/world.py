@@ -388,6 +388,7 @@ def snapshot_of(order: Order) -> OrderSnap:
                 known_applied=known,
                 accepted=any(a.accepted for a in record.attempts.items),
                 in_doubt=record.may_have_applied,
+                continued=record.continued,
             )
         )
     return OrderSnap(order.order_id, str(order.status), order.cancel_requested, tuple(steps))
