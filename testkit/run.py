@@ -36,6 +36,8 @@ class Step:
     attempts: int
     #: the body its calls sent, as its ``input`` decided (None: the order's JSON)
     input: dict[str, Any] | None
+    #: it failed and the order went on (``on_failure="continue"``)
+    continued: bool
     #: the step as ``GET /api/orders/{id}`` shows it
     view: dict[str, Any]
 
@@ -72,6 +74,7 @@ class Run:
                 record.last_error,
                 record.attempt,
                 record.input,
+                record.continued,
                 shown.get(record.step, {}),
             )
         return out

@@ -148,11 +148,29 @@ def test_a_remote_that_accepts_then_calls_back_completes_its_step_with_the_callb
     assert [c.step for c in run.calls].count("notify-customer") == 1
 
 
-def test_a_refused_callback_fails_its_step() -> None:
+def test_a_refused_callback_fails_its_step_and_on_failure_continue_goes_on() -> None:
     run = returns(notify_customer=calls_back(refused="mailbox full"))
 
-    assert run.step("notify-customer").state == "error"
-    assert "mailbox full" in str(run.step("notify-customer").error)
+    assert run.status == "completed"
+    notified = run.step("notify-customer")
+    assert notified.state == "error" and notified.continued
+    assert "mailbox full" in str(notified.error)
+    assert run.alerts == []
+
+
+def test_on_failure_hold_keeps_the_order_for_an_operator_who_fixes_and_resubmits() -> None:
+    run = returns(refund=[refuse("card expired"), answer(id="refundId")])
+
+    assert run.status == "error"
+    [alert] = run.alerts
+    assert alert["step"] == "refund" and "card expired" in alert["reason"]
+    assert "reverse-refund" not in run.received  # nothing undone while it is held
+    assert "notify-customer" not in run.received
+
+    run.resubmit({"chargeId": "ch-2"})
+
+    assert run.status == "completed"
+    assert [b["chargeId"] for b in run.received["refund"]] == ["ch-1", "ch-2"]
 
 
 def test_a_callback_later_than_the_deadline_is_asked_for_again_with_the_same_key() -> None:
