@@ -1,11 +1,14 @@
 """docs/add-a-workflow.md, followed word for word in a copy of the app: its ``# file:``
 and ``# append to:`` blocks applied, the deployment's agent list regenerated with the
-command it gives, then, in real processes (Azurite, the simulator with the warehouse
-requiring an Entra ID token, a devhost), the ``python -m admin`` commands of its "Try it"
-sections run in order, as a person would: a ``returns`` order whose RMA reaches the
-warehouse, and ``exchange`` orders (parallel steps, an approval skipped, given and
-refused, a delay, a carrier that calls back, undos that name the ids their steps handed
-out). One stack for both.
+command it gives, the tests it writes with the kit run with ``make team-tests``, then, in
+real processes (Azurite, the simulator started with the arguments its last ``make start``
+gives and the warehouse requiring an Entra ID token, a devhost), the ``python -m admin``
+commands of its "Try it" sections run in order, as a person would: a ``quick-return``
+order whose RMA reaches the warehouse, ``exchange`` orders (parallel steps, an approval
+skipped, given and refused, a delay, a carrier that calls back, undos that name the ids
+their steps handed out), and the shop's ``returns`` (a refund held for an operator and
+fixed, an e-mail that bounces and undoes nothing, an order found by its RMA). One stack
+for all.
 
 It also checks the guide's promise: nothing under core/, scheduler/, supervisor/ or
 stores/ changes, and the declarations it writes pass the linter.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,7 +36,7 @@ BLOCK = re.compile(r"```python\n# (file|append to): (\S+)\n(.*?)```", re.DOTALL)
 SHELL = re.compile(r"```sh\n(.*?)```", re.DOTALL)
 #: The commands of the guide's "Try it" sections the test runs (the others, workflows and
 #: agents-json, are run and checked on their own below).
-TRIED = ("submit", "show", "event")
+TRIED = ("submit", "show", "event", "resubmit", "orders")
 NOT_COPIED = {".git", ".venv", ".venv-iac", "node_modules", "run"}
 
 RUN = r"""
@@ -41,6 +45,7 @@ import httpx
 from demo.stack import LocalStack
 
 COMMANDS = json.loads(sys.argv[1])
+SIMULATOR = json.loads(sys.argv[2])
 SETTINGS = {"STEP_TIMEOUT_SECONDS": "10", "MAX_FAILURE_COUNT": "3",
             "SUPERVISOR_SCHEDULE": "*/1 * * * * *"}
 
@@ -53,12 +58,17 @@ def poll(what, check, seconds=60):
         time.sleep(0.2)
 
 
-with LocalStack(devhosts=1, settings=SETTINGS) as stack:
+def status_of(order_id):
+    order = store.load(order_id)
+    return str(order.status) if order is not None else None
+
+
+with LocalStack(devhosts=1, settings=SETTINGS, simulator_args=SIMULATOR) as stack:
     store = stack.context.store
     rule = httpx.post(f"{stack.simulator_url}/_identity",
                       json={"requireToken": {"restock": "api://warehouse"}}, timeout=10)
     rule.raise_for_status()
-    stack.submit({"orderId": "ret-empty", "workflow": "returns", "items": [], "amount": 1})
+    stack.submit({"orderId": "ret-empty", "workflow": "quick-return", "items": [], "amount": 1})
     os.environ["AzureWebJobsStorage"] = stack.connection_string
     ran, submitted = [], ["ret-empty"]
     for line in COMMANDS:
@@ -75,6 +85,11 @@ with LocalStack(devhosts=1, settings=SETTINGS) as stack:
                 step = store.load("exc-2").find("approved")
                 return step is not None and step.waiting_for is not None
             poll("exc-2 to wait for its approval", waits)
+        if line.split()[3:5] in (["show", "ret-4"], ["resubmit", "ret-4"]):
+            # the guide: "ret-4's refund is refused: show says error"
+            poll("ret-4 to be held", lambda: status_of("ret-4") == "error")
+        if line.split()[3] == "orders":  # once the order it looks for has its RMA
+            poll("ret-2 to end", lambda: status_of("ret-2") == "completed")
         # `.venv/bin/python -m admin ...`: what -m does, in this process (no interpreter
         # to start for each), with the storage `make start` prints in the environment
         assert argv[:3] == [".venv/bin/python", "-m", "admin"], argv
@@ -95,7 +110,8 @@ with LocalStack(devhosts=1, settings=SETTINGS) as stack:
             k: {
                 "status": str(o.status),
                 "steps": {s.step: {"state": str(s.process_state), "result": s.result,
-                                   "error": s.last_error, "input": s.input} for s in o.steps},
+                                   "error": s.last_error, "input": s.input,
+                                   "continued": s.continued} for s in o.steps},
             }
             for k, o in orders.items()
         },
@@ -170,12 +186,17 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     )
     assert listed.returncode == 0, listed.stderr
     declared = json.loads(listed.stdout)
-    returns = next(w for w in declared["workflows"] if w["workflow"] == "returns")
-    assert [(s["step"], s["agent"]) for s in returns["steps"]] == [
+    quick = next(w for w in declared["workflows"] if w["workflow"] == "quick-return")
+    assert [(s["step"], s["agent"]) for s in quick["steps"]] == [
         ("receive-return", "returns-desk"),
         ("refund-payment", "payments"),
         ("restock", "warehouse"),
     ]
+    returns = next(w for w in declared["workflows"] if w["workflow"] == "returns")
+    [group] = [s["parallel"] for s in returns["steps"] if "parallel" in s]
+    failing = {s["step"]: s.get("onFailure") for s in [*returns["steps"], *group] if "step" in s}
+    assert (failing["refund"], failing["notify-customer"]) == ("hold", "continue"), failing
+    assert returns["search"] == ["customerId", "receive-return.rma"], returns
     write = subprocess.run(
         [python, "-m", "admin", "agents-json", "--write"],
         cwd=app,
@@ -191,11 +212,16 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
         "declarations/__init__.py",
         "declarations/returns.py",
         "declarations/exchange.py",
+        "declarations/refunds.py",
+        "declarations/tests/test_exchange.py",
+        "declarations/tests/test_returns.py",
         "infra/agents.json",
     }
     assert not any(c.startswith(("core/", "scheduler/", "supervisor/", "stores/")) for c in changed)
     agents = json.loads((app / "infra" / "agents.json").read_text())["agents"]
-    assert {a["name"] for a in agents} >= {"returns-desk", "warehouse"}
+    assert {a["name"] for a in agents} >= {"returns-desk", "warehouse", "inspection", "mailer"}
+
+    check_the_teams_tests_pass(app, env)
 
     check_the_mistake_it_shows(app, env)
     for lint in (["check", "--no-cache"], ["format", "--check", "--no-cache"]):
@@ -210,7 +236,7 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
         assert linted.returncode == 0, (lint, linted.stdout)
 
     run = subprocess.run(
-        [python, "-c", RUN, json.dumps(tried_commands())],
+        [python, "-c", RUN, json.dumps(tried_commands()), json.dumps(simulator_args())],
         cwd=app,
         env=env,
         capture_output=True,
@@ -225,6 +251,7 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     assert not failed, failed
     check_returns(result)
     check_exchanges(result)
+    check_shop_returns(result)
     # and the app lists what it runs
     deployed = {w["workflow"] for w in result["workflows"]["workflows"]}
     assert {"returns", "exchange"} <= deployed
@@ -293,6 +320,40 @@ def check_the_mistake_it_shows(app: Path, env: dict[str, str]) -> None:
         declarations.write_text(good, encoding="utf-8")
     assert listed.returncode != 0
     assert json.loads(listed.stdout)["error"] == " ".join(shown.split()), listed.stdout
+
+
+def check_the_teams_tests_pass(app: Path, env: dict[str, str]) -> None:
+    """``make team-tests``, as the guide says, in the copy: the product's own tests of its
+    workflows and those the guide writes with the kit all pass, each of them run."""
+    (app / ".venv").symlink_to(ROOT / ".venv")  # the copy's virtual environment: make deps'
+    ran = subprocess.run(
+        ["make", "--no-print-directory", "-o", "deps", "team-tests"],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert ran.returncode == 0, (ran.stdout[-4000:], ran.stderr[-2000:])
+    written = sum(
+        len(re.findall(r"^def test_", path.read_text(encoding="utf-8"), re.MULTILINE))
+        for path in (app / "declarations" / "tests").glob("test_*.py")
+    )
+    assert written >= 10 and f" {written} passed" in ran.stdout, (written, ran.stdout[-2000:])
+
+
+def simulator_args() -> list[str]:
+    """What the guide's last ``make start SIMULATOR='...'`` gives the simulator."""
+    starts = [
+        line
+        for block in SHELL.findall(GUIDE.read_text(encoding="utf-8"))
+        for line in block.splitlines()
+        if line.startswith("make start SIMULATOR=")
+    ]
+    assert starts, "the guide starts no simulator with arguments"
+    [assignment] = shlex.split(starts[-1].removeprefix("make start "), comments=True)
+    return shlex.split(assignment.removeprefix("SIMULATOR="))
 
 
 def tried_commands() -> list[str]:
@@ -391,3 +452,37 @@ def check_exchanges(result: dict[str, Any]) -> None:
         [undone] = entries(result, "exc-3", undo)
         assert undone["request"][field] == done["response"][field], (done, undone)
         assert undone["undid"] is True
+
+
+def check_shop_returns(result: dict[str, Any]) -> None:
+    """Section 9: the shop's returns, with a refund held and fixed, an e-mail that bounces,
+    and an order found by its RMA."""
+    orders = result["orders"]
+    statuses = {o: orders[o]["status"] for o in ("ret-2", "ret-3", "ret-4", "ret-5")}
+    assert set(statuses.values()) == {"completed"}, {o: orders[o] for o in statuses}
+    done = orders["ret-2"]["steps"]
+    assert done["receive-return"]["result"]["rma"] == "RMA-ret-2"
+    assert done["refund-approved"]["state"] == "Skipped"
+    # the refund named the charge and the RMA, and handed out its id (the simulator's --id)
+    [refunded] = entries(result, "ret-2", "refund")
+    assert (refunded["request"]["chargeId"], refunded["request"]["rma"]) == ("ch-2", "RMA-ret-2")
+    assert done["refund"]["result"]["refundId"] == refunded["response"]["refundId"]
+    assert done["restock"]["state"] == "Processed"
+    [mailed] = entries(result, "ret-2", "notify-customer")
+    assert done["notify-customer"]["result"] == mailed["response"], done["notify-customer"]
+    assert orders["ret-3"]["steps"]["refund-approved"]["result"] == {"by": "ann"}
+    # ret-4: held while its refund was refused, nothing undone; the fix completed it
+    [shown] = [r for r in result["ran"] if r["command"].endswith("show ret-4")]
+    held = json.loads(shown["stdout"])
+    assert held["status"] == "error", held
+    states = {s["step"]: s["ProcessState"] for s in held["steps"]}
+    assert states["refund"] == "Error" and states["restock"] == "Processed", states
+    assert [e["request"]["chargeId"] for e in entries(result, "ret-4", "refund")] == ["ch-4b"]
+    assert entries(result, "ret-4", "reverse-refund") == []
+    # ret-5: the e-mail bounced; the order went on
+    bounced = orders["ret-5"]["steps"]["notify-customer"]
+    assert bounced["state"] == "Error" and bounced["continued"] is True, bounced
+    assert "mailbox full" in bounced["error"]
+    # found by a field of a step's result
+    [found] = [r for r in result["ran"] if " orders --where rma=" in r["command"]]
+    assert [o["orderId"] for o in json.loads(found["stdout"])["orders"]] == ["ret-2"], found
