@@ -246,7 +246,8 @@ def _agent(order: Order, step: str) -> str | None:
 
 
 def order_summary(order: Order, pauses: Mapping[str, AgentControl] | None = None) -> dict[str, Any]:
-    failed = [s for s in order.steps if s.process_state is StepState.ERROR]
+    errors = [s for s in order.steps if s.process_state is StepState.ERROR]
+    failed = [s for s in errors if not s.continued] or errors
     active = order.active_step()
     paused = paused_view(order, pauses or {})
     summary: dict[str, Any] = {

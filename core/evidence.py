@@ -219,8 +219,9 @@ def _ended_applied(
     order: Order, record: StepRecord, result: dict[str, Any], number: int | None, now: datetime
 ) -> None:
     """A step that had ended (failed for good, or stopped) applied after all."""
-    was_failed = record.process_state is StepState.ERROR
+    was_failed = record.process_state is StepState.ERROR and not record.continued
     record.gave_up = None
+    record.continued = False
     record.process_state = StepState.PROCESSED
     record.result = result
     record.last_error = None
@@ -286,7 +287,11 @@ def blockers(order: Order) -> list[StepRecord]:
     if unwinding_began(order):
         failed = [u for u in order.latest_undos() if u.process_state is StepState.ERROR]
     else:
-        failed = [r for r in order.group_records() if r.process_state is StepState.ERROR]
+        failed = [
+            r
+            for r in order.group_records()
+            if r.process_state is StepState.ERROR and not r.continued
+        ]
     return failed + [r for r in doubtful(order) if r not in failed]
 
 
@@ -476,6 +481,7 @@ def _told_in_doubt(order: Order, record: StepRecord) -> bool:
         and gave_up.ambiguous
         and gave_up.operator is None
         and record.process_state is StepState.ERROR
+        and not record.continued
         and order.status is OrderStatus.ERROR
     )
 
@@ -517,7 +523,7 @@ def new_doubt(order: Order, record: StepRecord, number: int, now: datetime) -> N
         # Stopped as if it had not applied: it may have. Failed, in doubt, so that the
         # decision over all records sees it (undone where it can be; told where not).
         moves.fail(record, now, note, True)
-    if order.status is OrderStatus.ERROR:
+    if order.status is OrderStatus.ERROR and not record.continued:
         order.alert(
             record,
             f"update: {note}: it is no longer known to be safe to resubmit. Ask its service "

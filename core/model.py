@@ -409,8 +409,10 @@ class Order:
         return active[0] if active else None
 
     def failed_step(self) -> StepRecord:
-        """The latest record in Error (what an order in ``error`` failed at, latest)."""
-        failed = [s for s in self.steps if s.process_state is StepState.ERROR]
+        """The latest record in Error (what an order in ``error`` failed at, latest); one
+        the order went on past (``continued``) only if no other failed."""
+        errors = [s for s in self.steps if s.process_state is StepState.ERROR]
+        failed = [s for s in errors if not s.continued] or errors
         if not failed:
             raise self.refuse("no-failed-step", "the order has no step in Error")
         return max(failed, key=lambda s: s.seq)

@@ -264,3 +264,27 @@ def test_a_continued_failure_is_kept_by_the_store() -> None:
     again.load_decision_state(json.loads(json.dumps(mail.decision_state())))
 
     assert again.continued
+
+
+def test_a_step_the_order_went_on_past_that_applied_after_all_is_a_success() -> None:
+    order = new("mailing")
+    now = succeed(order, "charge", T0)
+    at = claim(order, "mail", now)
+    attempt = record(order, "mail").attempt
+    order.expire(record(order, "mail").complete_by + SECOND, POLICY, step="mail")
+    for _ in range(POLICY.max_failure_count):  # no answer, attempt after attempt
+        mail = record(order, "mail")
+        if mail.process_state is StepState.ERROR:
+            break
+        at = claim(order, "mail", mail.complete_by)
+        order.expire(record(order, "mail").complete_by + SECOND, POLICY, step="mail")
+    assert record(order, "mail").continued
+    order.outbox.clear()
+
+    late = report(order, "mail", attempt=attempt, result={"messageId": "m-1"})
+    order.apply_reply(late, at + 120 * SECOND, POLICY)
+
+    mail = record(order, "mail")
+    assert mail.process_state is StepState.PROCESSED and not mail.continued
+    assert mail.result == {"messageId": "m-1"}
+    assert alerts(order) == []

@@ -214,3 +214,29 @@ def test_no_page_names_a_tracker_issue() -> None:
         if re.search(r"issue ?#?[0-9]+", line, re.IGNORECASE)
     ]
     assert not named, named
+
+
+#: A path as the pages name it in backticks: a file with an extension, or a folder (``/``).
+_PATH = re.compile(
+    r"`([A-Za-z0-9_.\-/]+(?:\.(?:py|md|json|bicep|bicepparam|yaml|yml|toml|txt|html|js|css|sh|png)|/))`"
+)
+#: Named by the pages and written only when something runs (not in a clean clone).
+_WRITTEN_WHEN_RUN = {"bench/results/"}
+
+
+def test_every_path_the_pages_name_exists() -> None:
+    """The README and docs/ name files and folders of this tree (``core/model.py``,
+    ``infra/main.bicep``): each exists, so that a reader who follows one finds it. A name
+    whose first part is no top-level entry (a remote's path, ``/health``) is not a path
+    of the tree."""
+    tops = {p.name for p in ROOT.iterdir() if not p.name.startswith(".")}
+    missing: list[str] = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for named in sorted(set(_PATH.findall(page.read_text(encoding="utf-8")))):
+            if named in _WRITTEN_WHEN_RUN:
+                continue
+            if "/" not in named or named.split("/")[0] not in tops:
+                continue  # a bare file name is named beside its folder
+            if not ((ROOT / named).exists() or (ROOT / "docs" / named).exists()):
+                missing.append(f"{page.relative_to(ROOT)}: {named}")
+    assert missing == [], missing
