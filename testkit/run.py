@@ -183,10 +183,9 @@ class Run:
         return self
 
     def advance(self, seconds: float) -> Run:
-        """Move the clock on by ``seconds``, then run on (a run stopped at an
-        ``undecided()`` event stays there)."""
-        self._world.clock.advance(seconds)
-        self._world.drive()
+        """Let ``seconds`` pass on the kit's clock, with all that happens in them (an
+        ``undecided()`` event's timeout too), then stop there."""
+        self._world.drive(until=self._world.clock() + timedelta(seconds=seconds))
         return self
 
 

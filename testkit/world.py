@@ -32,6 +32,7 @@ from agents.binding import RequestBinding
 from agents.python import PythonTry
 from bootstrap import AppContext, bootstrap
 from core import workflows
+from core.errors import TransitionRefused
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.names import Names
@@ -244,24 +245,31 @@ class World:
         assert order is not None, f"order {self.order_id} is not stored"
         return order
 
-    def drive(self) -> None:
+    def drive(self, until: datetime | None = None) -> None:
         """Run until the order ends, stops for an ``undecided()`` event, or waits for
-        nothing that can come within the horizon."""
+        nothing that can come within the horizon; with ``until``, until the clock reads
+        that (past an ``undecided()`` event too: its timeout may pass)."""
         with self.using():
-            end = self.clock() + HORIZON
+            end = until if until is not None else self.clock() + HORIZON
             for _ in range(MAX_MOVES):
                 self._settle()
                 order = self.order()
-                if order.status.terminal or self._stopped(order):
+                if order.status.terminal or (until is None and self._stopped(order)):
                     return
                 due = self._next(order)
                 if due is None or due > end:
-                    return
-                self.clock.set(due)
-                errors = self.app.supervisor.run().errors + self.app.scheduler.sweep().errors
-                if errors:
-                    raise KitError(f"the supervisor or the sweep failed: {'; '.join(errors)}")
+                    if until is None or self.clock() >= until:
+                        return
+                    due = until
+                self._move(due)
             raise KitError(f"the run moved the clock {MAX_MOVES} times and did not end")
+
+    def _move(self, when: datetime) -> None:
+        """The clock to ``when``, then the supervisor and the sweep, as their timers run."""
+        self.clock.set(when)
+        errors = self.app.supervisor.run().errors + self.app.scheduler.sweep().errors
+        if errors:
+            raise KitError(f"the supervisor or the sweep failed: {'; '.join(errors)}")
 
     def _settle(self) -> None:
         """Everything that happens now, until nothing more does."""
@@ -334,7 +342,8 @@ class World:
             if pending.due > now:
                 continue
             self._pending.remove(pending)
-            with contextlib.suppress(Exception):  # refused: the history says why
+            # Refused (too late, stale): the order's history says so, as for a real one.
+            with contextlib.suppress(TransitionRefused):
                 self.app.events.deliver_event(
                     self.order_id, pending.event, pending.body, pending.by, token=pending.token
                 )
@@ -354,6 +363,12 @@ class World:
 
     def decide(self, event: str, decision: Decision) -> None:
         """A decision for an event the run stopped at (or any the order still waits for)."""
+        events = sorted(p.name for p in self.steps.values() if p.kind == "event")
+        if event not in events:
+            raise KitError(
+                f"decide({event!r}, ...): workflow {self.spec.name!r} has no event {event!r} "
+                f"(its events: {', '.join(events) or 'none'})"
+            )
         self.events[event] = decision
         self._decided.discard(event)
 

@@ -240,6 +240,23 @@ def test_an_undecided_event_stops_the_run_there_and_decide_goes_on() -> None:
     assert run.results["refund-approved"] == {"by": "bob"}
 
 
+def test_time_passes_on_an_undecided_event_until_its_timeout() -> None:
+    run = big(**{"refund-approved": undecided()})
+
+    run.advance(86_400)  # a day: still waiting
+    assert run.status == "processing" and run.elapsed == timedelta(days=1)
+
+    run.advance(86_400 + 1)  # past the two days
+    assert run.step("refund-approved").state == "error"
+    assert "refund" not in run.received
+
+
+def test_deciding_an_event_the_workflow_lacks_says_which_it_has() -> None:
+    run = big(**{"refund-approved": undecided()})
+    with pytest.raises(KitError, match=r"has no event 'approved' \(its events: refund-approved\)"):
+        run.decide("approved", approve())
+
+
 # --- Python agents ---------------------------------------------------------------------
 
 
