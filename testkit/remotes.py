@@ -36,8 +36,15 @@ Result = Mapping[str, Any] | Callable[[dict[str, Any]], Mapping[str, Any]]
 _NOT_REFUSALS = frozenset({408, 409, 425, 429})
 
 
+class Remote:
+    """What a remote does when called (one of the kinds below): a common type, so that a
+    dict of them, or a list, is typed without a note."""
+
+    __slots__ = ()
+
+
 @dataclass(frozen=True)
-class Answer:
+class Answer(Remote):
     """A 2xx with a JSON object."""
 
     result: Result = field(default_factory=dict)
@@ -45,7 +52,7 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class Refuse:
+class Refuse(Remote):
     """A 4xx: nothing applied, never retried."""
 
     reason: str
@@ -53,7 +60,7 @@ class Refuse:
 
 
 @dataclass(frozen=True)
-class Fail:
+class Fail(Remote):
     """Every try of the attempt failed: ``may_have_applied`` a 500 (or no answer to a sent
     request), else a 503."""
 
@@ -62,12 +69,12 @@ class Fail:
 
 
 @dataclass(frozen=True)
-class NoAnswer:
+class NoAnswer(Remote):
     """The remote never answers: the attempt's deadline passes."""
 
 
 @dataclass(frozen=True)
-class CallsBack:
+class CallsBack(Remote):
     """Accepts (``accepted``, a 2xx), then calls back ``after`` seconds later with
     ``result`` or ``refused``."""
 
@@ -78,13 +85,12 @@ class CallsBack:
 
 
 @dataclass(frozen=True)
-class Runs:
+class Runs(Remote):
     """A Python function plays the remote (a Python agent's handler)."""
 
     handler: Callable[..., Any]
 
 
-Remote = Answer | Refuse | Fail | NoAnswer | CallsBack | Runs
 #: What a test gives for one step: one behaviour, or one per call (the last repeats).
 RemoteSpec = Remote | Sequence[Remote]
 

@@ -202,7 +202,7 @@ class World:
                         f"{name!r} a remote's answer (answer, refuse, unavailable, crash, "
                         "no_answer, calls_back, runs)"
                     )
-                if not isinstance(behaviour, Answer | Refuse | Fail | NoAnswer | CallsBack | Runs):
+                if not isinstance(behaviour, Remote):
                     raise KitError(
                         f"remotes={{{name!r}: {behaviour!r}}}: not a remote's behaviour "
                         "(answer, refuse, unavailable, crash, no_answer, calls_back, runs)"
