@@ -22,7 +22,9 @@ agent with its declared handler. Not part of the deployment (``.funcignore``).
 
 from __future__ import annotations
 
+from testkit.checks import KitError
 from testkit.fakes import FakeClock
+from testkit.players import Call
 from testkit.remotes import (
     answer,
     approve,
@@ -37,7 +39,6 @@ from testkit.remotes import (
     undecided,
 )
 from testkit.run import Run, Step, run_workflow
-from testkit.world import Call, KitError
 
 __all__ = [
     "Call",

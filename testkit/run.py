@@ -13,8 +13,10 @@ from typing import Any
 from admin.service import order_view
 from core.settings import declarations_of
 from core.states import StepState
+from testkit.checks import KitError
+from testkit.players import Call
 from testkit.remotes import Decision, RemoteSpec
-from testkit.world import START, STATUS_QUEUE, Call, KitError, World
+from testkit.world import START, STATUS_QUEUE, World
 
 #: Who the kit's operator is, in the order's history.
 OPERATOR = "ops@testkit"
@@ -101,19 +103,19 @@ class Run:
     @property
     def calls(self) -> list[Call]:
         """Every call of a remote or a Python agent, in order: body, key, attempt, time."""
-        return list(self._world.calls)
+        return list(self._world.player.calls)
 
     @property
     def received(self) -> dict[str, list[dict[str, Any]]]:
         """The bodies each remote received, by step (or compensation), one per call."""
         out: dict[str, list[dict[str, Any]]] = {}
-        for call in self._world.calls:
+        for call in self._world.player.calls:
             out.setdefault(call.step, []).append(call.body)
         return out
 
     def keys(self, step: str) -> list[str]:
         """The ``Idempotency-Key`` of each call of ``step``."""
-        return [c.key for c in self._world.calls if c.step == step]
+        return [c.key for c in self._world.player.calls if c.step == step]
 
     @property
     def alerts(self) -> list[dict[str, Any]]:

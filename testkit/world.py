@@ -11,50 +11,32 @@ wake-up, a deadline the supervisor acts on, a callback or decision to come) and 
 supervisor and the sweep, as their timers would. Until the order ends, waits for an
 ``undecided()`` event, or has nothing left to wait for.
 
-Each attempt of a remote is one call: the agent's own retries within an attempt, its
-breaker and limits are the product's, tested by its suite; here an attempt either
-answers, refuses, fails every try (``unavailable``/``crash``) or never answers.
+The remotes and Python agents are played by ``testkit.players``; what a test may say
+is checked by ``testkit.checks``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from agents.binding import RequestBinding
-from agents.python import PythonTry
 from bootstrap import AppContext, bootstrap
 from core import workflows
 from core.errors import TransitionRefused
-from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.names import Names
-from core.outcome import Applied
-from core.plans import PlannedStep
 from core.settings import Settings
 from core.states import StepState
 from supervisor.service import SKEW_GRACE
+from testkit.checks import KitError, check_use, steps_of, workflow_of
 from testkit.fakes import FakeClock, RecordingKeeper, RecordingQueues, RecordingTransport
-from testkit.remotes import (
-    Answer,
-    CallsBack,
-    Decision,
-    Fail,
-    NoAnswer,
-    Refuse,
-    Remote,
-    RemoteSpec,
-    Result,
-    Runs,
-    per_call,
-)
+from testkit.players import Pending, Player
+from testkit.remotes import Decision, RemoteSpec
 
 #: Every run starts here (a fixed time: runs repeat exactly).
 START = datetime(2030, 1, 7, 9, 0, tzinfo=UTC)
@@ -66,43 +48,6 @@ HOST = "testkit.invalid"
 HORIZON = timedelta(days=400)
 #: How many times the loop may move the clock (a runaway loop is a kit bug, said so).
 MAX_MOVES = 10_000
-#: How long a Python handler may run, in real seconds, before its attempt is reported as
-#: still running (it may have applied).
-HANDLER_SECONDS = 10.0
-
-
-class KitError(Exception):
-    """A mistake in how a test uses the kit (or a declaration the kit cannot run): the
-    message says what to change."""
-
-
-@dataclass(frozen=True)
-class Call:
-    """One call of a remote (or a Python agent) as it received it."""
-
-    step: str
-    attempt: int
-    #: the ``Idempotency-Key`` header: the same on every attempt of the step
-    key: str
-    body: dict[str, Any]
-    at: datetime
-    #: the remote path (``POST {agent URL}/{path}``)
-    path: str
-    agent: str
-
-
-@dataclass
-class _Pending:
-    """A callback or a decision to deliver at ``due``."""
-
-    due: datetime
-    event: str
-    body: dict[str, Any]
-    by: str
-    token: str | None
-
-
-_CAPABILITY = re.compile(r"/api/orders/([^/?#]+)/events/([^/?#]+)\?token=([A-Za-z0-9.]+)")
 
 
 class World:
@@ -122,14 +67,11 @@ class World:
         self.transport = RecordingTransport()
         self.remotes = dict(remotes)
         self.events = dict(events)
-        self.calls: list[Call] = []
         self._answered = 0  # requests of ``transport.requests`` answered
         self._delivered: set[int] = set()  # indexes of order-dispatch messages delivered
-        self._pending: list[_Pending] = []
+        self._pending: list[Pending] = []
         self._waiting_since: dict[str, datetime] = {}  # event -> when the kit saw it wait
         self._decided: set[str] = set()
-        self._ids: dict[str, int] = {}
-        self._python: dict[str, PythonTry] = {}
         with self.using():
             from stores.memory import InMemoryStateStore
 
@@ -150,9 +92,10 @@ class World:
                 transport=self.transport,
                 kept=RecordingKeeper(),
             )
-            self.spec = _workflow(workflow, declarations)
-            self.steps = _steps_of(self.spec)
-            self._check(workflow)
+            self.spec = workflow_of(workflow, declarations)
+            self.steps = steps_of(self.spec)
+            check_use(workflow, self.steps, remotes, events)
+        self.player = Player(self.store, self.clock, self.steps, self.remotes, self._pending)
 
     # --- the declarations in force ------------------------------------------------------
 
@@ -172,63 +115,6 @@ class World:
             if not host:
                 os.environ.pop("WEBSITE_HOSTNAME", None)
 
-    def _check(self, workflow: str) -> None:
-        """Refuse a remote or event the workflow does not have, or one of the wrong kind."""
-        names = ", ".join(sorted(self.steps)) or "none"
-        for name, spec in self.remotes.items():
-            planned = self.steps.get(name)
-            if planned is None:
-                raise KitError(
-                    f"remotes={{{name!r}: ...}}: workflow {workflow!r} has no step or "
-                    f"compensation {name!r} (it has: {names})"
-                )
-            kind = "compensation" if planned.name != name else planned.kind
-            if kind == "event":
-                raise KitError(
-                    f"remotes={{{name!r}: ...}}: {name!r} is an Event, decided by a person "
-                    f"(or a remote's callback), not a remote's step: give it in "
-                    f"events={{{name!r}: approve(...)}} (or decline, no_decision, undecided)"
-                )
-            if kind == "delay":
-                raise KitError(
-                    f"remotes={{{name!r}: ...}}: {name!r} is a Delay: it calls nothing, and "
-                    "the kit's clock moves past it; give it nothing"
-                )
-            behaviours = spec if isinstance(spec, list | tuple) else [spec]
-            for behaviour in behaviours:
-                if isinstance(behaviour, Decision):
-                    raise KitError(
-                        f"remotes={{{name!r}: ...}}: a decision is for an Event: give "
-                        f"{name!r} a remote's answer (answer, refuse, unavailable, crash, "
-                        "no_answer, calls_back, runs)"
-                    )
-                if not isinstance(behaviour, Remote):
-                    raise KitError(
-                        f"remotes={{{name!r}: {behaviour!r}}}: not a remote's behaviour "
-                        "(answer, refuse, unavailable, crash, no_answer, calls_back, runs)"
-                    )
-                if isinstance(behaviour, CallsBack) and (
-                    kind == "compensation" or not planned.completes_on
-                ):
-                    raise KitError(
-                        f"remotes={{{name!r}: calls_back(...)}}: {name!r} declares no "
-                        "completes_on, so a callback completes nothing: use answer(...), or "
-                        f'declare StepSpec({name!r}, ..., completes_on="<event>")'
-                    )
-        events = {p.name for p in self.steps.values() if p.kind == "event"}
-        for name, decision in self.events.items():
-            if not isinstance(decision, Decision):
-                raise KitError(
-                    f"events={{{name!r}: {decision!r}}}: an event takes approve(...), "
-                    "decline(...), no_decision() or undecided()"
-                )
-            if name not in events:
-                what = "a remote's step: give it in remotes=" if name in self.steps else "no event"
-                raise KitError(
-                    f"events={{{name!r}: ...}}: {name!r} is {what} of workflow {workflow!r} "
-                    f"(its events: {', '.join(sorted(events)) or 'none'})"
-                )
-
     # --- the run ----------------------------------------------------------------------
 
     def submit(self, order_id: str, workflow: str, data: Mapping[str, Any]) -> None:
@@ -238,7 +124,7 @@ class World:
         if str(handled) == "rejected":
             [rejected, *_] = [*self.queues.on(self.app.names.orders_rejected), {}]
             raise KitError(f"the order was refused: {rejected.get('reason', '?')}")
-        self.order_id = order_id
+        self.order_id = self.player.order_id = order_id
 
     def order(self) -> Order:
         order = self.store.load(self.order_id)
@@ -299,7 +185,7 @@ class World:
             request = self.transport.requests[self._answered]
             self._answered += 1
             done += 1
-            reply = self._call(request)
+            reply = self.player.call(request)
             if reply is not None:
                 self.app.scheduler.apply_reply(reply)
         return done
@@ -328,10 +214,10 @@ class World:
             self._decided.add(event)
             token = None
             if _by_machine(order, event):
-                token = self._capability(event, f"events={{{event!r}: ...}}")
+                token = self.player.capability(event, f"events={{{event!r}: ...}}")
             self._pending.append(
-                _Pending(
-                    self._waiting_since[event] + _seconds(decision.after),
+                Pending(
+                    self._waiting_since[event] + timedelta(seconds=decision.after),
                     event,
                     body,
                     decision.by,
@@ -397,140 +283,10 @@ class World:
 
     # --- the remotes ------------------------------------------------------------------
 
-    def _call(self, request: AgentRequest) -> AgentReply | None:
-        """Play the remote of one request: record what it received, answer as declared."""
-        agent = request.agent
-        bound = RequestBinding(self.store, agent)(request)
-        body = dict(bound.order or {})
-        self.calls.append(
-            Call(
-                bound.step,
-                bound.attempt,
-                bound.idempotency_key,
-                body,
-                self.clock(),
-                bound.path,
-                agent,
-            )
-        )
-        calls = sum(1 for c in self.calls if c.step == bound.step) - 1
-        spec = self.remotes.get(bound.step)
-        if spec is None:
-            declared = workflows.AGENTS[agent]
-            if declared.kind == "python" and declared.handler is not None:
-                return self._run_python(bound, declared.handler, agent)
-            raise KitError(
-                f"the run called {bound.step!r} (agent {agent!r}), for which remotes= declares "
-                f"nothing: give remotes={{{bound.step!r}: answer({{...}})}} (or refuse, "
-                "unavailable, crash, no_answer, calls_back, runs)"
-            )
-        return self._play(bound, per_call(spec, calls), body)
-
-    def _play(
-        self, request: AgentRequest, remote: Remote, body: dict[str, Any]
-    ) -> AgentReply | None:
-        path = request.path
-        if isinstance(remote, Answer):
-            result = _result(remote.result, body, request.step)
-            if remote.id is not None:
-                n = self._ids[remote.id] = self._ids.get(remote.id, 0) + 1
-                result[remote.id] = f"{remote.id}-{n}"
-            return request.succeeded(result)
-        if isinstance(remote, Refuse):
-            return request.refused(
-                f"{path}: HTTP {remote.status} {remote.reason}",
-                settled=remote.status in (400, 422),
-            )
-        if isinstance(remote, Fail):
-            applied = Applied.MAYBE if remote.may_have_applied else Applied.NO
-            return request.transient(f"{path}: {remote.reason}", applied)
-        if isinstance(remote, NoAnswer):
-            return None
-        if isinstance(remote, CallsBack):
-            planned = self.steps[request.step]
-            event = str(planned.completes_on)
-            token = self._capability(event, f"remotes={{{request.step!r}: calls_back(...)}}", body)
-            callback: dict[str, Any] = (
-                {"refused": remote.refused}
-                if remote.refused is not None
-                else {"result": _result(remote.result or {}, body, request.step)}
-            )
-            self._pending.append(
-                _Pending(self.clock() + _seconds(remote.after), event, callback, "remote", token)
-            )
-            return request.succeeded(dict(remote.accepted))
-        assert isinstance(remote, Runs)
-        return self._run_python(request, remote.handler, request.agent)
-
-    def _run_python(self, request: AgentRequest, handler: Any, name: str) -> AgentReply:
-        """One try of a Python handler, as its agent makes it (``agents.python``)."""
-        runner = self._python.get(request.step)
-        if runner is None or runner.handler is not handler:
-            runner = self._python[request.step] = PythonTry(handler, name=name, clock=self.clock)
-        tried = asyncio.run(runner.run(request, HANDLER_SECONDS))
-        if tried.applied is Applied.YES:
-            return request.succeeded(tried.result or {})
-        if not tried.retryable:
-            return request.refused(tried.error, settled=tried.settles)
-        return request.transient(tried.error, tried.applied)
-
-    def _capability(self, event: str, where: str, body: Mapping[str, Any] | None = None) -> str:
-        """The token of the URL ``events_url`` gave for ``event`` in a body a remote
-        received (``body``, else any): a remote can call back only on it."""
-        bodies = [body] if body is not None else [c.body for c in reversed(self.calls)]
-        for received in bodies:
-            for found in _CAPABILITY.finditer(json.dumps(received)):
-                if found.group(1) == self.order_id and found.group(2) == event:
-                    return found.group(3)
-        raise KitError(
-            f"{where}: the remote cannot call back: "
-            + ("its body carries" if body is not None else "no body a remote received carries")
-            + f" no events_url(ctx.order_id, {event!r}); put one in the step's input, e.g. "
-            f'{{**ctx.order, "callback": events_url(ctx.order_id, {event!r})}}'
-        )
-
 
 _NOBODY = Decision()
-
-
-def _seconds(value: float) -> timedelta:
-    return timedelta(seconds=value)
-
-
-def _result(result: Result, body: dict[str, Any], step: str) -> dict[str, Any]:
-    value = result(dict(body)) if callable(result) else result
-    if not isinstance(value, Mapping):
-        raise KitError(f"the answer for {step!r} is {value!r}, not a JSON object")
-    try:
-        out = json.loads(json.dumps(dict(value)))
-    except (TypeError, ValueError) as exc:
-        raise KitError(f"the answer for {step!r} is not JSON: {exc}") from None
-    assert isinstance(out, dict)
-    return out
 
 
 def _by_machine(order: Order, event: str) -> bool:
     planned = order.plan.step_for_event(event)
     return planned is not None and planned.by_machine
-
-
-def _workflow(name: str, declarations: str) -> workflows.Workflow:
-    try:
-        return workflows.WORKFLOWS[name]
-    except KeyError:
-        raise KitError(
-            f"{declarations} declares no workflow {name!r} (it declares: "
-            f"{', '.join(sorted(workflows.WORKFLOWS))})"
-        ) from None
-
-
-def _steps_of(workflow: workflows.Workflow) -> dict[str, PlannedStep]:
-    """Every step, event, delay and compensation of the workflow, by name (a
-    compensation maps to the step it undoes)."""
-    plan = workflows.Plan.of(workflow, 30)
-    out: dict[str, PlannedStep] = {}
-    for planned in plan.steps:
-        out[planned.name] = planned
-        if planned.compensation:
-            out[planned.compensation] = planned
-    return out
