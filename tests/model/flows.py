@@ -289,7 +289,7 @@ def flows(draw: st.DrawFn) -> Flow:
             callback=draw(st.sampled_from([False, False, True])),
             reads=reads,
             when=when,
-            fails=draw(st.sampled_from(["unwind"] * 4 + ["hold", "continue"])),
+            fails=draw(st.sampled_from(["unwind", "unwind", "hold", "continue"])),
         )
 
     elements: list[Element] = []
