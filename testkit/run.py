@@ -51,6 +51,11 @@ class Run:
     def __init__(self, world: World) -> None:
         self._world = world
 
+    def __repr__(self) -> str:
+        """The order's status and each step's state, what a failed assert shows."""
+        steps = ", ".join(f"{s.name} {s.state}" for s in self.steps.values())
+        return f"<Run {self.order_id} {self.status}: {steps}>"
+
     @property
     def order_id(self) -> str:
         return self._world.order_id

@@ -66,6 +66,7 @@ def test_answers_flow_from_step_to_step_and_the_run_says_what_each_remote_receiv
     assert run.received["notify-customer"][0]["rma"] == "R-1"
     assert run.statuses == ["received", "processing", "completed"]
     assert run.alerts == []
+    assert repr(run).startswith("<Run order-1 completed: receive-return processed, inspect")
 
 
 def test_an_answer_can_be_computed_from_the_body_and_hand_out_ids() -> None:
