@@ -32,6 +32,7 @@ from core.model import Order
 from core.names import Names
 from core.settings import Settings
 from core.states import StepState
+from stores.memory import InMemoryStateStore
 from supervisor.service import SKEW_GRACE
 from testkit.checks import KitError, check_use, steps_of, workflow_of
 from testkit.fakes import FakeClock, RecordingKeeper, RecordingQueues, RecordingTransport
@@ -73,8 +74,6 @@ class World:
         self._waiting_since: dict[str, datetime] = {}  # event -> when the kit saw it wait
         self._decided: set[str] = set()
         with self.using():
-            from stores.memory import InMemoryStateStore
-
             env = {
                 "AzureWebJobsStorage": "UseDevelopmentStorage=true",  # never reached
                 "AGENT_TRANSPORT": "storage",
@@ -118,13 +117,20 @@ class World:
     # --- the run ----------------------------------------------------------------------
 
     def submit(self, order_id: str, workflow: str, data: Mapping[str, Any]) -> None:
+        """Send the order to the scheduler as an app does (the order's own ``orderId``, if
+        it has one, wins over ``order_id``)."""
+        if data.get("workflow", workflow) != workflow:
+            raise KitError(
+                f"the order says workflow {data['workflow']!r}, the run {workflow!r}: "
+                "leave workflow out of the order"
+            )
         body = {"orderId": order_id, "workflow": workflow, "replyTo": STATUS_QUEUE, **data}
         with self.using():
             handled = self.app.scheduler.submit(json.dumps(body, default=str).encode())
         if str(handled) == "rejected":
-            [rejected, *_] = [*self.queues.on(self.app.names.orders_rejected), {}]
+            rejected = (self.queues.on(self.app.names.orders_rejected) or [{}])[-1]
             raise KitError(f"the order was refused: {rejected.get('reason', '?')}")
-        self.order_id = self.player.order_id = order_id
+        self.order_id = self.player.order_id = str(body["orderId"])
 
     def order(self) -> Order:
         order = self.store.load(self.order_id)

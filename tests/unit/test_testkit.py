@@ -391,11 +391,20 @@ def test_an_operator_cancels_a_waiting_order_and_the_history_says_who() -> None:
             "the order waits for event 'refund-approved', for which events= declares nothing",
         ),
         (lambda: refuse("busy", status=503), "a refusal is a 4xx"),
+        (
+            lambda: run_workflow("order", {"orderId": ""}, declarations=FLOWS),
+            "the order was refused: ",
+        ),
     ],
 )
 def test_a_mistake_in_using_the_kit_says_what_to_change(call: Any, says: str) -> None:
     with pytest.raises((KitError, ValueError), match=re.escape(says)):
         call()
+
+
+def test_the_orders_own_id_is_the_runs() -> None:
+    run = run_workflow("order", {"orderId": "o-7"}, {"process": answer()}, declarations=FLOWS)
+    assert run.order_id == "o-7" and run.keys("process") == ["o-7:process"]
 
 
 def test_a_run_leaves_the_declarations_and_the_environment_as_it_found_them() -> None:
