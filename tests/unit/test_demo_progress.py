@@ -23,7 +23,7 @@ def test_not_a_terminal_gets_a_plain_line_per_change() -> None:
         assert isinstance(view, Lines)
         view.update(ROWS, 0.4, 0, 2, "orders")
         view.update(ROWS, 0.9, 0, 2, "orders")  # nothing changed: nothing printed
-        done = [ROWS[0][:3] + ["[green]completed ✓[/]", "", "process:Processed"], ROWS[1]]
+        done = [[*ROWS[0][:3], "[green]completed ✓[/]", "", "process:Processed"], ROWS[1]]
         view.update(done, 3.2, 1, 2, "orders")
         view.say("[bold]operator:[/] approve demo-1-c → HTTP 200")
     assert out.getvalue().splitlines() == [
