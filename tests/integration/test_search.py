@@ -117,8 +117,7 @@ def test_a_steps_result_field_is_found_over_http_once_the_step_succeeded(
     order from the save that records the step's success on, not before."""
     app_function("list_orders")  # the app, imported, put the settings' declarations to use
     with declarations("tests.fixtures.result_search"):
-        order = accept("rma-1", T0, "exchange")
-        ctx.store.create(order)
+        ctx.store.create(accept("rma-1", T0, "exchange"))
         assert listed(rma="R-123") == []
         order = ctx.store.load("rma-1")
         assert order is not None
