@@ -15,6 +15,7 @@ from typing import Any
 from admin.service import attempts_of
 from core.events import Event
 from core.model import CancelPreview, Order, StepRecord
+from core.plans import PlannedStep
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import iso, parse_iso
 
@@ -311,10 +312,8 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         )
     if status is OrderStatus.COMPLETED:
         return "Every step succeeded."
-    if status is OrderStatus.COMPENSATED:
-        return "A step failed without effect, and every completed step was undone."
-    if status is OrderStatus.CANCELLED:
-        return "Cancelled, and every completed step was undone."
+    if status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
+        return undo_summary(order)
     if active is None:
         return f"The order is {status}; no step is active."
     waiting = _waits(order)
@@ -338,6 +337,82 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         f"{active.attempt + 1}) not before {iso(active.complete_by)}, "
         f"{active.failure_count} counted failure(s) so far.{extra}{cancel}"
     )
+
+
+def undo_summary(order: Order) -> str:
+    """What the unwinding of a ``compensated`` or ``cancelled`` order did, as its records
+    say: the steps undone (and by what), those not undone (no compensation), those whose
+    effect stands by declaration (``may_stand``), and those stopped before they started
+    or while they waited (nothing to undo)."""
+    undone, not_undone, stands, stopped, failed = [], [], [], [], []
+    for record in order.latest_actions():
+        state = record.process_state
+        task = order.kind_of(record) == "task"
+        if state is StepState.COMPENSATED:
+            if record.undone_by:
+                undone.append(f"{record.step} (by {record.undone_by})")
+            else:
+                stopped.append(record.step)
+        elif state is StepState.ERROR:
+            failed.append(record.step)
+        elif task and record.attempt and (state is StepState.PROCESSED or record.applied):
+            planned = _planned(order, record)
+            if planned is not None and planned.may_stand:
+                stands.append(record.step)
+            else:
+                not_undone.append(record.step)
+    if order.status is OrderStatus.CANCELLED:
+        parts = ["Cancelled."]
+    elif failed:
+        parts = [f"Step {', '.join(failed)} failed without effect."]
+    else:
+        parts = ["The order was undone."]
+    if undone:
+        parts.append(f"Undone: {', '.join(undone)}.")
+    if not_undone:
+        parts.append(f"Not undone (no compensation): {', '.join(not_undone)}.")
+    if stands:
+        parts.append(f"Its effect stands, as declared (may_stand): {', '.join(stands)}.")
+    if stopped:
+        parts.append(f"Stopped before they applied anything: {', '.join(stopped)}.")
+    if not (undone or not_undone or stands):
+        parts.append("Nothing had applied, so nothing was undone.")
+    return " ".join(parts)
+
+
+def _planned(order: Order, record: StepRecord) -> PlannedStep | None:
+    try:
+        return order.plan.planned(record.step)
+    except KeyError:  # pragma: no cover - a record its plan does not name
+        return None
+
+
+@dataclass(frozen=True)
+class StateLabel:
+    """A step record's state as its page says it: ``css`` its badge's class, ``text`` its
+    words, ``note`` what it means (empty: the state says it)."""
+
+    css: str
+    text: str
+    note: str = ""
+
+
+def state_label(order: Order, record: StepRecord) -> StateLabel:
+    """A record's state in words that are true of it: a ``Compensated`` record that no
+    compensation undid was stopped (its group failed, or the order was cancelled) before
+    it applied anything: never called, or between attempts, or while it waited."""
+    state = record.process_state
+    if state is StepState.COMPENSATED and not record.undone_by:
+        if order.kind_of(record) != "task":
+            return StateLabel("stopped", "Stopped", "stopped while it waited: nothing to undo")
+        if not record.attempt:
+            return StateLabel("stopped", "Stopped, not started", "never called: nothing to undo")
+        return StateLabel(
+            "stopped", "Stopped", "stopped before its next attempt; none applied: nothing to undo"
+        )
+    if state is StepState.COMPENSATED:
+        return StateLabel(state.lower(), str(state), f"undone by {record.undone_by}")
+    return StateLabel(state.lower(), str(state))
 
 
 def _first_upper(text: str) -> str:
