@@ -72,9 +72,7 @@ def step_io(order: Order, record: StepRecord, view: dict[str, Any]) -> StepIO:
     return StepIO(source, sent_label, sent, label, None)
 
 
-def _sent(
-    order: Order, record: StepRecord, view: dict[str, Any]
-) -> tuple[str, str, Shown | None]:
+def _sent(order: Order, record: StepRecord, view: dict[str, Any]) -> tuple[str, str, Shown | None]:
     if not _was_sent(record):
         return "unsent", "nothing sent yet", None
     body = view.get("input")

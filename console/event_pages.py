@@ -52,6 +52,15 @@ def declared_events() -> dict[str, list[str]]:
     return dict(sorted(out.items()))
 
 
+def machine_events() -> frozenset[str]:
+    """The events a deployed workflow declares that a machine delivers (a remote's
+    callback, ``completes_on``, or an ``Event(..., by="machine")``): never a person's."""
+    out: set[str] = set()
+    for workflow in WORKFLOWS.values():
+        out.update(set(workflow.event_names()) - set(workflow.person_events()))
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class Awaited:
     """An event the order waits for, as its page says it: who sends it and, for a

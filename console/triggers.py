@@ -93,6 +93,7 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
             max_bulk=MAX_BULK,
             actions=BULK_ACTIONS,
             events=event_pages.declared_events(),
+            machine_events=event_pages.machine_events(),
             search=where.search,
             search_fields=search_fields(),
         )

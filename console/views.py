@@ -344,7 +344,8 @@ def undo_summary(order: Order) -> str:
     say: the steps undone (and by what), those not undone (no compensation), those whose
     effect stands by declaration (``may_stand``), and those stopped before they started
     or while they waited (nothing to undo)."""
-    undone, not_undone, stands, stopped, failed = [], [], [], [], []
+    undone, not_undone, stands, stopped = [], [], [], []
+    failed = [r for r in order.latest_actions() if r.gave_up is not None]
     for record in order.latest_actions():
         state = record.process_state
         task = order.kind_of(record) == "task"
@@ -353,8 +354,6 @@ def undo_summary(order: Order) -> str:
                 undone.append(f"{record.step} (by {record.undone_by})")
             else:
                 stopped.append(record.step)
-        elif state is StepState.ERROR:
-            failed.append(record.step)
         elif task and record.attempt and (state is StepState.PROCESSED or record.applied):
             planned = _planned(order, record)
             if planned is not None and planned.may_stand:
@@ -364,7 +363,15 @@ def undo_summary(order: Order) -> str:
     if order.status is OrderStatus.CANCELLED:
         parts = ["Cancelled."]
     elif failed:
-        parts = [f"Step {', '.join(failed)} failed without effect."]
+        parts = [
+            f"Step {r.step} failed"
+            + (
+                " and may have applied."
+                if r.gave_up and r.gave_up.ambiguous
+                else " without effect."
+            )
+            for r in failed
+        ]
     else:
         parts = ["The order was undone."]
     if undone:
