@@ -345,7 +345,10 @@ def undo_summary(order: Order) -> str:
     effect stands by declaration (``may_stand``), and those stopped before they started
     or while they waited (nothing to undo)."""
     undone, not_undone, stands, stopped = [], [], [], []
-    failed = [r for r in order.latest_actions() if r.gave_up is not None]
+    # a failure the workflow went on after (``on_failure="continue"``, contract 3.17) did
+    # not start the unwinding: it is named apart
+    went_on = [r.step for r in order.latest_actions() if _continued(r)]
+    failed = [r for r in order.latest_actions() if r.gave_up is not None and not _continued(r)]
     for record in order.latest_actions():
         state = record.process_state
         task = order.kind_of(record) == "task"
@@ -382,9 +385,16 @@ def undo_summary(order: Order) -> str:
         parts.append(f"Its effect stands, as declared (may_stand): {', '.join(stands)}.")
     if stopped:
         parts.append(f"Stopped before they applied anything: {', '.join(stopped)}.")
+    if went_on:
+        parts.append(f"Failed earlier, the order went on: {', '.join(went_on)}.")
     if not (undone or not_undone or stands):
         parts.append("Nothing had applied, so nothing was undone.")
     return " ".join(parts)
+
+
+def _continued(record: StepRecord) -> bool:
+    """The record failed and the workflow went on (``on_failure="continue"``)."""
+    return bool(getattr(record, "continued", False))
 
 
 def _planned(order: Order, record: StepRecord) -> PlannedStep | None:
@@ -409,6 +419,8 @@ def state_label(order: Order, record: StepRecord) -> StateLabel:
     compensation undid was stopped (its group failed, or the order was cancelled) before
     it applied anything: never called, or between attempts, or while it waited."""
     state = record.process_state
+    if state is StepState.ERROR and _continued(record):
+        return StateLabel("error", "Error", "failed, the order went on")
     if state is StepState.COMPENSATED and not record.undone_by:
         if order.kind_of(record) != "task":
             return StateLabel("stopped", "Stopped", "stopped while it waited: nothing to undo")
