@@ -165,6 +165,8 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
         # what the page says of each record: its body and result, its state in true words
         step["io"] = bodies.step_io(order, record, step)
         step["shown"] = views.state_label(order, record)
+        for attempt in step["attempts"]:
+            attempt["shownOutcome"] = views.attempt_outcome(record, attempt)
     fields: dict[str, Any] = {
         "editable": fix_pages.editable(order),
         **extra,  # a refused fix shows the operator's own edit again, not the stored data

@@ -30,7 +30,9 @@ TOP = 24
 class Bar:
     step: str
     attempt: int
-    outcome: str  # succeeded, refused, transient, deferred, expired, not-sent, or running
+    #: succeeded, refused, transient, deferred, expired, not-sent; with no ending: running,
+    #: accepted (by a remote that calls back), unreported (its record ended without it)
+    outcome: str
     x: float
     width: float
     title: str
@@ -165,10 +167,11 @@ def timeline(order: Order, now: datetime) -> Timeline:
             if start is None:
                 continue
             end = _when(entry.get("endedAt"))
-            running = end is None
+            # open (drawn to its deadline) only while its record is at work: an attempt
+            # its record no longer waits for is not running, whatever it lacks
+            running = end is None and step.process_state is StepState.PROCESSING
             if end is None:
-                deadline = _when(entry.get("completeBy")) or now
-                end = deadline if step.process_state is StepState.PROCESSING else start
+                end = (_when(entry.get("completeBy")) or now) if running else start
             spans.append((step, entry, start, max(end, start), running))
     begin = order.created_at
     finish = max([now if not order.status.terminal else order.updated_at, order.updated_at])
@@ -203,9 +206,13 @@ def timeline(order: Order, now: datetime) -> Timeline:
     previous_end: dict[int, datetime] = {}
     for step, entry, start, end, running in spans:
         row = by_step[step.seq]
-        outcome = "running" if running else str(entry.get("outcome", "running"))
-        parts = [f"{step.step} attempt {entry['attempt']}: {outcome}", f"started {iso(start)}"]
-        parts.append(f"deadline {entry.get('completeBy')}" if running else f"ended {iso(end)}")
+        outcome = attempt_outcome(step, entry)
+        parts = [f"{step.step} attempt {entry['attempt']}: {_OUTCOME_WORDS.get(outcome, outcome)}"]
+        parts.append(f"started {iso(start)}")
+        if running:
+            parts.append(f"deadline {entry.get('completeBy')}")
+        elif "endedAt" in entry:
+            parts.append(f"ended {iso(end)}")
         if entry.get("instance"):
             parts.append(f"on {entry['instance']}")
         if entry.get("error"):
@@ -238,6 +245,25 @@ def timeline(order: Order, now: datetime) -> Timeline:
         ticks,
         _bands(rows),
     )
+
+
+#: What an attempt's outcome means, where its one word needs more.
+_OUTCOME_WORDS = {
+    "accepted": "accepted by its remote, which calls back; the step waits for the callback",
+    "unreported": "no report of it; its step ended without one",
+}
+
+
+def attempt_outcome(step: StepRecord, entry: dict[str, Any]) -> str:
+    """An attempt's outcome as a page says it (``entry``: ``admin.service.attempts_of``'s):
+    how it ended; with no ending, ``running`` only while its record is at work
+    (``accepted`` once a remote that calls back accepted it), else ``unreported``: its
+    record ended without a report of it, so it runs no more."""
+    if entry.get("outcome"):
+        return str(entry["outcome"])
+    if step.process_state is not StepState.PROCESSING:
+        return "unreported"
+    return "accepted" if entry.get("accepted") else "running"
 
 
 def _row(order: Order, step: StepRecord, y: int) -> Row:

@@ -416,3 +416,52 @@ def test_a_refusal_the_order_records_moves_its_updated_at(app: App) -> None:
     assert order.history[-1]["event"] == "event-refused"
     assert order.updated_at == app.clock() > before
     assert admin.show("a-3")["updatedAt"] == order.history[-1]["at"]
+
+
+def test_an_attempt_says_accepted_while_its_callback_is_awaited_and_never_runs_after(
+    app: App,
+) -> None:
+    """approval's capture: its remote accepted (202) and calls back later. While the step
+    waits, its attempt is "accepted", drawn to its deadline; once the step has ended, no
+    attempt of it is "running", whatever the attempt lacks (the label follows the record)."""
+    submit(app, "c-3", "approval", amount=5)
+    answer_all(app, "c-3")
+    app.clock.advance(600)
+    app.ctx.scheduler.dispatch("c-3")
+    reply(app, "capture", {"accepted": True})
+
+    page = text(get("/orders/c-3", orderId="c-3"))
+
+    row = re.search(
+        r'<tr class="attempt-row" data-step="capture" data-attempt="1">(.*?)</tr>', page, re.S
+    )
+    assert row is not None and '<span class="badge accepted">accepted</span>' in row[1]
+    assert re.search(r'<rect class="attempt accepted open" data-step="capture"', page)
+
+    order = app.order("c-3")
+    capture = order.find("capture")
+    assert capture is not None
+    capture.process_state = StepState.PROCESSED  # its record ended; the attempt has no end
+    [entry] = next(e for e in app.ctx.admin.show("c-3")["steps"] if e["step"] == "capture")[
+        "attempts"
+    ]
+    assert views.attempt_outcome(capture, entry) == "unreported"
+    [bar] = next(r for r in views.timeline(order, app.clock()).rows if r.step == "capture").bars
+    assert (bar.outcome, bar.open_ended) == ("unreported", False)
+    assert "running" not in bar.title
+
+
+def test_a_failure_the_order_went_on_after_is_labelled_so(app: App) -> None:
+    """A step that failed with ``on_failure="continue"`` (contract 3.17) is recorded
+    ``Error`` with ``continued``: its label says the order went on."""
+    submit(app, "r-4", "returns")
+    reply(app, "receive-return", outcome=Outcome.REFUSED, error="HTTP 422: no", applied=Applied.NO)
+    order = app.order("r-4")
+    failed = order.find("receive-return")
+    assert failed is not None and failed.process_state is StepState.ERROR
+    assert views.state_label(order, failed).note == ""
+    vars(failed)["continued"] = True  # what on_failure="continue" records (3.17)
+
+    label = views.state_label(order, failed)
+
+    assert (label.text, label.note) == ("Error", "failed, the order went on")
