@@ -387,8 +387,10 @@ def undo_summary(order: Order) -> str:
             planned = _planned(order, record)
             if planned is not None and planned.may_stand:
                 stands.append(record.step)
-            else:
+            elif planned is not None and planned.compensation:
                 not_undone.append(record.step)
+            else:
+                not_undone.append(f"{record.step} (no compensation)")
     if order.status is OrderStatus.CANCELLED:
         parts = ["Cancelled."]
     elif failed:
@@ -406,7 +408,7 @@ def undo_summary(order: Order) -> str:
     if undone:
         parts.append(f"Undone: {', '.join(undone)}.")
     if not_undone:
-        parts.append(f"Not undone (no compensation): {', '.join(not_undone)}.")
+        parts.append(f"Not undone: {', '.join(not_undone)}.")
     if stands:
         parts.append(f"Its effect stands, as declared (may_stand): {', '.join(stands)}.")
     if stopped:

@@ -465,3 +465,21 @@ def test_a_failure_the_order_went_on_after_is_labelled_so(app: App) -> None:
     label = views.state_label(order, failed)
 
     assert (label.text, label.note) == ("Error", "failed, the order went on")
+
+
+def test_a_step_nothing_undid_is_named_not_undone() -> None:
+    """The issue's order: it reads ``compensated`` while a step without a compensation
+    had applied (the engine of the time ended it so; today's ends it ``error``, told).
+    The sentence says what its records say: what was undone, and what was not."""
+    with declarations("tests.fixtures.decisions"):
+        order = new("reserve-dispatch-bill")
+        dispatched_beside_a_refused_bill(order, "failure")
+        assert order.status is OrderStatus.ERROR  # today: the effect that stands is told
+        order.status = OrderStatus.COMPENSATED
+
+        said = views.why(order)
+
+    assert said == (
+        "Step bill failed without effect. Undone: reserve (by release). "
+        "Not undone: dispatch (no compensation)."
+    )
