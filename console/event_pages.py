@@ -201,6 +201,8 @@ def confirm(page: Page, admin: OrderAdmin, order_id: str) -> func.HttpResponse:
         order=order,
         decision=decision,
         waits=waits[0] if waits else None,
+        # what the decision is about, again beside the button that sends it
+        about=next((a for a in awaited(order, waits) if a.by == "person"), None),
         # the step that takes it, and whether it is an Event step or a remote's callback
         taker=planned,
         why=views.why(order),

@@ -176,6 +176,9 @@ def test_the_approval_panel_shows_the_orders_data_and_why_the_step_waits(app: Ap
     ) in panel
     assert json_of(panel, "json-preview") == app.order("a-1").body
     assert 'class="event-actions" data-event="approved"' in panel  # the forms, inside it
+    params = {"action": "approve", "event": "approved", "result": "{}"}
+    confirm = text(get("/orders/a-1/confirm", params, orderId="a-1"))
+    assert '<p id="confirm-why">Its condition big_order said yes' in confirm
     # read-only: what is decided on is shown, no form
     app.ctx.settings = dataclasses.replace(app.ctx.settings, console_read_only=True)
     read_only = text(get("/orders/a-1", orderId="a-1"))
