@@ -422,7 +422,7 @@ def undo_summary(order: Order) -> str:
 
 def _continued(record: StepRecord) -> bool:
     """The record failed and the workflow went on (``on_failure="continue"``)."""
-    return bool(getattr(record, "continued", False))
+    return record.continued
 
 
 def _planned(order: Order, record: StepRecord) -> PlannedStep | None:

@@ -454,20 +454,38 @@ def test_an_attempt_says_accepted_while_its_callback_is_awaited_and_never_runs_a
     assert "running" not in bar.title
 
 
-def test_a_failure_the_order_went_on_after_is_labelled_so(app: App) -> None:
-    """A step that failed with ``on_failure="continue"`` (contract 3.17) is recorded
-    ``Error`` with ``continued``: its label says the order went on."""
-    submit(app, "r-4", "returns")
-    reply(app, "receive-return", outcome=Outcome.REFUSED, error="HTTP 422: no", applied=Applied.NO)
-    order = app.order("r-4")
-    failed = order.find("receive-return")
-    assert failed is not None and failed.process_state is StepState.ERROR
-    assert views.state_label(order, failed).note == ""
-    vars(failed)["continued"] = True  # what on_failure="continue" records (3.17)
+@pytest.fixture
+def failing() -> Iterator[App]:
+    """The console on the declarations of contract 3.17's tests (``on_failure``)."""
+    built = build()
+    reset_app_context(on_devhost(built.ctx))
+    with declarations("tests.fixtures.failures"):
+        yield built
+    reset_app_context(None)
 
-    label = views.state_label(order, failed)
 
-    assert (label.text, label.note) == ("Error", "failed, the order went on")
+def test_what_a_failure_means_is_on_each_step_and_a_failure_gone_past_says_so(
+    failing: App,
+) -> None:
+    """Contract 3.17: a step declared ``on_failure="continue"`` that failed is ``Error``
+    with ``continued``: its label says the order went on; each step says what its
+    failure would mean (hold, go on), before it started too."""
+    app = failing
+    submit(app, "m-1", "mailing")
+    reply(app, "charge", {"charge": "ch-1"})
+    reply(app, "mail", outcome=Outcome.REFUSED, error="HTTP 400: mailbox full", applied=Applied.NO)
+    submit(app, "h-1", "held")
+
+    mailing = text(get("/orders/m-1", orderId="m-1"))
+    held = text(get("/orders/h-1", orderId="h-1"))
+
+    mail = step_box(mailing, "mail")
+    assert 'data-state="Error"' in mail and "failed, the order went on" in mail
+    assert "on failure: <b>the order goes on</b>" in mail
+    assert "on failure:" not in step_box(mailing, "charge")  # unwind, the default
+    assert app.order("m-1").status is not OrderStatus.ERROR
+    ship = step_box(held, "ship")  # not started yet: the plan says it
+    assert "not started" in ship and "on failure: <b>holds the order</b>" in ship
 
 
 def test_a_step_nothing_undid_is_named_not_undone() -> None:
