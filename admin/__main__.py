@@ -286,9 +286,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=None,
         metavar="FIELD=VALUE",
-        help="orders whose data has exactly VALUE in FIELD, a field a workflow searches by "
-        "(Workflow(..., search=...)); of any status unless --status names one. One field "
-        "at a time, as the API",
+        help='orders whose data (or a step\'s result: search=("<step>.<FIELD>",)) has '
+        "exactly VALUE in FIELD, a field a workflow searches by (Workflow(..., search=...); "
+        "python -m admin workflows lists them); of any status unless --status names one. "
+        "One field at a time, as the API",
     )
     listing.add_argument("--workflow", default=None, help="only orders of this workflow")
     listing.add_argument("--page-size", type=int, default=50)

@@ -4,7 +4,8 @@
 ``from`` and ``to`` (creation time, UTC: ``2026-11-22``, ``2026-11-22T10:00``, or with an
 offset; 1970 to 2199), ``pageSize`` and ``continuationToken``; and a search,
 ``<field>=<value>`` (docs/contracts.md §3.14): any other name is a field to search by,
-which a workflow must declare (``Workflow(..., search=(...))``). Every bad value is a
+which a workflow must declare (``Workflow(..., search=(...))``; a step's result field,
+``"<step>.<field>"``, by its field's name: §3.17). Every bad value is a
 ``ValueError`` whose text tells the caller what to send instead.
 """
 
@@ -14,9 +15,9 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 
 from core.ports import ListFilter
-from core.search import check_value
+from core.search import check_value, step_of
 from core.states import OrderStatus
-from core.workflows import search_fields
+from core.workflows import search_fields, search_names
 
 MAX_PAGE = 100
 #: The creation times a filter may name, ``[EARLIEST, LATEST)``: the status rows' keys
@@ -66,11 +67,18 @@ LIST_PARAMS = frozenset(
 
 
 def searchable_text() -> str:
-    """The fields orders can be searched by, for an error message."""
+    """The fields orders can be searched by, for an error message: each with the workflows
+    that declare it, and the step whose result it reads (docs/contracts.md §3.17)."""
     fields = search_fields()
     if not fields:
         return "no workflow declares fields to search by (Workflow(..., search=(...)))"
-    listed = "; ".join(f"{f} ({', '.join(w)})" for f, w in fields.items())
+    names = search_names()
+
+    def source(field: str) -> str:
+        step = step_of(names.get(field, field))
+        return f", from step {step}'s result" if step else ""
+
+    listed = "; ".join(f"{f} ({', '.join(w)}{source(f)})" for f, w in fields.items())
     return f"the fields orders can be searched by (and the workflows that declare them): {listed}"
 
 

@@ -93,6 +93,8 @@ def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
             entry["settledBy"] = attempt.settled_by
         if attempt.running_until is not None:
             entry["runningUntil"] = iso(attempt.running_until)
+        if attempt.accepted:  # a remote that calls back accepted it (``completes_on``)
+            entry["accepted"] = True
         out.append(entry)
     return out
 

@@ -31,6 +31,7 @@ from agents.binding import RequestBinding
 from agents.build import build_agent
 from agents.outage_watch import OutageWatch, SerialWorker
 from agents.threads import OwnThreads
+from agents.url_settings import check_agent_urls, mentions_agent_urls
 from bootstrap import clients
 from core import workflows
 from core.control_cache import ControlView
@@ -133,10 +134,14 @@ def bootstrap(
     """The app, wired from ``settings``. ``parts`` replaces any part by name (``store``,
     ``queues``, ``transport`` ...): tests pass in-memory twins and fakes this way. The
     clock is the system's, or (a test switch: ``ORDERS_CLOCK_OFFSET_SECONDS``) the
-    system's moved by an offset: an instance whose clock is off, for the chaos suite."""
+    system's moved by an offset: an instance whose clock is off, for the chaos suite.
+    An agent URL setting that names no declared agent is refused (``SettingsError``:
+    ``agents.url_settings``), not left for the agent's calls to go elsewhere."""
     if clock is None:
         clock = utc_now if not settings.clock_offset_seconds else _offset(settings)
     workflows.use(settings.declarations)
+    if mentions_agent_urls(settings.agent_settings):  # a typo would call REMOTE_SERVICE_URL
+        check_agent_urls(settings.agent_settings, workflows.AGENTS)
     failpoints.arm(settings.failpoints)
     logs.quiet_request_logs()
     telemetry.setup(settings.telemetry_connection, settings.telemetry_authentication)

@@ -11,6 +11,7 @@ once), so the console, the API and the CLI cannot disagree on what an event does
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,13 +20,15 @@ import azure.functions as func
 
 from admin.service import OrderAdmin, waiting_view
 from admin.triggers import MAX_REASON_CHARS
-from console import views
+from console import bodies, views
 from console.pages import Page, form_of, guard
 from core.agent_spec import MAX_STEP_NAME, STEP_NAME
 from core.errors import Forbidden, InvalidEvent, OrderNotFound, TransitionRefused
 from core.inbox import check_event
+from core.model import Order
 from core.order_message import strict_json
-from core.workflows import WORKFLOWS
+from core.plans import PlannedStep
+from core.workflows import WORKFLOWS, function_of
 from stores.listing import COUNT_CAP
 
 DECISIONS = ("approve", "refuse")
@@ -47,6 +50,72 @@ def declared_events() -> dict[str, list[str]]:
         for event in WORKFLOWS[name].person_events():
             out.setdefault(event, []).append(name)
     return dict(sorted(out.items()))
+
+
+def machine_events() -> frozenset[str]:
+    """The events a deployed workflow declares that a machine delivers (a remote's
+    callback, ``completes_on``, or an ``Event(..., by="machine")``): never a person's."""
+    out: set[str] = set()
+    for workflow in WORKFLOWS.values():
+        out.update(set(workflow.event_names()) - set(workflow.person_events()))
+    return frozenset(out)
+
+
+@dataclass(frozen=True)
+class Awaited:
+    """An event the order waits for, as its page says it: who sends it and, for a
+    person's decision, what the person decides on (docs/contracts.md §3.15)."""
+
+    step: str
+    event: str
+    by: str  # person or machine
+    #: a person's: why the step waits (its ``when``); a machine's: who calls back
+    why: str
+    #: a person's: the order's data the decision is about (None for a machine's)
+    data: bodies.Shown | None
+
+
+def awaited(order: Order, waiting: list[dict[str, Any]]) -> list[Awaited]:
+    """The events in ``waiting`` (``admin.service.waiting_view``), each with what its
+    page shows: a person's with the order's data and why its step waits, a machine's
+    with the remote it comes from (no one approves it here)."""
+    out: list[Awaited] = []
+    for w in waiting:
+        if "event" not in w:
+            continue
+        planned = order.plan.step_for_event(w["event"])
+        if w.get("by") == "person":
+            why = why_it_waits(order, planned)
+            out.append(Awaited(w["step"], w["event"], "person", why, bodies.shown_json(order.body)))
+        else:
+            out.append(Awaited(w["step"], w["event"], "machine", _caller(planned), None))
+    return out
+
+
+def why_it_waits(order: Order, planned: PlannedStep | None) -> str:
+    """Why an ``Event`` step waits for a person: its ``when`` (the function's name and the
+    first line of its docstring) said yes for this order, or it has none (every order of
+    the workflow waits for it). From the order's pinned plan (``uses``) and today's
+    declarations (``core.workflows.function_of``)."""
+    if planned is None or "when" not in planned.uses:
+        return "It has no condition (when): every order waits for it."
+    fn = function_of(order.workflow, planned.name, "when")
+    if fn is None:
+        return (
+            "Its condition (when) said yes when the step started; today's declarations no "
+            "longer give it."
+        )
+    name = getattr(fn, "__name__", "when")
+    doc = (inspect.getdoc(fn) or "").strip().splitlines()
+    said = f"Its condition {name} said yes for this order"
+    return f"{said}: {doc[0]}" if doc and doc[0] else f"{said}."
+
+
+def _caller(planned: PlannedStep | None) -> str:
+    if planned is not None and planned.kind == "task":
+        agent = f" of {planned.agent}" if planned.agent else ""
+        return f"the callback{agent} (its remote), on the URL its step gave it"
+    return "a machine, on the capability URL its step gave it"
 
 
 def is_event_name(name: str) -> bool:
@@ -132,6 +201,8 @@ def confirm(page: Page, admin: OrderAdmin, order_id: str) -> func.HttpResponse:
         order=order,
         decision=decision,
         waits=waits[0] if waits else None,
+        # what the decision is about, again beside the button that sends it
+        about=next((a for a in awaited(order, waits) if a.by == "person"), None),
         # the step that takes it, and whether it is an Event step or a remote's callback
         taker=planned,
         why=views.why(order),

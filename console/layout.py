@@ -48,6 +48,7 @@ def step_rows(order: Order, steps: list[dict[str, Any]]) -> list[StepRow]:
                 "type": p.kind,
                 "agent": p.agent or None,
                 "completesOn": p.completes_on,
+                "onFailure": p.on_failure if p.kind == "task" else None,
                 "notStarted": True,
             }
             for p in members

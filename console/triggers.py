@@ -24,6 +24,7 @@ from admin.triggers import MAX_REASON_CHARS, caller
 from bootstrap import app_context
 from console import (
     agent_pages,
+    bodies,
     dashboard_page,
     event_pages,
     fix_pages,
@@ -92,6 +93,7 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
             max_bulk=MAX_BULK,
             actions=BULK_ACTIONS,
             events=event_pages.declared_events(),
+            machine_events=event_pages.machine_events(),
             search=where.search,
             search_fields=search_fields(),
         )
@@ -159,6 +161,12 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
     pauses = admin.pauses()
     paused = paused_view(order, pauses)
     view = order_view(order, pauses)
+    for record, step in zip(order.steps, view["steps"], strict=True):
+        # what the page says of each record: its body and result, its state in true words
+        step["io"] = bodies.step_io(order, record, step)
+        step["shown"] = views.state_label(order, record)
+        for attempt in step["attempts"]:
+            attempt["shownOutcome"] = views.attempt_outcome(record, attempt)
     fields: dict[str, Any] = {
         "editable": fix_pages.editable(order),
         **extra,  # a refused fix shows the operator's own edit again, not the stored data
@@ -171,13 +179,10 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
         paused=paused,
         timeline=views.timeline(order, now),
         step_rows=layout.step_rows(order, view["steps"]),
-        # the events it waits for now: what the page offers to send (Approve / Refuse)
-        # a person's decisions only: a remote answers on its own URL (docs/contracts.md §3.15)
-        awaited=[
-            w
-            for w in view["waitingFor"]
-            if "event" in w and w.get("by") == "person" and not order.status.finished
-        ],
+        # the events it waits for now, each with who sends it; the page offers Approve /
+        # Refuse for a person's decisions only: a remote answers on its own URL
+        # (docs/contracts.md §3.15)
+        awaited=[] if order.status.finished else event_pages.awaited(order, view["waitingFor"]),
         why=views.why(order, paused),
         can_resubmit=views.can_resubmit(order),
         can_fix=fix_pages.can_fix(order),

@@ -15,6 +15,7 @@ from typing import Any
 from admin.service import attempts_of
 from core.events import Event
 from core.model import CancelPreview, Order, StepRecord
+from core.plans import PlannedStep
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import iso, parse_iso
 
@@ -29,7 +30,9 @@ TOP = 24
 class Bar:
     step: str
     attempt: int
-    outcome: str  # succeeded, refused, transient, deferred, expired, not-sent, or running
+    #: succeeded, refused, transient, deferred, expired, not-sent; with no ending: running,
+    #: accepted (by a remote that calls back), unreported (its record ended without it)
+    outcome: str
     x: float
     width: float
     title: str
@@ -164,10 +167,11 @@ def timeline(order: Order, now: datetime) -> Timeline:
             if start is None:
                 continue
             end = _when(entry.get("endedAt"))
-            running = end is None
+            # open (drawn to its deadline) only while its record is at work: an attempt
+            # its record no longer waits for is not running, whatever it lacks
+            running = end is None and step.process_state is StepState.PROCESSING
             if end is None:
-                deadline = _when(entry.get("completeBy")) or now
-                end = deadline if step.process_state is StepState.PROCESSING else start
+                end = (_when(entry.get("completeBy")) or now) if running else start
             spans.append((step, entry, start, max(end, start), running))
     begin = order.created_at
     finish = max([now if not order.status.terminal else order.updated_at, order.updated_at])
@@ -202,9 +206,13 @@ def timeline(order: Order, now: datetime) -> Timeline:
     previous_end: dict[int, datetime] = {}
     for step, entry, start, end, running in spans:
         row = by_step[step.seq]
-        outcome = "running" if running else str(entry.get("outcome", "running"))
-        parts = [f"{step.step} attempt {entry['attempt']}: {outcome}", f"started {iso(start)}"]
-        parts.append(f"deadline {entry.get('completeBy')}" if running else f"ended {iso(end)}")
+        outcome = attempt_outcome(step, entry)
+        parts = [f"{step.step} attempt {entry['attempt']}: {_OUTCOME_WORDS.get(outcome, outcome)}"]
+        parts.append(f"started {iso(start)}")
+        if running:
+            parts.append(f"deadline {entry.get('completeBy')}")
+        elif "endedAt" in entry:
+            parts.append(f"ended {iso(end)}")
         if entry.get("instance"):
             parts.append(f"on {entry['instance']}")
         if entry.get("error"):
@@ -237,6 +245,25 @@ def timeline(order: Order, now: datetime) -> Timeline:
         ticks,
         _bands(rows),
     )
+
+
+#: What an attempt's outcome means, where its one word needs more.
+_OUTCOME_WORDS = {
+    "accepted": "accepted by its remote, which calls back; the step waits for the callback",
+    "unreported": "no report of it; its step ended without one",
+}
+
+
+def attempt_outcome(step: StepRecord, entry: dict[str, Any]) -> str:
+    """An attempt's outcome as a page says it (``entry``: ``admin.service.attempts_of``'s):
+    how it ended; with no ending, ``running`` only while its record is at work
+    (``accepted`` once a remote that calls back accepted it), else ``unreported``: its
+    record ended without a report of it, so it runs no more."""
+    if entry.get("outcome"):
+        return str(entry["outcome"])
+    if step.process_state is not StepState.PROCESSING:
+        return "unreported"
+    return "accepted" if entry.get("accepted") else "running"
 
 
 def _row(order: Order, step: StepRecord, y: int) -> Row:
@@ -311,10 +338,8 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         )
     if status is OrderStatus.COMPLETED:
         return "Every step succeeded."
-    if status is OrderStatus.COMPENSATED:
-        return "A step failed without effect, and every completed step was undone."
-    if status is OrderStatus.CANCELLED:
-        return "Cancelled, and every completed step was undone."
+    if status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
+        return undo_summary(order)
     if active is None:
         return f"The order is {status}; no step is active."
     waiting = _waits(order)
@@ -338,6 +363,103 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         f"{active.attempt + 1}) not before {iso(active.complete_by)}, "
         f"{active.failure_count} counted failure(s) so far.{extra}{cancel}"
     )
+
+
+def undo_summary(order: Order) -> str:
+    """What the unwinding of a ``compensated`` or ``cancelled`` order did, as its records
+    say: the steps undone (and by what), those not undone (no compensation), those whose
+    effect stands by declaration (``may_stand``), and those stopped before they started
+    or while they waited (nothing to undo)."""
+    undone, not_undone, stands, stopped = [], [], [], []
+    # a failure the workflow went on after (``on_failure="continue"``, contract 3.17) did
+    # not start the unwinding: it is named apart
+    went_on = [r.step for r in order.latest_actions() if _continued(r)]
+    failed = [r for r in order.latest_actions() if r.gave_up is not None and not _continued(r)]
+    for record in order.latest_actions():
+        state = record.process_state
+        task = order.kind_of(record) == "task"
+        if state is StepState.COMPENSATED:
+            if record.undone_by:
+                undone.append(f"{record.step} (by {record.undone_by})")
+            else:
+                stopped.append(record.step)
+        elif task and record.attempt and (state is StepState.PROCESSED or record.applied):
+            planned = _planned(order, record)
+            if planned is not None and planned.may_stand:
+                stands.append(record.step)
+            elif planned is not None and planned.compensation:
+                not_undone.append(record.step)
+            else:
+                not_undone.append(f"{record.step} (no compensation)")
+    if order.status is OrderStatus.CANCELLED:
+        parts = ["Cancelled."]
+    elif failed:
+        parts = [
+            f"Step {r.step} failed"
+            + (
+                " and may have applied."
+                if r.gave_up and r.gave_up.ambiguous
+                else " without effect."
+            )
+            for r in failed
+        ]
+    else:
+        parts = ["The order was undone."]
+    if undone:
+        parts.append(f"Undone: {', '.join(undone)}.")
+    if not_undone:
+        parts.append(f"Not undone: {', '.join(not_undone)}.")
+    if stands:
+        parts.append(f"Its effect stands, as declared (may_stand): {', '.join(stands)}.")
+    if stopped:
+        parts.append(f"Stopped before they applied anything: {', '.join(stopped)}.")
+    if went_on:
+        parts.append(f"Failed earlier, the order went on: {', '.join(went_on)}.")
+    if not (undone or not_undone or stands):
+        parts.append("Nothing had applied, so nothing was undone.")
+    return " ".join(parts)
+
+
+def _continued(record: StepRecord) -> bool:
+    """The record failed and the workflow went on (``on_failure="continue"``)."""
+    return record.continued
+
+
+def _planned(order: Order, record: StepRecord) -> PlannedStep | None:
+    try:
+        return order.plan.planned(record.step)
+    except KeyError:  # pragma: no cover - a record its plan does not name
+        return None
+
+
+@dataclass(frozen=True)
+class StateLabel:
+    """A step record's state as its page says it: ``css`` its badge's class, ``text`` its
+    words, ``note`` what it means (empty: the state says it)."""
+
+    css: str
+    text: str
+    note: str = ""
+
+
+def state_label(order: Order, record: StepRecord) -> StateLabel:
+    """A record's state in words that are true of it: a ``Compensated`` record that no
+    compensation undid was stopped (its group failed, or the order was cancelled) before
+    it applied anything: never called, or between attempts, or while it waited."""
+    state = record.process_state
+    if state is StepState.ERROR and _continued(record):
+        return StateLabel("error", "Error", "failed, the order went on")
+    if state is StepState.COMPENSATED and not record.undone_by:
+        if order.kind_of(record) != "task":
+            return StateLabel("stopped", "Stopped", "stopped while it waited: nothing to undo")
+        if not record.attempt:
+            return StateLabel("stopped", "Stopped, not started", "never called: nothing to undo")
+        return StateLabel(
+            "stopped", "Stopped", "stopped before its next attempt; none applied: nothing to undo"
+        )
+    if state is StepState.COMPENSATED:
+        return StateLabel(state.lower(), str(state), f"undone by {record.undone_by}")
+    return StateLabel(state.lower(), str(state))
 
 
 def _first_upper(text: str) -> str:

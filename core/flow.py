@@ -40,7 +40,8 @@ from core.agent_spec import (
     DeclarationError,
     declared_at,
 )
-from core.search import SearchError, check_fields
+from core.search import SearchError, check_fields, check_sources
+from core.search import describe as describe_search
 from core.settings import MAX_STEP_TIMEOUT_SECONDS
 
 #: A function of a step's context (``input``, ``when``, ``until``).
@@ -311,8 +312,9 @@ Element = Leaf | Parallel
 class Workflow:
     name: str
     steps: tuple[Element, ...]
-    #: top-level fields of the order's data that operators search by (docs/contracts.md
-    #: §3.14; ``core.search`` says what they may be and what a search matches)
+    #: what operators search orders by (docs/contracts.md §3.14, §3.17): top-level fields of
+    #: the order's data, or of a step's result (``"<step>.<field>"``); ``core.search`` says
+    #: what they may be and what a search matches
     search: tuple[str, ...] = ()
     declared_at: str = field(default_factory=declared_at, compare=False)
 
@@ -346,6 +348,10 @@ class Workflow:
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
             raise DeclarationError(f"{where} repeats a step name: {', '.join(twice)}")
+        try:
+            check_sources(self.search, self.step_kinds())
+        except SearchError as exc:
+            raise DeclarationError(f"{where}: {exc}") from None
         events = [s.name for s, _ in leaves if isinstance(s, Event)]
         callbacks = [
             s.completes_on for s, _ in leaves if isinstance(s, StepSpec) and s.completes_on
@@ -364,6 +370,22 @@ class Workflow:
             members = element.steps if isinstance(element, Parallel) else (element,)
             for leaf in members:
                 yield leaf, group
+
+    def step_kinds(self) -> dict[str, str]:
+        """Every step name, with its kind (``task``, ``event``, ``delay``,
+        ``compensation``): what a search of a step's result checks (``core.search``)."""
+        kinds: dict[str, str] = {}
+        for leaf, _ in self.leaves():
+            kinds[leaf.name] = (
+                "event"
+                if isinstance(leaf, Event)
+                else "delay"
+                if isinstance(leaf, Delay)
+                else "task"
+            )
+            if isinstance(leaf, StepSpec) and leaf.compensation is not None:
+                kinds[leaf.compensation.step] = "compensation"
+        return kinds
 
     def tasks(self) -> Iterator[StepSpec]:
         """The steps that call a remote (``StepSpec``)."""
@@ -439,7 +461,7 @@ class Workflow:
             "workflow": self.name,
             "steps": steps,
             "events": list(self.event_names()),
-            "search": list(self.search),
+            "search": describe_search(self.search),
         }
 
 

@@ -298,8 +298,10 @@ def _state_word(record: StepRecord) -> str:
 def _refuse_recorded(
     order: Order, now: datetime, why: str, name: str, by: str, message: str, step: str
 ) -> None:
-    """Write the refusal in the order's history (the services save it), then raise it."""
+    """Write the refusal in the order's history (the services save it), then raise it.
+    What the order records moves its ``updatedAt``, a refusal too."""
     order.note(now, Event.EVENT_REFUSED, name=name, by=by, why=why, note=message)
+    order.touch(now)
     raise order.refuse(why, message, step)
 
 

@@ -6,7 +6,8 @@ steps of one ``Parallel`` share one; the others have one each, in order), its ag
 remote path and timeout, its compensation, what its failure means (``on_failure``), the
 event a ``completes_on`` step waits for, a delay's seconds, and which functions
 (``input``, ``when``, ``until``) the step calls; and the fields the order is searched
-by (``search``, docs/contracts.md §3.14).
+by (``search``, docs/contracts.md §3.14: its own, and ``"<step>.<field>"`` of a step's
+result, §3.17).
 The functions themselves are not pinned (code cannot be stored): they are taken from
 today's declarations by workflow and step name when the step starts
 (``core.workflows.function_of``). Changing a definition never changes an order already
@@ -149,9 +150,10 @@ def _on_failure(value: object) -> OnFailure:
 class Plan:
     workflow: str
     steps: tuple[PlannedStep, ...] = field(default_factory=tuple)
-    #: the fields of the order's data it is found by (docs/contracts.md §3.14): pinned, so
-    #: the search rows an order has are the ones its plan implies, whatever a redeploy
-    #: declares (a plan stored before search has none)
+    #: what the order is found by (docs/contracts.md §3.14, §3.17: its data's fields, and
+    #: ``"<step>.<field>"`` of its steps' results): pinned, so the search rows an order has
+    #: are the ones its plan implies, whatever a redeploy declares (a plan stored before
+    #: search has none)
     search: tuple[str, ...] = ()
 
     @classmethod

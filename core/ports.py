@@ -25,7 +25,7 @@ from core.figures import Activity, InFlight
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.outages import Outage
-from core.search import FIELD_NAME, check_value, search_text
+from core.search import FIELD_NAME, check_value, text_of
 from core.states import OrderStatus
 
 _WORKFLOW = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -75,8 +75,9 @@ class ListFilter:
     #: only orders that wait for this event (an ``Event`` step, or a remote's callback):
     #: the operators' inbox (docs/contracts.md §3.13); they are ``processing``
     waiting: str | None = None
-    #: only orders whose data has this value (``core.search.search_text``) in this field,
-    #: one their plan searches by (docs/contracts.md §3.14): ``(field, value)``
+    #: only orders whose data, or a step's result, has this value
+    #: (``core.search.search_text``) in this field, one their plan searches by
+    #: (docs/contracts.md §3.14, §3.17): ``(field, value)``, the field as the query names it
     search: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
@@ -110,13 +111,7 @@ class ListFilter:
             and (self.created_from is None or order.created_at >= self.created_from)
             and (self.created_to is None or order.created_at < self.created_to)
             and (self.waiting is None or self.waiting in order.awaited_events())
-            and (
-                self.search is None
-                or (
-                    self.search[0] in order.plan.search
-                    and search_text(order.body.get(self.search[0])) == self.search[1]
-                )
-            )
+            and (self.search is None or text_of(order, self.search[0]) == self.search[1])
         )
 
 

@@ -1,11 +1,25 @@
-"""Search by business keys (docs/contracts.md §3.14): which fields a workflow lets operators
-search by, and what value of an order a search matches.
+"""Search by business keys (docs/contracts.md §3.14, §3.17): which fields a workflow lets
+operators search by, and what value of an order a search matches.
 
-A workflow names them: ``Workflow(..., search=("customerId", "email"))``. Each is a
-top-level field of the order's business data: 1-64 characters of ``A-Z a-z 0-9 _ -``,
-starting with a letter or ``_``; not ``orderId``, ``workflow`` or ``replyTo`` (the
-order's envelope, 3.1), nor a name the order list's query string uses for something else
-(``status``, ``from``, ...: ``RESERVED``); at most ``MAX_SEARCH_FIELDS`` of them.
+A workflow names them: ``Workflow(..., search=("customerId", "receive-return.rma"))``.
+Each is either
+
+- a top-level field of the order's business data (``customerId``): 1-64 characters of
+  ``A-Z a-z 0-9 _ -``, starting with a letter or ``_``. The order's JSON is free-form, so
+  nothing checks that orders carry it; or
+- ``"<step>.<field>"``, a top-level field of a step's result (``receive-return.rma``): the
+  step must be a task or an ``Event`` of that workflow (a ``Delay``'s result is ``{}``, a
+  compensation's is not kept for anyone), checked when the workflow is declared
+  (``check_sources``). Its value is indexed once the step succeeded (it stays when the
+  step is undone, and a later success of the step replaces it: what ``ctx.results``
+  holds).
+
+Either is searched by its field's name: ``?customerId=``, ``?rma=`` (``parameter``). So
+that name is not ``orderId``, ``workflow`` or ``replyTo`` (the order's envelope, 3.1), nor
+a name the order list's query string uses for something else (``status``, ``from``, ...:
+``RESERVED``), and two declared names may not share it, in one workflow or across
+workflows (``check_across``): the same name in several workflows is one search. At most
+``MAX_SEARCH_FIELDS`` per workflow.
 
 What is matched is the value as the order carried it, as text (``search_text``):
 
@@ -28,7 +42,10 @@ import hashlib
 import math
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:  # the order's model imports its plan, which imports this module
+    from core.model import Order
 
 #: How many fields one workflow may name (each is one more small row written with the
 #: order, in the same transaction: ``stores.layout.search_rows``).
@@ -65,6 +82,26 @@ class SearchError(ValueError):
     """A search field declared wrong (the caller turns it into a ``DeclarationError``)."""
 
 
+#: ``"<step>.<field>"``: a field of a step's result (a step's name is kebab-case, 1-48).
+STEP_FIELD: Final = re.compile(
+    r"(?P<step>[a-z0-9]+(?:-[a-z0-9]+)*)\.(?P<field>[A-Za-z_][A-Za-z0-9_-]{0,63})"
+)
+MAX_STEP_CHARS: Final = 48
+#: The steps whose result a search may read, by kind (``core.flow`` names them so).
+RESULT_KINDS: Final = ("task", "event")
+
+
+def step_of(name: str) -> str | None:
+    """The step whose result ``name`` reads (``receive-return.rma``), None: the order's."""
+    step, dot, _ = name.partition(".")
+    return step if dot else None
+
+
+def parameter(name: str) -> str:
+    """The query parameter a declared name is searched by: its field's name."""
+    return name.rpartition(".")[2]
+
+
 def check_fields(fields: object) -> tuple[str, ...]:
     """The ``search=`` of a workflow, checked: a tuple of distinct field names. Raises
     ``SearchError`` with a sentence that says what to write instead."""
@@ -79,25 +116,101 @@ def check_fields(fields: object) -> tuple[str, ...]:
             "written with every order)"
         )
     for name in names:
-        if not isinstance(name, str) or not FIELD_NAME.fullmatch(name):
-            raise SearchError(
-                f"search field {name!r} is not a field name: 1-{MAX_FIELD_CHARS} characters of "
-                "A-Z a-z 0-9 _ -, starting with a letter or _ (a top-level field of the order)"
-            )
-        if name in RESERVED:
-            raise SearchError(
-                f"search field {name!r} cannot be searched: "
-                + (
-                    "it is the order's envelope, not its business data"
-                    if name in ENVELOPE
-                    else "the order list's query string uses that name for something else"
-                )
-                + f" (reserved: {', '.join(RESERVED)})"
-            )
+        _check_name(name)
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         raise SearchError(f"search names {', '.join(twice)} more than once")
+    by_parameter: dict[str, str] = {}
+    for name in names:
+        other = by_parameter.setdefault(parameter(name), name)
+        if other != name:
+            raise SearchError(shared_parameter(other, name))
     return names
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not (
+        FIELD_NAME.fullmatch(name)
+        or ((found := STEP_FIELD.fullmatch(name)) and len(found["step"]) <= MAX_STEP_CHARS)
+    ):
+        raise SearchError(
+            f"search field {name!r} is not a field name: 1-{MAX_FIELD_CHARS} characters of "
+            "A-Z a-z 0-9 _ -, starting with a letter or _ (a top-level field of the order), "
+            'or "<step>.<field>" (a top-level field of that step\'s result, like '
+            '"receive-return.rma")'
+        )
+    field_name = parameter(name)
+    if field_name in RESERVED:
+        if name in ENVELOPE:
+            why = "it is the order's envelope, not its business data"
+        elif field_name in ENVELOPE:
+            why = f"its query parameter ?{field_name}= would read as the order's envelope"
+        else:
+            that = "that name" if step_of(name) is None else f"?{field_name}="
+            why = f"the order list's query string uses {that} for something else"
+        raise SearchError(
+            f"search field {name!r} cannot be searched: {why} (reserved: {', '.join(RESERVED)})"
+        )
+
+
+def shared_parameter(first: str, second: str, where: tuple[str, str] | None = None) -> str:
+    """The refusal of two declared names searched by one query parameter."""
+    at = f" (workflow {where[0]!r} and workflow {where[1]!r})" if where else ""
+    return (
+        f"search names {first!r} and {second!r}{at}: both would be searched by "
+        f"?{parameter(first)}=, and one query parameter finds one kind of value. Keep one "
+        "of them (a step's result field is searched by its field's name)"
+    )
+
+
+def check_sources(names: Iterable[str], kinds: Mapping[str, str]) -> None:
+    """Each ``"<step>.<field>"`` of ``names`` reads a step that can carry a result: one of
+    ``kinds`` (the workflow's step names, by kind: ``task``, ``event``, ``delay``,
+    ``compensation``) whose kind is in ``RESULT_KINDS``. A plain name is the order's and
+    cannot be checked: the order's JSON is free-form."""
+    for name in names:
+        step = step_of(name)
+        if step is None:
+            continue
+        kind = kinds.get(step)
+        if kind is None:
+            raise SearchError(
+                f"search field {name!r} reads the result of step {step!r}, which this "
+                f"workflow does not have (its steps: {', '.join(kinds) or 'none'})"
+            )
+        if kind not in RESULT_KINDS:
+            why = (
+                "a Delay's result is always {}"
+                if kind == "delay"
+                else "a compensation's result is not kept for searching"
+            )
+            raise SearchError(
+                f"search field {name!r} reads the result of {kind} {step!r}: {why}; search "
+                "by a field of a task's result or of what an Event delivered"
+            )
+
+
+def check_across(declared: Mapping[str, Iterable[str]]) -> None:
+    """The names of every workflow (``declared``: workflow -> its ``search``): one query
+    parameter is one declared name, whichever workflows name it."""
+    seen: dict[str, tuple[str, str]] = {}
+    for workflow, names in declared.items():
+        for name in names:
+            first = seen.setdefault(parameter(name), (name, workflow))
+            if first[0] != name:
+                raise SearchError(shared_parameter(first[0], name, (first[1], workflow)))
+
+
+def describe(names: Iterable[str]) -> list[dict[str, str]]:
+    """Each declared name with the query parameter it is searched by and where its value
+    comes from (``GET /api/workflows``): so that a typo shows."""
+    out: list[dict[str, str]] = []
+    for name in names:
+        step = step_of(name)
+        entry = {"name": name, "parameter": parameter(name)}
+        entry.update({"from": "order"} if step is None else {"from": "result", "step": step})
+        out.append(entry)
+    return out
 
 
 def search_text(value: Any) -> str | None:
@@ -117,14 +230,45 @@ def search_text(value: Any) -> str | None:
     return text if 0 < len(text) <= MAX_VALUE_CHARS else None
 
 
-def searchable(body: Mapping[str, Any], fields: Iterable[str]) -> dict[str, str]:
-    """The order's text for each of ``fields`` it carries a searchable value in."""
+def searchable(
+    body: Mapping[str, Any],
+    fields: Iterable[str],
+    results: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, str]:
+    """The text of each of ``fields`` that the order (``body``) or a step's result
+    (``results``: the succeeded steps', as ``ctx.results`` holds them) carries a searchable
+    value in, by declared name."""
     found: dict[str, str] = {}
     for name in fields:
-        text = search_text(body.get(name))
+        step = step_of(name)
+        if step is None:
+            value = body.get(name)
+        else:
+            result = (results or {}).get(step)
+            value = result.get(parameter(name)) if isinstance(result, Mapping) else None
+        text = search_text(value)
         if text is not None:
             found[name] = text
     return found
+
+
+def of_order(order: Order) -> dict[str, str]:
+    """What the order is found by now, by declared name (its plan's ``search``): its own
+    fields, and its succeeded steps' result fields."""
+    fields = order.plan.search
+    if not fields:
+        return {}
+    results = order.context().results if any(step_of(n) for n in fields) else None
+    return searchable(order.body, fields, results)
+
+
+def text_of(order: Order, field: str) -> str | None:
+    """The order's value for the query parameter ``field``, as a search matches it (None:
+    its plan does not search by it, or it carries no searchable value)."""
+    names = [n for n in order.plan.search if parameter(n) == field]
+    if not names:
+        return None
+    return of_order(order).get(names[0])
 
 
 def check_value(field: str, raw: str) -> str:

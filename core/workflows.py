@@ -50,6 +50,7 @@ from core.flow import (
 )
 from core.links import events_url
 from core.plans import Plan, PlannedStep
+from core.search import SearchError, check_across, parameter
 from core.settings import DECLARATIONS, DEFAULT_DECLARATIONS
 
 __all__ = [
@@ -85,6 +86,7 @@ __all__ = [
     "function_of",
     "legacy_agent",
     "search_fields",
+    "search_names",
 ]
 
 DECLARATIONS_SETTING: Final = DECLARATIONS
@@ -149,7 +151,8 @@ def reload() -> None:
 
 def validate(module: Any) -> dict[str, dict[str, Any]]:
     """The declarations of ``module`` (``AGENTS``, ``WORKFLOWS``: sequences), checked
-    together: unique names, every agent a step names declared, ``DEFAULT_WORKFLOW``."""
+    together: unique names, every agent a step names declared, one declared name per search
+    parameter across workflows, ``DEFAULT_WORKFLOW``."""
     where = getattr(module, "__file__", str(module))
     agents: dict[str, Agent] = {}
     for agent in getattr(module, "AGENTS", ()):
@@ -180,6 +183,12 @@ def validate(module: Any) -> dict[str, dict[str, Any]]:
                     f"completes_on on a python agent ({step.agent!r}); a Python handler "
                     "returns its result: it has nothing to call back"
                 )
+        try:
+            check_across(
+                {**{n: w.search for n, w in workflows.items()}, workflow.name: workflow.search}
+            )
+        except SearchError as exc:
+            raise DeclarationError(f"{workflow.declared_at}: {exc}") from None
         workflows[workflow.name] = workflow
     if DEFAULT_WORKFLOW not in workflows:
         raise DeclarationError(f"{where}: the default workflow {DEFAULT_WORKFLOW!r} is missing")
@@ -204,13 +213,24 @@ def declared_steps() -> frozenset[str]:
 
 
 def search_fields() -> dict[str, tuple[str, ...]]:
-    """Every field today's declarations let operators search by (docs/contracts.md §3.14),
-    with the workflows that name it, sorted."""
+    """Every query parameter today's declarations let operators search by (docs/contracts.md
+    §3.14, §3.17: an order's field, or a step's result field by its field's name), with the
+    workflows that name it, sorted."""
     found: dict[str, list[str]] = {}
     for name in sorted(WORKFLOWS):
-        for field_name in WORKFLOWS[name].search:
-            found.setdefault(field_name, []).append(name)
+        for declared in WORKFLOWS[name].search:
+            found.setdefault(parameter(declared), []).append(name)
     return {f: tuple(found[f]) for f in sorted(found)}
+
+
+def search_names() -> dict[str, str]:
+    """Each query parameter of ``search_fields`` with the name declared for it (one per
+    parameter, whichever workflows declare it: ``validate``)."""
+    return {
+        parameter(declared): declared
+        for name in sorted(WORKFLOWS)
+        for declared in WORKFLOWS[name].search
+    }
 
 
 def function_of(workflow: str, step: str, name: str) -> Callable[[Any], Any] | None:

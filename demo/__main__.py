@@ -6,8 +6,9 @@ transient errors, throttling, dropped connections, hangs past the deadline
 and permanent failures, and checkout orders (steps at once, an approval the demo
 gives or refuses through the HTTP API as an operator would, a cancel in a cooling-off,
 a carrier that calls back, or loses or refuses its callback), shows their progress
-live; then takes the remote services down (503, then unreachable) while more orders
-arrive, brings them back, and ends with a summary. Exit status 1 if any order was
+live (a table on a terminal, a line per change elsewhere: ``demo.progress``); then
+takes the remote services down (503, then unreachable) while more orders arrive,
+brings them back, and ends with a summary. Exit status 1 if any order was
 lost, is stuck, ended other than expected, had an effect applied twice, was undone
 without naming the id its step handed out, or if the outage raised an alert or drew
 more than a trickle of calls. Everything started here is stopped here, also on
@@ -36,13 +37,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
 
 from core.model import Order
 from core.timefmt import iso, parse_iso
+from demo.progress import progress
 from demo.scenarios import BAD_MESSAGES, OUTAGE_PHASES, Scenario, outage_orders, scenarios
 from demo.stack import LocalStack
 from demo.verify import read_alerts, verify
@@ -108,17 +108,6 @@ def row_for(scenario: Scenario, order: Order | None) -> list[str]:
         active.step if active else "",
         steps,
     ]
-
-
-def render(
-    rows: list[list[str]], elapsed: float, done: int, total: int, title: str = "orders"
-) -> Panel:
-    table = Table(expand=True, show_lines=False)
-    for name in ("order", "scenario", "workflow", "status", "active", "steps (state x attempts)"):
-        table.add_column(name, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    return Panel(Group(table), title=f"{title}: {done}/{total} finished, {elapsed:.0f} s")
 
 
 #: Where ``make start`` writes the settings a shell needs to reach the stack it started.
@@ -260,15 +249,14 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     operator = Operator(stack.http_url)
     started = time.monotonic()
     orders: dict[str, Order | None] = {}
-    with Live(console=console, refresh_per_second=4, transient=False) as live:
+    with progress(console) as view:
         while True:
             orders = {c.order_id: ctx.store.load(c.order_id) for c in cases}
-            operator.act(cases, orders, live.console.print)
+            operator.act(cases, orders, view.say)
             done = sum(1 for o in orders.values() if o is not None and o.status.terminal)
             elapsed = time.monotonic() - started
-            live.update(
-                render([row_for(c, orders[c.order_id]) for c in cases], elapsed, done, len(cases))
-            )
+            rows = [row_for(c, orders[c.order_id]) for c in cases]
+            view.update(rows, elapsed, done, len(cases), "orders")
             if done == len(cases) or elapsed > args.timeout:
                 break
             time.sleep(0.5)
@@ -294,7 +282,10 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     }
     if outage is not None:
         summary["outage"] = outage.summary(alerts)
-    console.print(Panel(json.dumps(summary, indent=2), title="summary"))
+    if console.is_terminal:
+        console.print(Panel(json.dumps(summary, indent=2), title="summary"))
+    else:  # a log: the JSON as it is, not boxed into 80 columns
+        console.print("summary:", json.dumps(summary, indent=2), markup=False, highlight=False)
     for r in rejected:
         console.print(f"[dim]rejected:[/] {json.loads(r.content)['reason']}")
     problems = verdict.problems() + operator.problems(cases)
@@ -367,21 +358,14 @@ def ride_out_an_outage(
     back_at = started + down
     orders: dict[str, Order | None] = {}
     finished_at = started
-    with Live(console=console, refresh_per_second=4, transient=False) as live:
+    with progress(console) as view:
         while True:
             orders = {c.order_id: ctx.store.load(c.order_id) for c in cases}
             done = sum(1 for o in orders.values() if o is not None and o.status.terminal)
             elapsed = time.monotonic() - started
             state = "DOWN" if time.monotonic() < back_at else "back"
-            live.update(
-                render(
-                    [row_for(c, orders[c.order_id]) for c in cases],
-                    elapsed,
-                    done,
-                    len(cases),
-                    title=f"outage act: remote {state}",
-                )
-            )
+            rows = [row_for(c, orders[c.order_id]) for c in cases]
+            view.update(rows, elapsed, done, len(cases), f"outage act: remote {state}")
             if done == len(cases) or elapsed > timeout:
                 finished_at = time.monotonic()
                 break
@@ -394,7 +378,8 @@ def ride_out_an_outage(
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
+    # Not a terminal (a pipe, a CI log): lines as long as they are, never wrapped at 80.
+    console = Console(soft_wrap=not sys.stdout.isatty())
 
     def _interrupt(signum: int, _frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

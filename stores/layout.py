@@ -15,10 +15,11 @@ cost grows with the work in flight, not with history):
                                            step, or a task that completes on it): the
                                            operators' inbox, newest first
     status|<status>|<newest>|<id>          every order, by status, newest first (listing.py)
-    search|<field>|<digest>|<newest>|<id>  an order whose data has that value in <field>, a
-                                           field its plan searches by (docs/contracts.md
-                                           §3.14): <digest> stands for the value
-                                           (``core.search.digest``), kept as ``Value``
+    search|<field>|<digest>|<newest>|<id>  an order whose data (or a step's result, §3.17)
+                                           has that value in <field>, a field its plan
+                                           searches by (docs/contracts.md §3.14): <digest>
+                                           stands for the value (``core.search.digest``),
+                                           kept as ``Value``; ``Field`` is the declared name
     outbox|<createdAt>|<id>|<n>            notices committed but maybe not yet sent
     activity|<at>|<id>|<event>             what the order did, for the dashboard (activity.py)
     archived|<id>                          an archived order: where it went (retention.py)
@@ -39,7 +40,7 @@ from datetime import UTC, datetime
 from typing import Final
 
 from core.model import Order, StepRecord
-from core.search import digest, searchable
+from core.search import digest, of_order, parameter
 from core.states import StepKind, StepState
 from core.timefmt import ensure_utc, sortable
 
@@ -124,17 +125,19 @@ def search_row(field: str, text: str, order_id: str, created_at: datetime) -> st
 
 
 def search_rows(order: Order) -> dict[str, dict[str, str]]:
-    """One row per field the order's plan searches by that its data carries a searchable
-    value in; whatever its status (a finished order is found too). They move with the
-    order's state in its transactions: a fix that changes the value moves its row."""
+    """One row per name the order's plan searches by that it carries a searchable value
+    in (its data's, or a succeeded step's result's: ``core.search.of_order``), keyed by the
+    query parameter it is searched by; whatever its status (a finished order is found too).
+    They move with the order's state in its transactions: a fix that changes the value
+    moves its row, and a step's result comes with its row in the save that records it."""
     return {
-        search_row(name, text, order.order_id, order.created_at): {
+        search_row(parameter(name), text, order.order_id, order.created_at): {
             "OrderRef": order.order_id,
             "Workflow": order.workflow,
             "Field": name,
             "Value": text,
         }
-        for name, text in searchable(order.body, order.plan.search).items()
+        for name, text in of_order(order).items()
     }
 
 

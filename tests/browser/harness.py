@@ -17,7 +17,8 @@ whole-second window, so that a ``from``/``to`` filter selects exactly that group
 app runs the tests' declarations (``tests/fixtures/flows.py``: the product's two
 workflows and one per kind of contract 3.13), so that orders of those kinds settle too:
 a parallel one (completed) and approvals waiting for their event, or (too small to need
-one) skipped past it into a ten-minute delay.
+one) skipped past it into a ten-minute delay, and a delivery waiting for an event a
+machine sends (no person's decision).
 
 ``chromium()``: headless Chromium from the Debian packages (``make browser-deps``), with
 both paths given so that Selenium Manager never downloads anything. ``Browser`` wraps it
@@ -126,6 +127,9 @@ class Orders:
     #: an `approval` too small to need one: `approved` skipped, then the `hold` delay
     #: (ten minutes: longer than the whole suite)
     small: str = "small-1"
+    #: a `delivery` waiting (an hour) for `delivered`, an event a machine sends: no
+    #: person's decision, offered to no one
+    machine: str = "delivery-1"
 
     def bodies(self) -> dict[str, dict[str, Any]]:
         """What is submitted for each order except the bulk group."""
@@ -156,9 +160,12 @@ class Orders:
             },
             self.parallel: {"orderId": self.parallel, "workflow": "trip", "amount": 700},
             self.small: {"orderId": self.small, "workflow": "approval", "amount": 50},
+            self.machine: {"orderId": self.machine, "workflow": "delivery"},
         }
         for order_id in (self.approve, self.refuse, *self.inbox):
             bodies[order_id] = {"orderId": order_id, "workflow": "approval", "amount": 5000}
+        # data longer than a page shows at once: cut, the whole of it one click away
+        bodies[self.inbox[1]]["items"] = [{"sku": f"sku-{n}", "qty": n + 1} for n in range(12)]
         return bodies
 
     def bulk_bodies(self) -> dict[str, dict[str, Any]]:
@@ -176,6 +183,7 @@ class Orders:
         return {
             **dict.fromkeys((self.approve, self.refuse, *self.inbox), "approved"),
             self.small: "hold",
+            self.machine: "delivered",
         }
 
 

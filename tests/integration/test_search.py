@@ -1,5 +1,6 @@
 """Search by business keys (docs/contracts.md §3.14) on Azurite, through the real triggers
-and the CLI: ``GET /api/orders?<field>=<value>`` with a status and across pages; a fixed
+and the CLI: ``GET /api/orders?<field>=<value>`` with a status and across pages; a step's
+result field (``?rma=``, §3.17) once the step succeeded and not before; a fixed
 order found under its new value and not its old; a field no workflow declares, a 400
 that says which are; a search row without its order not listed; archived orders taking
 their rows with them and bringing them back on restore; and what a search costs in
@@ -29,7 +30,14 @@ from observability import opcount
 from stores import layout
 from stores.tables import TableStateStore
 from tests.integration.orders import accept, every_page, request_for
-from tests.support import FakeClock, app_function, drain_requests, make_context, run_cli
+from tests.support import (
+    FakeClock,
+    app_function,
+    declarations,
+    drain_requests,
+    make_context,
+    run_cli,
+)
 from tests.unit.test_services_in_memory import reply_to
 
 T0 = datetime(2026, 9, 1, 10, 0, tzinfo=UTC)
@@ -100,6 +108,25 @@ def test_a_search_over_http_with_a_status_and_across_pages(ctx: AppContext) -> N
     assert listed(customerId="c-2", workflow="fulfilment") == []
     assert listed(customerId="c-9") == []
     assert listed(status="error") == ["h-7", "h-2"]  # the listing without a search, as before
+
+
+def test_a_steps_result_field_is_found_over_http_once_the_step_succeeded(
+    ctx: AppContext,
+) -> None:
+    """``search=("receive-return.rma",)`` (docs/contracts.md §3.17): ``?rma=`` finds the
+    order from the save that records the step's success on, not before."""
+    app_function("list_orders")  # the app, imported, put the settings' declarations to use
+    with declarations("tests.fixtures.result_search"):
+        ctx.store.create(accept("rma-1", T0, "exchange"))
+        assert listed(rma="R-123") == []
+        order = ctx.store.load("rma-1")
+        assert order is not None
+        request = request_for(order.claim("i", order.created_at))
+        order.apply_reply(request.succeeded({"rma": "R-123"}), T0 + timedelta(seconds=1))
+        ctx.store.delete_outbox(ctx.store.save(order))
+        assert listed(rma="R-123") == ["rma-1"]
+        assert listed(rma="R-123", status="completed") == ["rma-1"]
+        assert listed(rma="R-12") == []
 
 
 @pytest.mark.parametrize(

@@ -41,7 +41,7 @@ from core.workflows import WORKFLOWS, Plan
 from stores import entities, layout
 from stores.memory import InMemoryStateStore
 from stores.tables import TableStateStore
-from tests.support import make_context
+from tests.support import declarations, make_context
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 US = timedelta(microseconds=1)
@@ -676,6 +676,76 @@ def test_repair_index_rebuilds_search_rows_and_a_stray_one_lists_no_order(
     assert ids == ["s-ghost", "s-fix"] and store.load("s-ghost") is None
     where = searched("customerId", "c-1")
     assert where.matches(loaded(store, "s-fix"))
+
+
+@pytest.fixture
+def result_search(store: StateStore) -> Iterator[None]:
+    """The declarations of ``tests/fixtures/result_search.py``: workflows searched by a
+    step's result (docs/contracts.md §3.17); after the store (its bootstrap puts the
+    settings' declarations to use)."""
+    with declarations("tests.fixtures.result_search"):
+        yield
+
+
+def accept_returns(order_id: str, workflow: str = "exchange", **extra: Any) -> Order:
+    return accept(order_id, workflow, **extra)
+
+
+@pytest.mark.usefixtures("result_search")
+def test_a_steps_result_field_gets_its_search_row_in_the_save_that_records_it(
+    store: StateStore, raw: Raw
+) -> None:
+    store.create(accept_returns("s-rma", "returns", customerId="c-1"))
+    assert [k.split("|")[1] for k in search_keys(raw, "s-rma")] == ["customerId"]
+    assert store.list_by_status(searched("rma", "R-1"), 5, None) == ([], None)
+    order = loaded(store, "s-rma")
+    order.claim("i", T0)
+    order.apply_reply(succeeded(order, {"rma": "R-1"}), T0 + timedelta(seconds=1))
+    store.save(order)
+    rma_row = layout.search_row("rma", "R-1", "s-rma", T0)
+    assert [k.split("|")[1] for k in search_keys(raw, "s-rma")] == ["customerId", "rma"]
+    assert raw.rows("s-rma")[rma_row]["Field"] == "receive-return.rma"
+    assert raw.rows("s-rma")[rma_row]["Value"] == "R-1"
+    assert store.list_by_status(searched("rma", "R-1"), 5, None) == (["s-rma"], None)
+    assert searched("rma", "R-1").matches(loaded(store, "s-rma"))
+    # a new result for the step replaces the row in the save that records it
+    order = loaded(store, "s-rma")
+    [record] = [r for r in order.steps if r.step == "receive-return"]
+    record.result, record.changed = {"rma": "R-2"}, True
+    store.save(order)
+    assert store.list_by_status(searched("rma", "R-1"), 5, None) == ([], None)
+    assert store.list_by_status(searched("rma", "R-2"), 5, None) == (["s-rma"], None)
+    assert not searched("rma", "R-1").matches(loaded(store, "s-rma"))
+    # and a repair rebuilds it from the step's result
+    [key] = [k for k in search_keys(raw, "s-rma") if k.startswith("search|rma|")]
+    raw.delete("s-rma", key)
+    assert store.repair_index("s-rma")["added"] == [key]
+
+
+@pytest.mark.usefixtures("result_search")
+def test_a_result_field_stays_searchable_when_its_step_is_undone(store: StateStore) -> None:
+    store.create(accept_returns("s-undo", "return-undone"))
+    order = loaded(store, "s-undo")
+    order.claim("i", T0)
+    order.apply_reply(succeeded(order, {"rma": "R-9"}), T0 + timedelta(seconds=1))
+    store.save(order)
+    order = loaded(store, "s-undo")
+    order.claim("i", T0 + timedelta(seconds=2))
+    step = order.active_step()
+    assert step is not None and step.step == "refund"
+    refusal = replace(succeeded(order), outcome=Outcome.REFUSED, result=None, error="HTTP 422")
+    order.apply_reply(refusal, T0 + timedelta(seconds=3), RetryPolicy(max_failure_count=1))
+    store.save(order)
+    order = loaded(store, "s-undo")  # receive-return is undone: cancel-return runs
+    order.claim("i", T0 + timedelta(seconds=4))
+    order.apply_reply(succeeded(order), T0 + timedelta(seconds=5))
+    store.save(order)
+    undone = loaded(store, "s-undo")
+    assert undone.status is OrderStatus.COMPENSATED
+    [record] = [r for r in undone.steps if r.step == "receive-return"]
+    assert record.process_state is StepState.COMPENSATED
+    assert store.list_by_status(searched("rma", "R-9"), 5, None) == (["s-undo"], None)
+    assert ListFilter(OrderStatus.COMPENSATED, search=("rma", "R-9")).matches(undone)
 
 
 # --- the agents' runtime controls (AgentControlStore) ----------------------------------------
