@@ -600,8 +600,6 @@ def test_each_try_of_a_trickling_answer_ends_with_the_time_left(
 def test_a_connection_that_never_completes_applied_nothing(silent: LocalServer) -> None:
     # https to a server that never speaks: TCP connects, the TLS handshake never ends, and
     # the HTTP request is never sent.
-    # The handshake never ends: the try's bound ends the try (httpx's connect limit is capped
-    # at it too), and nothing was sent.
     client = real_client(f"https://127.0.0.1:{silent.port}", FakeClock())
 
     attempt = asyncio.run(client.kind.run(make_request(), 0.4))
