@@ -4,10 +4,12 @@ figures live in ``bench/``.
 
 The check is static and narrow: an ``assert`` whose test compares (``<``, ``<=``, ``>``,
 ``>=``) a wall-clock reading (``time.monotonic()``, ``time.perf_counter()``,
-``time.time()``), a name assigned from one in the same function, or arithmetic on them
-(``time.monotonic() - started``). A fake clock's readings are not wall time and pass;
-waiting with a deadline is fine as long as the pass is not decided by an ``assert`` on
-the clock (``tests.support.wait_for`` raises with what was still missing).
+``time.time()``), arithmetic on one (``time.monotonic() - started``, a ratio), or a name
+assigned from either: in the function, in a function it is nested in, or returned to it
+by a function nested in it (``took, n = asyncio.run(scenario())``). A fake clock's
+readings are not wall time and pass; waiting with a deadline is fine as long as the pass
+is not decided by an ``assert`` on the clock (``tests.support.wait_for`` raises with what
+was still missing).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ WALL_CLOCKS = frozenset(
     {"monotonic", "monotonic_ns", "perf_counter", "perf_counter_ns", "time", "time_ns"}
 )
 #: Calls that keep a wall-time value wall time (``abs(time.time() - expires)``).
-PASS_THROUGH = frozenset({"abs", "int", "float", "round"})
+PASS_THROUGH = frozenset({"abs", "int", "float", "round", "min", "max"})
 ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
 
 
@@ -54,7 +56,7 @@ class _Scope:
                 return name in self.functions
             case ast.Name(id=name):
                 return name in names
-            case ast.BinOp(left=left, op=ast.Sub() | ast.Add(), right=right):
+            case ast.BinOp(left=left, right=right):  # a duration, a deadline, a ratio
                 return self.is_wall(left, names) or self.is_wall(right, names)
             case ast.UnaryOp(operand=operand):
                 return self.is_wall(operand, names)
@@ -102,9 +104,13 @@ class _Scope:
 
 
 def _unpacked(target: ast.expr, value: ast.expr) -> list[tuple[ast.expr, ast.expr]]:
-    same_length = isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple)
-    if same_length and len(target.elts) == len(value.elts):  # type: ignore[attr-defined]
-        return list(zip(target.elts, value.elts, strict=True))  # type: ignore[attr-defined]
+    """``a, b = x, y`` as ``a = x`` and ``b = y``; anything else as it is."""
+    if (
+        isinstance(target, ast.Tuple)
+        and isinstance(value, ast.Tuple)
+        and len(target.elts) == len(value.elts)
+    ):
+        return list(zip(target.elts, value.elts, strict=True))
     return [(target, value)]
 
 
@@ -246,6 +252,17 @@ def test_no_test_under_tests_asserts_on_wall_time() -> None:
             started = time.monotonic()
             act()
             assert done and 1.5 <= time.monotonic() - started
+        """,
+        # a ratio of durations (the e2e slow-carrier test the issue names)
+        """
+        import time
+        def test():
+            t0 = time.monotonic()
+            quick()
+            fast = time.monotonic() - t0
+            t1 = time.monotonic()
+            slow()
+            assert (time.monotonic() - t1) / fast < 2.0
         """,
         # wall time near a value (test_simulator_identity)
         """
