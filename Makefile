@@ -57,6 +57,11 @@ test: deps
 	@$(MAKE) --no-print-directory -j3 lane-checks lane-processes localbus
 	@$(MAKE) --no-print-directory infra-checks
 
+## make check: lint, types and unit tests, the loop to run every few minutes (under 3 minutes)
+.PHONY: check
+check: deps
+	@$(MAKE) --no-print-directory -j1 lint typecheck unit
+
 lane-checks:
 	@$(MAKE) --no-print-directory -j1 lint typecheck unit team-tests model integration browser
 

@@ -158,7 +158,6 @@ def test_a_paused_agent_calls_nothing_and_its_orders_go_on_after_the_resume(
     browser.click_through(f"{row(browser)} button.resume-button", "form#agent-confirm-form")
     browser.click_through("#agent-confirm-button", "#message")
     assert "resumed by" in browser.text("#message")
-    resumed_at = time.monotonic()
     assert paused_on_page(browser) == "false"
     actions = [
         (r.get_attribute("data-agent"), r.get_attribute("data-action"))
@@ -171,7 +170,6 @@ def test_a_paused_agent_calls_nothing_and_its_orders_go_on_after_the_resume(
         return all(console.load(o).status is OrderStatus.COMPLETED for o in order_ids)
 
     browser.until(completed, RELEASE_SECONDS, "the paused orders to complete after the resume")
-    assert time.monotonic() - resumed_at < RELEASE_SECONDS
     assert sorted(effects_of(console, order_ids)) == sorted(f"{o}:process" for o in order_ids)
     assert len(keys_called(console, order_ids)) == len(order_ids)
     assert alerts_for(console, order_ids) == []

@@ -94,7 +94,6 @@ def test_the_harness_runs_the_app_and_chromium(console: Console, browser: Browse
     # Chromium reaches the devhost
     browser.open(f"{console.api}/orders?status=error", "body")
     assert orders.failed[0] in browser.body_text()
-    assert console.settled_in < 90, f"the app took {console.settled_in:.0f} s to set up"
 
 
 # --- (a) the list -------------------------------------------------------------------

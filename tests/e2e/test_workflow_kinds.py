@@ -9,7 +9,6 @@ rounding, none for ``seconds=``, plus ``maxPollingInterval``) on Storage queues.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,9 +73,8 @@ def test_parallel_steps_events_delays_and_callbacks_end_to_end(flows_stack: Loca
     stack.submit({"orderId": "wf-quick", "workflow": "quick"})
     waiting_for(stack, "wf-quick", "ok")
     assert post_event(stack, "wf-quick", "ok", {"result": {"by": "e2e"}, "reason": "fine"}) == 200
-    started = time.monotonic()
-    waiting_for(stack, "wf-quick", "captured")  # after the 2 s pause: the bank accepted
-    assert time.monotonic() - started >= 1.5
+    # after the 2 s pause (not before its time: checked below on the order's own record)
+    waiting_for(stack, "wf-quick", "captured")  # the bank accepted
     # the bank's callback comes on its URL (a person cannot send it: 403)
     assert post_event(stack, "wf-quick", "captured", {"result": {"ref": "C-1"}}) == 403
     accepted = load(stack, "wf-quick")

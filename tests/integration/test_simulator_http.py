@@ -71,13 +71,19 @@ def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
+def dropped(errors: list[Exception]) -> bool:
+    """The one call the caller made ended with its connection dropped (the server let it
+    go), not with the caller's own timeout (the hang went on)."""
+    return len(errors) == 1 and not isinstance(errors[0], httpx.TimeoutException)
+
+
 def hang_in_background(url: str) -> tuple[threading.Thread, list[Exception]]:
     """A call that hangs (applyFirst) on a thread; its error, if any, lands in the list."""
     errors: list[Exception] = []
 
     def hang() -> None:
         try:
-            with httpx.Client(base_url=url, timeout=10) as http:
+            with httpx.Client(base_url=url, timeout=60) as http:
                 post(http, "o-hang", "process", simulate={"process": "hang"})
         except httpx.HTTPError as exc:
             errors.append(exc)
@@ -202,10 +208,10 @@ def test_hang_without_apply_first_applies_late_and_once(
 
 
 def test_a_short_hang_answers(sim: SimulatorServer, client: httpx.Client) -> None:
-    started = time.monotonic()
     simulate = {"process": {"fail": "hang", "seconds": 0.2}}
     assert post(client, "o-sh", "process", simulate=simulate).status_code == 200
-    assert time.monotonic() - started >= 0.2
+    assert sim.stats()["byFault"] == {"hang": 1}  # it hung, then answered
+    assert len(sim.effects()) == 1
 
 
 def test_drop_closes_without_an_answer(sim: SimulatorServer, client: httpx.Client) -> None:
@@ -389,11 +395,10 @@ def test_stop_is_prompt_with_a_hung_call_in_flight(ledger_path: Path) -> None:
     server = SimulatorServer().start()
     caller, errors = hang_in_background(server.url)
     wait_until(lambda: server.stats()["byFault"].get("hang") == 1)
-    started = time.monotonic()
     server.stop()
-    caller.join(5)
-    assert time.monotonic() - started < PROMPT_SECONDS
-    assert len(errors) == 1  # the hung caller sees a dropped connection, not a hang
+    caller.join(PROMPT_SECONDS)
+    assert not caller.is_alive(), "the hung call still hangs after the stop"
+    assert dropped(errors)  # the hung caller sees a dropped connection, not its own timeout
 
 
 # --- the command line -------------------------------------------------------------
@@ -430,12 +435,10 @@ def test_cli_serves_and_stops_promptly_on_sigterm(ledger_path: Path) -> None:
         caller, errors = hang_in_background(url)
         with httpx.Client(base_url=url, timeout=5) as http:
             wait_until(lambda: http.get("/_stats").json()["byFault"].get("hang") == 1)
-        started = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=5) == 0
-        assert time.monotonic() - started < PROMPT_SECONDS
-        caller.join(5)
-        assert len(errors) == 1
+        assert process.wait(timeout=PROMPT_SECONDS) == 0
+        caller.join(PROMPT_SECONDS)
+        assert dropped(errors)
         stdout, _ = process.communicate(timeout=5)
         assert stdout == ""  # exactly one line in all: the URL, already read
         steps = [(e["orderId"], e["step"]) for e in load_ledger(ledger_path)]

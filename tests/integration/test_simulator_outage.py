@@ -157,7 +157,6 @@ def test_unreachable_refuses_connections_then_listens_again_on_the_same_port(
     port = sim.port
     applied = post(client, "o-1")
     assert applied.status_code == 200
-    started = time.monotonic()
     control = client.post("/_outage", json={"mode": "unreachable", "seconds": 1.0})
     assert control.status_code == 200  # the answer arrives...
     assert control.json()["mode"] == "unreachable"
@@ -169,7 +168,8 @@ def test_unreachable_refuses_connections_then_listens_again_on_the_same_port(
     with httpx.Client(base_url=sim.url, timeout=2) as fresh, pytest.raises(httpx.ConnectError):
         fresh.get("/_health")
     wait_until(lambda: answers(sim.url), timeout=5)
-    assert time.monotonic() - started >= 0.9
+    # It listens again because its phase ended, by the simulator's own schedule: not early.
+    assert sim.outage_status()["mode"] == "off"
     assert sim.port == port and sim.listening
     # State survived: the applied key is still deduplicated.
     repeat = post(client, "o-1")
@@ -243,10 +243,11 @@ def test_a_schedule_runs_error_then_unreachable_then_back(
 def test_stop_during_an_unreachable_phase_is_prompt_and_final() -> None:
     server = SimulatorServer().start()
     port = server.port
-    server.outage({"mode": "unreachable", "seconds": 60})
-    started = time.monotonic()
-    server.stop()
-    assert time.monotonic() - started < PROMPT_SECONDS
+    server.outage({"mode": "unreachable", "seconds": 3600})
+    stopping = threading.Thread(target=server.stop, daemon=True)
+    stopping.start()
+    stopping.join(PROMPT_SECONDS)
+    assert not stopping.is_alive(), "the stop waits for the hour's unreachable phase to end"
     assert refused(port) and not server.listening
     with pytest.raises(RuntimeError):
         server.start_outage([Phase.error(1)])

@@ -86,13 +86,12 @@ def test_an_order_submitted_during_a_table_outage_is_accepted_when_it_ends(
 ) -> None:
     order_id = f"{tag}-outage"
     outage.until = time.monotonic() + 12  # longer than the SDK's own retries
-    started = time.monotonic()
     function("submit_order")(
         func.QueueMessage(id="m", body=json.dumps({"orderId": order_id}).encode())
     )
-    took = time.monotonic() - started
     assert outage.refused > 3  # the outage was real: many requests refused
-    assert took >= 10  # the invocation waited it out, not failed it
+    # The invocation waited it out, not failed it: it returned, and the order it could
+    # store only once the outage had ended is stored.
     order = ctx.store.load(order_id)
     assert order is not None and order.status is OrderStatus.PROCESSING
     [request] = drain_requests(ctx)  # and it went on to dispatch

