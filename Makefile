@@ -174,7 +174,7 @@ test-servicebus: deps
 ## make bench: the benchmarks (pipeline, latency, sweeps, recovery, cpu, isolation: about 9
 ## minutes on 2 cores), each printed and saved as bench/results/<name>-<UTC date-time>.json
 ## (make bench BENCHMARKS=sweeps BENCH_ARGS_sweeps="--finished 100000": one, with options)
-BENCHMARKS ?= pipeline latency sweeps recovery cpu isolation
+BENCHMARKS ?= pipeline latency sweeps recovery cpu isolation decoder
 BENCH_ARGS_pipeline ?= --orders 400
 define bench_one
 out="bench/results/$(1)-$$(date -u +%Y%m%dT%H%M%SZ).json"; echo "== bench.$(1) -> $$out" >&2; \

@@ -198,7 +198,6 @@ class Console:
     bodies: dict[str, dict[str, Any]]
     bulk_from: str  # ISO datetimes (UTC, whole seconds): from inclusive, to exclusive
     bulk_to: str
-    settled_in: float = 0.0
 
     @property
     def url(self) -> str:
@@ -365,7 +364,6 @@ def _settle(
 @contextlib.contextmanager
 def running_console() -> Iterator[Console]:
     """The app with its orders settled (see the module docstring); stopped on exit."""
-    began = time.monotonic()
     orders = Orders()
     with (
         declarations(FLOWS),
@@ -413,7 +411,6 @@ def running_console() -> Iterator[Console]:
             bodies={**bodies, **bulk_bodies},
             bulk_from=_iso_seconds(first),
             bulk_to=_iso_seconds(end),
-            settled_in=time.monotonic() - began,
         )
 
 
