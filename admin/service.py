@@ -36,6 +36,7 @@ from core.unit_of_work import Dispatcher, OrderChanges
 from messaging.outbox import NoticeSender
 from observability.logs import get_logger, order_context
 from observability.metrics import METRICS, order_ended
+from stores import listing
 
 log = get_logger(__name__)
 
@@ -47,6 +48,8 @@ BULK_ACTIONS = ("resubmit", "cancel")
 #: How many reads of search rows one page of a search makes at most, to fill the page when
 #: rows name orders that do not match (another status asked for, a value fixed since).
 SEARCH_READS = 5
+#: A count of orders (``counts``, ``waiting_counts``) stops here: a page says "1000+".
+COUNT_CAP = listing.COUNT_CAP
 
 
 def attempts_of(step: StepRecord) -> list[dict[str, Any]]:
@@ -340,6 +343,10 @@ class OrderAdmin:
         if order is None:
             raise OrderNotFound(f"no order with id {order_id!r}", order_id=order_id)
         return order
+
+    def exists(self, order_id: str) -> bool:
+        """Whether an order ``order_id`` is kept (the console's look-up by id)."""
+        return self._store.load(order_id) is not None
 
     def show(self, order_id: str) -> dict[str, Any]:
         return order_view(self.get(order_id), self.pauses())

@@ -17,9 +17,8 @@ with the function key and no principal (a machine: a webhook, a script) may read
 deliver events, and change orders and agents only where no sign-in is configured. A
 refusal is a 403 (or a 401) with a JSON ``error`` and the ``role`` it needs.
 
-Who did it (kept in the order's history): the principal's name; for a key caller
-``function-key``, with a name it sent in ``x-operator`` (or an unverified principal
-header) kept only as a claim: ``function-key (claims: alice)``.
+Who did it (kept in the order's history): ``admin/callers.py``. The parts it uses come
+from the composition root, once, through ``bootstrap.uses``.
 """
 
 from __future__ import annotations
@@ -33,8 +32,9 @@ from typing import Any
 import azure.functions as func
 
 from admin.agent_admin import CHANGE_FIELDS, apply_change, parse_change
+from admin.callers import MAX_REASON_CHARS, caller_of
 from admin.query import parse_filter, parse_page_size
-from bootstrap import app_context, index_time
+from bootstrap import index_time, uses
 from console.security import with_hsts
 from core.errors import (
     AgentNotFound,
@@ -51,14 +51,17 @@ from core.errors import (
 )
 from core.order_message import is_valid_order_id, strict_json
 from core.patches import InvalidPatch
-from core.principals import CLIENT_PRINCIPAL_NAME, Access, Principal, refusal
+from core.principals import Access, Principal, refusal
 from core.workflows import AGENTS, MAX_STEP_NAME, WORKFLOWS
 
 bp = func.Blueprint()
 
-FUNCTION_KEY_CALLER = "function-key"
-MAX_NAME_CHARS = 64
-MAX_REASON_CHARS = 500
+#: What these routes use of the app (built on first use: ``bootstrap.uses``).
+_settings = uses(lambda app: app.settings)
+_orders = uses(lambda app: app.admin)
+_events = uses(lambda app: app.events)
+_agents = uses(lambda app: app.agents_admin)
+_retainer = uses(lambda app: app.retainer)
 #: An event's body: an order's limit (a Storage queue message's 64 KiB), with room for
 #: its envelope.
 MAX_EVENT_BODY_BYTES = 4 * 65_536
@@ -67,7 +70,6 @@ MAX_CHANGE_BODY_BYTES = MAX_EVENT_BODY_BYTES
 RETRY_AFTER_SECONDS = 5
 #: Steps one cancel may state did not happen (a workflow has fewer).
 MAX_STATED = 100
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 
 
@@ -84,24 +86,15 @@ def _error(status: int, message: str, **extra: Any) -> func.HttpResponse:
     return _json(status, {"error": message, **extra})
 
 
-def _name(value: str | None) -> str:
-    text = _UNPRINTABLE.sub("", value or "").strip()
-    return text[:MAX_NAME_CHARS]
-
-
 def principal_of(req: func.HttpRequest) -> Principal | None:
     """The request's principal, as core/principals.py believes one here; None: none (on
     the API, a key caller)."""
-    return app_context().settings.sign_in.principal(req.headers, req.params)
+    return _settings().sign_in.principal(req.headers, req.params)
 
 
 def caller(req: func.HttpRequest) -> str:
-    """Who acts, for the history: the principal's name, else ``function-key``."""
-    principal = principal_of(req)
-    if principal is not None:
-        return principal.name
-    claimed = _name(req.headers.get(CLIENT_PRINCIPAL_NAME)) or _name(req.headers.get("x-operator"))
-    return f"{FUNCTION_KEY_CALLER} (claims: {claimed})" if claimed else FUNCTION_KEY_CALLER
+    """Who acts, for the history (``admin/callers.py``)."""
+    return caller_of(principal_of(req), req.headers)
 
 
 Route = Callable[[func.HttpRequest], func.HttpResponse]
@@ -120,8 +113,7 @@ def requires(
         def checked(req: func.HttpRequest) -> func.HttpResponse:
             if unless is not None and unless(req):
                 return route(req)
-            settings = app_context().settings
-            refused = refusal(principal_of(req), access, settings.sign_in, console=False)
+            refused = refusal(principal_of(req), access, _settings().sign_in, console=False)
             if refused is None:
                 return route(req)
             extra = {"role": refused.role} if refused.role else {}
@@ -191,13 +183,12 @@ def get_order(req: func.HttpRequest) -> func.HttpResponse:
 
 
 def _show(order_id: str) -> dict[str, Any]:
-    ctx = app_context()
     try:
-        return ctx.admin.show(order_id)
+        return _orders().show(order_id)
     except OrderNotFound as exc:
         from admin.archiving import archived_or  # the Blob SDK: only when it may be needed
 
-        raise archived_or(exc, ctx.retainer, order_id) from None
+        raise archived_or(exc, _retainer(), order_id) from None
 
 
 @bp.timer_trigger(
@@ -209,7 +200,7 @@ def _show(order_id: str) -> dict[str, Any]:
 def purge_finished_orders(timer: func.TimerRequest) -> None:
     """Retention (docs/contracts.md §3.12): archive finished orders past their retention
     (``RETENTION``), then delete them; at most ``RETENTION_BATCH`` a run."""
-    app_context().retainer.purge()
+    _retainer().purge()
 
 
 @bp.route(route="orders", methods=["GET"])
@@ -227,7 +218,7 @@ def list_orders(req: func.HttpRequest) -> func.HttpResponse:
     except ValueError as exc:
         return _error(400, str(exc))
     token = req.params.get("continuationToken") or None
-    return _answer(None, lambda: app_context().admin.page(where, page_size, token))
+    return _answer(None, lambda: _orders().page(where, page_size, token))
 
 
 def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
@@ -282,11 +273,11 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
     if action == "resubmit":
         return _answer(
             order_id,
-            lambda: app_context().admin.resubmit(order_id, by, reason, patch, if_version),
+            lambda: _orders().resubmit(order_id, by, reason, patch, if_version),
         )
     return _answer(
         order_id,
-        lambda: app_context().admin.cancel(order_id, by, reason, not_applied, if_version),
+        lambda: _orders().cancel(order_id, by, reason, not_applied, if_version),
     )
 
 
@@ -348,7 +339,7 @@ def deliver_event(req: func.HttpRequest) -> func.HttpResponse:
     by = caller(req)
 
     def deliver() -> tuple[int, dict[str, Any]]:
-        effect, view = app_context().events.deliver_event(order_id, name, body, by, token=token)
+        effect, view = _events().deliver_event(order_id, name, body, by, token=token)
         return 202 if effect == "kept" else 200, {"event": name, "effect": effect, **view}
 
     return _answer(order_id, deliver, with_status=True)
@@ -378,13 +369,13 @@ def workflows_view() -> dict[str, Any]:
 def list_agents(req: func.HttpRequest) -> func.HttpResponse:
     """Every declared agent: ``name``, ``paused`` (and ``pause``: since, by, reason),
     ``limits`` in force, ``declared`` limits, ``overrides``."""
-    return _answer(None, lambda: {"agents": app_context().agents_admin.list()})
+    return _answer(None, lambda: {"agents": _agents().list()})
 
 
 def _agent_change(req: func.HttpRequest, action: str) -> func.HttpResponse:
     agent = req.route_params.get("agent", "")
     try:
-        admin = app_context().agents_admin  # its first use may meet a storage outage
+        admin = _agents()  # its first use may meet a storage outage
         admin.spec(agent)
     except AgentNotFound as exc:
         return _error(404, exc.message)
@@ -444,4 +435,4 @@ def agent_audit(req: func.HttpRequest) -> func.HttpResponse:
         return _error(400, str(exc))
     agent = req.params.get("agent") or None
     token = req.params.get("continuationToken") or None
-    return _answer(None, lambda: app_context().agents_admin.audit(page_size, token, agent))
+    return _answer(None, lambda: _agents().audit(page_size, token, agent))

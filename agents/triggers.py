@@ -25,18 +25,22 @@ from typing import Any
 import azure.functions as func
 
 from agents.agent import AgentWorker
-from bootstrap import app_context, current_app_context, index_time
+from bootstrap import current_app_context, index_time, uses
 from core import names
 from core.errors import DuplicateRequest, InvalidMessage, UnboundMessage
 from core.settings import SERVICE_BUS, STORAGE, Transport
 from core.workflows import AGENTS
-from messaging.quarantine import quarantine
 from messaging.wire import decode_request
 from observability.logs import get_logger
 
 bp = func.Blueprint()
 log = get_logger(__name__)
 ON_STORAGE_QUEUES = index_time().transport is Transport.STORAGE
+#: What these triggers use of the app: the agents (each built on first use), and the
+#: quarantine of a message that cannot be read.
+_agent_for = uses(lambda app: app.agent_for)
+_names = uses(lambda app: app.names)
+_keep_aside = uses(lambda app: app.quarantine)
 #: A quarantine is a send and a table write, each bounded by its client.
 QUARANTINE_BOUND = 120.0
 
@@ -64,15 +68,13 @@ async def _worker(agent: str) -> AgentWorker:
     ctx = current_app_context()
     worker = ctx.built_agent(agent) if ctx is not None else None
     if worker is None:
-        worker = await asyncio.to_thread(lambda: app_context().agent_for(agent))
+        worker = await asyncio.to_thread(lambda: _agent_for()(agent))
     return worker
 
 
 async def _quarantine(worker: AgentWorker, agent: str, raw: bytes, reason: str) -> None:
     def keep() -> None:
-        ctx = app_context()
-        queue = ctx.names.agent_queue(agent)
-        quarantine(ctx.queues, queue, raw, reason, ctx.clock, keeper=ctx.kept)
+        _keep_aside()(_names().agent_queue(agent), raw, reason)
 
     await worker.blocking(keep, bound=QUARANTINE_BOUND, what="quarantine")
 

@@ -33,7 +33,7 @@ from core.figures import (
     time_of_row,
 )
 from core.outages import Outage
-from core.ports import DashboardStore, StoredRow
+from core.ports import StoredRow
 from core.timefmt import iso
 
 #: Series colours, in the order workflows (or kinds) appear.
@@ -171,13 +171,18 @@ def stuck_of(rows: list[StoredRow]) -> tuple[list[dict[str, Any]], str | None]:
     return [], None
 
 
-class DashboardSource(DashboardStore, Protocol):
-    """What the page reads: the dashboard's rows and the agents' outage records."""
+class DashboardSource(Protocol):
+    """What the page reads (``admin.watch.Watch``): the dashboard's rows and the agents'
+    outage records."""
+
+    def dashboard_rows(self, low: str, high: str, limit: int = 1000) -> list[StoredRow]: ...
 
     def read_outages(self) -> dict[str, Outage]: ...
 
 
-def load(store: DashboardSource, now: datetime) -> Dashboard:
+def load(source: DashboardSource, now: datetime) -> Dashboard:
+    """The page as ``source`` has it at ``now``."""
+    store = source
     minute_rows = store.dashboard_rows(minute_row(now - timedelta(minutes=59)), MINUTE_PREFIX + "~")
     hour_rows = store.dashboard_rows(hour_row(now - timedelta(hours=23)), HOUR_PREFIX + "~")
     stuck_rows = store.dashboard_rows(STUCK_ROW, STUCK_ROW + "~")

@@ -18,8 +18,8 @@ from typing import Any
 
 import azure.functions as func
 
-from admin.service import OrderAdmin, waiting_view
-from admin.triggers import MAX_REASON_CHARS
+from admin.callers import MAX_REASON_CHARS
+from admin.service import COUNT_CAP, OrderAdmin, waiting_view
 from console import bodies, views
 from console.pages import Page, form_of, guard
 from core.agent_spec import MAX_STEP_NAME, STEP_NAME
@@ -29,7 +29,6 @@ from core.model import Order
 from core.order_message import strict_json
 from core.plans import PlannedStep
 from core.workflows import WORKFLOWS, function_of
-from stores.listing import COUNT_CAP
 
 DECISIONS = ("approve", "refuse")
 #: What an operator types as a result: an approval's few fields, not a document. It

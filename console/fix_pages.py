@@ -15,8 +15,8 @@ from typing import Any
 
 import azure.functions as func
 
+from admin.callers import MAX_REASON_CHARS
 from admin.service import OrderAdmin
-from admin.triggers import MAX_REASON_CHARS
 from console.pages import Page, form_of, guard
 from core.errors import OrderChanged, OrderNotFound, TransitionRefused
 from core.model import Order

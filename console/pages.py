@@ -3,7 +3,9 @@ signed in and what they may do, the CSRF token), form parsing, the role every ro
 needs (``access``) and the checks every POST passes.
 
 No page ever carries the function key: the console's routes are anonymous to the
-Functions host, and every one of them needs a principal (core/principals.py).
+Functions host, and every one of them needs a principal (core/principals.py). The
+settings a page reads (who is signed in, whether actions are on) are handed in by the
+routes (``console/triggers.py``), which get them from the app.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import azure.functions as func
 
-from bootstrap import app_context
 from console import security
 from core.errors import ConcurrencyConflict, CorruptOrder, StorageUnavailable
 from core.principals import OPERATOR, Access, Principal, refusal
+from core.settings import Settings
 from core.states import OrderStatus
 from core.workflows import WORKFLOWS
 
@@ -53,14 +55,13 @@ def templates() -> Any:
 class Page:
     """One request's view of the console: its base path, who asks, its token."""
 
-    def __init__(self, req: func.HttpRequest):
+    def __init__(self, req: func.HttpRequest, settings: Settings):
         self.req = req
         path = urlsplit(req.url).path
         self.root = path[: path.index("/console") + len("/console")] if "/console" in path else ""
         held = security.cookie_token(req.headers.get("cookie"))
         self.csrf = held or security.new_token()
         self.new_cookie = held is None
-        settings = app_context().settings
         self.sign_in = settings.sign_in
         self.principal: Principal | None = settings.sign_in.principal(req.headers, req.params)
         #: why no action is offered ("" when they are): the switch, or a missing role
@@ -172,15 +173,16 @@ def sign_in_url(req: func.HttpRequest) -> str:
     return f"{SIGN_IN_PATH}?post_login_redirect_uri={quote(back, safe='')}"
 
 
-def access(need: Access) -> Callable[[Route], Route]:
+def access(need: Access, settings: Callable[[], Settings]) -> Callable[[Route], Route]:
     """The console route does ``need``: a caller who may not gets the message page (403),
     or, not signed in where sign-in is on, the sign-in page (a GET) or a 401. The route
-    carries its ``access`` (tests/integration/test_roles.py reads it)."""
+    carries its ``access`` (tests/integration/test_roles.py reads it). ``settings``: the
+    app's, asked for at each request."""
 
     def decorate(route: Route) -> Route:
         @functools.wraps(route)
         def checked(req: func.HttpRequest) -> func.HttpResponse:
-            page = Page(req)
+            page = Page(req, settings())
             refused = refusal(page.principal, need, page.sign_in, console=True)
             if refused is None:
                 return route(req)

@@ -8,45 +8,47 @@ confirmation before every change (an event sent included), bulk actions with a d
 the inbox of events, the alerts and what retention would archive. The
 page structure is described in ``docs/console-dom.md``; the protection in
 ``console/security.py``.
+
+Every page reads and acts through the operator's services, the same the API uses
+(``admin/service.py``, ``admin/agent_admin.py``, ``admin/watch.py``,
+``admin/archiving.py``), which the app hands in (``bootstrap.uses``): never a store.
 """
 
 from __future__ import annotations
 
 import mimetypes
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import azure.functions as func
 
+from admin.callers import MAX_REASON_CHARS, caller_of
 from admin.query import parse_filter, parse_page_size, searchable_text
-from admin.service import BULK_ACTIONS, MAX_BULK, order_view, paused_view
-from admin.triggers import MAX_REASON_CHARS, caller
-from bootstrap import app_context
+from admin.service import BULK_ACTIONS, COUNT_CAP, MAX_BULK, order_view, paused_view
+from bootstrap import uses
 from console import (
     agent_pages,
     bodies,
     dashboard_page,
     event_pages,
     fix_pages,
-    inbox,
     layout,
+    pages,
     security,
     views,
 )
-from console.pages import ASSETS, FILTER_KEYS, Page, access, filters_of, form_of, guard, trouble
+from console.pages import ASSETS, FILTER_KEYS, Page, Route, filters_of, form_of, guard, trouble
 from core.errors import (
     InvalidContinuationToken,
     OrderNotFound,
     TransitionRefused,
 )
-from core.figures import STUCK_ROW
 from core.order_message import is_valid_order_id
 from core.ports import ListFilter
 from core.principals import Access
 from core.states import OrderStatus
 from core.workflows import search_fields
-from stores.kept import as_shown
-from stores.listing import COUNT_CAP
 
 #: What the list's filters name for themselves; any other name is a field to search by.
 FILTER_PARAMS = frozenset(FILTER_KEYS)
@@ -57,13 +59,38 @@ bp = func.Blueprint()
 #: the stylesheet and script, which hold nothing secret).
 ANONYMOUS = func.AuthLevel.ANONYMOUS
 
+#: What the pages use of the app: the operator's services, its settings and clock.
+_settings = uses(lambda app: app.settings)
+_orders = uses(lambda app: app.admin)
+_events = uses(lambda app: app.events)
+_agents = uses(lambda app: app.agents_admin)
+_watch = uses(lambda app: app.watch)
+_retainer = uses(lambda app: app.retainer)
+_names = uses(lambda app: app.names)
+_clock = uses(lambda app: app.clock)
+
+
+def _page(req: func.HttpRequest) -> Page:
+    return Page(req, _settings())
+
+
+def access(need: Access) -> Callable[[Route], Route]:
+    """The route does ``need`` (``console.pages.access``), by the app's settings."""
+    return pages.access(need, _settings)
+
+
+def caller(req: func.HttpRequest) -> str:
+    """Who acts, for the history (``admin/callers.py``)."""
+    return caller_of(_settings().sign_in.principal(req.headers, req.params), req.headers)
+
+
 # --- list ---------------------------------------------------------------------------------
 
 
 @bp.route(route="console", methods=["GET"], auth_level=ANONYMOUS)
 @access(Access.READ)
 def console_list(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     if "searchField" in req.params:  # the search box: to the URL that names the search
         return _search_redirect(page)
     filters = filters_of(req.params)
@@ -75,7 +102,7 @@ def console_list(req: func.HttpRequest) -> func.HttpResponse:
     token = req.params.get("page") or None
 
     def show() -> func.HttpResponse:
-        admin = app_context().admin
+        admin = _orders()
         try:
             listing = admin.page(where, page_size, token)
         except InvalidContinuationToken as exc:
@@ -123,14 +150,14 @@ def _search_redirect(page: Page) -> func.HttpResponse:
 def console_inbox(req: func.HttpRequest) -> func.HttpResponse:
     """The events the deployed workflows declare, how many orders wait for each, and the
     link to each one's list (``/api/console?waiting=<event>``)."""
-    page = Page(req)
-    return trouble(page, lambda: event_pages.inbox(page, app_context().admin))
+    page = _page(req)
+    return trouble(page, lambda: event_pages.inbox(page, _orders()))
 
 
 @bp.route(route="console/lookup", methods=["GET"], auth_level=ANONYMOUS)
 @access(Access.READ)
 def console_lookup(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     order_id = (req.params.get("orderId") or "").strip()
     if not is_valid_order_id(order_id):
         return page.redirect(
@@ -138,7 +165,7 @@ def console_lookup(req: func.HttpRequest) -> func.HttpResponse:
         )
 
     def find() -> func.HttpResponse:
-        if app_context().store.load(order_id) is None:
+        if not _orders().exists(order_id):
             return page.redirect("", {"message": f"no order with id {order_id!r}", "failed": 1})
         return page.redirect(f"/orders/{order_id}", {})
 
@@ -154,10 +181,9 @@ def _order_id(req: func.HttpRequest) -> str | None:
 
 
 def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.HttpResponse:
-    ctx = app_context()
-    admin = ctx.admin
+    admin = _orders()
     order = admin.get(order_id)
-    now = ctx.clock()  # the app's clock: the one its deadlines were set by
+    now = _clock()()  # the app's clock: the one its deadlines were set by
     pauses = admin.pauses()
     paused = paused_view(order, pauses)
     view = order_view(order, pauses)
@@ -194,7 +220,7 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
 @bp.route(route="console/orders/{orderId}", methods=["GET"], auth_level=ANONYMOUS)
 @access(Access.READ)
 def console_order(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     order_id = _order_id(req)
     if order_id is None:
         return page.render("message.html", 400, message="Not an order id.", failed=True)
@@ -211,7 +237,7 @@ def console_order(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/orders/{orderId}/confirm", methods=["GET"], auth_level=ANONYMOUS)
 @access(Access.CHANGE)
 def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     order_id = _order_id(req)
     action = req.params.get("action", "")
     if order_id is None or action not in (*BULK_ACTIONS, *event_pages.DECISIONS):
@@ -219,7 +245,7 @@ def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
     if page.read_only:
         return page.render("message.html", 403, message="The console is read-only here.")
     if action in event_pages.DECISIONS:
-        return trouble(page, lambda: event_pages.confirm(page, app_context().admin, order_id))
+        return trouble(page, lambda: event_pages.confirm(page, _orders(), order_id))
     reason = (req.params.get("reason") or "").strip()[:MAX_REASON_CHARS]
     if not reason:
         return page.redirect(
@@ -228,7 +254,7 @@ def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
 
     def show() -> func.HttpResponse:
         try:
-            order = app_context().admin.get(order_id)
+            order = _orders().get(order_id)
         except OrderNotFound as exc:
             return page.render("message.html", 404, message=exc.message, failed=True)
         preview = order.cancel_preview(datetime.now(UTC)) if action == "cancel" else None
@@ -246,7 +272,7 @@ def console_confirm(req: func.HttpRequest) -> func.HttpResponse:
 
 
 def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     order_id = _order_id(req)
     if order_id is None:
         return page.render("message.html", 400, message="Not an order id.", failed=True)
@@ -264,7 +290,7 @@ def _act(req: func.HttpRequest, action: str) -> func.HttpResponse:
     not_applied = [v for k, v in form.items() if k.startswith("not_applied") and v] or None
 
     def change() -> func.HttpResponse:
-        admin = app_context().admin  # in here: its first use may meet a storage outage
+        admin = _orders()  # in here: its first use may meet a storage outage
         try:
             if action == "resubmit":
                 admin.resubmit(order_id, by, reason)
@@ -294,7 +320,7 @@ def console_cancel(req: func.HttpRequest) -> func.HttpResponse:
 
 
 def _fix(req: func.HttpRequest, step: str) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     order_id = _order_id(req)
     if order_id is None:
         return page.render("message.html", 400, message="Not an order id.", failed=True)
@@ -307,7 +333,7 @@ def _fix(req: func.HttpRequest, step: str) -> func.HttpResponse:
             return page.render("message.html", status, message=message, failed=True)
 
     def act() -> func.HttpResponse:
-        admin = app_context().admin
+        admin = _orders()
         if step == "preview":
             return fix_pages.preview(page, admin, order_id, refused)
         return fix_pages.fix(page, admin, order_id, caller(req), refused)
@@ -336,7 +362,7 @@ def console_event(req: func.HttpRequest) -> func.HttpResponse:
     """Send the event ``name`` to the order (``action`` approve, with ``result`` and an
     optional note in ``reason``; or refuse, with its ``reason``), as confirmed. Through
     ``events``: the step that comes next is claimed and requested at once, as the API's."""
-    page = Page(req)
+    page = _page(req)
     order_id = _order_id(req)
     if order_id is None:
         return page.render("message.html", 400, message="Not an order id.", failed=True)
@@ -350,7 +376,7 @@ def console_event(req: func.HttpRequest) -> func.HttpResponse:
             return page.render("message.html", status, message=message, failed=True)
 
     def send() -> func.HttpResponse:
-        events = app_context().events
+        events = _events()
         return event_pages.deliver(page, events, order_id, name, caller(req), refused)
 
     return trouble(page, send)
@@ -382,7 +408,7 @@ def _bulk_form(page: Page) -> tuple[dict[str, str], ListFilter, str, str] | func
 @bp.route(route="console/bulk/preview", methods=["POST"], auth_level=ANONYMOUS)
 @access(Access.CHANGE)
 def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     parsed = _bulk_form(page)
     if isinstance(parsed, func.HttpResponse):
         return parsed
@@ -390,7 +416,7 @@ def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
     filters.pop("_ids")
 
     def preview() -> func.HttpResponse:
-        ids = app_context().admin.bulk_targets(where)
+        ids = _orders().bulk_targets(where)
         return page.render(
             "bulk_preview.html",
             filters=filters,
@@ -407,7 +433,7 @@ def console_bulk_preview(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/bulk/run", methods=["POST"], auth_level=ANONYMOUS)
 @access(Access.CHANGE)
 def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     parsed = _bulk_form(page)
     if isinstance(parsed, func.HttpResponse):
         return parsed
@@ -415,7 +441,7 @@ def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
     ids = [i for i in filters.pop("_ids").split(",") if is_valid_order_id(i)][:MAX_BULK]
 
     def run() -> func.HttpResponse:
-        result = app_context().admin.bulk(action, ids, caller(req), reason)
+        result = _orders().bulk(action, ids, caller(req), reason)
         return page.render("bulk_result.html", filters=filters, result=result)
 
     return trouble(page, run)
@@ -427,28 +453,24 @@ def console_bulk_run(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/agents", methods=["GET"], auth_level=ANONYMOUS)
 @access(Access.READ)
 def console_agents(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
-    return trouble(page, lambda: agent_pages.listing(page, app_context().agents_admin))
+    page = _page(req)
+    return trouble(page, lambda: agent_pages.listing(page, _agents()))
 
 
 @bp.route(route="console/agents/{agent}/confirm", methods=["GET"], auth_level=ANONYMOUS)
 @access(Access.CHANGE)
 def console_agent_confirm(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     agent = req.route_params.get("agent", "")
-    return trouble(
-        page, lambda: agent_pages.confirm(page, app_context().agents_admin, agent, caller(req))
-    )
+    return trouble(page, lambda: agent_pages.confirm(page, _agents(), agent, caller(req)))
 
 
 @bp.route(route="console/agents/{agent}/change", methods=["POST"], auth_level=ANONYMOUS)
 @access(Access.CHANGE)
 def console_agent_change(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
     agent = req.route_params.get("agent", "")
-    return trouble(
-        page, lambda: agent_pages.change(page, app_context().agents_admin, agent, caller(req))
-    )
+    return trouble(page, lambda: agent_pages.change(page, _agents(), agent, caller(req)))
 
 
 # --- alerts and assets ---------------------------------------------------------------------
@@ -457,19 +479,18 @@ def console_agent_change(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="console/alerts", methods=["GET"], auth_level=ANONYMOUS)
 @access(Access.READ)
 def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
-    page = Page(req)
+    page = _page(req)
 
     def show() -> func.HttpResponse:
-        ctx = app_context()
-        attention = ctx.admin.page(ListFilter(OrderStatus.ERROR), 100)
-        stuck_rows = ctx.store.dashboard_rows(STUCK_ROW, STUCK_ROW + "~")
-        stuck, checked = dashboard_page.stuck_of(stuck_rows)
+        watch = _watch()
+        attention = _orders().page(ListFilter(OrderStatus.ERROR), 100)
+        stuck, checked = dashboard_page.stuck_of(watch.stuck_rows())
         return page.render(
             "alerts.html",
             dash={"stuck": stuck, "stuck_checked": checked},
-            alerts=inbox.alerts(ctx),
-            rejected=inbox.rejected(ctx),
-            kept=[as_shown(k, ctx.names) for k in ctx.kept.summaries(limit=50)],
+            alerts=watch.alerts(),
+            rejected=watch.rejected(),
+            kept=watch.kept(limit=50),
             attention=attention["orders"],
         )
 
@@ -480,11 +501,11 @@ def console_alerts(req: func.HttpRequest) -> func.HttpResponse:
 @access(Access.READ)
 def console_dashboard(req: func.HttpRequest) -> func.HttpResponse:
     """The figures the dashboard timer keeps, and the stuck steps (console/dashboard_page.py)."""
-    page = Page(req)
+    page = _page(req)
 
     def show() -> func.HttpResponse:
         now = datetime.now(UTC)
-        dash = dashboard_page.load(app_context().store, now)
+        dash = dashboard_page.load(_watch(), now)
         return page.render("dashboard.html", dash=dash, fmt=dashboard_page.ms)
 
     return trouble(page, show)
@@ -498,17 +519,17 @@ RETENTION_PREVIEW = 200
 @access(Access.READ)
 def console_retention(req: func.HttpRequest) -> func.HttpResponse:
     """What the retention timer would archive now (a dry run; docs/contracts.md §3.12)."""
-    page = Page(req)
+    page = _page(req)
 
     def show() -> func.HttpResponse:
-        ctx = app_context()
-        report = ctx.retainer.purge(dry_run=True, limit=RETENTION_PREVIEW)
+        report = _retainer().purge(dry_run=True, limit=RETENTION_PREVIEW)
+        settings = _settings()
         return page.render(
             "retention.html",
             report=report,
-            container=ctx.names.orders_archive,
-            batch=ctx.settings.retention_batch,
-            kept_days=ctx.settings.kept_days,
+            container=_names().orders_archive,
+            batch=settings.retention_batch,
+            kept_days=settings.kept_days,
         )
 
     return trouble(page, show)

@@ -1,24 +1,30 @@
-"""The scheduler's blueprint: thin triggers that decode, call one function, return."""
+"""The scheduler's blueprint: thin triggers that decode, call one function, return.
+
+What they use of the app, the process's app (``bootstrap.uses``), is named once below."""
 
 from __future__ import annotations
 
 import azure.functions as func
 
-from bootstrap import app_context, index_time
+from bootstrap import index_time, uses
 from core import names
 from core.errors import InvalidMessage
 from core.settings import SERVICE_BUS, STORAGE, Transport
-from messaging.quarantine import quarantine
 from messaging.wire import decode_dispatch, decode_reply
 
 bp = func.Blueprint()
+#: What these triggers use of the app.
+_scheduler = uses(lambda app: app.scheduler)
+_names = uses(lambda app: app.names)
+_quarantine = uses(lambda app: app.quarantine)
+_ride_out = uses(lambda app: app.ride_out)
 
 
 @bp.queue_trigger(arg_name="msg", queue_name=names.ORDERS, connection=STORAGE)
 def submit_order(msg: func.QueueMessage) -> None:
     raw = msg.get_body()
-    ctx = app_context()
-    ctx.ride_out(lambda: ctx.scheduler.submit(raw), what="submit")
+    scheduler = _scheduler()
+    _ride_out()(lambda: scheduler.submit(raw), what="submit")
 
 
 @bp.queue_trigger(arg_name="msg", queue_name=names.ORDER_DISPATCH, connection=STORAGE)
@@ -30,27 +36,23 @@ def _dispatch(raw: bytes) -> None:
     """An order-dispatch message or a wake-up: ``{"orderId": ...}``, the step claimed if
     due (else queued again for when it is); a bad one quarantined to order-dispatch's
     poison queue, whichever queue it came from."""
-    ctx = app_context()
     try:
         order_id = decode_dispatch(raw)
     except InvalidMessage as exc:
-        quarantine(
-            ctx.queues, ctx.names.order_dispatch, raw, exc.message, ctx.clock, keeper=ctx.kept
-        )
+        _quarantine()(_names().order_dispatch, raw, exc.message)
         return
-    ctx.ride_out(lambda: ctx.scheduler.dispatch(order_id), what="dispatch")
+    scheduler = _scheduler()
+    _ride_out()(lambda: scheduler.dispatch(order_id), what="dispatch")
 
 
 def _apply_reply(raw: bytes) -> None:
-    ctx = app_context()
     try:
         reply = decode_reply(raw)
     except InvalidMessage as exc:
-        quarantine(
-            ctx.queues, ctx.names.agent_replies, raw, exc.message, ctx.clock, keeper=ctx.kept
-        )
+        _quarantine()(_names().agent_replies, raw, exc.message)
         return
-    ctx.ride_out(lambda: ctx.scheduler.apply_reply(reply), what="reply")
+    scheduler = _scheduler()
+    _ride_out()(lambda: scheduler.apply_reply(reply), what="reply")
 
 
 if index_time().transport is Transport.STORAGE:
@@ -82,4 +84,4 @@ else:
 )
 def scheduler_sweep(timer: func.TimerRequest) -> None:
     """Safety net: dispatches whose message was lost, notices left in the outbox."""
-    app_context().scheduler.sweep()
+    _scheduler().sweep()

@@ -17,34 +17,41 @@ from typing import Any
 
 import azure.functions as func
 
-from bootstrap import AppContext, app_context, current_app_context, index_time
+from bootstrap import app_context, current_app_context, index_time, uses
 from core import names
 from core.settings import SERVICE_BUS, STORAGE, Transport
 from supervisor.expired import EXPIRED_REASON
 from supervisor.poison import Poisoned
 
 bp = func.Blueprint()
+#: What these triggers use of the app.
+_supervisor = uses(lambda app: app.supervisor)
+_outages = uses(lambda app: app.outages)
+_dashboard = uses(lambda app: app.dashboard)
+_poison = uses(lambda app: app.poison)
+_expired_requests = uses(lambda app: app.expired_requests)
+_alert_threads = uses(lambda app: app.alert_threads)
+_settings = uses(lambda app: app.settings)
+_ride_out = uses(lambda app: app.ride_out)
 
 
-async def _off_the_loop(work: Callable[[AppContext], object], what: str) -> None:
+async def _off_the_loop(work: Callable[[], object], what: str) -> None:
     """``work`` (which rides storage trouble out for the trigger's budget) on the alert
     triggers' threads (``AppContext.alert_threads``), bounded by that budget and a minute
     more."""
-    ctx = current_app_context()
-    if ctx is None:  # built off the event loop: building it reads the environment
-        ctx = await asyncio.to_thread(app_context)
-    bound = ctx.settings.ride_out_seconds + 60.0
-    await ctx.alert_threads.run(lambda: work(ctx), bound=bound, what=what)
+    if current_app_context() is None:  # built off the event loop: it reads the environment
+        await asyncio.to_thread(app_context)
+    bound = _settings().ride_out_seconds + 60.0
+    await _alert_threads().run(work, bound=bound, what=what)
 
 
 @bp.timer_trigger(
     arg_name="timer", schedule="%SUPERVISOR_SCHEDULE%", run_on_startup=False, use_monitor=True
 )
 def supervise(timer: func.TimerRequest) -> None:
-    ctx = app_context()
-    ctx.supervisor.run()
+    _supervisor().run()
     # The agents' outage alerts still owed after their grace (messaging/outages.py).
-    ctx.outages.finish()
+    _outages().finish()
 
 
 @bp.timer_trigger(
@@ -56,7 +63,7 @@ def supervise(timer: func.TimerRequest) -> None:
 def aggregate_dashboard(timer: func.TimerRequest) -> None:
     """The console dashboard's figures from the orders' activity rows, and the stuck
     check (``supervisor/aggregator.py``; ``DASHBOARD_SCHEDULE``)."""
-    app_context().dashboard.run()
+    _dashboard().run()
 
 
 def _poison_queue_trigger(queue: str) -> None:
@@ -65,8 +72,8 @@ def _poison_queue_trigger(queue: str) -> None:
         # delivery), not the failures that put it there: say nothing rather than 1.
         body = msg.get_body()
 
-        def alert(ctx: AppContext) -> None:
-            ctx.ride_out(lambda: ctx.poison.alert(Poisoned(queue, body, None)), what="poison alert")
+        def alert() -> None:
+            _ride_out()(lambda: _poison().alert(Poisoned(queue, body, None)), what="poison alert")
 
         await _off_the_loop(alert, "the poison alert")
 
@@ -85,17 +92,17 @@ def _dead_letter_trigger(queue: str, *, requests: bool) -> None:
         why = " - ".join(str(x) for x in (reason, detail) if x) or None
         body, deliveries = msg.get_body(), msg.delivery_count
 
-        def alert(ctx: AppContext) -> None:
+        def alert() -> None:
             if requests and reason == EXPIRED_REASON:
                 # Expired unread: a report that it was not called, not a page (expired.py).
-                reported = ctx.ride_out(
-                    lambda: ctx.expired_requests.report(body, deliveries),
+                reported = _ride_out()(
+                    lambda: _expired_requests().report(body, deliveries),
                     what="expired request report",
                 )
                 if reported:
                     return
-            ctx.ride_out(
-                lambda: ctx.poison.alert(Poisoned(path, body, deliveries, why)),
+            _ride_out()(
+                lambda: _poison().alert(Poisoned(path, body, deliveries, why)),
                 what="dead-letter alert",
             )
 
