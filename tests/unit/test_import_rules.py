@@ -7,9 +7,14 @@ inside functions):
 - no role imports another: the scheduler, the agents, the supervisor and the operator
   (``admin`` and its console) meet only in ``core`` ports, ``messaging`` and ``stores``
   adapters, and the composition root (``bootstrap``), which wires them;
-- ``bootstrap`` is the top: only the entry points (trigger modules, the CLI, the
-  console's pages, ``function_app.py``) import it; ``observability`` (logs, metrics,
-  traces, failpoints) is the bottom: it imports nothing of the app but ``core``.
+- ``bootstrap`` is the top: only the entry points (trigger modules, the CLI,
+  ``function_app.py``) import it, and only they (with the local hosts and the tests)
+  reach the process's app (``bootstrap.process``: ``uses``, ``app_context``): every
+  module below the triggers is handed what it uses; ``observability`` (logs, metrics,
+  traces, failpoints) is the bottom: it imports nothing of the app but ``core``;
+- the console is a second face of the operator's use cases: it reads and acts through
+  ``admin``'s services, never a store, and no blueprint (``*/triggers.py``) imports
+  another.
 """
 
 from __future__ import annotations
@@ -43,10 +48,12 @@ ENTRY_POINTS = frozenset(
         "admin/triggers.py",
         "admin/__main__.py",
         "console/triggers.py",
-        "console/pages.py",
-        "console/inbox.py",
     }
 )
+#: The process's app and its accessors (``bootstrap/process.py``).
+ACCESSORS = frozenset({"uses", "app_context", "current_app_context", "reset_app_context"})
+#: Who may reach the process's app: the entry points, the local hosts and the tests.
+MAY_REACH_THE_APP = ENTRY_POINTS | {"devhost/", "demo/", "tests/"}
 ROLES = {"scheduler": "scheduler", "agents": "agents", "supervisor": "supervisor"}
 ROLES |= {"admin": "operator", "console": "operator"}
 #: Third-party packages core may use (typed, no I/O).
@@ -63,6 +70,31 @@ def imports_of(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module.split(".")[0])
     return names
+
+
+def accessors_of(path: Path) -> set[str]:
+    """What ``path`` imports of the process's app: ``bootstrap.process``, or an accessor
+    by name from ``bootstrap``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name == "bootstrap.process"}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            if node.module == "bootstrap.process":
+                found.add(node.module)
+            elif node.module == "bootstrap":
+                found |= {a.name for a in node.names if a.name in ACCESSORS | {"process"}}
+    return found
+
+
+def every_module() -> list[Path]:
+    """Every Python module of the repository but the environments'."""
+    return sorted(
+        p
+        for p in ROOT.rglob("*.py")
+        if not {".venv", ".venv-iac", "node_modules"} & set(p.relative_to(ROOT).parts)
+    )
 
 
 def modules(package: str) -> list[Path]:
@@ -128,6 +160,66 @@ def test_only_entry_points_use_the_bootstrap(path: Path) -> None:
     if where in ENTRY_POINTS or where.startswith("bootstrap/"):
         return
     assert "bootstrap" not in imports_of(path), f"{where} reaches for the composition root"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        p
+        for p in every_module()
+        if not str(p.relative_to(ROOT)).startswith(tuple(MAY_REACH_THE_APP))
+        and not str(p.relative_to(ROOT)).startswith("bootstrap/")
+    ],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_only_the_entry_points_reach_the_process_app(path: Path) -> None:
+    """Services, pages, views, stores and ``core`` are handed what they use: only the
+    trigger modules, ``function_app.py``, the CLI, the local hosts and the tests ask the
+    process's app for a part (``bootstrap.uses``)."""
+    assert accessors_of(path) == set(), f"{path.relative_to(ROOT)} reaches for the app"
+
+
+def test_the_rules_see_an_accessor_imported_by_name(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("from bootstrap import AppContext, uses\nimport bootstrap.process\n")
+    assert accessors_of(sample) == {"uses", "bootstrap.process"}
+
+
+@pytest.mark.parametrize("path", modules("console"), ids=lambda p: p.name)
+def test_the_console_goes_through_the_operator_services_never_a_store(path: Path) -> None:
+    assert "stores" not in imports_of(path), f"console/{path.name} reads a store"
+
+
+def blueprint_imports(path: Path) -> set[str]:
+    """The trigger modules (``<package>.triggers``) ``path`` imports."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.endswith(".triggers")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.endswith(".triggers"):
+                found.add(node.module)
+            else:
+                found |= {f"{node.module}.{a.name}" for a in node.names if a.name == "triggers"}
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for package in APP for p in modules(package) if "function_app" not in p.name],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_no_module_of_the_app_imports_a_blueprint(path: Path) -> None:
+    """What two blueprints both need lives in a module both import (``admin/callers.py``):
+    only ``function_app.py`` imports the trigger modules."""
+    assert blueprint_imports(path) == set(), f"{path.relative_to(ROOT)} imports a blueprint"
+
+
+def test_the_rules_see_a_blueprint_imported(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("from admin.triggers import caller\nfrom console import triggers\n")
+    assert blueprint_imports(sample) == {"admin.triggers", "console.triggers"}
 
 
 @pytest.mark.parametrize("path", modules("observability"), ids=lambda p: p.name)
