@@ -40,13 +40,13 @@ LOCAL = {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT":
 
 
 def test_a_trigger_module_sees_the_app_installed_and_the_next_one_at_its_next_call() -> None:
-    scheduler = uses(lambda app: app.scheduler)
-    first, second = SimpleNamespace(scheduler="first"), SimpleNamespace(scheduler="second")
+    instance = uses(lambda app: app.instance_id)
+    first, second = SimpleNamespace(instance_id="first"), SimpleNamespace(instance_id="second")
     reset_app_context(first)  # type: ignore[arg-type]
     try:
-        assert scheduler() == "first"
+        assert instance() == "first"
         reset_app_context(second)  # type: ignore[arg-type]
-        assert scheduler() == "second"
+        assert instance() == "second"
     finally:
         reset_app_context(None)
 
