@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import azure.functions as func
 import pytest
 
 from admin.service import OrderAdmin
@@ -26,7 +27,7 @@ from core.states import OrderStatus, StepState
 from tests.fixtures.decisions import may_stand_workflow
 from tests.support import declarations, on_devhost
 from tests.unit.test_agent_pause import App, build
-from tests.unit.test_console_workflows import answer_all, get, submit, text
+from tests.unit.test_console_workflows import BASE, answer_all, get, submit, text
 from tests.unit.test_one_decision import (
     POLICY,
     SECOND,
@@ -504,3 +505,21 @@ def test_a_step_nothing_undid_is_named_not_undone() -> None:
         "Step bill failed without effect. Undone: reserve (by release). "
         "Not undone: dispatch (no compensation)."
     )
+
+
+def test_the_dashboard_page_reads_its_rows_by_the_apps_clock(app: App) -> None:
+    """The figures the dashboard timer kept for this minute by the app's clock show on
+    the page, whatever the wall clock says (it reads them through ``admin.watch``)."""
+    from console.triggers import console_dashboard
+    from core.figures import Figures, minute_row
+    from core.ports import RowWrite
+
+    now = app.clock()
+    figures = Figures(started={"checkout": 3})
+    row = minute_row(now)
+    app.store.write_dashboard(
+        [RowWrite(row, {"Figures": json.dumps(figures.to_json()), "Start": now})]
+    )
+    request = func.HttpRequest("GET", f"{BASE}/dashboard", params={}, route_params={}, body=b"")
+    page = text(console_dashboard(request))
+    assert f"{now.strftime('%H:%M')}: 3 checkout started" in page
