@@ -222,6 +222,8 @@ _PATH = re.compile(
 )
 #: Named by the pages and written only when something runs (not in a clean clone).
 _WRITTEN_WHEN_RUN = {"bench/results/"}
+#: Installed by ``make deps``, not part of the tree.
+_INSTALLED = {"node_modules"}
 
 
 def test_every_path_the_pages_name_exists() -> None:
@@ -235,8 +237,28 @@ def test_every_path_the_pages_name_exists() -> None:
         for named in sorted(set(_PATH.findall(page.read_text(encoding="utf-8")))):
             if named in _WRITTEN_WHEN_RUN:
                 continue
-            if "/" not in named or named.split("/")[0] not in tops:
+            if "/" not in named or named.split("/")[0] not in tops - _INSTALLED:
                 continue  # a bare file name is named beside its folder
             if not ((ROOT / named).exists() or (ROOT / "docs" / named).exists()):
                 missing.append(f"{page.relative_to(ROOT)}: {named}")
+    assert missing == [], missing
+
+
+def test_the_readmes_map_of_folders_names_files_that_exist() -> None:
+    """The README's map of the folders ("The folders are the architecture") names each
+    folder and, in its description, the modules that do each thing: every one exists."""
+    block = README.split("The folders are the architecture:", 1)[1].split("```")[1]
+    folder = ""
+    missing: list[str] = []
+    for line in block.splitlines():
+        head = re.match(r"([a-z_]+)/\s", line)
+        if head:
+            folder = head[1]
+            if not (ROOT / folder).is_dir():
+                missing.append(f"{folder}/")
+        for named in re.findall(r"[A-Za-z0-9_./]+\.py\b", line):
+            where = ROOT / named if "/" in named else ROOT / folder / named
+            if not where.exists():
+                missing.append(str(where.relative_to(ROOT)))
+    assert folder, "no map found"
     assert missing == [], missing
