@@ -23,7 +23,7 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
-from core.events import ATTEMPT_ENDINGS
+from core.history import ATTEMPT_ENDINGS
 from core.inbox import RECORDED_REFUSALS, check_event, run_of_capability
 from core.model import CancelPreview, Order, StepRecord
 from core.outcome import Applied, Outcome

@@ -69,7 +69,7 @@ from bench.latency import (
     utc_now_text,
     wait_finished,
 )
-from core.events import Event
+from core.history import Happened
 from core.model import Order
 from core.timefmt import parse_iso
 from demo.stack import LocalStack
@@ -236,8 +236,8 @@ def route(order: Order) -> str:
     """Which instances took the order: ``<submit's>-><agent's>`` (devhost's index), from
     the instance its claim and its success name."""
     step = order.steps[0]
-    claimed = next((h for h in step.history if h.get("event") == Event.CLAIMED), {})
-    succeeded = next((h for h in step.history if h.get("event") == Event.SUCCEEDED), {})
+    claimed = next((h for h in step.history if h.get("event") == Happened.CLAIMED), {})
+    succeeded = next((h for h in step.history if h.get("event") == Happened.SUCCEEDED), {})
 
     def index(event: dict[str, Any]) -> str:
         instance = str(event.get("instance", "?"))  # devhost-<index>-<start>-<pid>

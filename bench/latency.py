@@ -53,7 +53,7 @@ from typing import Any
 
 from bench import stack_options
 from bootstrap import AppContext
-from core.events import Event
+from core.history import Happened
 from core.model import Order
 from core.timefmt import parse_iso
 from demo.stack import LocalStack
@@ -120,7 +120,7 @@ def wait_finished(ctx: AppContext, ids: list[str], timeout: float) -> dict[str, 
 def done_at(order: Order) -> float:
     """When the order reached its terminal status (its last ``status`` event)."""
     for event in reversed(order.history):
-        if event.get("event") == Event.STATUS and event.get("status") == str(order.status):
+        if event.get("event") == Happened.STATUS and event.get("status") == str(order.status):
             return parse_iso(event["at"]).timestamp()
     return order.updated_at.timestamp()
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from bench.latency import done_at, machine, ms_stats, send, utc_now_text
 from bootstrap import AppContext
-from core.events import Event
+from core.history import Happened
 from core.model import Order
 from core.outcome import Outcome
 from core.timefmt import parse_iso
@@ -89,7 +89,7 @@ def retries(order: Order) -> list[dict[str, float]]:
             scheduled = [
                 h
                 for h in history
-                if h["event"] == Event.RETRY_SCHEDULED
+                if h["event"] == Happened.RETRY_SCHEDULED
                 and parse_iso(h["at"]).timestamp() >= expired_at
             ]
             backoff = (

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.events import Event
+from core.history import Happened
 from core.model import Order, StepRecord
 from core.states import StepKind
 from core.timefmt import parse_iso
@@ -97,7 +97,7 @@ def _patched_since(order: Order, record: StepRecord) -> bool:
         return False
     last = max(claims)
     for entry in order.history:
-        if entry.get("event") == Event.PATCHED:
+        if entry.get("event") == Happened.PATCHED:
             try:
                 if parse_iso(str(entry.get("at"))) > last:
                     return True

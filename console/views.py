@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from admin.service import attempts_of
-from core.events import Event
+from core.history import Happened
 from core.model import CancelPreview, Order, StepRecord
 from core.plans import PlannedStep
 from core.states import OrderStatus, StepKind, StepState
@@ -110,7 +110,7 @@ def _wait_span(step: StepRecord, now: datetime) -> tuple[datetime, datetime, boo
     """When an event or delay step began to wait and when that ended (still waiting: now,
     open): from its history, where the wait's start is written (``waiting``) and the entry
     after it is how the wait ended (taken, ended, failed, stopped by a cancel)."""
-    began = [i for i, h in enumerate(step.history) if h.get("event") == Event.WAITING]
+    began = [i for i, h in enumerate(step.history) if h.get("event") == Happened.WAITING]
     if not began:
         return None
     start = _when(step.history[began[-1]].get("at"))
@@ -132,7 +132,7 @@ def _wait_title(step: StepRecord, kind: str, start: datetime, end: datetime, ope
         deadline = iso(step.complete_by)
         return f"{step.step} ({kind}): waiting {what} since {iso(start)}; deadline {deadline}"
     parts = [f"{step.step} ({kind}): waited {what} from {iso(start)} to {iso(end)}"]
-    taken = [h for h in step.history if h.get("event") == Event.EVENT_TAKEN]
+    taken = [h for h in step.history if h.get("event") == Happened.EVENT_TAKEN]
     if taken:
         note = f": {taken[-1]['reason']}" if taken[-1].get("reason") else ""
         parts.append(f"event taken, sent by {taken[-1].get('by', 'someone')}{note}")
@@ -186,7 +186,7 @@ def timeline(order: Order, now: datetime) -> Timeline:
     for step in sorted(order.steps, key=lambda s: s.seq):
         row = _row(order, step, TOP + len(rows) * ROW_HEIGHT)
         if step.process_state is StepState.SKIPPED:
-            skipped = [h for h in step.history if h.get("event") == Event.SKIPPED]
+            skipped = [h for h in step.history if h.get("event") == Happened.SKIPPED]
             at = _when(skipped[-1].get("at")) if skipped else None
             row.skipped_x = x(at or begin)
         rows.append(row)
@@ -325,7 +325,7 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
             "counted against it meanwhile."
         )
     failed = [s for s in order.steps if s.process_state is StepState.ERROR]
-    alerts = [h for h in order.history if h.get("event") == Event.ALERTED]
+    alerts = [h for h in order.history if h.get("event") == Happened.ALERTED]
     if status is OrderStatus.ERROR and failed:
         step = max(failed, key=lambda s: s.seq)
         told = f" The operator was told: {alerts[-1]['reason']}" if alerts else ""

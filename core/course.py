@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
 from core import kinds, moves
-from core.events import Event
+from core.history import Happened
 from core.messages import MAX_KEY_ROUND, idempotency_key
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
@@ -116,8 +116,8 @@ def _go_on(order: Order, group: list[StepRecord], now: datetime) -> None:
             continue
         record.continued = True
         reason = record.failure_reason
-        record.record(now, Event.CONTINUED, reason=reason)
-        order.note(now, Event.CONTINUED, step=record.step, reason=reason)
+        record.record(now, Happened.CONTINUED, reason=reason)
+        order.note(now, Happened.CONTINUED, step=record.step, reason=reason)
         if _is_bug(record):
             order.alert(
                 record,
@@ -199,8 +199,8 @@ def _cancel_too_late(order: Order, record: StepRecord, now: datetime) -> None:
     order goes on; the steps of its group the cancel stopped run after all."""
     order.cancel_requested = False
     note = f"{record.step} succeeded after the cancel and cannot be undone: the order goes on"
-    record.record(now, Event.CANCEL_TOO_LATE, note=note)
-    order.note(now, Event.CANCEL_TOO_LATE, step=record.step, note=note)
+    record.record(now, Happened.CANCEL_TOO_LATE, note=note)
+    order.note(now, Happened.CANCEL_TOO_LATE, step=record.step, note=note)
     for stopped in order.group_records():
         if stopped.process_state is StepState.COMPENSATED and stopped.undone_by is None:
             moves.restart(stopped, now)
@@ -371,7 +371,7 @@ def finish(order: Order, now: datetime) -> None:
     declaration are said in the history and the status message."""
     stands = [r.step for r in standing(order)]
     if stands:
-        order.note(now, Event.EFFECT_STANDS, steps=stands, note="declared may_stand")
+        order.note(now, Happened.EFFECT_STANDS, steps=stands, note="declared may_stand")
     order.set_status(
         OrderStatus.CANCELLED if order.cancel_requested else OrderStatus.COMPENSATED,
         now,
@@ -397,7 +397,7 @@ def _reconcile_undos(order: Order, now: datetime) -> None:
             continue
         target.process_state = StepState.COMPENSATED
         target.undone_by = undo.step
-        target.record(now, Event.COMPENSATED, by=undo.step)
+        target.record(now, Happened.COMPENSATED, by=undo.step)
 
 
 def standing(order: Order) -> list[StepRecord]:
@@ -446,7 +446,7 @@ def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
         held = (target.last_deadline() or running) + IN_FLIGHT_GRACE
         not_before = max(not_before or now, held)
     target.process_state = StepState.COMPENSATING
-    target.record(now, Event.COMPENSATING, by=planned.compensation)
+    target.record(now, Happened.COMPENSATING, by=planned.compensation)
     due = max(now, not_before) if not_before else now
     record = order.undo_of(target)
     if record is not None and not record.is_active:
@@ -457,7 +457,7 @@ def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
         if record.attempt and record.key_round < MAX_KEY_ROUND:
             record.key_round += 1
             record.round_began_at = None
-            record.record(now, Event.NEW_KEY, key=record.idempotency_key, why="undo again")
+            record.record(now, Happened.NEW_KEY, key=record.idempotency_key, why="undo again")
     else:
         record = order.add_record(
             step=planned.compensation,

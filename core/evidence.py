@@ -29,7 +29,7 @@ from core import moves
 from core.attempts import Attempt
 from core.course import doubtful, enter, in_doubt, lands_in, tell_overtaken
 from core.errors import TransitionRefused
-from core.events import Event
+from core.history import Happened
 from core.kinds import CALLBACK, begin, kind_of
 from core.messages import AgentReply, idempotency_key
 from core.outcome import Applied, Outcome
@@ -111,7 +111,7 @@ def success(
         if undo.attempt == 0 or _before_undo(answered, undo, skew):
             # Its undo has not begun, or began after the effect existed: the undo covers
             # it. A handler that ran on has ended: the undo waits no longer.
-            record.record(now, Event.LATE_SUCCESS, attempt=number, note="being undone")
+            record.record(now, Happened.LATE_SUCCESS, attempt=number, note="being undone")
             hold_compensation(order, record, now)
             return ReplyEffect.NOTED
         _applied_after_undo(order, record, undo, result, answered, number, now)
@@ -139,7 +139,7 @@ def success(
     if record.gave_up is not None and record.gave_up.kind == moves.OVERTAKEN:
         # An undo its step overtook: whatever it did, it may have missed the effect; it
         # runs again as a new effect (the operator was told). Kept as evidence, no more.
-        record.record(now, Event.LATE_SUCCESS, attempt=number, note="overtaken by its step")
+        record.record(now, Happened.LATE_SUCCESS, attempt=number, note="overtaken by its step")
         return ReplyEffect.NOTED
     if record.is_active:
         instance = record.locked_by
@@ -165,7 +165,7 @@ def _earlier_run(
     new = idempotency_key(order.order_id, record.step, record.key_round)
     record.record(
         now,
-        Event.LATE_SUCCESS,
+        Happened.LATE_SUCCESS,
         attempt=attempt.number,
         note=f"for run {attempt.key_round} ({old}), which a fix replaced: not applied to run "
         f"{record.key_round}",
@@ -226,7 +226,7 @@ def _ended_applied(
     record.result = result
     record.last_error = None
     record.locked_by = ""
-    record.record(now, Event.SUCCEEDED, attempt=number, late=True, note="applied after all")
+    record.record(now, Happened.SUCCEEDED, attempt=number, late=True, note="applied after all")
     if record.kind is StepKind.COMPENSATION:
         # An undo that applied after all: its step is undone (one an operator said was
         # not needed, too).
@@ -238,7 +238,7 @@ def _ended_applied(
             and target.undone_by is None
         ):
             target.undone_by = record.step
-            target.record(now, Event.COMPENSATED, by=record.step, late=True)
+            target.record(now, Happened.COMPENSATED, by=record.step, late=True)
         if order.status is OrderStatus.ERROR and was_failed and not blockers(order):
             _resume(order, OrderStatus.COMPENSATING, record, now)
         return
@@ -250,7 +250,9 @@ def _ended_applied(
         return
     if order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
         # Unwound as if it had not applied: the unwinding is not over after all.
-        order.note(now, Event.RESOLVED, step=record.step, note="applied after the order was undone")
+        order.note(
+            now, Happened.RESOLVED, step=record.step, note="applied after the order was undone"
+        )
         reopen(order, now)
     elif order.status in (OrderStatus.PENDING, OrderStatus.PROCESSING) and (
         not order.cancel_requested and record in order.group_records()
@@ -268,7 +270,7 @@ def _resume(order: Order, status: OrderStatus, record: StepRecord, now: datetime
     then it stays, quietly, and the decision is the operator's as before."""
     if lands_in(order, status, now) is OrderStatus.ERROR:
         return
-    order.note(now, Event.RESOLVED, step=record.step, note="a success arrived after it failed")
+    order.note(now, Happened.RESOLVED, step=record.step, note="a success arrived after it failed")
     order.unwound = False
     order.set_status(status, now)
 
@@ -334,7 +336,7 @@ def _applied_after_undo(
     record.result = result
     record.record(
         now,
-        Event.LATE_SUCCESS,
+        Happened.LATE_SUCCESS,
         attempt=number,
         answeredAt=iso(answered),
         note=f"applied after its undo {undo.step} began",
@@ -367,7 +369,7 @@ def hold_compensation(order: Order, record: StepRecord, now: datetime) -> None:
             if due != undo.complete_by:
                 undo.end_pause(now, "held for its step's handler")  # looked at when due
                 undo.complete_by = due
-                undo.record(now, Event.RETRY_SCHEDULED, notBefore=iso(due), note="held")
+                undo.record(now, Happened.RETRY_SCHEDULED, notBefore=iso(due), note="held")
         elif undo.process_state is StepState.PROCESSING and running is not None:
             order.alert(
                 record,
@@ -460,7 +462,7 @@ def _unhold(
     since = record.budget_since or attempt.claimed_at
     floor = policy.budget_floor(since, record.failure_count, record.timeout_seconds)
     wait = policy.paced(record.failure_count, order.order_id)
-    record.record(now, Event.RESOLVED, note="a late deferral: the count is not spent")
+    record.record(now, Happened.RESOLVED, note="a late deferral: the count is not spent")
     moves.retry_at(order, record, max(now + wait, floor), now)
 
 
@@ -494,8 +496,8 @@ def _not_applied_after_all(order: Order, record: StepRecord, number: int, now: d
         return
     if record.gave_up is not None:
         record.gave_up.ambiguous = False
-    record.record(now, Event.ERROR, reason="not applied after all", applied="no")
-    order.note(now, Event.RECLASSIFIED, step=record.step, note="not applied after all")
+    record.record(now, Happened.ERROR, reason="not applied after all", applied="no")
+    order.note(now, Happened.RECLASSIFIED, step=record.step, note="not applied after all")
     late = f"{record.step} was not applied after all (a late report of attempt {number})"
     advice = (
         "cancel to undo the completed steps, or resubmit to run it again"
@@ -515,10 +517,10 @@ def new_doubt(order: Order, record: StepRecord, number: int, now: datetime) -> N
         return
     key = idempotency_key(order.order_id, record.step, record.key_round)
     note = f"{record.step} may have been applied after all (a report of attempt {number})"
-    order.note(now, Event.RECLASSIFIED, step=record.step, note="may have been applied")
+    order.note(now, Happened.RECLASSIFIED, step=record.step, note="may have been applied")
     if record.process_state is StepState.ERROR and record.gave_up is not None:
         record.gave_up.ambiguous = True
-        record.record(now, Event.ERROR, reason=note, applied="maybe")
+        record.record(now, Happened.ERROR, reason=note, applied="maybe")
     elif record.process_state is StepState.COMPENSATED and record.undone_by is None:
         # Stopped as if it had not applied: it may have. Failed, in doubt, so that the
         # decision over all records sees it (undone where it can be; told where not).
@@ -539,7 +541,7 @@ def note_report(record: StepRecord, reply: AgentReply, now: datetime, **extra: o
     """A late report in the step's history (for people: decisions read the attempts)."""
     record.record(
         now,
-        Event.LATE_REPORT,
+        Happened.LATE_REPORT,
         attempt=reply.attempt,
         outcome=str(reply.outcome),
         applied=str(applied_of(reply)),

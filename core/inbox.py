@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 from core import evidence
 from core.course import halting, in_doubt
 from core.errors import InvalidEvent, TransitionRefused
-from core.events import Event
+from core.history import Happened
 from core.kinds import CALLBACK, WAIT, StepFunctionFailed, json_object
 from core.order_message import utf16_units
 from core.plans import PlannedStep
@@ -155,7 +155,7 @@ def deliver(
     if record is not None:
         take(order, record, planned, name, new, now)
         return "taken"
-    order.note(now, Event.EVENT_KEPT, name=name, by=by, reason=reason or None)
+    order.note(now, Happened.EVENT_KEPT, name=name, by=by, reason=reason or None)
     return "kept"
 
 
@@ -171,7 +171,9 @@ def take(
     entry["taken"] = record.step
     payload = entry.pop("payload")  # the step keeps its result; the digest stays
     entry["kind"] = "result" if "result" in payload else "refused"
-    record.record(now, Event.EVENT_TAKEN, name=name, by=entry.get("by"), reason=entry.get("reason"))
+    record.record(
+        now, Happened.EVENT_TAKEN, name=name, by=entry.get("by"), reason=entry.get("reason")
+    )
     if planned.kind == "event":
         WAIT.take(order, record, name, payload, now)
     else:
@@ -233,7 +235,7 @@ def _evidence(
                 planned.name,
             ) from None
         _keep_entry(order, name, entry)
-        record.record(now, Event.EVENT_TAKEN, name=name, by=by, reason=reason or None, late=True)
+        record.record(now, Happened.EVENT_TAKEN, name=name, by=by, reason=reason or None, late=True)
         return "noted"
     was = in_doubt(record)
     settled = record.attempts.settle(
@@ -241,7 +243,7 @@ def _evidence(
     )
     _keep_entry(order, name, entry)
     record.record(
-        now, Event.EVENT_TAKEN, name=name, by=by, reason=reason or None, settled=settled or None
+        now, Happened.EVENT_TAKEN, name=name, by=by, reason=reason or None, settled=settled or None
     )
     if was and not in_doubt(record) and order.status is OrderStatus.ERROR:
         if record.gave_up is not None:
@@ -300,7 +302,7 @@ def _refuse_recorded(
 ) -> None:
     """Write the refusal in the order's history (the services save it), then raise it.
     What the order records moves its ``updatedAt``, a refusal too."""
-    order.note(now, Event.EVENT_REFUSED, name=name, by=by, why=why, note=message)
+    order.note(now, Happened.EVENT_REFUSED, name=name, by=by, why=why, note=message)
     order.touch(now)
     raise order.refuse(why, message, step)
 

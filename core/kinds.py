@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal
 
 from core import moves
 from core.attempts import Attempt, GaveUp
-from core.events import Event
 from core.flow import MAX_WAIT_SECONDS
+from core.history import Happened
 from core.messages import AgentReply
 from core.order_message import MAX_MESSAGE_CHARS, MAX_NESTING, strict_json, utf16_units
 from core.outcome import Applied, Outcome
@@ -77,14 +77,14 @@ def declaration_failed(record: StepRecord, now: datetime, reason: str) -> None:
     record.waiting_for = None
     record.gave_up = GaveUp(now, False, reason=reason, kind=DECLARATION_BUG)
     record.last_error = reason
-    record.record(now, Event.ERROR, reason=reason, applied="no")
+    record.record(now, Happened.ERROR, reason=reason, applied="no")
 
 
 def start_waiting(order: Order, record: StepRecord, what: dict[str, str], now: datetime) -> None:
     record.process_state = StepState.PROCESSING
     record.locked_by = ""
     record.waiting_for = what
-    record.record(now, Event.WAITING, waitingFor=dict(what), deadline=iso(record.complete_by))
+    record.record(now, Happened.WAITING, waitingFor=dict(what), deadline=iso(record.complete_by))
     order.started(now)
 
 
@@ -150,7 +150,7 @@ class Call:
             record.budget_since = now
         record.record(
             now,
-            Event.CLAIMED,
+            Happened.CLAIMED,
             attempt=record.attempt,
             instance=instance,
             completeBy=iso(record.complete_by),
@@ -210,7 +210,7 @@ class Call:
         attempt.applied = Applied.NO
         record.last_error = reason
         record.locked_by = ""
-        record.record(now, Event.NOT_SENT, attempt=number, reason=reason)
+        record.record(now, Happened.NOT_SENT, attempt=number, reason=reason)
         moves.defer(order, record, now, policy, None, reason, cause="could not send its request")
         return record
 
@@ -220,7 +220,7 @@ class Call:
                 order.call_function(record, "input"), f"input of {planned.name}"
             )
             record.decided["input"] = True
-            record.record(now, Event.DECIDED, input=True)
+            record.record(now, Happened.DECIDED, input=True)
 
     def decide(
         self,
@@ -242,7 +242,10 @@ class Call:
         )
         if reply.running_until is not None:
             record.record(
-                now, Event.HANDLER_RUNNING, attempt=attempt.number, until=iso(reply.running_until)
+                now,
+                Happened.HANDLER_RUNNING,
+                attempt=attempt.number,
+                until=iso(reply.running_until),
             )
         if reply.outcome is Outcome.REFUSED:
             attempt.end(Outcome.REFUSED, now, reply.error)
@@ -263,7 +266,7 @@ class Call:
                 )
             record.record(
                 now,
-                Event.REFUSED,
+                Happened.REFUSED,
                 attempt=attempt.number,
                 instance=instance,
                 error=reply.error,
@@ -285,7 +288,7 @@ class Call:
                 attempt,
                 now,
                 policy,
-                event=Event.TRANSIENT,
+                event=Happened.TRANSIENT,
                 instance=instance,
                 error=reply.error or "transient failure",
                 reported=True,
@@ -298,7 +301,7 @@ class Call:
             record.locked_by = ""
             record.record(
                 now,
-                Event.DEFERRED,
+                Happened.DEFERRED,
                 attempt=attempt.number,
                 instance=instance or None,
                 reason=reply.error,
@@ -346,7 +349,7 @@ class Call:
             attempt,
             now,
             policy,
-            event=Event.EXPIRED,
+            event=Happened.EXPIRED,
             instance=record.locked_by,
             error=error,
             reported=False,
@@ -388,7 +391,7 @@ class Callback(Call):
         )
         record.record(
             now,
-            Event.ACCEPTED,
+            Happened.ACCEPTED,
             attempt=reply.attempt,
             waitingFor={"event": name},
             late=None if on_time else True,
@@ -524,10 +527,10 @@ def begin(order: Order, record: StepRecord, planned: PlannedStep, now: datetime)
     try:
         if "when" in planned.uses and "when" not in record.decided:
             record.decided["when"] = bool(order.call_function(record, "when"))
-            record.record(now, Event.DECIDED, when=record.decided["when"])
+            record.record(now, Happened.DECIDED, when=record.decided["when"])
         if record.decided.get("when") is False:
             record.process_state = StepState.SKIPPED
-            record.record(now, Event.SKIPPED, note="its when said no")
+            record.record(now, Happened.SKIPPED, note="its when said no")
             return
         kind_of(record, planned).start(order, record, planned, now)
     except StepFunctionFailed as exc:
@@ -543,6 +546,6 @@ def decide_compensation_input(order: Order, record: StepRecord, now: datetime) -
     try:
         record.input = json_object(order.call_function(record, "input"), f"input of {record.step}")
         record.decided["input"] = True
-        record.record(now, Event.DECIDED, input=True)
+        record.record(now, Happened.DECIDED, input=True)
     except StepFunctionFailed as exc:
         declaration_failed(record, now, str(exc))

@@ -31,9 +31,9 @@ from typing import Any, Final, Literal
 from core import course, evidence, inbox, kinds, moves, operator
 from core.cancel import CancelPreview
 from core.errors import TransitionRefused, UnboundMessage
-from core.events import Event
 from core.evidence import ReplyEffect
 from core.flow import Context
+from core.history import Happened
 from core.messages import AgentReply, alert_message, status_message
 from core.order_message import OrderMessage
 from core.outcome import Outcome
@@ -124,7 +124,7 @@ class Order:
             updated_at=now,
             event_key=inbox.new_event_key(),
         )
-        order.note(now, Event.RECEIVED, workflow=plan.workflow)
+        order.note(now, Happened.RECEIVED, workflow=plan.workflow)
         order._notify("received", now)
         course.start_group(order, plan.groups()[0], now)
         course.advance(order, now)
@@ -540,7 +540,7 @@ class Order:
         )
         record.record(
             now,
-            Event.CREATED,
+            Happened.CREATED,
             compensates=compensates,
             notBefore=iso(due) if due and due > now else None,
         )
@@ -562,7 +562,7 @@ class Order:
         told, self.told = self.told, None
         if status is told:
             return  # back where the app was last told, after a silent pass
-        self.note(now, Event.STATUS, status=str(status))
+        self.note(now, Happened.STATUS, status=str(status))
         self._notify(str(status), now, **extra)
 
     def pass_through(self, status: OrderStatus) -> None:
@@ -580,11 +580,11 @@ class Order:
     def alert(self, record: StepRecord, reason: str, now: datetime) -> None:
         # A reason from a remote or a handler ends a sentence; the alert goes on after it.
         reason = _CLAUSE_END.sub(r"\1", reason)
-        self.note(now, Event.ALERTED, step=record.step, reason=reason)
+        self.note(now, Happened.ALERTED, step=record.step, reason=reason)
         body = alert_message(self.order_id, record.step, reason, record.failure_count, now)
         self.outbox.append(Notice("alert", body))
 
-    def note(self, now: datetime, event: Event, **details: Any) -> None:
+    def note(self, now: datetime, event: Happened, **details: Any) -> None:
         """An entry in the order's own history (for people: no decision reads it)."""
         entry: dict[str, Any] = {"at": iso(now), "event": str(event)}
         # Outside text (a remote's error, an operator's reason) shown as it is: visible.

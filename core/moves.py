@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.attempts import Attempt, GaveUp
 from core.control_cache import hold_until
-from core.events import Event
+from core.history import Happened
 from core.policy import RetryPolicy
 from core.states import StepKind, StepState
 from core.steps import StepRecord
@@ -46,7 +46,7 @@ def complete(
     record.deferrals, record.deferred_since = 0, None
     record.record(
         now,
-        Event.SUCCEEDED,
+        Happened.SUCCEEDED,
         attempt=attempt,
         instance=instance or None,
         late=True if late else None,
@@ -71,7 +71,7 @@ def fail(
         record.last_error = reason
     record.record(
         now,
-        Event.ERROR,
+        Happened.ERROR,
         reason=reason,
         applied="maybe" if ambiguous else "no",
         failureCount=record.failure_count,
@@ -84,7 +84,7 @@ def stop(record: StepRecord, now: datetime, note: str, *, cancelled: bool) -> No
     record.process_state = StepState.COMPENSATED
     record.locked_by = ""
     record.waiting_for = None
-    record.record(now, Event.CANCELLED if cancelled else Event.HALTED, note=note)
+    record.record(now, Happened.CANCELLED if cancelled else Happened.HALTED, note=note)
 
 
 def retry_at(
@@ -104,7 +104,7 @@ def retry_at(
     record.complete_by = due
     record.record(
         now,
-        Event.RETRY_SCHEDULED,
+        Happened.RETRY_SCHEDULED,
         notBefore=iso(due),
         failureCount=record.failure_count,
         deferral=deferral,
@@ -123,8 +123,8 @@ def overtaken(order: Order, undo: StepRecord, now: datetime) -> None:
     target.process_state = StepState.COMPENSATING
     target.undone_by = None
     target.changed = True
-    undo.record(now, Event.ERROR, reason=f"{target.step} applied after this began", applied="no")
-    order.note(now, Event.OVERTAKEN, step=target.step, undo=undo.step)
+    undo.record(now, Happened.ERROR, reason=f"{target.step} applied after this began", applied="no")
+    order.note(now, Happened.OVERTAKEN, step=target.step, undo=undo.step)
 
 
 def count_failure(
@@ -134,7 +134,7 @@ def count_failure(
     now: datetime,
     policy: RetryPolicy,
     *,
-    event: Event,
+    event: Happened,
     instance: str,
     error: str,
     reported: bool,
@@ -167,7 +167,7 @@ def count_failure(
             # The count is spent before the time is: the step stays Processing (its
             # attempt decided) and the supervisor makes it final at the floor.
             record.complete_by = max(record.complete_by, spent_at)
-            record.record(now, Event.GIVE_UP_HELD, until=iso(record.complete_by))
+            record.record(now, Happened.GIVE_UP_HELD, until=iso(record.complete_by))
             return
         record.locked_by = ""
         fail(
@@ -175,7 +175,7 @@ def count_failure(
             now,
             f"{record.step} failed in {record.failure_count} attempts (last: {error})",
             record.may_have_applied,
-            by_expiry_of=attempt.number if event is Event.EXPIRED else None,
+            by_expiry_of=attempt.number if event is Happened.EXPIRED else None,
         )
         return
     record.locked_by = ""
@@ -226,7 +226,7 @@ def hold(record: StepRecord, agent: str, now: datetime, until: datetime) -> None
     a resume ends it at once."""
     if record.paused_for != agent:
         record.paused_for, record.paused_since = agent, now
-        record.record(now, Event.AGENT_PAUSED, agent=agent, until=iso(until))
+        record.record(now, Happened.AGENT_PAUSED, agent=agent, until=iso(until))
     record.process_state = StepState.PENDING
     record.locked_by = ""
     record.complete_by = until

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from core import course, inbox, kinds, moves
 from core.cancel import CancelPreview, blocking, preview_cancel
 from core.course import in_doubt, standing
-from core.events import Event
 from core.evidence import unwinding_began
+from core.history import Happened
 from core.messages import MAX_KEY_ROUND
 from core.patches import apply_patch, history_of
 from core.states import OrderStatus, StepKind, StepState
@@ -79,7 +79,7 @@ def cancel(
     order.cancel_requested = True
     order.note(
         now,
-        Event.CANCEL_REQUESTED,
+        Happened.CANCEL_REQUESTED,
         by=by,
         reason=reason or None,
         notApplied=sorted(stated) or None,
@@ -96,20 +96,20 @@ def cancel(
     if retry:  # one at a time, latest step first (another failed waits for its turn)
         undo = max(retry, key=lambda u: _target_seq(order, u))
         _restart_undo(order, undo, now)
-        undo.record(now, Event.RESUBMITTED, by=by, note="cancel: retry the unwinding")
+        undo.record(now, Happened.RESUBMITTED, by=by, note="cancel: retry the unwinding")
     for record in order.latest_actions():
         if record.process_state is not StepState.ERROR:
             continue
         if in_doubt(record) and order.planned(record.step).compensation:
             record.record(
-                now, Event.CANCELLED, by=by, note="it may have been applied: undoing it too"
+                now, Happened.CANCELLED, by=by, note="it may have been applied: undoing it too"
             )
             continue
         if record.gave_up is not None:
             record.gave_up.operator = by
         record.record(
             now,
-            Event.CANCELLED,
+            Happened.CANCELLED,
             by=by,
             note="left as is (not applied); undoing the completed steps",
         )
@@ -122,8 +122,8 @@ def state_not_applied(
     """The operator's statement that ``record`` did not happen settles its doubt."""
     why = f" ({reason})" if reason else ""
     settled = record.attempts.settle(f"operator {by}: stated it did not happen{why}", now)
-    record.record(now, Event.STATED_NOT_APPLIED, by=by, reason=reason or None, attempts=settled)
-    order.note(now, Event.STATED_NOT_APPLIED, step=record.step, by=by, reason=reason or None)
+    record.record(now, Happened.STATED_NOT_APPLIED, by=by, reason=reason or None, attempts=settled)
+    order.note(now, Happened.STATED_NOT_APPLIED, step=record.step, by=by, reason=reason or None)
 
 
 def _not_needed(order: Order, undo: StepRecord, now: datetime, by: str, reason: str) -> None:
@@ -135,9 +135,9 @@ def _not_needed(order: Order, undo: StepRecord, now: datetime, by: str, reason: 
     state_not_applied(order, target, now, by, reason)
     undo.process_state = StepState.SKIPPED
     undo.gave_up = None
-    undo.record(now, Event.NOT_NEEDED, by=by, reason=reason or None)
+    undo.record(now, Happened.NOT_NEEDED, by=by, reason=reason or None)
     target.process_state = StepState.COMPENSATED
-    target.record(now, Event.NOT_NEEDED, by=by, reason=reason or None, undo=undo.step)
+    target.record(now, Happened.NOT_NEEDED, by=by, reason=reason or None, undo=undo.step)
 
 
 # --- resubmit ----------------------------------------------------------------------------------
@@ -178,7 +178,7 @@ def resubmit(
         # The operator sends the order back to work: it is to go on, not to be undone
         # (cancel it again for that). Its attempts get the usual retries.
         order.cancel_requested = False
-        order.note(now, Event.CANCEL_WITHDRAWN, by=by, step=again[0].step)
+        order.note(now, Happened.CANCEL_WITHDRAWN, by=by, step=again[0].step)
     why = reason or None
     order.set_status(OrderStatus.COMPENSATING if unwinding else OrderStatus.PROCESSING, now)
     for record in again:
@@ -187,11 +187,11 @@ def resubmit(
         else:
             inbox.forget_run(order, record)
             moves.restart(record, now)
-        record.record(now, Event.RESUBMITTED, by=by, reason=why)
+        record.record(now, Happened.RESUBMITTED, by=by, reason=why)
     for record in again:
         if record.kind is StepKind.ACTION:
             kinds.begin(order, record, order.planned(record.step), now)
-    order.note(now, Event.RESUBMITTED, by=by, step=", ".join(r.step for r in again), reason=why)
+    order.note(now, Happened.RESUBMITTED, by=by, step=", ".join(r.step for r in again), reason=why)
     return again[0]
 
 
@@ -243,7 +243,7 @@ def _new_round_if_overtaken(order: Order, undo: StepRecord, now: datetime) -> No
     target.applied_after_undo = None
     target.changed = True
     target.process_state = StepState.COMPENSATING
-    undo.record(now, Event.NEW_KEY, key=undo.idempotency_key)
+    undo.record(now, Happened.NEW_KEY, key=undo.idempotency_key)
 
 
 def _patch(
@@ -286,8 +286,8 @@ def _patch(
             if record.attempt and record.key_round < MAX_KEY_ROUND:
                 record.key_round += 1
                 record.round_began_at = None
-                record.record(now, Event.NEW_KEY, key=record.idempotency_key, why="patched")
-    order.note(now, Event.PATCHED, by=by, reason=reason or None, **history_of(changed))
+                record.record(now, Happened.NEW_KEY, key=record.idempotency_key, why="patched")
+    order.note(now, Happened.PATCHED, by=by, reason=reason or None, **history_of(changed))
 
 
 def _attempts(records: list[StepRecord]) -> str:

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from core.attempts import Attempt, AttemptLog, GaveUp
-from core.events import Event
+from core.history import Happened
 from core.messages import idempotency_key
 from core.states import StepKind, StepState
 from core.text import visible, visible_details
@@ -100,7 +100,7 @@ class StepRecord:
             value = visible(value)
         super().__setattr__(name, value)
 
-    def record(self, now: datetime, event: Event, **details: Any) -> None:
+    def record(self, now: datetime, event: Happened, **details: Any) -> None:
         entry: dict[str, Any] = {"at": iso(now), "event": str(event)}
         # Outside text (a remote's error, an operator's reason) shown as it is: visible.
         entry.update({k: visible_details(v) for k, v in details.items() if v is not None})
@@ -241,7 +241,7 @@ class StepRecord:
         since = self.paused_since or now
         if self.deferred_since is not None and since >= self.deferred_since:
             self.deferred_since = min(self.deferred_since + (now - since), now)
-        self.record(now, Event.PAUSE_OVER, agent=self.paused_for, since=iso(since), why=why)
+        self.record(now, Happened.PAUSE_OVER, agent=self.paused_for, since=iso(since), why=why)
         self.paused_for, self.paused_since = "", None
 
     @property

@@ -28,7 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from bootstrap import AppContext
-from core.events import ATTEMPT_ENDINGS, Event
+from core.history import ATTEMPT_ENDINGS, Happened
 from core.model import Order, StepRecord
 from core.outcome import Outcome
 from core.states import OrderStatus, StepKind, StepState
@@ -170,14 +170,14 @@ def _deadlines(step: StepRecord) -> dict[int, datetime]:
 
 #: The state a step is in after these events, whatever it was in before.
 _STATE_AFTER: dict[str, str] = {
-    Event.SKIPPED: "Skipped",
-    Event.HALTED: "Compensated",  # stopped before it applied: nothing to undo
-    Event.GIVE_UP_HELD: "Processing",  # its attempt decided; the supervisor makes it final
-    Event.RETRY_SCHEDULED: "Pending",
-    Event.RESUBMITTED: "Pending",
-    Event.ERROR: "Error",
-    Event.COMPENSATING: "Compensating",
-    Event.COMPENSATED: "Compensated",
+    Happened.SKIPPED: "Skipped",
+    Happened.HALTED: "Compensated",  # stopped before it applied: nothing to undo
+    Happened.GIVE_UP_HELD: "Processing",  # its attempt decided; the supervisor makes it final
+    Happened.RETRY_SCHEDULED: "Pending",
+    Happened.RESUBMITTED: "Pending",
+    Happened.ERROR: "Error",
+    Happened.COMPENSATING: "Compensating",
+    Happened.COMPENSATED: "Compensated",
 }
 
 
@@ -207,12 +207,12 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
         attempt = event.get("attempt")
         if state == "Unknown" and kind != "claimed":
             continue
-        if kind == Event.CLAIMED:
+        if kind == Happened.CLAIMED:
             if state not in ("Pending", "Unknown"):
                 wrong.append(f"{name}: claimed while {state}")
             current, state = attempt, "Processing"
             claimed = max(claimed, attempt or 0)
-        elif kind == Event.SUCCEEDED and attempt is None and settled_by_event:
+        elif kind == Happened.SUCCEEDED and attempt is None and settled_by_event:
             # Evidence whenever it arrives (§3.11), as a late success is: a callback that
             # lands after its attempt ran out and the step went back to Pending for the
             # supervisor's retry (the same key) settles the step; the retry then finds it
@@ -220,7 +220,7 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
             if state not in ("Pending", "Processing", "Error"):
                 stale.append(f"{name}: an event's success applied while {state}")
             state, current, settled_by_event = "Processed", None, False
-        elif kind == Event.SUCCEEDED:
+        elif kind == Happened.SUCCEEDED:
             if event.get("late"):
                 if not isinstance(attempt, int) or not 1 <= attempt <= claimed:
                     stale.append(f"{name}: success for attempt {attempt} never claimed")
@@ -231,16 +231,16 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
             elif current in deadlines and parse_iso(event["at"]) >= deadlines[current]:
                 stale.append(f"{name}: on-time success for attempt {attempt} after its deadline")
             state, current = "Processed", None
-        elif kind in ATTEMPT_ENDINGS - {Event.SUCCEEDED}:
+        elif kind in ATTEMPT_ENDINGS - {Happened.SUCCEEDED}:
             if state != "Processing" or attempt != current:
                 stale.append(f"{name}: {kind} for attempt {attempt} while {state} ({current})")
             state, current = "Ended", None
-        elif kind in (Event.WAITING, Event.EVENT_TAKEN):
+        elif kind in (Happened.WAITING, Happened.EVENT_TAKEN):
             settled_by_event = True  # an event or a delay began; an event was taken
-            state = "Processing" if kind == Event.WAITING else state
+            state = "Processing" if kind == Happened.WAITING else state
         elif kind in _STATE_AFTER:
             state = _STATE_AFTER[kind]
-        elif kind == Event.CANCELLED and any(
+        elif kind == Happened.CANCELLED and any(
             words in str(event.get("note", "")) for words in ("nothing to undo", "; stopped:")
         ):
             state = "Compensated"  # stopped before it applied

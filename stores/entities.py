@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from core.errors import CorruptOrder
-from core.events import read_history
+from core.history import read_history
 from core.model import Order, StepRecord
 from core.order_message import utf16_units
 from core.ports import IndexEntry, OutboxEntry

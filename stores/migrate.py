@@ -4,7 +4,7 @@ the row is read (the next save writes ``AttemptState``; nothing else changes).
 Those versions kept the decision state in ``MaybeApplied`` (the attempts that may have
 applied) and ``Deferrals``/``DeferredSince``/``SingledOut``, and read everything else
 from ``History``. The rebuild replays the history with the event names of
-``core.events`` and takes ``MaybeApplied`` as the authority on doubt: an attempt it
+``core.history`` and takes ``MaybeApplied`` as the authority on doubt: an attempt it
 names stays in doubt even when its history entry was truncated away (folded), and an
 ended attempt it does not name had its doubt settled then. This is the only place
 outside people-facing views that reads a history to decide anything.
@@ -16,18 +16,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.attempts import Attempt, AttemptLog, GaveUp
-from core.events import Event
+from core.history import Happened
 from core.outcome import Applied, Outcome
 from core.states import StepState
 from core.steps import StepRecord
 from core.timefmt import parse_iso
 
 _ENDINGS = {
-    Event.SUCCEEDED: Outcome.SUCCEEDED,
-    Event.REFUSED: Outcome.REFUSED,
-    Event.TRANSIENT: Outcome.TRANSIENT,
-    Event.DEFERRED: Outcome.DEFERRED,
-    Event.EXPIRED: Outcome.EXPIRED,
+    Happened.SUCCEEDED: Outcome.SUCCEEDED,
+    Happened.REFUSED: Outcome.REFUSED,
+    Happened.TRANSIENT: Outcome.TRANSIENT,
+    Happened.DEFERRED: Outcome.DEFERRED,
+    Happened.EXPIRED: Outcome.EXPIRED,
 }
 _COUNTED = (Outcome.REFUSED, Outcome.TRANSIENT, Outcome.EXPIRED)
 MIGRATED = "settled before typed attempt state (not in MaybeApplied)"
@@ -82,13 +82,13 @@ def _replay(
         at = _time(entry.get("at"))
         number = entry.get("attempt")
         try:
-            event = Event(str(entry.get("event")))
+            event = Happened(str(entry.get("event")))
         except ValueError:
             continue
         if at is None:
             continue
         attempt = attempts.get(number) if isinstance(number, int) else None
-        if event is Event.CLAIMED and isinstance(number, int):
+        if event is Happened.CLAIMED and isinstance(number, int):
             deadline = _time(entry.get("completeBy")) or at + timedelta(
                 seconds=step.timeout_seconds
             )
@@ -106,21 +106,21 @@ def _replay(
             if ending in _COUNTED:
                 attempt.counted = True
             last_expiry = attempt.number if ending is Outcome.EXPIRED else None
-        elif event is Event.LATE_REPORT and attempt is not None:
+        elif event is Happened.LATE_REPORT and attempt is not None:
             if entry.get("applied") in ("no", "maybe"):
                 attempt.report(Applied(entry["applied"]))
             if entry.get("refunded"):
                 attempt.counted = False
-        elif event is Event.LATE_SUCCESS and attempt is not None:
+        elif event is Happened.LATE_SUCCESS and attempt is not None:
             attempt.applied = Applied.YES
-        elif event is Event.RESUBMITTED:
+        elif event is Happened.RESUBMITTED:
             budget_since, gave_up = None, None
-        elif event is Event.ERROR and entry.get("reason") != "not applied after all":
+        elif event is Happened.ERROR and entry.get("reason") != "not applied after all":
             gave_up = GaveUp(at, entry.get("applied") == "maybe", last_expiry)
-        elif event is Event.ERROR and gave_up is not None:
+        elif event is Happened.ERROR and gave_up is not None:
             gave_up.ambiguous = False
-        elif event is Event.CANCELLED and gave_up is not None:
+        elif event is Happened.CANCELLED and gave_up is not None:
             gave_up.operator = str(entry.get("by") or "operator")
-        elif event is Event.COMPENSATED:
+        elif event is Happened.COMPENSATED:
             undone_by = str(entry.get("by") or "") or None
     return attempts, budget_since, gave_up, undone_by

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agents.health import HealthPolicy
-from core.events import Event
+from core.history import Happened
 from core.messages import idempotency_key
 from core.model import Order
 from core.policy import RetryPolicy
@@ -113,7 +113,8 @@ def test_a_few_dead_orders_never_hurt_the_healthy_ones(one_host: LocalStack) -> 
             h
             for s in orders[order_id].steps
             for h in s.history
-            if h["event"] in (Event.TRANSIENT, Event.REFUSED) and "HTTP" in str(h.get("error"))
+            if h["event"] in (Happened.TRANSIENT, Happened.REFUSED)
+            and "HTTP" in str(h.get("error"))
         ]
         assert not blamed, (order_id, blamed)
 
@@ -218,7 +219,7 @@ def test_an_outage_of_the_remote_is_ridden_out_without_anyone(two_hosts: LocalSt
     assert alerts == []
     for order in orders.values():
         assert all(s.failure_count == 0 for s in order.steps), order.order_id
-        assert not any(h["event"] == Event.COMPENSATING for s in order.steps for h in s.history)
+        assert not any(h["event"] == Happened.COMPENSATING for s in order.steps for h in s.history)
     # Back within seconds of the remote's return, not at some backoff cap: no deferral
     # put its next try further off than the pacing's longest wait (the deferral cap, or
     # an open breaker's: a probe's timeout, then the interval and the spread after it).
@@ -232,7 +233,7 @@ def test_an_outage_of_the_remote_is_ridden_out_without_anyone(two_hosts: LocalSt
     for order in orders.values():
         for step in order.steps:
             for h in step.history:
-                if h["event"] == Event.RETRY_SCHEDULED and h.get("deferral"):
+                if h["event"] == Happened.RETRY_SCHEDULED and h.get("deferral"):
                     wait = parse_iso(h["notBefore"]) - parse_iso(h["at"])
                     assert wait <= timedelta(seconds=longest + 1), (order.order_id, h)
     print(

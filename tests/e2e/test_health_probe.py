@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from core.events import Event
+from core.history import Happened
 from core.states import OrderStatus
 from demo.stack import LocalStack
 from demo.verify import drain_alerts
@@ -64,7 +64,7 @@ def test_the_probe_tells_a_lone_failing_order_from_an_outage(probed_stack: Local
     step = dead.steps[0]
     assert dead.status is OrderStatus.ERROR, (step.history, log_tail(stack))
     assert step.failure_count == 3, step.history
-    assert any(h["event"] == Event.TRANSIENT for h in step.history), step.history  # blamed
+    assert any(h["event"] == Happened.TRANSIENT for h in step.history), step.history  # blamed
     alerts = drain_alerts(stack.context)
     assert {a["orderId"] for a in alerts} == {"lone-dead"}, alerts
     assert_the_last_word_is_true(dead, alerts, stack.remote_calls())  # "not applied", mostly
@@ -83,8 +83,8 @@ def test_the_probe_tells_a_lone_failing_order_from_an_outage(probed_stack: Local
         step = order.steps[0]
         assert order.status is OrderStatus.COMPLETED, (order_id, step.history, log_tail(stack))
         assert step.failure_count == 0, (order_id, step.history)
-        assert any(h["event"] == Event.DEFERRED for h in step.history), (order_id, step.history)
-        assert not any(h["event"] == Event.TRANSIENT for h in step.history), step.history
+        assert any(h["event"] == Happened.DEFERRED for h in step.history), (order_id, step.history)
+        assert not any(h["event"] == Happened.TRANSIENT for h in step.history), step.history
     assert drain_alerts(stack.context) == []
     # Whether it asked again here depends on timing (a verdict holds for an interval, and
     # an attempt with too little time left does not start one): with or without a fresh

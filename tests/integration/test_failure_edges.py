@@ -14,7 +14,7 @@ from azure.data.tables import UpdateMode
 
 from agents.build import build_agent
 from bootstrap import AppContext, reset_app_context
-from core.events import Event
+from core.history import Happened
 from core.outcome import Applied
 from core.states import OrderStatus, StepKind, StepState
 from core.workflows import AGENTS
@@ -189,7 +189,7 @@ def test_cancel_around_a_doubt_through_the_api(
     ship = order.find("ship")
     assert ship is not None and not ship.may_have_applied
     assert all(a.applied is not Applied.YES for a in ship.attempts.items)
-    said = [h for h in ship.history if h["event"] == Event.STATED_NOT_APPLIED]
+    said = [h for h in ship.history if h["event"] == Happened.STATED_NOT_APPLIED]
     assert said and said[0]["by"] == "function-key"
     assert said[0]["reason"] == "carrier: nothing shipped"
     pump(ctx)  # refund, release

@@ -23,7 +23,7 @@ from agents.runner import AttemptRunner
 from bootstrap import AppContext, bootstrap
 from core import control_cache
 from core.control_cache import HOLD_MAX, HOLD_MIN, SETTLE
-from core.events import Event
+from core.history import Happened
 from core.messages import AgentRequest
 from core.model import Order
 from core.names import Names
@@ -145,7 +145,7 @@ def test_an_order_for_a_paused_agent_waits_pending_with_nothing_counted_however_
     assert (step.process_state, step.attempt, step.failure_count) == (StepState.PENDING, 0, 0)
     assert step.paused_for == "orders" and step.locked_by == ""
     assert app.transport.requests == []  # nothing claimed, nothing sent
-    assert [h["event"] for h in step.history][-1] == Event.AGENT_PAUSED
+    assert [h["event"] for h in step.history][-1] == Happened.AGENT_PAUSED
 
     for _ in range(200):  # a day and more of sweeps and supervisions
         app.later(600)
@@ -155,7 +155,7 @@ def test_an_order_for_a_paused_agent_waits_pending_with_nothing_counted_however_
     assert app.transport.requests == [] and app.alerts() == []
     assert app.order("o-1").status is OrderStatus.PENDING
     # one history entry for the pause, not one per look
-    assert [h["event"] for h in step.history].count(Event.AGENT_PAUSED) == 1
+    assert [h["event"] for h in step.history].count(Happened.AGENT_PAUSED) == 1
 
 
 def test_a_held_step_is_looked_at_again_less_and_less_often() -> None:
@@ -275,7 +275,7 @@ def test_after_the_resume_held_steps_go_once_every_instance_has_read_it(app: App
         step = app.order(f"o-{n}").steps[0]
         assert step.process_state is StepState.PROCESSING and step.attempt == 1
         assert step.paused_for == "" and step.failure_count == 0
-        assert Event.PAUSE_OVER in [h["event"] for h in step.history]
+        assert Happened.PAUSE_OVER in [h["event"] for h in step.history]
     assert app.ctx.scheduler.sweep().released == 0  # each goes once
 
 

@@ -296,9 +296,9 @@ def test_4_cancel_with_the_statement_undoes_the_rest_and_records_who_said_so() -
     assert order.status is OrderStatus.COMPENSATING
     ship = order.find("ship")
     assert ship is not None and not ship.may_have_applied
-    from core.events import Event
+    from core.history import Happened
 
-    said = [h for h in ship.history if h["event"] == Event.STATED_NOT_APPLIED]
+    said = [h for h in ship.history if h["event"] == Happened.STATED_NOT_APPLIED]
     assert said and said[0]["by"] == "alice"
     assert all("alice" in (a.settled_by or "") for a in ship.attempts.items)
     # a late success of ship after that: the undo goes on, and at its end the effect that

@@ -6,7 +6,7 @@
    short between moves, end in the same verdicts: statuses, step states, counts, doubt,
    times, and every notice sent.
 2. Static checks: no decision in ``core/`` reads a history, and every history event name
-   is written through the one enum (``core.events.Event``).
+   is written through the one enum (``core.history.Happened``).
 3. Rows written before typed attempt state are migrated when read.
 """
 
@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import TransitionRefused
-from core.events import Event, read_history
+from core.history import Happened, read_history
 from core.messages import AgentReply
 from core.model import Order
 from core.outcome import Applied, Outcome
@@ -202,7 +202,7 @@ def _event_literals(path: Path) -> list[str]:
     the event of ``record``/``_event``."""
     found = []
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    names = {str(e) for e in Event}
+    names = {str(e) for e in Happened}
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
@@ -326,7 +326,7 @@ def test_a_new_row_round_trips_its_typed_state() -> None:
 
 def test_an_old_word_for_a_transient_ending_reads_as_today_s() -> None:
     # Rows and typed state written before 2026-11 said "failed" for a transient ending.
-    assert Event("failed") is Event.TRANSIENT
+    assert Happened("failed") is Happened.TRANSIENT
     assert Outcome("failed") is Outcome.TRANSIENT
     assert [e["event"] for e in read_history([{"event": "failed"}, {"event": "refused"}])] == [
         "transient",

@@ -1,5 +1,7 @@
-"""The names of history events: one enum for the model that writes them and for every
-reader (the admin view, the console, the verifier, the benchmarks).
+"""What happened, as the history names it: ``Happened``, one enum of the names of its
+entries, for the model that writes them and for every reader (the admin view, the
+console, the verifier, the benchmarks). Not ``core.flow.Event``, a step that waits for
+an event delivered to an order (docs/design.md, "Words").
 
 The history is for people: it may be truncated (``core.steps.MAX_HISTORY``) and no
 decision reads it (docs/contracts.md §3.11, "decisions read state, not the log"); the
@@ -14,12 +16,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-#: How rows written before 2026-11 named a transient ending (``Event.TRANSIENT``,
+#: How rows written before 2026-11 named a transient ending (``Happened.TRANSIENT``,
 #: ``core.attempts.Outcome.TRANSIENT``).
 LEGACY_TRANSIENT = "failed"
 
 
-class Event(StrEnum):
+class Happened(StrEnum):
     # --- the order's own history ---------------------------------------------------
     RECEIVED = "received"
     STATUS = "status"
@@ -92,19 +94,19 @@ class Event(StrEnum):
     EFFECT_STANDS = "effect-stands"
 
     @classmethod
-    def _missing_(cls, value: object) -> Event | None:
+    def _missing_(cls, value: object) -> Happened | None:
         return cls.TRANSIENT if value == LEGACY_TRANSIENT else None
 
 
 #: How an attempt can end, as the history names it (``Outcome`` in ``core.attempts``).
 ATTEMPT_ENDINGS = frozenset(
     {
-        Event.SUCCEEDED,
-        Event.REFUSED,
-        Event.TRANSIENT,
-        Event.DEFERRED,
-        Event.EXPIRED,
-        Event.NOT_SENT,
+        Happened.SUCCEEDED,
+        Happened.REFUSED,
+        Happened.TRANSIENT,
+        Happened.DEFERRED,
+        Happened.EXPIRED,
+        Happened.NOT_SENT,
     }
 )
 
@@ -113,5 +115,5 @@ def read_history(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A stored history as today's words (an old row's ``"failed"`` is ``"transient"``)."""
     for entry in entries:
         if entry.get("event") == LEGACY_TRANSIENT:
-            entry["event"] = Event.TRANSIENT.value
+            entry["event"] = Happened.TRANSIENT.value
     return entries
