@@ -100,6 +100,7 @@ from bootstrap import (
     declarations_from_environment,
     settings_from_environment,
 )
+from config.settings import AGENT_TRANSPORT, DECLARATIONS, STORAGE
 from core import workflows
 from core.errors import (
     AgentNotFound,
@@ -111,11 +112,11 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
+from core.limits import DEFAULT_DECLARATIONS
 from core.names import Names, poison
 from core.order_message import strict_json
 from core.ports import ListFilter
 from core.retention import ARCHIVABLE, parse_duration
-from core.settings import AGENT_TRANSPORT, DECLARATIONS, DEFAULT_DECLARATIONS, STORAGE
 from core.states import OrderStatus
 from core.timefmt import iso
 from stores.kept import KeptMessages, as_shown

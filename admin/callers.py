@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from core.principals import CLIENT_PRINCIPAL_NAME, Principal
+from config.principals import CLIENT_PRINCIPAL_NAME, Principal
 
 FUNCTION_KEY_CALLER = "function-key"
 MAX_NAME_CHARS = 64

@@ -10,7 +10,7 @@ Orders: ``orders/{orderId}``, ``orders``, ``orders/{orderId}/resubmit``,
 ``agents/{agent}/pause``, ``agents/{agent}/resume``, ``agents/{agent}/limits``,
 ``agents/audit``.
 
-Who may (``core/principals.py``; docs/operating.md, "Who can do what"): every route
+Who may (``config/principals.py``; docs/operating.md, "Who can do what"): every route
 says what it does with ``@requires(Access...)``: reads need ``Orders.Reader``, changes
 ``Orders.Operator``, from the principal App Service authentication vouches for. A caller
 with the function key and no principal (a machine: a webhook, a script) may read and
@@ -35,6 +35,7 @@ from admin.agent_admin import CHANGE_FIELDS, apply_change, parse_change
 from admin.callers import MAX_REASON_CHARS, caller_of
 from admin.query import parse_filter, parse_page_size
 from bootstrap import index_time, uses
+from config.principals import Access, Principal, refusal
 from console.security import with_hsts
 from core.errors import (
     AgentNotFound,
@@ -51,7 +52,6 @@ from core.errors import (
 )
 from core.order_message import is_valid_order_id, strict_json
 from core.patches import InvalidPatch
-from core.principals import Access, Principal, refusal
 from core.workflows import AGENTS, MAX_STEP_NAME, WORKFLOWS
 
 bp = func.Blueprint()
@@ -87,7 +87,7 @@ def _error(status: int, message: str, **extra: Any) -> func.HttpResponse:
 
 
 def principal_of(req: func.HttpRequest) -> Principal | None:
-    """The request's principal, as core/principals.py believes one here; None: none (on
+    """The request's principal, as config/principals.py believes one here; None: none (on
     the API, a key caller)."""
     return _settings().sign_in.principal(req.headers, req.params)
 

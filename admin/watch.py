@@ -15,12 +15,12 @@ from typing import Any, Protocol
 
 from azure.core.exceptions import AzureError, ResourceNotFoundError
 
-from core.figures import STUCK_ROW
 from core.names import Names
 from core.order_message import strict_json
 from core.outages import Outage
-from core.ports import StoredRow
 from core.redact import without_tokens
+from dashboard.figures import STUCK_ROW
+from dashboard.ports import StoredRow
 from messaging.storage_queues import StorageQueues
 from stores.kept import KeptMessages, KeptSummary, as_shown
 

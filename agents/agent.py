@@ -27,11 +27,11 @@ from typing import Any, Protocol
 from agents.outcomes import CallOutcome, Running, Try
 from agents.runner import AttemptRunner
 from agents.threads import OwnThreads
+from config.settings import DEFAULT_RIDE_OUT_SECONDS
 from core.errors import StorageUnavailable
 from core.messages import AgentReply, AgentRequest
 from core.outcome import Applied, Outcome
 from core.ports import AgentTransport, Clock
-from core.settings import DEFAULT_RIDE_OUT_SECONDS
 from messaging.resilience import ride_out
 from observability import failpoints, telemetry
 from observability.logs import get_logger, order_context

@@ -53,8 +53,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from config.settings import SettingsError
 from core import workflows
-from core.settings import SettingsError
 from observability.logs import get_logger
 
 log = get_logger(__name__)

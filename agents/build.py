@@ -35,10 +35,10 @@ from agents.python import PythonTry, check_handler
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
 from agents.threads import OwnThreads
+from config.settings import Settings, SettingsError, agent_url
 from core import workflows
 from core.control_cache import AgentRuntime
 from core.ports import AgentTransport, Clock
-from core.settings import Settings, SettingsError, agent_url
 
 
 def policy_of(spec: workflows.Agent) -> RemotePolicy:

@@ -26,9 +26,9 @@ import azure.functions as func
 
 from agents.agent import AgentWorker
 from bootstrap import current_app_context, index_time, uses
+from config.settings import SERVICE_BUS, STORAGE, Transport
 from core import names
 from core.errors import DuplicateRequest, InvalidMessage, UnboundMessage
-from core.settings import SERVICE_BUS, STORAGE, Transport
 from core.workflows import AGENTS
 from messaging.wire import decode_request
 from observability.logs import get_logger

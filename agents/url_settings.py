@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
-from core.settings import SettingsError
+from config.settings import SettingsError
 
 #: azd's per-agent base URLs (docs/deployment.md, "Agents").
 AGENT_URLS: Final = "AGENT_URLS"

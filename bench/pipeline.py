@@ -66,12 +66,12 @@ from azure.data.tables import TableClient, UpdateMode
 
 from bench.latency import machine, percentile, utc_now_text
 from bootstrap import AppContext
+from config.settings import OPCOUNT_DIR
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.order_message import decode_order
 from core.outcome import Outcome
 from core.policy import RetryPolicy
-from core.settings import OPCOUNT_DIR
 from core.workflows import WORKFLOWS, Plan
 from demo.stack import LocalStack
 from observability import opcount

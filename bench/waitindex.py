@@ -40,9 +40,9 @@ from azure.data.tables import TableClient
 from bench.flows import EVENT_TIMEOUT_SECONDS
 from bench.sweeps import BATCH_OPS, insert, order_rows
 from bootstrap import bootstrap, clients
+from config.settings import DECLARATIONS, OPCOUNT_DIR, Settings
 from core.model import Order
 from core.order_message import decode_order
-from core.settings import DECLARATIONS, OPCOUNT_DIR, Settings
 from core.workflows import WORKFLOWS, Plan
 from demo.stack import LocalStack
 from observability import opcount

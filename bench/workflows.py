@@ -80,9 +80,9 @@ from bench.cpuload import sample, share
 from bench.flows import DELAY_SECONDS, parallel_steps
 from bench.latency import call_times, done_at, machine, ms_stats, utc_now_text, wait_finished
 from bootstrap import AppContext
+from config.settings import DECLARATIONS, DEFAULT_SUPERVISOR_SCHEDULE
 from core import workflows
 from core.model import Order
-from core.settings import DECLARATIONS, DEFAULT_SUPERVISOR_SCHEDULE
 from core.timefmt import parse_iso
 from demo.stack import LocalStack
 

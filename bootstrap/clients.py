@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from core.settings import Connection, SettingsError
+from config.settings import Connection, SettingsError
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential

@@ -26,12 +26,12 @@ from agents.build import build_agent
 from agents.outage_watch import OutageWatch, SerialWorker
 from agents.threads import OwnThreads
 from bootstrap import clients
+from config.settings import Settings, Transport
 from core.control_cache import ControlView
 from core.names import Names
 from core.outages import OutagePolicy
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
-from core.settings import Settings, Transport
 from core.unit_of_work import OrderChanges
 from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue

@@ -5,7 +5,7 @@ arms the switches a process has (failpoints, request logs, telemetry), and makes
 ``AppContext`` whose parts (``bootstrap/parts.py``) are built on first use. Tests call it
 with their own settings, names, clock and fakes instead of patching the environment.
 
-Settings are read once: ``settings_from_environment`` is, with ``core.settings`` that it
+Settings are read once: ``settings_from_environment`` is, with ``config.settings`` that it
 calls, the only code of the app that reads the environment. ``index_time`` reads the
 few things the trigger modules need while ``function_app.py`` is indexed (which
 transport, which declarations, the timers' schedules), before any other setting may exist.
@@ -22,10 +22,7 @@ from typing import Any
 
 from agents.url_settings import check_agent_urls, mentions_agent_urls
 from bootstrap.parts import AppContext, utc_now
-from core import workflows
-from core.names import Names
-from core.ports import Clock
-from core.settings import (
+from config.settings import (
     Settings,
     Transport,
     dashboard_schedule_of,
@@ -33,13 +30,16 @@ from core.settings import (
     retention_schedule_of,
     transport_from_env,
 )
+from core import links, workflows
+from core.names import Names
+from core.ports import Clock
 from observability import failpoints, logs, telemetry
 
 
 def settings_from_environment(
     overrides: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None
 ) -> Settings:
-    """Every setting of this process, read once (``core.settings``); ``overrides`` win over
+    """Every setting of this process, read once (``config.settings``); ``overrides`` win over
     the environment, ``defaults`` fill what it lacks (the CLI's ``--connection``, say)."""
     return Settings.from_env({**(defaults or {}), **os.environ, **(overrides or {})})
 
@@ -89,11 +89,14 @@ def bootstrap(
     ``queues``, ``transport`` ...): tests pass in-memory twins and fakes this way. The
     clock is the system's, or (a test switch: ``ORDERS_CLOCK_OFFSET_SECONDS``) the
     system's moved by an offset: an instance whose clock is off, for the chaos suite.
-    An agent URL setting that names no declared agent is refused (``SettingsError``:
+    The app's host name (``WEBSITE_HOSTNAME``) is set here, once, for the links it hands
+    out (``core.links.events_url``). An agent URL setting that names no declared agent is
+    refused (``SettingsError``:
     ``agents.url_settings``), not left for the agent's calls to go elsewhere."""
     if clock is None:
         clock = utc_now if not settings.clock_offset_seconds else _offset(settings)
     workflows.use(settings.declarations)
+    links.serve_at(settings.hostname)
     if mentions_agent_urls(settings.agent_settings):  # a typo would call REMOTE_SERVICE_URL
         check_agent_urls(settings.agent_settings, workflows.AGENTS)
     failpoints.arm(settings.failpoints)

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final, Protocol
 
-from core.figures import (
+from core.outages import Outage
+from core.timefmt import iso
+from dashboard.figures import (
     FAILURE_KINDS,
     HOUR_PREFIX,
     MINUTE_PREFIX,
@@ -32,9 +34,7 @@ from core.figures import (
     split_key,
     time_of_row,
 )
-from core.outages import Outage
-from core.ports import StoredRow
-from core.timefmt import iso
+from dashboard.ports import StoredRow
 
 #: Series colours, in the order workflows (or kinds) appear.
 PALETTE: Final = ("#3a6fd8", "#3aa55d", "#f0a030", "#8e44ad", "#d9453b", "#16a2b8", "#7f8c8d")

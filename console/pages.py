@@ -3,7 +3,7 @@ signed in and what they may do, the CSRF token), form parsing, the role every ro
 needs (``access``) and the checks every POST passes.
 
 No page ever carries the function key: the console's routes are anonymous to the
-Functions host, and every one of them needs a principal (core/principals.py). The
+Functions host, and every one of them needs a principal (config/principals.py). The
 settings a page reads (who is signed in, whether actions are on) are handed in by the
 routes (``console/triggers.py``), which get them from the app.
 """
@@ -20,10 +20,10 @@ from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
 import azure.functions as func
 
+from config.principals import OPERATOR, Access, Principal, refusal
+from config.settings import Settings
 from console import security
 from core.errors import ConcurrencyConflict, CorruptOrder, StorageUnavailable
-from core.principals import OPERATOR, Access, Principal, refusal
-from core.settings import Settings
 from core.states import OrderStatus
 from core.workflows import WORKFLOWS
 

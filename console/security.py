@@ -2,7 +2,7 @@
 
 - Never anonymous, and never the function key: every route needs a principal, signed in
   with App Service authentication (Microsoft Entra ID) in Azure, and the app role for
-  what it does (``console.pages.access``, core/principals.py); no page, link or form
+  what it does (``console.pages.access``, config/principals.py); no page, link or form
   carries a key.
 - Actions are POSTs that need a CSRF token: a random value in a ``SameSite=Strict``,
   ``HttpOnly`` cookie that must equal the form's ``csrf`` field (double submit: a page on

@@ -27,6 +27,7 @@ from admin.callers import MAX_REASON_CHARS, caller_of
 from admin.query import parse_filter, parse_page_size, searchable_text
 from admin.service import BULK_ACTIONS, COUNT_CAP, MAX_BULK, order_view, paused_view
 from bootstrap import uses
+from config.principals import Access
 from console import (
     agent_pages,
     bodies,
@@ -46,7 +47,6 @@ from core.errors import (
 )
 from core.order_message import is_valid_order_id
 from core.ports import ListFilter
-from core.principals import Access
 from core.states import OrderStatus
 from core.workflows import search_fields
 

@@ -8,14 +8,14 @@ are ``core.flow``; what is deployed, ``core.workflows``.
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, Literal
 
-from core.settings import DECLARATIONS, MAX_STEP_TIMEOUT_SECONDS
+from core.limits import MAX_STEP_TIMEOUT_SECONDS
 
 STEP_NAME = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 AGENT_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
@@ -27,7 +27,6 @@ MAX_STEP_NAME: Final = 48
 #: An agent's request queue is ``agent-requests-<agent>``; a Storage queue name has 63
 #: characters at most, and tests add a suffix of up to 20.
 MAX_AGENT_NAME: Final = 24
-DECLARATIONS_SETTING: Final = DECLARATIONS
 #: The agent a step runs on when its declaration names none.
 DEFAULT_AGENT: Final = "orders"
 #: An agent's limits, per instance: calls at once, and calls a second (declared, or set
@@ -44,8 +43,7 @@ class DeclarationError(ValueError):
 
 #: The modules whose frames are the declarations' machinery, not the user's code.
 _MACHINERY: Final = {
-    os.path.join(os.path.dirname(__file__), name)
-    for name in ("agent_spec.py", "flow.py", "workflows.py")
+    str(Path(__file__).with_name(name)) for name in ("agent_spec.py", "flow.py", "workflows.py")
 }
 
 
@@ -59,7 +57,17 @@ def declared_at() -> str:
         frame = frame.f_back  # type: ignore[assignment]
     if frame is None:  # pragma: no cover
         return "<unknown>"
-    return f"{os.path.relpath(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return f"{_relative(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _relative(filename: str) -> str:
+    """``filename`` from the working directory when it lies under it (as a traceback
+    names it), else whole."""
+    path = Path(filename)
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return filename
 
 
 # --- agents ----------------------------------------------------------------------------

@@ -40,9 +40,9 @@ from core.agent_spec import (
     DeclarationError,
     declared_at,
 )
+from core.limits import MAX_STEP_TIMEOUT_SECONDS
 from core.search import SearchError, check_fields, check_sources
 from core.search import describe as describe_search
-from core.settings import MAX_STEP_TIMEOUT_SECONDS
 
 #: A function of a step's context (``input``, ``when``, ``until``).
 Fn = Callable[[Any], Any]
@@ -193,7 +193,7 @@ def _check_timeout(timeout: int | None, where: str) -> None:
         raise DeclarationError(
             f"{where}: a timeout of {timeout} s; it must be 1-{MAX_STEP_TIMEOUT_SECONDS} s, "
             "what the host can honour (an agent invocation lasts up to it; see "
-            "core/settings.py)"
+            "config/settings.py)"
         )
 
 

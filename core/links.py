@@ -12,7 +12,8 @@ nothing. The token never appears in logs, alerts, the history or the console
 
 The host is the app's own, ``WEBSITE_HOSTNAME``: Azure sets it (``<app>.azurewebsites.net``,
 served over https), and so does the local host, devhost (``127.0.0.1:<port>``, http), as
-``func start`` does.
+``func start`` does. The settings read it once (``config.settings``); the composition root
+hands it here (``serve_at``) when it wires the app: core reads no environment.
 
 Declarations import it from ``core.workflows`` (``from core.workflows import events_url``).
 """
@@ -20,7 +21,6 @@ Declarations import it from ``core.workflows`` (``from core.workflows import eve
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -41,6 +41,20 @@ class _Running:
 
 
 _running: ContextVar[_Running | None] = ContextVar("running_step", default=None)
+#: The app's own host name, as the composition root set it (empty: not known).
+_host = ""
+
+
+def serve_at(host: str) -> None:
+    """The app's own host name (``Settings.hostname``, from ``WEBSITE_HOSTNAME``): set once
+    by the composition root, before any step runs."""
+    global _host  # noqa: PLW0603
+    _host = host.strip()
+
+
+def served_at() -> str:
+    """The host name ``events_url`` builds links on (empty: none set)."""
+    return _host
 
 
 @contextlib.contextmanager
@@ -75,7 +89,7 @@ def events_url(order_id: str, event: str) -> str:
             f"event {event!r} is a person's decision (an operator delivers it): it has no "
             'callback URL; declare it Event(..., by="machine") for a remote to deliver it'
         )
-    host = os.environ.get("WEBSITE_HOSTNAME", "")
+    host = _host
     if not host:
         raise LookupError("WEBSITE_HOSTNAME is not set: the app does not know its own address")
     if planned.name == running.record.step:

@@ -48,10 +48,10 @@ from core.flow import (
     StepSpec,
     Workflow,
 )
+from core.limits import DEFAULT_DECLARATIONS
 from core.links import events_url
 from core.plans import Plan, PlannedStep
 from core.search import SearchError, check_across, parameter
-from core.settings import DECLARATIONS, DEFAULT_DECLARATIONS
 
 __all__ = [
     "AGENTS",
@@ -88,8 +88,6 @@ __all__ = [
     "search_fields",
     "search_names",
 ]
-
-DECLARATIONS_SETTING: Final = DECLARATIONS
 
 
 # --- the registry ----------------------------------------------------------------------

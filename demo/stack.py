@@ -25,8 +25,8 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
 from bootstrap import AppContext, bootstrap
+from config.settings import OPCOUNT_DIR, Settings, Transport
 from core.names import Names
-from core.settings import OPCOUNT_DIR, Settings, Transport
 from localrun.azurite import Azurite
 from localrun.processes import kill_group, read_announcement, stop_group
 

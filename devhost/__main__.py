@@ -31,8 +31,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from core.principals import OPERATOR
-from core.settings import DEV_PRINCIPAL, DEVHOST_INSTANCE_ID, disabled_setting
+from config.principals import OPERATOR
+from config.settings import DEV_PRINCIPAL, DEVHOST_INSTANCE_ID, disabled_setting
 from devhost import app_loader, deployed, pool
 from devhost.host import DevHost
 from devhost.invoke import Invoker

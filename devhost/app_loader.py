@@ -19,7 +19,7 @@ from typing import Any
 
 import azure.functions as func
 
-from core.settings import function_disabled
+from config.settings import function_disabled
 from devhost.settings import ConfigError, resolve_binding
 
 QUEUE = "queueTrigger"

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bootstrap import clients
-from core.settings import OPCOUNT_DIR, STORAGE
-from core.settings import connection as read_connection
+from config.settings import OPCOUNT_DIR, STORAGE
+from config.settings import connection as read_connection
 from devhost import app_loader as loader
 from devhost.app_loader import FunctionSpec
 from devhost.http import HttpServer, route_path

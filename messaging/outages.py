@@ -23,7 +23,6 @@ from datetime import datetime
 from typing import Protocol
 
 from core.errors import ConcurrencyConflict, StorageUnavailable
-from core.figures import ALERT, Activity, InFlight
 from core.messages import outage_alert_message, recovered_alert_message
 from core.names import Names
 from core.outages import (
@@ -40,6 +39,7 @@ from core.outages import (
 )
 from core.ports import Clock, QueueSender
 from core.timefmt import iso
+from dashboard.figures import ALERT, Activity, InFlight
 from observability.logs import get_logger
 from observability.metrics import METRICS
 

@@ -24,8 +24,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from config.settings import DEFAULT_RIDE_OUT_SECONDS
 from core.errors import ConcurrencyConflict, StorageUnavailable
-from core.settings import DEFAULT_RIDE_OUT_SECONDS
 from observability.logs import get_logger
 from observability.metrics import METRICS
 

@@ -31,11 +31,11 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from config.settings import Connection, SettingsError
 from core.errors import OrderError, StorageUnavailable
 from core.messages import AgentReply, AgentRequest
 from core.names import Names
 from core.ports import Clock
-from core.settings import Connection, SettingsError
 from messaging.storage_queues import REPLY_TTL_SECONDS
 from observability.logs import get_logger
 

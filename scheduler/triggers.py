@@ -7,9 +7,9 @@ from __future__ import annotations
 import azure.functions as func
 
 from bootstrap import index_time, uses
+from config.settings import SERVICE_BUS, STORAGE, Transport
 from core import names
 from core.errors import InvalidMessage
-from core.settings import SERVICE_BUS, STORAGE, Transport
 from messaging.wire import decode_dispatch, decode_reply
 
 bp = func.Blueprint()

@@ -31,9 +31,9 @@ import uuid
 from datetime import datetime
 from typing import Any, Final
 
-from core.figures import ALERT, ATTEMPT, FINISHED, KINDS, POISON, STARTED, Activity
 from core.model import Order
 from core.timefmt import ensure_utc, sortable
+from dashboard.figures import ALERT, ATTEMPT, FINISHED, KINDS, POISON, STARTED, Activity
 from stores import layout
 
 PREFIX: Final = "activity|"

@@ -1,4 +1,4 @@
-"""The dashboard's rows, the same on every store (``core.ports.DashboardStore``).
+"""The dashboard's rows, the same on every store (``dashboard.ports.DashboardStore``).
 
 Activity rows live in the orders' shard partitions (``stores/activity.py``); the
 figures in a partition of their own, ``dashboard``, which no sweep reads:
@@ -23,9 +23,9 @@ from typing import Any, Final
 from azure.core.exceptions import AzureError
 
 from core.errors import StorageUnavailable
-from core.figures import Activity, InFlight
-from core.ports import RowWrite, StoredRow
 from core.timefmt import parse_sortable, sortable
+from dashboard.figures import Activity, InFlight
+from dashboard.ports import RowWrite, StoredRow
 from stores import activity, layout
 from stores.rows import RowReads
 from stores.writes import Op

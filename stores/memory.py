@@ -38,15 +38,9 @@ from core.errors import (
 )
 from core.model import Order
 from core.order_message import utf16_units
-from core.ports import (
-    AgentControlStore,
-    DashboardStore,
-    ListFilter,
-    OutboxEntry,
-    SavedNotices,
-    StateStore,
-)
+from core.ports import AgentControlStore, ListFilter, OutboxEntry, SavedNotices, StateStore
 from core.states import OrderStatus
+from dashboard.ports import DashboardStore
 from stores import codec, control_rows, entities, layout, listing, writes
 from stores.control_rows import ControlRows
 from stores.dashboard_rows import DashboardRows

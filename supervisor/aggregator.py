@@ -29,7 +29,10 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from core.errors import ConcurrencyConflict, TransitionRefused
-from core.figures import (
+from core.ports import Clock
+from core.timefmt import iso
+from core.unit_of_work import OrderChanges
+from dashboard.figures import (
     CURSOR_PREFIX,
     HOUR_PREFIX,
     MINUTE_PREFIX,
@@ -45,9 +48,7 @@ from core.figures import (
     stuck_steps,
     time_of_row,
 )
-from core.ports import Clock, DashboardStore, RowWrite, StoredRow
-from core.timefmt import iso
-from core.unit_of_work import OrderChanges
+from dashboard.ports import DashboardStore, RowWrite, StoredRow
 from observability import failpoints
 from observability.logs import get_logger
 

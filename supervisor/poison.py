@@ -33,12 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from core.figures import POISON, Activity
 from core.messages import alert_message
 from core.names import Names, poison
 from core.order_message import is_valid_order_id
 from core.ports import Clock, QueueSender
 from core.redact import base64_without_tokens, without_tokens, without_tokens_bytes
+from dashboard.figures import POISON, Activity
 from observability.logs import get_logger, log_operator_alert
 from observability.metrics import METRICS
 from stores.kept import PREVIEW_CHARS, Keeper, fits_a_queue_message, is_kept_row

@@ -18,8 +18,8 @@ from typing import Any
 import azure.functions as func
 
 from bootstrap import app_context, current_app_context, index_time, uses
+from config.settings import SERVICE_BUS, STORAGE, Transport
 from core import names
-from core.settings import SERVICE_BUS, STORAGE, Transport
 from supervisor.expired import EXPIRED_REASON
 from supervisor.poison import Poisoned
 

@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 from admin.service import order_view
-from core.settings import declarations_of
+from config.settings import declarations_of
 from core.states import StepState
 from testkit.checks import KitError
 from testkit.players import Call

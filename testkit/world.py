@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from bootstrap import AppContext, bootstrap
-from core import workflows
+from config.settings import Settings
+from core import links, workflows
 from core.errors import TransitionRefused
 from core.model import Order
 from core.names import Names
-from core.settings import Settings
 from core.states import StepState
 from stores.memory import InMemoryStateStore
 from supervisor.service import SKEW_GRACE
@@ -73,14 +72,17 @@ class World:
         self._pending: list[Pending] = []
         self._waiting_since: dict[str, datetime] = {}  # event -> when the kit saw it wait
         self._decided: set[str] = set()
+        env = {
+            "AzureWebJobsStorage": "UseDevelopmentStorage=true",  # never reached
+            "AGENT_TRANSPORT": "storage",
+            "REPLY_QUEUES": STATUS_QUEUE,
+            "ORDERS_DECLARATIONS": declarations,
+            "WEBSITE_HOSTNAME": HOST,
+            **settings,
+        }
+        #: the app's host name, which ``events_url`` builds callback links on
+        self.host = env["WEBSITE_HOSTNAME"]
         with self.using():
-            env = {
-                "AzureWebJobsStorage": "UseDevelopmentStorage=true",  # never reached
-                "AGENT_TRANSPORT": "storage",
-                "REPLY_QUEUES": STATUS_QUEUE,
-                "ORDERS_DECLARATIONS": declarations,
-                **settings,
-            }
             self.store = InMemoryStateStore()
             self.app: AppContext = bootstrap(
                 replace(Settings.from_env(env), instance_id="testkit"),
@@ -102,17 +104,14 @@ class World:
     def using(self) -> Iterator[None]:
         """The run's declarations in force, and the app's host name set (``events_url``
         needs one), for the block; what was there before, after it."""
-        before = workflows.in_use()
-        host = os.environ.get("WEBSITE_HOSTNAME")
+        before, host = workflows.in_use(), links.served_at()
         workflows.use(self.declarations)
-        if not host:
-            os.environ["WEBSITE_HOSTNAME"] = HOST
+        links.serve_at(self.host)
         try:
             yield
         finally:
             workflows.use(before)
-            if not host:
-                os.environ.pop("WEBSITE_HOSTNAME", None)
+            links.serve_at(host)
 
     # --- the run ----------------------------------------------------------------------
 

@@ -18,8 +18,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from config.settings import DECLARATIONS
 from core import workflows
-from core.settings import DECLARATIONS, DEFAULT_DECLARATIONS
+from core.limits import DEFAULT_DECLARATIONS
 from localrun.azurite import Azurite
 from tests import SUITE_DECLARATIONS
 

@@ -19,9 +19,9 @@ from azure.functions.decorators.http import HttpTrigger
 from azure.storage.queue import QueueClient
 
 from bootstrap import AppContext, bootstrap, reset_app_context
+from config.principals import OPERATOR, Principal, SignIn
+from config.settings import DECLARATIONS, Settings
 from core.names import Names
-from core.principals import OPERATOR, Principal, SignIn
-from core.settings import DECLARATIONS, Settings
 from devhost.app_loader import FunctionSpec
 from devhost.invoke import Invoker
 from testkit.fakes import FakeClock as FakeClock  # noqa: PLC0414 - the tests import it from here

@@ -30,7 +30,7 @@ resource site 'Microsoft.Web/sites@2024-04-01' existing = {
      hands the app its claims, app roles included, in X-MS-CLIENT-PRINCIPAL, after
      removing any X-MS-CLIENT-PRINCIPAL* header the client sent. With WEBSITE_AUTH_ENABLED
      (the platform's) and SIGN_IN_CLIENT_ID (function-app.bicep writes it from the same
-     authClientId) the app believes it (core/principals.py).
+     authClientId) the app believes it (config/principals.py).
    - What each may do is the app's decision, on every route: reads need Orders.Reader,
      changes Orders.Operator; the console sends a browser that is not signed in to
      /.auth/login/aad. Unauthenticated requests are therefore let through

@@ -3,7 +3,7 @@
 // On Flex Consumption the runtime and its version live in functionAppConfig,
 // not in FUNCTIONS_WORKER_RUNTIME / FUNCTIONS_EXTENSION_VERSION app settings
 // (the platform rejects those). The app settings below are exactly the names
-// core/settings.py reads (contract 3.6), in their identity-based form, plus
+// config/settings.py reads (contract 3.6), in their identity-based form, plus
 // the two Application Insights platform settings; tests/infra checks that.
 
 param name string

@@ -5,7 +5,7 @@ orders the tests look at, made once and settled before the first test runs:
 
 - devhost 0 runs every function with ``CONSOLE_READ_ONLY=false``: the console the tests
   drive, and the one instance that processes orders. Each devhost signs the browser in
-  as its development principal (the OS user, ``Orders.Operator``: core/principals.py);
+  as its development principal (the OS user, ``Orders.Operator``: config/principals.py);
   ``Browser.signed_in_as`` makes every request say another (``X-Dev-Principal``);
 - devhost 1 runs only the HTTP functions (the others are ``--exclude``d, so it never
   competes for work) with ``CONSOLE_READ_ONLY=true``: the read-only console.

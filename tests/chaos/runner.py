@@ -46,11 +46,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from config.settings import CLOCK_OFFSET, REPLY_HANDLER, disabled_setting
 from core.attempts import Attempt
 from core.messages import idempotency_key
 from core.model import Order, StepRecord
 from core.outcome import Outcome
-from core.settings import CLOCK_OFFSET, REPLY_HANDLER, disabled_setting
 from core.states import StepState
 from core.timefmt import parse_iso
 from demo.stack import Devhost, LocalStack

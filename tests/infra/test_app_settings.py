@@ -1,6 +1,6 @@
 """(c) The app settings Bicep emits are exactly the settings the code reads.
 
-core.settings.APP_SETTINGS names them (docs/contracts.md §3.6). A connection name may
+config.settings.APP_SETTINGS names them (docs/contracts.md §3.6). A connection name may
 appear as its identity-based `<Name>__<part>` variants instead of itself; the
 two Application Insights settings and the Python runtime's thread pool size are read by
 the platform, not the code.
@@ -12,7 +12,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from core import names, settings, workflows
+from config import settings
+from core import names, workflows
+from core.limits import MAX_STEP_TIMEOUT_SECONDS
 from core.retention import DEFAULT_KEPT_DAYS, DEFAULT_RETENTION, Retention
 from tests.infra.bicep import (
     FUNCTION_APP,
@@ -39,7 +41,7 @@ PLATFORM_SETTINGS = {
     "PYTHON_THREADPOOL_THREAD_COUNT",
 }
 CONNECTIONS = {settings.STORAGE, settings.SERVICE_BUS}
-# The parts the Functions host and core.settings.Connection understand.
+# The parts the Functions host and config.settings.Connection understand.
 IDENTITY_PARTS = {
     "accountName",
     "fullyQualifiedNamespace",
@@ -128,7 +130,7 @@ def test_emitted_settings_are_exactly_what_the_code_reads() -> None:
             continue
         base, _, part = name.partition("__")
         if base not in settings.APP_SETTINGS:
-            unexpected.append(f"{name}: not read by the code (core.settings.APP_SETTINGS)")
+            unexpected.append(f"{name}: not read by the code (config.settings.APP_SETTINGS)")
         elif part and (base not in CONNECTIONS or part not in IDENTITY_PARTS):
             unexpected.append(f"{name}: {base} has no identity-based part {part!r}")
     assert not unexpected, "Bicep emits settings nothing reads:\n" + "\n".join(unexpected)
@@ -223,7 +225,7 @@ def test_step_timeout_cannot_exceed_what_the_host_honours() -> None:
     renewal and function timeout): a deployment must not be able to set more."""
     for path in (MAIN, INFRA / "app" / "function-app.bicep"):
         param = parse(path)["parameters"]["stepTimeoutSeconds"]
-        assert _bounds(param) == {"min_value": 1, "max_value": settings.MAX_STEP_TIMEOUT_SECONDS}, (
+        assert _bounds(param) == {"min_value": 1, "max_value": MAX_STEP_TIMEOUT_SECONDS}, (
             f"{rel(path)}: stepTimeoutSeconds bounds"
         )
 

@@ -1,10 +1,10 @@
 """(f) The operator console: its read-only switch, its URL, and Entra sign-in with roles.
 
 CONSOLE_READ_ONLY comes from the consoleReadOnly parameter and is written as a value
-core.settings accepts. App Service authentication (Easy Auth, authsettingsV2) is
+config.settings accepts. App Service authentication (Easy Auth, authsettingsV2) is
 deployed only when authClientId names an app registration; it vouches for every caller
 it can (a cookie, a token) and lets the others through for the app to decide by role
-(core/principals.py), which believes it only with SIGN_IN_CLIENT_ID, written from the
+(config/principals.py), which believes it only with SIGN_IN_CLIENT_ID, written from the
 same parameter. It holds no secret. The app roles the registration needs are
 infra/app-roles.json, the code's role names.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from core import principals, settings
+from config import principals, settings
 from tests.infra.bicep import (
     FUNCTION_APP,
     INFRA,

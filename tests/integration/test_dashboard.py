@@ -1,4 +1,4 @@
-"""The dashboard's store methods (``core.ports.DashboardStore``), one contract on both
+"""The dashboard's store methods (``dashboard.ports.DashboardStore``), one contract on both
 adapters (``TableStateStore`` on Azurite, ``InMemoryStateStore``), and the aggregator on
 Azurite: figures equal to what the orders did, bounded reads, a run killed after its
 commit resumed without counting twice; the index repair and the retention purge beside
@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 
 from core.errors import ConcurrencyConflict
-from core.figures import POISON, Activity, Figures
 from core.messages import AgentReply, AgentRequest
 from core.model import Order
 from core.outcome import Outcome
 from core.policy import RetryPolicy
-from core.ports import RowWrite, StateStore
+from core.ports import StateStore
 from core.states import OrderStatus
+from dashboard.figures import POISON, Activity, Figures
+from dashboard.ports import RowWrite
 from stores import layout
 from stores.memory import InMemoryStateStore
 from stores.tables import TableStateStore

@@ -16,7 +16,7 @@ import azure.functions as func
 import pytest
 
 from bootstrap import AppContext, reset_app_context
-from core.principals import READER, SignIn
+from config.principals import READER, SignIn
 from messaging.wire import decode_reply, decode_request
 from simulator import SimulatorServer
 from tests.support import (

@@ -1,5 +1,5 @@
 """Every HTTP route of the operator API and the console decides by role
-(core/principals.py), on real Azurite, through the functions ``function_app`` declares.
+(config/principals.py), on real Azurite, through the functions ``function_app`` declares.
 
 The routes are enumerated from ``function_app``: a route that is not in ``ACCESS`` (or
 that carries no decision of its own, ``@requires`` / ``@access``) fails here, so no route
@@ -28,8 +28,8 @@ import azure.functions as func
 import pytest
 
 from bootstrap import AppContext, reset_app_context
+from config.principals import OPERATOR, READER, Access, SignIn
 from console import security
-from core.principals import OPERATOR, READER, Access, SignIn
 from tests.integration.orders import accept
 from tests.integration.test_listing import T0, fail
 from tests.support import (

@@ -37,12 +37,12 @@ from typing import Any
 
 import pytest
 
+from config.settings import Connection
 from core.errors import StorageUnavailable
 from core.messages import MAX_INLINE_ORDER_BYTES, AgentRequest
 from core.names import Names
 from core.outcome import Applied
 from core.ports import AgentTransport
-from core.settings import Connection
 from messaging.storage_queues import REPLY_TTL_SECONDS, REQUEST_LATE_SECONDS
 from messaging.wire import decode_reply, decode_request
 from tests.localbus.target import Target, open_target

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
-from core.settings import Connection
+from config.settings import Connection
 from devhost.app_loader import FunctionSpec
 from devhost.servicebus import ServiceBusListener, sdk_receiver_factory
 from devhost.settings import ServiceBusOptions

@@ -12,11 +12,11 @@ import pytest
 from azure.servicebus import ServiceBusClient, ServiceBusMessage
 
 from admin.drain import ServiceBusLegacyQueue, drain
+from config.settings import Connection
 from core.messages import AgentRequest
 from core.model import Order
 from core.names import Names
 from core.order_message import decode_order
-from core.settings import Connection
 from core.workflows import WORKFLOWS, Plan
 from localbus.process import LocalBus
 from messaging.servicebus import ServiceBusTransport, client_for

@@ -19,6 +19,7 @@ from admin import __main__ as cli
 from admin import triggers
 from admin.service import OrderAdmin
 from bootstrap import reset_app_context
+from config.principals import OPERATOR, READER, SignIn
 from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
@@ -28,7 +29,6 @@ from core.errors import (
     TransitionRefused,
 )
 from core.names import Names
-from core.principals import OPERATOR, READER, SignIn
 from messaging.outbox import NoticeSender
 from stores import layout
 from stores.listing import format_token, parse_token

@@ -39,10 +39,10 @@ from agents.pacing import RemotePolicy
 from agents.python import NotApplied, PythonTry, Refused
 from agents.remote import HttpTry
 from agents.runner import AttemptRunner
+from config.settings import Settings, SettingsError
 from core import workflows
 from core.messages import AgentRequest
 from core.outcome import Applied, Outcome
-from core.settings import Settings, SettingsError
 from simulator import SimulatorServer
 from tests.support import settings_from, unanswered
 from tests.unit.test_remote_client import (

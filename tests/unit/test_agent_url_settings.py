@@ -13,7 +13,7 @@ import pytest
 from admin import __main__ as cli
 from agents.url_settings import check_agent_urls
 from bootstrap import bootstrap
-from core.settings import SettingsError
+from config.settings import SettingsError
 from tests.support import settings_from
 
 BASE = {"AzureWebJobsStorage": "UseDevelopmentStorage=true", "AGENT_TRANSPORT": "storage"}

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from admin import __main__ as cli
+from config.settings import DECLARATIONS
 from core import workflows
-from core.settings import DEFAULT_DECLARATIONS
+from core.limits import DEFAULT_DECLARATIONS
 from core.workflows import Agent, ApiKey, EntraToken, StepSpec, Workflow
 from tests import SUITE_DECLARATIONS
 
@@ -58,7 +59,7 @@ def test_agents_json_is_generated_from_the_declarations() -> None:
 @pytest.mark.deployment
 def test_the_command_prints_the_committed_file() -> None:
     """The command itself, as an operator runs it, from the default declarations."""
-    env = {k: v for k, v in os.environ.items() if k != workflows.DECLARATIONS_SETTING}
+    env = {k: v for k, v in os.environ.items() if k != DECLARATIONS}
     env.pop("AzureWebJobsStorage", None)  # it needs no storage
     run = subprocess.run(
         [sys.executable, "-m", "admin", "agents-json"],
@@ -150,7 +151,7 @@ def test_a_bad_declaration_is_reported_and_nothing_written(
         Workflow("order", (StepSpec("process", agent="missing"),))
     ]
     monkeypatch.setitem(sys.modules, bad.__name__, bad)
-    monkeypatch.setenv(workflows.DECLARATIONS_SETTING, bad.__name__)
+    monkeypatch.setenv(DECLARATIONS, bad.__name__)
     target = tmp_path / "agents.json"
     monkeypatch.setattr(cli, "AGENTS_JSON", target)
     workflows.reload()

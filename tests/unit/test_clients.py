@@ -13,7 +13,7 @@ from azure.core.exceptions import ServiceResponseError
 from azure.core.pipeline.transport import RequestsTransport
 
 from bootstrap import clients
-from core.settings import Connection
+from config.settings import Connection
 from tests.loopback import Server
 
 ACCOUNT = "devstoreaccount1"

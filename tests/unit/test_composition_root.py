@@ -21,9 +21,9 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from admin.service import OrderAdmin
 from admin.watch import PEEK, Watch
 from bootstrap import bootstrap, reset_app_context, uses
-from core.figures import STUCK_ROW
 from core.names import Names
-from core.ports import RowWrite
+from dashboard.figures import STUCK_ROW
+from dashboard.ports import RowWrite
 from stores.memory import InMemoryStateStore
 from tests.support import settings_from
 from tests.unit.test_services_in_memory import (
@@ -180,3 +180,17 @@ def test_the_stuck_list_and_the_figures_are_read_through_the_watch() -> None:
     assert [r.row for r in watch.stuck_rows()] == [STUCK_ROW]
     assert watch.read_outages() == {}
     assert [r.row for r in watch.dashboard_rows(STUCK_ROW, STUCK_ROW + "~")] == [STUCK_ROW]
+
+
+def test_the_root_hands_core_the_apps_host_name_from_the_settings() -> None:
+    """Core reads no environment: the links a step hands out (``events_url``) are built on
+    the host the settings read once, set by the composition root."""
+    from core import links
+
+    try:
+        bootstrap(settings_from({**LOCAL, "WEBSITE_HOSTNAME": "app.example:7071"}))
+        assert links.served_at() == "app.example:7071"
+        bootstrap(settings_from(LOCAL))
+        assert links.served_at() == ""
+    finally:
+        links.serve_at("")

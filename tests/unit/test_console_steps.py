@@ -511,8 +511,8 @@ def test_the_dashboard_page_reads_its_rows_by_the_apps_clock(app: App) -> None:
     """The figures the dashboard timer kept for this minute by the app's clock show on
     the page, whatever the wall clock says (it reads them through ``admin.watch``)."""
     from console.triggers import console_dashboard
-    from core.figures import Figures, minute_row
-    from core.ports import RowWrite
+    from dashboard.figures import Figures, minute_row
+    from dashboard.ports import RowWrite
 
     now = app.clock()
     figures = Figures(started={"checkout": 3})

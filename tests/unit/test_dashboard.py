@@ -16,7 +16,10 @@ import pytest
 from bootstrap import AppContext, bootstrap
 from console.dashboard_page import build as build_page
 from core.errors import TransitionRefused
-from core.figures import (
+from core.names import Names
+from core.outcome import Outcome
+from core.unit_of_work import OrderChanges
+from dashboard.figures import (
     MAYBE_APPLIED,
     NOT_APPLIED,
     REFUSED,
@@ -32,10 +35,7 @@ from core.figures import (
     percentile,
     stuck_steps,
 )
-from core.names import Names
-from core.outcome import Outcome
-from core.ports import RowWrite
-from core.unit_of_work import OrderChanges
+from dashboard.ports import RowWrite
 from stores import activity, layout
 from stores.memory import InMemoryStateStore
 from supervisor.aggregator import DashboardAggregator, figures_of

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from core import settings
+from config import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = (ROOT / "docs" / "deployment.md").read_text(encoding="utf-8")

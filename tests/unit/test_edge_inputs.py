@@ -20,9 +20,9 @@ import pytest
 from admin import triggers
 from admin.query import parse_filter, parse_time
 from bootstrap import reset_app_context
+from config.principals import SignIn
 from console import security
 from console import triggers as console
-from core.principals import SignIn
 from stores.listing import key_range
 from tests.support import DEV_OPERATOR
 from tests.unit.test_admin_hardening import (

@@ -2,7 +2,11 @@
 inside functions):
 
 - ``core`` imports nothing of the app, and no Azure SDK: only ``core``, the standard
-  library and pydantic (validation, no I/O);
+  library and pydantic (validation, no I/O); it imports no ``os`` and reads no
+  environment: it is handed values (the settings read the environment once);
+- ``config`` (the settings, who may do what) imports only ``core``; ``dashboard`` (the
+  dashboard's figures and its store port) only ``core``; neither is imported by ``core``
+  or ``observability``, and the scheduler and the agents know nothing of the dashboard;
 - ``agents`` never import ``stores`` (an agent knows the remote, not the state);
 - no role imports another: the scheduler, the agents, the supervisor and the operator
   (``admin`` and its console) meet only in ``core`` ports, ``messaging`` and ``stores``
@@ -28,6 +32,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 APP = (
     "core",
+    "config",
+    "dashboard",
     "observability",
     "stores",
     "messaging",
@@ -119,6 +125,65 @@ def local_packages() -> set[str]:
 def test_core_imports_only_core_the_standard_library_and_pydantic(path: Path) -> None:
     allowed = {"core", "__future__"} | set(sys.stdlib_module_names) | CORE_MAY_IMPORT
     assert imports_of(path) - allowed == set()
+
+
+#: What reads the process's environment (``os.environ``, ``os.getenv``, ``os.putenv``).
+ENVIRONMENT_NAMES = frozenset({"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"})
+
+
+def environment_reads(path: Path) -> set[str]:
+    """``os`` imported, and every name of the environment's API ``path`` uses."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = {"os"} & imports_of(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ENVIRONMENT_NAMES:
+            found.add(node.attr)
+        elif isinstance(node, ast.Name) and node.id in ENVIRONMENT_NAMES:
+            found.add(node.id)
+        elif isinstance(node, ast.alias) and node.name.split(".")[-1] in ENVIRONMENT_NAMES:
+            found.add(node.name)
+    return found
+
+
+@pytest.mark.parametrize("path", modules("core"), ids=lambda p: p.name)
+def test_core_reads_no_environment(path: Path) -> None:
+    """The settings read the environment once (``config.settings``) and the composition
+    root hands core what it needs (the declarations module, the app's host name)."""
+    assert environment_reads(path) == set(), f"core/{path.name} reads the environment"
+
+
+def test_the_rules_see_the_environment_read(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("from os import environ\nimport os\nos.getenv('X')\n")
+    assert environment_reads(sample) == {"os", "environ", "getenv"}
+
+
+#: The layers beside core, what of the app each imports, and who never imports it.
+BESIDE_CORE = {"config": {"core"}, "dashboard": {"core"}}
+NEVER_IMPORTED_BY = {
+    "config": {"core", "observability", "dashboard"},
+    "dashboard": {"core", "config", "observability", "scheduler", "agents"},
+}
+
+
+@pytest.mark.parametrize(
+    "path", [p for package in BESIDE_CORE for p in modules(package)], ids=lambda p: str(p.name)
+)
+def test_config_and_the_dashboard_import_only_core(path: Path) -> None:
+    package = path.relative_to(ROOT).parts[0]
+    app = local_packages() - BESIDE_CORE[package] - {package}
+    assert imports_of(path) & app == set(), f"{package}/{path.name} reaches above core"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for package in APP for p in modules(package)],
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_config_and_the_dashboard_are_imported_only_from_above(path: Path) -> None:
+    mine = path.relative_to(ROOT).parts[0]
+    wrong = {layer for layer, never in NEVER_IMPORTED_BY.items() if mine in never}
+    assert imports_of(path) & wrong == set(), f"{path.relative_to(ROOT)} imports {wrong}"
 
 
 #: The domain's rooms stay small enough to read whole (docs/design.md).
@@ -239,5 +304,8 @@ def test_hostrun_drives_the_runtime_and_knows_nothing_of_devhost(path: Path) -> 
 
 def test_every_app_package_is_covered_by_a_rule() -> None:
     ruled = set(ROLES) | {"core", "observability", "stores", "messaging", "bootstrap"}
+    ruled |= set(BESIDE_CORE)
     assert set(APP) <= ruled <= local_packages()
     assert not (ROOT / "runtime").exists(), "runtime/ was split: bootstrap/ and observability/"
+    moved = ("settings.py", "principals.py", "figures.py")
+    assert not [m for m in moved if (ROOT / "core" / m).exists()], "core/ is the domain"

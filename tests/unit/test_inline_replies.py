@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from config.settings import function_disabled
 from core.errors import ConcurrencyConflict, StorageUnavailable
 from core.messages import AgentReply, AgentRequest
-from core.settings import function_disabled
 from core.states import OrderStatus
 from messaging.inline import InlineReplies
 from scheduler.service import Handled

@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from core.controls import Limits
-from core.figures import outage_rows
 from core.outages import (
     OUTAGE,
     PAST_DAYS,
@@ -29,6 +28,7 @@ from core.outages import (
     stale_owed,
     take,
 )
+from dashboard.figures import outage_rows
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
 POLICY = OutagePolicy()  # 300 s to an alert

@@ -1,4 +1,4 @@
-"""Who calls, and what they may do (core/principals.py): the principal App Service
+"""Who calls, and what they may do (config/principals.py): the principal App Service
 authentication hands in X-MS-CLIENT-PRINCIPAL, believed only where sign-in is configured
 and on; devhost's development principal, only where ORDERS_DEV_PRINCIPAL is set, which
 the settings refuse in Azure and outside devhost; and the decision per access.
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from core.principals import (
+from config.principals import (
     OPERATOR,
     READER,
     Access,
@@ -22,7 +22,7 @@ from core.principals import (
     parse_dev_principal,
     refusal,
 )
-from core.settings import DEV_PRINCIPAL, DEVHOST_INSTANCE_ID, SettingsError
+from config.settings import DEV_PRINCIPAL, DEVHOST_INSTANCE_ID, SettingsError
 from tests.support import CLIENT_ID, SIGNED_IN, client_principal, settings_from
 
 ENTRA = SignIn(client_id=CLIENT_ID, platform=True)

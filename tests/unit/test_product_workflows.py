@@ -23,9 +23,10 @@ HOST = "127.0.0.1:7071"
 
 
 @pytest.fixture
-def s(monkeypatch: pytest.MonkeyPatch) -> Services:
-    monkeypatch.setenv("WEBSITE_HOSTNAME", HOST)  # as devhost (and Azure) set it
-    return build()  # the shop's declarations (tests/fixtures/shop.py)
+def s() -> Services:
+    return build(
+        host=HOST
+    )  # WEBSITE_HOSTNAME, as devhost (and Azure) set it  # the shop's declarations (tests/fixtures/shop.py)
 
 
 def submit(s: Services, order_id: str, workflow: str, **data: Any) -> dict[str, Any]:
@@ -121,10 +122,8 @@ def test_a_big_checkout_refused_by_its_approver_undoes_both_with_their_ids(s: Se
     }
 
 
-def test_without_its_own_address_the_app_cannot_ask_for_a_callback(
-    s: Services, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("WEBSITE_HOSTNAME")
+def test_without_its_own_address_the_app_cannot_ask_for_a_callback() -> None:
+    s = build()  # no WEBSITE_HOSTNAME
     run_checkout(s, "c-3")
     s.clock.advance(3)
     s.scheduler.dispatch("c-3")

@@ -1,6 +1,6 @@
 """The README and docs/ stay true where a test can check it cheaply: the README's table of
 functions against what ``function_app.py`` registers, its settings table against
-``core/settings.py``, the size of the bad-input catalogue docs/messages-and-state.md
+``config/settings.py``, the size of the bad-input catalogue docs/messages-and-state.md
 quotes against the catalogue itself, and every relative link between the pages."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core import settings
+from config import settings
 from core.names import Names
 from core.workflows import AGENTS
 

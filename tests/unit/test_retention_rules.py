@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from azure.data.tables import EdmType, EntityProperty
 
+from config.settings import SettingsError
 from core.retention import DEFAULT_RETENTION, Retention, archive_path, parse_duration
-from core.settings import SettingsError
 from core.states import OrderStatus
 from stores import layout
 from stores.archive import decode_lines, encode_lines, row_from_json, row_to_json

@@ -18,9 +18,9 @@ from azure.servicebus.exceptions import (
     ServiceBusConnectionError,
 )
 
+from config.settings import Connection
 from core.errors import StorageUnavailable
 from core.names import Names
-from core.settings import Connection
 from core.workflows import MAX_STEP_NAME, WORKFLOWS, StepSpec, Workflow
 from messaging import servicebus
 from messaging.servicebus import (

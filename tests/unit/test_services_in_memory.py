@@ -72,6 +72,7 @@ def build(
     instance: str = "scheduler-1",
     max_failures: int = 3,
     reply_queues: str = "app-status",
+    host: str = "",
 ) -> Services:
     """Every service on one store, clock, set of queues and transport (``like``'s, to build a
     second instance beside it; ``store`` to put something in front of the store), wired by
@@ -89,6 +90,7 @@ def build(
             "STEP_TIMEOUT_SECONDS": str(TIMEOUT),
             "MAX_FAILURE_COUNT": str(max_failures),
             "REPLY_QUEUES": reply_queues,
+            "WEBSITE_HOSTNAME": host,  # the app's own, as Azure and devhost set it
         }
     )
     app = bootstrap(

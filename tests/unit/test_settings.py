@@ -4,14 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.settings import (
-    APP_SETTINGS,
-    Connection,
-    Settings,
-    SettingsError,
-    Transport,
-    agent_url,
-)
+from config.settings import APP_SETTINGS, Connection, Settings, SettingsError, Transport, agent_url
 
 STORAGE_CS = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;"
 SB_CS = "Endpoint=sb://ns.servicebus.windows.net/;SharedAccessKeyName=k;SharedAccessKey=a2V5"
@@ -343,7 +336,7 @@ def test_remote_service_url_scheme_is_case_insensitive() -> None:
 
 
 def test_a_step_timeout_the_host_cannot_honour_is_refused_with_the_reason() -> None:
-    from core.settings import MAX_STEP_TIMEOUT_SECONDS
+    from core.limits import MAX_STEP_TIMEOUT_SECONDS
 
     message = error(
         AzureWebJobsStorage=STORAGE_CS,
@@ -359,7 +352,7 @@ def test_the_host_limits_in_the_code_are_the_ones_in_host_json() -> None:
     import json
     from pathlib import Path
 
-    from core.settings import HOST_FUNCTION_TIMEOUT_SECONDS, HOST_LOCK_RENEWAL_SECONDS
+    from core.limits import HOST_FUNCTION_TIMEOUT_SECONDS, HOST_LOCK_RENEWAL_SECONDS
 
     def seconds(text: str) -> int:
         h, m, s = (int(x) for x in text.split(":"))
@@ -432,3 +425,11 @@ def test_reply_queues_is_empty_by_default_and_read_as_names_and_prefixes() -> No
     assert not read.reply_queues.allows("other-queue")
     message = error(AzureWebJobsStorage=STORAGE_CS, AGENT_TRANSPORT="storage", REPLY_QUEUES="A_b")
     assert message.startswith("REPLY_QUEUES: 'A_b' is not a Storage queue name")
+
+
+def test_the_apps_own_host_name_is_read_once_and_trimmed() -> None:
+    """``WEBSITE_HOSTNAME`` (Azure's, devhost's ``127.0.0.1:<port>``): where a remote calls
+    back; not set, it is empty and ``events_url`` says so."""
+    assert settings(AGENT_TRANSPORT="storage").hostname == ""
+    s = settings(AGENT_TRANSPORT="storage", WEBSITE_HOSTNAME=" func-orders.azurewebsites.net ")
+    assert s.hostname == "func-orders.azurewebsites.net"

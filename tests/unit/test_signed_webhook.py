@@ -24,9 +24,8 @@ NOW = 1_800_000_000.0
 
 
 @pytest.fixture
-def s(monkeypatch: pytest.MonkeyPatch) -> Services:
-    monkeypatch.setenv("WEBSITE_HOSTNAME", HOST)
-    return build()
+def s() -> Services:
+    return build(host=HOST)
 
 
 def signed(payload: dict[str, Any], at: float = NOW, secret: bytes = SECRET) -> tuple[bytes, str]:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from agents.python import NotApplied, Refused
-from core import workflows
+from core import links, workflows
 from testkit import (
     KitError,
     answer,
@@ -410,8 +410,12 @@ def test_the_orders_own_id_is_the_runs() -> None:
 def test_a_run_leaves_the_declarations_and_the_environment_as_it_found_them() -> None:
     before = workflows.in_use()
     host = os.environ.get("WEBSITE_HOSTNAME")
+    links.serve_at("app.example:7071")
+    try:
+        returns()
 
-    returns()
-
-    assert workflows.in_use() == before
-    assert os.environ.get("WEBSITE_HOSTNAME") == host
+        assert workflows.in_use() == before
+        assert os.environ.get("WEBSITE_HOSTNAME") == host
+        assert links.served_at() == "app.example:7071"  # the app's host name, as it was
+    finally:
+        links.serve_at("")

@@ -609,12 +609,11 @@ def checkout_ledger(order_id: str, steps: list[str], **ids: str) -> list[dict[st
 
 
 @pytest.fixture
-def shop(monkeypatch: pytest.MonkeyPatch) -> Any:
+def shop() -> Any:
     from tests.unit import test_product_workflows as product
     from tests.unit.test_services_in_memory import build
 
-    monkeypatch.setenv("WEBSITE_HOSTNAME", "127.0.0.1:7071")
-    return product, build()
+    return product, build(host="127.0.0.1:7071")
 
 
 def test_a_checkout_with_its_waits_and_callback_replays_cleanly(shop: Any) -> None:

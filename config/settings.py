@@ -22,7 +22,14 @@ from types import MappingProxyType
 from typing import Final
 from urllib.parse import urlsplit
 
-from core.principals import SignIn, parse_dev_principal
+from config.principals import SignIn, parse_dev_principal
+from core.limits import (
+    DECLARATIONS_SETTING,
+    DEFAULT_DECLARATIONS,
+    HOST_FUNCTION_TIMEOUT_SECONDS,
+    HOST_LOCK_RENEWAL_SECONDS,
+    MAX_STEP_TIMEOUT_SECONDS,
+)
 from core.reply_queues import ReplyQueues
 from core.retention import DEFAULT_KEPT_DAYS, DEFAULT_RETENTION, Retention
 
@@ -36,7 +43,7 @@ SUPERVISOR_SCHEDULE: Final = "SUPERVISOR_SCHEDULE"
 DEFERRAL_WINDOW_SECONDS: Final = "DEFERRAL_WINDOW_SECONDS"
 CONSOLE_READ_ONLY: Final = "CONSOLE_READ_ONLY"
 #: The app registration people sign in to (App Service authentication); Bicep writes it
-#: from authClientId, empty without sign-in (core/principals.py).
+#: from authClientId, empty without sign-in (config/principals.py).
 SIGN_IN_CLIENT_ID: Final = "SIGN_IN_CLIENT_ID"
 RETENTION: Final = "RETENTION"
 RETENTION_SCHEDULE: Final = "RETENTION_SCHEDULE"
@@ -50,8 +57,7 @@ KEPT_DAYS: Final = "KEPT_DAYS"
 OUTAGE_ALERT_SECONDS: Final = "OUTAGE_ALERT_SECONDS"
 
 #: The module that declares the agents and workflows (``declarations/``, yours).
-DECLARATIONS: Final = "ORDERS_DECLARATIONS"
-DEFAULT_DECLARATIONS: Final = "declarations"
+DECLARATIONS: Final = DECLARATIONS_SETTING
 #: Set by the platform: which instance this is; App Service authentication on.
 WEBSITE_INSTANCE_ID: Final = "WEBSITE_INSTANCE_ID"
 WEBSITE_AUTH_ENABLED: Final = "WEBSITE_AUTH_ENABLED"
@@ -75,7 +81,7 @@ FAILPOINTS: Final = "ORDERS_FAILPOINTS"
 CLOCK_OFFSET: Final = "ORDERS_CLOCK_OFFSET_SECONDS"
 OPCOUNT_DIR: Final = "ORDERS_OPCOUNT_DIR"
 #: devhost only: the development principal (``<name>; roles=<role>,...``) of a request
-#: that names none, and X-Dev-Principal believed (core/principals.py). devhost sets it
+#: that names none, and X-Dev-Principal believed (config/principals.py). devhost sets it
 #: to the OS user as Orders.Operator unless the environment sets it (empty: off).
 DEV_PRINCIPAL: Final = "ORDERS_DEV_PRINCIPAL"
 #: The function that applies agent replies (scheduler/triggers.py): where an instance
@@ -137,13 +143,6 @@ DEFAULT_STUCK_FLOOR_SECONDS: Final = 300
 #: price of a larger value is only a later compensation of a step in doubt.
 DEFAULT_MAX_CLOCK_SKEW_SECONDS: Final = 10
 MAX_MAX_CLOCK_SKEW_SECONDS: Final = 300
-
-#: What the Functions host can honour (host.json; tests/unit/test_settings.py keeps
-#: these equal to it). An agent invocation lasts up to a step's timeout: it must end
-#: well inside the Service Bus lock renewal window and the function timeout.
-HOST_FUNCTION_TIMEOUT_SECONDS: Final = 600
-HOST_LOCK_RENEWAL_SECONDS: Final = 300
-MAX_STEP_TIMEOUT_SECONDS: Final = HOST_LOCK_RENEWAL_SECONDS - 30
 
 
 class SettingsError(ValueError):
@@ -455,7 +454,7 @@ class Settings:
     #: whether this instance runs the reply handler (then its agents apply replies in process)
     inline_replies: bool = True
     #: who callers are: App Service authentication, devhost's development principal, or
-    #: neither (core/principals.py)
+    #: neither (config/principals.py)
     sign_in: SignIn = field(default_factory=SignIn)
     #: Application Insights: the connection string and the authentication string, if any
     telemetry_connection: str | None = None
@@ -485,6 +484,9 @@ class Settings:
     reply_queues: ReplyQueues = field(default_factory=ReplyQueues)
     #: how long every call to an agent's remote fails before one outage alert (core.outages)
     outage_alert_seconds: int = DEFAULT_OUTAGE_ALERT_SECONDS
+    #: the app's own host name (``WEBSITE_HOSTNAME``: Azure's, or devhost's
+    #: ``127.0.0.1:<port>``), where a remote calls back (``core.links``); empty: unknown
+    hostname: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -550,6 +552,7 @@ class Settings:
             outage_alert_seconds=_positive_int(
                 env, OUTAGE_ALERT_SECONDS, DEFAULT_OUTAGE_ALERT_SECONDS, MAX_OUTAGE_ALERT_SECONDS
             ),
+            hostname=env.get(WEBSITE_HOSTNAME, "").strip(),
         )
 
     def require_remote_service_url(self) -> str:

@@ -1,0 +1,2 @@
+"""The live dashboard's layer: its figures (``dashboard.figures``) and the store port
+that speaks their types (``dashboard.ports``)."""
