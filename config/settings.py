@@ -4,9 +4,9 @@ The names are docs/contracts.md §3.6 of the architecture; ``infra/`` emits exac
 these, and ``tests/infra`` checks that the two sets agree. ``Settings.from_env`` is the
 one reading of them: the bootstrap calls it with the process environment and hands
 each part what it uses, so nothing else reads the environment. Besides the app
-settings it reads what the platform sets (the instance, App Service authentication,
-a disabled function, Application Insights) and the test and benchmark switches
-(``ORDERS_*``), each with its name in one place below.
+settings it reads what the platform sets (the instance, the app's host name, App
+Service authentication, a disabled function, Application Insights) and the test and
+benchmark switches (``ORDERS_*``), each with its name in one place below.
 """
 
 from __future__ import annotations

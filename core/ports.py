@@ -10,6 +10,7 @@ same two stores, beside the orders, under the same contract suite.
 (``tests/integration/test_transport_contract.py``):
 ``messaging.storage_queues.StorageQueueTransport`` (on Azurite) and
 ``messaging.servicebus.ServiceBusTransport`` (on localbus, through the real SDK).
+The dashboard's port, which speaks the dashboard's types, is ``dashboard.ports``.
 """
 
 from __future__ import annotations
