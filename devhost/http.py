@@ -92,7 +92,7 @@ class HttpServer:
     def __init__(
         self, port: int, specs: Iterable[FunctionSpec], prefix: str, invoker: Invoker
     ) -> None:
-        self.specs = {spec.name: spec for spec in specs}
+        self.specs, self.prefix = {spec.name: spec for spec in specs}, prefix
         self.urls = url_map(self.specs.values(), prefix)
         self.invoker = invoker
         try:
@@ -105,6 +105,12 @@ class HttpServer:
         self.base_url = f"http://127.0.0.1:{self._server.port}"
         #: The ``Host`` values this server answers to, and so its own origins.
         self.hosts = frozenset(f"{name}:{self._server.port}" for name in ("127.0.0.1", "localhost"))
+
+    def describe(self, spec: FunctionSpec) -> str:
+        methods = ",".join(sorted(spec.trigger.get("methods") or [])) or "any method"
+        auth = spec.trigger.get("authLevel", "FUNCTION")
+        url = f"{self.base_url}/{route_path(spec, self.prefix)}"
+        return f"{methods} {url} (authLevel {auth} not enforced locally)"
 
     def refusal(self, request: Request) -> Response | None:
         """421 for a ``Host`` that is not this server's, 403 for a change another origin

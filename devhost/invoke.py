@@ -2,10 +2,9 @@
 
 Every trigger kind goes through :class:`Invoker`, so shutdown waits for all running
 invocations at one place and every failure is logged the same way (one ERROR record with
-the traceback); successes are logged at DEBUG. What calls the function is the ``runner``:
-for ``python -m devhost``, always :meth:`hostrun.worker.WorkerRuntime.call` (the app
-through azure-functions-runtime, as the host drives it); devhost's own unit tests pass a
-runner that calls a test handler.
+the traceback; successes at DEBUG). Its ``runner`` calls the function: for ``python -m
+devhost``, :meth:`hostrun.worker.WorkerRuntime.call` (the app through
+azure-functions-runtime, as the host drives it); unit tests pass one that calls a handler.
 """
 
 from __future__ import annotations
@@ -14,11 +13,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devhost.app_loader import FunctionSpec
 from hostrun.shapes import Trigger
+
+if TYPE_CHECKING:
+    from devhost.unreadable import UnreadableQueues
 
 log = logging.getLogger("devhost")
 
@@ -49,8 +52,7 @@ Runner = Callable[[FunctionSpec, Trigger], Any]
 
 
 class Invoker:
-    """Hands invocations to ``runner`` (azure-functions-runtime, see hostrun/) and counts
-    them."""
+    """Hands invocations to ``runner`` and counts them."""
 
     def __init__(self, runner: Runner) -> None:
         self._running, self.runner = 0, runner
@@ -80,3 +82,33 @@ class Invoker:
         elapsed = time.monotonic() - started
         log.debug("function %s succeeded in %.3f s%s", spec.name, elapsed, suffix)
         return Outcome(value=result)
+
+
+class Listener:
+    """What a queue trigger's listener is, Storage or Service Bus: one function, whose
+    messages run on a pool of its host.json concurrency, and a queue whose every receive
+    is told to ``unreadable`` (``devhost/unreadable.py``; None: not told)."""
+
+    def __init__(self, spec: FunctionSpec, invoker: Invoker, concurrency: int) -> None:
+        self.spec, self.invoker = spec, invoker
+        self.source = str(spec.trigger.get("queueName", ""))
+        self._pool = ThreadPoolExecutor(concurrency, f"devhost-{spec.name}")
+        self.unreadable: UnreadableQueues | None = None
+        self.log = logging.getLogger(type(self).__module__)
+
+    def invoke(self, trigger: Trigger, detail: str) -> bool:
+        """One invocation with this message; True if it succeeded."""
+        return self.invoker.call(self.spec, trigger, detail=detail).succeeded
+
+    def report_receive(self, error: Exception | None = None) -> None:
+        """A receive worked, or failed with ``error``."""
+        if self.unreadable is not None and error is None:
+            self.unreadable.read(self.source)
+        elif self.unreadable is not None:
+            self.unreadable.failed(self.source, error)
+
+    def warn(self, text: str, *args: Any, level: int = logging.WARNING) -> None:
+        self.log.log(level, f"function %s: {text}", self.spec.name, *args)
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False)

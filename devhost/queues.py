@@ -1,16 +1,14 @@
 """Storage queue triggers: poll, lease, invoke, then delete, retry or poison.
 
-As the Functions host does (Microsoft.Azure.WebJobs.Extensions.Storage.Queues' ``QueueListener``).
-Polling: a receive that returned messages is followed by the next one at once (once fewer
-than ``newBatchThreshold`` run); an empty one by a wait of :class:`PollingBackOff`, the
-host's randomized exponential back-off, from 100 ms up to ``maxPollingInterval``. Only
-what this host itself adds to a queue (a function's output binding, a message moved to
-poison) ends a wait early (:class:`EnqueueWatcher`, the host's ``SharedQueueWatcher``);
-a message the app sends with the Storage SDK waits for the next poll, as in Azure. Success
-deletes the message. Failure with ``dequeue_count >= maxDequeueCount`` copies the original text to
-``<queue>-poison`` and deletes it; a lesser failure makes the message visible again after
-``visibilityTimeout``. A message that arrives with its dequeue count already above
-``maxDequeueCount`` (its earlier holders died mid-run) goes to poison without running.
+As the Functions host does (Microsoft.Azure.WebJobs.Extensions.Storage.Queues'
+``QueueListener``). A receive that returned messages is followed by the next one at once
+(once fewer than ``newBatchThreshold`` run), an empty one by :class:`PollingBackOff`. Only
+what this host adds to a queue ends a wait early (:class:`EnqueueWatcher`); a message the
+app sends with the Storage SDK waits for the next poll, as in Azure. Success deletes the
+message; failure at ``dequeue_count >= maxDequeueCount`` moves its text to
+``<queue>-poison``, a lesser one makes it visible again after ``visibilityTimeout``; a
+message dequeued more than ``maxDequeueCount`` times (its holders died) goes to poison
+without running.
 
 Where devhost differs: the host leases a message for 10 minutes and renews it; devhost
 leases it for at most 30 s and renews it every 10 s while the function runs (contract 3.9),
@@ -26,20 +24,17 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker, start_thread
+from devhost.invoke import Invoker, Listener, start_thread
 from devhost.settings import LeaseOptions, QueueOptions
-from devhost.unreadable import UnreadableQueues
 from hostrun.shapes import QueueMessage
 from messaging.storage_queues import StorageQueues
 
-log = logging.getLogger("devhost.queues")
 POISON_SUFFIX = "-poison"
 #: The host's shortest wait between two polls (``QueuePollingIntervals.Minimum``), which is
 #: also the step its back-off grows by.
@@ -53,11 +48,10 @@ class PollingBackOff:
     """The wait after a receive that found nothing: the WebJobs SDK's
     ``RandomizedExponentialBackoffStrategy(minimum=100 ms, maximum=maxPollingInterval)``.
 
-    ``next_delay(found)``, with ``found`` = a message came since the last wait: 100 ms, and
-    the growth starts again; otherwise 100 ms, then 100 ms more each time times 1, 2, 4, 8
-    ... (each step 0.8-1.2 times that, at random), until the maximum, where it stays. So
-    after the last message of a burst the waits are about 0.1, 0.2, 0.3, 0.5, 0.9, 1.7 s,
-    then ``maxPollingInterval``.
+    ``next_delay(found)``, ``found`` = a message came since the last wait: 100 ms, and the
+    growth starts again; else 100 ms, then 100 ms more each time times 1, 2, 4 ... (each
+    step 0.8-1.2 times that, at random) up to the maximum: after a burst about 0.1, 0.2,
+    0.3, 0.5, 0.9, 1.7 s, then ``maxPollingInterval``.
     """
 
     def __init__(
@@ -141,12 +135,10 @@ class StorageQueue:
 
 
 class EnqueueWatcher:
-    """Wakes the listener of a queue when this host adds a message to it (the host's
-    ``SharedQueueWatcher``): a function's Storage queue output binding
-    (``DevHost.deliver``) or a message moved to a poison queue. The message still goes
-    through the queue, with its lease, retries and poison handling; only the wait for
-    the next poll goes. A message the app sends itself with the Storage SDK wakes nobody:
-    the host does not see it, so it waits for the next poll, locally as in Azure."""
+    """Wakes the listeners of a queue when this host adds a message to it (the host's
+    ``SharedQueueWatcher``): a Storage queue output binding (``DevHost.deliver``) or a
+    message moved to poison. Only the wait for the next poll goes: the message still goes
+    through the queue. What the app sends with the Storage SDK wakes nobody, as in Azure."""
 
     def __init__(self) -> None:
         self._listeners: dict[tuple[str, str], list[QueueListener]] = {}
@@ -168,8 +160,9 @@ class Lease:
     settled: bool = False
 
 
-class QueueListener:
-    """Runs one queue-triggered function: a poll thread, a lease renewer and a worker pool."""
+class QueueListener(Listener):
+    """Runs one queue-triggered function: a poll thread, a lease renewer and a worker pool.
+    ``watcher`` is told when a message moves to the poison queue."""
 
     def __init__(
         self,
@@ -182,19 +175,14 @@ class QueueListener:
         clock: Callable[[], float] = time.monotonic,
         watcher: EnqueueWatcher | None = None,
     ) -> None:
-        """``watcher``: told when this listener moves a message to its poison queue."""
-        self.spec, self.queue, self.poison, self.invoker = spec, queue, poison, invoker
-        self._watcher = watcher
+        super().__init__(spec, invoker, options.max_concurrency)
+        self.queue, self.poison, self.source, self._watcher = queue, poison, queue.name, watcher
         self.options, self.lease_options, self._clock = options, lease, clock
         self._leases: set[Lease] = set()
         self._receiving = False  # between a receive and the dispatch of what it returned
         self._ready = False  # the trigger queue exists (or we may not create it)
         self._changed = threading.Condition()
         self._nudged = threading.Event()  # this host added a message (or stops): poll now
-        self._pool = ThreadPoolExecutor(options.max_concurrency, f"devhost-{spec.name}")
-        #: Told of every receive: a queue unread for a minute raises one alert
-        #: (``devhost/unreadable.py``); None: not told.
-        self.unreadable: UnreadableQueues | None = None
 
     def describe(self) -> str:
         o = self.options
@@ -204,9 +192,6 @@ class QueueListener:
             f"visibilityTimeout {o.visibility_timeout:g} s, "
             f"lease {self.lease_options.lease_seconds} s)"
         )
-
-    def _warn(self, text: str, *args: Any, level: int = logging.WARNING) -> None:
-        log.log(level, f"function %s: {text}", self.spec.name, *args)
 
     @property
     def in_flight(self) -> int:
@@ -232,16 +217,14 @@ class QueueListener:
                 if isinstance(error, ResourceNotFoundError):
                     self._ready = False  # the queue was deleted: create it again
                 level = logging.DEBUG if failing else logging.WARNING
-                self._warn("cannot read queue %s: %s", self.queue.name, error, level=level)
+                self.warn("cannot read queue %s: %s", self.queue.name, error, level=level)
                 failing, found = True, False
-                if self.unreadable is not None:
-                    self.unreadable.failed(self.queue.name, error)
+                self.report_receive(error)
             else:
                 if failing:
-                    self._warn("queue %s answers again", self.queue.name, level=logging.INFO)
+                    self.warn("queue %s answers again", self.queue.name, level=logging.INFO)
                 failing = False
-                if self.unreadable is not None:
-                    self.unreadable.read(self.queue.name)
+                self.report_receive()
             finally:
                 with self._changed:
                     self._receiving = False
@@ -278,7 +261,7 @@ class QueueListener:
             except HttpResponseError as error:
                 if error.status_code != 403:
                     raise
-                self._warn("may not create queue %s; polling it anyway", self.queue.name)
+                self.warn("may not create queue %s; polling it anyway", self.queue.name)
             self._ready = True
         with self._changed:
             self._receiving = True
@@ -327,7 +310,7 @@ class QueueListener:
                 next_visible_time=message.next_visible_on,
             )
             detail = f"message {message.id}, dequeue count {message.dequeue_count}"
-            succeeded = self.invoker.call(self.spec, trigger, detail=detail).succeeded
+            succeeded = self.invoke(trigger, detail)
             self._guarded(message.id, lambda: self._settle(message, lease, succeeded))
         finally:
             with self._changed:
@@ -348,7 +331,7 @@ class QueueListener:
 
     def _move_to_poison(self, message: Any, pop_receipt: str, why: str) -> None:
         why += f" (maxDequeueCount {self.options.max_dequeue_count})"
-        self._warn("message %s %s; moving it to %s", message.id, why, self.poison.name)
+        self.warn("message %s %s; moving it to %s", message.id, why, self.poison.name)
         content = message.content
         self.poison.send(content if isinstance(content, str) else bytes(content).decode())
         if self._watcher is not None:  # the host's OnMessageAddedToPoisonQueue
@@ -359,14 +342,14 @@ class QueueListener:
         try:
             action()
         except LeaseLost as error:
-            self._warn(
+            self.warn(
                 "lost the lease on message %s before settling it (%s); whoever holds it now "
                 "decides its fate",
                 message_id,
                 error,
             )
         except Exception:  # logged; the lease lapses and the message returns
-            log.exception(
+            self.log.exception(
                 "function %s: cannot settle message %s; it returns when its lease lapses",
                 self.spec.name,
                 message_id,
@@ -396,13 +379,10 @@ class QueueListener:
                         lease.message_id, lease.pop_receipt, self.lease_options.lease_seconds
                     )
                     lease.renewed_at = self._clock()
-                    self._warn("renewed message %s", lease.message_id, level=logging.DEBUG)
+                    self.warn("renewed message %s", lease.message_id, level=logging.DEBUG)
                 except Exception as error:  # noqa: BLE001 - retried on the next pass
                     lost = isinstance(error, LeaseLost)
                     if lost:  # no use retrying at once: someone else holds it
                         lease.renewed_at = self._clock()
                     what = "cannot renew" if lost else "will retry renewing"
-                    self._warn("%s message %s: %s", what, lease.message_id, error)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)
+                    self.warn("%s message %s: %s", what, lease.message_id, error)

@@ -16,14 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from core.settings import Connection
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker, start_thread
+from devhost.invoke import Invoker, Listener, start_thread
 from devhost.settings import ServiceBusOptions
-from devhost.unreadable import UnreadableQueues
 from hostrun.shapes import ServiceBusMessage
 
 log = logging.getLogger("devhost.servicebus")
@@ -116,7 +115,7 @@ def close_within(resource: Any, timeout: float = CLOSE_TIMEOUT_SECONDS) -> bool:
     return not thread.is_alive()
 
 
-class ServiceBusListener:
+class ServiceBusListener(Listener):
     def __init__(
         self,
         spec: FunctionSpec,
@@ -125,16 +124,11 @@ class ServiceBusListener:
         options: ServiceBusOptions,
         renewer_factory: Callable[[], Any] | None = None,
     ) -> None:
-        self.spec, self._open, self.invoker, self.options = spec, open_receiver, invoker, options
+        super().__init__(spec, invoker, options.max_concurrent_calls)
+        self._open, self.options = open_receiver, options
         self._renewer_factory = renewer_factory or (lambda: sdk_renewer(options))
-        self._pool = ThreadPoolExecutor(
-            max_workers=options.max_concurrent_calls, thread_name_prefix=f"devhost-{spec.name}"
-        )
         self.in_flight = 0  # messages received and not yet settled (read by shutdown)
         self.received = False  # a receive worked since the last (re)connect
-        #: Told of every receive: a queue unread for a minute raises one alert
-        #: (``devhost/unreadable.py``); None: not told.
-        self.unreadable: UnreadableQueues | None = None
 
     def describe(self) -> str:
         trigger = self.spec.trigger
@@ -157,17 +151,15 @@ class ServiceBusListener:
                     receiver = self._open()
                     self.pump(receiver, renewer, stop)
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
-                    if self.received:  # it worked for a while: a new failure starts over
+                    if self.received:  # it worked: a new failure starts over
                         backoff = 1.0
-                    log.warning(
-                        "function %s: Service Bus queue %s failed: %s; retrying in %.0f s",
-                        self.spec.name,
-                        self.spec.trigger["queueName"],
+                    self.warn(
+                        "Service Bus queue %s failed: %s; retrying in %.0f s",
+                        self.source,
                         error,
                         backoff,
                     )
-                    if self.unreadable is not None:
-                        self.unreadable.failed(str(self.spec.trigger["queueName"]), error)
+                    self.report_receive(error)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
                 finally:
@@ -196,8 +188,7 @@ class ServiceBusListener:
                 ):
                     self._start(receiver, renewer, message, running)
                 self.received = True
-                if self.unreadable is not None:
-                    self.unreadable.read(str(self.spec.trigger["queueName"]))
+                self.report_receive()
         finally:
             while running:
                 wait(running, timeout=MAX_WAIT_SECONDS, return_when=FIRST_COMPLETED)
@@ -211,7 +202,7 @@ class ServiceBusListener:
             renewal = self.options.max_auto_lock_renewal
             renewer.register(receiver, message, max_lock_renewal_duration=renewal)
         except Exception as error:  # noqa: BLE001 - it still runs; its lock may lapse
-            log.warning("function %s: cannot renew locks: %s", self.spec.name, error)
+            self.warn("cannot renew locks: %s", error)
         running[self._pool.submit(self.run_one, message)] = message
         self.in_flight = len(running)
 
@@ -227,7 +218,7 @@ class ServiceBusListener:
             f"message {getattr(message, 'message_id', '?')}, "
             f"delivery count {getattr(message, 'delivery_count', '?')}"
         )
-        return self.invoker.call(self.spec, host_message(message), detail=detail).succeeded
+        return self.invoke(host_message(message), detail)
 
     def settle(self, receiver: Any, message: Any, succeeded: bool) -> None:
         try:
@@ -236,14 +227,9 @@ class ServiceBusListener:
             else:
                 receiver.abandon_message(message)
         except Exception as error:  # noqa: BLE001 - Service Bus redelivers after the lock
-            log.warning(
-                "function %s: cannot %s message %s (%s); Service Bus redelivers it when its "
-                "lock expires",
-                self.spec.name,
+            self.warn(
+                "cannot %s message %s (%s); Service Bus redelivers it when its lock expires",
                 "complete" if succeeded else "abandon",
                 getattr(message, "message_id", "?"),
                 error,
             )
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)
