@@ -4,18 +4,11 @@
                       [--exclude fn3] [--instance-id ID] [--timers singleton|every]
                       [--verbose]
 
-Run it from the app folder (the one with ``function_app.py`` and ``host.json``), with the
-app settings in the environment (``AzureWebJobsStorage``: the storage, Azurite or Azure;
-local.settings.json is not read). Every invocation goes through azure-functions-runtime,
-the Functions Python runtime the app pins, loaded and driven as the host drives it
-(:mod:`hostrun.worker`). It prints a line per function, ``DEVHOST_HTTP=<url>``
-when it serves HTTP routes, then ``DEVHOST_READY``. It sets ``WEBSITE_HOSTNAME`` to
-``127.0.0.1:<port>`` when it serves HTTP routes, as ``func start`` sets it (Azure sets
-the app's host name), and ``ORDERS_DEV_PRINCIPAL`` to the OS user as ``Orders.Operator``
-unless the environment sets it (the local stand-in for sign-in: core/principals.py).
-SIGINT/SIGTERM stop it: polling and
-serving stop, running invocations get up to 10 s, then it exits 0. Exit code 2: the
-configuration cannot run (the message says which function and setting).
+Run it from the app folder, with the app settings in the environment (local.settings.json
+is not read). Every invocation goes through azure-functions-runtime, driven as the host
+drives it (:mod:`hostrun.worker`). It prints a line per function, ``DEVHOST_HTTP=<url>``
+when it serves HTTP, then ``DEVHOST_READY``. SIGINT/SIGTERM stop it: running invocations
+get up to 10 s, then it exits 0; exit code 2: the configuration cannot run.
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ from core.settings import DEV_PRINCIPAL, DEVHOST_INSTANCE_ID, disabled_setting
 from devhost import app_loader, deployed, pool
 from devhost.host import DevHost
 from devhost.invoke import Invoker
-from devhost.settings import ConfigError, load_host_json
+from devhost.settings import ConfigError, load_json
 from devhost.singleton import host_id
 from hostrun import worker as hostrun
 from observability import opcount
@@ -123,7 +116,7 @@ def build(args: argparse.Namespace) -> DevHost:
         if fn not in functions:
             os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
-    host_json = load_host_json(Path(root, "host.json"))
+    host_json = load_json(Path(root, "host.json"))
     short = pool.shortfall(specs, host_json, os.environ)
     if short:
         log.warning("%s", short)

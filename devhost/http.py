@@ -1,24 +1,13 @@
 """HTTP triggers on 127.0.0.1, served and routed by werkzeug.
 
-Routes are ``{routePrefix}/{route}`` with plain ``{name}`` parameters, the only kind the
-app uses; a route with constraints, optional or catch-all parameters is refused at start.
-A trailing slash is ignored. A path that matches a route with another method gets 405
-(with ``Allow``), no route 404, both with a JSON ``error``. An unhandled exception in the
-function gives 500 with a JSON ``error`` (Azure gives an empty 500).
-
-devhost serves the developer's machine only, and answers as the development principal
-(an operator) whoever asks without a key, so it refuses what a web page in the
-developer's browser could send it:
-
-- a ``Host`` other than the address it serves (``127.0.0.1:<port>`` or
-  ``localhost:<port>``): 421 (a DNS-rebinding page names its own host);
-- a change (POST, PUT, PATCH, DELETE) that the browser says comes from another origin:
-  ``Sec-Fetch-Site`` other than ``same-origin`` or ``none``, or an ``Origin`` other than
-  devhost's own (``null``, which a page with ``Referrer-Policy: no-referrer`` sends for
-  its own forms, only with ``Sec-Fetch-Site: same-origin``): 403. A cross-site
-  ``text/plain`` POST needs no preflight, so the answer must be refused, not just hidden.
-
-Clients that send neither header (the CLI, scripts, the tests) are served as before.
+Routes are ``{routePrefix}/{route}`` with plain ``{name}`` parameters (others are refused at
+start); a trailing slash is ignored; 405 (with ``Allow``) and 404 answer with a JSON
+``error``, as does a function's unhandled exception, with 500 (Azure's 500 is empty).
+devhost answers as the developer whoever asks without a key, so it refuses what a web page
+in the browser could send (docs/local-development.md, "Only your own pages"): a ``Host``
+not its own (421, DNS rebinding), and a change whose ``Sec-Fetch-Site`` or ``Origin`` says
+another origin (403; ``Origin: null`` only with ``Sec-Fetch-Site: same-origin``, a
+no-referrer page's own form). Clients that send neither header are served.
 """
 
 from __future__ import annotations

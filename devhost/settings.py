@@ -45,8 +45,8 @@ def resolve_binding(
     return {key: resolve(key, value) for key, value in binding.items()}
 
 
-def load_host_json(path: Path) -> dict[str, Any]:
-    """host.json, or ``{}`` when there is none."""
+def load_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file of settings (host.json ...), or ``{}`` when there is none."""
     try:
         document = json.loads(path.read_text(encoding="utf-8-sig")) if path.exists() else {}
     except (OSError, ValueError) as error:

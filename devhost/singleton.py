@@ -1,33 +1,14 @@
-"""Timer triggers fire on one instance at a time, as the Functions host fires them.
+"""Timer triggers fire on one instance at a time, through the host's own singleton lock.
 
-The host wraps every timer trigger's listener in a singleton lock (the WebJobs SDK's
-``SingletonListener``): a lease on the blob
-``azure-webjobs-hosts/locks/<host id>/Host.Functions.<function>.Listener`` of the app's
-storage account (``AzureWebJobsStorage``). The instance holding the lease runs the timer;
-the others try again now and then, so that when the holder dies the timer goes on
-elsewhere. devhost takes the same leases on the same blobs, so several devhost
-processes on one storage account run each timer once per tick, not once per process.
-
-Where devhost differs, on purpose (a local host is killed and restarted far more often
-than an Azure instance, and a test cannot wait minutes for a sweep):
-
-- the lease lasts 15 s (the shortest Azure Storage grants; the host takes 60 s) and is
-  taken again every 5 s by its holder; an instance without it tries every 5 s (the host:
-  once a minute). A killed holder's timers go on elsewhere within 20 s;
-- a stopping devhost releases its leases, so another instance takes them at its next try;
-- the lease id is the process's own (a random UUID per process), so "take it again"
-  and "take it" are one request: Azure Storage grants an acquire that proposes the
-  current holder's id (the host renews with a separate call);
-- a holder stops firing 2 s before its lease could have lapsed, by the monotonic clock
-  and by the wall clock both (a machine that slept has a monotonic clock that did not
-  move while Storage's lease ran out);
-- the lock requests retry once, quickly, with short timeouts, so that a storage outage
-  neither holds devhost's start nor its stop for long;
-- ``runOnStartup`` fires when devhost starts holding the lock, not again when it takes
-  the lock over later (the host fires it whenever its listener starts).
-
-``python -m devhost --timers every`` runs every timer in every process instead, as devhost
-did before: overlapping sweeps, as during a deployment's overlap (the chaos tests use it).
+The host wraps every timer's listener in a lease on the blob
+``azure-webjobs-hosts/locks/<host id>/Host.Functions.<function>.Listener`` of
+``AzureWebJobsStorage`` (the WebJobs SDK's ``SingletonListener``); devhost takes the same
+leases on the same blobs, so devhosts sharing a storage account fire each timer once per
+tick between them. Where it differs (a lease of 15 s taken again every 5 s, released at
+stop, a holder that stops firing 2 s before its lease could lapse by either clock, quick
+lock requests; ``runOnStartup`` only when it first holds the lock): docs/local-development.md,
+"Timers on one instance at a time". ``--timers every`` fires every timer in every process.
+The lease id is the process's own, so "take it again" and "take it" are one request.
 """
 
 from __future__ import annotations

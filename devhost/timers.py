@@ -1,19 +1,10 @@
 """Timer triggers: six-field NCRONTAB schedules, in UTC.
 
-``{second} {minute} {hour} {day} {month} {day-of-week}``, as the Functions host reads
-them (NCrontab: day and day-of-week must both match, unlike classic cron's "either").
-A ``%SETTING%`` schedule is resolved before it gets here.
-
-Differences from Azure, on purpose:
-
-- Each timer fires in one devhost process at a time, as in Azure, through the host's own
-  singleton lock (a blob lease; ``devhost/singleton.py`` says where devhost's periods
-  differ); ``--timers every`` fires them in every process.
-- No schedule monitor: nothing is persisted, so ``past_due`` is only true when a tick
-  fires more than a second late in this process (e.g. the machine slept), never for ticks
-  missed while devhost was down.
-- One invocation of a function at a time per process: ticks that pass while the previous
-  invocation still runs are skipped.
+``{second} {minute} {hour} {day} {month} {day-of-week}``, as the host reads them (NCrontab:
+day and day-of-week must both match). Where devhost differs: there is no schedule monitor,
+so ``past_due`` is true only for a tick fired more than a second late in this process, never
+for ticks missed while devhost was down; ticks that pass while the previous invocation runs
+are skipped. Which process fires is ``devhost/singleton.py``'s (the ``gate``).
 """
 
 from __future__ import annotations

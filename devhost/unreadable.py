@@ -1,15 +1,10 @@
 """A queue devhost cannot read is told once (docs/contracts.md §3.5, docs/operating.md).
 
-A listener whose every receive fails (a batch the storage cannot return, Azurite's
-poisoned batch; rights revoked on the account in Azure) only backs off and polls again:
-its messages wait, and nothing but a WARNING at the first failure says so. Here each
-listener reports every receive: after ``UNREADABLE_AFTER_SECONDS`` of nothing but
-failures on a queue, one alert goes to ``operator-alerts`` (``kind``
-``queue-unreadable``, ``queue``, ``since``, ``reason``, ``at``) and a WARNING to devhost's
-log; the first receive that works after it sends one ``queue-recovered`` alert and a
-WARNING. An alert that cannot be sent (the same storage may be down) is logged and tried
-again a minute later, not once a poll. One per devhost process: instances do not share
-the episode.
+A listener whose every receive fails only backs off and polls again: its messages wait.
+After ``UNREADABLE_AFTER_SECONDS`` of nothing but failures on a queue, one
+``queue-unreadable`` alert goes to ``operator-alerts`` with a WARNING; the first receive
+that works after it sends one ``queue-recovered``. An alert that cannot be sent is tried
+again a minute later, not once a poll. Per devhost process: instances do not share it.
 """
 
 from __future__ import annotations
