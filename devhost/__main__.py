@@ -72,27 +72,21 @@ def configure_logging(verbose: bool) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _os_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no user name in this environment (some containers)
-        return "developer"
-
-
 def build(args: argparse.Namespace) -> DevHost:
     """Load the app, check every function, build what runs them."""
     root = os.getcwd()
     default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
     os.environ[DEVHOST_INSTANCE_ID] = args.instance_id or default_id
-    # The local stand-in for sign-in (core/principals.py): a request that names no
-    # principal (X-Dev-Principal) and no function key is the developer, as an operator, so
-    # the console works as it does for a signed-in operator; ORDERS_DEV_PRINCIPAL set to
-    # another principal, or empty for none, says otherwise.
+    # The local stand-in for sign-in (core/principals.py): a request without a principal
+    # or key is the developer, as an operator; ORDERS_DEV_PRINCIPAL set (or empty) wins.
     if DEV_PRINCIPAL not in os.environ:
-        os.environ[DEV_PRINCIPAL] = f"{_os_user()}; roles={OPERATOR}"
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no user name in this environment (some containers)
+            user = "developer"
+        os.environ[DEV_PRINCIPAL] = f"{user}; roles={OPERATOR}"
     log.info("development principal: %s", os.environ[DEV_PRINCIPAL] or "none")
-    # The platform's settings as the deployment sets them, where the environment sets
-    # none (the runtime reads its pool size when it starts, so before it starts).
+    # The deployment's platform settings, before the runtime starts (it reads its pool).
     applied = deployed.apply(os.environ, root)
     for name, value in applied.defaults.items():
         log.info("as deployed (%s): %s=%s", deployed.PATH, name, value)
@@ -100,8 +94,8 @@ def build(args: argparse.Namespace) -> DevHost:
         log.warning(
             "%s=%s from the environment; deployed: %s (%s)", name, mine, value, deployed.PATH
         )
-    # The runtime indexes and loads the app as the host has it do (worker init, metadata,
-    # a load per function); devhost reads the same indexed functions' bindings.
+    # The runtime indexes and loads the app as the host has it do; devhost reads the same
+    # indexed functions' bindings.
     runtime = hostrun.start(root, args.app)
     app = app_loader.find_app(app_loader.load_module(args.app, root))
     only, exclude = (
@@ -117,8 +111,7 @@ def build(args: argparse.Namespace) -> DevHost:
             os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
     host_json = load_json(Path(root, "host.json"))
-    short = pool.shortfall(specs, host_json, os.environ)
-    if short:
+    if short := pool.shortfall(specs, host_json, os.environ):
         log.warning("%s", short)
     singleton = None
     if args.timers == "singleton":
@@ -163,17 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"DEVHOST_READY instance={os.environ[DEVHOST_INSTANCE_ID]}", flush=True)
     while not stop.wait(0.5):
         pass
-    if devhost.busy():
-        log.info(
-            "waiting up to %.0f s for %d invocation(s)", SHUTDOWN_GRACE_SECONDS, devhost.busy()
-        )
-    if not devhost.stop(SHUTDOWN_GRACE_SECONDS):
-        log.warning(
-            "%d invocation(s) still running after %.0f s; exiting anyway: their queue messages "
-            "become visible again when their leases lapse",
-            devhost.busy(),
-            SHUTDOWN_GRACE_SECONDS,
-        )
+    devhost.stop(SHUTDOWN_GRACE_SECONDS)
     log.info("stopped")
     return 0
 

@@ -7,6 +7,7 @@ Connections are read and clients built as the app does it (``core.settings``,
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -35,6 +36,7 @@ from devhost.timers import TimerRunner, parse_schedule
 from devhost.unreadable import UnreadableQueues
 from messaging.storage_queues import StorageQueues
 
+log = logging.getLogger("devhost")
 SERVICE_BUS = "AzureWebJobsServiceBus"  # the host's default Service Bus connection setting
 
 
@@ -223,10 +225,19 @@ class DevHost:
             self.http.stop()
         for queue in self.queues:
             queue.wake()  # out of its back-off, to see the stop
+        if self.busy():
+            log.info("waiting up to %.0f s for %d invocation(s)", grace_seconds, self.busy())
         deadline = time.monotonic() + grace_seconds
         while self.busy() and time.monotonic() < deadline:
             time.sleep(0.05)
         settled = not self.busy()
+        if not settled:
+            log.warning(
+                "%d invocation(s) still running after %.0f s; exiting anyway: their queue "
+                "messages become visible again when their leases lapse",
+                self.busy(),
+                grace_seconds,
+            )
         if self.timer_locks is not None:  # another instance takes the timers at once
             self.timer_locks.release_all()
         for listener in [*self.queues, *self.service_bus]:
