@@ -133,14 +133,9 @@ class HttpServer:
         request = Request(environ)
         refused = self.refusal(request)
         if refused is not None:
-            log.warning(
-                "refused %s %s (Host %r, Origin %r, Sec-Fetch-Site %r)",
-                request.method,
-                request.path,
-                request.headers.get("Host"),
-                request.headers.get("Origin"),
-                request.headers.get("Sec-Fetch-Site"),
-            )
+            seen = [request.headers.get(h) for h in ("Host", "Origin", "Sec-Fetch-Site")]
+            what = "(Host %r, Origin %r, Sec-Fetch-Site %r)"
+            log.warning(f"refused %s %s {what}", request.method, request.path, *seen)
             return refused(environ, start_response)
         try:
             name, params = self.urls.bind_to_environ(environ).match()

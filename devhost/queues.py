@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
@@ -203,8 +204,6 @@ class QueueListener(Listener):
         start_thread(f"poll-{self.spec.name}", self.poll, stop)
         start_thread(f"renew-{self.spec.name}", self.renew_loop, stop)
 
-    # --- polling ---------------------------------------------------------------------------
-
     def poll(self, stop: threading.Event) -> None:
         """Receive until stopped: at once after a batch that had messages, else after the
         host's back-off (:class:`PollingBackOff`), which a failing receive takes too."""
@@ -282,35 +281,31 @@ class QueueListener(Listener):
         if count > self.options.max_dequeue_count:
             why = f"was dequeued {count} times without finishing, so it does not run"
             self._guarded(
-                message.id, lambda: self._move_to_poison(message, message.pop_receipt, why)
+                message.id, partial(self._move_to_poison, message, message.pop_receipt, why)
             )
         elif stop is not None and stop.is_set():
             # Shutting down: hand it straight back rather than leave it leased.
-            self._guarded(
-                message.id, lambda: self.queue.set_visibility(message.id, message.pop_receipt, 0)
-            )
+            back = partial(self.queue.set_visibility, message.id, message.pop_receipt, 0)
+            self._guarded(message.id, back)
         else:
             lease = Lease(message.id, message.pop_receipt, self._clock())
             with self._changed:
                 self._leases.add(lease)
             self._pool.submit(self.process, message, lease)
 
-    # --- one message -----------------------------------------------------------------------
-
     def process(self, message: Any, lease: Lease) -> None:
         try:
-            content = message.content
+            content, count = message.content, message.dequeue_count
             trigger = QueueMessage(
                 id=message.id,
                 body=content.encode("utf-8") if isinstance(content, str) else bytes(content or b""),
-                dequeue_count=message.dequeue_count,
+                dequeue_count=count,
                 pop_receipt=message.pop_receipt,
                 insertion_time=message.inserted_on,
                 expiration_time=message.expires_on,
                 next_visible_time=message.next_visible_on,
             )
-            detail = f"message {message.id}, dequeue count {message.dequeue_count}"
-            succeeded = self.invoke(trigger, detail)
+            succeeded = self.invoke(trigger, f"message {message.id}, dequeue count {count}")
             self._guarded(message.id, lambda: self._settle(message, lease, succeeded))
         finally:
             with self._changed:
@@ -342,20 +337,11 @@ class QueueListener(Listener):
         try:
             action()
         except LeaseLost as error:
-            self.warn(
-                "lost the lease on message %s before settling it (%s); whoever holds it now "
-                "decides its fate",
-                message_id,
-                error,
-            )
+            what = "before settling it (%s); whoever holds it now decides its fate"
+            self.warn(f"lost the lease on message %s {what}", message_id, error)
         except Exception:  # logged; the lease lapses and the message returns
-            self.log.exception(
-                "function %s: cannot settle message %s; it returns when its lease lapses",
-                self.spec.name,
-                message_id,
-            )
-
-    # --- lease renewal ---------------------------------------------------------------------
+            what = "cannot settle message %s; it returns when its lease lapses"
+            self.log.exception(f"function %s: {what}", self.spec.name, message_id)
 
     def renew_loop(self, stop: threading.Event) -> None:
         tick = min(1.0, self.lease_options.renew_seconds / 4)

@@ -95,12 +95,6 @@ def sdk_receiver_factory(connection: Connection, queue_name: str) -> Callable[[]
     )
 
 
-def sdk_renewer(options: ServiceBusOptions) -> Any:
-    from azure.servicebus import AutoLockRenewer
-
-    return AutoLockRenewer(max_lock_renewal_duration=options.max_auto_lock_renewal)
-
-
 def close_within(resource: Any, timeout: float = CLOSE_TIMEOUT_SECONDS) -> bool:
     """Close ``resource`` in a daemon thread; False if it did not finish within ``timeout``."""
 
@@ -126,9 +120,14 @@ class ServiceBusListener(Listener):
     ) -> None:
         super().__init__(spec, invoker, options.max_concurrent_calls)
         self._open, self.options = open_receiver, options
-        self._renewer_factory = renewer_factory or (lambda: sdk_renewer(options))
+        self._renewer_factory = renewer_factory or self._sdk_renewer
         self.in_flight = 0  # messages received and not yet settled (read by shutdown)
         self.received = False  # a receive worked since the last (re)connect
+
+    def _sdk_renewer(self) -> Any:
+        from azure.servicebus import AutoLockRenewer
+
+        return AutoLockRenewer(max_lock_renewal_duration=self.options.max_auto_lock_renewal)
 
     def describe(self) -> str:
         trigger = self.spec.trigger

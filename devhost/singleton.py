@@ -72,7 +72,7 @@ def lock_blob_name(host: str, function: str) -> str:
 
 
 class Leases(Protocol):
-    """Leases on named blobs (``BlobLeases``; tests pass ``MemoryLeases``)."""
+    """Leases on named blobs (``BlobLeases``; tests pass ``tests.support.MemoryLeases``)."""
 
     def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
         """Take (or, with the holder's id, take again) the lease on ``name`` for
@@ -169,9 +169,6 @@ class TimerLocks:
             return True
         return self.clock() < lock.held_until and self.wall() < lock.held_until_wall
 
-    def gate(self, function: str) -> Callable[[], bool]:
-        return lambda: self.holds(function)
-
     def try_all(self) -> None:
         """One round: take every lock (again); a lock another holds is left to it."""
         with self._round:
@@ -185,12 +182,8 @@ class TimerLocks:
             got = self.leases.acquire(lock.blob, self.lease_id, self.lease_seconds)
         except Exception as error:  # noqa: BLE001 - storage trouble: try again next round
             if not lock.warned:
-                log.warning(
-                    "timer %s: cannot take its singleton lock (%s): it does not fire here "
-                    "until the lock is taken",
-                    lock.function,
-                    error,
-                )
+                what = "cannot take its singleton lock (%s): it does not fire here until then"
+                log.warning(f"timer %s: {what}", lock.function, error)
                 lock.warned = True
             return  # held_until stands: a lease taken earlier lasts its time, not more
         lock.warned = False
@@ -229,24 +222,3 @@ class TimerLocks:
         finally:
             if waited:
                 self._round.release()
-
-
-@dataclass
-class MemoryLeases:
-    """:class:`Leases` in memory, with a clock: for unit tests (the same contract tests as
-    :class:`BlobLeases` run on both)."""
-
-    clock: Callable[[], float] = time.monotonic
-    _held: dict[str, tuple[str, float]] = field(default_factory=dict)
-
-    def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
-        holder = self._held.get(name)
-        if holder is not None and holder[0] != lease_id and self.clock() < holder[1]:
-            return False
-        self._held[name] = (lease_id, self.clock() + seconds)
-        return True
-
-    def release(self, name: str, lease_id: str) -> None:
-        holder = self._held.get(name)
-        if holder is not None and holder[0] == lease_id:
-            del self._held[name]

@@ -63,13 +63,9 @@ class TimerRunner:
         now: Callable[[], datetime] = utc_now,
         gate: Callable[[], bool] | None = None,
     ) -> None:
-        self.spec = spec
-        self.schedule = schedule
-        self.invoker = invoker
+        self.spec, self.schedule, self.invoker, self._now = spec, schedule, invoker, now
         self.run_on_startup = run_on_startup
-        self._now = now
-        #: Whether this process may fire now (it holds the timer's singleton lock);
-        #: None: always.
+        #: Whether this process may fire now (it holds the timer's singleton lock); None: always
         self.gate = gate
         self._last: datetime | None = None
 
