@@ -21,9 +21,9 @@ PATH = Path("infra", "platform-settings.json")
 def settings(root: str | Path) -> dict[str, str]:
     """The platform settings the deployment sets (name -> value); ``{}`` without the file."""
     path = Path(root, PATH)
-    document = load_json(path)  # {} without the file
     try:
-        return {str(e["name"]): str(e["value"]) for e in document and document["appSettings"]}
+        entries = document["appSettings"] if (document := load_json(path)) else []  # no file
+        return {str(entry["name"]): str(entry["value"]) for entry in entries}
     except (KeyError, TypeError) as error:
         raise ConfigError(f"cannot read {path}: {error!r}") from error
 

@@ -250,5 +250,5 @@ class DevHost:
     def busy(self) -> int:
         """Invocations running, or messages not yet settled (which include the running
         ones of queue triggers): zero when nothing is left to finish."""
-        held = sum(listener.in_flight for listener in [*self.queues, *self.service_bus])
+        held = sum(q.in_flight for q in self.queues) + sum(b.in_flight for b in self.service_bus)
         return max(self.invoker.running, held)
