@@ -130,11 +130,9 @@ class ServiceBusListener(Listener):
         return AutoLockRenewer(max_lock_renewal_duration=self.options.max_auto_lock_renewal)
 
     def describe(self) -> str:
-        trigger = self.spec.trigger
-        return (
-            f"queue {trigger['queueName']!r} (connection {trigger.get('connection')}; "
-            f"PEEK_LOCK, maxConcurrentCalls {self.options.max_concurrent_calls})"
-        )
+        where = f"connection {self.spec.trigger.get('connection')}"
+        calls = self.options.max_concurrent_calls
+        return f"queue {self.source!r} ({where}; PEEK_LOCK, maxConcurrentCalls {calls})"
 
     def start(self, stop: threading.Event) -> threading.Thread:
         return start_thread(f"servicebus-{self.spec.name}", self.run, stop)
@@ -152,12 +150,8 @@ class ServiceBusListener(Listener):
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
                     if self.received:  # it worked: a new failure starts over
                         backoff = 1.0
-                    self.warn(
-                        "Service Bus queue %s failed: %s; retrying in %.0f s",
-                        self.source,
-                        error,
-                        backoff,
-                    )
+                    what = "Service Bus queue %s failed: %s; retrying in %.0f s"
+                    self.warn(what, self.source, error, backoff)
                     self.report_receive(error)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
@@ -182,9 +176,8 @@ class ServiceBusListener(Listener):
                     continue
                 # Short receives while messages run, so that they are settled promptly.
                 patience = PUMP_WAIT_SECONDS if running else MAX_WAIT_SECONDS
-                for message in receiver.receive_messages(
-                    max_message_count=1, max_wait_time=patience
-                ):
+                batch = receiver.receive_messages(max_message_count=1, max_wait_time=patience)
+                for message in batch:
                     self._start(receiver, renewer, message, running)
                 self.received = True
                 self.report_receive()
@@ -213,11 +206,10 @@ class ServiceBusListener(Listener):
         self.in_flight = len(running)
 
     def run_one(self, message: Any) -> bool:
-        detail = (
-            f"message {getattr(message, 'message_id', '?')}, "
-            f"delivery count {getattr(message, 'delivery_count', '?')}"
+        shape = host_message(message)  # the count the host shows: one more than the SDK's
+        return self.invoke(
+            shape, f"message {shape.message_id}, delivery count {shape.delivery_count}"
         )
-        return self.invoke(host_message(message), detail)
 
     def settle(self, receiver: Any, message: Any, succeeded: bool) -> None:
         try:

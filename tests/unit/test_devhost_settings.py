@@ -67,6 +67,7 @@ def test_new_batch_threshold_defaults_to_half_the_batch() -> None:
         ({}, "messageEncoding"),  # the host's default, base64, is not decoded
         ({"messageEncoding": "base64"}, "messageEncoding"),
         ({"messageEncoding": "none", "batchSize": 0}, "batchSize"),
+        ({"messageEncoding": "none", "batchSize": 33}, "batchSize"),  # the host's maximum: 32
         ({"messageEncoding": "none", "maxPollingInterval": "00:00:00.010"}, "maxPollingInterval"),
         ({"messageEncoding": "none", "visibilityTimeout": "soon"}, "visibilityTimeout"),
         ({"messageEncoding": "none", "maxDequeueCount": "five"}, "maxDequeueCount"),
