@@ -94,6 +94,7 @@ class Listener:
         self.source = str(spec.trigger.get("queueName", ""))
         self._pool = ThreadPoolExecutor(concurrency, f"devhost-{spec.name}")
         self.unreadable: UnreadableQueues | None = None
+        self._failing = False  # the last receive failed
         self.log = logging.getLogger(type(self).__module__)
 
     def invoke(self, trigger: Trigger, detail: str) -> bool:
@@ -101,7 +102,14 @@ class Listener:
         return self.invoker.call(self.spec, trigger, detail=detail).succeeded
 
     def report_receive(self, error: Exception | None = None) -> None:
-        """A receive worked, or failed with ``error``."""
+        """A receive worked, or failed with ``error``: the first failure in a row is logged
+        as a WARNING (the others at DEBUG), the receive that works after them at INFO."""
+        if error is not None:
+            level = logging.DEBUG if self._failing else logging.WARNING
+            self.warn("cannot read queue %s: %s", self.source, error, level=level)
+        elif self._failing:
+            self.warn("queue %s answers again", self.source, level=logging.INFO)
+        self._failing = error is not None
         if self.unreadable is not None and error is None:
             self.unreadable.read(self.source)
         elif self.unreadable is not None:

@@ -61,10 +61,8 @@ class PollingBackOff:
         minimum: float = MIN_POLL_SECONDS,
         spread: Callable[[float, float], float] = random.uniform,
     ) -> None:
-        self._minimum, self._maximum = minimum, max(minimum, maximum)
-        self._spread = spread
-        self._current = 0.0
-        self._exponent = 0
+        self._minimum, self._maximum, self._spread = minimum, max(minimum, maximum), spread
+        self._current, self._exponent = 0.0, 0
 
     def next_delay(self, found: bool) -> float:
         if found:
@@ -186,12 +184,11 @@ class QueueListener(Listener):
         self._nudged = threading.Event()  # this host added a message (or stops): poll now
 
     def describe(self) -> str:
-        o = self.options
+        o, lease = self.options, self.lease_options.lease_seconds
         return (
             f"queue {self.queue.name!r} (poison {self.poison.name!r}; batchSize {o.batch_size}, "
             f"newBatchThreshold {o.new_batch_threshold}, maxDequeueCount {o.max_dequeue_count}, "
-            f"visibilityTimeout {o.visibility_timeout:g} s, "
-            f"lease {self.lease_options.lease_seconds} s)"
+            f"visibilityTimeout {o.visibility_timeout:g} s, lease {lease} s)"
         )
 
     @property
@@ -208,22 +205,16 @@ class QueueListener(Listener):
         """Receive until stopped: at once after a batch that had messages, else after the
         host's back-off (:class:`PollingBackOff`), which a failing receive takes too."""
         back_off = PollingBackOff(self.options.max_polling_interval)
-        found_since_wait, failing = False, False
+        found_since_wait = False
         while self._wait_for_capacity(stop):
             try:
                 found = self._poll_once(stop)
+                self.report_receive()
             except Exception as error:  # noqa: BLE001 - keep polling through any storage error
                 if isinstance(error, ResourceNotFoundError):
                     self._ready = False  # the queue was deleted: create it again
-                level = logging.DEBUG if failing else logging.WARNING
-                self.warn("cannot read queue %s: %s", self.queue.name, error, level=level)
-                failing, found = True, False
+                found = False
                 self.report_receive(error)
-            else:
-                if failing:
-                    self.warn("queue %s answers again", self.queue.name, level=logging.INFO)
-                failing = False
-                self.report_receive()
             finally:
                 with self._changed:
                     self._receiving = False

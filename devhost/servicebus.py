@@ -150,9 +150,8 @@ class ServiceBusListener(Listener):
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
                     if self.received:  # it worked: a new failure starts over
                         backoff = 1.0
-                    what = "Service Bus queue %s failed: %s; retrying in %.0f s"
-                    self.warn(what, self.source, error, backoff)
                     self.report_receive(error)
+                    self.warn("retrying in %.0f s", backoff, level=logging.DEBUG)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
                 finally:
