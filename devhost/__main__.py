@@ -1,9 +1,5 @@
 """``python -m devhost``: run every function of a v2-model ``function_app.py`` locally.
 
-    python -m devhost [--app function_app] [--http-port 7071] [--only fn1,fn2]
-                      [--exclude fn3] [--instance-id ID] [--timers singleton|every]
-                      [--verbose]
-
 Run it from the app folder, with the app settings in the environment (local.settings.json
 is not read). Every invocation goes through azure-functions-runtime, driven as the host
 drives it (:mod:`hostrun.worker`). It prints a line per function, ``DEVHOST_HTTP=<url>``
@@ -106,17 +102,14 @@ def build(args: argparse.Namespace) -> DevHost:
     if not functions:
         raise ConfigError("no functions selected")
     # What the host reads: the app can tell which functions this instance does not run.
-    for fn in every:
-        if fn not in functions:
-            os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
+    for fn in (fn for fn in every if fn not in functions):
+        os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
     host_json = load_json(Path(root, "host.json"))
     if short := pool.shortfall(specs, host_json, os.environ):
         log.warning("%s", short)
-    singleton = None
-    if args.timers == "singleton":
-        app_dir = str(Path(root, args.app).resolve())
-        singleton = (host_id(os.environ, app_dir), os.environ[DEVHOST_INSTANCE_ID])
+    lock_id = host_id(os.environ, str(Path(root, args.app).resolve()))
+    singleton = (lock_id, os.environ[DEVHOST_INSTANCE_ID]) if args.timers == "singleton" else None
     devhost = DevHost.build(
         specs, host_json, os.environ, args.http_port, Invoker(runtime.call), singleton
     )

@@ -72,14 +72,13 @@ def lock_blob_name(host: str, function: str) -> str:
 
 
 class Leases(Protocol):
-    """Leases on named blobs (``BlobLeases``; tests pass ``tests.support.MemoryLeases``)."""
+    """Leases on named blobs (``BlobLeases``; tests pass ``tests.support.MemoryLeases``):
+    ``acquire`` takes (with the holder's id: takes again) the lease on ``name`` for
+    ``seconds``, True if this id holds it now; ``release`` gives it up if this id holds it."""
 
-    def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
-        """Take (or, with the holder's id, take again) the lease on ``name`` for
-        ``seconds``: True if this id holds it now, False if another does."""
+    def acquire(self, name: str, lease_id: str, seconds: int) -> bool: ...
 
-    def release(self, name: str, lease_id: str) -> None:
-        """Give it up, if ``lease_id`` holds it (else nothing)."""
+    def release(self, name: str, lease_id: str) -> None: ...
 
 
 class BlobLeases:
@@ -102,11 +101,11 @@ class BlobLeases:
     def _acquire(blob: Any, lease_id: str, seconds: int) -> bool:
         try:
             blob.acquire_lease(lease_duration=seconds, lease_id=lease_id)
-            return True
         except HttpResponseError as error:
-            if error.status_code == 409:  # leased by another
-                return False
-            raise
+            if error.status_code != 409:  # 409: leased by another
+                raise
+            return False
+        return True
 
     def _create(self, blob: Any) -> None:
         try:
@@ -162,12 +161,11 @@ class TimerLocks:
             self._locks[function] = _Lock(function, lock_blob_name(self.host, function))
 
     def holds(self, function: str) -> bool:
-        """Whether this process may fire ``function`` now (a function without a lock here
-        always may)."""
+        """Whether this process may fire ``function`` now (always, without a lock here)."""
         lock = self._locks.get(function)
-        if lock is None:
-            return True
-        return self.clock() < lock.held_until and self.wall() < lock.held_until_wall
+        return lock is None or (
+            self.clock() < lock.held_until and self.wall() < lock.held_until_wall
+        )
 
     def try_all(self) -> None:
         """One round: take every lock (again); a lock another holds is left to it."""
