@@ -1,18 +1,12 @@
-"""Storage queue triggers: poll, lease, invoke, then delete, retry or poison.
+"""Storage queue triggers: poll, lease, invoke, then delete, retry or poison, as the host's
+``QueueListener`` (Microsoft.Azure.WebJobs.Extensions.Storage.Queues) does.
 
-As the Functions host does (Microsoft.Azure.WebJobs.Extensions.Storage.Queues'
-``QueueListener``). A receive that returned messages is followed by the next one at once
-(once fewer than ``newBatchThreshold`` run), an empty one by :class:`PollingBackOff`. Only
-what this host adds to a queue ends a wait early (:class:`EnqueueWatcher`); a message the
-app sends with the Storage SDK waits for the next poll, as in Azure. Success deletes the
-message; failure at ``dequeue_count >= maxDequeueCount`` moves its text to
-``<queue>-poison``, a lesser one makes it visible again after ``visibilityTimeout``; a
-message dequeued more than ``maxDequeueCount`` times (its holders died) goes to poison
-without running.
-
-Where devhost differs: the host leases a message for 10 minutes and renews it; devhost
-leases it for at most 30 s and renews it every 10 s while the function runs (contract 3.9),
-so a message held by a killed process is back within 30 s.
+A receive that returned messages is followed by the next at once, an empty one by
+:class:`PollingBackOff`; only what this host adds to a queue ends a wait early
+(:class:`EnqueueWatcher`). Success deletes the message; failure at ``maxDequeueCount``
+moves it to ``<queue>-poison``, a lesser one makes it visible after ``visibilityTimeout``.
+Where devhost differs: it leases a message for at most 30 s, renewed every 10 s while the
+function runs (the host: 10 minutes), so a killed process's message is back within 30 s.
 """
 
 from __future__ import annotations
@@ -37,23 +31,17 @@ from hostrun.shapes import QueueMessage
 from messaging.storage_queues import StorageQueues
 
 POISON_SUFFIX = "-poison"
-#: The host's shortest wait between two polls (``QueuePollingIntervals.Minimum``), which is
-#: also the step its back-off grows by.
-MIN_POLL_SECONDS = 0.1
+MIN_POLL_SECONDS = 0.1  # the host's QueuePollingIntervals.Minimum, also the back-off's step
 #: The spread of each step of the back-off (``RandomizationFactor``): 0.8 to 1.2 times.
 RANDOMIZATION = 0.2
 STOP_CHECK_SECONDS = 0.25  # how often a back-off looks at the stop event
 
 
 class PollingBackOff:
-    """The wait after a receive that found nothing: the WebJobs SDK's
-    ``RandomizedExponentialBackoffStrategy(minimum=100 ms, maximum=maxPollingInterval)``.
-
-    ``next_delay(found)``, ``found`` = a message came since the last wait: 100 ms, and the
-    growth starts again; else 100 ms, then 100 ms more each time times 1, 2, 4 ... (each
-    step 0.8-1.2 times that, at random) up to the maximum: after a burst about 0.1, 0.2,
-    0.3, 0.5, 0.9, 1.7 s, then ``maxPollingInterval``.
-    """
+    """The wait after an empty receive: the WebJobs SDK's
+    ``RandomizedExponentialBackoffStrategy(100 ms, maxPollingInterval)``. 100 ms if a
+    message came since the last wait, else 100 ms more each time times 1, 2, 4 ... (each
+    0.8-1.2 times that): about 0.1, 0.2, 0.3, 0.5, 0.9, 1.7 s, up to the maximum."""
 
     def __init__(
         self,
@@ -81,8 +69,7 @@ class PollingBackOff:
 
 
 class LeaseLost(Exception):
-    """The pop receipt no longer holds the message (it expired and someone else has it, or
-    the message or queue is gone)."""
+    """The pop receipt no longer holds the message (another has it, or it is gone)."""
 
 
 @contextlib.contextmanager
@@ -96,8 +83,7 @@ def _lease_errors(message_id: str) -> Iterator[None]:
 
 
 class StorageQueue:
-    """The queue operations a listener uses, over the app's :class:`StorageQueues` (tests
-    pass a fake with the same methods)."""
+    """The queue operations a listener uses, over the app's :class:`StorageQueues`."""
 
     def __init__(self, queues: StorageQueues, name: str) -> None:
         self._queues, self.name = queues, name
@@ -134,10 +120,9 @@ class StorageQueue:
 
 
 class EnqueueWatcher:
-    """Wakes the listeners of a queue when this host adds a message to it (the host's
-    ``SharedQueueWatcher``): a Storage queue output binding (``DevHost.deliver``) or a
-    message moved to poison. Only the wait for the next poll goes: the message still goes
-    through the queue. What the app sends with the Storage SDK wakes nobody, as in Azure."""
+    """Wakes a queue's listeners when this host adds a message to it (the host's
+    ``SharedQueueWatcher``): an output binding (``DevHost.deliver``) or a move to poison.
+    What the app sends with the Storage SDK wakes nobody, as in Azure."""
 
     def __init__(self) -> None:
         self._listeners: dict[tuple[str, str], list[QueueListener]] = {}
@@ -237,8 +222,7 @@ class QueueListener(Listener):
         return False
 
     def wake(self) -> None:
-        """Poll now rather than at the end of the current back-off: this host added a
-        message to the queue (``EnqueueWatcher``), or it stops."""
+        """Poll now: this host added a message to the queue, or it stops."""
         self._nudged.set()
 
     def _poll_once(self, stop: threading.Event) -> bool:

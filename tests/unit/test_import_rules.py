@@ -93,7 +93,7 @@ def test_no_module_of_core_is_over_600_lines(path: Path) -> None:
 
 #: devhost imitates each thing of the Functions host once, and stays this small: no more
 #: than it is today (issue 43 asks for 2,000; lower this as it shrinks, never raise it).
-DEVHOST_MAX_LINES = 2205
+DEVHOST_MAX_LINES = 2171
 
 
 def test_devhost_is_no_larger_than_its_budget() -> None:
