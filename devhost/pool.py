@@ -33,10 +33,12 @@ def needed(specs: Iterable[FunctionSpec], host_json: Mapping[str, Any]) -> int:
     specs = [spec for spec in specs if not inspect.iscoroutinefunction(spec.func)]
     kinds = {spec.trigger_type for spec in specs}
     per_kind = {loader.TIMER: 1, loader.HTTP: 0}  # the HTTP routes count once, together
-    if loader.QUEUE in kinds:  # host.json's queue options are read only when they apply
+    if loader.QUEUE in kinds:  # host.json's options are read only when they apply
         per_kind[loader.QUEUE] = QueueOptions.from_host_json(host_json).max_concurrency
-    bus = ServiceBusOptions.from_host_json(host_json)
-    per_kind[loader.SERVICE_BUS] = bus.max_concurrent_calls
+    if loader.SERVICE_BUS in kinds:
+        per_kind[loader.SERVICE_BUS] = ServiceBusOptions.from_host_json(
+            host_json
+        ).max_concurrent_calls
     http = HTTP_CONCURRENCY if loader.HTTP in kinds else 0
     return http + sum(per_kind.get(spec.trigger_type, 0) for spec in specs)
 
