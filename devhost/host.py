@@ -162,26 +162,17 @@ class DevHost:
         name = str(spec.trigger.get("queueName", ""))
         queues = StorageQueues(self.queue_service(str(spec.trigger.get("connection") or STORAGE)))
         queue, poison = (StorageQueue(queues, n) for n in (name, name + POISON_SUFFIX))
-        listener = QueueListener(
-            spec, queue, poison, options, lease, self.invoker, watcher=self.enqueued
-        )
-        self.queues.append(listener)
-        self.enqueued.register(listener)
-        self._listening(listener)
+        parts = (spec, queue, poison, options, lease, self.invoker)
+        self.queues.append(QueueListener(*parts, watcher=self.enqueued))
+        self.enqueued.register(self.queues[-1])
+        self._listening(self.queues[-1])
 
     def _add_timer(self, spec: FunctionSpec) -> None:
-        where = f"function {spec.name!r} schedule"
+        where, startup = f"function {spec.name!r} schedule", spec.trigger.get("runOnStartup")
         schedule = parse_schedule(str(spec.trigger.get("schedule", "")), where)
-        locks = self.timer_locks
-        runner = TimerRunner(
-            spec,
-            schedule,
-            self.invoker,
-            run_on_startup=bool(spec.trigger.get("runOnStartup", False)),
-            gate=partial(locks.holds, spec.name) if locks else None,
-        )
-        self.timers.append(runner)
-        self._line(spec, runner.describe())
+        gate = partial(self.timer_locks.holds, spec.name) if self.timer_locks else None
+        self.timers.append(TimerRunner(spec, schedule, self.invoker, bool(startup), gate=gate))
+        self._line(spec, self.timers[-1].describe())
 
     def _add_service_bus(self, spec: FunctionSpec, options: ServiceBusOptions) -> None:
         setting = str(spec.trigger.get("connection") or SERVICE_BUS)
@@ -230,13 +221,10 @@ class DevHost:
         deadline = time.monotonic() + grace_seconds
         while self.busy() and time.monotonic() < deadline:
             time.sleep(0.05)
-        settled = not self.busy()
-        if not settled:
+        if not (settled := not self.busy()):
+            what = "exiting anyway: their queue messages return when their leases lapse"
             log.warning(
-                "%d invocation(s) still running after %.0f s; exiting anyway: their queue "
-                "messages become visible again when their leases lapse",
-                self.busy(),
-                grace_seconds,
+                f"%d invocation(s) still running after %.0f s; {what}", self.busy(), grace_seconds
             )
         if self.timer_locks is not None:  # another instance takes the timers at once
             self.timer_locks.release_all()

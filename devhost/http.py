@@ -162,8 +162,7 @@ class HttpServer:
             body=request.get_data(),
         )
         outcome = self.invoker.call(spec, trigger, detail=f"{request.method} {target}")
-        if outcome.error is not None:
-            error = outcome.error
+        if (error := outcome.error) is not None:
             return json_error(500, f"function {spec.name} failed: {type(error).__name__}: {error}")
         try:
             return to_response(outcome.value)
