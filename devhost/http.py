@@ -56,8 +56,8 @@ def url_map(specs: Iterable[FunctionSpec], prefix: str) -> Map:
                 "serve; it serves plain {name} parameters only (no constraints, optional or "
                 "catch-all ones)"
             )
-        methods = spec.trigger.get("methods")  # none: every method
-        rules.append(Rule(f"/{rule}", endpoint=spec.name, methods=methods or None))
+        methods = spec.trigger.get("methods") or None  # none: every method
+        rules.append(Rule(f"/{rule}", endpoint=spec.name, methods=methods))
     return Map(rules, strict_slashes=False, merge_slashes=False, redirect_defaults=False)
 
 
@@ -81,9 +81,8 @@ class HttpServer:
     def __init__(
         self, port: int, specs: Iterable[FunctionSpec], prefix: str, invoker: Invoker
     ) -> None:
-        self.specs, self.prefix = {spec.name: spec for spec in specs}, prefix
+        self.specs, self.prefix, self.invoker = {spec.name: spec for spec in specs}, prefix, invoker
         self.urls = url_map(self.specs.values(), prefix)
-        self.invoker = invoker
         try:
             self._server = make_server("127.0.0.1", port, self.wsgi, threaded=True)
         except (OSError, SystemExit) as error:  # werkzeug reports a busy port and exits
@@ -117,7 +116,7 @@ class HttpServer:
         origin = (request.headers.get("Origin") or "").strip().lower()
         if site and site not in _SAME_SITE:
             return json_error(
-                403, f"the browser says this change comes from another origin ({site[:40]})"
+                403, f"the browser says this change is another origin's ({site[:40]})"
             )
         if origin == "null" and site == "same-origin":
             return None  # the console's own form, from a no-referrer page

@@ -196,18 +196,15 @@ class QueueListener(Listener):
                 found = self._poll_once(stop)
                 self.report_receive()
             except Exception as error:  # noqa: BLE001 - keep polling through any storage error
-                if isinstance(error, ResourceNotFoundError):
-                    self._ready = False  # the queue was deleted: create it again
-                found = False
+                found = False  # and a deleted queue is created again
+                self._ready = self._ready and not isinstance(error, ResourceNotFoundError)
                 self.report_receive(error)
             finally:
                 with self._changed:
                     self._receiving = False
-            if found:
-                found_since_wait = True
-                continue  # the host polls again at once (below newBatchThreshold)
-            self._back_off(stop, back_off.next_delay(found_since_wait))
-            found_since_wait = False
+            if not found:  # else the host polls again at once (below newBatchThreshold)
+                self._back_off(stop, back_off.next_delay(found_since_wait))
+            found_since_wait = found
 
     def _back_off(self, stop: threading.Event, seconds: float) -> bool:
         """Wait ``seconds``, or less if woken (True) or stopped."""
@@ -342,8 +339,7 @@ class QueueListener(Listener):
                     lease.renewed_at = self._clock()
                     self.warn("renewed message %s", lease.message_id, level=logging.DEBUG)
                 except Exception as error:  # noqa: BLE001 - retried on the next pass
-                    lost = isinstance(error, LeaseLost)
-                    if lost:  # no use retrying at once: someone else holds it
+                    if lost := isinstance(error, LeaseLost):  # another has it: not at once
                         lease.renewed_at = self._clock()
                     what = "cannot renew" if lost else "will retry renewing"
                     self.warn("%s message %s: %s", what, lease.message_id, error)

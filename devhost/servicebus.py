@@ -1,14 +1,12 @@
 """Service Bus queue triggers: a PEEK_LOCK message pump per function, when configured.
 
-The pump receives one message at a time: a batch receive would wait up to 200 ms more for
-company after the first message (``_further_pull_receive_timeout`` in the SDK). An
-``AutoLockRenewer`` keeps each lock alive (up to ``maxAutoLockRenewalDuration``); messages
-are settled on the receiving thread (an SDK receiver is not thread-safe): completed if the
-function succeeded, abandoned if not. Service Bus itself dead-letters a message past the
-queue's max delivery count, and ``<queue>/$DeadLetterQueue`` reads the dead-letter
-sub-queue, as in Azure. Closing is bounded, so a namespace that never answers cannot hold
-up shutdown. Only :func:`sdk_receiver_factory` and the default renewer touch the SDK, so
-the rest is tested with fakes.
+One message per receive (a batch receive waits up to 200 ms more for company: the SDK's
+``_further_pull_receive_timeout``); an ``AutoLockRenewer`` keeps each lock (up to
+``maxAutoLockRenewalDuration``); messages are settled on the receiving thread (a receiver
+is not thread-safe): completed if the function succeeded, abandoned if not. Service Bus
+dead-letters past the max delivery count; ``<queue>/$DeadLetterQueue`` reads that
+sub-queue, as in Azure. Closing is bounded: a namespace that never answers cannot hold up
+shutdown. Only :func:`sdk_receiver_factory` and the default renewer touch the SDK.
 """
 
 from __future__ import annotations
@@ -65,9 +63,8 @@ def host_message(message: Any) -> ServiceBusMessage:
     return ServiceBusMessage(
         body=message_body(getattr(message, "body", None)),
         message_id=get("message_id") or "",
-        # The Python SDK gives the AMQP header's count of *earlier* deliveries (0 the first
-        # time); the Functions host's .NET SDK adds one, so a function sees 1 on its first
-        # delivery (tests/localbus/test_devhost_listener.py shows both through localbus).
+        # The Python SDK counts *earlier* deliveries (the AMQP header's); the host's .NET SDK
+        # adds one (tests/localbus/test_devhost_listener.py shows both through localbus).
         delivery_count=count + 1 if isinstance(count, int) else None,
         lock_token=None if lock_token is None else str(lock_token),
         # Text keys and values: the SDK may hand back bytes.
@@ -148,8 +145,7 @@ class ServiceBusListener(Listener):
                     receiver = self._open()
                     self.pump(receiver, renewer, stop)
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
-                    if self.received:  # it worked: a new failure starts over
-                        backoff = 1.0
+                    backoff = 1.0 if self.received else backoff  # it worked: start over
                     self.report_receive(error)
                     self.warn("retrying in %.0f s", backoff, level=logging.DEBUG)
                     stop.wait(backoff)

@@ -29,23 +29,18 @@ from azure.core.exceptions import HttpResponseError, ResourceExistsError, Resour
 
 log = logging.getLogger("devhost.singleton")
 
-#: The host's container and folder for its locks (WebJobs' HostContainerNames.Hosts and
-#: HostDirectoryNames.SingletonLocks).
-LOCK_CONTAINER = "azure-webjobs-hosts"
-LOCK_FOLDER = "locks"
-#: What overrides the host id, as in Azure (``AzureFunctionsWebHost__hostid``).
-HOST_ID_SETTING = "AzureFunctionsWebHost__hostid"
+LOCK_CONTAINER = "azure-webjobs-hosts"  # WebJobs' HostContainerNames.Hosts
+LOCK_FOLDER = "locks"  # and HostDirectoryNames.SingletonLocks
+HOST_ID_SETTING = "AzureFunctionsWebHost__hostid"  # what overrides the host id, as in Azure
 LEASE_SECONDS = 15  # Azure Storage's shortest lease
 TRY_EVERY_SECONDS = 5.0  # holders take it again, the others try to take it
-#: How long before the lease's end the holder stops firing, should it fail to take it
-#: again (the request's own time, clocks of two processes): never two holders at once.
+#: The holder stops firing this long before its lease could end (never two holders at once).
 SAFETY_SECONDS = 2.0
 RELEASE_WAIT_SECONDS = 5.0  # how long a stop waits for a round under way
 
 
 def lock_client_options() -> dict[str, Any]:
-    """The lock client's options: one quick retry, short timeouts (a lock request that
-    cannot be answered soon is tried again at the next round anyway)."""
+    """One quick retry, short timeouts: a lock request is tried again next round anyway."""
     from azure.storage.blob import LinearRetry
 
     # backoff is annotated int but used as a float (random.uniform in get_backoff_time)
@@ -54,10 +49,8 @@ def lock_client_options() -> dict[str, Any]:
 
 
 def host_id(environ: Mapping[str, str], app_dir: str) -> str:
-    """The host id the locks are named by: ``AzureFunctionsWebHost__hostid`` if set, else
-    the machine's name and a hash of the app's folder (devhosts on several machines that
-    share one storage account should set it); lower case, letters, digits and dashes,
-    at most 32 characters (the host's rules)."""
+    """The host id the locks are named by: ``AzureFunctionsWebHost__hostid``, else the
+    machine's name and a hash of the app's folder; in the host's alphabet, at most 32."""
     given = environ.get(HOST_ID_SETTING, "").strip()
     if not given:
         digest = hashlib.sha256(app_dir.encode("utf-8")).hexdigest()[:10]
@@ -108,15 +101,13 @@ class BlobLeases:
         return True
 
     def _create(self, blob: Any) -> None:
-        try:
-            blob.upload_blob(b"", overwrite=False)
-        except ResourceNotFoundError:  # no container yet
-            with contextlib.suppress(ResourceExistsError):
-                self._container.create_container()
-            with contextlib.suppress(ResourceExistsError):  # created meanwhile
+        with contextlib.suppress(ResourceExistsError):  # created (or leased: 412) meanwhile
+            try:
                 blob.upload_blob(b"", overwrite=False)
-        except ResourceExistsError:  # created (or leased: 412) by another meanwhile
-            pass
+            except ResourceNotFoundError:  # no container yet
+                with contextlib.suppress(ResourceExistsError):
+                    self._container.create_container()
+                blob.upload_blob(b"", overwrite=False)
 
     def release(self, name: str, lease_id: str) -> None:
         from azure.storage.blob import BlobLeaseClient
@@ -125,8 +116,7 @@ class BlobLeases:
         try:
             BlobLeaseClient(blob, lease_id=lease_id).release()
         except HttpResponseError as error:
-            # 404: no blob; 409: another holds it now. Nothing of ours to give up.
-            if error.status_code not in (404, 409):
+            if error.status_code not in (404, 409):  # no blob, or another's: nothing of ours
                 raise
 
 
@@ -157,8 +147,7 @@ class TimerLocks:
     lease_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     def add(self, functions: Iterable[str]) -> None:
-        for function in functions:
-            self._locks[function] = _Lock(function, lock_blob_name(self.host, function))
+        self._locks |= {f: _Lock(f, lock_blob_name(self.host, f)) for f in functions}
 
     def holds(self, function: str) -> bool:
         """Whether this process may fire ``function`` now (always, without a lock here)."""

@@ -21,8 +21,7 @@ from devhost.invoke import Invoker, start_thread
 from devhost.settings import ConfigError
 from hostrun.shapes import TimerInfo
 
-#: A tick later than this counts as past due.
-LATE_TOLERANCE = timedelta(seconds=1)
+LATE_TOLERANCE = timedelta(seconds=1)  # a tick later than this is past due
 
 
 @dataclass(frozen=True)
@@ -31,8 +30,7 @@ class CronSchedule:
 
     def next_after(self, moment: datetime) -> datetime:
         it = croniter(self.text, moment, second_at_beginning=True, day_or=False)
-        result: datetime = it.get_next(datetime)
-        return result
+        return it.get_next(datetime)  # type: ignore[no-any-return]
 
 
 def parse_schedule(text: str, where: str = "schedule") -> CronSchedule:
@@ -52,7 +50,8 @@ def utc_now() -> datetime:
 
 
 class TimerRunner:
-    """Fires one timer function on its schedule until ``stop`` is set, in its own thread."""
+    """Fires one timer function on its schedule until ``stop`` is set, in its own thread,
+    while ``gate`` says this process may (it holds the timer's singleton lock; None: always)."""
 
     def __init__(
         self,
@@ -64,9 +63,7 @@ class TimerRunner:
         gate: Callable[[], bool] | None = None,
     ) -> None:
         self.spec, self.schedule, self.invoker, self._now = spec, schedule, invoker, now
-        self.run_on_startup = run_on_startup
-        #: Whether this process may fire now (it holds the timer's singleton lock); None: always
-        self.gate = gate
+        self.run_on_startup, self.gate = run_on_startup, gate
         self._last: datetime | None = None
 
     def describe(self) -> str:
@@ -82,22 +79,19 @@ class TimerRunner:
         return start_thread(f"timer-{self.spec.name}", self.run, stop)
 
     def run(self, stop: threading.Event) -> None:
-        if self.run_on_startup and self._may_fire():
+        may_fire = self.gate or (lambda: True)
+        if self.run_on_startup and may_fire():
             self.fire(self._now(), past_due=False)
         due = self.schedule.next_after(self._now())
         while not stop.is_set():
             wait = (due - self._now()).total_seconds()
-            if wait > 0:
-                # Short waits, so a wall-clock jump cannot put a tick hours away.
+            if wait > 0:  # in short waits: a wall-clock jump cannot put a tick hours away
                 stop.wait(min(wait, 1.0))
                 continue
-            if self._may_fire():  # another instance holds the timer: its tick, not ours
+            if may_fire():  # else another instance holds the timer: its tick, not ours
                 self.fire(due, past_due=self._now() - due > LATE_TOLERANCE)
             # Ticks that passed while the function ran are skipped, not caught up.
             due = self.schedule.next_after(max(self._now(), due))
-
-    def _may_fire(self) -> bool:
-        return self.gate is None or self.gate()
 
     def fire(self, scheduled: datetime, past_due: bool) -> None:
         """One invocation (a failure is logged by the invoker)."""
