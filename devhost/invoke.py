@@ -1,10 +1,10 @@
-"""Hand each invocation to the Functions Python runtime, and count what is running.
+"""Hand each invocation to the Functions Python runtime, count what runs, and what every
+queue trigger's listener shares (:class:`Listener`).
 
-Every trigger kind goes through :class:`Invoker`, so shutdown waits for all running
-invocations at one place and every failure is logged the same way (one ERROR record with
-the traceback; successes at DEBUG). Its ``runner`` calls the function: for ``python -m
-devhost``, :meth:`hostrun.worker.WorkerRuntime.call` (the app through
-azure-functions-runtime, as the host drives it); unit tests pass one that calls a handler.
+Every trigger kind goes through :class:`Invoker`: shutdown waits for all invocations at one
+place, every failure is logged the same way (one ERROR with the traceback; successes at
+DEBUG). Its ``runner`` is :meth:`hostrun.worker.WorkerRuntime.call` under ``python -m
+devhost``; unit tests pass one of their own.
 """
 
 from __future__ import annotations
@@ -66,8 +66,7 @@ class Invoker:
     def call(self, spec: FunctionSpec, trigger: Trigger, detail: str = "") -> Outcome:
         """Call ``spec``'s function. Never raises: a failure is logged (with its traceback
         and ``detail``, e.g. the message id) and returned."""
-        started = time.monotonic()
-        suffix = f" ({detail})" if detail else ""
+        started, suffix = time.monotonic(), f" ({detail})" if detail else ""
         with self._lock:
             self._running += 1
         try:
@@ -85,9 +84,8 @@ class Invoker:
 
 
 class Listener:
-    """What a queue trigger's listener is, Storage or Service Bus: one function, whose
-    messages run on a pool of its host.json concurrency, and a queue whose every receive
-    is told to ``unreadable`` (``devhost/unreadable.py``; None: not told)."""
+    """A queue trigger's listener, Storage or Service Bus: one function, its messages run on
+    a pool of its host.json concurrency, and every receive told to ``unreadable``."""
 
     def __init__(self, spec: FunctionSpec, invoker: Invoker, concurrency: int) -> None:
         self.spec, self.invoker = spec, invoker

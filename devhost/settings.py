@@ -1,6 +1,5 @@
-"""Settings: %NAME% expressions in bindings, host.json options, devhost's lease settings.
-
-Pure (no Azure SDK): each fails with a :class:`ConfigError` naming the setting at fault.
+"""Settings: %NAME% expressions in bindings, host.json options, devhost's lease settings;
+each fails with a :class:`ConfigError` naming the setting at fault (no Azure SDK here).
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-#: Longest queue message lease devhost takes (contract 3.9): a message held by a killed
-#: process is visible again at most this long after its last renewal.
-MAX_LEASE_SECONDS = 30
+MAX_LEASE_SECONDS = 30  # the longest queue message lease devhost takes (contract 3.9)
 DEFAULT_RENEW_SECONDS = 10.0
 
 
@@ -34,12 +31,8 @@ def resolve_binding(
     def resolve(key: str, value: Any) -> Any:
         if not isinstance(value, str) or key in ("name", "type", "direction"):
             return value
-        for name in _EXPRESSION.findall(value):
-            if name not in environ:
-                raise ConfigError(
-                    f"{where} property {key!r}: the app setting {name!r} (from '%{name}%') "
-                    "is not set"
-                )
+        if missing := [name for name in _EXPRESSION.findall(value) if name not in environ]:
+            raise ConfigError(f"{where} property {key!r}: app setting {missing[0]!r} is not set")
         return _EXPRESSION.sub(lambda match: environ[match.group(1)], value)
 
     return {key: resolve(key, value) for key, value in binding.items()}
@@ -130,11 +123,8 @@ class QueueOptions:
 
 @dataclass(frozen=True)
 class LeaseOptions:
-    """How long devhost holds a queue message and how often it renews the hold.
-
-    ``DEVHOST_LEASE_SECONDS`` / ``DEVHOST_RENEW_SECONDS`` shorten them for tests; the lease
-    can never exceed 30 s (contract 3.9).
-    """
+    """How long devhost holds a queue message and how often it renews the hold (shorter for
+    tests: ``DEVHOST_LEASE_SECONDS`` / ``DEVHOST_RENEW_SECONDS``; never over 30 s)."""
 
     lease_seconds: int = MAX_LEASE_SECONDS
     renew_seconds: float = DEFAULT_RENEW_SECONDS
@@ -150,9 +140,7 @@ class LeaseOptions:
         if not 1 <= lease <= MAX_LEASE_SECONDS:
             raise ConfigError(f"DEVHOST_LEASE_SECONDS must be 1..{MAX_LEASE_SECONDS}, not {lease}")
         if not 0 < renew < lease:
-            raise ConfigError(
-                f"DEVHOST_RENEW_SECONDS must be above 0 and below the lease ({lease} s)"
-            )
+            raise ConfigError(f"DEVHOST_RENEW_SECONDS must be above 0, below the lease ({lease} s)")
         return cls(lease, renew)
 
 
