@@ -33,6 +33,7 @@ from observability import opcount
 log = logging.getLogger("devhost")
 WEBSITE_HOSTNAME = "WEBSITE_HOSTNAME"
 SHUTDOWN_GRACE_SECONDS = 10.0
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,11 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s",
-    )
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("devhost").setLevel(logging.DEBUG if verbose else logging.INFO)
     # The SDKs and werkzeug log every request at INFO; only their warnings matter here.
     for name in ("azure", "uamqp", "werkzeug"):
@@ -139,10 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s: stopping", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    for line in devhost.lines:
-        print(line)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, on_signal)
+    print("\n".join(devhost.lines))
     devhost.start(stop)
     if devhost.http is not None:
         print(f"DEVHOST_HTTP={devhost.http.base_url}")
@@ -158,8 +154,8 @@ def _exit(code: int) -> None:
     """Exit without waiting for worker threads: a function or a broker that never returns
     must not keep the process alive (what they hold is leased, so it comes back)."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     os._exit(code)
 
 
