@@ -86,20 +86,12 @@ def select(
 ) -> list[func.Function]:
     """Apply --only / --exclude and the ``AzureWebJobs.<name>.Disabled`` settings (true or
     1, as the host reads them); an unknown name is an error, not a silent no-op."""
-    chosen = list(functions)
-    names = {str(fn.get_function_name()) for fn in chosen}
-    unknown = sorted((only | exclude) - names)
-    if unknown:
-        raise ConfigError(
-            f"unknown function name(s) {', '.join(unknown)}; the app has {', '.join(sorted(names))}"
-        )
-    disabled = {name for name in names if function_disabled(environ or {}, name)}
-    return [
-        fn
-        for fn in chosen
-        if (not only or fn.get_function_name() in only)
-        and fn.get_function_name() not in exclude | disabled
-    ]
+    named = {str(fn.get_function_name()): fn for fn in functions}
+    if unknown := sorted((only | exclude) - set(named)):
+        have = ", ".join(sorted(named))
+        raise ConfigError(f"unknown function name(s) {', '.join(unknown)}; the app has {have}")
+    skip = exclude | {name for name in named if function_disabled(environ or {}, name)}
+    return [fn for name, fn in named.items() if (not only or name in only) and name not in skip]
 
 
 def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
@@ -114,9 +106,8 @@ def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
     kind = str(trigger["type"])
     if kind not in SUPPORTED_TRIGGERS:
         raise UnsupportedFunction(
-            f"function {name!r}: trigger binding {trigger.get('name')!r} of type {kind!r} is "
-            f"not supported by devhost (supported: {', '.join(SUPPORTED_TRIGGERS)}); "
-            f"exclude it with --exclude {name}"
+            f"function {name!r}: trigger binding {trigger.get('name')!r} of type {kind!r} is not "
+            f"supported by devhost ({', '.join(SUPPORTED_TRIGGERS)}): --exclude {name}"
         )
     outputs: dict[str, Mapping[str, Any]] = {}
     for binding in bindings:

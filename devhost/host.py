@@ -74,9 +74,8 @@ class DevHost:
         invoker: Invoker,
         singleton: tuple[str, str] | None = None,
     ) -> DevHost:
-        """Check every function's configuration and build (not start) what runs it.
-        ``singleton``: (host id, instance id) to fire each timer on one instance at a time
-        (``devhost/singleton.py``); None fires every timer here."""
+        """Check every function's configuration and build (not start) what runs it;
+        ``singleton``: (host id, instance id) to fire each timer on one instance at a time."""
         devhost = cls(invoker, environ)
         kinds = {spec.trigger_type for spec in specs}
         if loader.TIMER in kinds and singleton is not None:
@@ -106,9 +105,8 @@ class DevHost:
     def _client(
         self, setting: str, what: str, build: Callable[[Connection], Any], missing: str
     ) -> Any:
-        """The client ``build`` makes for connection setting ``setting``: a
-        :class:`ConfigError` saying ``missing`` when it is not set, or that it is not usable
-        for ``what``."""
+        """The client ``build`` makes for connection ``setting``; a :class:`ConfigError` saying
+        ``missing`` when it is not set, or that it is not usable for ``what``."""
         connection = read_connection(self.environ, setting)
         if connection is None:
             raise ConfigError(missing)
@@ -236,7 +234,6 @@ class DevHost:
         return settled
 
     def busy(self) -> int:
-        """Invocations running, or messages not yet settled (which include the running
-        ones of queue triggers): zero when nothing is left to finish."""
+        """Invocations running or messages not settled: zero when nothing is left to finish."""
         held = sum(q.in_flight for q in self.queues) + sum(b.in_flight for b in self.service_bus)
         return max(self.invoker.running, held)
