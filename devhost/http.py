@@ -104,12 +104,8 @@ class HttpServer:
         """421 for a ``Host`` that is not this server's, 403 for a change another origin
         sends (the module's docstring); None serves the request."""
         host = (request.headers.get("Host") or "").strip().lower()
-        if host not in self.hosts:
-            return json_error(
-                421,
-                f"devhost serves Host {' or '.join(sorted(self.hosts))}, not {host[:100]!r}: "
-                "another name for this address is how a web page reaches it (DNS rebinding)",
-            )
+        if host not in self.hosts:  # another name for this address: a page's DNS rebinding
+            return json_error(421, f"devhost serves Host {' or '.join(sorted(self.hosts))} only")
         if request.method.upper() not in _CHANGES:
             return None
         site = (request.headers.get("Sec-Fetch-Site") or "").strip().lower()
@@ -122,9 +118,7 @@ class HttpServer:
             return None  # the console's own form, from a no-referrer page
         if origin and origin.removeprefix("http://") not in self.hosts:
             return json_error(
-                403,
-                f"a change from another origin ({origin[:100]}) is refused: devhost acts as "
-                "the developer for whoever asks, so only its own pages may post to it",
+                403, f"only devhost's own pages may post to it, not another origin ({origin[:100]})"
             )
         return None
 
