@@ -32,8 +32,7 @@ from messaging.storage_queues import StorageQueues
 
 POISON_SUFFIX = "-poison"
 MIN_POLL_SECONDS = 0.1  # the host's QueuePollingIntervals.Minimum, also the back-off's step
-#: The spread of each step of the back-off (``RandomizationFactor``): 0.8 to 1.2 times.
-RANDOMIZATION = 0.2
+RANDOMIZATION = 0.2  # the host's RandomizationFactor: each step 0.8 to 1.2 times
 STOP_CHECK_SECONDS = 0.25  # how often a back-off looks at the stop event
 
 
@@ -43,28 +42,20 @@ class PollingBackOff:
     message came since the last wait, else 100 ms more each time times 1, 2, 4 ... (each
     0.8-1.2 times that): about 0.1, 0.2, 0.3, 0.5, 0.9, 1.7 s, up to the maximum."""
 
-    def __init__(
-        self,
-        maximum: float,
-        minimum: float = MIN_POLL_SECONDS,
-        spread: Callable[[float, float], float] = random.uniform,
-    ) -> None:
-        self._minimum, self._maximum, self._spread = minimum, max(minimum, maximum), spread
+    def __init__(self, maximum: float, spread: Callable[[float, float], float] = random.uniform):
+        self._maximum, self._spread = max(MIN_POLL_SECONDS, maximum), spread
         self._current, self._exponent = 0.0, 0
 
     def next_delay(self, found: bool) -> float:
         if found:
-            self._current, self._exponent = self._minimum, 1
+            self._current, self._exponent = MIN_POLL_SECONDS, 1
         elif self._current != self._maximum:
-            delay = self._minimum
-            if self._exponent > 0:
+            delay = MIN_POLL_SECONDS
+            if self._exponent:
                 factor = self._spread(1 - RANDOMIZATION, 1 + RANDOMIZATION)
-                delay += factor * 2 ** (self._exponent - 1) * self._minimum
-            if delay < self._maximum:
-                self._current = delay
-                self._exponent += 1
-            else:
-                self._current = self._maximum
+                delay *= 1 + factor * 2 ** (self._exponent - 1)
+            self._current = min(delay, self._maximum)
+            self._exponent += delay < self._maximum
         return self._current
 
 
