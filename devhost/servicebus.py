@@ -174,7 +174,7 @@ class ServiceBusListener(Listener):
                 batch = receiver.receive_messages(max_message_count=1, max_wait_time=patience)
                 for message in batch:
                     self._start(receiver, renewer, message, running)
-                self.received = True
+                self.received = True  # since this (re)connect
                 self.report_receive()
         finally:
             while running:
@@ -201,21 +201,13 @@ class ServiceBusListener(Listener):
         self.in_flight = len(running)
 
     def run_one(self, message: Any) -> bool:
-        shape = host_message(message)  # the count the host shows: one more than the SDK's
-        return self.invoke(
-            shape, f"message {shape.message_id}, delivery count {shape.delivery_count}"
-        )
+        shape = host_message(message)  # with the host's delivery count, one more than the SDK's
+        return self.invoke(shape, f"message {shape.message_id}, count {shape.delivery_count}")
 
     def settle(self, receiver: Any, message: Any, succeeded: bool) -> None:
+        action = "complete" if succeeded else "abandon"
         try:
-            if succeeded:
-                receiver.complete_message(message)
-            else:
-                receiver.abandon_message(message)
+            (receiver.complete_message if succeeded else receiver.abandon_message)(message)
         except Exception as error:  # noqa: BLE001 - Service Bus redelivers after the lock
-            self.warn(
-                "cannot %s message %s (%s); Service Bus redelivers it when its lock expires",
-                "complete" if succeeded else "abandon",
-                getattr(message, "message_id", "?"),
-                error,
-            )
+            what = "cannot %s message %s (%s); Service Bus redelivers it when its lock expires"
+            self.warn(what, action, getattr(message, "message_id", "?"), error)
