@@ -77,8 +77,7 @@ class StorageQueue:
     """The queue operations a listener uses, over the app's :class:`StorageQueues`."""
 
     def __init__(self, queues: StorageQueues, name: str) -> None:
-        self._queues, self.name = queues, name
-        self._client = queues.client(name)
+        self._queues, self.name, self._client = queues, name, queues.client(name)
 
     def create_if_missing(self) -> None:
         self._queues.ensure(self.name)
@@ -215,13 +214,11 @@ class QueueListener(Listener):
 
     def _poll_once(self, stop: threading.Event) -> bool:
         """One receive, and the dispatch of what it returned; True if there was something."""
-        if not self._ready:
-            # Create the trigger queue if missing, as the host does. Without the right to
-            # create queues (403) poll anyway: the queue may exist.
+        if not self._ready:  # create the trigger queue if missing, as the host does
             try:
                 self.queue.create_if_missing()
             except HttpResponseError as error:
-                if error.status_code != 403:
+                if error.status_code != 403:  # no right to create queues: it may exist
                     raise
                 self.warn("may not create queue %s; polling it anyway", self.queue.name)
             self._ready = True
