@@ -102,14 +102,13 @@ def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
     triggers = [b for b in bindings if str(b.get("type", "")).endswith("Trigger")]
     if len(triggers) != 1:
         raise UnsupportedFunction(f"function {name!r} has {len(triggers)} triggers; expected one")
-    trigger = triggers[0]
+    trigger, outputs = triggers[0], {}
     kind = str(trigger["type"])
     if kind not in SUPPORTED_TRIGGERS:
         raise UnsupportedFunction(
             f"function {name!r}: trigger binding {trigger.get('name')!r} of type {kind!r} is not "
             f"supported by devhost ({', '.join(SUPPORTED_TRIGGERS)}): --exclude {name}"
         )
-    outputs: dict[str, Mapping[str, Any]] = {}
     for binding in bindings:
         if binding is trigger or (kind == HTTP and binding.get("name") == "$return"):
             continue
@@ -124,10 +123,9 @@ def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
             continue
         raise UnsupportedFunction(
             f"function {name!r}: binding {binding.get('name')!r} of type {binding.get('type')!r} "
-            f"(direction {binding.get('direction')}) is not supported by devhost; it runs only "
-            "queue, timer, HTTP and Service Bus triggers (the HTTP response returned) and "
-            "Storage queue output bindings, so use the SDK in the function instead, or exclude "
-            f"it with --exclude {name}"
+            f"(direction {binding.get('direction')}) is not supported by devhost, which runs "
+            "queue, timer, HTTP and Service Bus triggers and Storage queue output bindings: use "
+            f"the SDK in the function instead, or --exclude {name}"
         )
     if kind == SERVICE_BUS and (
         trigger.get("isSessionsEnabled")
