@@ -68,8 +68,8 @@ def configure_logging(verbose: bool) -> None:
 def build(args: argparse.Namespace) -> DevHost:
     """Load the app, check every function, build what runs them."""
     root = os.getcwd()
-    default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
-    os.environ[DEVHOST_INSTANCE_ID] = args.instance_id or default_id
+    instance = args.instance_id or f"devhost-{socket.gethostname()}-{os.getpid()}"
+    os.environ[DEVHOST_INSTANCE_ID] = instance
     # The local stand-in for sign-in (core/principals.py): a request without a principal
     # or key is the developer, as an operator; ORDERS_DEV_PRINCIPAL set (or empty) wins.
     if DEV_PRINCIPAL not in os.environ:
@@ -87,8 +87,7 @@ def build(args: argparse.Namespace) -> DevHost:
         log.warning(
             "%s=%s from the environment; deployed: %s (%s)", name, mine, value, deployed.PATH
         )
-    # The runtime indexes and loads the app as the host has it do; devhost reads the same
-    # indexed functions' bindings.
+    # The runtime indexes the app as the host has it do; devhost reads the same bindings.
     runtime = hostrun.start(root, args.app)
     app = app_loader.find_app(app_loader.load_module(args.app, root))
     only, exclude = (
@@ -106,14 +105,13 @@ def build(args: argparse.Namespace) -> DevHost:
     if short := pool.shortfall(specs, host_json, os.environ):
         log.warning("%s", short)
     lock_id = host_id(os.environ, str(Path(root, args.app).resolve()))
-    singleton = (lock_id, os.environ[DEVHOST_INSTANCE_ID]) if args.timers == "singleton" else None
+    singleton = (lock_id, instance) if args.timers == "singleton" else None
     devhost = DevHost.build(
         specs, host_json, os.environ, args.http_port, Invoker(runtime.call), singleton
     )
     runtime.deliver = devhost.deliver  # output bindings
     if devhost.http is not None:
-        # This instance's host name, as Azure and `func start` set it: the app builds the
-        # links it hands out from it (core/links.py: where a remote calls back).
+        # This instance's host name, as Azure and `func start` set it (core/links.py).
         os.environ[WEBSITE_HOSTNAME] = devhost.http.base_url.removeprefix("http://")
     # Storage requests counted for the benchmarks: which ones a timer invocation made.
     opcount.set_trigger_lookup(runtime.current_trigger)

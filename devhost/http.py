@@ -40,8 +40,8 @@ _SAME_SITE = frozenset({"same-origin", "none"})
 
 def route_path(spec: FunctionSpec, prefix: str) -> str:
     """The URL path of ``spec``'s route, without the leading slash, as the host prints it."""
-    template = str(spec.trigger.get("route") or spec.name)
-    return "/".join(p for p in (prefix.strip("/"), template.strip("/")) if p)
+    template = str(spec.trigger.get("route") or spec.name).strip("/")
+    return "/".join(p for p in (prefix.strip("/"), template) if p)
 
 
 def url_map(specs: Iterable[FunctionSpec], prefix: str) -> Map:
@@ -52,9 +52,8 @@ def url_map(specs: Iterable[FunctionSpec], prefix: str) -> Map:
         rule = _PARAMETER.sub(r"<\1>", path)
         if "{" in rule or "}" in rule:
             raise ConfigError(
-                f"function {spec.name!r}: route {path!r} has a parameter devhost does not "
-                "serve; it serves plain {name} parameters only (no constraints, optional or "
-                "catch-all ones)"
+                f"function {spec.name!r}: route {path!r}: devhost serves plain {{name}} route "
+                "parameters only (no constraints, optional or catch-all ones)"
             )
         methods = spec.trigger.get("methods") or None  # none: every method
         rules.append(Rule(f"/{rule}", endpoint=spec.name, methods=methods))
@@ -124,8 +123,7 @@ class HttpServer:
 
     def wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
         request = Request(environ)
-        refused = self.refusal(request)
-        if refused is not None:
+        if (refused := self.refusal(request)) is not None:
             seen = [request.headers.get(h) for h in ("Host", "Origin", "Sec-Fetch-Site")]
             what = "(Host %r, Origin %r, Sec-Fetch-Site %r)"
             log.warning(f"refused %s %s {what}", request.method, request.path, *seen)
@@ -135,7 +133,7 @@ class HttpServer:
         except MethodNotAllowed as error:
             allowed = ", ".join(sorted(error.valid_methods or ()))
             response = json_error(
-                405, f"{request.method} is not allowed on {request.path}; allowed: {allowed}"
+                405, f"{request.method} is not allowed on {request.path} ({allowed})"
             )
             response.headers["Allow"] = allowed
         except HTTPException:
