@@ -84,14 +84,12 @@ def build(args: argparse.Namespace) -> DevHost:
     for name, value in applied.defaults.items():
         log.info("as deployed (%s): %s=%s", deployed.PATH, name, value)
     for name, (mine, value) in applied.overridden.items():
-        log.warning(
-            "%s=%s from the environment; deployed: %s (%s)", name, mine, value, deployed.PATH
-        )
+        log.warning("%s=%s set; deployed: %s (%s)", name, mine, value, deployed.PATH)
     # The runtime indexes the app as the host has it do; devhost reads the same bindings.
     runtime = hostrun.start(root, args.app)
     app = app_loader.find_app(app_loader.load_module(args.app, root))
     only, exclude = (
-        {n.strip() for n in text.split(",") if n.strip()} for text in (args.only, args.exclude)
+        {n.strip() for n in t.split(",") if n.strip()} for t in (args.only, args.exclude)
     )
     every = list(app.get_functions())
     functions = app_loader.select(every, only, exclude, os.environ)
@@ -106,9 +104,8 @@ def build(args: argparse.Namespace) -> DevHost:
         log.warning("%s", short)
     lock_id = host_id(os.environ, str(Path(root, args.app).resolve()))
     singleton = (lock_id, instance) if args.timers == "singleton" else None
-    devhost = DevHost.build(
-        specs, host_json, os.environ, args.http_port, Invoker(runtime.call), singleton
-    )
+    invoker = Invoker(runtime.call)
+    devhost = DevHost.build(specs, host_json, os.environ, args.http_port, invoker, singleton)
     runtime.deliver = devhost.deliver  # output bindings
     if devhost.http is not None:
         # This instance's host name, as Azure and `func start` set it (core/links.py).

@@ -220,9 +220,9 @@ class DevHost:
         while self.busy() and time.monotonic() < deadline:
             time.sleep(0.05)
         if not (settled := not self.busy()):
-            what = "exiting anyway: their queue messages return when their leases lapse"
+            text = "%d invocation(s) still running after %.0f s; exiting anyway: their queue "
             log.warning(
-                f"%d invocation(s) still running after %.0f s; {what}", self.busy(), grace_seconds
+                text + "messages return when their leases lapse", self.busy(), grace_seconds
             )
         if self.timer_locks is not None:  # another instance takes the timers at once
             self.timer_locks.release_all()

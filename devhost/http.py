@@ -110,9 +110,7 @@ class HttpServer:
         site = (request.headers.get("Sec-Fetch-Site") or "").strip().lower()
         origin = (request.headers.get("Origin") or "").strip().lower()
         if site and site not in _SAME_SITE:
-            return json_error(
-                403, f"the browser says this change is another origin's ({site[:40]})"
-            )
+            return json_error(403, f"the browser says another origin sent this ({site[:40]})")
         if origin == "null" and site == "same-origin":
             return None  # the console's own form, from a no-referrer page
         if origin and origin.removeprefix("http://") not in self.hosts:
@@ -132,9 +130,8 @@ class HttpServer:
             name, params = self.urls.bind_to_environ(environ).match()
         except MethodNotAllowed as error:
             allowed = ", ".join(sorted(error.valid_methods or ()))
-            response = json_error(
-                405, f"{request.method} is not allowed on {request.path} ({allowed})"
-            )
+            what = f"{request.method} is not allowed on {request.path}"
+            response = json_error(405, f"{what} ({allowed})")
             response.headers["Allow"] = allowed
         except HTTPException:
             response = json_error(404, f"no function serves {request.method} {request.path}")

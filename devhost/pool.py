@@ -36,9 +36,8 @@ def needed(specs: Iterable[FunctionSpec], host_json: Mapping[str, Any]) -> int:
     if loader.QUEUE in kinds:  # host.json's options are read only when they apply
         per_kind[loader.QUEUE] = QueueOptions.from_host_json(host_json).max_concurrency
     if loader.SERVICE_BUS in kinds:
-        per_kind[loader.SERVICE_BUS] = ServiceBusOptions.from_host_json(
-            host_json
-        ).max_concurrent_calls
+        bus = ServiceBusOptions.from_host_json(host_json)
+        per_kind[loader.SERVICE_BUS] = bus.max_concurrent_calls
     http = HTTP_CONCURRENCY if loader.HTTP in kinds else 0
     return http + sum(per_kind.get(spec.trigger_type, 0) for spec in specs)
 

@@ -240,9 +240,8 @@ class QueueListener(Listener):
         # The host's BeginProcessingMessage: past the limit already, so earlier holders died.
         if count > self.options.max_dequeue_count:
             why = f"was dequeued {count} times without finishing, so it does not run"
-            self._guarded(
-                message.id, partial(self._move_to_poison, message, message.pop_receipt, why)
-            )
+            poison = partial(self._move_to_poison, message, message.pop_receipt, why)
+            self._guarded(message.id, poison)
         elif stop is not None and stop.is_set():
             # Shutting down: hand it straight back rather than leave it leased.
             back = partial(self.queue.set_visibility, message.id, message.pop_receipt, 0)

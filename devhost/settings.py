@@ -114,9 +114,7 @@ class QueueOptions:
         # Messages go to the function as stored: the host's default, base64, is not decoded.
         encoding = options.get("messageEncoding", "base64 (the default)")
         if str(encoding).lower() != "none":
-            raise ConfigError(
-                f'host.json messageEncoding must be "none" for devhost, not {encoding!r}'
-            )
+            raise ConfigError(f'host.json messageEncoding must be "none", not {encoding!r}')
         batch_size = _read(cls, options).batch_size
         return _read(cls, options, new_batch_threshold=batch_size // 2)  # type: ignore[no-any-return]
 

@@ -151,10 +151,9 @@ class TimerLocks:
 
     def holds(self, function: str) -> bool:
         """Whether this process may fire ``function`` now (always, without a lock here)."""
-        lock = self._locks.get(function)
-        return lock is None or (
-            self.clock() < lock.held_until and self.wall() < lock.held_until_wall
-        )
+        if (lock := self._locks.get(function)) is None:
+            return True
+        return self.clock() < lock.held_until and self.wall() < lock.held_until_wall
 
     def try_all(self) -> None:
         """One round: take every lock (again); a lock another holds is left to it."""
