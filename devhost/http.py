@@ -1,13 +1,12 @@
 """HTTP triggers on 127.0.0.1, served and routed by werkzeug.
 
 Routes are ``{routePrefix}/{route}`` with plain ``{name}`` parameters (others are refused at
-start); a trailing slash is ignored; 405 (with ``Allow``) and 404 answer with a JSON
-``error``, as does a function's unhandled exception, with 500 (Azure's 500 is empty).
-devhost answers as the developer whoever asks without a key, so it refuses what a web page
-in the browser could send (docs/local-development.md, "Only your own pages"): a ``Host``
-not its own (421, DNS rebinding), and a change whose ``Sec-Fetch-Site`` or ``Origin`` says
-another origin (403; ``Origin: null`` only with ``Sec-Fetch-Site: same-origin``, a
-no-referrer page's own form). Clients that send neither header are served.
+start); a trailing slash is ignored; 405 (with ``Allow``), 404 and a function's unhandled
+exception (500; Azure's is empty) answer with a JSON ``error``. devhost answers as the
+developer whoever asks, so it refuses what a web page could send (docs/local-development.md,
+"Only your own pages"): a ``Host`` not its own (421, DNS rebinding), and a change whose
+``Sec-Fetch-Site`` or ``Origin`` says another origin (403; ``Origin: null`` passes only with
+``Sec-Fetch-Site: same-origin``, a no-referrer page's form). Clients without them are served.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """How many threads the runtime's pool needs, so that no function can starve another.
 
-azure-functions-runtime runs every synchronous function on one pool of
-``PYTHON_THREADPOOL_THREAD_COUNT`` threads (unset: ``min(32, CPUs + 4)``). The host hands an
-instance up to ``batchSize + newBatchThreshold`` messages per Storage queue function and
-``maxConcurrentCalls`` per Service Bus function at once: with a smaller pool, one function's
-blocked calls hold every thread and the pool, not host.json, decides what runs.
-``async def`` functions run on the runtime's event loop and take no pool thread.
-:func:`needed` is that sum; devhost warns at start when the pool is below it, and a unit
-test holds the deployed setting (``devhost.deployed``) to it.
+azure-functions-runtime runs every synchronous function (not ``async def`` ones) on one pool
+of ``PYTHON_THREADPOOL_THREAD_COUNT`` threads (unset: ``min(32, CPUs + 4)``); the host hands
+an instance up to ``batchSize + newBatchThreshold`` messages per queue function and
+``maxConcurrentCalls`` per Service Bus function at once. Below their sum (:func:`needed`),
+one function's blocked calls hold every thread: devhost warns at start.
 """
 
 from __future__ import annotations

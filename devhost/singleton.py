@@ -1,14 +1,11 @@
-"""Timer triggers fire on one instance at a time, through the host's own singleton lock.
-
-The host wraps every timer's listener in a lease on the blob
-``azure-webjobs-hosts/locks/<host id>/Host.Functions.<function>.Listener`` of
-``AzureWebJobsStorage`` (the WebJobs SDK's ``SingletonListener``); devhost takes the same
-leases on the same blobs, so devhosts sharing a storage account fire each timer once per
-tick between them. Where it differs (a lease of 15 s taken again every 5 s, released at
-stop, a holder that stops firing 2 s before its lease could lapse by either clock, quick
-lock requests; ``runOnStartup`` only when it first holds the lock): docs/local-development.md,
-"Timers on one instance at a time". ``--timers every`` fires every timer in every process.
-The lease id is the process's own, so "take it again" and "take it" are one request.
+"""Timer triggers fire on one instance at a time, through the host's own singleton lock:
+a lease on the blob ``azure-webjobs-hosts/locks/<host id>/Host.Functions.<function>.Listener``
+of ``AzureWebJobsStorage`` (the WebJobs SDK's ``SingletonListener``), which devhost takes as
+the host does, so devhosts sharing a storage account fire each timer once per tick. Where it
+differs (a 15 s lease taken again every 5 s, released at stop, no firing 2 s before it could
+lapse by either clock, quick requests, ``runOnStartup`` only when it first holds the lock):
+docs/local-development.md, "Timers on one instance at a time". The lease id is the process's
+own, so "take it again" and "take it" are one request.
 """
 
 from __future__ import annotations

@@ -45,10 +45,6 @@ def parse_schedule(text: str, where: str = "schedule") -> CronSchedule:
     return CronSchedule(" ".join(fields))
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class TimerRunner:
     """Fires one timer function on its schedule until ``stop`` is set, in its own thread,
     while ``gate`` says this process may (it holds the timer's singleton lock; None: always)."""
@@ -59,7 +55,7 @@ class TimerRunner:
         schedule: CronSchedule,
         invoker: Invoker,
         run_on_startup: bool = False,
-        now: Callable[[], datetime] = utc_now,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
         gate: Callable[[], bool] | None = None,
     ) -> None:
         self.spec, self.schedule, self.invoker, self._now = spec, schedule, invoker, now
