@@ -69,12 +69,8 @@ def find_app(module: ModuleType) -> func.FunctionRegister:
     """The module's single FunctionApp (the Python worker refuses zero or several)."""
     apps = [value for value in vars(module).values() if isinstance(value, func.FunctionRegister)]
     if len(apps) != 1:
-        raise ConfigError(
-            f"module {module.__name__!r} defines no azure.functions.FunctionApp"
-            if not apps
-            else f"module {module.__name__!r} defines {len(apps)} FunctionApp objects; "
-            "the Functions host accepts exactly one"
-        )
+        found = f"{len(apps)} FunctionApp objects" if apps else "no azure.functions.FunctionApp"
+        raise ConfigError(f"module {module.__name__!r} defines {found}; the host takes exactly one")
     return apps[0]
 
 

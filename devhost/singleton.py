@@ -155,9 +155,8 @@ class TimerLocks:
     def try_all(self) -> None:
         """One round: take every lock (again); a lock another holds is left to it."""
         with self._round:
-            if not self._closed:
-                for lock in self._locks.values():
-                    self._try(lock)
+            for lock in [] if self._closed else self._locks.values():
+                self._try(lock)
 
     def _try(self, lock: _Lock) -> None:
         asked, asked_wall = self.clock(), self.wall()
@@ -192,8 +191,7 @@ class TimerLocks:
         self._closed = True  # a round that starts from now takes nothing
         for lock in self._locks.values():  # and none fires from now on
             lock.held_until = lock.held_until_wall = 0.0
-        # A round under way may still take a lock: wait for it (not for long: storage may
-        # be down; then the leases lapse by themselves), then release every lock.
+        # A round under way may still take a lock: wait for it (briefly: storage may be down).
         waited = self._round.acquire(timeout=RELEASE_WAIT_SECONDS)
         try:
             for lock in self._locks.values():
