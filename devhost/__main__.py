@@ -88,9 +88,7 @@ def build(args: argparse.Namespace) -> DevHost:
     # The runtime indexes the app as the host has it do; devhost reads the same bindings.
     runtime = hostrun.start(root, args.app)
     app = app_loader.find_app(app_loader.load_module(args.app, root))
-    only, exclude = (
-        {n.strip() for n in t.split(",") if n.strip()} for t in (args.only, args.exclude)
-    )
+    only, exclude = ({n.strip() for n in t.split(",")} - {""} for t in (args.only, args.exclude))
     every = list(app.get_functions())
     functions = app_loader.select(every, only, exclude, os.environ)
     if not functions:

@@ -179,14 +179,12 @@ class DevHost:
             "namespace to receive from"
         )
         connection = read_connection(self.environ, setting)
-        if connection is None or not (
-            connection.connection_string or connection.fully_qualified_namespace
+        if not (
+            connection and (connection.connection_string or connection.fully_qualified_namespace)
         ):
             return self._line(spec, f"SKIPPED: {missing}")
-        queue = str(spec.trigger["queueName"])
-        receiver = self._client(
-            setting, "Service Bus", partial(sdk_receiver_factory, queue_name=queue), missing
-        )
+        factory = partial(sdk_receiver_factory, queue_name=str(spec.trigger["queueName"]))
+        receiver = self._client(setting, "Service Bus", factory, missing)
         self.service_bus.append(ServiceBusListener(spec, receiver, self.invoker, options))
         self._listening(self.service_bus[-1])
 
@@ -221,9 +219,7 @@ class DevHost:
             time.sleep(0.05)
         if not (settled := not self.busy()):
             text = "%d invocation(s) still running after %.0f s; exiting anyway: their queue "
-            log.warning(
-                text + "messages return when their leases lapse", self.busy(), grace_seconds
-            )
+            log.warning(text + "messages return as their leases lapse", self.busy(), grace_seconds)
         if self.timer_locks is not None:  # another instance takes the timers at once
             self.timer_locks.release_all()
         for listener in [*self.queues, *self.service_bus]:

@@ -113,9 +113,7 @@ class HttpServer:
         if origin == "null" and site == "same-origin":
             return None  # the console's own form, from a no-referrer page
         if origin and origin.removeprefix("http://") not in self.hosts:
-            return json_error(
-                403, f"only devhost's own pages may post to it, not another origin ({origin[:100]})"
-            )
+            return json_error(403, f"only devhost's own origin may post here, not {origin[:100]}")
         return None
 
     def wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:

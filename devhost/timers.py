@@ -66,10 +66,8 @@ class TimerRunner:
         startup = "runOnStartup, " if self.run_on_startup else ""
         next_fire = self.schedule.next_after(self._now())
         where = "every devhost process" if self.gate is None else "one instance at a time"
-        return (
-            f"schedule {self.schedule.text!r} (UTC; {startup}next {next_fire:%H:%M:%S}; "
-            f"fires in {where})"
-        )
+        when = f"UTC; {startup}next {next_fire:%H:%M:%S}; fires in {where}"
+        return f"schedule {self.schedule.text!r} ({when})"
 
     def start(self, stop: threading.Event) -> threading.Thread:
         return start_thread(f"timer-{self.spec.name}", self.run, stop)
