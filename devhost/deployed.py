@@ -14,8 +14,7 @@ from pathlib import Path
 
 from devhost.settings import ConfigError, load_json
 
-#: Where the list lives, under the app's folder (absent: nothing is applied).
-PATH = Path("infra", "platform-settings.json")
+PATH = Path("infra", "platform-settings.json")  # under the app's folder; absent: nothing
 
 
 def settings(root: str | Path) -> dict[str, str]:

@@ -53,10 +53,8 @@ class DevHost:
     http: HttpServer | None = None
     queue_services: dict[str, Any] = field(default_factory=dict)  # by connection setting
     enqueued: EnqueueWatcher = field(default_factory=EnqueueWatcher)
-    #: The timers' singleton locks (None: every timer fires in this process)
-    timer_locks: TimerLocks | None = None
-    #: Queues no receive has read for a minute: one alert each (``devhost/unreadable.py``)
-    unreadable: UnreadableQueues = field(init=False)
+    timer_locks: TimerLocks | None = None  # None: every timer fires in this process
+    unreadable: UnreadableQueues = field(init=False)  # one alert per queue nobody can read
 
     def __post_init__(self) -> None:
         # devhost's own alerts, to the app's ``operator-alerts`` in its storage

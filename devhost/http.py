@@ -29,12 +29,9 @@ from hostrun.shapes import HttpRequest, HttpResponse
 
 log = logging.getLogger("devhost.http")
 _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-#: Set by the server itself, never taken from the function's response.
-_SERVER_HEADERS = ("content-length", "transfer-encoding", "connection")
-#: The methods that change something, which another origin may not send.
-_CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: What a browser's ``Sec-Fetch-Site`` says of a request its own page (or its user) made.
-_SAME_SITE = frozenset({"same-origin", "none"})
+_SERVER_HEADERS = ("content-length", "transfer-encoding", "connection")  # the server's own
+_CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # what another origin may not send
+_SAME_SITE = frozenset({"same-origin", "none"})  # Sec-Fetch-Site of a page's own request
 
 
 def route_path(spec: FunctionSpec, prefix: str) -> str:

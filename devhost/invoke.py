@@ -46,8 +46,7 @@ class Outcome:
         return self.error is None
 
 
-#: What runs one invocation: (the function, its trigger as the host has it) -> its return
-#: value; raises when the invocation failed.
+#: What runs one invocation: (function, trigger as the host has it) -> value; raises if failed.
 Runner = Callable[[FunctionSpec, Trigger], Any]
 
 

@@ -19,8 +19,7 @@ from devhost.app_loader import FunctionSpec
 from devhost.settings import QueueOptions, ServiceBusOptions
 
 SETTING = "PYTHON_THREADPOOL_THREAD_COUNT"
-#: The HTTP routes together (the operator API and console: a person's clicks): what one
-#: instance serves at once, counted as one group, as Flex Consumption scales them.
+#: The HTTP routes together (the API and console: a person's clicks), as one group.
 HTTP_CONCURRENCY = 16
 
 

@@ -24,10 +24,8 @@ from devhost.settings import ServiceBusOptions
 from hostrun.shapes import ServiceBusMessage
 
 log = logging.getLogger("devhost.servicebus")
-#: Longest a receive call waits for a message, so the loop sees a stop request in time.
-MAX_WAIT_SECONDS = 5.0
-#: A receive's wait while messages run: how late a finished one may be settled.
-PUMP_WAIT_SECONDS = 0.05
+MAX_WAIT_SECONDS = 5.0  # the longest a receive waits: how late a stop is seen
+PUMP_WAIT_SECONDS = 0.05  # a receive's wait while messages run: how late one is settled
 CLOSE_TIMEOUT_SECONDS = 5.0
 #: The fields of :class:`ServiceBusMessage` taken as they are from the SDK's message.
 # fmt: off

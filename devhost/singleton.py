@@ -31,8 +31,7 @@ LOCK_FOLDER = "locks"  # and HostDirectoryNames.SingletonLocks
 HOST_ID_SETTING = "AzureFunctionsWebHost__hostid"  # what overrides the host id, as in Azure
 LEASE_SECONDS = 15  # Azure Storage's shortest lease
 TRY_EVERY_SECONDS = 5.0  # holders take it again, the others try to take it
-#: The holder stops firing this long before its lease could end (never two holders at once).
-SAFETY_SECONDS = 2.0
+SAFETY_SECONDS = 2.0  # the holder stops firing this long before its lease could end
 RELEASE_WAIT_SECONDS = 5.0  # how long a stop waits for a round under way
 
 
