@@ -1,10 +1,9 @@
-"""``python -m devhost``: run every function of a v2-model ``function_app.py`` locally.
-
-Run it from the app folder, with the app settings in the environment (local.settings.json
-is not read). Every invocation goes through azure-functions-runtime, driven as the host
-drives it (:mod:`hostrun.worker`). It prints a line per function, ``DEVHOST_HTTP=<url>``
-when it serves HTTP, then ``DEVHOST_READY``. SIGINT/SIGTERM stop it: running invocations
-get up to 10 s, then it exits 0; exit code 2: the configuration cannot run.
+"""``python -m devhost``: run every function of a v2-model ``function_app.py`` locally, from
+the app folder, with the app settings in the environment (local.settings.json is not read),
+every invocation through azure-functions-runtime (:mod:`hostrun.worker`). It prints a line
+per function, ``DEVHOST_HTTP=<url>`` when it serves HTTP, then ``DEVHOST_READY``.
+SIGINT/SIGTERM stop it: running invocations get up to 10 s, then it exits 0; exit code 2:
+the configuration cannot run.
 """
 
 from __future__ import annotations

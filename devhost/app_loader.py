@@ -1,9 +1,7 @@
-"""Find the functions a v2-model ``function_app.py`` declares, from their bindings.
-
-The host's own indexing is mirrored: the module holds exactly one ``FunctionApp``,
-``app.get_functions()`` lists its functions, and each function's binding JSON (what
-deploys) decides how devhost runs it. Anything devhost cannot run as Azure would is
-refused up front, with the function and binding named, rather than silently skipped.
+"""Find the functions a v2-model ``function_app.py`` declares, from their bindings, as the
+host indexes them: the module's one ``FunctionApp``, its ``get_functions()``, and each
+function's binding JSON (what deploys). What devhost cannot run as Azure would is refused
+up front, with the function and binding named, rather than silently skipped.
 """
 
 from __future__ import annotations

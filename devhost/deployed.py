@@ -1,9 +1,7 @@
-"""The platform's settings as deployed, as devhost's defaults.
-
-``infra/platform-settings.json`` lists the app settings the deployment gives the platform
-(the runtime's pool size); Bicep emits them from that file, and devhost sets each one the
-environment leaves unset before the runtime starts, so the app runs on the pool it has in
-Azure. A value in the environment wins, logged beside the deployed one.
+"""The platform's settings as deployed, as devhost's defaults: ``infra/platform-settings.json``
+lists what the deployment gives the platform (the runtime's pool size; Bicep emits them from
+it), and devhost sets each one the environment leaves unset before the runtime starts, so
+the app runs on the pool it has in Azure. A value in the environment wins.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""Timer triggers: six-field NCRONTAB schedules, in UTC.
+"""Timer triggers: six-field NCRONTAB schedules (``{second} {minute} {hour} {day} {month}
+{day-of-week}``, day and day-of-week both matching, as the host reads them), in UTC.
 
-``{second} {minute} {hour} {day} {month} {day-of-week}``, as the host reads them (NCrontab:
-day and day-of-week must both match). Where devhost differs: there is no schedule monitor,
-so ``past_due`` is true only for a tick fired more than a second late in this process, never
-for ticks missed while devhost was down; ticks that pass while the previous invocation runs
-are skipped. Which process fires is ``devhost/singleton.py``'s (the ``gate``).
+Where devhost differs: no schedule monitor, so ``past_due`` is true only for a tick fired
+over a second late in this process, never for ticks missed while it was down; ticks that
+pass while the last invocation runs are skipped. Which process fires: ``devhost/singleton.py``.
 """
 
 from __future__ import annotations

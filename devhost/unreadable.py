@@ -1,10 +1,9 @@
 """A queue devhost cannot read is told once (docs/contracts.md §3.5, docs/operating.md).
 
 A listener whose every receive fails only backs off and polls again: its messages wait.
-After ``UNREADABLE_AFTER_SECONDS`` of nothing but failures on a queue, one
-``queue-unreadable`` alert goes to ``operator-alerts`` with a WARNING; the first receive
-that works after it sends one ``queue-recovered``. An alert that cannot be sent is tried
-again a minute later, not once a poll. Per devhost process: instances do not share it.
+After ``UNREADABLE_AFTER_SECONDS`` of nothing but failures, one ``queue-unreadable`` alert
+goes to ``operator-alerts`` with a WARNING, and the first receive that works after it sends
+one ``queue-recovered``; an alert not sent is tried again a minute later. Per process.
 """
 
 from __future__ import annotations
