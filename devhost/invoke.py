@@ -27,8 +27,7 @@ log = logging.getLogger("devhost")
 
 
 def start_thread(name: str, target: Callable[..., object], *args: object) -> threading.Thread:
-    """Start ``target(*args)`` in a daemon thread: neither a function nor a broken storage
-    or broker endpoint may hold the process open (what it holds is leased, so it returns)."""
+    """Start ``target(*args)`` in a daemon thread: nothing it runs may hold the process open."""
     thread = threading.Thread(target=target, args=args, name=name, daemon=True)
     thread.start()
     return thread

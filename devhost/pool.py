@@ -53,8 +53,7 @@ def shortfall(
         return None
     source = f"{SETTING}={environ[SETTING]}" if SETTING in environ else f"{SETTING} unset"
     return (
-        f"the runtime's thread pool has {have} threads ({source}) but these functions may "
-        f"run {need} invocations at once (host.json batchSize + newBatchThreshold per queue "
-        f"function, maxConcurrentCalls per Service Bus function): a function whose calls "
-        f"block can hold every thread. Set {SETTING}={need} or more"
+        f"the runtime's thread pool has {have} threads ({source}) but these functions may run "
+        f"{need} invocations at once (host.json): one whose calls block can hold every thread. "
+        f"Set {SETTING}={need} or more"
     )
