@@ -56,10 +56,8 @@ def load_module(module_name: str, root: str) -> ModuleType:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name == module_name:
-            raise ConfigError(
-                f"no module {module_name!r} in {root}: run devhost from the app folder "
-                "or pass --app"
-            ) from error
+            hint = "run devhost from the app folder or pass --app"
+            raise ConfigError(f"no module {module_name!r} in {root}: {hint}") from error
         raise
 
 

@@ -114,27 +114,21 @@ class DevHost:
             raise ConfigError(f"setting {setting}: not usable for {what} ({error})") from error
 
     def _lock_container(self) -> Any:
-        service = self._client(
-            STORAGE,
-            "blobs",
-            partial(clients.blob_service, **lock_client_options()),
-            f"timer functions take their singleton locks in {STORAGE}, which is not set: "
-            "set it, or run every timer in every process with --timers every",
-        )
+        missing = f"timers take their singleton locks in {STORAGE}, which is not set: set it, "
+        blobs = partial(clients.blob_service, **lock_client_options())
+        service = self._client(STORAGE, "blobs", blobs, missing + "or pass --timers every")
         return service.get_container_client(LOCK_CONTAINER)
 
     def queue_service(self, setting: str) -> Any:
         """The process's QueueServiceClient for a connection setting, built on first use
         (the host's own requests are counted too, where a benchmark asks for it)."""
         if setting not in self.queue_services:
-            self.queue_services[setting] = self._client(
-                setting,
-                "Storage",
-                partial(clients.queue_service, opcount_dir=self.environ.get(OPCOUNT_DIR)),
-                f"Storage connection {setting!r} is not configured: set {setting} to a "
-                f"connection string, or {setting}__accountName / {setting}__queueServiceUri "
-                "for an identity-based connection",
+            build = partial(clients.queue_service, opcount_dir=self.environ.get(OPCOUNT_DIR))
+            missing = (
+                f"Storage connection {setting!r} is not configured: set {setting} to a connection "
+                f"string, or {setting}__accountName / {setting}__queueServiceUri (an identity)"
             )
+            self.queue_services[setting] = self._client(setting, "Storage", build, missing)
         return self.queue_services[setting]
 
     def deliver(self, spec: FunctionSpec, outputs: Mapping[str, Any]) -> None:
