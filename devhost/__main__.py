@@ -1,21 +1,9 @@
-"""``python -m devhost``: run every function of a v2-model ``function_app.py`` locally.
-
-    python -m devhost [--app function_app] [--http-port 7071] [--only fn1,fn2]
-                      [--exclude fn3] [--instance-id ID] [--timers singleton|every]
-                      [--verbose]
-
-Run it from the app folder (the one with ``function_app.py`` and ``host.json``), with the
-app settings in the environment (``AzureWebJobsStorage``: the storage, Azurite or Azure;
-local.settings.json is not read). Every invocation goes through azure-functions-runtime,
-the Functions Python runtime the app pins, loaded and driven as the host drives it
-(:mod:`hostrun.worker`). It prints a line per function, ``DEVHOST_HTTP=<url>``
-when it serves HTTP routes, then ``DEVHOST_READY``. It sets ``WEBSITE_HOSTNAME`` to
-``127.0.0.1:<port>`` when it serves HTTP routes, as ``func start`` sets it (Azure sets
-the app's host name), and ``ORDERS_DEV_PRINCIPAL`` to the OS user as ``Orders.Operator``
-unless the environment sets it (the local stand-in for sign-in: core/principals.py).
-SIGINT/SIGTERM stop it: polling and
-serving stop, running invocations get up to 10 s, then it exits 0. Exit code 2: the
-configuration cannot run (the message says which function and setting).
+"""``python -m devhost``: run every function of a v2-model ``function_app.py`` locally, from
+the app folder, with the app settings in the environment (local.settings.json is not read),
+every invocation through azure-functions-runtime (:mod:`hostrun.worker`). It prints a line
+per function, ``DEVHOST_HTTP=<url>`` when it serves HTTP, then ``DEVHOST_READY``.
+SIGINT/SIGTERM stop it: running invocations get up to 10 s, then it exits 0; exit code 2:
+the configuration cannot run.
 """
 
 from __future__ import annotations
@@ -36,7 +24,7 @@ from config.settings import DEV_PRINCIPAL, DEVHOST_INSTANCE_ID, disabled_setting
 from devhost import app_loader, deployed, pool
 from devhost.host import DevHost
 from devhost.invoke import Invoker
-from devhost.settings import ConfigError, load_host_json
+from devhost.settings import ConfigError, load_json
 from devhost.singleton import host_id
 from hostrun import worker as hostrun
 from observability import opcount
@@ -44,6 +32,7 @@ from observability import opcount
 log = logging.getLogger("devhost")
 WEBSITE_HOSTNAME = "WEBSITE_HOSTNAME"
 SHUTDOWN_GRACE_SECONDS = 10.0
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -68,76 +57,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s [%(threadName)s] %(message)s",
-    )
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format=LOG_FORMAT)
     logging.getLogger("devhost").setLevel(logging.DEBUG if verbose else logging.INFO)
     # The SDKs and werkzeug log every request at INFO; only their warnings matter here.
     for name in ("azure", "uamqp", "werkzeug"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def _os_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no user name in this environment (some containers)
-        return "developer"
-
-
 def build(args: argparse.Namespace) -> DevHost:
     """Load the app, check every function, build what runs them."""
     root = os.getcwd()
-    default_id = f"devhost-{socket.gethostname()}-{os.getpid()}"
-    os.environ[DEVHOST_INSTANCE_ID] = args.instance_id or default_id
-    # The local stand-in for sign-in (core/principals.py): a request that names no
-    # principal (X-Dev-Principal) and no function key is the developer, as an operator, so
-    # the console works as it does for a signed-in operator; ORDERS_DEV_PRINCIPAL set to
-    # another principal, or empty for none, says otherwise.
+    instance = args.instance_id or f"devhost-{socket.gethostname()}-{os.getpid()}"
+    os.environ[DEVHOST_INSTANCE_ID] = instance
+    # The local stand-in for sign-in (config/principals.py): a request without a principal
+    # or key is the developer, as an operator; ORDERS_DEV_PRINCIPAL set (or empty) wins.
     if DEV_PRINCIPAL not in os.environ:
-        os.environ[DEV_PRINCIPAL] = f"{_os_user()}; roles={OPERATOR}"
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no user name in this environment (some containers)
+            user = "developer"
+        os.environ[DEV_PRINCIPAL] = f"{user}; roles={OPERATOR}"
     log.info("development principal: %s", os.environ[DEV_PRINCIPAL] or "none")
-    # The platform's settings as the deployment sets them, where the environment sets
-    # none (the runtime reads its pool size when it starts, so before it starts).
+    # The deployment's platform settings, before the runtime starts (it reads its pool).
     applied = deployed.apply(os.environ, root)
     for name, value in applied.defaults.items():
         log.info("as deployed (%s): %s=%s", deployed.PATH, name, value)
     for name, (mine, value) in applied.overridden.items():
-        log.warning(
-            "%s=%s from the environment; deployed: %s (%s)", name, mine, value, deployed.PATH
-        )
-    # The runtime indexes and loads the app as the host has it do (worker init, metadata,
-    # a load per function); devhost reads the same indexed functions' bindings.
+        log.warning("%s=%s set; deployed: %s (%s)", name, mine, value, deployed.PATH)
+    # The runtime indexes the app as the host has it do; devhost reads the same bindings.
     runtime = hostrun.start(root, args.app)
     app = app_loader.find_app(app_loader.load_module(args.app, root))
-    only, exclude = (
-        {n.strip() for n in text.split(",") if n.strip()} for text in (args.only, args.exclude)
-    )
+    only, exclude = ({n.strip() for n in t.split(",")} - {""} for t in (args.only, args.exclude))
     every = list(app.get_functions())
     functions = app_loader.select(every, only, exclude, os.environ)
     if not functions:
         raise ConfigError("no functions selected")
     # What the host reads: the app can tell which functions this instance does not run.
-    for fn in every:
-        if fn not in functions:
-            os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
+    for fn in (fn for fn in every if fn not in functions):
+        os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
-    host_json = load_host_json(Path(root, "host.json"))
-    short = pool.shortfall(specs, host_json, os.environ)
-    if short:
+    host_json = load_json(Path(root, "host.json"))
+    if short := pool.shortfall(specs, host_json, os.environ):
         log.warning("%s", short)
-    singleton = None
-    if args.timers == "singleton":
-        app_dir = str(Path(root, args.app).resolve())
-        singleton = (host_id(os.environ, app_dir), os.environ[DEVHOST_INSTANCE_ID])
-    devhost = DevHost.build(
-        specs, host_json, os.environ, args.http_port, Invoker(runtime.call), singleton
-    )
+    lock_id = host_id(os.environ, str(Path(root, args.app).resolve()))
+    singleton = (lock_id, instance) if args.timers == "singleton" else None
+    invoker = Invoker(runtime.call)
+    devhost = DevHost.build(specs, host_json, os.environ, args.http_port, invoker, singleton)
     runtime.deliver = devhost.deliver  # output bindings
     if devhost.http is not None:
-        # This instance's host name, as Azure and `func start` set it: the app builds the
-        # links it hands out from it (core/links.py: where a remote calls back).
+        # This instance's host name, as Azure and `func start` set it (core/links.py).
         os.environ[WEBSITE_HOSTNAME] = devhost.http.base_url.removeprefix("http://")
     # Storage requests counted for the benchmarks: which ones a timer invocation made.
     opcount.set_trigger_lookup(runtime.current_trigger)
@@ -160,27 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         log.info("%s: stopping", signal.Signals(signum).name)
         stop.set()
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    for line in devhost.lines:
-        print(line)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, on_signal)
+    print("\n".join(devhost.lines))
     devhost.start(stop)
     if devhost.http is not None:
         print(f"DEVHOST_HTTP={devhost.http.base_url}")
     print(f"DEVHOST_READY instance={os.environ[DEVHOST_INSTANCE_ID]}", flush=True)
     while not stop.wait(0.5):
         pass
-    if devhost.busy():
-        log.info(
-            "waiting up to %.0f s for %d invocation(s)", SHUTDOWN_GRACE_SECONDS, devhost.busy()
-        )
-    if not devhost.stop(SHUTDOWN_GRACE_SECONDS):
-        log.warning(
-            "%d invocation(s) still running after %.0f s; exiting anyway: their queue messages "
-            "become visible again when their leases lapse",
-            devhost.busy(),
-            SHUTDOWN_GRACE_SECONDS,
-        )
+    devhost.stop(SHUTDOWN_GRACE_SECONDS)
     log.info("stopped")
     return 0
 
@@ -189,8 +146,8 @@ def _exit(code: int) -> None:
     """Exit without waiting for worker threads: a function or a broker that never returns
     must not keep the process alive (what they hold is leased, so it comes back)."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
     os._exit(code)
 
 

@@ -1,9 +1,7 @@
-"""Find the functions a v2-model ``function_app.py`` declares, from their bindings.
-
-The host's own indexing is mirrored: the module holds exactly one ``FunctionApp``,
-``app.get_functions()`` lists its functions, and each function's binding JSON (what
-deploys) decides how devhost runs it. Anything devhost cannot run as Azure would is
-refused up front, with the function and binding named, rather than silently skipped.
+"""Find the functions a v2-model ``function_app.py`` declares, from their bindings, as the
+host indexes them: the module's one ``FunctionApp``, its ``get_functions()``, and each
+function's binding JSON (what deploys). What devhost cannot run as Azure would is refused
+up front, with the function and binding named, rather than silently skipped.
 """
 
 from __future__ import annotations
@@ -58,10 +56,8 @@ def load_module(module_name: str, root: str) -> ModuleType:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as error:
         if error.name == module_name:
-            raise ConfigError(
-                f"no module {module_name!r} in {root}: run devhost from the app folder "
-                "or pass --app"
-            ) from error
+            hint = "run devhost from the app folder or pass --app"
+            raise ConfigError(f"no module {module_name!r} in {root}: {hint}") from error
         raise
 
 
@@ -69,12 +65,8 @@ def find_app(module: ModuleType) -> func.FunctionRegister:
     """The module's single FunctionApp (the Python worker refuses zero or several)."""
     apps = [value for value in vars(module).values() if isinstance(value, func.FunctionRegister)]
     if len(apps) != 1:
-        raise ConfigError(
-            f"module {module.__name__!r} defines no azure.functions.FunctionApp"
-            if not apps
-            else f"module {module.__name__!r} defines {len(apps)} FunctionApp objects; "
-            "the Functions host accepts exactly one"
-        )
+        found = f"{len(apps)} FunctionApp objects" if apps else "no azure.functions.FunctionApp"
+        raise ConfigError(f"module {module.__name__!r} defines {found}; the host takes exactly one")
     return apps[0]
 
 
@@ -86,20 +78,12 @@ def select(
 ) -> list[func.Function]:
     """Apply --only / --exclude and the ``AzureWebJobs.<name>.Disabled`` settings (true or
     1, as the host reads them); an unknown name is an error, not a silent no-op."""
-    chosen = list(functions)
-    names = {str(fn.get_function_name()) for fn in chosen}
-    unknown = sorted((only | exclude) - names)
-    if unknown:
-        raise ConfigError(
-            f"unknown function name(s) {', '.join(unknown)}; the app has {', '.join(sorted(names))}"
-        )
-    disabled = {name for name in names if function_disabled(environ or {}, name)}
-    return [
-        fn
-        for fn in chosen
-        if (not only or fn.get_function_name() in only)
-        and fn.get_function_name() not in exclude | disabled
-    ]
+    named = {str(fn.get_function_name()): fn for fn in functions}
+    if unknown := sorted((only | exclude) - set(named)):
+        have = ", ".join(sorted(named))
+        raise ConfigError(f"unknown function name(s) {', '.join(unknown)}; the app has {have}")
+    skip = exclude | {name for name in named if function_disabled(environ or {}, name)}
+    return [fn for name, fn in named.items() if (not only or name in only) and name not in skip]
 
 
 def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
@@ -110,15 +94,13 @@ def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
     triggers = [b for b in bindings if str(b.get("type", "")).endswith("Trigger")]
     if len(triggers) != 1:
         raise UnsupportedFunction(f"function {name!r} has {len(triggers)} triggers; expected one")
-    trigger = triggers[0]
+    trigger, outputs = triggers[0], {}
     kind = str(trigger["type"])
     if kind not in SUPPORTED_TRIGGERS:
         raise UnsupportedFunction(
-            f"function {name!r}: trigger binding {trigger.get('name')!r} of type {kind!r} is "
-            f"not supported by devhost (supported: {', '.join(SUPPORTED_TRIGGERS)}); "
-            f"exclude it with --exclude {name}"
+            f"function {name!r}: trigger binding {trigger.get('name')!r} of type {kind!r} is not "
+            f"supported by devhost ({', '.join(SUPPORTED_TRIGGERS)}): --exclude {name}"
         )
-    outputs: dict[str, Mapping[str, Any]] = {}
     for binding in bindings:
         if binding is trigger or (kind == HTTP and binding.get("name") == "$return"):
             continue
@@ -133,10 +115,9 @@ def build_spec(fn: func.Function, environ: Mapping[str, str]) -> FunctionSpec:
             continue
         raise UnsupportedFunction(
             f"function {name!r}: binding {binding.get('name')!r} of type {binding.get('type')!r} "
-            f"(direction {binding.get('direction')}) is not supported by devhost; it runs only "
-            "queue, timer, HTTP and Service Bus triggers (the HTTP response returned) and "
-            "Storage queue output bindings, so use the SDK in the function instead, or exclude "
-            f"it with --exclude {name}"
+            f"(direction {binding.get('direction')}) is not supported by devhost, which runs "
+            "queue, timer, HTTP and Service Bus triggers and Storage queue output bindings: use "
+            f"the SDK in the function instead, or --exclude {name}"
         )
     if kind == SERVICE_BUS and (
         trigger.get("isSessionsEnabled")

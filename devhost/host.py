@@ -1,24 +1,26 @@
 """Turn function specs into running listeners, timers and an HTTP server, and stop them.
 
-Connections are read and clients built as the app does it (``core.settings``,
+Connections are read and clients built as the app does it (``config.settings``,
 ``bootstrap.clients``, ``messaging.servicebus``), with one Storage client per connection.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from bootstrap import clients
-from config.settings import OPCOUNT_DIR, STORAGE
+from config.settings import OPCOUNT_DIR, STORAGE, Connection
 from config.settings import connection as read_connection
 from devhost import app_loader as loader
 from devhost.app_loader import FunctionSpec
-from devhost.http import HttpServer, route_path
+from devhost.http import HttpServer
 from devhost.invoke import Invoker, start_thread
 from devhost.queues import POISON_SUFFIX, EnqueueWatcher, QueueListener, StorageQueue
 from devhost.servicebus import ServiceBusListener, sdk_receiver_factory
@@ -34,6 +36,9 @@ from devhost.timers import TimerRunner, parse_schedule
 from devhost.unreadable import UnreadableQueues
 from messaging.storage_queues import StorageQueues
 
+log = logging.getLogger("devhost")
+SERVICE_BUS = "AzureWebJobsServiceBus"  # the host's default Service Bus connection setting
+
 
 @dataclass
 class DevHost:
@@ -48,17 +53,14 @@ class DevHost:
     http: HttpServer | None = None
     queue_services: dict[str, Any] = field(default_factory=dict)  # by connection setting
     enqueued: EnqueueWatcher = field(default_factory=EnqueueWatcher)
-    #: The timers' singleton locks (None: every timer fires in this process)
-    timer_locks: TimerLocks | None = None
-    #: Queues no receive has read for a minute: one alert each (``devhost/unreadable.py``)
-    unreadable: UnreadableQueues = field(init=False)
+    timer_locks: TimerLocks | None = None  # None: every timer fires in this process
+    unreadable: UnreadableQueues = field(init=False)  # one alert per queue nobody can read
 
     def __post_init__(self) -> None:
-        self.unreadable = UnreadableQueues(self._send_alert)
-
-    def _send_alert(self, queue: str, body: str) -> None:
-        """An alert of devhost's own, to the app's ``operator-alerts`` in its storage."""
-        StorageQueues(self.queue_service(STORAGE)).send(queue, body)
+        # devhost's own alerts, to the app's ``operator-alerts`` in its storage
+        self.unreadable = UnreadableQueues(
+            lambda queue, body: StorageQueues(self.queue_service(STORAGE)).send(queue, body)
+        )
 
     @classmethod
     def build(
@@ -70,72 +72,63 @@ class DevHost:
         invoker: Invoker,
         singleton: tuple[str, str] | None = None,
     ) -> DevHost:
-        """Check every function's configuration and build (not start) what runs it.
-        ``singleton``: (host id, instance id) to fire each timer on one instance at a time
-        (``devhost/singleton.py``); None fires every timer here."""
+        """Check every function's configuration and build (not start) what runs it;
+        ``singleton``: (host id, instance id) to fire each timer on one instance at a time."""
         devhost = cls(invoker, environ)
-        timers = [spec for spec in specs if spec.trigger_type == loader.TIMER]
-        if timers and singleton is not None:
-            devhost.timer_locks = devhost._timer_locks(*singleton)
-            devhost.timer_locks.add(spec.name for spec in timers)
-        queue_options: QueueOptions | None = None  # read only if there is a queue trigger
+        kinds = {spec.trigger_type for spec in specs}
+        if loader.TIMER in kinds and singleton is not None:
+            devhost.timer_locks = TimerLocks(BlobLeases(devhost._lock_container()), *singleton)
+            devhost.timer_locks.add(s.name for s in specs if s.trigger_type == loader.TIMER)
+        # host.json's options are read (and checked) only for the triggers that use them
+        queues = QueueOptions.from_host_json(host_json) if loader.QUEUE in kinds else QueueOptions()
+        bus = ServiceBusOptions.from_host_json(host_json)
         lease = LeaseOptions.from_env(environ)
-        bus_options = ServiceBusOptions.from_host_json(host_json)
         for spec in specs:
             if spec.trigger_type == loader.QUEUE:
-                queue_options = queue_options or QueueOptions.from_host_json(host_json)
-                devhost._add_queue(spec, queue_options, lease)
+                devhost._add_queue(spec, queues, lease)
             elif spec.trigger_type == loader.TIMER:
-                where = f"function {spec.name!r} schedule"
-                schedule = parse_schedule(str(spec.trigger.get("schedule", "")), where)
-                startup = bool(spec.trigger.get("runOnStartup", False))
-                gate = devhost.timer_locks.gate(spec.name) if devhost.timer_locks else None
-                runner = TimerRunner(
-                    spec, schedule, devhost.invoker, run_on_startup=startup, gate=gate
-                )
-                devhost.timers.append(runner)
-                devhost._line(spec, runner.describe())
+                devhost._add_timer(spec)
             elif spec.trigger_type == loader.SERVICE_BUS:
-                devhost._add_service_bus(spec, bus_options)
+                devhost._add_service_bus(spec, bus)
         http = [spec for spec in specs if spec.trigger_type == loader.HTTP]
         if http:
-            devhost._add_http(http, route_prefix(host_json), http_port)
+            devhost.http = HttpServer(http_port, http, route_prefix(host_json), invoker)
+            for spec in http:
+                devhost._line(spec, devhost.http.describe(spec))
         return devhost
 
     def _line(self, spec: FunctionSpec, text: str) -> None:
         self.lines.append(f"devhost: {spec.name}: {spec.trigger_type} {text}")
 
-    def _timer_locks(self, host: str, instance: str) -> TimerLocks:
-        connection = read_connection(self.environ, STORAGE)
+    def _client(
+        self, setting: str, what: str, build: Callable[[Connection], Any], missing: str
+    ) -> Any:
+        """The client ``build`` makes for connection ``setting``; a :class:`ConfigError` saying
+        ``missing`` when it is not set, or that it is not usable for ``what``."""
+        connection = read_connection(self.environ, setting)
         if connection is None:
-            raise ConfigError(
-                f"timer functions take their singleton locks in {STORAGE}, which is not set: "
-                "set it, or run every timer in every process with --timers every"
-            )
+            raise ConfigError(missing)
         try:
-            service = clients.blob_service(connection, **lock_client_options())
-            container = service.get_container_client(LOCK_CONTAINER)
+            return build(connection)
         except ValueError as error:
-            raise ConfigError(f"setting {STORAGE}: not usable for blobs ({error})") from error
-        return TimerLocks(BlobLeases(container), host, instance)
+            raise ConfigError(f"setting {setting}: not usable for {what} ({error})") from error
+
+    def _lock_container(self) -> Any:
+        missing = f"timers take their singleton locks in {STORAGE}, which is not set: set it, "
+        blobs = partial(clients.blob_service, **lock_client_options())
+        service = self._client(STORAGE, "blobs", blobs, missing + "or pass --timers every")
+        return service.get_container_client(LOCK_CONTAINER)
 
     def queue_service(self, setting: str) -> Any:
-        """The process's QueueServiceClient for a connection setting, built on first use."""
+        """The process's QueueServiceClient for a connection setting, built on first use
+        (the host's own requests are counted too, where a benchmark asks for it)."""
         if setting not in self.queue_services:
-            connection = read_connection(self.environ, setting)
-            if connection is None:
-                raise ConfigError(
-                    f"Storage connection {setting!r} is not configured: set {setting} to a "
-                    f"connection string, or {setting}__accountName / {setting}__queueServiceUri "
-                    "for an identity-based connection"
-                )
-            try:
-                # the host's own requests are counted too, where a benchmark asks for it
-                self.queue_services[setting] = clients.queue_service(
-                    connection, self.environ.get(OPCOUNT_DIR)
-                )
-            except ValueError as error:
-                raise ConfigError(f"setting {setting}: not usable for Storage ({error})") from error
+            build = partial(clients.queue_service, opcount_dir=self.environ.get(OPCOUNT_DIR))
+            missing = (
+                f"Storage connection {setting!r} is not configured: set {setting} to a connection "
+                f"string, or {setting}__accountName / {setting}__queueServiceUri (an identity)"
+            )
+            self.queue_services[setting] = self._client(setting, "Storage", build, missing)
         return self.queue_services[setting]
 
     def deliver(self, spec: FunctionSpec, outputs: Mapping[str, Any]) -> None:
@@ -147,61 +140,49 @@ class DevHost:
             if binding is None:  # the runtime only returns declared bindings
                 raise ConfigError(f"function {spec.name}: no output binding {name!r}")
             service = self.queue_service(str(binding.get("connection") or STORAGE))
-            queues = StorageQueues(service)  # its send creates a missing queue, as the host
-            queue = str(binding["queueName"])
+            queues, queue = StorageQueues(service), str(binding["queueName"])
             for item in value if isinstance(value, list) else [value]:
-                text = (
-                    bytes(item).decode("utf-8")  # messageEncoding none: text only
-                    if isinstance(item, bytes | bytearray)
-                    else item
-                    if isinstance(item, str)
-                    else json.dumps(item)
-                )
-                queues.send(queue, text)
+                # messageEncoding none: text only
+                text = bytes(item).decode() if isinstance(item, bytes | bytearray) else item
+                queues.send(queue, text if isinstance(text, str) else json.dumps(text))
                 # The host's SharedQueueWatcher: its own output bindings wake the listener.
                 self.enqueued.notify(str(getattr(service, "account_name", "")), queue)
 
     def _add_queue(self, spec: FunctionSpec, options: QueueOptions, lease: LeaseOptions) -> None:
         name = str(spec.trigger.get("queueName", ""))
-        service = self.queue_service(str(spec.trigger.get("connection") or STORAGE))
-        queues = StorageQueues(service)
+        queues = StorageQueues(self.queue_service(str(spec.trigger.get("connection") or STORAGE)))
         queue, poison = (StorageQueue(queues, n) for n in (name, name + POISON_SUFFIX))
-        listener = QueueListener(
-            spec, queue, poison, options, lease, self.invoker, watcher=self.enqueued
-        )
-        listener.unreadable = self.unreadable
-        self.queues.append(listener)
-        self.enqueued.register(listener)
-        self._line(spec, listener.describe())
+        parts = (spec, queue, poison, options, lease, self.invoker)
+        self.queues.append(QueueListener(*parts, watcher=self.enqueued))
+        self.enqueued.register(self.queues[-1])
+        self._listening(self.queues[-1])
+
+    def _add_timer(self, spec: FunctionSpec) -> None:
+        where, startup = f"function {spec.name!r} schedule", spec.trigger.get("runOnStartup")
+        schedule = parse_schedule(str(spec.trigger.get("schedule", "")), where)
+        gate = partial(self.timer_locks.holds, spec.name) if self.timer_locks else None
+        self.timers.append(TimerRunner(spec, schedule, self.invoker, bool(startup), gate=gate))
+        self._line(spec, self.timers[-1].describe())
 
     def _add_service_bus(self, spec: FunctionSpec, options: ServiceBusOptions) -> None:
-        setting = str(spec.trigger.get("connection") or "AzureWebJobsServiceBus")
+        setting = str(spec.trigger.get("connection") or SERVICE_BUS)
+        missing = (
+            f"neither {setting} nor {setting}__fullyQualifiedNamespace is set, so there is no "
+            "namespace to receive from"
+        )
         connection = read_connection(self.environ, setting)
         if not (
             connection and (connection.connection_string or connection.fully_qualified_namespace)
         ):
-            self._line(
-                spec,
-                f"SKIPPED: neither {setting} nor {setting}__fullyQualifiedNamespace is set, so "
-                "there is no namespace to receive from",
-            )
-            return
-        try:
-            receiver = sdk_receiver_factory(connection, str(spec.trigger["queueName"]))
-        except ValueError as error:
-            raise ConfigError(f"setting {setting}: not usable for Service Bus ({error})") from error
-        listener = ServiceBusListener(spec, receiver, self.invoker, options)
-        listener.unreadable = self.unreadable
-        self.service_bus.append(listener)
-        self._line(spec, listener.describe())
+            return self._line(spec, f"SKIPPED: {missing}")
+        factory = partial(sdk_receiver_factory, queue_name=str(spec.trigger["queueName"]))
+        receiver = self._client(setting, "Service Bus", factory, missing)
+        self.service_bus.append(ServiceBusListener(spec, receiver, self.invoker, options))
+        self._listening(self.service_bus[-1])
 
-    def _add_http(self, specs: list[FunctionSpec], prefix: str, port: int) -> None:
-        self.http = HttpServer(port, specs, prefix, self.invoker)
-        for spec in specs:
-            methods = ",".join(sorted(spec.trigger.get("methods") or [])) or "any method"
-            auth = spec.trigger.get("authLevel", "FUNCTION")
-            url = f"{self.http.base_url}/{route_path(spec, prefix)}"
-            self._line(spec, f"{methods} {url} (authLevel {auth} not enforced locally)")
+    def _listening(self, listener: QueueListener | ServiceBusListener) -> None:
+        listener.unreadable = self.unreadable
+        self._line(listener.spec, listener.describe())
 
     def start(self, stop: threading.Event) -> None:
         for queue in self.queues:
@@ -223,23 +204,24 @@ class DevHost:
             self.http.stop()
         for queue in self.queues:
             queue.wake()  # out of its back-off, to see the stop
+        if self.busy():
+            log.info("waiting up to %.0f s for %d invocation(s)", grace_seconds, self.busy())
         deadline = time.monotonic() + grace_seconds
         while self.busy() and time.monotonic() < deadline:
             time.sleep(0.05)
-        settled = not self.busy()
+        if not (settled := not self.busy()):
+            text = "%d invocation(s) still running after %.0f s; exiting anyway: their queue "
+            log.warning(text + "messages return as their leases lapse", self.busy(), grace_seconds)
         if self.timer_locks is not None:  # another instance takes the timers at once
             self.timer_locks.release_all()
-        for queue in self.queues:
-            queue.shutdown()
-        for bus in self.service_bus:
-            bus.shutdown()
+        for listener in [*self.queues, *self.service_bus]:
+            listener.shutdown()
         if settled:  # otherwise running functions may still renew leases through these clients
             for service in self.queue_services.values():
                 service.close()
         return settled
 
     def busy(self) -> int:
-        """Invocations running, or messages not yet settled (which include the running
-        ones of queue triggers): zero when nothing is left to finish."""
-        queues = sum(queue.in_flight for queue in self.queues)
-        return max(self.invoker.running, queues + sum(bus.in_flight for bus in self.service_bus))
+        """Invocations running or messages not settled: zero when nothing is left to finish."""
+        held = sum(q.in_flight for q in self.queues) + sum(b.in_flight for b in self.service_bus)
+        return max(self.invoker.running, held)

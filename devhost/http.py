@@ -1,24 +1,12 @@
 """HTTP triggers on 127.0.0.1, served and routed by werkzeug.
 
-Routes are ``{routePrefix}/{route}`` with plain ``{name}`` parameters, the only kind the
-app uses; a route with constraints, optional or catch-all parameters is refused at start.
-A trailing slash is ignored. A path that matches a route with another method gets 405
-(with ``Allow``), no route 404, both with a JSON ``error``. An unhandled exception in the
-function gives 500 with a JSON ``error`` (Azure gives an empty 500).
-
-devhost serves the developer's machine only, and answers as the development principal
-(an operator) whoever asks without a key, so it refuses what a web page in the
-developer's browser could send it:
-
-- a ``Host`` other than the address it serves (``127.0.0.1:<port>`` or
-  ``localhost:<port>``): 421 (a DNS-rebinding page names its own host);
-- a change (POST, PUT, PATCH, DELETE) that the browser says comes from another origin:
-  ``Sec-Fetch-Site`` other than ``same-origin`` or ``none``, or an ``Origin`` other than
-  devhost's own (``null``, which a page with ``Referrer-Policy: no-referrer`` sends for
-  its own forms, only with ``Sec-Fetch-Site: same-origin``): 403. A cross-site
-  ``text/plain`` POST needs no preflight, so the answer must be refused, not just hidden.
-
-Clients that send neither header (the CLI, scripts, the tests) are served as before.
+Routes are ``{routePrefix}/{route}`` with plain ``{name}`` parameters (others are refused at
+start); a trailing slash is ignored; 405 (with ``Allow``), 404 and a function's unhandled
+exception (500; Azure's is empty) answer with a JSON ``error``. devhost answers as the
+developer whoever asks, so it refuses what a web page could send (docs/local-development.md,
+"Only your own pages"): a ``Host`` not its own (421, DNS rebinding), and a change whose
+``Sec-Fetch-Site`` or ``Origin`` says another origin (403; ``Origin: null`` passes only with
+``Sec-Fetch-Site: same-origin``, a no-referrer page's form). Clients without them are served.
 """
 
 from __future__ import annotations
@@ -41,18 +29,15 @@ from hostrun.shapes import HttpRequest, HttpResponse
 
 log = logging.getLogger("devhost.http")
 _PARAMETER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-#: Set by the server itself, never taken from the function's response.
-_SERVER_HEADERS = ("content-length", "transfer-encoding", "connection")
-#: The methods that change something, which another origin may not send.
-_CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-#: What a browser's ``Sec-Fetch-Site`` says of a request its own page (or its user) made.
-_SAME_SITE = frozenset({"same-origin", "none"})
+_SERVER_HEADERS = ("content-length", "transfer-encoding", "connection")  # the server's own
+_CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})  # what another origin may not send
+_SAME_SITE = frozenset({"same-origin", "none"})  # Sec-Fetch-Site of a page's own request
 
 
 def route_path(spec: FunctionSpec, prefix: str) -> str:
     """The URL path of ``spec``'s route, without the leading slash, as the host prints it."""
-    template = str(spec.trigger.get("route") or spec.name)
-    return "/".join(p for p in (prefix.strip("/"), template.strip("/")) if p)
+    template = str(spec.trigger.get("route") or spec.name).strip("/")
+    return "/".join(p for p in (prefix.strip("/"), template) if p)
 
 
 def url_map(specs: Iterable[FunctionSpec], prefix: str) -> Map:
@@ -63,12 +48,11 @@ def url_map(specs: Iterable[FunctionSpec], prefix: str) -> Map:
         rule = _PARAMETER.sub(r"<\1>", path)
         if "{" in rule or "}" in rule:
             raise ConfigError(
-                f"function {spec.name!r}: route {path!r} has a parameter devhost does not "
-                "serve; it serves plain {name} parameters only (no constraints, optional or "
-                "catch-all ones)"
+                f"function {spec.name!r}: route {path!r}: devhost serves plain {{name}} route "
+                "parameters only (no constraints, optional or catch-all ones)"
             )
-        methods = spec.trigger.get("methods")  # none: every method
-        rules.append(Rule(f"/{rule}", endpoint=spec.name, methods=methods or None))
+        methods = spec.trigger.get("methods") or None  # none: every method
+        rules.append(Rule(f"/{rule}", endpoint=spec.name, methods=methods))
     return Map(rules, strict_slashes=False, merge_slashes=False, redirect_defaults=False)
 
 
@@ -92,9 +76,8 @@ class HttpServer:
     def __init__(
         self, port: int, specs: Iterable[FunctionSpec], prefix: str, invoker: Invoker
     ) -> None:
-        self.specs = {spec.name: spec for spec in specs}
+        self.specs, self.prefix, self.invoker = {spec.name: spec for spec in specs}, prefix, invoker
         self.urls = url_map(self.specs.values(), prefix)
-        self.invoker = invoker
         try:
             self._server = make_server("127.0.0.1", port, self.wsgi, threaded=True)
         except (OSError, SystemExit) as error:  # werkzeug reports a busy port and exits
@@ -106,54 +89,43 @@ class HttpServer:
         #: The ``Host`` values this server answers to, and so its own origins.
         self.hosts = frozenset(f"{name}:{self._server.port}" for name in ("127.0.0.1", "localhost"))
 
+    def describe(self, spec: FunctionSpec) -> str:
+        methods = ",".join(sorted(spec.trigger.get("methods") or [])) or "any method"
+        auth = spec.trigger.get("authLevel", "FUNCTION")
+        url = f"{self.base_url}/{route_path(spec, self.prefix)}"
+        return f"{methods} {url} (authLevel {auth} not enforced locally)"
+
     def refusal(self, request: Request) -> Response | None:
         """421 for a ``Host`` that is not this server's, 403 for a change another origin
         sends (the module's docstring); None serves the request."""
         host = (request.headers.get("Host") or "").strip().lower()
-        if host not in self.hosts:
-            return json_error(
-                421,
-                f"devhost serves Host {' or '.join(sorted(self.hosts))}, not {host[:100]!r}: "
-                "another name for this address is how a web page reaches it (DNS rebinding)",
-            )
+        if host not in self.hosts:  # another name for this address: a page's DNS rebinding
+            return json_error(421, f"devhost serves Host {' or '.join(sorted(self.hosts))} only")
         if request.method.upper() not in _CHANGES:
             return None
         site = (request.headers.get("Sec-Fetch-Site") or "").strip().lower()
         origin = (request.headers.get("Origin") or "").strip().lower()
         if site and site not in _SAME_SITE:
-            return json_error(
-                403, f"the browser says this change comes from another origin ({site[:40]})"
-            )
+            return json_error(403, f"the browser says another origin sent this ({site[:40]})")
         if origin == "null" and site == "same-origin":
             return None  # the console's own form, from a no-referrer page
         if origin and origin.removeprefix("http://") not in self.hosts:
-            return json_error(
-                403,
-                f"a change from another origin ({origin[:100]}) is refused: devhost acts as "
-                "the developer for whoever asks, so only its own pages may post to it",
-            )
+            return json_error(403, f"only devhost's own origin may post here, not {origin[:100]}")
         return None
 
     def wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
         request = Request(environ)
-        refused = self.refusal(request)
-        if refused is not None:
-            log.warning(
-                "refused %s %s (Host %r, Origin %r, Sec-Fetch-Site %r)",
-                request.method,
-                request.path,
-                request.headers.get("Host"),
-                request.headers.get("Origin"),
-                request.headers.get("Sec-Fetch-Site"),
-            )
+        if (refused := self.refusal(request)) is not None:
+            seen = [request.headers.get(h) for h in ("Host", "Origin", "Sec-Fetch-Site")]
+            what = "(Host %r, Origin %r, Sec-Fetch-Site %r)"
+            log.warning(f"refused %s %s {what}", request.method, request.path, *seen)
             return refused(environ, start_response)
         try:
             name, params = self.urls.bind_to_environ(environ).match()
         except MethodNotAllowed as error:
             allowed = ", ".join(sorted(error.valid_methods or ()))
-            response = json_error(
-                405, f"{request.method} is not allowed on {request.path}; allowed: {allowed}"
-            )
+            what = f"{request.method} is not allowed on {request.path}"
+            response = json_error(405, f"{what} ({allowed})")
             response.headers["Allow"] = allowed
         except HTTPException:
             response = json_error(404, f"no function serves {request.method} {request.path}")
@@ -172,8 +144,7 @@ class HttpServer:
             body=request.get_data(),
         )
         outcome = self.invoker.call(spec, trigger, detail=f"{request.method} {target}")
-        if outcome.error is not None:
-            error = outcome.error
+        if (error := outcome.error) is not None:
             return json_error(500, f"function {spec.name} failed: {type(error).__name__}: {error}")
         try:
             return to_response(outcome.value)

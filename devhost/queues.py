@@ -1,20 +1,12 @@
-"""Storage queue triggers: poll, lease, invoke, then delete, retry or poison.
+"""Storage queue triggers: poll, lease, invoke, then delete, retry or poison, as the host's
+``QueueListener`` (Microsoft.Azure.WebJobs.Extensions.Storage.Queues) does.
 
-As the Functions host does (Microsoft.Azure.WebJobs.Extensions.Storage.Queues' ``QueueListener``).
-Polling: a receive that returned messages is followed by the next one at once (once fewer
-than ``newBatchThreshold`` run); an empty one by a wait of :class:`PollingBackOff`, the
-host's randomized exponential back-off, from 100 ms up to ``maxPollingInterval``. Only
-what this host itself adds to a queue (a function's output binding, a message moved to
-poison) ends a wait early (:class:`EnqueueWatcher`, the host's ``SharedQueueWatcher``);
-a message the app sends with the Storage SDK waits for the next poll, as in Azure. Success
-deletes the message. Failure with ``dequeue_count >= maxDequeueCount`` copies the original text to
-``<queue>-poison`` and deletes it; a lesser failure makes the message visible again after
-``visibilityTimeout``. A message that arrives with its dequeue count already above
-``maxDequeueCount`` (its earlier holders died mid-run) goes to poison without running.
-
-Where devhost differs: the host leases a message for 10 minutes and renews it; devhost
-leases it for at most 30 s and renews it every 10 s while the function runs (contract 3.9),
-so a message held by a killed process is back within 30 s.
+A receive that returned messages is followed by the next at once, an empty one by
+:class:`PollingBackOff`; only what this host adds to a queue ends a wait early
+(:class:`EnqueueWatcher`). Success deletes the message; failure at ``maxDequeueCount``
+moves it to ``<queue>-poison``, a lesser one makes it visible after ``visibilityTimeout``.
+Where devhost differs: it leases a message for at most 30 s, renewed every 10 s while the
+function runs (the host: 10 minutes), so a killed process's message is back within 30 s.
 """
 
 from __future__ import annotations
@@ -26,70 +18,49 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker, start_thread
+from devhost.invoke import Invoker, Listener, start_thread
 from devhost.settings import LeaseOptions, QueueOptions
-from devhost.unreadable import UnreadableQueues
 from hostrun.shapes import QueueMessage
 from messaging.storage_queues import StorageQueues
 
-log = logging.getLogger("devhost.queues")
 POISON_SUFFIX = "-poison"
-#: The host's shortest wait between two polls (``QueuePollingIntervals.Minimum``), which is
-#: also the step its back-off grows by.
-MIN_POLL_SECONDS = 0.1
-#: The spread of each step of the back-off (``RandomizationFactor``): 0.8 to 1.2 times.
-RANDOMIZATION = 0.2
+MIN_POLL_SECONDS = 0.1  # the host's QueuePollingIntervals.Minimum, also the back-off's step
+RANDOMIZATION = 0.2  # the host's RandomizationFactor: each step 0.8 to 1.2 times
 STOP_CHECK_SECONDS = 0.25  # how often a back-off looks at the stop event
 
 
 class PollingBackOff:
-    """The wait after a receive that found nothing: the WebJobs SDK's
-    ``RandomizedExponentialBackoffStrategy(minimum=100 ms, maximum=maxPollingInterval)``.
+    """The wait after an empty receive: the WebJobs SDK's
+    ``RandomizedExponentialBackoffStrategy(100 ms, maxPollingInterval)``. 100 ms if a
+    message came since the last wait, else 100 ms more each time times 1, 2, 4 ... (each
+    0.8-1.2 times that): about 0.1, 0.2, 0.3, 0.5, 0.9, 1.7 s, up to the maximum."""
 
-    ``next_delay(found)``, with ``found`` = a message came since the last wait: 100 ms, and
-    the growth starts again; otherwise 100 ms, then 100 ms more each time times 1, 2, 4, 8
-    ... (each step 0.8-1.2 times that, at random), until the maximum, where it stays. So
-    after the last message of a burst the waits are about 0.1, 0.2, 0.3, 0.5, 0.9, 1.7 s,
-    then ``maxPollingInterval``.
-    """
-
-    def __init__(
-        self,
-        maximum: float,
-        minimum: float = MIN_POLL_SECONDS,
-        spread: Callable[[float, float], float] = random.uniform,
-    ) -> None:
-        self._minimum, self._maximum = minimum, max(minimum, maximum)
-        self._spread = spread
-        self._current = 0.0
-        self._exponent = 0
+    def __init__(self, maximum: float, spread: Callable[[float, float], float] = random.uniform):
+        self._maximum, self._spread = max(MIN_POLL_SECONDS, maximum), spread
+        self._current, self._exponent = 0.0, 0
 
     def next_delay(self, found: bool) -> float:
         if found:
-            self._current, self._exponent = self._minimum, 1
+            self._current, self._exponent = MIN_POLL_SECONDS, 1
         elif self._current != self._maximum:
-            delay = self._minimum
-            if self._exponent > 0:
+            delay = MIN_POLL_SECONDS
+            if self._exponent:
                 factor = self._spread(1 - RANDOMIZATION, 1 + RANDOMIZATION)
-                delay += factor * 2 ** (self._exponent - 1) * self._minimum
-            if delay < self._maximum:
-                self._current = delay
-                self._exponent += 1
-            else:
-                self._current = self._maximum
+                delay *= 1 + factor * 2 ** (self._exponent - 1)
+            self._current = min(delay, self._maximum)
+            self._exponent += delay < self._maximum
         return self._current
 
 
 class LeaseLost(Exception):
-    """The pop receipt no longer holds the message (it expired and someone else has it, or
-    the message or queue is gone)."""
+    """The pop receipt no longer holds the message (another has it, or it is gone)."""
 
 
 @contextlib.contextmanager
@@ -103,12 +74,10 @@ def _lease_errors(message_id: str) -> Iterator[None]:
 
 
 class StorageQueue:
-    """The queue operations a listener uses, over the app's :class:`StorageQueues` (tests
-    pass a fake with the same methods)."""
+    """The queue operations a listener uses, over the app's :class:`StorageQueues`."""
 
     def __init__(self, queues: StorageQueues, name: str) -> None:
-        self._queues, self.name = queues, name
-        self._client = queues.client(name)
+        self._queues, self.name, self._client = queues, name, queues.client(name)
 
     def create_if_missing(self) -> None:
         self._queues.ensure(self.name)
@@ -141,12 +110,9 @@ class StorageQueue:
 
 
 class EnqueueWatcher:
-    """Wakes the listener of a queue when this host adds a message to it (the host's
-    ``SharedQueueWatcher``): a function's Storage queue output binding
-    (``DevHost.deliver``) or a message moved to a poison queue. The message still goes
-    through the queue, with its lease, retries and poison handling; only the wait for
-    the next poll goes. A message the app sends itself with the Storage SDK wakes nobody:
-    the host does not see it, so it waits for the next poll, locally as in Azure."""
+    """Wakes a queue's listeners when this host adds a message to it (the host's
+    ``SharedQueueWatcher``): an output binding (``DevHost.deliver``) or a move to poison.
+    What the app sends with the Storage SDK wakes nobody, as in Azure."""
 
     def __init__(self) -> None:
         self._listeners: dict[tuple[str, str], list[QueueListener]] = {}
@@ -168,8 +134,9 @@ class Lease:
     settled: bool = False
 
 
-class QueueListener:
-    """Runs one queue-triggered function: a poll thread, a lease renewer and a worker pool."""
+class QueueListener(Listener):
+    """Runs one queue-triggered function: a poll thread, a lease renewer and a worker pool.
+    ``watcher`` is told when a message moves to the poison queue."""
 
     def __init__(
         self,
@@ -182,31 +149,22 @@ class QueueListener:
         clock: Callable[[], float] = time.monotonic,
         watcher: EnqueueWatcher | None = None,
     ) -> None:
-        """``watcher``: told when this listener moves a message to its poison queue."""
-        self.spec, self.queue, self.poison, self.invoker = spec, queue, poison, invoker
-        self._watcher = watcher
+        super().__init__(spec, invoker, options.max_concurrency)
+        self.queue, self.poison, self.source, self._watcher = queue, poison, queue.name, watcher
         self.options, self.lease_options, self._clock = options, lease, clock
         self._leases: set[Lease] = set()
         self._receiving = False  # between a receive and the dispatch of what it returned
         self._ready = False  # the trigger queue exists (or we may not create it)
         self._changed = threading.Condition()
         self._nudged = threading.Event()  # this host added a message (or stops): poll now
-        self._pool = ThreadPoolExecutor(options.max_concurrency, f"devhost-{spec.name}")
-        #: Told of every receive: a queue unread for a minute raises one alert
-        #: (``devhost/unreadable.py``); None: not told.
-        self.unreadable: UnreadableQueues | None = None
 
     def describe(self) -> str:
-        o = self.options
+        o, lease = self.options, self.lease_options.lease_seconds
         return (
             f"queue {self.queue.name!r} (poison {self.poison.name!r}; batchSize {o.batch_size}, "
             f"newBatchThreshold {o.new_batch_threshold}, maxDequeueCount {o.max_dequeue_count}, "
-            f"visibilityTimeout {o.visibility_timeout:g} s, "
-            f"lease {self.lease_options.lease_seconds} s)"
+            f"visibilityTimeout {o.visibility_timeout:g} s, lease {lease} s)"
         )
-
-    def _warn(self, text: str, *args: Any, level: int = logging.WARNING) -> None:
-        log.log(level, f"function %s: {text}", self.spec.name, *args)
 
     @property
     def in_flight(self) -> int:
@@ -218,38 +176,25 @@ class QueueListener:
         start_thread(f"poll-{self.spec.name}", self.poll, stop)
         start_thread(f"renew-{self.spec.name}", self.renew_loop, stop)
 
-    # --- polling ---------------------------------------------------------------------------
-
     def poll(self, stop: threading.Event) -> None:
         """Receive until stopped: at once after a batch that had messages, else after the
         host's back-off (:class:`PollingBackOff`), which a failing receive takes too."""
         back_off = PollingBackOff(self.options.max_polling_interval)
-        found_since_wait, failing = False, False
+        found_since_wait = False
         while self._wait_for_capacity(stop):
             try:
                 found = self._poll_once(stop)
+                self.report_receive()
             except Exception as error:  # noqa: BLE001 - keep polling through any storage error
-                if isinstance(error, ResourceNotFoundError):
-                    self._ready = False  # the queue was deleted: create it again
-                level = logging.DEBUG if failing else logging.WARNING
-                self._warn("cannot read queue %s: %s", self.queue.name, error, level=level)
-                failing, found = True, False
-                if self.unreadable is not None:
-                    self.unreadable.failed(self.queue.name, error)
-            else:
-                if failing:
-                    self._warn("queue %s answers again", self.queue.name, level=logging.INFO)
-                failing = False
-                if self.unreadable is not None:
-                    self.unreadable.read(self.queue.name)
+                found = False  # and a deleted queue is created again
+                self._ready = self._ready and not isinstance(error, ResourceNotFoundError)
+                self.report_receive(error)
             finally:
                 with self._changed:
                     self._receiving = False
-            if found:
-                found_since_wait = True
-                continue  # the host polls again at once (below newBatchThreshold)
-            self._back_off(stop, back_off.next_delay(found_since_wait))
-            found_since_wait = False
+            if not found:  # else the host polls again at once (below newBatchThreshold)
+                self._back_off(stop, back_off.next_delay(found_since_wait))
+            found_since_wait = found
 
     def _back_off(self, stop: threading.Event, seconds: float) -> bool:
         """Wait ``seconds``, or less if woken (True) or stopped."""
@@ -264,21 +209,18 @@ class QueueListener:
         return False
 
     def wake(self) -> None:
-        """Poll now rather than at the end of the current back-off: this host added a
-        message to the queue (``EnqueueWatcher``), or it stops."""
+        """Poll now: this host added a message to the queue, or it stops."""
         self._nudged.set()
 
     def _poll_once(self, stop: threading.Event) -> bool:
         """One receive, and the dispatch of what it returned; True if there was something."""
-        if not self._ready:
-            # Create the trigger queue if missing, as the host does. Without the right to
-            # create queues (403) poll anyway: the queue may exist.
+        if not self._ready:  # create the trigger queue if missing, as the host does
             try:
                 self.queue.create_if_missing()
             except HttpResponseError as error:
-                if error.status_code != 403:
+                if error.status_code != 403:  # no right to create queues: it may exist
                     raise
-                self._warn("may not create queue %s; polling it anyway", self.queue.name)
+                self.warn("may not create queue %s; polling it anyway", self.queue.name)
             self._ready = True
         with self._changed:
             self._receiving = True
@@ -298,36 +240,31 @@ class QueueListener:
         # The host's BeginProcessingMessage: past the limit already, so earlier holders died.
         if count > self.options.max_dequeue_count:
             why = f"was dequeued {count} times without finishing, so it does not run"
-            self._guarded(
-                message.id, lambda: self._move_to_poison(message, message.pop_receipt, why)
-            )
+            poison = partial(self._move_to_poison, message, message.pop_receipt, why)
+            self._guarded(message.id, poison)
         elif stop is not None and stop.is_set():
             # Shutting down: hand it straight back rather than leave it leased.
-            self._guarded(
-                message.id, lambda: self.queue.set_visibility(message.id, message.pop_receipt, 0)
-            )
+            back = partial(self.queue.set_visibility, message.id, message.pop_receipt, 0)
+            self._guarded(message.id, back)
         else:
             lease = Lease(message.id, message.pop_receipt, self._clock())
             with self._changed:
                 self._leases.add(lease)
             self._pool.submit(self.process, message, lease)
 
-    # --- one message -----------------------------------------------------------------------
-
     def process(self, message: Any, lease: Lease) -> None:
         try:
-            content = message.content
+            content, count = message.content, message.dequeue_count
             trigger = QueueMessage(
                 id=message.id,
                 body=content.encode("utf-8") if isinstance(content, str) else bytes(content or b""),
-                dequeue_count=message.dequeue_count,
+                dequeue_count=count,
                 pop_receipt=message.pop_receipt,
                 insertion_time=message.inserted_on,
                 expiration_time=message.expires_on,
                 next_visible_time=message.next_visible_on,
             )
-            detail = f"message {message.id}, dequeue count {message.dequeue_count}"
-            succeeded = self.invoker.call(self.spec, trigger, detail=detail).succeeded
+            succeeded = self.invoke(trigger, f"message {message.id}, dequeue count {count}")
             self._guarded(message.id, lambda: self._settle(message, lease, succeeded))
         finally:
             with self._changed:
@@ -348,7 +285,7 @@ class QueueListener:
 
     def _move_to_poison(self, message: Any, pop_receipt: str, why: str) -> None:
         why += f" (maxDequeueCount {self.options.max_dequeue_count})"
-        self._warn("message %s %s; moving it to %s", message.id, why, self.poison.name)
+        self.warn("message %s %s; moving it to %s", message.id, why, self.poison.name)
         content = message.content
         self.poison.send(content if isinstance(content, str) else bytes(content).decode())
         if self._watcher is not None:  # the host's OnMessageAddedToPoisonQueue
@@ -359,20 +296,11 @@ class QueueListener:
         try:
             action()
         except LeaseLost as error:
-            self._warn(
-                "lost the lease on message %s before settling it (%s); whoever holds it now "
-                "decides its fate",
-                message_id,
-                error,
-            )
+            what = "before settling it (%s); whoever holds it now decides its fate"
+            self.warn(f"lost the lease on message %s {what}", message_id, error)
         except Exception:  # logged; the lease lapses and the message returns
-            log.exception(
-                "function %s: cannot settle message %s; it returns when its lease lapses",
-                self.spec.name,
-                message_id,
-            )
-
-    # --- lease renewal ---------------------------------------------------------------------
+            what = "cannot settle message %s; it returns when its lease lapses"
+            self.log.exception(f"function %s: {what}", self.spec.name, message_id)
 
     def renew_loop(self, stop: threading.Event) -> None:
         tick = min(1.0, self.lease_options.renew_seconds / 4)
@@ -396,13 +324,9 @@ class QueueListener:
                         lease.message_id, lease.pop_receipt, self.lease_options.lease_seconds
                     )
                     lease.renewed_at = self._clock()
-                    self._warn("renewed message %s", lease.message_id, level=logging.DEBUG)
+                    self.warn("renewed message %s", lease.message_id, level=logging.DEBUG)
                 except Exception as error:  # noqa: BLE001 - retried on the next pass
-                    lost = isinstance(error, LeaseLost)
-                    if lost:  # no use retrying at once: someone else holds it
+                    if lost := isinstance(error, LeaseLost):  # another has it: not at once
                         lease.renewed_at = self._clock()
                     what = "cannot renew" if lost else "will retry renewing"
-                    self._warn("%s message %s: %s", what, lease.message_id, error)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)
+                    self.warn("%s message %s: %s", what, lease.message_id, error)

@@ -1,14 +1,12 @@
 """Service Bus queue triggers: a PEEK_LOCK message pump per function, when configured.
 
-The pump receives one message at a time: a batch receive would wait up to 200 ms more for
-company after the first message (``_further_pull_receive_timeout`` in the SDK). An
-``AutoLockRenewer`` keeps each lock alive (up to ``maxAutoLockRenewalDuration``); messages
-are settled on the receiving thread (an SDK receiver is not thread-safe): completed if the
-function succeeded, abandoned if not. Service Bus itself dead-letters a message past the
-queue's max delivery count, and ``<queue>/$DeadLetterQueue`` reads the dead-letter
-sub-queue, as in Azure. Closing is bounded, so a namespace that never answers cannot hold
-up shutdown. Only :func:`sdk_receiver_factory` and the default renewer touch the SDK, so
-the rest is tested with fakes.
+One message per receive (a batch receive waits up to 200 ms more for company: the SDK's
+``_further_pull_receive_timeout``); an ``AutoLockRenewer`` keeps each lock (up to
+``maxAutoLockRenewalDuration``); messages are settled on the receiving thread (a receiver
+is not thread-safe): completed if the function succeeded, abandoned if not. Service Bus
+dead-letters past the max delivery count; ``<queue>/$DeadLetterQueue`` reads that
+sub-queue, as in Azure. Closing is bounded: a namespace that never answers cannot hold up
+shutdown. Only :func:`sdk_receiver_factory` and the default renewer touch the SDK.
 """
 
 from __future__ import annotations
@@ -16,21 +14,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
 from config.settings import Connection
 from devhost.app_loader import FunctionSpec
-from devhost.invoke import Invoker, start_thread
+from devhost.invoke import Invoker, Listener, start_thread
 from devhost.settings import ServiceBusOptions
-from devhost.unreadable import UnreadableQueues
 from hostrun.shapes import ServiceBusMessage
 
 log = logging.getLogger("devhost.servicebus")
-#: Longest a receive call waits for a message, so the loop sees a stop request in time.
-MAX_WAIT_SECONDS = 5.0
-#: A receive's wait while messages run: how late a finished one may be settled.
-PUMP_WAIT_SECONDS = 0.05
+MAX_WAIT_SECONDS = 5.0  # the longest a receive waits: how late a stop is seen
+PUMP_WAIT_SECONDS = 0.05  # a receive's wait while messages run: how late one is settled
 CLOSE_TIMEOUT_SECONDS = 5.0
 #: The fields of :class:`ServiceBusMessage` taken as they are from the SDK's message.
 # fmt: off
@@ -66,9 +61,8 @@ def host_message(message: Any) -> ServiceBusMessage:
     return ServiceBusMessage(
         body=message_body(getattr(message, "body", None)),
         message_id=get("message_id") or "",
-        # The Python SDK gives the AMQP header's count of *earlier* deliveries (0 the first
-        # time); the Functions host's .NET SDK adds one, so a function sees 1 on its first
-        # delivery (tests/localbus/test_devhost_listener.py shows both through localbus).
+        # The Python SDK counts *earlier* deliveries (the AMQP header's); the host's .NET SDK
+        # adds one (tests/localbus/test_devhost_listener.py shows both through localbus).
         delivery_count=count + 1 if isinstance(count, int) else None,
         lock_token=None if lock_token is None else str(lock_token),
         # Text keys and values: the SDK may hand back bytes.
@@ -96,12 +90,6 @@ def sdk_receiver_factory(connection: Connection, queue_name: str) -> Callable[[]
     )
 
 
-def sdk_renewer(options: ServiceBusOptions) -> Any:
-    from azure.servicebus import AutoLockRenewer
-
-    return AutoLockRenewer(max_lock_renewal_duration=options.max_auto_lock_renewal)
-
-
 def close_within(resource: Any, timeout: float = CLOSE_TIMEOUT_SECONDS) -> bool:
     """Close ``resource`` in a daemon thread; False if it did not finish within ``timeout``."""
 
@@ -116,7 +104,7 @@ def close_within(resource: Any, timeout: float = CLOSE_TIMEOUT_SECONDS) -> bool:
     return not thread.is_alive()
 
 
-class ServiceBusListener:
+class ServiceBusListener(Listener):
     def __init__(
         self,
         spec: FunctionSpec,
@@ -125,23 +113,21 @@ class ServiceBusListener:
         options: ServiceBusOptions,
         renewer_factory: Callable[[], Any] | None = None,
     ) -> None:
-        self.spec, self._open, self.invoker, self.options = spec, open_receiver, invoker, options
-        self._renewer_factory = renewer_factory or (lambda: sdk_renewer(options))
-        self._pool = ThreadPoolExecutor(
-            max_workers=options.max_concurrent_calls, thread_name_prefix=f"devhost-{spec.name}"
-        )
+        super().__init__(spec, invoker, options.max_concurrent_calls)
+        self._open, self.options = open_receiver, options
+        self._renewer_factory = renewer_factory or self._sdk_renewer
         self.in_flight = 0  # messages received and not yet settled (read by shutdown)
         self.received = False  # a receive worked since the last (re)connect
-        #: Told of every receive: a queue unread for a minute raises one alert
-        #: (``devhost/unreadable.py``); None: not told.
-        self.unreadable: UnreadableQueues | None = None
+
+    def _sdk_renewer(self) -> Any:
+        from azure.servicebus import AutoLockRenewer
+
+        return AutoLockRenewer(max_lock_renewal_duration=self.options.max_auto_lock_renewal)
 
     def describe(self) -> str:
-        trigger = self.spec.trigger
-        return (
-            f"queue {trigger['queueName']!r} (connection {trigger.get('connection')}; "
-            f"PEEK_LOCK, maxConcurrentCalls {self.options.max_concurrent_calls})"
-        )
+        where = f"connection {self.spec.trigger.get('connection')}"
+        calls = self.options.max_concurrent_calls
+        return f"queue {self.source!r} ({where}; PEEK_LOCK, maxConcurrentCalls {calls})"
 
     def start(self, stop: threading.Event) -> threading.Thread:
         return start_thread(f"servicebus-{self.spec.name}", self.run, stop)
@@ -157,17 +143,9 @@ class ServiceBusListener:
                     receiver = self._open()
                     self.pump(receiver, renewer, stop)
                 except Exception as error:  # noqa: BLE001 - reconnect after any SDK error
-                    if self.received:  # it worked for a while: a new failure starts over
-                        backoff = 1.0
-                    log.warning(
-                        "function %s: Service Bus queue %s failed: %s; retrying in %.0f s",
-                        self.spec.name,
-                        self.spec.trigger["queueName"],
-                        error,
-                        backoff,
-                    )
-                    if self.unreadable is not None:
-                        self.unreadable.failed(str(self.spec.trigger["queueName"]), error)
+                    backoff = 1.0 if self.received else backoff  # it worked: start over
+                    self.report_receive(error)
+                    self.warn("retrying in %.0f s", backoff, level=logging.DEBUG)
                     stop.wait(backoff)
                     backoff = min(backoff * 2, 60.0)
                 finally:
@@ -191,13 +169,11 @@ class ServiceBusListener:
                     continue
                 # Short receives while messages run, so that they are settled promptly.
                 patience = PUMP_WAIT_SECONDS if running else MAX_WAIT_SECONDS
-                for message in receiver.receive_messages(
-                    max_message_count=1, max_wait_time=patience
-                ):
+                batch = receiver.receive_messages(max_message_count=1, max_wait_time=patience)
+                for message in batch:
                     self._start(receiver, renewer, message, running)
-                self.received = True
-                if self.unreadable is not None:
-                    self.unreadable.read(str(self.spec.trigger["queueName"]))
+                self.received = True  # since this (re)connect
+                self.report_receive()
         finally:
             while running:
                 wait(running, timeout=MAX_WAIT_SECONDS, return_when=FIRST_COMPLETED)
@@ -211,7 +187,7 @@ class ServiceBusListener:
             renewal = self.options.max_auto_lock_renewal
             renewer.register(receiver, message, max_lock_renewal_duration=renewal)
         except Exception as error:  # noqa: BLE001 - it still runs; its lock may lapse
-            log.warning("function %s: cannot renew locks: %s", self.spec.name, error)
+            self.warn("cannot renew locks: %s", error)
         running[self._pool.submit(self.run_one, message)] = message
         self.in_flight = len(running)
 
@@ -223,27 +199,13 @@ class ServiceBusListener:
         self.in_flight = len(running)
 
     def run_one(self, message: Any) -> bool:
-        detail = (
-            f"message {getattr(message, 'message_id', '?')}, "
-            f"delivery count {getattr(message, 'delivery_count', '?')}"
-        )
-        return self.invoker.call(self.spec, host_message(message), detail=detail).succeeded
+        shape = host_message(message)  # with the host's delivery count, one more than the SDK's
+        return self.invoke(shape, f"message {shape.message_id}, count {shape.delivery_count}")
 
     def settle(self, receiver: Any, message: Any, succeeded: bool) -> None:
+        action = "complete" if succeeded else "abandon"
         try:
-            if succeeded:
-                receiver.complete_message(message)
-            else:
-                receiver.abandon_message(message)
+            (receiver.complete_message if succeeded else receiver.abandon_message)(message)
         except Exception as error:  # noqa: BLE001 - Service Bus redelivers after the lock
-            log.warning(
-                "function %s: cannot %s message %s (%s); Service Bus redelivers it when its "
-                "lock expires",
-                self.spec.name,
-                "complete" if succeeded else "abandon",
-                getattr(message, "message_id", "?"),
-                error,
-            )
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False)
+            what = "cannot %s message %s (%s); Service Bus redelivers it when its lock expires"
+            self.warn(what, action, getattr(message, "message_id", "?"), error)

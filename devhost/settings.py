@@ -1,6 +1,5 @@
-"""Settings: %NAME% expressions in bindings, host.json options, devhost's lease settings.
-
-Pure (no Azure SDK): each fails with a :class:`ConfigError` naming the setting at fault.
+"""Settings: %NAME% expressions in bindings, host.json options, devhost's lease settings;
+each fails with a :class:`ConfigError` naming the setting at fault (no Azure SDK here).
 """
 
 from __future__ import annotations
@@ -8,13 +7,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-#: Longest queue message lease devhost takes (contract 3.9): a message held by a killed
-#: process is visible again at most this long after its last renewal.
-MAX_LEASE_SECONDS = 30
+MAX_LEASE_SECONDS = 30  # the longest queue message lease devhost takes (contract 3.9)
 DEFAULT_RENEW_SECONDS = 10.0
 
 
@@ -34,19 +31,15 @@ def resolve_binding(
     def resolve(key: str, value: Any) -> Any:
         if not isinstance(value, str) or key in ("name", "type", "direction"):
             return value
-        for name in _EXPRESSION.findall(value):
-            if name not in environ:
-                raise ConfigError(
-                    f"{where} property {key!r}: the app setting {name!r} (from '%{name}%') "
-                    "is not set"
-                )
+        if missing := [name for name in _EXPRESSION.findall(value) if name not in environ]:
+            raise ConfigError(f"{where} property {key!r}: app setting {missing[0]!r} is not set")
         return _EXPRESSION.sub(lambda match: environ[match.group(1)], value)
 
     return {key: resolve(key, value) for key, value in binding.items()}
 
 
-def load_host_json(path: Path) -> dict[str, Any]:
-    """host.json, or ``{}`` when there is none."""
+def load_json(path: Path) -> dict[str, Any]:
+    """A JSON object from a file of settings (host.json ...), or ``{}`` when there is none."""
     try:
         document = json.loads(path.read_text(encoding="utf-8-sig")) if path.exists() else {}
     except (OSError, ValueError) as error:
@@ -75,29 +68,40 @@ def parse_timespan(value: object) -> float:
     return int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
-def _option(options: Mapping[str, Any], name: str, default: Any, low: float = 0) -> Any:
-    """An option of host.json: a whole number if ``default`` is one, else a time span."""
-    raw = options.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(str(raw)) if isinstance(default, int) else parse_timespan(raw)
-    except ValueError as error:
-        raise ConfigError(f"host.json {name}: {raw!r} is not usable ({error})") from error
-    if value < low:
-        raise ConfigError(f"host.json {name}: {raw!r} is below the minimum, {low}")
-    return value
+def _option(name: str, default: Any, low: float = 0, high: float | None = None) -> Any:
+    """A dataclass field read from the host.json option ``name``: a whole number if
+    ``default`` is one, else a time span; from ``low`` to ``high``, as the host allows."""
+    return field(default=default, metadata={"name": name, "low": low, "high": high})
+
+
+def _read(cls: Any, options: Mapping[str, Any], **defaults: Any) -> Any:
+    """``cls`` from a section of host.json: each field from its option, else its default
+    (or what ``defaults`` says); a :class:`ConfigError` names an option out of bounds."""
+    values = {}
+    for option in fields(cls):
+        name, low, high = (option.metadata[k] for k in ("name", "low", "high"))
+        raw, value = options.get(name), defaults.get(option.name, option.default)
+        if raw is not None:
+            try:
+                value = int(str(raw)) if isinstance(value, int) else parse_timespan(raw)
+            except ValueError as error:
+                raise ConfigError(f"host.json {name}: {raw!r} is not usable ({error})") from error
+            if value < low or (high is not None and value > high):
+                bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+                raise ConfigError(f"host.json {name}: {raw!r} must be {bounds}")
+        values[option.name] = value
+    return cls(**values)
 
 
 @dataclass(frozen=True)
 class QueueOptions:
-    """``extensions.queues`` of host.json, with the Functions host's defaults."""
+    """``extensions.queues`` of host.json, with the Functions host's defaults and bounds."""
 
-    batch_size: int = 16
-    new_batch_threshold: int = 8
-    max_polling_interval: float = 60.0
-    visibility_timeout: float = 0.0
-    max_dequeue_count: int = 5
+    batch_size: int = _option("batchSize", 16, low=1, high=32)
+    new_batch_threshold: int = _option("newBatchThreshold", 8)  # default: batchSize / 2
+    max_polling_interval: float = _option("maxPollingInterval", 60.0, low=0.1)
+    visibility_timeout: float = _option("visibilityTimeout", 0.0)
+    max_dequeue_count: int = _option("maxDequeueCount", 5, low=1)
 
     @property
     def max_concurrency(self) -> int:
@@ -110,26 +114,15 @@ class QueueOptions:
         # Messages go to the function as stored: the host's default, base64, is not decoded.
         encoding = options.get("messageEncoding", "base64 (the default)")
         if str(encoding).lower() != "none":
-            raise ConfigError(
-                f'host.json messageEncoding must be "none" for devhost, not {encoding!r}'
-            )
-        batch_size = _option(options, "batchSize", 16, low=1)
-        return cls(
-            batch_size=batch_size,
-            new_batch_threshold=_option(options, "newBatchThreshold", batch_size // 2),
-            max_polling_interval=_option(options, "maxPollingInterval", 60.0, low=0.1),
-            visibility_timeout=_option(options, "visibilityTimeout", 0.0),
-            max_dequeue_count=_option(options, "maxDequeueCount", 5, low=1),
-        )
+            raise ConfigError(f'host.json messageEncoding must be "none", not {encoding!r}')
+        batch_size = _read(cls, options).batch_size
+        return _read(cls, options, new_batch_threshold=batch_size // 2)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
 class LeaseOptions:
-    """How long devhost holds a queue message and how often it renews the hold.
-
-    ``DEVHOST_LEASE_SECONDS`` / ``DEVHOST_RENEW_SECONDS`` shorten them for tests; the lease
-    can never exceed 30 s (contract 3.9).
-    """
+    """How long devhost holds a queue message and how often it renews the hold (shorter for
+    tests: ``DEVHOST_LEASE_SECONDS`` / ``DEVHOST_RENEW_SECONDS``; never over 30 s)."""
 
     lease_seconds: int = MAX_LEASE_SECONDS
     renew_seconds: float = DEFAULT_RENEW_SECONDS
@@ -145,9 +138,7 @@ class LeaseOptions:
         if not 1 <= lease <= MAX_LEASE_SECONDS:
             raise ConfigError(f"DEVHOST_LEASE_SECONDS must be 1..{MAX_LEASE_SECONDS}, not {lease}")
         if not 0 < renew < lease:
-            raise ConfigError(
-                f"DEVHOST_RENEW_SECONDS must be above 0 and below the lease ({lease} s)"
-            )
+            raise ConfigError(f"DEVHOST_RENEW_SECONDS must be above 0, below the lease ({lease} s)")
         return cls(lease, renew)
 
 
@@ -155,16 +146,12 @@ class LeaseOptions:
 class ServiceBusOptions:
     """``extensions.serviceBus`` of host.json (the parts a local receiver needs)."""
 
-    max_concurrent_calls: int = 16
-    max_auto_lock_renewal: float = 300.0
+    max_concurrent_calls: int = _option("maxConcurrentCalls", 16, low=1)
+    max_auto_lock_renewal: float = _option("maxAutoLockRenewalDuration", 300.0)
 
     @classmethod
     def from_host_json(cls, host: Mapping[str, Any]) -> ServiceBusOptions:
-        options = section(host, "extensions", "serviceBus")
-        return cls(
-            max_concurrent_calls=_option(options, "maxConcurrentCalls", 16, low=1),
-            max_auto_lock_renewal=_option(options, "maxAutoLockRenewalDuration", 300.0),
-        )
+        return _read(cls, section(host, "extensions", "serviceBus"))  # type: ignore[no-any-return]
 
 
 def route_prefix(host: Mapping[str, Any]) -> str:

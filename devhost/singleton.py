@@ -1,33 +1,11 @@
-"""Timer triggers fire on one instance at a time, as the Functions host fires them.
-
-The host wraps every timer trigger's listener in a singleton lock (the WebJobs SDK's
-``SingletonListener``): a lease on the blob
-``azure-webjobs-hosts/locks/<host id>/Host.Functions.<function>.Listener`` of the app's
-storage account (``AzureWebJobsStorage``). The instance holding the lease runs the timer;
-the others try again now and then, so that when the holder dies the timer goes on
-elsewhere. devhost takes the same leases on the same blobs, so several devhost
-processes on one storage account run each timer once per tick, not once per process.
-
-Where devhost differs, on purpose (a local host is killed and restarted far more often
-than an Azure instance, and a test cannot wait minutes for a sweep):
-
-- the lease lasts 15 s (the shortest Azure Storage grants; the host takes 60 s) and is
-  taken again every 5 s by its holder; an instance without it tries every 5 s (the host:
-  once a minute). A killed holder's timers go on elsewhere within 20 s;
-- a stopping devhost releases its leases, so another instance takes them at its next try;
-- the lease id is the process's own (a random UUID per process), so "take it again"
-  and "take it" are one request: Azure Storage grants an acquire that proposes the
-  current holder's id (the host renews with a separate call);
-- a holder stops firing 2 s before its lease could have lapsed, by the monotonic clock
-  and by the wall clock both (a machine that slept has a monotonic clock that did not
-  move while Storage's lease ran out);
-- the lock requests retry once, quickly, with short timeouts, so that a storage outage
-  neither holds devhost's start nor its stop for long;
-- ``runOnStartup`` fires when devhost starts holding the lock, not again when it takes
-  the lock over later (the host fires it whenever its listener starts).
-
-``python -m devhost --timers every`` runs every timer in every process instead, as devhost
-did before: overlapping sweeps, as during a deployment's overlap (the chaos tests use it).
+"""Timer triggers fire on one instance at a time, through the host's own singleton lock:
+a lease on the blob ``azure-webjobs-hosts/locks/<host id>/Host.Functions.<function>.Listener``
+of ``AzureWebJobsStorage`` (the WebJobs SDK's ``SingletonListener``), which devhost takes as
+the host does, so devhosts sharing a storage account fire each timer once per tick. Where it
+differs (a 15 s lease taken again every 5 s, released at stop, no firing 2 s before it could
+lapse by either clock, quick requests, ``runOnStartup`` only when it first holds the lock):
+docs/local-development.md, "Timers on one instance at a time". The lease id is the process's
+own, so "take it again" and "take it" are one request.
 """
 
 from __future__ import annotations
@@ -48,23 +26,17 @@ from azure.core.exceptions import HttpResponseError, ResourceExistsError, Resour
 
 log = logging.getLogger("devhost.singleton")
 
-#: The host's container and folder for its locks (WebJobs' HostContainerNames.Hosts and
-#: HostDirectoryNames.SingletonLocks).
-LOCK_CONTAINER = "azure-webjobs-hosts"
-LOCK_FOLDER = "locks"
-#: What overrides the host id, as in Azure (``AzureFunctionsWebHost__hostid``).
-HOST_ID_SETTING = "AzureFunctionsWebHost__hostid"
+LOCK_CONTAINER = "azure-webjobs-hosts"  # WebJobs' HostContainerNames.Hosts
+LOCK_FOLDER = "locks"  # and HostDirectoryNames.SingletonLocks
+HOST_ID_SETTING = "AzureFunctionsWebHost__hostid"  # what overrides the host id, as in Azure
 LEASE_SECONDS = 15  # Azure Storage's shortest lease
 TRY_EVERY_SECONDS = 5.0  # holders take it again, the others try to take it
-#: How long before the lease's end the holder stops firing, should it fail to take it
-#: again (the request's own time, clocks of two processes): never two holders at once.
-SAFETY_SECONDS = 2.0
+SAFETY_SECONDS = 2.0  # the holder stops firing this long before its lease could end
 RELEASE_WAIT_SECONDS = 5.0  # how long a stop waits for a round under way
 
 
 def lock_client_options() -> dict[str, Any]:
-    """The lock client's options: one quick retry, short timeouts (a lock request that
-    cannot be answered soon is tried again at the next round anyway)."""
+    """One quick retry, short timeouts: a lock request is tried again next round anyway."""
     from azure.storage.blob import LinearRetry
 
     # backoff is annotated int but used as a float (random.uniform in get_backoff_time)
@@ -73,10 +45,8 @@ def lock_client_options() -> dict[str, Any]:
 
 
 def host_id(environ: Mapping[str, str], app_dir: str) -> str:
-    """The host id the locks are named by: ``AzureFunctionsWebHost__hostid`` if set, else
-    the machine's name and a hash of the app's folder (devhosts on several machines that
-    share one storage account should set it); lower case, letters, digits and dashes,
-    at most 32 characters (the host's rules)."""
+    """The host id the locks are named by: ``AzureFunctionsWebHost__hostid``, else the
+    machine's name and a hash of the app's folder; in the host's alphabet, at most 32."""
     given = environ.get(HOST_ID_SETTING, "").strip()
     if not given:
         digest = hashlib.sha256(app_dir.encode("utf-8")).hexdigest()[:10]
@@ -91,14 +61,13 @@ def lock_blob_name(host: str, function: str) -> str:
 
 
 class Leases(Protocol):
-    """Leases on named blobs (``BlobLeases``; tests pass ``MemoryLeases``)."""
+    """Leases on named blobs (``BlobLeases``; tests pass ``tests.support.MemoryLeases``):
+    ``acquire`` takes (with the holder's id: takes again) the lease on ``name`` for
+    ``seconds``, True if this id holds it now; ``release`` gives it up if this id holds it."""
 
-    def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
-        """Take (or, with the holder's id, take again) the lease on ``name`` for
-        ``seconds``: True if this id holds it now, False if another does."""
+    def acquire(self, name: str, lease_id: str, seconds: int) -> bool: ...
 
-    def release(self, name: str, lease_id: str) -> None:
-        """Give it up, if ``lease_id`` holds it (else nothing)."""
+    def release(self, name: str, lease_id: str) -> None: ...
 
 
 class BlobLeases:
@@ -121,22 +90,20 @@ class BlobLeases:
     def _acquire(blob: Any, lease_id: str, seconds: int) -> bool:
         try:
             blob.acquire_lease(lease_duration=seconds, lease_id=lease_id)
-            return True
         except HttpResponseError as error:
-            if error.status_code == 409:  # leased by another
-                return False
-            raise
+            if error.status_code != 409:  # 409: leased by another
+                raise
+            return False
+        return True
 
     def _create(self, blob: Any) -> None:
-        try:
-            blob.upload_blob(b"", overwrite=False)
-        except ResourceNotFoundError:  # no container yet
-            with contextlib.suppress(ResourceExistsError):
-                self._container.create_container()
-            with contextlib.suppress(ResourceExistsError):  # created meanwhile
+        with contextlib.suppress(ResourceExistsError):  # created (or leased: 412) meanwhile
+            try:
                 blob.upload_blob(b"", overwrite=False)
-        except ResourceExistsError:  # created (or leased: 412) by another meanwhile
-            pass
+            except ResourceNotFoundError:  # no container yet
+                with contextlib.suppress(ResourceExistsError):
+                    self._container.create_container()
+                blob.upload_blob(b"", overwrite=False)
 
     def release(self, name: str, lease_id: str) -> None:
         from azure.storage.blob import BlobLeaseClient
@@ -145,8 +112,7 @@ class BlobLeases:
         try:
             BlobLeaseClient(blob, lease_id=lease_id).release()
         except HttpResponseError as error:
-            # 404: no blob; 409: another holds it now. Nothing of ours to give up.
-            if error.status_code not in (404, 409):
+            if error.status_code not in (404, 409):  # no blob, or another's: nothing of ours
                 raise
 
 
@@ -177,26 +143,19 @@ class TimerLocks:
     lease_id: str = field(default_factory=lambda: str(uuid.uuid4()))
 
     def add(self, functions: Iterable[str]) -> None:
-        for function in functions:
-            self._locks[function] = _Lock(function, lock_blob_name(self.host, function))
+        self._locks |= {f: _Lock(f, lock_blob_name(self.host, f)) for f in functions}
 
     def holds(self, function: str) -> bool:
-        """Whether this process may fire ``function`` now (a function without a lock here
-        always may)."""
-        lock = self._locks.get(function)
-        if lock is None:
+        """Whether this process may fire ``function`` now (always, without a lock here)."""
+        if (lock := self._locks.get(function)) is None:
             return True
         return self.clock() < lock.held_until and self.wall() < lock.held_until_wall
-
-    def gate(self, function: str) -> Callable[[], bool]:
-        return lambda: self.holds(function)
 
     def try_all(self) -> None:
         """One round: take every lock (again); a lock another holds is left to it."""
         with self._round:
-            if not self._closed:
-                for lock in self._locks.values():
-                    self._try(lock)
+            for lock in [] if self._closed else self._locks.values():
+                self._try(lock)
 
     def _try(self, lock: _Lock) -> None:
         asked, asked_wall = self.clock(), self.wall()
@@ -204,12 +163,8 @@ class TimerLocks:
             got = self.leases.acquire(lock.blob, self.lease_id, self.lease_seconds)
         except Exception as error:  # noqa: BLE001 - storage trouble: try again next round
             if not lock.warned:
-                log.warning(
-                    "timer %s: cannot take its singleton lock (%s): it does not fire here "
-                    "until the lock is taken",
-                    lock.function,
-                    error,
-                )
+                what = "cannot take its singleton lock (%s): it does not fire here until then"
+                log.warning(f"timer %s: {what}", lock.function, error)
                 lock.warned = True
             return  # held_until stands: a lease taken earlier lasts its time, not more
         lock.warned = False
@@ -235,8 +190,7 @@ class TimerLocks:
         self._closed = True  # a round that starts from now takes nothing
         for lock in self._locks.values():  # and none fires from now on
             lock.held_until = lock.held_until_wall = 0.0
-        # A round under way may still take a lock: wait for it (not for long: storage may
-        # be down; then the leases lapse by themselves), then release every lock.
+        # A round under way may still take a lock: wait for it (briefly: storage may be down).
         waited = self._round.acquire(timeout=RELEASE_WAIT_SECONDS)
         try:
             for lock in self._locks.values():
@@ -248,24 +202,3 @@ class TimerLocks:
         finally:
             if waited:
                 self._round.release()
-
-
-@dataclass
-class MemoryLeases:
-    """:class:`Leases` in memory, with a clock: for unit tests (the same contract tests as
-    :class:`BlobLeases` run on both)."""
-
-    clock: Callable[[], float] = time.monotonic
-    _held: dict[str, tuple[str, float]] = field(default_factory=dict)
-
-    def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
-        holder = self._held.get(name)
-        if holder is not None and holder[0] != lease_id and self.clock() < holder[1]:
-            return False
-        self._held[name] = (lease_id, self.clock() + seconds)
-        return True
-
-    def release(self, name: str, lease_id: str) -> None:
-        holder = self._held.get(name)
-        if holder is not None and holder[0] == lease_id:
-            del self._held[name]

@@ -1,19 +1,9 @@
-"""Timer triggers: six-field NCRONTAB schedules, in UTC.
+"""Timer triggers: six-field NCRONTAB schedules (``{second} {minute} {hour} {day} {month}
+{day-of-week}``, day and day-of-week both matching, as the host reads them), in UTC.
 
-``{second} {minute} {hour} {day} {month} {day-of-week}``, as the Functions host reads
-them (NCrontab: day and day-of-week must both match, unlike classic cron's "either").
-A ``%SETTING%`` schedule is resolved before it gets here.
-
-Differences from Azure, on purpose:
-
-- Each timer fires in one devhost process at a time, as in Azure, through the host's own
-  singleton lock (a blob lease; ``devhost/singleton.py`` says where devhost's periods
-  differ); ``--timers every`` fires them in every process.
-- No schedule monitor: nothing is persisted, so ``past_due`` is only true when a tick
-  fires more than a second late in this process (e.g. the machine slept), never for ticks
-  missed while devhost was down.
-- One invocation of a function at a time per process: ticks that pass while the previous
-  invocation still runs are skipped.
+Where devhost differs: no schedule monitor, so ``past_due`` is true only for a tick fired
+over a second late in this process, never for ticks missed while it was down; ticks that
+pass while the last invocation runs are skipped. Which process fires: ``devhost/singleton.py``.
 """
 
 from __future__ import annotations
@@ -30,8 +20,7 @@ from devhost.invoke import Invoker, start_thread
 from devhost.settings import ConfigError
 from hostrun.shapes import TimerInfo
 
-#: A tick later than this counts as past due.
-LATE_TOLERANCE = timedelta(seconds=1)
+LATE_TOLERANCE = timedelta(seconds=1)  # a tick later than this is past due
 
 
 @dataclass(frozen=True)
@@ -40,8 +29,7 @@ class CronSchedule:
 
     def next_after(self, moment: datetime) -> datetime:
         it = croniter(self.text, moment, second_at_beginning=True, day_or=False)
-        result: datetime = it.get_next(datetime)
-        return result
+        return it.get_next(datetime)  # type: ignore[no-any-return]
 
 
 def parse_schedule(text: str, where: str = "schedule") -> CronSchedule:
@@ -56,12 +44,9 @@ def parse_schedule(text: str, where: str = "schedule") -> CronSchedule:
     return CronSchedule(" ".join(fields))
 
 
-def utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class TimerRunner:
-    """Fires one timer function on its schedule until ``stop`` is set, in its own thread."""
+    """Fires one timer function on its schedule until ``stop`` is set, in its own thread,
+    while ``gate`` says this process may (it holds the timer's singleton lock; None: always)."""
 
     def __init__(
         self,
@@ -69,48 +54,37 @@ class TimerRunner:
         schedule: CronSchedule,
         invoker: Invoker,
         run_on_startup: bool = False,
-        now: Callable[[], datetime] = utc_now,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
         gate: Callable[[], bool] | None = None,
     ) -> None:
-        self.spec = spec
-        self.schedule = schedule
-        self.invoker = invoker
-        self.run_on_startup = run_on_startup
-        self._now = now
-        #: Whether this process may fire now (it holds the timer's singleton lock);
-        #: None: always.
-        self.gate = gate
+        self.spec, self.schedule, self.invoker, self._now = spec, schedule, invoker, now
+        self.run_on_startup, self.gate = run_on_startup, gate
         self._last: datetime | None = None
 
     def describe(self) -> str:
         startup = "runOnStartup, " if self.run_on_startup else ""
         next_fire = self.schedule.next_after(self._now())
         where = "every devhost process" if self.gate is None else "one instance at a time"
-        return (
-            f"schedule {self.schedule.text!r} (UTC; {startup}next {next_fire:%H:%M:%S}; "
-            f"fires in {where})"
-        )
+        when = f"UTC; {startup}next {next_fire:%H:%M:%S}; fires in {where}"
+        return f"schedule {self.schedule.text!r} ({when})"
 
     def start(self, stop: threading.Event) -> threading.Thread:
         return start_thread(f"timer-{self.spec.name}", self.run, stop)
 
     def run(self, stop: threading.Event) -> None:
-        if self.run_on_startup and self._may_fire():
+        may_fire = self.gate or (lambda: True)
+        if self.run_on_startup and may_fire():
             self.fire(self._now(), past_due=False)
         due = self.schedule.next_after(self._now())
         while not stop.is_set():
             wait = (due - self._now()).total_seconds()
-            if wait > 0:
-                # Short waits, so a wall-clock jump cannot put a tick hours away.
+            if wait > 0:  # in short waits: a wall-clock jump cannot put a tick hours away
                 stop.wait(min(wait, 1.0))
                 continue
-            if self._may_fire():  # another instance holds the timer: its tick, not ours
+            if may_fire():  # else another instance holds the timer: its tick, not ours
                 self.fire(due, past_due=self._now() - due > LATE_TOLERANCE)
             # Ticks that passed while the function ran are skipped, not caught up.
             due = self.schedule.next_after(max(self._now(), due))
-
-    def _may_fire(self) -> bool:
-        return self.gate is None or self.gate()
 
     def fire(self, scheduled: datetime, past_due: bool) -> None:
         """One invocation (a failure is logged by the invoker)."""

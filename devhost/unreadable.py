@@ -1,15 +1,9 @@
 """A queue devhost cannot read is told once (docs/contracts.md §3.5, docs/operating.md).
 
-A listener whose every receive fails (a batch the storage cannot return, Azurite's
-poisoned batch; rights revoked on the account in Azure) only backs off and polls again:
-its messages wait, and nothing but a WARNING at the first failure says so. Here each
-listener reports every receive: after ``UNREADABLE_AFTER_SECONDS`` of nothing but
-failures on a queue, one alert goes to ``operator-alerts`` (``kind``
-``queue-unreadable``, ``queue``, ``since``, ``reason``, ``at``) and a WARNING to devhost's
-log; the first receive that works after it sends one ``queue-recovered`` alert and a
-WARNING. An alert that cannot be sent (the same storage may be down) is logged and tried
-again a minute later, not once a poll. One per devhost process: instances do not share
-the episode.
+A listener whose every receive fails only backs off and polls again: its messages wait.
+After ``UNREADABLE_AFTER_SECONDS`` of nothing but failures, one ``queue-unreadable`` alert
+goes to ``operator-alerts`` with a WARNING, and the first receive that works after it sends
+one ``queue-recovered``; an alert not sent is tried again a minute later. Per process.
 """
 
 from __future__ import annotations
@@ -26,8 +20,7 @@ from core.messages import QUEUE_RECOVERED_ALERT, QUEUE_UNREADABLE_ALERT, queue_a
 from core.names import OPERATOR_ALERTS
 
 log = logging.getLogger("devhost.unreadable")
-#: How long every receive from a queue must have failed before an alert says so.
-UNREADABLE_AFTER_SECONDS: Final = 60.0
+UNREADABLE_AFTER_SECONDS: Final = 60.0  # of nothing but failed receives, before an alert
 MAX_REASON_CHARS: Final = 500
 
 
@@ -40,14 +33,9 @@ class _Episode:
     next_try: float = 0.0  # monotonic: when a send that failed may be tried again
 
 
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
 class UnreadableQueues:
-    """The failing queues of one devhost process. ``send(queue, body)`` puts an alert on
-    ``operator-alerts``; ``clock`` (monotonic seconds) and ``now`` (the time alerts carry)
-    are the test's to fake."""
+    """The failing queues of one devhost process; ``send(queue, body)`` puts an alert on
+    ``operator-alerts``, ``clock`` and ``now`` (the time alerts carry) are the tests'."""
 
     def __init__(
         self,
@@ -55,7 +43,7 @@ class UnreadableQueues:
         *,
         after: float = UNREADABLE_AFTER_SECONDS,
         clock: Callable[[], float] = time.monotonic,
-        now: Callable[[], datetime] = _utc_now,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._send, self._after, self._clock, self._now = send, after, clock, now
         self._episodes: dict[str, _Episode] = {}
@@ -65,9 +53,7 @@ class UnreadableQueues:
         """A receive from ``queue`` failed with ``error``."""
         at = self._clock()
         with self._lock:
-            episode = self._episodes.get(queue)
-            if episode is None:
-                episode = self._episodes[queue] = _Episode(at, self._now())
+            episode = self._episodes.setdefault(queue, _Episode(at, self._now()))
             episode.last_error = str(error)[:MAX_REASON_CHARS]
             if episode.alerted or at - episode.started < self._after or at < episode.next_try:
                 return

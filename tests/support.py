@@ -9,7 +9,7 @@ import inspect
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -285,3 +285,24 @@ def call_handler(spec: FunctionSpec, trigger: Any) -> Any:
 def direct_invoker() -> Invoker:
     """An :class:`Invoker` calling test handlers (:func:`call_handler`)."""
     return Invoker(call_handler)
+
+
+@dataclass
+class MemoryLeases:
+    """devhost's timer lock ``Leases`` in memory, with a clock (the same contract tests as
+    ``devhost.singleton.BlobLeases`` run on both)."""
+
+    clock: Callable[[], float] = time.monotonic
+    _held: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def acquire(self, name: str, lease_id: str, seconds: int) -> bool:
+        holder = self._held.get(name)
+        if holder is not None and holder[0] != lease_id and self.clock() < holder[1]:
+            return False
+        self._held[name] = (lease_id, self.clock() + seconds)
+        return True
+
+    def release(self, name: str, lease_id: str) -> None:
+        holder = self._held.get(name)
+        if holder is not None and holder[0] == lease_id:
+            del self._held[name]

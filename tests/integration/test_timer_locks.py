@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 from azure.storage.blob import BlobServiceClient
 
-from devhost.singleton import LEASE_SECONDS, BlobLeases, Leases, MemoryLeases
+from devhost.singleton import LEASE_SECONDS, BlobLeases, Leases
+from tests.support import MemoryLeases
 
 
 @dataclass

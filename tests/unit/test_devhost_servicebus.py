@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -244,6 +245,52 @@ def test_the_reconnect_back_off_starts_over_after_the_receiver_worked() -> None:
         thread.join(5)
     # 1, 2 s; then a receiver that worked before failing: 1 s again, not 4
     assert stop.waits == [1.0, 2.0, 1.0, 2.0]
+
+
+def test_failed_receives_warn_once_and_the_one_that_works_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As a Storage queue listener logs them: the first failure in a row is a WARNING, the
+    others DEBUG, and the receive that works after them INFO."""
+
+    class Broken(FakeReceiver):
+        def receive_messages(
+            self, max_message_count: int | None = 1, max_wait_time: float | None = None
+        ) -> list[Any]:
+            raise ConnectionError("link detached")
+
+    class NoWaiting(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            return self.is_set()
+
+    good = FakeReceiver([[FakeMessage(b"good", message_id="a")]])
+    receivers: list[FakeReceiver] = [Broken([]), Broken([]), Broken([]), good]
+    listener = ServiceBusListener(
+        spec(handler),
+        lambda: receivers.pop(0),
+        direct_invoker(),
+        ServiceBusOptions(),
+        renewer_factory=FakeRenewer,
+    )
+    stop = NoWaiting()
+    with caplog.at_level(logging.DEBUG, logger="devhost"):
+        thread = listener.start(stop)
+        try:
+            assert good.drained.wait(5)
+        finally:
+            stop.set()
+            thread.join(5)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "queue " in r.getMessage()]
+    failed = (
+        "cannot read queue agent-requests: link detached",
+        "queue agent-requests answers again",
+    )
+    assert said == [
+        ("WARNING", f"function agent: {failed[0]}"),
+        ("DEBUG", f"function agent: {failed[0]}"),
+        ("DEBUG", f"function agent: {failed[0]}"),
+        ("INFO", f"function agent: {failed[1]}"),
+    ]
 
 
 def test_settle_errors_are_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:

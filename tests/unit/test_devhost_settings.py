@@ -11,7 +11,7 @@ from devhost.settings import (
     LeaseOptions,
     QueueOptions,
     ServiceBusOptions,
-    load_host_json,
+    load_json,
     parse_timespan,
     resolve_binding,
     route_prefix,
@@ -47,7 +47,7 @@ def test_queue_defaults_are_the_hosts() -> None:
 
 
 def test_queue_options_from_the_project_host_json() -> None:
-    host = load_host_json(Path(__file__).parents[2] / "host.json")
+    host = load_json(Path(__file__).parents[2] / "host.json")
     options = QueueOptions.from_host_json(host)
     assert options.batch_size == 16
     assert options.new_batch_threshold == 8
@@ -67,6 +67,7 @@ def test_new_batch_threshold_defaults_to_half_the_batch() -> None:
         ({}, "messageEncoding"),  # the host's default, base64, is not decoded
         ({"messageEncoding": "base64"}, "messageEncoding"),
         ({"messageEncoding": "none", "batchSize": 0}, "batchSize"),
+        ({"messageEncoding": "none", "batchSize": 33}, "batchSize"),  # the host's maximum: 32
         ({"messageEncoding": "none", "maxPollingInterval": "00:00:00.010"}, "maxPollingInterval"),
         ({"messageEncoding": "none", "visibilityTimeout": "soon"}, "visibilityTimeout"),
         ({"messageEncoding": "none", "maxDequeueCount": "five"}, "maxDequeueCount"),
@@ -78,10 +79,10 @@ def test_bad_queue_options_name_the_option(queues: dict[str, object], message: s
 
 
 def test_unreadable_host_json_is_a_clear_error(tmp_path: Path) -> None:
-    assert load_host_json(tmp_path / "host.json") == {}
+    assert load_json(tmp_path / "host.json") == {}
     (tmp_path / "host.json").write_text("{not json")
     with pytest.raises(ConfigError, match="cannot read"):
-        load_host_json(tmp_path / "host.json")
+        load_json(tmp_path / "host.json")
 
 
 def test_route_prefix() -> None:
@@ -119,5 +120,5 @@ def test_service_bus_options() -> None:
     }
     assert ServiceBusOptions.from_host_json(host) == ServiceBusOptions(4, 60.0)
     assert ServiceBusOptions.from_host_json({}) == ServiceBusOptions(16, 300.0)
-    project = load_host_json(Path(__file__).parents[2] / "host.json")
+    project = load_json(Path(__file__).parents[2] / "host.json")
     assert ServiceBusOptions.from_host_json(project) == ServiceBusOptions(16, 300.0)

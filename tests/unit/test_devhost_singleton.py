@@ -12,13 +12,12 @@ from devhost.app_loader import FunctionSpec
 from devhost.singleton import (
     LEASE_SECONDS,
     SAFETY_SECONDS,
-    MemoryLeases,
     TimerLocks,
     host_id,
     lock_blob_name,
 )
 from devhost.timers import TimerRunner, parse_schedule
-from tests.support import direct_invoker
+from tests.support import MemoryLeases, direct_invoker
 
 
 class Clock:

@@ -196,6 +196,15 @@ def test_no_module_of_core_is_over_600_lines(path: Path) -> None:
     assert lines <= CORE_MAX_LINES, f"{path.name} has {lines} lines"
 
 
+#: devhost imitates each thing of the Functions host once (issue 43), and stays this small.
+DEVHOST_MAX_LINES = 2000
+
+
+def test_devhost_is_at_most_2000_lines() -> None:
+    counts = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in modules("devhost")}
+    assert sum(counts.values()) <= DEVHOST_MAX_LINES, sorted(counts.items(), key=lambda c: -c[1])
+
+
 def test_the_order_is_no_class_hierarchy() -> None:
     """The aggregate by composition (§3.15): ``Order`` derives from nothing of the app's."""
     tree = ast.parse((ROOT / "core" / "model.py").read_text(encoding="utf-8"))
