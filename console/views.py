@@ -324,7 +324,8 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
             f"Waiting for agent {agent} to be resumed: step {active.step} runs then; nothing is "
             "counted against it meanwhile."
         )
-    failed = [s for s in order.steps if s.process_state is StepState.ERROR]
+    errors = [s for s in order.steps if s.process_state is StepState.ERROR]
+    failed = [s for s in errors if not s.continued] or errors
     alerts = [h for h in order.history if h.get("event") == Happened.ALERTED]
     if status is OrderStatus.ERROR and failed:
         step = max(failed, key=lambda s: s.seq)

@@ -67,8 +67,10 @@ def blocking(order: Order) -> list[StepRecord]:
     out = []
     for record in order.latest_actions():
         planned = order.planned(record.step)
-        if planned.compensation or planned.may_stand or record.continued or order.waits(record):
+        if planned.compensation or planned.may_stand or order.waits(record):
             continue
+        if planned.on_failure == "continue":
+            continue  # its failure, in doubt too, may stand (§3.17)
         current = record.current
         in_flight = (
             record.process_state is StepState.PROCESSING

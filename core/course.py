@@ -72,6 +72,7 @@ def _forward(order: Order, now: datetime) -> bool:
     if halting(order):
         for record in [r for r in group if r.is_active]:
             _halt(order, record, now)
+        _go_on(order, group, now)  # one the halt failed in doubt is gone past too
     if any(r.is_active for r in group):
         return False
     done = all(
@@ -109,10 +110,12 @@ def _go_on(order: Order, group: list[StepRecord], now: datetime) -> None:
     """A step declared ``on_failure="continue"`` that failed for good (not applied, or in
     doubt) is recorded as such and the workflow goes on past it: nothing is undone and
     nobody is told, unless its declaration raised (a bug is always told, §3.17)."""
+    if order.cancel_requested:
+        return  # the order does not go on: its failure is the unwinding's to weigh
     for record in group:
         if record.continued or record.process_state is not StepState.ERROR:
             continue
-        if order.planned(record.step).on_failure != "continue":
+        if not goes_on(order, record):
             continue
         record.continued = True
         reason = record.failure_reason
@@ -126,6 +129,12 @@ def _go_on(order: Order, group: list[StepRecord], now: datetime) -> None:
                 "new orders will use it",
                 now,
             )
+
+
+def goes_on(order: Order, record: StepRecord) -> bool:
+    """``record``'s step is declared ``on_failure="continue"``: its failure, in doubt too,
+    is no reason to stop or to keep the order from being undone (it may stand)."""
+    return record.kind is StepKind.ACTION and order.planned(record.step).on_failure == "continue"
 
 
 def _is_bug(record: StepRecord) -> bool:
@@ -224,7 +233,7 @@ def doubtful(order: Order) -> list[StepRecord]:
         for r in order.latest_actions()
         if not r.is_active
         and in_doubt(r)
-        and not r.continued
+        and not goes_on(order, r)
         and not order.planned(r.step).compensation
         and not order.planned(r.step).may_stand
     ]
@@ -446,6 +455,7 @@ def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
         held = (target.last_deadline() or running) + IN_FLIGHT_GRACE
         not_before = max(not_before or now, held)
     target.process_state = StepState.COMPENSATING
+    target.continued = False  # undone now: no longer a failure the order went past
     target.record(now, Happened.COMPENSATING, by=planned.compensation)
     due = max(now, not_before) if not_before else now
     record = order.undo_of(target)

@@ -115,7 +115,8 @@ def _needed(order: Order) -> tuple[Need, ...]:
 
 
 def _failed(order: Order) -> StepRecord | None:
-    failed = [s for s in order.steps if s.process_state is StepState.ERROR]
+    errors = [s for s in order.steps if s.process_state is StepState.ERROR]
+    failed = [s for s in errors if not s.continued] or errors
     return max(failed, key=lambda s: s.seq) if failed else None
 
 

@@ -38,10 +38,6 @@ from testkit.remotes import (
     per_call,
 )
 
-#: How long a Python handler may run, in real seconds, before its attempt is reported as
-#: still running (it may have applied).
-HANDLER_SECONDS = 10.0
-
 
 @dataclass(frozen=True)
 class Call:
@@ -170,7 +166,10 @@ class Player:
         runner = self._python.get(request.step)
         if runner is None or runner.handler is not handler:
             runner = self._python[request.step] = PythonTry(handler, name=name, clock=self._clock)
-        tried = asyncio.run(runner.run(request, HANDLER_SECONDS))
+        # its step's own deadline, as its agent gives it (a handler that hangs is waited
+        # for that long, in real seconds, then reported as may-have-applied)
+        budget = max((request.complete_by - self._clock()).total_seconds(), 0.001)
+        tried = asyncio.run(runner.run(request, budget))
         if tried.applied is Applied.YES:
             return request.succeeded(tried.result or {})
         if not tried.retryable:

@@ -12,7 +12,6 @@ from typing import Any
 
 from admin.service import order_view
 from config.settings import declarations_of
-from core.states import StepState
 from testkit.checks import KitError
 from testkit.players import Call
 from testkit.remotes import Decision, RemoteSpec
@@ -98,12 +97,9 @@ class Run:
 
     @property
     def results(self) -> dict[str, dict[str, Any]]:
-        """What each step that succeeded returned, by name (``ctx.results``)."""
-        return {
-            s.step: s.result or {}
-            for s in self._world.order().steps
-            if s.process_state is StepState.PROCESSED and s.compensates is None
-        }
+        """What each step that succeeded returned, by name: ``ctx.results`` as the
+        declarations' functions see it (a step undone since keeps its result)."""
+        return dict(self._world.order().context().results)
 
     @property
     def calls(self) -> list[Call]:

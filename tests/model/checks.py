@@ -24,8 +24,9 @@ requests and status messages it sent), returning the violations it finds.
 - I8 (``requested``): nothing is undone while a step declared ``on_failure="hold"`` has
   failed, until an operator cancels (3.17).
 
-A task declared ``on_failure="continue"`` that failed may stand, in doubt or applied
-unbeknown, as one declared ``may_stand`` would (3.17): I1 and I3 pass over it.
+A task declared ``on_failure="continue"`` may stand, in doubt or applied unbeknown, as
+one declared ``may_stand`` would (3.17): I1 passes over it, and I3 unless the engine
+knows it applied.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def requested(
                     )
                 )
         for task in flow.tasks():
-            if task.comp or not ledger.may_apply(task.name, now) or _went_on(task.name, after):
+            if task.comp or task.fails == "continue" or not ledger.may_apply(task.name, now):
                 continue
             step = after.step(task.name) if after is not None else None
             if step is None or not step.known_applied:
@@ -101,9 +102,9 @@ def requested(
     return out
 
 
-def _went_on(step: str, snap: OrderSnap | None) -> bool:
-    found = snap.step(step) if snap is not None else None
-    return found is not None and found.continued
+def _known(step: str, snap: OrderSnap) -> bool:
+    found = snap.step(step)
+    return found is not None and found.known_applied
 
 
 def _held(undo: str, flow: Flow, after: OrderSnap | None) -> list[Finding]:
@@ -289,7 +290,7 @@ def standing(
     out: list[Finding] = []
     if final and snap.status in ("compensated", "cancelled"):
         for task in flow.tasks():
-            if not task.comp and _went_on(task.name, snap):
+            if not task.comp and task.fails == "continue" and not _known(task.name, snap):
                 continue
             for effect in ledger.effects_of(task.name):
                 if effect.state == "applied" and not ledger.undone(effect):

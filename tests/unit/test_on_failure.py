@@ -288,3 +288,43 @@ def test_a_step_the_order_went_on_past_that_applied_after_all_is_a_success() -> 
     assert mail.process_state is StepState.PROCESSED and not mail.continued
     assert mail.result == {"messageId": "m-1"}
     assert alerts(order) == []
+
+
+def test_a_step_that_may_fail_stopped_in_doubt_is_gone_past_not_told() -> None:
+    """The e-mail got a 500 that may have applied and waits for its next attempt when
+    the shipment beside it is refused: the group halts, the e-mail is stopped in doubt,
+    and, declared ``continue``, its doubt keeps nothing from being undone and tells
+    nobody (as if it had given up a moment earlier)."""
+    order = new("mail-beside-ship")
+    now = succeed(order, "charge", T0)
+    at = claim(order, "mail", now)
+    reply = report(order, "mail", Outcome.TRANSIENT, error="HTTP 500", applied="maybe")
+    order.apply_reply(reply, at + SECOND, POLICY)
+    assert record(order, "mail").process_state is StepState.PENDING
+    order.outbox.clear()
+
+    now = refuse(order, "ship", at + 2 * SECOND)
+    now = unwind_to_the_end(order, now)
+
+    assert status(order) is OrderStatus.COMPENSATED
+    assert undone(order) == ["refund"]
+    assert alerts(order) == []
+    assert record(order, "mail").continued
+
+
+def test_a_cancel_is_not_refused_for_a_step_that_may_fail_in_doubt() -> None:
+    """Its doubt may stand (``continue``), so a cancel undoes the charge around it; the
+    e-mail is not marked as gone past: the order did not go on."""
+    order = new("mail-beside-ship")
+    now = succeed(order, "charge", T0)
+    at = claim(order, "mail", now)
+    reply = report(order, "mail", Outcome.TRANSIENT, error="HTTP 500", applied="maybe")
+    order.apply_reply(reply, at + SECOND, POLICY)
+
+    order.cancel(at + 2 * SECOND, "ops", "the customer withdrew")  # not refused: doubt
+    unwind_to_the_end(order, at + 3 * SECOND)
+
+    assert status(order) is OrderStatus.CANCELLED
+    assert undone(order) == ["refund"]
+    mail = record(order, "mail")
+    assert not mail.continued, "a cancelled order did not go on past it"

@@ -280,10 +280,23 @@ def test_a_python_agent_can_be_replaced_by_an_answer_or_a_function() -> None:
             raise NotApplied("the desk is closed")
         return {"condition": "fine"}
 
-    run = returns(inspect=runs(inspect))
+    run = run_workflow(
+        "returns",
+        ORDER,
+        {**RETURNS, "inspect": runs(inspect)},
+        declarations=FLOWS,
+        settings={"STEP_TIMEOUT_SECONDS": "45"},
+    )
     assert run.status == "completed"
     assert [s["attempt"] for s in seen] == [1, 2]
     assert {s["idempotency_key"] for s in seen} == {"order-1:inspect"}
+
+    # the deadline a handler is given is its step's (STEP_TIMEOUT_SECONDS after its
+    # attempt began), as its agent gives it
+    calls = [c for c in run.calls if c.step == "inspect"]
+    assert [s["deadline"] - c.at for s, c in zip(seen, calls, strict=True)] == [
+        timedelta(seconds=45)
+    ] * 2
 
     def refuses(order: dict[str, Any], **call: Any) -> None:
         raise Refused("no inspector today")
