@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -50,9 +50,9 @@ from core.patches import InvalidPatch
 from core.states import StepKind, StepState
 from scheduler.service import Handled
 from stores.memory import InMemoryStateStore
+from testkit.fakes import RecordingKeeper, RecordingQueues, RecordingTransport
 from tests.model.vocabulary import Answer, AnswerKind, OrderSnap, ReplyKind, Req, StepSnap
 from tests.support import FakeClock, settings_from
-from tests.unit.test_services_in_memory import RecordingKeeper, RecordingTransport
 
 T0 = datetime(2026, 11, 22, 10, 0, tzinfo=UTC)
 #: STEP_TIMEOUT_SECONDS: every task's (and compensation's) deadline after its claim.
@@ -79,36 +79,6 @@ EXPECTED = (
     TransitionRefused,
     Forbidden,
 )
-
-
-@dataclass(frozen=True)
-class _Sent:
-    queue: str
-    body: str
-    at: datetime
-    delay_seconds: float
-
-
-class _Queues:
-    """``QueueSender``: keeps every message with the time it was sent."""
-
-    def __init__(self, clock: Callable[[], datetime]) -> None:
-        self._clock = clock
-        self.sent: list[_Sent] = []
-
-    def send(
-        self,
-        queue: str,
-        body: str,
-        *,
-        delay_seconds: float = 0,
-        ttl_seconds: int | None = None,
-        create: bool = True,
-    ) -> None:
-        self.sent.append(_Sent(queue, body, self._clock(), delay_seconds))
-
-    def exists(self, queue: str) -> bool:
-        return True
 
 
 class _StoreTap:
@@ -146,7 +116,7 @@ class World:
         self.clock = FakeClock(T0)
         self.store = InMemoryStateStore()
         self._tap = _StoreTap(self.store)
-        self._queues = _Queues(self.clock)
+        self._queues = RecordingQueues(self.clock)
         self._transport = RecordingTransport()  # the model plays every agent
         self._declarations = declarations
         self._app = self._context("scheduler-1", self.clock)
@@ -313,18 +283,16 @@ class World:
         return [
             (n, json.loads(m.body)["orderId"])
             for n, m in enumerate(self._queues.sent)
-            if m.queue == queue
-            and n not in self._delivered
-            and m.at + timedelta(seconds=m.delay_seconds) <= now
+            if m.queue == queue and n not in self._delivered and m.due is not None and m.due <= now
         ]
 
     def next_wakeup(self) -> datetime | None:
         """When the earliest ``order-dispatch`` message not delivered yet becomes due."""
         queue = self._app.names.order_dispatch
         times = [
-            m.at + timedelta(seconds=m.delay_seconds)
+            m.due
             for n, m in enumerate(self._queues.sent)
-            if m.queue == queue and n not in self._delivered
+            if m.queue == queue and n not in self._delivered and m.due is not None
         ]
         return min(times) if times else None
 
