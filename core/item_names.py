@@ -1,0 +1,38 @@
+"""The names of a ``ForEach``'s records (docs/contracts.md §3.16): item ``i`` of ``name`` is
+the record ``<name>[<i>]`` (its compensation's, ``<undo>[<i>]``); a plan names the step
+every item runs ``<name>[]``. And the bounds of a ``ForEach``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+#: The most items a ``ForEach`` runs (docs/contracts.md §3.16): an ``items`` that gives more
+#: fails its step for good, not applied, saying how many.
+MAX_ITEMS: Final = 100
+#: The most items of one ``ForEach`` in flight at once: every record that changes together
+#: (a halt, a cancel) is one operation of the order's one Table transaction (at most 100).
+MAX_ITEM_CONCURRENCY: Final = 40
+#: An item's record name, ``<name>[<i>]``; a template's (in a plan) is ``<name>[]``.
+ITEM_NAME: Final = re.compile(r"(?P<base>[a-z0-9]+(?:-[a-z0-9]+)*)\[(?P<index>0|[1-9][0-9]?)?\]")
+
+
+def item_name(name: str, index: int) -> str:
+    """The record name of item ``index`` of the ``ForEach`` (or compensation) ``name``."""
+    return f"{name}[{index}]"
+
+
+def template_of(step: str) -> str:
+    """The name a plan gives the step a record of an item belongs to (``<name>[]``);
+    ``step`` itself for any other record."""
+    found = ITEM_NAME.fullmatch(step)
+    return f"{found['base']}[]" if found else step
+
+
+def item_of(step: str) -> tuple[str, int] | None:
+    """``(name, index)`` of an item's record name ``<name>[<i>]``; None for another name."""
+    found = ITEM_NAME.fullmatch(step)
+    if found is None or found["index"] is None:
+        return None
+    return found["base"], int(found["index"])
