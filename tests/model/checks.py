@@ -24,6 +24,19 @@ requests and status messages it sent), returning the violations it finds.
 - I8 (``requested``): nothing is undone while a step declared ``on_failure="hold"`` has
   failed, until an operator cancels (3.17).
 
+A ``ForEach``'s items are steps like any other to every check above (``Flow.tasks`` lists
+each, ``<name>[<i>]``), and it adds its own (3.16):
+
+- I5 (``requested``): an item's key is ``<orderId>:<name>:<i>`` (``:<round>`` after it for
+  a new run), its compensation's ``<orderId>:<undo>:<i>``: one key per item.
+- I9 (``in_flight``): never more than ``max_concurrency`` items of one ``ForEach`` in
+  flight (an attempt claimed and not ended) at once.
+- I10 (``started_after_halt``): no item is started (its first record) once its group has
+  halted: a sibling failed for good (and the workflow does not go on past it), or a
+  cancel.
+- I11 (``listed``): once the order completed, ``ctx.results[name]`` is the list of the
+  items' results in item order (``None`` for one skipped or gone past).
+
 A task declared ``on_failure="continue"`` may stand, in doubt or applied unbeknown, as
 one declared ``may_stand`` would (3.17): I1 passes over it, and I3 unless the engine
 knows it applied.
@@ -31,10 +44,12 @@ knows it applied.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
 
+from core.item_names import item_name, item_of
 from tests.model.flows import Flow
 from tests.model.signatures import Finding
 from tests.model.truth import Call, Effect, Ledger
@@ -85,6 +100,7 @@ def requested(
                     )
                 )
         return out
+    out += _item_key(req.order_id, req.step, req.key, req.key_round)
     for effect in ledger.effects_of(req.step):
         if effect.key_round >= req.key_round:
             continue
@@ -100,6 +116,117 @@ def requested(
                 )
             )
     return out
+
+
+def _item_key(order_id: str, step: str, key: str, key_round: int) -> list[Finding]:
+    """I5 for an item of a ``ForEach`` (or its compensation): its own key."""
+    found = item_of(step)
+    if found is None:
+        return []
+    name, index = found
+    want = f"{order_id}:{name}:{index}" + (f":{key_round}" if key_round > 1 else "")
+    if key == want:
+        return []
+    return [
+        Finding(
+            "I5-item-key",
+            f"{step} (run {key_round}) requested under {key}; its key is {want}",
+        )
+    ]
+
+
+def in_flight(flow: Flow, snap: OrderSnap) -> list[Finding]:
+    """I9: at most ``cap`` items of each ``ForEach`` have an attempt in flight."""
+    out: list[Finding] = []
+    for each in flow.items():
+        running = [
+            step.name
+            for i in range(each.count)
+            if (step := snap.step(item_name(each.name, i))) is not None and step.in_flight
+        ]
+        if len(running) > each.cap:
+            out.append(
+                Finding(
+                    "I9-items-over-cap",
+                    f"{len(running)} items of {each.name} in flight ({', '.join(running)}); "
+                    f"its max_concurrency is {each.cap}",
+                )
+            )
+    return out
+
+
+def started_after_halt(flow: Flow, before: OrderSnap | None, after: OrderSnap) -> list[Finding]:
+    """I10: a transition that leaves an item's group halted (a sibling failed for good and
+    the workflow does not go on past it, or a cancel) started no item of it."""
+    out: list[Finding] = []
+    for each in flow.items():
+        names = [item_name(each.name, i) for i in range(each.count)]
+        new = [
+            n for n in names if after.step(n) is not None and (before is None or not before.step(n))
+        ]
+        if not new:
+            continue
+        failed = [
+            n
+            for n in names
+            if (step := after.step(n)) is not None
+            and step.action
+            and step.state == "error"
+            and not step.continued
+        ]
+        if after.cancel_requested or failed:
+            why = f"{', '.join(failed)} failed for good" if failed else "a cancel"
+            out.append(
+                Finding(
+                    "I10-item-after-halt",
+                    f"{', '.join(new)} started while {each.name} halted ({why})",
+                    "failed" if failed else "cancel",
+                )
+            )
+    return out
+
+
+def listed(flow: Flow, snap: OrderSnap, results: dict[str, Any]) -> list[Finding]:
+    """I11, on a completed order: ``ctx.results[name]`` of each ``ForEach`` is a list of
+    one result per item in item order (each the result of that item's own call: the model's
+    agents answer ``{"ref": <its key>}``), ``None`` for an item skipped or gone past."""
+    out: list[Finding] = []
+    for each in flow.items():
+        got = results.get(each.name)
+        want: list[str | None] = []
+        for i in range(each.count):
+            step = snap.step(item_name(each.name, i))
+            gone = i in each.skip or (step is not None and step.continued)
+            want.append(None if gone else f"{snap.order_id}:{each.name}:{i}")
+        if not isinstance(got, list) or len(got) != len(want):
+            out.append(
+                Finding(
+                    "I11-results-unlisted",
+                    f"the order completed and ctx.results[{each.name!r}] is {got!r:.200}; "
+                    f"{each.count} items",
+                )
+            )
+            continue
+        for i, (value, key) in enumerate(zip(got, want, strict=True)):
+            ref = value.get("ref") if isinstance(value, dict) else None
+            right = value is None if key is None else _of_key(ref, key)
+            if not right:
+                out.append(
+                    Finding(
+                        "I11-results-unlisted",
+                        f"ctx.results[{each.name!r}][{i}] is {value!r:.200}; the result of "
+                        f"{key or 'nothing (skipped or gone past)'} was expected",
+                    )
+                )
+                break
+    return out
+
+
+def _of_key(ref: object, key: str) -> bool:
+    """``ref`` is ``key``, or ``key`` in a later run (``<key>:<round>``)."""
+    return isinstance(ref, str) and (
+        ref == key or re.fullmatch(re.escape(key) + r":\d+", ref) is not None
+    )
 
 
 def _known(step: str, snap: OrderSnap) -> bool:

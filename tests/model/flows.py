@@ -3,8 +3,9 @@
 A ``Flow`` is what the model generates and Hypothesis prints: a line of elements, each a
 ``Task`` (a ``StepSpec``: with or without a compensation, answered by a callback
 ``completes_on`` or not, its ``input`` reading an earlier step's result, a ``when``), a
-``Wait`` (an ``Event``), a ``Sleep`` (a ``Delay``) or a ``Group`` (a ``Parallel`` of 2-4
-of those). Each spec's ``repr`` is the Python that builds it, so a printed failing
+``Wait`` (an ``Event``), a ``Sleep`` (a ``Delay``), a ``Group`` (a ``Parallel`` of 2-4
+of those) or an ``Items`` (a ``ForEach`` over 0-8 items the order's data gives, 1-4 in
+flight, its ``when`` skipping some; each item a task of its own to the model, ``<name>[<i>]``). Each spec's ``repr`` is the Python that builds it, so a printed failing
 sequence can be run again (``python -m tests.model --replay FILE``).
 
 ``declarations(flow)`` turns a flow into a declarations module (``AGENTS``,
@@ -26,12 +27,14 @@ from typing import Any, Literal
 from hypothesis import strategies as st
 
 from core import workflows
+from core.item_names import item_name
 from core.workflows import (
     Agent,
     Compensation,
     Context,
     Delay,
     Event,
+    ForEach,
     Parallel,
     StepSpec,
     Workflow,
@@ -142,7 +145,59 @@ class Group(_Printed):
         return f"Group({', '.join(map(repr, self.members))})"
 
 
-Element = Leaf | Group
+@dataclass(frozen=True, repr=False)
+class Items(_Printed):
+    """A ``ForEach`` over ``count`` items (the order's field ``<name>`` lists them), at most
+    ``cap`` in flight; its step has a compensation ``undo-<name>`` (``comp``), reads an
+    earlier step's result (``reads``), skips the items at ``skip`` (a ``when``, declared
+    only if some are skipped) and fails as ``fails`` says. To the model each item is a
+    ``Task`` named ``<name>[<i>]`` (``tasks``), its compensation ``undo-<name>[<i>]``."""
+
+    name: str
+    count: int = 3
+    cap: int = 2
+    comp: bool = False
+    reads: str | None = None
+    skip: tuple[int, ...] = ()
+    fails: Fails = "unwind"
+
+    def __repr__(self) -> str:
+        return (
+            "Items("
+            + _args(
+                repr(self.name),
+                f"count={self.count}",
+                f"cap={self.cap}",
+                "comp=True" if self.comp else None,
+                f"reads={self.reads!r}" if self.reads else None,
+                f"skip={self.skip!r}" if self.skip else None,
+                f"fails={self.fails!r}" if self.fails != "unwind" else None,
+            )
+            + ")"
+        )
+
+    @property
+    def undo(self) -> str | None:
+        return f"undo-{self.name}" if self.comp else None
+
+    def data(self) -> list[dict[str, Any]]:
+        """The order's field ``<name>``: what ``items`` returns."""
+        return [{"n": i, "skip": i in self.skip} for i in range(self.count)]
+
+    def tasks(self) -> list[Task]:
+        """Each item as the model sees it: a task of its own, skipped ones too (they are
+        never requested)."""
+        return [
+            Task(item_name(self.name, i), comp=self.comp, fails=self.fails)
+            for i in range(self.count)
+        ]
+
+    def runs(self) -> list[int]:
+        """The indexes of the items its ``when`` does not skip."""
+        return [i for i in range(self.count) if i not in self.skip]
+
+
+Element = Leaf | Group | Items
 
 
 @dataclass(frozen=True, repr=False, init=False)
@@ -161,13 +216,29 @@ class Flow(_Printed):
         return f"Flow({inner}{'' if self.flag else ', flag=False'})"
 
     def leaves(self) -> list[Leaf]:
+        """Its steps but the ``ForEach``'s (``items``)."""
         out: list[Leaf] = []
         for element in self.elements:
-            out += list(element.members) if isinstance(element, Group) else [element]
+            if isinstance(element, Group):
+                out += list(element.members)
+            elif not isinstance(element, Items):
+                out.append(element)
         return out
 
+    def items(self) -> list[Items]:
+        """Its ``ForEach`` elements."""
+        return [e for e in self.elements if isinstance(e, Items)]
+
     def tasks(self) -> list[Task]:
-        return [leaf for leaf in self.leaves() if isinstance(leaf, Task)]
+        """Its remote calls: each task, and each item of each ``ForEach``."""
+        out = [leaf for leaf in self.leaves() if isinstance(leaf, Task)]
+        for each in self.items():
+            out += each.tasks()
+        return out
+
+    def order_data(self) -> dict[str, Any]:
+        """The order's data: its ``flag``, and each ``ForEach``'s items."""
+        return {"flag": self.flag, "note": 0, **{e.name: e.data() for e in self.items()}}
 
     def task(self, name: str) -> Task | None:
         return next((t for t in self.tasks() if t.name == name), None)
@@ -206,6 +277,46 @@ def _undo_input(name: str) -> Any:
     return undo
 
 
+def _item_input(each: Items) -> Any:
+    def read(ctx: Context) -> dict[str, Any]:
+        got = ctx.results.get(each.reads, {}) if each.reads else None
+        return {"item": ctx.item, "index": ctx.index, "got": got}
+
+    return read
+
+
+def _not_skipped(ctx: Context) -> bool:
+    return not ctx.item["skip"]
+
+
+def _items_of(name: str) -> Any:
+    def items(ctx: Context) -> Any:
+        return ctx.order[name]
+
+    return items
+
+
+def _item_undo_input(name: str) -> Any:
+    def undo(ctx: Context) -> dict[str, Any]:
+        own = item_name(name, ctx.index or 0)
+        return {"undo": own, "result": ctx.results.get(own, {})}
+
+    return undo
+
+
+def _for_each(each: Items) -> ForEach:
+    undo = each.undo
+    step = StepSpec(
+        f"{each.name}-item",
+        agent=AGENT,
+        input=_item_input(each),
+        when=_not_skipped if each.skip else None,
+        compensation=Compensation(undo, input=_item_undo_input(each.name)) if undo else None,
+        on_failure=each.fails,
+    )
+    return ForEach(each.name, items=_items_of(each.name), step=step, max_concurrency=each.cap)
+
+
 def _leaf(leaf: Leaf) -> StepSpec | Event | Delay:
     if isinstance(leaf, Wait):
         return Event(leaf.name, timeout_seconds=leaf.timeout, when=_when_fn(leaf.when))
@@ -224,10 +335,12 @@ def _leaf(leaf: Leaf) -> StepSpec | Event | Delay:
 
 
 def workflow_of(flow: Flow) -> Workflow:
-    steps: list[StepSpec | Event | Delay | Parallel] = []
+    steps: list[StepSpec | Event | Delay | Parallel | ForEach] = []
     for element in flow.elements:
         if isinstance(element, Group):
             steps.append(Parallel(*(_leaf(m) for m in element.members)))
+        elif isinstance(element, Items):
+            steps.append(_for_each(element))
         else:
             steps.append(_leaf(element))
     return Workflow(WORKFLOW, tuple(steps))
@@ -265,11 +378,16 @@ def installed(flow: Flow) -> Iterator[str]:
 # --- the strategy --------------------------------------------------------------------------
 
 _WHEN: st.SearchStrategy[When] = st.sampled_from([None, None, None, None, None, "flag", "never"])
+#: A ``ForEach``'s items: 0-8, mostly a few (an empty list, and more than its cap, both come).
+_COUNT = st.sampled_from([0, 1, 2, 2, 3, 3, 4, 5, 8])
+#: Whether its ``when`` skips an item: one in five (and most ``ForEach`` skip none).
+_SKIPPED = st.sampled_from([False, False, False, False, False, False, False, False, False, True])
 
 
 @st.composite
 def flows(draw: st.DrawFn) -> Flow:
-    """A small workflow: 1-4 elements (mostly 2-3); groups of 2-4 (mostly 2)."""
+    """A small workflow: 1-4 elements (mostly 2-3); groups of 2-4 (mostly 2); one element
+    in five a ``ForEach``."""
     count = draw(st.sampled_from([2, 2, 2, 3, 3, 3, 1, 4]))
     names = iter(range(1, 100))
     done: list[str] = []  # tasks of earlier elements (what an input may read)
@@ -292,9 +410,27 @@ def flows(draw: st.DrawFn) -> Flow:
             fails=draw(st.sampled_from(["unwind", "unwind", "hold", "continue"])),
         )
 
+    def each() -> Items:
+        n = next(names)
+        size = draw(_COUNT)
+        return Items(
+            f"f{n}",
+            count=size,
+            cap=draw(st.integers(min_value=1, max_value=4)),
+            comp=draw(st.sampled_from([True, True, False])),
+            reads=draw(st.sampled_from([None, None, *done[-1:]])) if done else None,
+            skip=tuple(i for i in range(size) if draw(_SKIPPED)),
+            fails=draw(st.sampled_from(["unwind", "unwind", "hold", "continue"])),
+        )
+
     elements: list[Element] = []
     for _ in range(count):
-        if draw(st.sampled_from([False, True])):
+        shape = draw(st.sampled_from(["leaf", "leaf", "group", "group", "items"]))
+        if shape == "items":
+            many = each()
+            elements.append(many)
+            done.append(many.name)
+        elif shape == "group":
             size = draw(st.sampled_from([2, 2, 2, 3, 4]))
             group = Group(*(leaf() for _ in range(size)))
             elements.append(group)

@@ -1,6 +1,7 @@
 """The model: a Hypothesis rule-based state machine that generates a workflow, submits one
 order of it, and plays everything the world can do to that order, checking contract
-3.15's invariants I1-I7 (and 3.17's I8) after every transition.
+3.15's invariants I1-I7 (3.17's I8, and 3.16's I9-I11 for a ``ForEach``) after every
+transition.
 
 Rules are what the world can do, every one through the adapter (``tests.model.world``):
 an agent's report of any request ever sent (success, refused, refused after the service
@@ -145,7 +146,7 @@ class EngineModel(RuleBasedStateMachine):
         self.flow = flow
         self.ledger = Ledger(flow)
         self._world = World(self._declared.enter_context(installed(flow)))
-        data = {"flag": flow.flag, "note": 0}
+        data = flow.order_data()
         self._after("start", self.world.submit(ORDER, WORKFLOW, data), leaves_error=True)
 
     def close(self) -> None:
@@ -341,7 +342,7 @@ class EngineModel(RuleBasedStateMachine):
 
     @invariant()
     def i5_one_effect_one_key(self) -> None:
-        self._raise("I5-second-key")
+        self._raise("I5-second-key", "I5-item-key")
 
     @invariant()
     def i6_always_looked_at_again(self) -> None:
@@ -356,6 +357,18 @@ class EngineModel(RuleBasedStateMachine):
     @invariant()
     def i8_a_held_failure_waits_for_an_operator(self) -> None:
         self._raise("I8-hold-unwound")
+
+    @invariant()
+    def i9_items_in_flight_within_the_cap(self) -> None:
+        self._raise("I9-items-over-cap")
+
+    @invariant()
+    def i10_no_item_started_after_a_halt(self) -> None:
+        self._raise("I10-item-after-halt")
+
+    @invariant()
+    def i11_items_results_listed_in_order(self) -> None:
+        self._raise("I11-results-unlisted")
 
     @invariant()
     def no_unexpected_exception_and_nothing_lost(self) -> None:
@@ -466,7 +479,21 @@ class EngineModel(RuleBasedStateMachine):
         if after is not None:
             alerted = self.n_alerts > self.episode_alerts
             self._report(checks.standing(self.flow, self.ledger, after, alerted))
+            self._items(before, after)
         return after
+
+    def _items(self, before: OrderSnap | None, after: OrderSnap) -> None:
+        """The checks a ``ForEach`` adds (3.16): its cap, no item after a halt, and its
+        results listed once the order completed."""
+        flow = self.flow
+        if not flow.items():
+            return
+        self._report(checks.in_flight(flow, after))
+        self._report(checks.started_after_halt(flow, before, after))
+        completed = after.status == "completed"
+        if completed and (before is None or before.status != "completed"):
+            results = self.world.results(ORDER) or {}
+            self._report(checks.listed(flow, after, results))
 
     # --- raising -------------------------------------------------------------------------
 

@@ -30,6 +30,8 @@ SIGNATURES: Final = {
     "I4-operator-alert": "an operator action by itself raised an alert",
     "I5-second-key": "a step was requested under a new key while an earlier key of it "
     "applied or may still apply",
+    "I5-item-key": "an item of a ForEach (or its compensation) was requested under a key "
+    "other than its own, <orderId>:<name>:<i>",
     "I6-no-next-look": "an unfinished order has nothing that will look at it again",
     "I7-status-sequence": "the status messages of one transition repeat a status (one "
     "message per transition, no flapping)",
@@ -38,6 +40,14 @@ SIGNATURES: Final = {
     "(a deferral, a timer)",
     "I7-kept-unreachable": "an event was answered kept although its step had started or the "
     "order can no longer reach it",
+    "I8-hold-unwound": 'something was undone while a step declared on_failure="hold" had '
+    "failed and no operator had cancelled",
+    "I9-items-over-cap": "more items of one ForEach were in flight at once than its "
+    "max_concurrency",
+    "I10-item-after-halt": "an item of a ForEach was started after its group halted (a sibling "
+    "failed for good, or a cancel)",
+    "I11-results-unlisted": "the order completed and ctx.results[<ForEach>] is not the list of "
+    "its items' results in item order",
     "RELOAD-lost": "the order loaded from the store differs from the order as saved",
     "LIVENESS": "with the world calm the order did not reach a terminal status",
     "EXC": "an exception the API does not map to a 4xx escaped a service (EXC@<where>:<type>)",

@@ -79,6 +79,8 @@ class StepSnap:
     in_doubt: bool
     #: it failed for good and the workflow went on past it (``on_failure="continue"``)
     continued: bool = False
+    #: an attempt of it was claimed and has not ended (its call may be running)
+    in_flight: bool = False
 
     @property
     def active(self) -> bool:

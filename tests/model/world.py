@@ -320,6 +320,12 @@ class World:
         """The order as it was last saved (None: never stored)."""
         return self._tap.snaps.get(order_id)
 
+    def results(self, order_id: str) -> dict[str, Any] | None:
+        """``ctx.results`` as a step of the stored order would see it now (None: no order):
+        a ``ForEach``'s is the list of its items' results."""
+        order = self.store.load(order_id)
+        return dict(order.context().results) if order is not None else None
+
     def reload_differences(self, order_id: str) -> list[str]:
         """What a load from the store reads differently from the order as it was saved
         (the store serializes every save as Table entities: this checks the codec)."""
@@ -357,6 +363,7 @@ def snapshot_of(order: Order) -> OrderSnap:
                 accepted=any(a.accepted for a in record.attempts.items),
                 in_doubt=record.may_have_applied,
                 continued=record.continued,
+                in_flight=record.is_active and any(a.in_flight for a in record.attempts.items),
             )
         )
     return OrderSnap(order.order_id, str(order.status), order.cancel_requested, tuple(steps))
