@@ -155,35 +155,52 @@ def in_flight(flow: Flow, snap: OrderSnap) -> list[Finding]:
     return out
 
 
-def started_after_halt(flow: Flow, before: OrderSnap | None, after: OrderSnap) -> list[Finding]:
+def started_after_halt(
+    flow: Flow, before: OrderSnap | None, after: OrderSnap, requested: list[str]
+) -> list[Finding]:
     """I10: a transition that leaves an item's group halted (a sibling failed for good and
-    the workflow does not go on past it, or a cancel) started no item of it."""
+    the workflow does not go on past it, or a cancel) started no item of it (its first
+    record); one that found it halted already requested no attempt of any of its items
+    (``requested``: the steps this transition sent requests for)."""
     out: list[Finding] = []
     for each in flow.items():
         names = [item_name(each.name, i) for i in range(each.count)]
-        new = [
-            n for n in names if after.step(n) is not None and (before is None or not before.step(n))
-        ]
-        if not new:
+        why = _halted(names, after)
+        if why is None:
             continue
-        failed = [
-            n
-            for n in names
-            if (step := after.step(n)) is not None
-            and step.action
-            and step.state == "error"
-            and not step.continued
-        ]
-        if after.cancel_requested or failed:
-            why = f"{', '.join(failed)} failed for good" if failed else "a cancel"
+        new = [n for n in names if after.step(n) and (before is None or not before.step(n))]
+        again = [n for n in names if n in requested and n not in new]
+        if new:
             out.append(
                 Finding(
                     "I10-item-after-halt",
                     f"{', '.join(new)} started while {each.name} halted ({why})",
-                    "failed" if failed else "cancel",
+                    "cancel" if why == "a cancel" else "failed",
+                )
+            )
+        if again and before is not None and _halted(names, before) is not None:
+            out.append(
+                Finding(
+                    "I10-item-after-halt",
+                    f"{', '.join(again)} requested again while {each.name} halted ({why})",
+                    "retried",
                 )
             )
     return out
+
+
+def _halted(names: list[str], snap: OrderSnap) -> str | None:
+    """Why the group of the items ``names`` (a ``ForEach``, alone in its group) halted: a
+    cancel, or an item failed for good that the workflow does not go on past; None if it
+    did not."""
+    failed = [
+        n
+        for n in names
+        if (step := snap.step(n)) is not None and step.state == "error" and not step.continued
+    ]
+    if failed:
+        return f"{', '.join(failed)} failed for good"
+    return "a cancel" if snap.cancel_requested else None
 
 
 def listed(flow: Flow, snap: OrderSnap, results: dict[str, Any]) -> list[Finding]:

@@ -457,7 +457,9 @@ class EngineModel(RuleBasedStateMachine):
         before = self.snap
         after = world.snapshot(ORDER)
         now = world.now()
+        requested: list[str] = []
         for req in world.requests()[len(self.ledger.calls) :]:
+            requested.append(req.step)
             call = self.ledger.add(req)
             self._report(
                 checks.requested(
@@ -479,17 +481,17 @@ class EngineModel(RuleBasedStateMachine):
         if after is not None:
             alerted = self.n_alerts > self.episode_alerts
             self._report(checks.standing(self.flow, self.ledger, after, alerted))
-            self._items(before, after)
+            self._items(before, after, requested)
         return after
 
-    def _items(self, before: OrderSnap | None, after: OrderSnap) -> None:
+    def _items(self, before: OrderSnap | None, after: OrderSnap, requested: list[str]) -> None:
         """The checks a ``ForEach`` adds (3.16): its cap, no item after a halt, and its
         results listed once the order completed."""
         flow = self.flow
         if not flow.items():
             return
         self._report(checks.in_flight(flow, after))
-        self._report(checks.started_after_halt(flow, before, after))
+        self._report(checks.started_after_halt(flow, before, after, requested))
         completed = after.status == "completed"
         if completed and (before is None or before.status != "completed"):
             results = self.world.results(ORDER) or {}

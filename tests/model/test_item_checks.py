@@ -142,12 +142,12 @@ def test_no_item_is_started_once_a_sibling_failed_for_good_or_a_cancel() -> None
     started = snap(
         step("f1[0]", "error", in_flight=False), step("f1[1]", "processed"), step("f1[3]")
     )
-    assert checks.started_after_halt(FLOW, before, failed) == []
-    assert signatures_of(checks.started_after_halt(FLOW, before, started)) == [
+    assert checks.started_after_halt(FLOW, before, failed, []) == []
+    assert signatures_of(checks.started_after_halt(FLOW, before, started, ["f1[3]"])) == [
         "I10-item-after-halt@failed"
     ]
     cancelled = snap(step("f1[0]"), step("f1[1]", "processed"), step("f1[3]"), cancel=True)
-    assert signatures_of(checks.started_after_halt(FLOW, before, cancelled)) == [
+    assert signatures_of(checks.started_after_halt(FLOW, before, cancelled, [])) == [
         "I10-item-after-halt@cancel"
     ]
     # a sibling gone past (on_failure="continue") halts nothing
@@ -156,7 +156,21 @@ def test_no_item_is_started_once_a_sibling_failed_for_good_or_a_cancel() -> None
         step("f1[1]", "processed"),
         step("f1[3]"),
     )
-    assert checks.started_after_halt(FLOW, before, went_on) == []
+    assert checks.started_after_halt(FLOW, before, went_on, []) == []
+
+
+def test_no_item_is_requested_again_while_its_group_stays_halted() -> None:
+    halted = snap(step("f1[0]", "error", in_flight=False), step("f1[1]", "pending"))
+    retried = snap(step("f1[0]", "error", in_flight=False), step("f1[1]"))
+    assert signatures_of(checks.started_after_halt(FLOW, halted, retried, ["f1[1]"])) == [
+        "I10-item-after-halt@retried"
+    ]
+    # resubmitted: the group goes on, and its items are requested again
+    resubmitted = snap(step("f1[0]"), step("f1[1]"))
+    assert checks.started_after_halt(FLOW, halted, resubmitted, ["f1[0]", "f1[1]"]) == []
+    # the request that halts nothing, and the one of the item that failed, in one transition
+    running = snap(step("f1[0]"), step("f1[1]", "pending"))
+    assert checks.started_after_halt(FLOW, running, halted, ["f1[0]"]) == []
 
 
 # --- I11: the results, in item order ---------------------------------------------------------
