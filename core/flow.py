@@ -317,6 +317,8 @@ class Workflow:
     #: what they may be and what a search matches
     search: tuple[str, ...] = ()
     declared_at: str = field(default_factory=declared_at, compare=False)
+    #: at most ``limit`` orders of one key running at once (docs/contracts.md §3.16)
+    concurrency: Concurrency | None = None
 
     def __post_init__(self) -> None:
         where = f"{self.declared_at}: workflow {self.name!r}"
@@ -362,6 +364,10 @@ class Workflow:
                     f"{where}: completes_on={name!r} must name an event of its own (not a "
                     "step, an Event or another step's completes_on)"
                 )
+        if self.concurrency is not None and not isinstance(self.concurrency, Concurrency):
+            raise DeclarationError(
+                f"{where}: concurrency={self.concurrency!r}; it is Concurrency(key=fn, limit=n)"
+            )
 
     def leaves(self) -> Iterator[tuple[Leaf, int]]:
         """Every step (not Parallel) with the index of the element it belongs to: steps of
@@ -462,6 +468,7 @@ class Workflow:
             "steps": steps,
             "events": list(self.event_names()),
             "search": describe_search(self.search),
+            **({"concurrency": self.concurrency.describe()} if self.concurrency else {}),
         }
 
 
@@ -469,3 +476,41 @@ def _name_of(fn: object) -> str:
     module = getattr(fn, "__module__", "") or ""
     name = getattr(fn, "__qualname__", None) or repr(fn)
     return f"{module}.{name}" if module else str(name)
+
+
+#: The most orders of one key that may run at once (``Concurrency.limit``).
+MAX_TURN_LIMIT: Final = 1000
+
+
+@dataclass(frozen=True)
+class Concurrency:
+    """At most ``limit`` orders of the workflow with the same key run at once, across
+    every instance (docs/contracts.md §3.16); the others wait, in order of acceptance.
+    ``key(ctx)`` is called once, at acceptance (``ctx.results`` is empty): a string of
+    1-256 characters, or None (no limit for that order). ``hold_on_error``: an order in
+    ``error`` keeps its slot until an operator resubmits or cancels it (default: it frees
+    the slot, and a resubmit takes one again)."""
+
+    key: Fn
+    limit: int = 1
+    hold_on_error: bool = False
+    declared_at: str = field(default_factory=declared_at, compare=False)
+
+    def __post_init__(self) -> None:
+        at = f"{self.declared_at}: Concurrency"
+        if self.key is None:
+            raise DeclarationError(f"{at} needs key=fn, a function of the order's context")
+        _check_function(self.key, "key", at)
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
+            raise DeclarationError(f"{at}: limit={self.limit!r}; a whole number of orders")
+        if not 1 <= self.limit <= MAX_TURN_LIMIT:
+            raise DeclarationError(
+                f"{at}: limit={self.limit}; it must be 1-{MAX_TURN_LIMIT} orders of one key at once"
+            )
+        if not isinstance(self.hold_on_error, bool):
+            raise DeclarationError(
+                f"{at}: hold_on_error is True or False, got {self.hold_on_error!r}"
+            )
+
+    def describe(self) -> dict[str, Any]:
+        return {"key": _name_of(self.key), "limit": self.limit, "holdOnError": self.hold_on_error}

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.flow import ON_FAILURE, Delay, Event, OnFailure, StepKindName, StepSpec, Workflow
+from core.turns import TurnRule
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,9 @@ class Plan:
     #: are the ones its plan implies, whatever a redeploy declares (a plan stored before
     #: search has none)
     search: tuple[str, ...] = ()
+    #: its workflow's per-key concurrency (docs/contracts.md §3.16): the limit and
+    #: ``hold_on_error`` the order's slot keeps to (None: no limit)
+    concurrency: TurnRule | None = None
 
     @classmethod
     def of(cls, workflow: Workflow, default_timeout_seconds: int) -> Plan:
@@ -208,7 +212,8 @@ class Plan:
                         uses=leaf.functions(),
                     )
                 )
-        return cls(workflow.name, tuple(planned), tuple(workflow.search))
+        turns = TurnRule.of(workflow.concurrency) if workflow.concurrency else None
+        return cls(workflow.name, tuple(planned), tuple(workflow.search), turns)
 
     @property
     def compensates(self) -> bool:
@@ -267,6 +272,8 @@ class Plan:
         }
         if self.search:
             out["search"] = list(self.search)
+        if self.concurrency is not None:
+            out["concurrency"] = self.concurrency.to_json()
         return out
 
     @classmethod
@@ -286,4 +293,5 @@ class Plan:
                 PlannedStep.from_json(s, workflow, n, agent_of) for n, s in enumerate(raw["steps"])
             ),
             tuple(str(f) for f in raw.get("search", ())),
+            TurnRule.from_json(raw.get("concurrency")),
         )
