@@ -11,14 +11,23 @@ from typing import Any
 
 import pytest
 
+from admin.query import parse_filter
 from core.errors import ConcurrencyConflict, TransitionRefused
 from core.flow import MAX_TURN_LIMIT
 from core.model import Order
 from core.outcome import Outcome
+from core.ports import ListFilter
 from core.states import OrderStatus
 from core.turn_keeper import FRESH, MISSING_GRACE, TurnKeeper
 from core.turns import Slot, TurnRule, key_of, settle, waits
-from core.workflows import Concurrency, DeclarationError, Plan, StepSpec, Workflow
+from core.workflows import (
+    Concurrency,
+    DeclarationError,
+    Plan,
+    StepSpec,
+    Workflow,
+    search_fields,
+)
 from scheduler.service import Handled
 from stores.memory import InMemoryStateStore
 from tests.support import declarations
@@ -413,3 +422,22 @@ def test_an_order_without_a_key_is_not_released() -> None:
     order.plan = Plan("w")
     keeper = TurnKeeper(InMemoryStateStore(), print, lambda: T0, lambda _: None)
     assert keeper.release(order) is None and keeper.view(order) is None
+
+
+# --- search by key (§3.14) --------------------------------------------------------------------
+
+
+def test_operators_find_the_orders_of_a_key(s: Services) -> None:
+    for n in (1, 2):
+        send(s, f"a-{n}", account="acme")
+        s.clock.advance(1)
+    send(s, "b-1", account="globex")
+    send(s, "n-1")  # no key
+
+    assert "serial" in search_fields()["turn"]
+    where = parse_filter({"turn": "acme"})
+    assert where == ListFilter(None, search=("turn", "acme"))
+    page = s.admin.page(where, 50, None)
+    assert [o["orderId"] for o in page["orders"]] == ["a-2", "a-1"]  # newest first
+    waiting = parse_filter({"turn": "acme", "status": "pending"})
+    assert [o["orderId"] for o in s.admin.page(waiting, 50, None)["orders"]] == ["a-2"]
