@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from admin.service import attempts_of
+from core import turns
 from core.history import Happened
 from core.model import CancelPreview, Order, StepRecord
 from core.plans import PlannedStep
@@ -341,6 +342,12 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         return "Every step succeeded."
     if status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
         return undo_summary(order)
+    if turns.waits(order):
+        return (
+            f"Waiting for its turn on key {turns.key_of(order)!r}: at most "
+            f"{order.plan.concurrency.limit if order.plan.concurrency else 1} order(s) of "
+            "this key run at once; it starts when one of them ends."
+        )
     if active is None:
         return f"The order is {status}; no step is active."
     waiting = _waits(order)
