@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 
+from core.turns import TurnRule
 from core.workflows import Plan, PlannedStep, StepSpec, Workflow
 
 
 def fingerprint(plan: Plan) -> str:
+    """The same for the same plan, whatever key each order took its turn by (§3.16)."""
+    rule = plan.concurrency
+    if rule is not None and rule.order_key:
+        plan = replace(plan, concurrency=replace(rule, order_key=""))
     text = json.dumps(plan.to_json(), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
@@ -70,6 +76,12 @@ def differences(plan: Plan, declared: Workflow | None) -> list[str]:
     common = [s.name for s, _ in leaves if s.name in planned]
     if common != [n for n in planned if n in common]:
         out.append("the steps are in another order")
+    then_turns = plan.concurrency.to_json() if plan.concurrency else None
+    if then_turns is not None:
+        then_turns.pop("orderKey", None)
+    now_turns = TurnRule.of(declared.concurrency).to_json() if declared.concurrency else None
+    if then_turns != now_turns:  # orders in flight keep their slot's rule (§3.16)
+        out.append(f"concurrency: {then_turns or 'none'} -> {now_turns or 'none'}")
     return out
 
 

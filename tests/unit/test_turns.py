@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from admin.plans import differences, fingerprint
 from admin.query import parse_filter
 from core.errors import ConcurrencyConflict, TransitionRefused
 from core.flow import MAX_TURN_LIMIT
@@ -441,3 +443,18 @@ def test_operators_find_the_orders_of_a_key(s: Services) -> None:
     assert [o["orderId"] for o in page["orders"]] == ["a-2", "a-1"]  # newest first
     waiting = parse_filter({"turn": "acme", "status": "pending"})
     assert [o["orderId"] for o in s.admin.page(waiting, 50, None)["orders"]] == ["a-2"]
+
+
+def test_the_deploy_guard_groups_plans_whatever_their_key_and_notes_a_new_rule() -> None:
+    flow = Workflow("w", (StepSpec("s"),), concurrency=Concurrency(one, limit=1))
+    plan = Plan.of(flow, 30)
+    rule = plan.concurrency
+    assert rule is not None
+    acme = replace(plan, concurrency=replace(rule, order_key="acme"))
+    globex = replace(plan, concurrency=replace(rule, order_key="globex"))
+
+    assert fingerprint(acme) == fingerprint(globex) == fingerprint(plan)
+    assert differences(acme, flow) == []
+    wider = Workflow("w", (StepSpec("s"),), concurrency=Concurrency(one, limit=5))
+    [note] = differences(acme, wider)
+    assert note.startswith("concurrency: ") and "'limit': 5" in note
