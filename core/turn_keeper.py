@@ -73,13 +73,15 @@ class TurnKeeper:
         self._store.add_waiter(workflow, key, order_id, self._clock())
         return self.settle(workflow, key, rule.limit, quiet=(order_id,))
 
-    def release(self, order: Order) -> Slot | None:
+    def release(self, order: Order, wake: Callable[[str], None] | None = None) -> Slot | None:
         """After a save: an order whose status frees its slot leaves it (or its line), and
-        the next take it. None: nothing to release."""
+        the next take it, each woken by ``wake`` (default: the keeper's, a message).
+        None: nothing to release."""
         rule = order.plan.concurrency
         if not turns.key_of(order) or rule is None or not rule.releases(order.status):
             return None
-        return self.settle(order.workflow, turns.key_of(order), rule.limit, (order.order_id,))
+        key = turns.key_of(order)
+        return self.settle(order.workflow, key, rule.limit, (order.order_id,), wake=wake)
 
     def settle(
         self,
@@ -89,9 +91,12 @@ class TurnKeeper:
         leaving: Collection[str] = (),
         *,
         quiet: Collection[str] = (),
+        wake: Callable[[str], None] | None = None,
     ) -> Slot:
         """Read, decide and write the slot until the write holds (``ConcurrencyConflict``
-        after ``ATTEMPTS`` writers came first); wake each order promoted (but ``quiet``)."""
+        after ``ATTEMPTS`` writers came first); wake each order promoted (but ``quiet``),
+        with ``wake`` if given."""
+        wake = wake or self._wake
         for _ in range(ATTEMPTS):
             slot = self._store.read_slot(workflow, key)
             decided = settle(slot, limit, self._clock(), leaving)
@@ -104,7 +109,7 @@ class TurnKeeper:
             for order_id in decided.promoted:
                 log.info("order %s takes its turn for key %r", order_id, key)
                 if order_id not in quiet:
-                    self._wake(order_id)
+                    wake(order_id)
             if len(decided.drop) < MAX_PROMOTIONS:
                 return decided.after(slot)
         raise ConcurrencyConflict(

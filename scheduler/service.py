@@ -130,7 +130,7 @@ class Scheduler:
         self._later = later
         self._controls = controls
         self._turns = turns
-        release = turns.release if turns is not None else None
+        release = self._release_turn if turns is not None else None
         self._changes = OrderChanges(
             store, notices, self._dispatch_now, ended=order_ended, released=release
         )
@@ -222,6 +222,20 @@ class Scheduler:
                 self._take_turn(order.order_id)
         except OrderError as exc:  # the supervisor's sweep wakes it
             log.warning("the order's turn could not be checked after its save: %s", exc)
+
+    def _release_turn(self, order: Order) -> None:
+        """The order freed its slot: the next in line start in this invocation (their
+        requests sent now, not after a queue's poll); one that cannot is woken by a
+        message instead."""
+        assert self._turns is not None
+        self._turns.release(order, wake=self._start_now)
+
+    def _start_now(self, order_id: str) -> None:
+        try:
+            self.dispatch(order_id)
+        except Exception as exc:  # noqa: BLE001 - its wake-up message starts it instead
+            log.warning("order %s took its turn but did not start here (%s)", order_id, exc)
+            self._later.send(order_id)
 
     def _take_turn(self, order_id: str) -> Handled:
         """The order's turn came (the slot lists it): its first steps start and are claimed
