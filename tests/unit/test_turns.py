@@ -33,7 +33,7 @@ from core.workflows import (
 from scheduler.service import Handled
 from stores.memory import InMemoryStateStore
 from tests.support import declarations
-from tests.unit.test_services_in_memory import T0, Services, build, reply_to, stored
+from tests.unit.test_services_in_memory import T0, Services, build, expire, reply_to, stored
 
 
 @pytest.fixture
@@ -321,6 +321,23 @@ def test_a_release_lost_with_its_instance_is_repaired_by_the_next_supervision(
     assert report.turns is not None and report.turns.released == 1
     assert pump(s) == ["a-2"]  # the supervisor wakes it with a message
     assert requested(s) == ["a-1", "a-2"]
+
+
+def test_a_holder_killed_mid_step_holds_its_slot_exactly_as_long_as_its_order_runs(
+    s: Services,
+) -> None:
+    send(s, "a-1", account="acme")
+    send(s, "a-2", account="acme")
+    for _ in range(20):  # its instance died: no report ever comes; the supervisor retries
+        if stored(s, "a-1").status.terminal:
+            break
+        assert turn(s, "a-2")["holders"] == ["a-1"] and "a-2" not in requested(s)
+        expire(s)
+        pump(s)
+
+    assert stored(s, "a-1").status is OrderStatus.ERROR
+    assert "a-2" in requested(s)  # woken by the supervisor's change that ended a-1
+    assert turn(s, "a-2")["holders"] == ["a-2"]
 
 
 def test_a_lost_wake_is_sent_again_by_the_supervisor(s: Services) -> None:
