@@ -38,8 +38,10 @@ log = logging.getLogger(__name__)
 #: How long a holder may be missing (its acceptance still on its way) before the sweep
 #: releases it: an order is created seconds after it took its place.
 MISSING_GRACE: Final = timedelta(minutes=5)
-#: A holder younger than this is not looked at by the sweep: its wake is on its way.
-FRESH: Final = timedelta(seconds=10)
+#: A holder younger than this is not looked at by the sweep: its start is under way (in
+#: the invocation that promoted it). Short, so that a wake lost with its instance is sent
+#: again by the next run (a second wake is harmless: the order starts once).
+FRESH: Final = timedelta(seconds=1)
 #: Writers of one slot at once before a change gives up (each retry reads it again).
 ATTEMPTS: Final = 10
 #: Keys a sweep looks at, and orders it reads, per run.
