@@ -116,12 +116,12 @@ class OrderChanges:
                 after_save(order, result)
             if self._ended is not None and order.status is not before and order.status.terminal:
                 self._ended(order.plan.workflow, str(order.status))
-            if self._released is not None and released_after(order, before):
-                self._release(order)
             self._notices.deliver(saved)
             if needs_dispatch(order):
                 self._dispatch(order)
             order.wakeups.clear()
+            if self._released is not None and released_after(order, before):
+                self._release(order)  # after its own notices: the next may start here
             return Changed(order, result, saved)
         raise ConcurrencyConflict(  # attempts < 1
             f"order {order_id} was not changed (no attempt allowed)", order_id=order_id
@@ -129,12 +129,12 @@ class OrderChanges:
 
     def created(self, order: Order, saved: SavedNotices) -> None:
         """After a ``create``: the same notices and dispatch as after a change."""
-        if self._released is not None and released_after(order, OrderStatus.PENDING):
-            self._release(order)
         self._notices.deliver(saved)
         if needs_dispatch(order):
             self._dispatch(order)
         order.wakeups.clear()
+        if self._released is not None and released_after(order, OrderStatus.PENDING):
+            self._release(order)
 
     def _release(self, order: Order) -> None:
         """Free the order's slot; what fails here is the supervisor's sweep's to repair

@@ -188,6 +188,8 @@ def test_the_end_of_an_order_starts_the_next_in_line(s: Services) -> None:
     assert stored(s, "a-1").status is OrderStatus.COMPLETED
     assert requested(s) == ["a-1", "a-2"]  # started in the same invocation
     assert pump(s) == []  # no message needed
+    told = [(m["orderId"], m["status"]) for m in s.queues.on("app-status")]
+    assert told.index(("a-1", "completed")) < told.index(("a-2", "processing"))
     assert stored(s, "a-2").status is OrderStatus.PROCESSING
     assert turn(s, "a-3") == {"key": "acme", "position": 1, "holders": ["a-2"], "waiting": 1}
     assert turn(s, "a-1")["position"] is None
