@@ -258,6 +258,11 @@ def test_its_name_is_one_name_of_the_workflow() -> None:
         )
 
 
+def test_a_for_each_is_not_searched_by_its_result() -> None:
+    with pytest.raises(DeclarationError, match="a ForEach's result is the list"):
+        Workflow("w", (fe(),), search=("lines.sku",))
+
+
 def test_the_plan_pins_it_and_reads_back_the_same() -> None:
     from core.workflows import WORKFLOWS
 
