@@ -36,3 +36,10 @@ def item_of(step: str) -> tuple[str, int] | None:
     if found is None or found["index"] is None:
         return None
     return found["base"], int(found["index"])
+
+
+def declared_name(step: str) -> str:
+    """The name ``step`` is declared by: an item's record (``<name>[<i>]``) is its
+    ForEach's ``<name>`` (figures and alerts count steps by declared name, not by item)."""
+    found = item_of(step)
+    return found[0] if found is not None else step

@@ -211,6 +211,15 @@ def test_an_item_run_again_keeps_its_key() -> None:
     assert done.keys("reserve[1]") == ["order-1:reserve:1", "order-1:reserve:1"]
 
 
+def test_figures_count_items_under_the_for_each_s_name_not_one_per_item() -> None:
+    from stores.activity import ATTEMPT, activities
+
+    order = accepted_past_the_charge()
+    finish(order, "reserve[0]", T0 + 10 * SECOND)
+    steps = {a.step for _, a in activities(order, set()) if a.kind == ATTEMPT}
+    assert steps == {"charge", "reserve"}
+
+
 # --- declaring -------------------------------------------------------------------------------
 
 
