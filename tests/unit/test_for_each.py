@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from core.item_names import MAX_ITEMS
 from core.model import Order
 from core.plans import Plan
 from core.states import OrderStatus, StepState
@@ -220,6 +221,26 @@ def test_figures_count_items_under_the_for_each_s_name_not_one_per_item() -> Non
     assert steps == {"charge", "reserve"}
 
 
+def test_a_hundred_items_at_the_widest_cap_fit_each_save_in_one_table_transaction() -> None:
+    """The in-memory store refuses a transaction of more than 100 operations, as Azure
+    does: claiming 25 items at once (and the next 25), with every search row an order can
+    have, and halting them, each fit (33 at once would not)."""
+    many = [{"sku": f"s{n}", "qty": 1} for n in range(MAX_ITEMS)]
+    order = {"lines": many, **{f"field-{n}": f"v{n}" for n in range(8)}}
+    remotes = {
+        "charge": answer(),
+        "refund": answer(),
+        "reserve": answer(reserved),
+        "reserve[60]": refuse("out of stock"),
+        "unreserve": answer(),
+    }
+    halted = run_workflow("wide", order, remotes, declarations=KIT)
+    assert halted.status == "compensated"
+    assert len(halted.received["reserve[59]"]) == 1
+    assert "reserve[99]" not in halted.received
+    assert len([s for s in halted.steps if s.startswith("unreserve[")]) >= 60
+
+
 # --- declaring -------------------------------------------------------------------------------
 
 
@@ -232,8 +253,8 @@ def fe(**kw: Any) -> ForEach:
 @pytest.mark.parametrize(
     ("element", "said"),
     [
-        (fe(max_concurrency=0), "max_concurrency=0; it is a whole number 1-40"),
-        (fe(max_concurrency=41), "max_concurrency=41"),
+        (fe(max_concurrency=0), "max_concurrency=0; it is a whole number 1-25"),
+        (fe(max_concurrency=26), "max_concurrency=26"),
         (fe(items="lines"), "items must be a function of one argument"),
         (fe(step=Event("e", timeout_seconds=5)), "step must be a StepSpec"),
         (
