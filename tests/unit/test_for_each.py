@@ -142,6 +142,17 @@ def test_an_item_that_may_have_applied_and_cannot_be_undone_blocks_the_refund() 
     assert "mail[1]" in alert["reason"] and "order-1:mail:1" in alert["reason"]
 
 
+def test_an_operator_who_states_the_item_did_not_happen_lets_the_cancel_undo_the_rest() -> None:
+    given = {"mail[1]": crash(), "mail[2]": refuse("no such address")}
+    done = run("mails", LINES[:3], **given)
+    assert done.status == "error"
+    done.cancel(reason="the mail service never sent it", not_applied=["mail[1]"])
+    assert done.received["refund"]  # undone now: nothing in doubt is left around it
+    # mail[0] was sent and cannot be undone: its effect stands, told (not "cancelled")
+    assert done.status == "error"
+    assert "mail[0] applied and cannot be undone" in done.alerts[-1]["reason"]
+
+
 def test_items_that_raise_fail_the_step_for_good_told_and_the_order_is_undone() -> None:
     done = run("lines-broken")
     assert done.status == "compensated"
