@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Final
 
 from core import kinds, moves, turns
 from core.history import Happened
+from core.items import compensation_of, decided, heads, items_of, unreached
 from core.messages import MAX_KEY_ROUND, idempotency_key
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
@@ -71,13 +72,15 @@ def _forward(order: Order, now: datetime) -> bool:
     """One look at the current group; True if the next group started (look again)."""
     group = order.group_records()
     _go_on(order, group, now)
+    if not halting(order) and _top_up(order, now):
+        group = order.group_records()
     if halting(order):
         for record in [r for r in group if r.is_active]:
             _halt(order, record, now)
         _go_on(order, group, now)  # one the halt failed in doubt is gone past too
     if any(r.is_active for r in group):
         return False
-    done = all(
+    done = not unreached(order) and all(
         r.process_state in (StepState.PROCESSED, StepState.SKIPPED) or r.continued for r in group
     )
     if done and not order.cancel_requested:
@@ -99,9 +102,35 @@ def start_first(order: Order, now: datetime) -> None:
 
 def start_group(order: Order, group: int, now: datetime) -> None:
     """Every step of ``group``: records first, then what each decides when it starts."""
-    created = [(order.new_action(p, now), p) for p in order.plan.group(group)]
+    steps = [p for p in order.plan.group(group) if not p.name.endswith("[]")]  # items: later
+    created = [(order.new_action(p, now), p) for p in steps]
     for record, planned in created:
         kinds.begin(order, record, planned, now)
+
+
+def _top_up(order: Order, now: datetime) -> bool:
+    """A ``ForEach`` of the current group whose items are decided starts its next items,
+    in item order, while fewer than its ``max_concurrency`` are in flight (§3.16). An item
+    is a record like any other from then on. True if one started."""
+    started = False
+    for planned in heads(order):
+        items = decided(order, planned.name)
+        if items is None:
+            continue
+        template = order.plan.planned(f"{planned.name}[]")
+        reached = items_of(order, planned.name)
+        running = sum(1 for r in reached if r.is_active)
+        for index in range(len(reached), len(items)):
+            if running >= (planned.max_concurrency or 1):
+                break
+            record = order.new_action(template, now, index)
+            kinds.begin(order, record, template, now)
+            started = True
+            _go_on(order, order.group_records(), now)
+            if halting(order):
+                return True  # its when or input raised: the group halts
+            running += record.is_active
+    return started
 
 
 def halting(order: Order) -> bool:
@@ -464,7 +493,7 @@ def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
         not_before = max(not_before or now, held)
     target.process_state = StepState.COMPENSATING
     target.continued = False  # undone now: no longer a failure the order went past
-    target.record(now, Happened.COMPENSATING, by=planned.compensation)
+    target.record(now, Happened.COMPENSATING, by=compensation_of(target.step, planned.compensation))
     due = max(now, not_before) if not_before else now
     record = order.undo_of(target)
     if record is not None and not record.is_active:
@@ -478,7 +507,7 @@ def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
             record.record(now, Happened.NEW_KEY, key=record.idempotency_key, why="undo again")
     else:
         record = order.add_record(
-            step=planned.compensation,
+            step=compensation_of(target.step, planned.compensation),
             path=planned.compensation_path or planned.compensation,
             timeout=planned.compensation_timeout_seconds or planned.timeout_seconds,
             kind=StepKind.COMPENSATION,

@@ -14,8 +14,12 @@ A ``Workflow`` is a named sequence of elements, each one of:
 - ``Delay(name, seconds=... | until=...)``: wait until then.
 - ``Parallel(a, b, ...)``: the steps run at once; the workflow goes on when each has
   succeeded or been skipped.
+- ``ForEach(name, items=fn, step=StepSpec(...), max_concurrency=N)``: one step per item of
+  the list ``items(ctx)`` gives (decided once), each a record of its own named
+  ``<name>[<i>]``, at most ``N`` in flight at once; the workflow goes on when every item
+  succeeded or was skipped, with ``ctx.results[name]`` the list of their results.
 
-Functions (``input``, ``when``, ``until``) take one argument, the step's ``Context``, and
+Functions (``input``, ``when``, ``until``, ``items``) take one argument, the step's ``Context``, and
 are called when the step is about to start; what they decide is recorded with the step
 and never decided again. An order keeps its plan (``core.plans``) from submission: kinds,
 groups, events, delays and timeouts; the functions are looked up in today's declarations
@@ -27,6 +31,7 @@ Every mistake is a ``DeclarationError`` naming the file and line of the declarat
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +45,8 @@ from core.agent_spec import (
     DeclarationError,
     declared_at,
 )
+from core.concurrency import Concurrency
+from core.item_names import MAX_ITEM_CONCURRENCY
 from core.limits import MAX_STEP_TIMEOUT_SECONDS
 from core.search import SearchError, check_fields, check_sources
 from core.search import describe as describe_search
@@ -49,8 +56,8 @@ Fn = Callable[[Any], Any]
 #: How long an event may be waited for, or a delay last: a year.
 MAX_WAIT_SECONDS: Final = 365 * 86_400
 #: The functions a step can have, as plans name them.
-FUNCTIONS: Final = ("input", "when", "until")
-StepKindName = Literal["task", "event", "delay"]
+FUNCTIONS: Final = ("input", "when", "until", "items")
+StepKindName = Literal["task", "event", "delay", "items"]
 #: What a step's failure for good means to its order (docs/contracts.md §3.17).
 OnFailure = Literal["unwind", "hold", "continue"]
 ON_FAILURE: Final = ("unwind", "hold", "continue")
@@ -60,13 +67,19 @@ ON_FAILURE: Final = ("unwind", "hold", "continue")
 class Context:
     """What ``input``, ``when`` and ``until`` see: the order's id, its JSON as submitted (a
     copy of their own), each succeeded step's result by step name (a remote's 2xx JSON
-    object, a Python handler's dict, an event's ``result``; a delay's is ``{}``), and the
-    reason each ``on_failure="continue"`` step that failed gave (§3.17)."""
+    object, a Python handler's dict, an event's ``result``; a delay's is ``{}``; a
+    ``ForEach``'s, once every item ended, the list of its items' results in item order,
+    ``None`` for one skipped or gone past), the reason each ``on_failure="continue"`` step
+    that failed gave (§3.17), and, for a step of a ``ForEach``, its ``item`` and
+    ``index``."""
 
     order_id: str
     order: dict[str, Any]
-    results: Mapping[str, dict[str, Any]]
+    results: Mapping[str, Any]
     failures: Mapping[str, str] = field(default_factory=dict)
+    #: for a step of a ``ForEach`` (and its compensation): its item, and the item's index
+    item: Any = None
+    index: int | None = None
 
 
 def _check_function(fn: object, what: str, where: str) -> None:
@@ -305,7 +318,89 @@ class Parallel:
             raise DeclarationError(f"{at} has {len(self.steps)} step(s); it needs at least two")
 
 
-Element = Leaf | Parallel
+@dataclass(frozen=True)
+class ForEach:
+    """One step per item of ``items(ctx)`` (a list of JSON values, at most ``MAX_ITEMS``),
+    decided once when the workflow reaches it (docs/contracts.md §3.16). Each item is a
+    record of its own, named ``<name>[<i>]`` with the idempotency key
+    ``<orderId>:<name>:<i>``: its own deadline, retries, supervision and doubt. ``step``
+    says what each item does; its ``input`` and ``when`` (and its compensation's
+    ``input``) see ``ctx.item`` and ``ctx.index``. At most ``max_concurrency`` items are in
+    flight at once. The workflow goes on when every item succeeded or was skipped, with
+    ``ctx.results[name]`` the list of their results; one failing for good ends it as in a
+    ``Parallel`` (``step.on_failure``): undone, each applied item with its own result."""
+
+    name: str
+    items: Fn
+    step: StepSpec
+    max_concurrency: int = 10
+    declared_at: str = field(default_factory=declared_at, compare=False)
+
+    @property
+    def kind(self) -> StepKindName:
+        return "items"
+
+    def functions(self) -> tuple[str, ...]:
+        return ("items",)
+
+    def template(self) -> StepSpec:
+        """The step as a plan names it (``<name>[]``, its compensation ``<undo>[]``): what
+        each item's record runs."""
+        step = self.step
+        comp = step.compensation
+        return dataclasses.replace(
+            step,
+            name=f"{self.name}[]",
+            path=step.remote_path,
+            compensation=(
+                dataclasses.replace(comp, step=f"{comp.step}[]", path=comp.remote_path)
+                if comp is not None
+                else None
+            ),
+        )
+
+    def check(self) -> None:
+        at = f"{self.declared_at}: ForEach {self.name!r}"
+        _check_name(self.name, at)
+        if len(self.name) > MAX_STEP_NAME - 4:
+            raise DeclarationError(
+                f"{at}: a ForEach's name is at most {MAX_STEP_NAME - 4} characters, so that "
+                "its items' names (<name>[<i>]) fit"
+            )
+        if not callable(self.items):
+            raise DeclarationError(
+                f"{at}: items must be a function of one argument (ctx) that returns the list "
+                "of items"
+            )
+        _check_function(self.items, "items", at)
+        if not isinstance(self.step, StepSpec):
+            raise DeclarationError(
+                f"{at}: step must be a StepSpec (what each item does), got {self.step!r}"
+            )
+        self.step.check()
+        if self.step.completes_on is not None:
+            raise DeclarationError(
+                f"{at}: its step completes_on={self.step.completes_on!r}; an item of a ForEach "
+                "ends with its call (a callback names one event of the order, not one per "
+                "item): use a Parallel of steps, or call back per order"
+            )
+        comp = self.step.compensation
+        if comp is not None and len(comp.step) > MAX_STEP_NAME - 4:
+            raise DeclarationError(
+                f"{at}: compensation {comp.step!r} is at most {MAX_STEP_NAME - 4} characters "
+                "in a ForEach, so that its items' names (<name>[<i>]) fit"
+            )
+        n = self.max_concurrency
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_ITEM_CONCURRENCY:
+            raise DeclarationError(
+                f"{at}: max_concurrency={n!r}; it is a whole number 1-{MAX_ITEM_CONCURRENCY} "
+                "(how many items are in flight at once)"
+            )
+
+
+Element = Leaf | Parallel | ForEach
+#: What ``Workflow.leaves`` gives: a step, or the head of a ``ForEach`` (its ``items``).
+Planned = Leaf | ForEach
 
 
 @dataclass(frozen=True)
@@ -336,10 +431,10 @@ class Workflow:
         if not self.steps:
             raise DeclarationError(f"{where} has no steps")
         for element in self.steps:
-            if not isinstance(element, StepSpec | Event | Delay | Parallel):
+            if not isinstance(element, StepSpec | Event | Delay | Parallel | ForEach):
                 raise DeclarationError(
                     f"{where} holds {element!r}: a workflow's steps are StepSpec, Event, "
-                    "Delay or Parallel"
+                    "Delay, Parallel or ForEach"
                 )
             element.check()
         leaves = list(self.leaves())
@@ -347,6 +442,8 @@ class Workflow:
         names += [
             s.compensation.step for s, _ in leaves if isinstance(s, StepSpec) and s.compensation
         ]
+        # a ForEach's template is its head's name; a compensation of its items is ``<undo>``
+        names = [n.removesuffix("[]") for n in names if not _is_head(n, leaves)]
         if len(set(names)) != len(names):
             twice = sorted({n for n in names if names.count(n) > 1})
             raise DeclarationError(f"{where} repeats a step name: {', '.join(twice)}")
@@ -369,10 +466,16 @@ class Workflow:
                 f"{where}: concurrency={self.concurrency!r}; it is Concurrency(key=fn, limit=n)"
             )
 
-    def leaves(self) -> Iterator[tuple[Leaf, int]]:
+    def leaves(self) -> Iterator[tuple[Planned, int]]:
         """Every step (not Parallel) with the index of the element it belongs to: steps of
-        one ``Parallel`` share it (its group)."""
+        one ``Parallel`` share it (its group). A ``ForEach`` gives two: itself (the head,
+        whose ``items`` decides the list) and its step as each item runs it, named
+        ``<name>[]`` (``ForEach.template``)."""
         for group, element in enumerate(self.steps):
+            if isinstance(element, ForEach):
+                yield element, group
+                yield element.template(), group
+                continue
             members = element.steps if isinstance(element, Parallel) else (element,)
             for leaf in members:
                 yield leaf, group
@@ -382,13 +485,9 @@ class Workflow:
         ``compensation``): what a search of a step's result checks (``core.search``)."""
         kinds: dict[str, str] = {}
         for leaf, _ in self.leaves():
-            kinds[leaf.name] = (
-                "event"
-                if isinstance(leaf, Event)
-                else "delay"
-                if isinstance(leaf, Delay)
-                else "task"
-            )
+            if leaf.name.endswith("[]"):
+                continue  # an item's own result is not searched (its ForEach's is a list)
+            kinds[leaf.name] = leaf.kind
             if isinstance(leaf, StepSpec) and leaf.compensation is not None:
                 kinds[leaf.compensation.step] = "compensation"
         return kinds
@@ -416,7 +515,8 @@ class Workflow:
 
     def describe(self) -> dict[str, Any]:
         """For ``GET /api/workflows`` and ``python -m admin workflows``: each element in
-        order, a ``Parallel`` as ``{"parallel": [...]}``."""
+        order, a ``Parallel`` as ``{"parallel": [...]}``, a ``ForEach`` as ``{"forEach":
+        name, "items": fn, "maxConcurrency": n, "step": {...}}``."""
 
         def leaf(s: Leaf) -> dict[str, Any]:
             if isinstance(s, Event):
@@ -461,6 +561,16 @@ class Workflow:
         for element in self.steps:
             if isinstance(element, Parallel):
                 steps.append({"parallel": [leaf(s) for s in element.steps]})
+            elif isinstance(element, ForEach):
+                steps.append(
+                    {
+                        "forEach": element.name,
+                        "kind": "items",
+                        "items": _name_of(element.items),
+                        "maxConcurrency": element.max_concurrency,
+                        "step": leaf(element.step),
+                    }
+                )
             else:
                 steps.append(leaf(element))
         return {
@@ -472,45 +582,17 @@ class Workflow:
         }
 
 
+def _is_head(name: str, leaves: list[tuple[Planned, int]]) -> bool:
+    """``name`` (``<x>[]``) is a ForEach's template, not a compensation's: counted once,
+    under the ForEach's own name."""
+    return any(isinstance(s, ForEach) and f"{s.name}[]" == name for s, _ in leaves)
+
+
 def _name_of(fn: object) -> str:
     module = getattr(fn, "__module__", "") or ""
     name = getattr(fn, "__qualname__", None) or repr(fn)
     return f"{module}.{name}" if module else str(name)
 
 
-#: The most orders of one key that may run at once (``Concurrency.limit``).
-MAX_TURN_LIMIT: Final = 1000
-
-
-@dataclass(frozen=True)
-class Concurrency:
-    """At most ``limit`` orders of the workflow with the same key run at once, across
-    every instance (docs/contracts.md §3.16); the others wait, in order of acceptance.
-    ``key(ctx)`` is called once, at acceptance (``ctx.results`` is empty): a string of
-    1-256 characters, or None (no limit for that order). ``hold_on_error``: an order in
-    ``error`` keeps its slot until an operator resubmits or cancels it (default: it frees
-    the slot, and a resubmit takes one again)."""
-
-    key: Fn
-    limit: int = 1
-    hold_on_error: bool = False
-    declared_at: str = field(default_factory=declared_at, compare=False)
-
-    def __post_init__(self) -> None:
-        at = f"{self.declared_at}: Concurrency"
-        if self.key is None:
-            raise DeclarationError(f"{at} needs key=fn, a function of the order's context")
-        _check_function(self.key, "key", at)
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int):
-            raise DeclarationError(f"{at}: limit={self.limit!r}; a whole number of orders")
-        if not 1 <= self.limit <= MAX_TURN_LIMIT:
-            raise DeclarationError(
-                f"{at}: limit={self.limit}; it must be 1-{MAX_TURN_LIMIT} orders of one key at once"
-            )
-        if not isinstance(self.hold_on_error, bool):
-            raise DeclarationError(
-                f"{at}: hold_on_error is True or False, got {self.hold_on_error!r}"
-            )
-
-    def describe(self) -> dict[str, Any]:
-        return {"key": _name_of(self.key), "limit": self.limit, "holdOnError": self.hold_on_error}
+#: For ``core.concurrency`` (``Concurrency`` checks its key as a step's function).
+check_function, name_of = _check_function, _name_of

@@ -5,7 +5,9 @@
 - ``Callback``: a call whose 2xx is only the remote's acceptance; the step ends when its
   event comes (``completes_on``), or the supervisor asks again after its deadline;
 - ``Wait``: an ``Event`` step, waiting for an event delivered to the order;
-- ``Timer``: a ``Delay``, waiting until its time.
+- ``Timer``: a ``Delay``, waiting until its time;
+- ``Items``: the head of a ``ForEach``: decides its list of items once, and is done (its
+  items are records of their own, each a ``Call``: ``core.course`` starts them).
 
 A kind says what happened to its record when the record starts, when its attempt is
 reported or expires, and when its event comes; it never decides what the order does next
@@ -25,6 +27,7 @@ from core import moves
 from core.attempts import Attempt, GaveUp
 from core.flow import MAX_WAIT_SECONDS
 from core.history import Happened
+from core.item_names import MAX_ITEMS
 from core.messages import AgentReply
 from core.order_message import MAX_MESSAGE_CHARS, MAX_NESTING, strict_json, utf16_units
 from core.outcome import Applied, Outcome
@@ -501,12 +504,53 @@ class Timer:
         return until
 
 
+class Items:
+    """The head of a ``ForEach`` (docs/contracts.md §3.16): its ``items`` decides, once,
+    the list of items (kept as its result, ``{"items": [...]}``), and it is done. An
+    ``items`` that raises, gives no list, what JSON cannot carry, or more than
+    ``MAX_ITEMS``, fails it for good, not applied, named (a bug in the declaration is
+    always told)."""
+
+    name: ClassVar[str] = "items"
+    waits: ClassVar[bool] = True
+
+    def start(self, order: Order, record: StepRecord, planned: PlannedStep, now: datetime) -> None:
+        if "items" not in record.decided:
+            record.result = {"items": item_list(order.call_function(record, "items"), planned)}
+            record.decided["items"] = True
+            record.record(now, Happened.DECIDED, items=len(record.result["items"]))
+        items = (record.result or {}).get("items") or []
+        moves.complete(record, {"items": items}, now)
+
+    def expire(
+        self, order: Order, record: StepRecord, now: datetime, policy: RetryPolicy
+    ) -> None:  # pragma: no cover - a head is never Processing: it is done when it starts
+        return
+
+
+def item_list(value: Any, planned: PlannedStep) -> list[Any]:
+    """What ``items`` of ``planned`` returned, as a list the app can store (each item a
+    JSON value, the whole within an order's limit); ``StepFunctionFailed`` otherwise."""
+    what = f"items of {planned.name}"
+    if not isinstance(value, list | tuple):
+        raise StepFunctionFailed(f"{what} returned {type(value).__name__}, not a list")
+    if len(value) > MAX_ITEMS:
+        raise StepFunctionFailed(
+            f"{what} returned {len(value)} items; a ForEach runs at most {MAX_ITEMS} "
+            "(MAX_ITEMS): split the order, or run the items elsewhere"
+        )
+    wrapped = json_object({"items": list(value)}, what)
+    items: list[Any] = wrapped["items"]
+    return items
+
+
 CALL: Final = Call()
 CALLBACK: Final = Callback()
 WAIT: Final = Wait()
 TIMER: Final = Timer()
+ITEMS: Final = Items()
 
-Kind = Call | Wait | Timer
+Kind = Call | Wait | Timer | Items
 
 
 def kind_of(record: StepRecord, planned: PlannedStep | None) -> Kind:
@@ -518,6 +562,8 @@ def kind_of(record: StepRecord, planned: PlannedStep | None) -> Kind:
         return WAIT
     if planned.kind == "delay":
         return TIMER
+    if planned.kind == "items":
+        return ITEMS
     return CALLBACK if planned.completes_on else CALL
 
 

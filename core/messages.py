@@ -14,11 +14,12 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from core.item_names import item_of
 from core.order_message import strict_json
 from core.outcome import WIRE_OUTCOMES, Applied, Outcome
 from core.text import visible
 from core.timefmt import iso
-from core.workflows import declared_steps
+from core.workflows import declared_steps, declares_step
 
 #: A reply's ``applied`` on the wire: what its attempt's failed tries may have done.
 APPLIED_VALUES: Final = (Applied.NO.value, Applied.MAYBE.value)
@@ -37,9 +38,11 @@ MAX_INLINE_ORDER_BYTES: Final = 40_000
 
 
 def idempotency_key(order_id: str, step: str, key_round: int = 1) -> str:
-    """``<orderId>:<step>``; a compensation run again as a new effect (its step applied
-    after it ran, docs/contracts.md §3.11) is ``<orderId>:<step>:<round>``."""
-    base = f"{order_id}:{step}"
+    """``<orderId>:<step>``; an item of a ``ForEach`` (``<name>[<i>]``) is
+    ``<orderId>:<name>:<i>`` (docs/contracts.md §3.16); a compensation run again as a new
+    effect (its step applied after it ran, §3.11) is ``<orderId>:<step>:<round>``."""
+    item = item_of(step)
+    base = f"{order_id}:{step}" if item is None else f"{order_id}:{item[0]}:{item[1]}"
     return base if key_round == 1 else f"{base}:{key_round}"
 
 
@@ -332,6 +335,11 @@ def alert_step(step: object) -> tuple[str, str]:
     text = str(step)
     if text == UNDECLARED_STEP or text in declared_steps():
         return text, ""
+    item = item_of(text)
+    if item is not None and declares_step(text):
+        # an item of a ForEach alerts under its ForEach's name: one dimension value per
+        # declared step, however many items an order has (docs/contracts.md §3.16)
+        return item[0], f" (item {item[1]}: {text})"
     shown = visible(text[:MAX_UNDECLARED_CHARS])
     more = "\u2026" if len(text) > MAX_UNDECLARED_CHARS else ""
     return UNDECLARED_STEP, f' (it names step "{shown}{more}", which no workflow declares)'

@@ -28,12 +28,13 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
-from core import course, evidence, inbox, kinds, moves, operator
+from core import course, evidence, inbox, items, kinds, moves, operator
 from core.cancel import CancelPreview
 from core.errors import TransitionRefused, UnboundMessage
 from core.evidence import ReplyEffect
 from core.flow import Context
 from core.history import Happened
+from core.item_names import item_name
 from core.messages import AgentReply, alert_message, status_message
 from core.order_message import OrderMessage
 from core.outcome import Outcome
@@ -378,12 +379,7 @@ class Order:
 
     def latest_actions(self) -> list[StepRecord]:
         """The latest record of each action the order has reached, in plan order."""
-        out = []
-        for planned in self.plan.steps:
-            record = self.find(planned.name)
-            if record is not None:
-                out.append(record)
-        return out
+        return [r for planned in self.plan.steps for r in items.records_of(self, planned)]
 
     def latest_undos(self) -> list[StepRecord]:
         """The latest record of each compensation that has begun."""
@@ -437,23 +433,31 @@ class Order:
         times += self.wakeups
         return min(times) if times else None
 
-    def context(self) -> Context:
-        """What a step's functions see: the order, every succeeded step's result, and the
-        reason of each step that failed and the workflow went on past (§3.17)."""
-        results: dict[str, dict[str, Any]] = {}
+    def context(self, record: StepRecord | None = None) -> Context:
+        """What a step's functions see: the order, every succeeded step's result (a
+        ``ForEach``'s: its items', once all ended), each reason of a failure gone past
+        (§3.17); for ``record`` of a ``ForEach``'s item, its item and index (§3.16)."""
+        results: dict[str, Any] = {}
         failures: dict[str, str] = {}
-        for record in sorted(self.steps, key=lambda s: s.seq):
-            if record.kind is not StepKind.ACTION:
+        for done in sorted(self.steps, key=lambda s: s.seq):
+            if done.kind is not StepKind.ACTION:
                 continue
-            if record.result is not None and record.process_state in _SUCCEEDED:
-                results[record.step] = copy.deepcopy(record.result)
-            elif record.continued:
-                failures[record.step] = record.failure_reason
+            if self.kind_of(done) == "items":
+                listed = items.items_result(self, done.step)
+                if listed is not None:
+                    results[done.step] = listed
+            elif done.result is not None and done.process_state in _SUCCEEDED:
+                results[done.step] = copy.deepcopy(done.result)
+            elif done.continued:
+                failures[done.step] = done.failure_reason
+        item, index = items.item_for(self, record) if record is not None else (None, None)
         return Context(
             self.order_id,
             copy.deepcopy(self.body),
             MappingProxyType(results),
             MappingProxyType(failures),
+            item,
+            index,
         )
 
     def current_group(self) -> int | None:
@@ -472,12 +476,7 @@ class Order:
         group = self.current_group() if group is None else group
         if group is None:
             return []
-        out: list[StepRecord] = []
-        for planned in self.plan.group(group):
-            record = self.find(planned.name)
-            if record is not None:
-                out.append(record)
-        return out
+        return [r for p in self.plan.group(group) for r in items.records_of(self, p)]
 
     # --- what the order's parts use --------------------------------------------------------
 
@@ -497,14 +496,15 @@ class Order:
             )
         try:
             with running_for(self, record):
-                return fn(self.context())
+                return fn(self.context(record))
         except Exception as exc:  # noqa: BLE001 - a bug in a declaration fails its step only
             text = f"{type(exc).__name__}: {exc}"
             raise kinds.StepFunctionFailed(f"{name} of {record.step} raised {text[:500]}") from None
 
-    def new_action(self, planned: PlannedStep, now: datetime) -> StepRecord:
+    def new_action(self, planned: PlannedStep, now: datetime, i: int | None = None) -> StepRecord:
+        """The first record of ``planned`` (of its item ``i``, for a ForEach's step)."""
         return self.add_record(
-            step=planned.name,
+            step=planned.name if i is None else item_name(planned.name[:-2], i),
             path=planned.path,
             timeout=planned.timeout_seconds,
             kind=StepKind.ACTION,

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from core.item_names import template_of
 from core.model import Order
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
@@ -139,7 +140,7 @@ def _forward(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:
     )
     later = () if cancel_undoes_it else tuple(s for s in plan.steps if s.group > planned.group)
     needs += [Need(s.name, s.agent, s.path, Why.LATER) for s in later]
-    done = {s.step for s in order.steps if s.kind is StepKind.ACTION and _undoable(s)}
+    done = {template_of(s.step) for s in order.steps if s.kind is StepKind.ACTION and _undoable(s)}
     before = [s for s in plan.steps if s.group < planned.group and s.name in done]
     may_undo = before + list(group) + list(later)
     needs += [_undo(s) for s in reversed(may_undo) if s.compensation]

@@ -23,7 +23,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.flow import ON_FAILURE, Delay, Event, OnFailure, StepKindName, StepSpec, Workflow
+from core.flow import (
+    ON_FAILURE,
+    Delay,
+    Event,
+    ForEach,
+    OnFailure,
+    StepKindName,
+    StepSpec,
+    Workflow,
+)
+from core.item_names import template_of
 from core.turns import TurnRule
 
 
@@ -57,6 +67,9 @@ class PlannedStep:
     event_by: str = "person"
     #: what its failure for good means (``StepSpec.on_failure``, §3.17)
     on_failure: OnFailure = "unwind"
+    #: for a ``ForEach``'s head (kind ``items``): how many of its items run at once
+    #: (§3.16); its items' step is the planned step named ``<name>[]``
+    max_concurrency: int | None = None
 
     @property
     def by_machine(self) -> bool:
@@ -66,8 +79,13 @@ class PlannedStep:
 
     @property
     def waits(self) -> bool:
-        """An event or a delay: no agent, no remote, no attempt."""
+        """An event, a delay or a ForEach's head: no agent, no remote, no attempt."""
         return self.kind != "task"
+
+    @property
+    def template(self) -> str | None:
+        """For a ForEach's head: the name of the step each of its items runs."""
+        return f"{self.name}[]" if self.kind == "items" else None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -92,6 +110,8 @@ class PlannedStep:
             out["onFailure"] = self.on_failure
         if self.kind == "event" and self.event_by != "person":
             out["by"] = self.event_by
+        if self.max_concurrency is not None:
+            out["maxConcurrency"] = self.max_concurrency
         if self.compensation:
             out["compensation"] = {
                 "name": self.compensation,
@@ -112,7 +132,7 @@ class PlannedStep:
         the agent of a task stored before agents existed (``core.workflows.legacy_agent``)."""
         comp = raw.get("compensation") or {}
         kind = raw.get("kind", "task")
-        if kind not in ("task", "event", "delay"):
+        if kind not in ("task", "event", "delay", "items"):
             raise ValueError(f"step {raw.get('name')!r} has an unknown kind {kind!r}")
         agent = raw.get("agent") or (agent_of(workflow, raw["name"]) if kind == "task" else "")
         seconds = raw.get("seconds")
@@ -134,6 +154,9 @@ class PlannedStep:
             may_stand=bool(raw.get("mayStand", False)),
             event_by="machine" if raw.get("by") == "machine" else "person",
             on_failure=_on_failure(raw.get("onFailure", "unwind")),
+            max_concurrency=(
+                int(raw["maxConcurrency"]) if raw.get("maxConcurrency") is not None else None
+            ),
         )
 
 
@@ -164,7 +187,20 @@ class Plan:
     def of(cls, workflow: Workflow, default_timeout_seconds: int) -> Plan:
         planned: list[PlannedStep] = []
         for leaf, group in workflow.leaves():
-            if isinstance(leaf, StepSpec):
+            if isinstance(leaf, ForEach):
+                planned.append(
+                    PlannedStep(
+                        name=leaf.name,
+                        path=leaf.name,
+                        timeout_seconds=0,
+                        kind="items",
+                        group=group,
+                        uses=leaf.functions(),
+                        on_failure=leaf.step.on_failure,
+                        max_concurrency=leaf.max_concurrency,
+                    )
+                )
+            elif isinstance(leaf, StepSpec):
                 c = leaf.compensation
                 planned.append(
                     PlannedStep(
@@ -221,8 +257,10 @@ class Plan:
         return any(s.compensation for s in self.steps)
 
     def index_of(self, step: str) -> int:
+        """The position of ``step`` (an item's record ``<name>[<i>]``: of ``<name>[]``)."""
+        name = template_of(step)
         for i, s in enumerate(self.steps):
-            if s.name == step:
+            if s.name == name:
                 return i
         raise KeyError(step)
 
@@ -243,6 +281,7 @@ class Plan:
 
     def agent_of(self, step: str) -> str:
         """The agent that runs ``step`` (an action or a compensation; "" for a wait)."""
+        step = template_of(step)
         for s in self.steps:
             if s.name == step:
                 return s.agent

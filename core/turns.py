@@ -22,7 +22,8 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from core.flow import Concurrency, Context
+from core.concurrency import Concurrency
+from core.flow import Context
 from core.history import Happened
 from core.states import OrderStatus
 

@@ -37,18 +37,20 @@ from core.agent_spec import (
     EntraToken,
     NoAuth,
 )
+from core.concurrency import Concurrency
 from core.flow import (
     FUNCTIONS,
     MAX_WAIT_SECONDS,
     Compensation,
-    Concurrency,
     Context,
     Delay,
     Event,
+    ForEach,
     Parallel,
     StepSpec,
     Workflow,
 )
+from core.item_names import item_of, template_of
 from core.limits import DEFAULT_DECLARATIONS
 from core.links import events_url
 from core.plans import Plan, PlannedStep
@@ -77,6 +79,7 @@ __all__ = [
     "Delay",
     "EntraToken",
     "Event",
+    "ForEach",
     "NoAuth",
     "Parallel",
     "Plan",
@@ -212,6 +215,13 @@ def declared_steps() -> frozenset[str]:
     return frozenset(names)
 
 
+def declares_step(step: str) -> bool:
+    """Whether today's declarations give ``step``: a step's name, or an item's record
+    name ``<name>[<i>]`` of a ``ForEach`` (or of its compensation) they give."""
+    names = declared_steps()
+    return step in names or (item_of(step) is not None and template_of(step) in names)
+
+
 def search_fields() -> dict[str, tuple[str, ...]]:
     """Every query parameter today's declarations let operators search by (docs/contracts.md
     §3.14, §3.17: an order's field, or a step's result field by its field's name), with the
@@ -245,6 +255,7 @@ def function_of(workflow: str, step: str, name: str) -> Callable[[Any], Any] | N
     declared = WORKFLOWS.get(workflow)
     if declared is None:
         return None
+    step = template_of(step)  # an item's record runs its ForEach's step, ``<name>[]``
     for leaf, _ in declared.leaves():
         if leaf.name == step:
             fn = getattr(leaf, name, None)

@@ -29,7 +29,8 @@ from core.order_message import MAX_NESTING, ORDER_ID_RULE, describe, is_valid_or
 from core.outcome import Applied, Outcome
 from core.timefmt import parse_iso
 
-_STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+#: a step's name, or an item's of a ForEach: ``<name>[<i>]`` (docs/contracts.md §3.16)
+_STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*(?:\[(?:0|[1-9][0-9]?)\])?")
 _PATH = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
 _AGENT = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -107,7 +108,8 @@ def _common(value: dict[str, Any], what: str) -> tuple[str, str, int, datetime, 
         raise InvalidMessage(f"{what}: orderId must be {ORDER_ID_RULE}, got {order_id!r}")
     if not isinstance(step, str) or not _STEP.fullmatch(step):
         raise InvalidMessage(
-            f"{what}: step must be a kebab-case name, got {step!r}", order_id=order_id
+            f"{what}: step must be a kebab-case name (an item: <name>[<i>]), got {step!r}",
+            order_id=order_id,
         )
     if not isinstance(attempt, int) or isinstance(attempt, bool) or not 1 <= attempt <= MAX_ATTEMPT:
         raise InvalidMessage(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from core import workflows
+from core.item_names import template_of
 from core.plans import PlannedStep
 from testkit.remotes import CallsBack, Decision, Remote, RemoteSpec
 
@@ -33,10 +34,18 @@ def steps_of(workflow: workflows.Workflow) -> dict[str, PlannedStep]:
     plan = workflows.Plan.of(workflow, 30)
     out: dict[str, PlannedStep] = {}
     for planned in plan.steps:
-        out[planned.name] = planned
+        if planned.kind == "items":
+            continue  # a ForEach is given by its step's name: what each item calls
+        out[planned.name.removesuffix("[]")] = planned
         if planned.compensation:
-            out[planned.compensation] = planned
+            out[planned.compensation.removesuffix("[]")] = planned
     return out
+
+
+def given(name: str) -> str:
+    """The name ``remotes=`` gives a step's remote by: an item's (``<name>[<i>]``) is its
+    ForEach's ``<name>``, unless the test gives that one item its own."""
+    return template_of(name).removesuffix("[]")
 
 
 def check_use(
@@ -48,13 +57,13 @@ def check_use(
     """Refuse a remote or event the workflow does not have, or one of the wrong kind."""
     names = ", ".join(sorted(steps)) or "none"
     for name, spec in remotes.items():
-        planned = steps.get(name)
+        planned = steps.get(name) or steps.get(given(name))
         if planned is None:
             raise KitError(
                 f"remotes={{{name!r}: ...}}: workflow {workflow!r} has no step or "
                 f"compensation {name!r} (it has: {names})"
             )
-        kind = "compensation" if planned.name != name else planned.kind
+        kind = "compensation" if planned.name.removesuffix("[]") != given(name) else planned.kind
         if kind == "event":
             raise KitError(
                 f"remotes={{{name!r}: ...}}: {name!r} is an Event, decided by a person "

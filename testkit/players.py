@@ -24,7 +24,7 @@ from core.messages import AgentReply, AgentRequest
 from core.outcome import Applied
 from core.plans import PlannedStep
 from core.ports import StateStore
-from testkit.checks import KitError
+from testkit.checks import KitError, given
 from testkit.remotes import (
     Answer,
     CallsBack,
@@ -107,7 +107,7 @@ class Player:
             )
         )
         calls = sum(1 for c in self.calls if c.step == bound.step) - 1
-        spec = self._remotes.get(bound.step)
+        spec = self._remotes.get(bound.step) or self._remotes.get(given(bound.step))
         if spec is None:
             declared = workflows.AGENTS[agent]
             if declared.kind == "python" and declared.handler is not None:

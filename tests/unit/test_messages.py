@@ -535,9 +535,22 @@ COMMON_REJECTIONS: list[tuple[str, dict[str, Any], str]] = [
     ("order-id-bad", {"orderId": "o/1"}, f"orderId must be {ORDER_ID_RULE}, got 'o/1'"),
     ("order-id-missing", {"orderId": _MISSING}, f"orderId must be {ORDER_ID_RULE}, got None"),
     ("order-id-number", {"orderId": 1}, f"orderId must be {ORDER_ID_RULE}, got 1"),
-    ("step-uppercase", {"step": "Reserve"}, "step must be a kebab-case name, got 'Reserve'"),
-    ("step-empty", {"step": ""}, "step must be a kebab-case name, got ''"),
-    ("step-missing", {"step": _MISSING}, "step must be a kebab-case name, got None"),
+    (
+        "step-uppercase",
+        {"step": "Reserve"},
+        "step must be a kebab-case name (an item: <name>[<i>]), got 'Reserve'",
+    ),
+    ("step-empty", {"step": ""}, "step must be a kebab-case name (an item: <name>[<i>]), got ''"),
+    (
+        "step-missing",
+        {"step": _MISSING},
+        "step must be a kebab-case name (an item: <name>[<i>]), got None",
+    ),
+    (
+        "step-item-101",
+        {"step": "ship[100]"},
+        "step must be a kebab-case name (an item: <name>[<i>]), got 'ship[100]'",
+    ),
     ("attempt-0", {"attempt": 0}, "attempt must be a whole number from 1 to 999999, got 0"),
     (
         "attempt-negative",

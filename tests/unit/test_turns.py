@@ -14,8 +14,8 @@ import pytest
 
 from admin.plans import differences, fingerprint
 from admin.query import parse_filter
+from core.concurrency import MAX_TURN_LIMIT
 from core.errors import ConcurrencyConflict, TransitionRefused
-from core.flow import MAX_TURN_LIMIT
 from core.model import Order
 from core.outcome import Outcome
 from core.ports import ListFilter
