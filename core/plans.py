@@ -249,7 +249,7 @@ class Plan:
                     )
                 )
         turns = TurnRule.of(workflow.concurrency) if workflow.concurrency else None
-        return cls(workflow.name, tuple(planned), tuple(workflow.search), turns)
+        return cls(workflow.name, tuple(planned), tuple(workflow.search), concurrency=turns)
 
     @property
     def compensates(self) -> bool:
@@ -332,5 +332,5 @@ class Plan:
                 PlannedStep.from_json(s, workflow, n, agent_of) for n, s in enumerate(raw["steps"])
             ),
             tuple(str(f) for f in raw.get("search", ())),
-            TurnRule.from_json(raw.get("concurrency")),
+            concurrency=TurnRule.from_json(raw.get("concurrency")),
         )
