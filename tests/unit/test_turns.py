@@ -218,6 +218,18 @@ def test_a_limit_of_two_runs_two_at_once(s: Services) -> None:
     assert requested(s) == ["p-1", "p-2", "p-3"]
 
 
+def test_an_order_over_items_takes_its_turn_as_a_whole(s: Services) -> None:
+    send(s, "i-1", "serial-items", account="acme", lines=["x", "y"])
+    send(s, "i-2", "serial-items", account="acme", lines=["z"])
+
+    assert sorted(r.step for r in s.transport.requests) == ["pick[0]", "pick[1]"]
+    for request in list(s.transport.requests):
+        s.scheduler.apply_reply(reply_to(request))
+
+    assert stored(s, "i-1").status is OrderStatus.COMPLETED
+    assert [(r.order_id, r.step) for r in s.transport.requests][-1] == ("i-2", "pick[0]")
+
+
 def test_a_wake_alone_starts_nothing(s: Services) -> None:
     send(s, "a-1", account="acme")
     send(s, "a-2", account="acme")
