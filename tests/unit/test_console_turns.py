@@ -15,9 +15,12 @@ import pytest
 
 from admin import triggers as api
 from bootstrap import reset_app_context
+from core.outcome import Outcome
+from core.states import OrderStatus
 from tests.support import declarations, on_devhost
 from tests.unit.test_agent_pause import App, build
 from tests.unit.test_console_workflows import get, text
+from tests.unit.test_services_in_memory import reply_to
 
 
 @pytest.fixture
@@ -74,3 +77,22 @@ def test_the_console_list_marks_the_orders_that_wait_for_their_turn(app: App) ->
 
     assert page.count('data-turn="acme"') == 2  # a-2 and a-3; a-1 runs
     assert 'data-order-id="a-1"' in page
+
+
+def test_a_resubmit_that_finds_the_key_taken_is_a_409_that_says_who_holds_it(app: App) -> None:
+    [first] = [r for r in app.transport.requests if r.order_id == "a-1"]
+    app.ctx.scheduler.apply_reply(reply_to(first, Outcome.REFUSED, error="no such account"))
+    assert app.order("a-1").status is OrderStatus.ERROR  # a-2 took the slot
+    request = func.HttpRequest(
+        "POST",
+        "http://h:7071/api/orders/a-1/resubmit",
+        headers={"content-type": "application/json"},
+        route_params={"orderId": "a-1"},
+        body=json.dumps({"reason": "fixed the account"}).encode(),
+    )
+
+    response = api.resubmit_order(request)
+
+    assert response.status_code == 409
+    body = json.loads(response.get_body())
+    assert body["reason"] == "turn-busy" and "a-2 running" in body["error"]
