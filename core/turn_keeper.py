@@ -47,6 +47,11 @@ ATTEMPTS: Final = 10
 #: Keys a sweep looks at, and orders it reads, per run.
 SWEEP_KEYS: Final = 200
 SWEEP_LOADS: Final = 500
+#: How often the holders of a key nobody waits for are read (their order ended and the
+#: release was lost: it holds nobody up until someone comes, who then waits one run).
+IDLE_RECHECK: Final = timedelta(minutes=5)
+#: Keys whose last such read a process remembers (then it forgets them all).
+MAX_IDLE_KEYS: Final = 10_000
 
 
 class TurnKeeper:
@@ -66,6 +71,10 @@ class TurnKeeper:
         self._clock = clock
         self._load = load
         self._grace = grace
+        #: where the next sweep goes on in the list of keys ("": from the start)
+        self._cursor = ""
+        #: when this process last read the holders of a key nobody waits for
+        self._idle: dict[str, datetime] = {}
 
     # --- acceptance and release ---------------------------------------------------------
 
@@ -135,10 +144,13 @@ class TurnKeeper:
     # --- the sweep ------------------------------------------------------------------------
 
     def sweep(self, keys: int = SWEEP_KEYS, loads: int = SWEEP_LOADS) -> SweepReport:
-        """Repair what a process that died left (see the module); bounded per run."""
+        """Repair what a process that died left (see the module); bounded per run: ``keys``
+        slots, from where the last run stopped (all of them in turn), and ``loads`` orders."""
         report = SweepReport()
         budget = [loads]
-        for workflow, key in self._store.turn_keys(keys):
+        listed = list(self._store.turn_keys(keys, after=self._cursor))
+        self._cursor = _row(*listed[-1]) if len(listed) >= keys else ""
+        for workflow, key in listed:
             report.keys += 1
             try:
                 self._sweep_key(workflow, key, budget, report)
@@ -154,8 +166,21 @@ class TurnKeeper:
         now = self._clock()
         leaving: list[str] = []
         limit = slot.limit
+        # Holders are read while someone waits behind them, or soon after they took their
+        # turn (a lost wake, an order that never came); else, nobody being held up, at
+        # most every IDLE_RECHECK: a running order costs no read per run.
+        line = slot.position_count()
+        idle = _row(workflow, key)
+        recheck = now - self._idle.get(idle, datetime.min.replace(tzinfo=now.tzinfo))
+        if recheck >= IDLE_RECHECK:
+            if len(self._idle) >= MAX_IDLE_KEYS:
+                self._idle.clear()
+            self._idle[idle] = now
         for holder in slot.holders:
-            if now - holder.since < FRESH or budget[0] <= 0:
+            age = now - holder.since
+            if age < FRESH or budget[0] <= 0:
+                continue
+            if not line and age >= self._grace and recheck < IDLE_RECHECK:
                 continue
             budget[0] -= 1
             order = self._load(holder.order_id)
@@ -189,3 +214,8 @@ def released_after(order: Order, before_status: Any) -> bool:
     if not turns.key_of(order) or rule is None or order.status is before_status:
         return False
     return rule.releases(order.status)
+
+
+def _row(workflow: str, key: str) -> str:
+    """A key's place in the list of keys (``TurnStore.turn_keys``' order)."""
+    return f"{workflow}|{turns.key_digest(key)}"

@@ -190,8 +190,12 @@ class Slot:
             "key": self.key,
             "position": self.position(order_id),
             "holders": self.holder_ids,
-            "waiting": len([w for w in self.waiting if not self.holds(w.order_id)]),
+            "waiting": self.position_count(),
         }
+
+    def position_count(self) -> int:
+        """How many wait in line (not holding it)."""
+        return len([w for w in self.waiting if not self.holds(w.order_id)])
 
     @property
     def empty(self) -> bool:
@@ -269,8 +273,9 @@ class TurnStore(Protocol):
         writer came first."""
         ...
 
-    def turn_keys(self, limit: int) -> Iterable[tuple[str, str]]:
-        """(workflow, key) of slots that have rows, at most ``limit``."""
+    def turn_keys(self, limit: int, after: str = "") -> Iterable[tuple[str, str]]:
+        """(workflow, key) of slots that have rows, at most ``limit``, in the order of
+        ``f"{workflow}|{key_digest(key)}"``, those after ``after``."""
         ...
 
     def forget_slot(self, slot: Slot) -> bool:

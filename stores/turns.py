@@ -134,13 +134,15 @@ class TurnRows(RowReads):
         entity = {"PartitionKey": KEYS_PARTITION, "RowKey": row, "Workflow": workflow, "Key": key}
         self._transact(KEYS_PARTITION, [Op("upsert", row, entity)])
 
-    def turn_keys(self, limit: int) -> list[tuple[str, str]]:
+    def turn_keys(self, limit: int, after: str = "") -> list[tuple[str, str]]:
         self._before_read("turn_keys")
+        fields = ["RowKey", "Workflow", "Key"]
         try:
-            rows = list(self._range(KEYS_PARTITION, "", _HIGH, ["Workflow", "Key"], limit))
+            rows = list(self._range(KEYS_PARTITION, after, _HIGH, fields, limit + 1))
         except AzureError as exc:
             raise StorageUnavailable(f"could not read the keys with a slot: {exc}") from exc
-        return [(str(r["Workflow"]), str(r["Key"])) for r in rows]
+        found = [(str(r["Workflow"]), str(r["Key"])) for r in rows if r["RowKey"] != after]
+        return found[:limit]
 
     def forget_slot(self, slot: Slot) -> bool:
         if slot.etag is None or not slot.empty:

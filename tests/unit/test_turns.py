@@ -20,7 +20,7 @@ from core.model import Order
 from core.outcome import Outcome
 from core.ports import ListFilter
 from core.states import OrderStatus
-from core.turn_keeper import FRESH, MISSING_GRACE, TurnKeeper
+from core.turn_keeper import FRESH, IDLE_RECHECK, MISSING_GRACE, TurnKeeper
 from core.turns import Slot, TurnRule, key_of, settle, waits
 from core.workflows import (
     Concurrency,
@@ -34,6 +34,7 @@ from scheduler.service import Handled
 from stores.memory import InMemoryStateStore
 from tests.support import declarations
 from tests.unit.test_services_in_memory import T0, Services, build, expire, reply_to, stored
+from tests.unit.test_turn_machine import FakeOrder
 
 
 @pytest.fixture
@@ -501,3 +502,43 @@ def test_the_deploy_guard_groups_plans_whatever_their_key_and_notes_a_new_rule()
     wider = Workflow("w", (StepSpec("s"),), concurrency=Concurrency(one, limit=5))
     [note] = differences(acme, wider)
     assert note.startswith("concurrency: ") and "'limit': 5" in note
+
+
+def test_the_sweep_goes_through_every_key_in_turn() -> None:
+    store = InMemoryStateStore()
+    for key in ("k1", "k2", "k3"):
+        store.add_waiter("w", key, f"o-{key}", T0)
+        store.write_slot(store.read_slot("w", key), settle(store.read_slot("w", key), 1, T0))
+    keeper = TurnKeeper(store, print, lambda: T0, lambda _: None)
+
+    seen = [keeper.sweep(keys=2).keys for _ in range(3)]
+
+    assert seen == [2, 1, 2]  # then from the start again
+    assert len(list(store.turn_keys(10))) == 3
+
+
+def test_a_running_order_nobody_waits_behind_costs_no_read_each_sweep() -> None:
+    store = InMemoryStateStore()
+    store.add_waiter("w", "k", "o-1", T0)
+    store.write_slot(store.read_slot("w", "k"), settle(store.read_slot("w", "k"), 1, T0))
+    now = [T0 + MISSING_GRACE]
+    loads: list[str] = []
+    running = FakeOrder("o-1", Plan("w", concurrency=TurnRule("fn", 1, False, "k")))
+    running.status, running.steps = OrderStatus.PROCESSING, ["first"]
+
+    def load(order_id: str) -> Any:
+        loads.append(order_id)
+        return running
+
+    keeper = TurnKeeper(store, print, lambda: now[0], load)
+    for _ in range(10):
+        keeper.sweep()
+        now[0] += timedelta(seconds=10)
+    assert loads == ["o-1"]  # once when first seen, then every IDLE_RECHECK
+    now[0] += IDLE_RECHECK
+    keeper.sweep()
+    assert loads == ["o-1", "o-1"]
+    store.add_waiter("w", "k", "o-2", now[0])  # someone waits behind it: read each run
+    keeper.sweep()
+    keeper.sweep()
+    assert loads == ["o-1"] * 4
