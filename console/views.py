@@ -14,6 +14,7 @@ from typing import Any
 
 from admin.service import attempts_of
 from core.history import Happened
+from core.item_names import item_of
 from core.model import CancelPreview, Order, StepRecord
 from core.plans import PlannedStep
 from core.states import OrderStatus, StepKind, StepState
@@ -77,15 +78,19 @@ class Row:
     waits: list[Wait] = field(default_factory=list)
     #: where "skipped" is written (the time its ``when`` said no), for a Skipped step
     skipped_x: float | None = None
+    #: the ForEach it belongs to (its head, or one of its items; actions only)
+    for_each: str | None = None
 
 
 @dataclass(frozen=True)
 class Band:
-    """The rows of one Parallel group, drawn behind them: they ran at once."""
+    """The rows of one Parallel group (or of a ForEach's items), drawn behind them: they
+    ran at once."""
 
     group: int
     y: int
     height: int
+    for_each: str | None = None
 
 
 @dataclass(frozen=True)
@@ -282,7 +287,16 @@ def _row(order: Order, step: StepRecord, y: int) -> Row:
         state=str(step.process_state),
         group=group,
         parallel=group is not None and len(order.plan.group(group)) > 1,
+        for_each=_for_each_of(order, step) if group is not None else None,
     )
+
+
+def _for_each_of(order: Order, step: StepRecord) -> str | None:
+    """The ForEach an action's record belongs to: its head's, or an item's."""
+    found = item_of(step.step)
+    if found is not None:
+        return found[0]
+    return step.step if order.kind_of(step) == "items" else None
 
 
 def _group_of(order: Order, step: StepRecord) -> int | None:
@@ -301,7 +315,7 @@ def _bands(rows: list[Row]) -> list[Band]:
     run: list[Row] = []
     for row in [*rows, None]:
         if run and (row is None or not row.parallel or row.group != run[0].group):
-            bands.append(Band(run[0].group or 0, run[0].y, len(run) * ROW_HEIGHT))
+            bands.append(Band(run[0].group or 0, run[0].y, len(run) * ROW_HEIGHT, run[0].for_each))
             run = []
         if row is not None and row.parallel:
             run.append(row)
