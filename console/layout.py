@@ -89,6 +89,7 @@ def _for_each(
             "type": head.kind,
             "agent": step.agent or None,
             "maxConcurrency": head.max_concurrency,
+            "items": None,
             "onFailure": step.on_failure,
             "notStarted": True,
         }
