@@ -562,6 +562,7 @@ class Workflow:
                         "items": _name_of(element.items),
                         "maxConcurrency": element.max_concurrency,
                         "step": leaf(element.step),
+                        "summary": _for_each_summary(element),
                     }
                 )
             else:
@@ -572,6 +573,26 @@ class Workflow:
             "events": list(self.event_names()),
             "search": describe_search(self.search),
         }
+
+
+def _for_each_summary(element: ForEach) -> str:
+    """A ForEach in one line, for a person reading ``describe()``: "reserve: for each of
+    items(lines), at most 2 at once: reserve-line@warehouse, undone by unreserve"."""
+    step = element.step
+    text = (
+        f"{element.name}: for each of items({_name_of(element.items).rsplit('.', 1)[-1]}), "
+        f"at most {element.max_concurrency} at once: {step.name}@{step.agent}"
+    )
+    if step.remote_path != step.name:
+        text += f" /{step.remote_path}"
+    comp = step.compensation
+    if comp is not None:
+        text += f", undone by {comp.step}"
+        if (comp.agent or step.agent) != step.agent:
+            text += f"@{comp.agent}"
+    if step.on_failure != "unwind":
+        text += f", on failure: {step.on_failure}"
+    return text
 
 
 def _is_head(name: str, leaves: list[tuple[Planned, int]]) -> bool:

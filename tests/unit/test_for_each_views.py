@@ -226,3 +226,31 @@ def test_a_finished_order_says_its_items_never_started_and_failed_ones_in_red(ap
     assert found["failed"][1] == "1" and found["undone"][1] == "1"
     failed = item_box(group, "reserve[1]")
     assert "out of stock" in failed and 'data-state="Error"' in failed
+
+
+# --- GET /api/workflows and python -m admin workflows -------------------------------------
+
+
+def test_the_api_and_the_cli_show_a_for_each_in_one_readable_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from admin import __main__ as cli
+    from admin.triggers import workflows_view
+    from config.settings import DECLARATIONS
+
+    monkeypatch.setenv(DECLARATIONS, KIT)
+    assert cli.main(["workflows"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(json.dumps(workflows_view()))
+    by_name = {w["workflow"]: w for w in printed["workflows"]}
+    shown = by_name["lines"]["steps"][1]
+    assert (shown["forEach"], shown["kind"], shown["maxConcurrency"]) == ("reserve", "items", 2)
+    assert shown["summary"] == (
+        "reserve: for each of items(lines), at most 2 at once: reserve-line@warehouse, "
+        "undone by unreserve"
+    )
+    held = by_name["lines-held"]["steps"][1]["summary"]
+    assert held.endswith("undone by unreserve, on failure: hold")
+    assert by_name["mails"]["steps"][1]["summary"] == (
+        "mail: for each of items(lines), at most 3 at once: mail-line@mail"
+    )
