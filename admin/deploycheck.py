@@ -25,11 +25,12 @@ declarations still decide for an order in flight:
   may not be removed.
 
 Anything else — a step dropped, renamed, moved to another agent or path, a workflow
-removed, a ForEach's ``max_concurrency`` changed — leaves orders in flight running as planned (reported as a note: the remote
-must keep serving the paths their plans name). Orders accepted while the deploy is
-under way still follow the deployed declarations, which the check cannot read; the
-newest order of each workflow (in flight or among the newest finished) stands for
-them: an agent it planned may not be removed while its workflow stays declared.
+removed, a ForEach's ``max_concurrency`` changed — leaves orders in flight running as
+planned (reported as a note: the remote must keep serving the paths their plans name).
+Orders accepted while the deploy is under way still follow the deployed declarations,
+which the check cannot read; the newest order of each workflow (in flight or among the
+newest finished) stands for them: an agent it planned may not be removed while its
+workflow stays declared.
 
 ``DeployCheck`` is the comparison (pure: orders in, a report out); ``admin.inflight.read``
 feeds it from a ``StateStore``.
