@@ -47,6 +47,7 @@ from core.agent_spec import (
 )
 from core.item_names import MAX_ITEM_CONCURRENCY
 from core.limits import MAX_STEP_TIMEOUT_SECONDS
+from core.one_line import for_each_summary
 from core.search import SearchError, check_fields, check_sources
 from core.search import describe as describe_search
 
@@ -555,16 +556,14 @@ class Workflow:
             if isinstance(element, Parallel):
                 steps.append({"parallel": [leaf(s) for s in element.steps]})
             elif isinstance(element, ForEach):
-                steps.append(
-                    {
-                        "forEach": element.name,
-                        "kind": "items",
-                        "items": _name_of(element.items),
-                        "maxConcurrency": element.max_concurrency,
-                        "step": leaf(element.step),
-                        "summary": _for_each_summary(element),
-                    }
-                )
+                shown = {
+                    "forEach": element.name,
+                    "kind": "items",
+                    "items": _name_of(element.items),
+                    "maxConcurrency": element.max_concurrency,
+                    "step": leaf(element.step),
+                }
+                steps.append({**shown, "summary": for_each_summary(shown)})
             else:
                 steps.append(leaf(element))
         return {
@@ -573,26 +572,6 @@ class Workflow:
             "events": list(self.event_names()),
             "search": describe_search(self.search),
         }
-
-
-def _for_each_summary(element: ForEach) -> str:
-    """A ForEach in one line, for a person reading ``describe()``: "reserve: for each of
-    items(lines), at most 2 at once: reserve-line@warehouse, undone by unreserve"."""
-    step = element.step
-    text = (
-        f"{element.name}: for each of items({_name_of(element.items).rsplit('.', 1)[-1]}), "
-        f"at most {element.max_concurrency} at once: {step.name}@{step.agent}"
-    )
-    if step.remote_path != step.name:
-        text += f" /{step.remote_path}"
-    comp = step.compensation
-    if comp is not None:
-        text += f", undone by {comp.step}"
-        if (comp.agent or step.agent) != step.agent:
-            text += f"@{comp.agent}"
-    if step.on_failure != "unwind":
-        text += f", on failure: {step.on_failure}"
-    return text
 
 
 def _is_head(name: str, leaves: list[tuple[Planned, int]]) -> bool:
