@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from admin.item_views import item_counts
 from admin.service import attempts_of
+from core import items
 from core.history import Happened
 from core.item_names import item_of
 from core.model import CancelPreview, Order, StepRecord
@@ -364,6 +366,8 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
     side = [s.step for s in order.active_steps()]
     if len(side) > 1:
         doing = f"Steps {', '.join(side)} run side by side; {doing}"
+    if active.kind is StepKind.ACTION:
+        doing = _items_at_work(order) + doing
     if active.process_state is StepState.PROCESSING:
         return (
             f"{_first_upper(doing)} step {active.step}: attempt {active.attempt} is running on "
@@ -378,6 +382,24 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         f"{active.attempt + 1}) not before {iso(active.complete_by)}, "
         f"{active.failure_count} counted failure(s) so far.{extra}{cancel}"
     )
+
+
+def _items_at_work(order: Order) -> str:
+    """Where the items of each ForEach of the current group stand, a sentence each (""
+    when the group has none)."""
+    said = ""
+    for head in items.heads(order):
+        listed = items.decided(order, head.name)
+        if listed is None:
+            continue
+        n = item_counts(order, head.name)
+        said += (
+            f"ForEach {head.name}: {n['running']} of {len(listed)} item(s) in flight (at most "
+            f"{head.max_concurrency} at once), {n['done']} done, {n['waiting']} waiting"
+            + (f", {n['failed']} failed" if n["failed"] else "")
+            + ". "
+        )
+    return said
 
 
 def undo_summary(order: Order) -> str:

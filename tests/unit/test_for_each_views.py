@@ -190,6 +190,11 @@ def test_the_console_draws_the_items_as_one_group_with_counts_each_openable(app:
     }
     assert 'data-source="input"' in done and "r-A" in done
     assert re.search(r'<tr class="item-attempt" data-attempt="1">.*succeeded', done)
+    # why says where the items stand
+    assert views.why(order).startswith(
+        "ForEach reserve: 2 of 5 item(s) in flight (at most 2 at once), 1 done, 1 waiting. "
+        "Steps reserve[1], reserve[3] run side by side; at step reserve[1]"
+    )
     # and the timeline draws them over one band, named for the ForEach
     assert re.search(r'<rect class="group-band" data-group="1" data-for-each="reserve"', page)
     drawn = views.timeline(order, app.clock())
