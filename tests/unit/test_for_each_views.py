@@ -259,3 +259,19 @@ def test_the_api_and_the_cli_show_a_for_each_in_one_readable_line(
     assert by_name["mails"]["steps"][1]["summary"] == (
         "mail: for each of items(lines), at most 3 at once: mail-line@mail"
     )
+
+
+def test_items_that_raise_are_told_on_the_for_each_head(app: App) -> None:
+    submit(app, "l-4", "lines-broken", lines=LINES)
+    answer(app, "l-4", "charge", {"charge": "ch-1"})
+    answer(app, "l-4", "refund", {})
+    assert app.order("l-4").status is OrderStatus.COMPENSATED
+
+    group = group_of(text(get("/orders/l-4", orderId="l-4")), "reserve")
+    head = re.search(
+        r'<div class="for-each-head" data-step="reserve"[^>]*>(.*?)</div>', group, re.S
+    )
+    assert head is not None and 'data-state="Error"' in head[0]
+    assert "its items, at most 10 at once" in head[1] and "item-counts" in head[1]
+    assert re.search(r'class="last-error">[a-z ]+: items of reserve raised KeyError', head[1])
+    assert "row-steps items" not in group  # no item ever ran
