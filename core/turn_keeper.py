@@ -8,13 +8,15 @@
   the sweep after ``grace``.
 - **Release** (``release``): an order that ended (or went to ``error`` without
   ``hold_on_error``) leaves the slot, and the next in line take it, in one transaction;
-  each is woken by an order-dispatch message, and starts only if the slot lists it when
-  the message is handled (``holds``: a message alone proves nothing). Idempotent: a
-  second release of the same order changes nothing.
-- **Sweep** (``sweep``, the supervisor's timer): per listed key, a holder whose order
-  ended (or never came, after ``grace``) is released, one whose order still waits is
-  woken again (its wake was lost), free places are filled, and an empty slot is
-  forgotten. Waiting orders cost nothing: the sweep reads no order that waits.
+  each is woken (``wake``: the scheduler starts it in process, else an order-dispatch
+  message), and starts only if the slot lists it when it is looked at (``holds``: a
+  message alone proves nothing). Idempotent: a second release changes nothing.
+- **Sweep** (``sweep``, the supervisor's timer): per listed key (every key in turn, a
+  bounded number per run), a holder whose order ended (or never came, after ``grace``)
+  is released, one whose order still waits is woken again (its wake was lost), free
+  places are filled, and an empty slot is forgotten. A holder is read while someone
+  waits behind it or early in its turn, else every ``IDLE_RECHECK``; the sweep reads no
+  order that waits.
 
 Only ports are used (``TurnStore``, a wake-up sender, a loader of orders).
 """
