@@ -32,7 +32,7 @@ from core.errors import (
     UnboundMessage,
 )
 from core.history import Happened
-from core.messages import AgentReply, AgentRequest
+from core.messages import AgentReply, AgentRequest, alert_message
 from core.model import Order, ReplyEffect, StepRecord
 from core.names import Names
 from core.order_message import OrderMessage, decode_order
@@ -154,6 +154,12 @@ class Scheduler:
                 turn = self._turn_of(message, plan)
             except TurnKeyRefused as refused:
                 self.reject(raw, refused.reason)
+                # a declaration's function that raised (or returned what it must not) is
+                # always told (docs/contracts.md §3.17), besides the kept rejection (§3.1)
+                self._queues.send(
+                    self._names.operator_alerts,
+                    alert_message(message.order_id, "", refused.reason, 0, self._clock()),
+                )
                 return Handled.REJECTED
             except OrderAlreadyExists:  # a redelivery: it takes no place in line again
                 return self._duplicate(raw, message.order_id, message.content_hash)

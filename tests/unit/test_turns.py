@@ -147,6 +147,9 @@ def test_a_key_that_fails_rejects_the_order_with_the_reason(
     assert json.loads(record["message"])["orderId"] == "o-bad"  # kept as it came (§3.1)
     assert s.store.load("o-bad") is None
     assert s.store.read_slot("serial", "42").empty
+    # a declaration's function that failed is told, whatever else happens (§3.17)
+    [alert] = s.queues.on(s.names.operator_alerts)
+    assert alert["orderId"] == "o-bad" and says in alert["reason"]
 
 
 def test_an_order_whose_key_is_none_runs_unlimited(s: Services) -> None:
