@@ -18,6 +18,13 @@ compensation names nothing (the field absent or null) and undoes nothing.
 
 Callbacks: a call whose body asks for one is answered ``202`` and called back later
 (``simulator.callbacks``).
+
+Items (docs/contracts.md §3.16): a call keyed ``<orderId>:<name>:<i>`` is item ``i`` of
+the ForEach ``name``; the ledger names its effect ``<name>[<i>]``, as the order names its
+record, and a ``simulate`` directive for ``<name>[<i>]`` applies to it alone (before one
+for its path). A step in the id map hands out an id per item; a compensation of an item
+(``undo[<i>]``) undoes ``<target>[<i>]`` and must name the id that item handed out: so a
+ForEach is named as its step's path, as its compensations' items are.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from simulator.faults import (
     RandomFaults,
     RequestError,
     directive_for,
+    record_name,
     validate_call,
 )
 from simulator.ledger import Effect, Ledger, now_iso
@@ -95,12 +103,13 @@ def handed_out(field: str, key: str) -> str:
 class _Call:
     state: _KeyState
     order_id: str
-    step: str
+    step: str  # the record it is for: the path's step, or an item's <name>[<i>]
     key: str
     number: int  # 1-based, per key, over the server's life
     body: dict[str, Any]
     directive: Directive | None
     callback: str | None  # the URL to call back on
+    path: str  # POST /{path}
 
     @property
     def refused_later(self) -> bool:
@@ -203,8 +212,10 @@ class Simulator:
         )
         self._ids = dict(DEFAULT_IDS if ids is None else ids)
         self._callback_ms = callback_ms
-        # (orderId, step) -> the id that step handed out
+        # (orderId, step) -> the id that step handed out (an item's: <name>[<i>])
         self._handed: dict[tuple[str, str], str] = {}
+        # (orderId, step) called under its plain key <orderId>:<step> (record_name)
+        self._plain: set[tuple[str, str]] = set()
         self.ledger = ledger or Ledger()
         self.call_log = CallLog() if call_log is None else call_log
         self.outage = OutageSwitch() if outage is None else outage
@@ -243,14 +254,21 @@ class Simulator:
                 return self._end(refused)
         try:
             order_id, order = validate_call(step, key, body)
-            directive = directive_for(step, order)
             callback = callback_url(order)
         except RequestError as exc:
             self._stats.begin(None)
             self.call_log.record(at, step, key, 400, False, "invalid")
             return self._end(json_answer(400, {"error": str(exc)}))
         assert key is not None  # validate_call refuses a call without one
-        unknown = self._unknown_id(order_id, step, order)
+        name = self._record_name(order_id, step, key)
+        try:
+            directive = directive_for(name, order) if name != step else None
+            directive = directive or directive_for(step, order)
+        except RequestError as exc:
+            self._stats.begin(None)
+            self.call_log.record(at, step, key, 400, False, "invalid")
+            return self._end(json_answer(400, {"error": str(exc)}))
+        unknown = self._unknown_id(order_id, step, name, order)
         if unknown is not None:
             self._stats.begin(None)
             self.call_log.record(at, step, key, 422, False, "refused")
@@ -271,7 +289,7 @@ class Simulator:
                 if fault is not None:
                     state.random_faults += 1
         self._stats.begin(fault)
-        call = _Call(state, order_id, step, key, call_no, order, directive, callback)
+        call = _Call(state, order_id, name, key, call_no, order, directive, callback, step)
         outcome, applied = self._run(call, fault, latency)
         self.call_log.record(
             at,
@@ -340,11 +358,30 @@ class Simulator:
             Callback(call.order_id, call.step, call.key, call.callback, body, after, lost)
         )
 
-    def _unknown_id(self, order_id: str, step: str, body: dict[str, Any]) -> str | None:
+    def _record_name(self, order_id: str, path: str, key: str) -> str:
+        """The record the call is for (``faults.record_name``), noting plain keys."""
+        if key.count(":") == 1:
+            with self._keys_lock:
+                self._plain.add((order_id, path))
+            return path
+        with self._keys_lock:
+            plain = (order_id, path) in self._plain
+        return record_name(path, key, plain)
+
+    def _target(self, path: str, name: str) -> str | None:
+        """The record a compensation on ``path`` (for record ``name``) undoes: its target's,
+        or for item ``undo[<i>]``, the target's item ``<i>``."""
+        target = self._compensations.get(path)
+        if target is None or name == path:
+            return target
+        return f"{target}[{name.rpartition('[')[2]}"
+
+    def _unknown_id(self, order_id: str, step: str, name: str, body: dict[str, Any]) -> str | None:
         """Why a compensation is refused: it does not name the id its step handed out for
         the order (None: it does, or its step hands out none)."""
-        target = self._compensations.get(step)
-        field = self._ids.get(target) if target is not None else None
+        path_target = self._compensations.get(step)
+        field = self._ids.get(path_target) if path_target is not None else None
+        target = self._target(step, name)
         if target is None or field is None:
             return None
         handed = self._handed.get((order_id, target))
@@ -353,11 +390,11 @@ class Simulator:
             return None
         if handed is None:
             return (
-                f"{step} names {field} {named!r}, but {target} handed out none for order "
+                f"{name} names {field} {named!r}, but {target} handed out none for order "
                 f"{order_id}. Nothing was undone."
             )
         return (
-            f"{step} must name the {field} that {target} handed out for order {order_id} "
+            f"{name} must name the {field} that {target} handed out for order {order_id} "
             f"(the body's {field!r}); it names {named!r}. Nothing was undone: the remote does "
             "not know what to undo."
         )
@@ -379,13 +416,15 @@ class Simulator:
                 "confirmation": confirmation(step, key),
                 "appliedAt": at,
             }
-            compensates = self._compensations.get(step)
+            path = call.path
+            compensates = self._target(path, step)
             ids: dict[str, str] | None = None
-            field = self._ids.get(step)
+            field = self._ids.get(path)
             if field is not None and compensates is None:
                 ids = {field: handed_out(field, key)}
                 self._handed[(order_id, step)] = ids[field]
-            target_field = self._ids.get(compensates) if compensates is not None else None
+            target_path = self._compensations.get(path)
+            target_field = self._ids.get(target_path) if target_path is not None else None
             if target_field is not None and call.body.get(target_field) is not None:
                 ids = {target_field: call.body[target_field]}
             response.update(ids or {})
@@ -431,6 +470,7 @@ class Simulator:
         with self._keys_lock:
             self._keys = {}
             self._handed = {}
+            self._plain = set()
         self.ledger.clear()
         self._stats.clear()
         self.call_log.clear()
