@@ -8,7 +8,8 @@ no per-key call counting, nothing applied); then a step that requires a bearer t
 (``simulator.identity``) refuses a call without a valid one (401, nothing applied).
 
 Ids: a step in the id map (``DEFAULT_IDS``: ``reserve-stock`` hands out a
-``reservation``, ``charge-payment`` a ``charge``, ``ship`` a ``parcel``) answers with
+``reservation``, ``charge-payment`` a ``charge``, ``ship`` a ``parcel``, each item of
+``reserve-line`` a ``reservation``) answers with
 its id, ``"<field>": "<field>-<8 hex>"``, a pure function of the idempotency key. A
 compensation (``DEFAULT_COMPENSATIONS``) of such a step must name, in the same field of
 its body, the id that step handed out for the order (``{"reservation": "..."}``);
@@ -60,12 +61,14 @@ if TYPE_CHECKING:
 DEFAULT_COMPENSATIONS: Final[Mapping[str, str]] = {
     "release-stock": "reserve-stock",
     "refund-payment": "charge-payment",
+    "release-line": "reserve-line",  # item i of release-line undoes item i of reserve-line
 }
 #: step -> the field of its answer that carries the id it hands out.
 DEFAULT_IDS: Final[Mapping[str, str]] = {
     "reserve-stock": "reservation",
     "charge-payment": "charge",
     "ship": "parcel",
+    "reserve-line": "reservation",  # one per item (declarations' order-lines)
 }
 
 
