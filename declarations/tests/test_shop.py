@@ -1,7 +1,8 @@
 """The product's own workflows (``order``, ``fulfilment``, ``checkout``, ``order-lines``),
-tested with the kit: a team's tests of its own workflows look like these (docs/add-a-workflow.md, "Test
-it"). Each runs the workflow in process, its remotes faked, in milliseconds. Change them
-with the workflows they test (and delete them with them)."""
+tested with the kit: a team's tests of its own workflows look like these
+(docs/add-a-workflow.md, "Test it"). Each runs the workflow in process, its remotes
+faked, in milliseconds. Change them with the workflows they test (and delete them with
+them)."""
 
 from __future__ import annotations
 
