@@ -195,7 +195,15 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     ]
     returns = next(w for w in declared["workflows"] if w["workflow"] == "returns")
     [group] = [s["parallel"] for s in returns["steps"] if "parallel" in s]
-    failing = {s["step"]: s.get("onFailure") for s in [*returns["steps"], *group] if "step" in s}
+    [lines] = [s for s in returns["steps"] if "forEach" in s]
+    undo = lines["step"]["compensation"]["step"]
+    assert (lines["forEach"], lines["maxConcurrency"], undo) == (
+        "receive-line",
+        2,
+        "send-back-line",
+    )
+    steps = [s for s in [*returns["steps"], *group] if "step" in s and "forEach" not in s]
+    failing = {s["step"]: s.get("onFailure") for s in steps}
     assert (failing["refund"], failing["notify-customer"]) == ("hold", "continue"), failing
     searched = {f["name"]: f["parameter"] for f in returns["search"]}
     assert searched == {"customerId": "customerId", "receive-return.rma": "rma"}, returns
