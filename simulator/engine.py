@@ -24,8 +24,11 @@ Items (docs/contracts.md §3.16): a call keyed ``<orderId>:<name>:<i>`` is item 
 the ForEach ``name``; the ledger names its effect ``<name>[<i>]``, as the order names its
 record, and a ``simulate`` directive for ``<name>[<i>]`` applies to it alone (before one
 for its path). A step in the id map hands out an id per item; a compensation of an item
-(``undo[<i>]``) undoes ``<target>[<i>]`` and must name the id that item handed out: so a
-ForEach is named as its step's path, as its compensations' items are.
+(``undo[<i>]``) undoes ``<target>[<i>]`` and must name the id that item handed out (the
+maps go by path: name a ForEach as its step's path for its undo to find its items).
+``<orderId>:<step>:<n>`` (n >= 2) also reads as round ``n`` of ``step``: it is one when
+the order called ``step`` under its plain key before, or ``step`` is an undo whose
+target's item ``n`` was never called (``Simulator._record_name``).
 """
 
 from __future__ import annotations
@@ -217,8 +220,8 @@ class Simulator:
         self._callback_ms = callback_ms
         # (orderId, step) -> the id that step handed out (an item's: <name>[<i>])
         self._handed: dict[tuple[str, str], str] = {}
-        # (orderId, step) called under its plain key <orderId>:<step> (record_name)
-        self._plain: set[tuple[str, str]] = set()
+        # (orderId, record) of every call: a plain step's, a round's, an item's <name>[<i>]
+        self._seen: set[tuple[str, str]] = set()
         self.ledger = ledger or Ledger()
         self.call_log = CallLog() if call_log is None else call_log
         self.outage = OutageSwitch() if outage is None else outage
@@ -244,6 +247,7 @@ class Simulator:
         """Serve ``POST /{step}`` with header ``Idempotency-Key: key`` and ``body``
         (``authorization``: its ``Authorization`` header, if any)."""
         at = now_us()
+        self._note_plain(step, key)
         blocked = self.outage.current()
         if blocked is not None:
             self._stats.outage(blocked.status)
@@ -257,16 +261,12 @@ class Simulator:
                 return self._end(refused)
         try:
             order_id, order = validate_call(step, key, body)
-            callback = callback_url(order)
-        except RequestError as exc:
-            self._stats.begin(None)
-            self.call_log.record(at, step, key, 400, False, "invalid")
-            return self._end(json_answer(400, {"error": str(exc)}))
-        assert key is not None  # validate_call refuses a call without one
-        name = self._record_name(order_id, step, key)
-        try:
+            assert key is not None  # validate_call refuses a call without one
+            name = self._record_name(order_id, step, key)
+            # an item's own directive (<name>[<i>]) first, then its path's
             directive = directive_for(name, order) if name != step else None
             directive = directive or directive_for(step, order)
+            callback = callback_url(order)
         except RequestError as exc:
             self._stats.begin(None)
             self.call_log.record(at, step, key, 400, False, "invalid")
@@ -361,15 +361,30 @@ class Simulator:
             Callback(call.order_id, call.step, call.key, call.callback, body, after, lost)
         )
 
-    def _record_name(self, order_id: str, path: str, key: str) -> str:
-        """The record the call is for (``faults.record_name``), noting plain keys."""
-        if key.count(":") == 1:
+    def _note_plain(self, path: str, key: str | None) -> None:
+        """A call under a plain key, ``<orderId>:<path>``, even one that goes no further (an
+        outage answers it): a later ``<orderId>:<path>:<n>`` is its round."""
+        if key and key.count(":") == 1:
             with self._keys_lock:
-                self._plain.add((order_id, path))
+                self._seen.add((key.partition(":")[0], path))
+
+    def _record_name(self, order_id: str, path: str, key: str) -> str:
+        """The record the call is for (``faults.record_name``). ``<orderId>:<path>:<n>``
+        (n >= 2) is a round of ``path`` if the order called ``path`` itself before, or if
+        ``path`` is a compensation whose target's item ``n`` it never called (a plain
+        compensation run again); otherwise item ``n`` (of a ForEach, or of the undo of
+        one, whose target's item ``n`` was called: an item is undone only once called)."""
+        if key.count(":") == 1:
             return path
         with self._keys_lock:
-            plain = (order_id, path) in self._plain
-        return record_name(path, key, plain)
+            as_round = (order_id, path) in self._seen
+            target = self._compensations.get(path)
+            if not as_round and target is not None:
+                index = key.split(":")[2]
+                as_round = (order_id, f"{target}[{index}]") not in self._seen
+            name = record_name(path, key, as_round)
+            self._seen.add((order_id, name))
+        return name
 
     def _target(self, path: str, name: str) -> str | None:
         """The record a compensation on ``path`` (for record ``name``) undoes: its target's,
@@ -473,7 +488,7 @@ class Simulator:
         with self._keys_lock:
             self._keys = {}
             self._handed = {}
-            self._plain = set()
+            self._seen = set()
         self.ledger.clear()
         self._stats.clear()
         self.call_log.clear()

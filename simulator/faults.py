@@ -163,17 +163,17 @@ def order_of_key(step: str, key: str) -> str:
     )
 
 
-def record_name(step: str, key: str, plain_called: bool = False) -> str:
+def record_name(step: str, key: str, as_round: bool = False) -> str:
     """The order's record a call on ``POST /{step}`` is for, by its (valid) key: ``step``,
     or ``<name>[<i>]`` for item ``i`` of the ForEach ``name`` (docs/contracts.md §3.16),
-    whatever path its step has. ``<orderId>:<step>:<n>`` with ``n`` >= 2 is a round of
-    ``step`` when ``<orderId>:<step>`` itself was called before (``plain_called``: a step
-    is never both an item and a plain step of one order), otherwise item ``n``."""
+    whatever path its step has. ``<orderId>:<step>:<n>`` with ``n`` from 2 to 99 says
+    either (round ``n`` of ``step``, or its item ``n``): ``as_round`` decides (the
+    simulator's engine knows which from the calls it had)."""
     parts = key.split(":")
     if len(parts) == 2:
         return step
     round_of_step = len(parts) == 3 and parts[1] == step and _is_round(parts[2])
-    if round_of_step and (plain_called or not _item_key(parts[1:])):
+    if round_of_step and (as_round or not _item_key(parts[1:])):
         return step
     return f"{parts[1]}[{parts[2]}]"
 

@@ -29,6 +29,7 @@ from simulator.ledger import (
     load_ledger,
     standing_effects,
 )
+from simulator.outage import Phase
 
 
 def body(order_id: str = "o-1", **fields: object) -> bytes:
@@ -353,8 +354,8 @@ def test_an_items_key_names_its_record_and_its_round() -> None:
     assert record_name("send-back", "o-1:send-back:1") == "send-back[1]"
     assert record_name("send-back", "o-1:send-back:7:2") == "send-back[7]"
     assert record_name("send-back", "o-1:send-back") == "send-back"
-    # <orderId>:<step>:<n>, n >= 2: a round of a step called under its plain key, else item n
-    assert record_name("send-back", "o-1:send-back:3", plain_called=True) == "send-back"
+    # <orderId>:<step>:<n>, n >= 2: a round, or item n (the engine knows which)
+    assert record_name("send-back", "o-1:send-back:3", as_round=True) == "send-back"
     assert record_name("send-back", "o-1:send-back:3") == "send-back[3]"
     assert record_name("send-back", "o-1:send-back:100") == "send-back"  # no item 100
 
@@ -384,6 +385,27 @@ def test_items_apply_once_each_hand_out_their_own_id_and_are_undone_by_it() -> N
     ]
     assert double_effects(sim.effects()) == []
     assert standing_effects(sim.effects()) == {}
+
+
+def test_a_key_that_could_be_a_round_or_an_item_is_told_apart_by_the_calls_before() -> None:
+    """``<orderId>:<step>:<n>`` (n >= 2): a round of a step the order called itself (its
+    first key answered by an outage too), or of a compensation whose target's item ``n``
+    was never called; otherwise an item."""
+    sim = Simulator(ids={}, compensations={"unpick": "pick"})
+    sim.outage.set_error(Phase.error(60, 503))
+    assert sim.handle("pick", "a:pick", body("a")).status == 503  # answered by the outage
+    sim.outage.clear()
+    sim.handle("pick", "a:pick:2", body("a"))  # a forward step's new key, after a fix
+    sim.handle("unpick", "b:unpick:2", body("b"))  # a plain undo run again
+    item(sim, "c", "pick", 2)  # an item: the order never called pick itself
+    item(sim, "c", "unpick", 2)  # and its undo
+    named = [(e["orderId"], e["step"], e["compensates"]) for e in sim.effects()]
+    assert named == [
+        ("a", "pick", None),
+        ("b", "unpick", "pick"),
+        ("c", "pick[2]", None),
+        ("c", "unpick[2]", "pick[2]"),
+    ]
 
 
 def test_a_directive_for_one_item_applies_to_it_alone() -> None:
