@@ -523,10 +523,8 @@ def check_return_lines(result: dict[str, Any]) -> None:
     assert refused["steps"]["receive-line[1]"]["state"] == "Error"
     assert entries(result, "ret-7", "receive-line[1]") == []
     for i in (0, 2):  # line 2 ran only if line 0 ended before line 1's refusal came
-        received = [
-            e["response"]["receipt"] for e in entries(result, "ret-7", f"receive-line[{i}]")
-        ]
+        got = [e["response"]["receipt"] for e in entries(result, "ret-7", f"receive-line[{i}]")]
         sent_back = entries(result, "ret-7", f"send-back-line[{i}]")
-        assert received == [e["request"]["receipt"] for e in sent_back], (received, sent_back)
+        assert got == [e["request"]["receipt"] for e in sent_back], (got, sent_back)
         assert all(e["undid"] for e in sent_back)
     assert entries(result, "ret-7", "refund") == []
