@@ -179,11 +179,10 @@ def check_sources(names: Iterable[str], kinds: Mapping[str, str]) -> None:
                 f"workflow does not have (its steps: {', '.join(kinds) or 'none'})"
             )
         if kind not in RESULT_KINDS:
-            why = (
-                "a Delay's result is always {}"
-                if kind == "delay"
-                else "a compensation's result is not kept for searching"
-            )
+            why = {
+                "delay": "a Delay's result is always {}",
+                "items": "a ForEach's result is the list of its items' results",
+            }.get(kind, "a compensation's result is not kept for searching")
             raise SearchError(
                 f"search field {name!r} reads the result of {kind} {step!r}: {why}; search "
                 "by a field of a task's result or of what an Event delivered"

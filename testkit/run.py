@@ -4,7 +4,7 @@ test reads of it (``Run``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import ModuleType
@@ -173,10 +173,13 @@ class Run:
         self._world.drive()
         return self
 
-    def cancel(self, *, reason: str = "cancelled (testkit)") -> Run:
-        """Cancel the order as an operator does (what applied is undone), then run on."""
+    def cancel(
+        self, *, reason: str = "cancelled (testkit)", not_applied: Sequence[str] = ()
+    ) -> Run:
+        """Cancel the order as an operator does (what applied is undone), then run on;
+        ``not_applied``: the steps in doubt the operator states did not happen."""
         with self._world.using():
-            self._world.app.admin.cancel(self.order_id, OPERATOR, reason)
+            self._world.app.admin.cancel(self.order_id, OPERATOR, reason, list(not_applied) or None)
         self._world.drive()
         return self
 
