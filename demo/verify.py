@@ -31,7 +31,7 @@ from typing import Any
 
 from bootstrap import AppContext
 from core.history import ATTEMPT_ENDINGS, Happened
-from core.item_names import item_of, template_of
+from core.item_names import declared_name, template_of
 from core.items import compensation_of
 from core.model import Order, StepRecord
 from core.outcome import Outcome
@@ -262,12 +262,6 @@ def _is_head(order: Order, step: str) -> bool:
     return planned is not None and planned.kind == "items"
 
 
-def _alerted_as(step: str) -> str:
-    """The step an alert about the record ``step`` names: an item's, its ForEach's."""
-    item = item_of(step)
-    return item[0] if item is not None else step
-
-
 def _latest_failed(order: Order) -> StepRecord | None:
     failed = [s for s in order.steps if s.process_state is StepState.ERROR]
     return max(failed, key=lambda s: s.seq) if failed else None
@@ -419,7 +413,7 @@ def verify(
             if (
                 order.status is OrderStatus.ERROR
                 and step is _latest_failed(order)
-                and (order_id, _alerted_as(step.step)) not in alerted
+                and (order_id, declared_name(step.step)) not in alerted
             ):
                 # an order waiting for an operator: the step it waits on was alerted
                 verdict.unalerted.append(f"{order_id}:{step.step}")
