@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from admin.item_views import item_fields
 from core.control_cache import ControlSource
 from core.controls import AgentControl
 from core.errors import (
@@ -153,6 +154,9 @@ def step_view(
         # waiting (Pending) because an operator paused its agent, since then
         "pausedFor": step.paused_for or None,
         "pausedSince": iso(step.paused_since) if step.paused_since else None,
+        # a ForEach (docs/contracts.md §3.16): its head, its items and their compensations
+        # say which (forEach, index); the head also how many items and where they stand
+        **item_fields(order, step),
     }
 
 
@@ -235,7 +239,11 @@ def order_view(order: Order, pauses: Mapping[str, AgentControl] | None = None) -
         "version": order.version,
         "cancelRequested": order.cancel_requested,
         "steps": [step_view(s, _agent(order, s.step), order) for s in order.steps],
-        "notStarted": [p.name for p in order.plan.steps if p.name not in reached],
+        # a ForEach's step (``<name>[]``) is not a step of its own: its items waiting are
+        # counted on its head
+        "notStarted": [
+            p.name for p in order.plan.steps if p.name not in reached and not p.name.endswith("[]")
+        ],
         "waitingFor": waiting_view(order),
         "events": events_view(order),
         "history": order.history,

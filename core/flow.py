@@ -47,6 +47,7 @@ from core.agent_spec import (
 )
 from core.item_names import MAX_ITEM_CONCURRENCY
 from core.limits import MAX_STEP_TIMEOUT_SECONDS
+from core.one_line import for_each_summary
 from core.search import SearchError, check_fields, check_sources
 from core.search import describe as describe_search
 
@@ -555,15 +556,14 @@ class Workflow:
             if isinstance(element, Parallel):
                 steps.append({"parallel": [leaf(s) for s in element.steps]})
             elif isinstance(element, ForEach):
-                steps.append(
-                    {
-                        "forEach": element.name,
-                        "kind": "items",
-                        "items": _name_of(element.items),
-                        "maxConcurrency": element.max_concurrency,
-                        "step": leaf(element.step),
-                    }
-                )
+                shown = {
+                    "forEach": element.name,
+                    "kind": "items",
+                    "items": _name_of(element.items),
+                    "maxConcurrency": element.max_concurrency,
+                    "step": leaf(element.step),
+                }
+                steps.append({**shown, "summary": for_each_summary(shown)})
             else:
                 steps.append(leaf(element))
         return {
