@@ -96,9 +96,10 @@ class Run:
         return steps[name]
 
     @property
-    def results(self) -> dict[str, dict[str, Any]]:
+    def results(self) -> dict[str, Any]:
         """What each step that succeeded returned, by name: ``ctx.results`` as the
-        declarations' functions see it (a step undone since keeps its result)."""
+        declarations' functions see it (a step undone since keeps its result; a
+        ForEach's, the list of its items' results)."""
         return dict(self._world.order().context().results)
 
     @property
