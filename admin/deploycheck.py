@@ -13,21 +13,24 @@ declarations still decide for an order in flight:
   in flight still needs (``core.needs``) may not be removed, from the declarations or from
   ``infra/agents.json``.
 - **Its steps' functions.** A step's ``input``, ``when`` and ``until`` (and a
-  compensation's ``input``) are called when it starts, from today's declarations, by
-  workflow and step name (docs/contracts.md §3.13). A function that an order in flight
-  will still call (a step it has not started, or one whose function raised) may not be
-  removed, and neither may its workflow or step.
+  compensation's ``input``, and a ``ForEach``'s ``items``) are called when it starts, from
+  today's declarations, by workflow and step name (docs/contracts.md §3.13, §3.16). A
+  function that an order in flight will still call (a step it has not started, or one
+  whose function raised; a ForEach whose list it has not decided; the step of a
+  ForEach's items not started yet) may not be removed, and neither may its workflow or
+  step (a ForEach).
 - **Steps of plans stored before agents.** Such a plan names no agent; when the order is
   read, each step gets the agent today's declarations give a step of that name. A step
   no workflow declares any more makes the order unreadable. So for those plans, a step
   may not be removed.
 
 Anything else — a step dropped, renamed, moved to another agent or path, a workflow
-removed — leaves orders in flight running as planned (reported as a note: the remote
-must keep serving the paths their plans name). Orders accepted while the deploy is
-under way still follow the deployed declarations, which the check cannot read; the
-newest order of each workflow (in flight or among the newest finished) stands for
-them: an agent it planned may not be removed while its workflow stays declared.
+removed, a ForEach's ``max_concurrency`` changed — leaves orders in flight running as
+planned (reported as a note: the remote must keep serving the paths their plans name).
+Orders accepted while the deploy is under way still follow the deployed declarations,
+which the check cannot read; the newest order of each workflow (in flight or among the
+newest finished) stands for them: an agent it planned may not be removed while its
+workflow stays declared.
 
 ``DeployCheck`` is the comparison (pure: orders in, a report out); ``admin.inflight.read``
 feeds it from a ``StateStore``.
@@ -42,6 +45,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from admin.plans import describe_step, differences, fingerprint
+from core.item_names import template_of
 from core.model import Order
 from core.needs import Need, still_needed
 from core.states import OrderStatus
@@ -196,10 +200,13 @@ class DeployCheck:
 
     def _declares(self, workflow: str, step: str, function: str) -> bool:
         """Whether the target declares ``function`` for ``step`` of ``workflow`` (a
-        compensation's by its own step name)."""
+        compensation's by its own step name; an item of a ForEach's, ``<name>[<i>]``, or
+        its compensation's, by its ForEach's step, ``<name>[]``; the ForEach's own
+        ``items`` by its name)."""
         declared = self.target.workflows.get(workflow)
         if declared is None:
             return False
+        step = template_of(step)
         for leaf, _ in declared.leaves():
             if leaf.name == step:
                 return getattr(leaf, function, None) is not None

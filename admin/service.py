@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from admin.item_views import item_fields
+from core import turns
 from core.control_cache import ControlSource
 from core.controls import AgentControl
 from core.errors import (
@@ -32,6 +34,7 @@ from core.ports import Clock, ListFilter, StateStore
 from core.redact import shown
 from core.states import OrderStatus, StepKind, StepState
 from core.timefmt import iso
+from core.turn_keeper import TurnKeeper
 from core.unit_of_work import Dispatcher, OrderChanges
 from messaging.outbox import NoticeSender
 from observability.logs import get_logger, order_context
@@ -153,6 +156,9 @@ def step_view(
         # waiting (Pending) because an operator paused its agent, since then
         "pausedFor": step.paused_for or None,
         "pausedSince": iso(step.paused_since) if step.paused_since else None,
+        # a ForEach (docs/contracts.md §3.16): its head, its items and their compensations
+        # say which (forEach, index); the head also how many items and where they stand
+        **item_fields(order, step),
     }
 
 
@@ -168,6 +174,8 @@ def _planned(order: Order | None, step: StepRecord) -> PlannedStep | None:
 def waiting_view(order: Order) -> list[dict[str, Any]]:
     """What the order waits for from outside or from time: each active step's event (an
     ``Event``, a callback of a remote that accepted) or delay."""
+    if turns.waits(order):  # its key's slot (docs/contracts.md §3.16)
+        return [{"turn": turns.key_of(order)}]
     out: list[dict[str, Any]] = []
     for step in order.active_steps():
         if step.waiting_for and step.process_state is StepState.PROCESSING:
@@ -235,7 +243,11 @@ def order_view(order: Order, pauses: Mapping[str, AgentControl] | None = None) -
         "version": order.version,
         "cancelRequested": order.cancel_requested,
         "steps": [step_view(s, _agent(order, s.step), order) for s in order.steps],
-        "notStarted": [p.name for p in order.plan.steps if p.name not in reached],
+        # a ForEach's step (``<name>[]``) is not a step of its own: its items waiting are
+        # counted on its head
+        "notStarted": [
+            p.name for p in order.plan.steps if p.name not in reached and not p.name.endswith("[]")
+        ],
         "waitingFor": waiting_view(order),
         "events": events_view(order),
         "history": order.history,
@@ -324,13 +336,16 @@ class OrderAdmin:
         clock: Clock,
         *,
         controls: ControlSource | None = None,
+        turns: TurnKeeper | None = None,
     ):
         """``dispatch`` queues an order whose step is Pending (a resubmitted step, a
         compensation a cancel starts) for the scheduler, which claims it; ``controls``:
         the agents' runtime controls, read (once a view or page) to show the orders that
-        wait for a paused agent."""
+        wait for a paused agent; ``turns``: the slots of per-key concurrency (§3.16)."""
         self._store = store
-        self._changes = OrderChanges(store, notices, dispatch, ended=order_ended)
+        self._turns = turns
+        release = turns.release if turns is not None else None
+        self._changes = OrderChanges(store, notices, dispatch, ended=order_ended, released=release)
         self._clock = clock
         self._controls = controls
 
@@ -349,7 +364,18 @@ class OrderAdmin:
         return self._store.load(order_id) is not None
 
     def show(self, order_id: str) -> dict[str, Any]:
-        return order_view(self.get(order_id), self.pauses())
+        order = self.get(order_id)
+        return {**order_view(order, self.pauses()), **self.turn_of(order)}
+
+    def turn_of(self, order: Order) -> dict[str, Any]:
+        """``{"turn": {"key", "position", "holders", "waiting"}}`` for an order with a key
+        (docs/contracts.md §3.16: position 0 holds a slot); ``{}`` for one without."""
+        if not turns.key_of(order) or self._turns is None:
+            return {}
+        turn = self._turns.view(order)
+        if turn is not None and order.status.finished:
+            turn["position"] = None  # over: it neither holds nor waits
+        return {"turn": turn}
 
     def page(
         self,
@@ -491,7 +517,42 @@ class OrderAdmin:
             return order.resubmit(self._clock(), by, reason, patch)
 
         with order_context(order_id=order_id):
-            return self._change(order_id, resubmit, "resubmitted" if patch is None else "fixed", by)
+            took = self._take_turn_again(self.get(order_id))
+            try:
+                return self._change(
+                    order_id, resubmit, "resubmitted" if patch is None else "fixed", by
+                )
+            except Exception:
+                if took is not None:  # not resubmitted: the place it took goes to the next
+                    self._release_turn(took)
+                raise
+
+    def _take_turn_again(self, order: Order) -> Order | None:
+        """An ``error`` order that gave its key's slot back (no ``hold_on_error``) takes
+        one again before it is resubmitted (docs/contracts.md §3.16): at once, or the
+        resubmit is refused (409 ``turn-busy``, naming who holds it), taking no place in
+        line. The order if it took one now (released if the resubmit fails)."""
+        rule = order.plan.concurrency
+        if self._turns is None or rule is None or not turns.key_of(order):
+            return None
+        if order.status is not OrderStatus.ERROR or not rule.releases(order.status):
+            return None
+        slot = self._turns.enter(order.workflow, turns.key_of(order), rule, order.order_id)
+        if slot.holds(order.order_id):
+            return order
+        self._turns.settle(order.workflow, turns.key_of(order), rule.limit, (order.order_id,))
+        held = ", ".join(slot.holder_ids) or "nobody"
+        raise order.refuse(
+            "turn-busy",
+            f"key {turns.key_of(order)!r} of workflow {order.workflow} is taken ({held} running, "
+            f"{slot.view(order.order_id)['waiting'] - 1} more in line, at most {rule.limit} "
+            "at once): resubmit it when one of them has ended, or cancel it",
+        )
+
+    def _release_turn(self, order: Order) -> None:
+        rule = order.plan.concurrency
+        if self._turns is not None and rule is not None:
+            self._turns.settle(order.workflow, turns.key_of(order), rule.limit, (order.order_id,))
 
     def cancel(
         self,

@@ -71,6 +71,8 @@ RETRY_AFTER_SECONDS = 5
 #: Steps one cancel may state did not happen (a workflow has fewer).
 MAX_STATED = 100
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+#: a step's record: a step's name, or an item's of a ForEach, ``<name>[<i>]`` (§3.16)
+_RECORD = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*(?:\[(?:0|[1-9][0-9]?)\])?")
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> func.HttpResponse:
@@ -262,12 +264,13 @@ def _change(req: func.HttpRequest, action: str) -> func.HttpResponse:
                 not isinstance(names, list)
                 or not names
                 or len(names) > MAX_STATED
-                or not all(isinstance(n, str) and _STEP.fullmatch(n) for n in names)
+                or not all(isinstance(n, str) and _RECORD.fullmatch(n) for n in names)
             ):
                 return _error(
                     400,
                     "notApplied names the step you state did not happen, or a list of them "
-                    f'(step names like "ship"), got {json.dumps(raw)[:80]}',
+                    f'(step names like "ship", or an item like "ship-lines[3]"), got '
+                    f"{json.dumps(raw)[:80]}",
                 )
             not_applied = names
     if action == "resubmit":

@@ -32,6 +32,7 @@ from core.names import Names
 from core.outages import OutagePolicy
 from core.policy import RetryPolicy
 from core.ports import AgentTransport, Clock
+from core.turn_keeper import TurnKeeper
 from core.unit_of_work import OrderChanges
 from core.workflows import AGENTS
 from messaging.dispatch import DispatchQueue
@@ -144,6 +145,12 @@ class AppContext:
         return DispatchQueue(self.queues, self.names, self.clock, scheduled=scheduled)
 
     @part
+    def turns(self) -> TurnKeeper:
+        """The slots of per-key concurrency (docs/contracts.md §3.16): in the state table;
+        an order whose turn comes is woken on order-dispatch."""
+        return TurnKeeper(self.store, self.dispatch_queue.send, self.clock, self.store.load)
+
+    @part
     def notices(self) -> NoticeSender:
         return NoticeSender(self.store, self.queues, self.names, self.settings.reply_queues)
 
@@ -187,6 +194,7 @@ class AppContext:
             self.notices,
             self.dispatch_queue,
             controls=self.agent_controls,
+            turns=self.turns,
         )
 
     # --- the agents -----------------------------------------------------------------------
@@ -265,7 +273,12 @@ class AppContext:
     @part
     def supervisor(self) -> Supervisor:
         return Supervisor(
-            self.store, self.notices, self.dispatch_queue, self.retry_policy, self.clock
+            self.store,
+            self.notices,
+            self.dispatch_queue,
+            self.retry_policy,
+            self.clock,
+            turns=self.turns,
         )
 
     @part
@@ -300,7 +313,12 @@ class AppContext:
     @part
     def admin(self) -> OrderAdmin:
         return OrderAdmin(
-            self.store, self.notices, self.dispatch_queue, self.clock, controls=self.store
+            self.store,
+            self.notices,
+            self.dispatch_queue,
+            self.clock,
+            controls=self.store,
+            turns=self.turns,
         )
 
     @part
@@ -313,6 +331,7 @@ class AppContext:
             self.scheduler.dispatch_loaded,
             self.clock,
             controls=self.store,
+            turns=self.turns,
         )
 
     @part

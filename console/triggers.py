@@ -186,7 +186,7 @@ def _detail(page: Page, order_id: str, status: int = 200, **extra: Any) -> func.
     now = _clock()()  # the app's clock: the one its deadlines were set by
     pauses = admin.pauses()
     paused = paused_view(order, pauses)
-    view = order_view(order, pauses)
+    view = {**order_view(order, pauses), **admin.turn_of(order)}  # its key's slot (§3.16)
     for record, step in zip(order.steps, view["steps"], strict=True):
         # what the page says of each record: its body and result, its state in true words
         step["io"] = bodies.step_io(order, record, step)

@@ -12,8 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from admin.item_views import item_counts
 from admin.service import attempts_of
+from core import items, turns
 from core.history import Happened
+from core.item_names import item_of
 from core.model import CancelPreview, Order, StepRecord
 from core.plans import PlannedStep
 from core.states import OrderStatus, StepKind, StepState
@@ -77,15 +80,19 @@ class Row:
     waits: list[Wait] = field(default_factory=list)
     #: where "skipped" is written (the time its ``when`` said no), for a Skipped step
     skipped_x: float | None = None
+    #: the ForEach it belongs to (its head, or one of its items; actions only)
+    for_each: str | None = None
 
 
 @dataclass(frozen=True)
 class Band:
-    """The rows of one Parallel group, drawn behind them: they ran at once."""
+    """The rows of one Parallel group (or of a ForEach's items), drawn behind them: they
+    ran at once."""
 
     group: int
     y: int
     height: int
+    for_each: str | None = None
 
 
 @dataclass(frozen=True)
@@ -282,7 +289,16 @@ def _row(order: Order, step: StepRecord, y: int) -> Row:
         state=str(step.process_state),
         group=group,
         parallel=group is not None and len(order.plan.group(group)) > 1,
+        for_each=_for_each_of(order, step) if group is not None else None,
     )
+
+
+def _for_each_of(order: Order, step: StepRecord) -> str | None:
+    """The ForEach an action's record belongs to: its head's, or an item's."""
+    found = item_of(step.step)
+    if found is not None:
+        return found[0]
+    return step.step if order.kind_of(step) == "items" else None
 
 
 def _group_of(order: Order, step: StepRecord) -> int | None:
@@ -301,7 +317,7 @@ def _bands(rows: list[Row]) -> list[Band]:
     run: list[Row] = []
     for row in [*rows, None]:
         if run and (row is None or not row.parallel or row.group != run[0].group):
-            bands.append(Band(run[0].group or 0, run[0].y, len(run) * ROW_HEIGHT))
+            bands.append(Band(run[0].group or 0, run[0].y, len(run) * ROW_HEIGHT, run[0].for_each))
             run = []
         if row is not None and row.parallel:
             run.append(row)
@@ -341,6 +357,12 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         return "Every step succeeded."
     if status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
         return undo_summary(order)
+    if turns.waits(order):
+        return (
+            f"Waiting for its turn on key {turns.key_of(order)!r}: at most "
+            f"{order.plan.concurrency.limit if order.plan.concurrency else 1} order(s) of "
+            "this key run at once; it starts when one of them ends."
+        )
     if active is None:
         return f"The order is {status}; no step is active."
     waiting = _waits(order)
@@ -350,6 +372,8 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
     side = [s.step for s in order.active_steps()]
     if len(side) > 1:
         doing = f"Steps {', '.join(side)} run side by side; {doing}"
+    if active.kind is StepKind.ACTION:
+        doing = _items_at_work(order) + doing
     if active.process_state is StepState.PROCESSING:
         return (
             f"{_first_upper(doing)} step {active.step}: attempt {active.attempt} is running on "
@@ -364,6 +388,24 @@ def why(order: Order, paused: dict[str, Any] | None = None) -> str:
         f"{active.attempt + 1}) not before {iso(active.complete_by)}, "
         f"{active.failure_count} counted failure(s) so far.{extra}{cancel}"
     )
+
+
+def _items_at_work(order: Order) -> str:
+    """Where the items of each ForEach of the current group stand, a sentence each (""
+    when the group has none)."""
+    said = ""
+    for head in items.heads(order):
+        listed = items.decided(order, head.name)
+        if listed is None:
+            continue
+        n = item_counts(order, head.name)
+        said += (
+            f"ForEach {head.name}: {n['running']} of {len(listed)} item(s) in flight (at most "
+            f"{head.max_concurrency} at once), {n['done']} done, {n['waiting']} waiting"
+            + (f", {n['failed']} failed" if n["failed"] else "")
+            + ". "
+        )
+    return said
 
 
 def undo_summary(order: Order) -> str:

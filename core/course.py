@@ -34,7 +34,7 @@ import copy
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Final
 
-from core import kinds, moves
+from core import kinds, moves, turns
 from core.history import Happened
 from core.items import compensation_of, decided, heads, items_of, unreached
 from core.messages import MAX_KEY_ROUND, idempotency_key
@@ -53,6 +53,8 @@ IN_FLIGHT_GRACE: Final = timedelta(seconds=2)
 
 def advance(order: Order, now: datetime) -> None:
     """Decide what the order does next from all of its records (see the module)."""
+    if turns.waits(order) and not order.cancel_requested:
+        return  # nothing started: it waits for its key's slot (core.turns)
     for _ in range(len(order.plan.steps) + 2):  # each round may start the next group
         if order.status.finished or order.status is OrderStatus.ERROR:
             return
@@ -90,6 +92,12 @@ def _forward(order: Order, now: datetime) -> bool:
         start_group(order, following, now)
         return True
     return _settle(order, now)
+
+
+def start_first(order: Order, now: datetime) -> None:
+    """The first group, unless the order waits for its key's slot (``core.turns``)."""
+    if not turns.waits(order):
+        start_group(order, order.plan.groups()[0], now)
 
 
 def start_group(order: Order, group: int, now: datetime) -> None:

@@ -45,8 +45,10 @@ from core.agent_spec import (
     DeclarationError,
     declared_at,
 )
+from core.concurrency import Concurrency
 from core.item_names import MAX_ITEM_CONCURRENCY
 from core.limits import MAX_STEP_TIMEOUT_SECONDS
+from core.one_line import for_each_summary
 from core.search import SearchError, check_fields, check_sources
 from core.search import describe as describe_search
 
@@ -411,6 +413,8 @@ class Workflow:
     #: what they may be and what a search matches
     search: tuple[str, ...] = ()
     declared_at: str = field(default_factory=declared_at, compare=False)
+    #: at most ``limit`` orders of one key running at once (docs/contracts.md §3.16)
+    concurrency: Concurrency | None = None
 
     def __post_init__(self) -> None:
         where = f"{self.declared_at}: workflow {self.name!r}"
@@ -458,6 +462,10 @@ class Workflow:
                     f"{where}: completes_on={name!r} must name an event of its own (not a "
                     "step, an Event or another step's completes_on)"
                 )
+        if self.concurrency is not None and not isinstance(self.concurrency, Concurrency):
+            raise DeclarationError(
+                f"{where}: concurrency={self.concurrency!r}; it is Concurrency(key=fn, limit=n)"
+            )
 
     def leaves(self) -> Iterator[tuple[Planned, int]]:
         """Every step (not Parallel) with the index of the element it belongs to: steps of
@@ -555,15 +563,14 @@ class Workflow:
             if isinstance(element, Parallel):
                 steps.append({"parallel": [leaf(s) for s in element.steps]})
             elif isinstance(element, ForEach):
-                steps.append(
-                    {
-                        "forEach": element.name,
-                        "kind": "items",
-                        "items": _name_of(element.items),
-                        "maxConcurrency": element.max_concurrency,
-                        "step": leaf(element.step),
-                    }
-                )
+                shown = {
+                    "forEach": element.name,
+                    "kind": "items",
+                    "items": _name_of(element.items),
+                    "maxConcurrency": element.max_concurrency,
+                    "step": leaf(element.step),
+                }
+                steps.append({**shown, "summary": for_each_summary(shown)})
             else:
                 steps.append(leaf(element))
         return {
@@ -571,6 +578,7 @@ class Workflow:
             "steps": steps,
             "events": list(self.event_names()),
             "search": describe_search(self.search),
+            **({"concurrency": self.concurrency.describe()} if self.concurrency else {}),
         }
 
 
@@ -584,3 +592,7 @@ def _name_of(fn: object) -> str:
     module = getattr(fn, "__module__", "") or ""
     name = getattr(fn, "__qualname__", None) or repr(fn)
     return f"{module}.{name}" if module else str(name)
+
+
+#: For ``core.concurrency`` (``Concurrency`` checks its key as a step's function).
+check_function, name_of = _check_function, _name_of

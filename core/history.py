@@ -92,6 +92,8 @@ class Happened(StrEnum):
     EVENT_REFUSED = "event-refused"
     #: an effect that cannot be undone stands, as its step's ``may_stand`` declares
     EFFECT_STANDS = "effect-stands"
+    #: an order that waited for its key's slot took it: its first steps start (§3.16)
+    TURN_TAKEN = "turn-taken"
 
     @classmethod
     def _missing_(cls, value: object) -> Happened | None:

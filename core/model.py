@@ -127,7 +127,7 @@ class Order:
         )
         order.note(now, Happened.RECEIVED, workflow=plan.workflow)
         order._notify("received", now)
-        course.start_group(order, plan.groups()[0], now)
+        course.start_first(order, now)  # unless it waits for its turn (core.turns)
         course.advance(order, now)
         return order
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from core import items
 from core.item_names import template_of
 from core.model import Order
 from core.states import OrderStatus, StepKind, StepState
@@ -135,6 +136,10 @@ def _forward(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:
         and record.process_state not in (StepState.PROCESSED, StepState.SKIPPED)
     ]
     needs += [Need(s.name, s.agent, s.path, why) for s in siblings]
+    # the step of a ForEach's items not started yet (or not decided yet: its head failed)
+    # runs for each of them; a cancel stops them before they start
+    if not order.cancel_requested:
+        needs += [Need(s.name, s.agent, s.path, Why.LATER) for s in _items_to_come(order, group)]
     cancel_undoes_it = (
         order.cancel_requested and why is Why.RUNNING and planned.compensation is not None
     )
@@ -145,6 +150,20 @@ def _forward(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:
     may_undo = before + list(group) + list(later)
     needs += [_undo(s) for s in reversed(may_undo) if s.compensation]
     return tuple(needs)
+
+
+def _items_to_come(order: Order, group: tuple[PlannedStep, ...]) -> list[PlannedStep]:
+    """The step (``<name>[]``) of each ForEach of ``group`` with items that have no record
+    yet: its list is longer than its items reached, or not decided (its ``items`` failed:
+    a resubmit decides it)."""
+    out: list[PlannedStep] = []
+    for head in group:
+        if head.template is None:
+            continue
+        listed = items.decided(order, head.name)
+        if listed is None or len(items.items_of(order, head.name)) < len(listed):
+            out += [s for s in group if s.name == head.template]
+    return out
 
 
 def _unwinding(order: Order, current: StepRecord, why: Why) -> tuple[Need, ...]:

@@ -34,6 +34,7 @@ from core.flow import (
     Workflow,
 )
 from core.item_names import template_of
+from core.turns import TurnRule
 
 
 @dataclass(frozen=True)
@@ -178,6 +179,9 @@ class Plan:
     #: are the ones its plan implies, whatever a redeploy declares (a plan stored before
     #: search has none)
     search: tuple[str, ...] = ()
+    #: its workflow's per-key concurrency (docs/contracts.md §3.16): the limit and
+    #: ``hold_on_error`` the order's slot keeps to (None: no limit)
+    concurrency: TurnRule | None = None
 
     @classmethod
     def of(cls, workflow: Workflow, default_timeout_seconds: int) -> Plan:
@@ -244,7 +248,8 @@ class Plan:
                         uses=leaf.functions(),
                     )
                 )
-        return cls(workflow.name, tuple(planned), tuple(workflow.search))
+        turns = TurnRule.of(workflow.concurrency) if workflow.concurrency else None
+        return cls(workflow.name, tuple(planned), tuple(workflow.search), concurrency=turns)
 
     @property
     def compensates(self) -> bool:
@@ -306,6 +311,8 @@ class Plan:
         }
         if self.search:
             out["search"] = list(self.search)
+        if self.concurrency is not None:
+            out["concurrency"] = self.concurrency.to_json()
         return out
 
     @classmethod
@@ -325,4 +332,5 @@ class Plan:
                 PlannedStep.from_json(s, workflow, n, agent_of) for n, s in enumerate(raw["steps"])
             ),
             tuple(str(f) for f in raw.get("search", ())),
+            concurrency=TurnRule.from_json(raw.get("concurrency")),
         )

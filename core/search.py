@@ -73,7 +73,9 @@ QUERY_NAMES: Final = (
     "searchField",
     "searchValue",
 )
-RESERVED: Final = ENVELOPE + QUERY_NAMES
+#: The key of an order under per-key concurrency, searched by ``?turn=`` (§3.16).
+TURN: Final = "turn"
+RESERVED: Final = (*ENVELOPE, *QUERY_NAMES, TURN)
 #: A float is an integer exactly up to here.
 _EXACT: Final = 2**53
 
@@ -179,11 +181,10 @@ def check_sources(names: Iterable[str], kinds: Mapping[str, str]) -> None:
                 f"workflow does not have (its steps: {', '.join(kinds) or 'none'})"
             )
         if kind not in RESULT_KINDS:
-            why = (
-                "a Delay's result is always {}"
-                if kind == "delay"
-                else "a compensation's result is not kept for searching"
-            )
+            why = {
+                "delay": "a Delay's result is always {}",
+                "items": "a ForEach's result is the list of its items' results",
+            }.get(kind, "a compensation's result is not kept for searching")
             raise SearchError(
                 f"search field {name!r} reads the result of {kind} {step!r}: {why}; search "
                 "by a field of a task's result or of what an Event delivered"
@@ -254,17 +255,22 @@ def searchable(
 
 def of_order(order: Order) -> dict[str, str]:
     """What the order is found by now, by declared name (its plan's ``search``): its own
-    fields, and its succeeded steps' result fields."""
+    fields, and its succeeded steps' result fields; and ``turn``, its key under per-key
+    concurrency (docs/contracts.md §3.16), if it has one."""
     fields = order.plan.search
+    rule = order.plan.concurrency
+    turn = {TURN: rule.order_key} if rule is not None and rule.order_key else {}
     if not fields:
-        return {}
+        return turn
     results = order.context().results if any(step_of(n) for n in fields) else None
-    return searchable(order.body, fields, results)
+    return {**searchable(order.body, fields, results), **turn}
 
 
 def text_of(order: Order, field: str) -> str | None:
     """The order's value for the query parameter ``field``, as a search matches it (None:
     its plan does not search by it, or it carries no searchable value)."""
+    if field == TURN:
+        return of_order(order).get(TURN)
     names = [n for n in order.plan.search if parameter(n) == field]
     if not names:
         return None

@@ -14,14 +14,19 @@ order that does not exist is ``None``. Only ports are used: no Azure import.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from core import turns
 from core.errors import ConcurrencyConflict
 from core.model import Order
 from core.ports import SavedNotices, StateStore
-from core.states import StepState
+from core.states import OrderStatus, StepState
+from core.turn_keeper import released_after
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -39,6 +44,12 @@ class Dispatcher(Protocol):
     """What happens to an order whose active step is Pending after a change."""
 
     def __call__(self, order: Order) -> None: ...
+
+
+class Released(Protocol):
+    """Told when a change freed the order's slot (``core.turn_keeper.TurnKeeper.release``)."""
+
+    def __call__(self, order: Order) -> object: ...
 
 
 class Ended(Protocol):
@@ -61,13 +72,17 @@ class OrderChanges:
         notices: Notices,
         dispatch: Dispatcher,
         ended: Ended | None = None,
+        released: Released | None = None,
     ):
         """``ended``: told when a saved change ends the order (the count of orders
-        finished per workflow, ``observability.metrics.order_ended``)."""
+        finished per workflow, ``observability.metrics.order_ended``); ``released``: told
+        when a saved change frees the order's slot under per-key concurrency
+        (``core.turn_keeper``: the next in line take it)."""
         self._store = store
         self._notices = notices
         self._dispatch = dispatch
         self._ended = ended
+        self._released = released
 
     def change(
         self,
@@ -105,6 +120,8 @@ class OrderChanges:
             if needs_dispatch(order):
                 self._dispatch(order)
             order.wakeups.clear()
+            if self._released is not None and released_after(order, before):
+                self._release(order)  # after its own notices: the next may start here
             return Changed(order, result, saved)
         raise ConcurrencyConflict(  # attempts < 1
             f"order {order_id} was not changed (no attempt allowed)", order_id=order_id
@@ -116,6 +133,23 @@ class OrderChanges:
         if needs_dispatch(order):
             self._dispatch(order)
         order.wakeups.clear()
+        if self._released is not None and released_after(order, OrderStatus.PENDING):
+            self._release(order)
+
+    def _release(self, order: Order) -> None:
+        """Free the order's slot; what fails here is the supervisor's sweep's to repair
+        (the order is saved: its change must not be retried for this)."""
+        assert self._released is not None
+        try:
+            self._released(order)
+        except Exception as exc:  # noqa: BLE001 - the sweep releases it (core.turn_keeper)
+            log.warning(
+                "order %s: its slot under key %r was not released (%s); the supervisor's "
+                "sweep will",
+                order.order_id,
+                turns.key_of(order),
+                exc,
+            )
 
 
 def needs_dispatch(order: Order) -> bool:

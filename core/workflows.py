@@ -37,6 +37,7 @@ from core.agent_spec import (
     EntraToken,
     NoAuth,
 )
+from core.concurrency import Concurrency
 from core.flow import (
     FUNCTIONS,
     MAX_WAIT_SECONDS,
@@ -53,7 +54,7 @@ from core.item_names import item_of, template_of
 from core.limits import DEFAULT_DECLARATIONS
 from core.links import events_url
 from core.plans import Plan, PlannedStep
-from core.search import SearchError, check_across, parameter
+from core.search import TURN, SearchError, check_across, parameter
 
 __all__ = [
     "AGENTS",
@@ -72,6 +73,7 @@ __all__ = [
     "ApiKey",
     "Auth",
     "Compensation",
+    "Concurrency",
     "Context",
     "DeclarationError",
     "Delay",
@@ -228,17 +230,22 @@ def search_fields() -> dict[str, tuple[str, ...]]:
     for name in sorted(WORKFLOWS):
         for declared in WORKFLOWS[name].search:
             found.setdefault(parameter(declared), []).append(name)
+        if WORKFLOWS[name].concurrency is not None:  # its orders' keys (§3.16)
+            found.setdefault(TURN, []).append(name)
     return {f: tuple(found[f]) for f in sorted(found)}
 
 
 def search_names() -> dict[str, str]:
     """Each query parameter of ``search_fields`` with the name declared for it (one per
     parameter, whichever workflows declare it: ``validate``)."""
-    return {
+    names = {
         parameter(declared): declared
         for name in sorted(WORKFLOWS)
         for declared in WORKFLOWS[name].search
     }
+    if any(w.concurrency is not None for w in WORKFLOWS.values()):
+        names[TURN] = TURN
+    return names
 
 
 def function_of(workflow: str, step: str, name: str) -> Callable[[Any], Any] | None:

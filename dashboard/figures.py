@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
+from core.item_names import declared_name
 from core.outages import PAST_DAYS, Outage
 from core.timefmt import iso
 
@@ -356,7 +357,7 @@ def stuck_steps(
         if entry.paused_for:
             continue
         age = (now - entry.since).total_seconds()
-        limit = stuck_threshold(entry.step, p99_ms, floor)
+        limit = stuck_threshold(declared_name(entry.step), p99_ms, floor)
         if age > limit:
             out.append(
                 Stuck(

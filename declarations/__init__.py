@@ -7,19 +7,38 @@ declaration at fault. ``GET /api/workflows`` and ``python -m admin workflows`` s
 is deployed. ``infra/agents.json`` (for Bicep: one Service Bus queue, settings and role
 assignments per agent) is generated from it: ``python -m admin agents-json``.
 
-The product's own workflows, ``order``, ``fulfilment`` and ``checkout``, stand for four
-remote services, so they declare four agents (docs/contracts.md §3.8). With no
+The product's own workflows, ``order``, ``fulfilment``, ``checkout`` and ``order-lines``,
+stand for four remote services, so they declare four agents (docs/contracts.md §3.8). With no
 ``AGENT_<NAME>_URL`` setting, each calls ``REMOTE_SERVICE_URL``. Their compensations name
 the ids their steps handed out, and ``checkout`` shows the rest of what a workflow can
 say (§3.13): stock and payment at once, a person's approval for big orders, a cooling-off
 window in which the customer may still cancel, and a carrier that confirms later
-(``declarations/shop.py``).
+(``declarations/shop.py``); ``order-lines`` reserves each line of an order on its own, two
+at a time, each released with its own reservation if the order is undone (§3.16).
 """
 
 from __future__ import annotations
 
-from core.workflows import Agent, Compensation, Delay, Event, Parallel, StepSpec, Workflow
-from declarations.shop import needs_approval, refund_payment, release_stock, ship_and_call_back
+from core.workflows import (
+    Agent,
+    Compensation,
+    Delay,
+    Event,
+    ForEach,
+    Parallel,
+    StepSpec,
+    Workflow,
+)
+from declarations.shop import (
+    needs_approval,
+    order_lines,
+    refund_payment,
+    release_line,
+    release_stock,
+    reserve_line,
+    ship_and_call_back,
+    ship_lines,
+)
 
 AGENTS = [
     Agent("orders"),
@@ -64,6 +83,28 @@ WORKFLOWS = [
             Event("approved", timeout_seconds=86_400, when=needs_approval),
             Delay("cooling-off", seconds=3),  # short, so that the demo shows it
             StepSpec("ship", agent="carrier", input=ship_and_call_back, completes_on="parcel-left"),
+        ),
+    ),
+    Workflow(
+        "order-lines",
+        (
+            StepSpec(
+                "charge-payment",
+                agent="payments",
+                compensation=Compensation("refund-payment", input=refund_payment),
+            ),
+            ForEach(
+                "reserve-line",
+                items=order_lines,
+                step=StepSpec(
+                    "reserve-line",
+                    agent="inventory",
+                    input=reserve_line,
+                    compensation=Compensation("release-line", input=release_line),
+                ),
+                max_concurrency=2,
+            ),
+            StepSpec("ship", agent="carrier", input=ship_lines),
         ),
     ),
 ]

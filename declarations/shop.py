@@ -1,5 +1,6 @@
-"""What the product's own workflows send (docs/contracts.md §3.13): the ids their
-compensations name, and a shipment the carrier confirms later.
+"""What the product's own workflows send (docs/contracts.md §3.13, §3.16): the ids their
+compensations name, a shipment the carrier confirms later, and an order's lines, each
+reserved on its own.
 
 Each body is the order's JSON (what every step sent before ``input`` existed, so a
 remote, and the simulator's ``simulate`` directives, see what they saw), plus what the
@@ -44,3 +45,26 @@ def ship_and_call_back(ctx: Context) -> dict[str, Any]:
         "reservation": ctx.results["reserve-stock"]["reservation"],
         "callback": {"url": events_url(ctx.order_id, "parcel-left")},
     }
+
+
+def order_lines(ctx: Context) -> Any:
+    """``order-lines``: the order's lines, one ``reserve-line`` each (§3.16)."""
+    return ctx.order.get("lines")
+
+
+def reserve_line(ctx: Context) -> dict[str, Any]:
+    """One line: the order's JSON, which line (``ctx.index``) and what it is."""
+    return {**ctx.order, "line": ctx.index, "item": ctx.item}
+
+
+def release_line(ctx: Context) -> dict[str, Any]:
+    """Undo one line: name the reservation that line's own reserve-line handed out."""
+    own = _id(ctx, f"reserve-line[{ctx.index}]", "reservation")
+    return {**ctx.order, "line": ctx.index, "reservation": own}
+
+
+def ship_lines(ctx: Context) -> dict[str, Any]:
+    """The parcel: every line's reservation, in line order (``ctx.results`` of the
+    ForEach is the list of its items' results)."""
+    lines = ctx.results["reserve-line"]
+    return {**ctx.order, "reservations": [line["reservation"] for line in lines]}

@@ -30,6 +30,7 @@ import signal
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -40,6 +41,7 @@ import httpx
 from rich.console import Console
 from rich.panel import Panel
 
+from core.item_names import item_of
 from core.model import Order
 from core.timefmt import iso, parse_iso
 from demo.progress import progress
@@ -90,10 +92,7 @@ def row_for(scenario: Scenario, order: Order | None) -> list[str]:
     if order is None:
         return [scenario.order_id, scenario.title, "-", "[dim]not yet stored[/]", "", ""]
     active = order.active_step()
-    steps = " ".join(
-        f"{s.step}:{s.process_state}" + (f"x{s.attempt}" if s.attempt > 1 else "")
-        for s in order.steps
-    )
+    steps = steps_text([(s.step, str(s.process_state), s.attempt) for s in order.steps])
     style = STYLE.get(str(order.status), "white")
     mark = (
         ""
@@ -108,6 +107,26 @@ def row_for(scenario: Scenario, order: Order | None) -> list[str]:
         active.step if active else "",
         steps,
     ]
+
+
+def steps_text(records: list[tuple[str, str, int]]) -> str:
+    """Each record's ``step:state`` (``x<attempt>`` past the first), in order; a ForEach's
+    items, and their undos, on one token that counts them by state (``reserve-line[3]:
+    2 Processed 1 Processing``, its head record left out): a row stays short, however
+    many items an order has."""
+    tokens: dict[str, list[tuple[str, str, int]]] = {}
+    for record in records:
+        item = item_of(record[0])
+        tokens.setdefault(f"{item[0]}[]" if item else record[0], []).append(record)
+    out = []
+    for name, group in tokens.items():
+        if name.endswith("[]"):
+            counts = Counter(state for _, state, _ in group)
+            said = " ".join(f"{n} {state}" for state, n in counts.items())
+            out.append(f"{name[:-2]}[{len(group)}]:{said}")
+        elif f"{name}[]" not in tokens:  # a head whose items show is left out
+            out += [f"{name}:{state}" + (f"x{n}" if n > 1 else "") for _, state, n in group]
+    return " ".join(out)
 
 
 #: Where ``make start`` writes the settings a shell needs to reach the stack it started.

@@ -23,6 +23,7 @@ class Scenario:
     effects: tuple[str, ...] = ()
     amount: int = 42
     operator: str | None = None  # one of OPERATOR_ACTIONS
+    lines: tuple[dict[str, Any], ...] = ()  # an order-lines order's lines, one item each
 
     def message(self, reply_to: str) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -32,6 +33,8 @@ class Scenario:
             "customer": "demo",
             "amount": self.amount,
         }
+        if self.lines:
+            body["lines"] = list(self.lines)
         if self.simulate:
             body["simulate"] = self.simulate
         return body
@@ -127,6 +130,7 @@ def scenarios(prefix: str, copies: int = 1) -> list[Scenario]:
                 effects=("reserve-stock", "charge-payment"),
             ),
             *checkouts(p),
+            *lined(p),
         ]
     return out
 
@@ -185,6 +189,47 @@ def checkouts(p: str) -> list[Scenario]:
             "checkout",
             simulate={"ship": {"callback": "refuse:no driver today"}},
             effects=undone,
+        ),
+    ]
+
+
+#: An order-lines order's lines: reserved two at a time, one ``reserve-line[<i>]`` each.
+LINES: tuple[dict[str, Any], ...] = (
+    {"sku": "boots", "qty": 1},
+    {"sku": "socks", "qty": 3},
+    {"sku": "tent", "qty": 1},
+)
+
+
+def lined(p: str) -> list[Scenario]:
+    """``order-lines`` (declarations/__init__.py): the charge, then a ForEach that reserves
+    each line on its own, two at a time, then the parcel with every line's reservation."""
+    items = ("reserve-line[0]", "reserve-line[1]", "reserve-line[2]")
+    return [
+        Scenario(
+            f"{p}-lines-ok",
+            "3 lines, each reserved, 2 at a time",
+            "completed",
+            "order-lines",
+            effects=("charge-payment", *items, "ship"),
+            lines=LINES,
+        ),
+        Scenario(
+            f"{p}-lines-out",
+            "line 2 out of stock: lines 0, 1 released",
+            "compensated",
+            "order-lines",
+            # line 2 starts only once line 0 or 1 has ended, and the other finishes its
+            # attempt: both applied, both released, each with its own reservation
+            simulate={"reserve-line[2]": "permanent"},
+            effects=(
+                "charge-payment",
+                *items[:2],
+                "release-line[1]",
+                "release-line[0]",
+                "refund-payment",
+            ),
+            lines=LINES,
         ),
     ]
 

@@ -16,7 +16,9 @@ without naming the id that effect handed out (the ledger's ``ids``).
 
 The steps of one parallel group (docs/contracts.md §3.13) may apply in any order
 among themselves, and so may their compensations: effects are compared with that
-order left free, every other order kept.
+order left free, every other order kept. So may the items of one ``ForEach`` (§3.16),
+``<name>[<i>]``, up to its ``max_concurrency`` at once; its head record (``<name>``)
+decides the list at once and applies nothing, and an item's alert names the ForEach.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from typing import Any
 
 from bootstrap import AppContext
 from core.history import ATTEMPT_ENDINGS, Happened
+from core.item_names import declared_name, template_of
+from core.items import compensation_of
 from core.model import Order, StepRecord
 from core.outcome import Outcome
 from core.states import OrderStatus, StepKind, StepState
@@ -202,6 +206,9 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
         # The middle of a long history was dropped: replay from its next claim on.
         state, claimed = "Unknown", max(h.get("attempt") or 0 for h in step.history)
     name = f"{order.order_id}:{step.step}"
+    if _is_head(order, step.step):
+        # A ForEach's head decides its list when it starts, with no attempt (§3.16)
+        settled_by_event = True
     for event in step.history:
         kind = event["event"]
         attempt = event.get("attempt")
@@ -249,6 +256,12 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
     return stale, wrong
 
 
+def _is_head(order: Order, step: str) -> bool:
+    """Whether ``step`` is a ForEach's head record (its list; no remote, no attempt)."""
+    planned = next((p for p in order.plan.steps if p.name == step), None)
+    return planned is not None and planned.kind == "items"
+
+
 def _latest_failed(order: Order) -> StepRecord | None:
     failed = [s for s in order.steps if s.process_state is StepState.ERROR]
     return max(failed, key=lambda s: s.seq) if failed else None
@@ -288,14 +301,21 @@ def _check_effects(
         return
     if order.status is OrderStatus.COMPLETED:
         skipped = {s.step for s in order.steps if s.process_state is StepState.SKIPPED}
-        plan = [p.name for p in order.plan.steps if not p.waits and p.name not in skipped]
+        plan = []
+        for p in order.plan.steps:
+            if p.name.endswith("[]"):  # a ForEach's items: each record of this order
+                plan += sorted({s.step for s in order.steps if template_of(s.step) == p.name})
+            elif not p.waits:
+                plan.append(p.name)
+        plan = [name for name in plan if name not in skipped]
         if _free_in_groups(order, applied) != _free_in_groups(order, plan):
             verdict.wrong_effects.append(f"{order_id}: {applied}, expected {plan}")
     elif order.status in (OrderStatus.COMPENSATED, OrderStatus.CANCELLED):
         for step in order.steps:
-            compensation = (
-                order.planned(step.step).compensation if step.kind is StepKind.ACTION else None
-            )
+            undo = order.planned(step.step).compensation if step.kind is StepKind.ACTION else None
+            compensation = compensation_of(step.step, undo) if undo else None
+            if _is_head(order, step.step):
+                continue  # a ForEach's head: its list, no effect to undo
             if step.process_state is StepState.PROCESSED and compensation:
                 verdict.wrong_effects.append(f"{order_id}:{step.step} never compensated")
             if compensation and step.step in applied and compensation not in applied:
@@ -304,7 +324,8 @@ def _check_effects(
 
 def _free_in_groups(order: Order, steps: list[str]) -> list[str]:
     """``steps`` with each run of consecutive steps of one parallel group (or of their
-    compensations) sorted: the order among them is not the plan's to fix."""
+    compensations; or items of one ForEach, or of their compensations) sorted: the order
+    among them is not the plan's to fix."""
     group: dict[str, tuple[int, bool]] = {}
     for planned in order.plan.steps:
         group[planned.name] = (planned.group, False)
@@ -313,10 +334,10 @@ def _free_in_groups(order: Order, steps: list[str]) -> list[str]:
     out: list[str] = []
     run: list[str] = []
     for step in [*steps, ""]:
-        if run and (not step or group.get(step) != group.get(run[0])):
+        if run and (not step or group.get(template_of(step)) != group.get(template_of(run[0]))):
             out += sorted(run)
             run = []
-        if step in group:
+        if template_of(step) in group:
             run.append(step)
         elif step:
             out.append(step)
@@ -392,7 +413,7 @@ def verify(
             if (
                 order.status is OrderStatus.ERROR
                 and step is _latest_failed(order)
-                and (order_id, step.step) not in alerted
+                and (order_id, declared_name(step.step)) not in alerted
             ):
                 # an order waiting for an operator: the step it waits on was alerted
                 verdict.unalerted.append(f"{order_id}:{step.step}")

@@ -15,10 +15,11 @@ the held steps of that agent (``StateStore.held_pending``) and they go on.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from core import turns
 from core.control_cache import ControlView, hold_until
 from core.controls import Pause
 from core.errors import (
@@ -30,7 +31,8 @@ from core.errors import (
     TransitionRefused,
     UnboundMessage,
 )
-from core.messages import AgentReply, AgentRequest
+from core.history import Happened
+from core.messages import AgentReply, AgentRequest, alert_message
 from core.model import Order, ReplyEffect, StepRecord
 from core.names import Names
 from core.order_message import OrderMessage, decode_order
@@ -39,6 +41,8 @@ from core.ports import AgentTransport, Clock, IndexEntry, QueueSender, StateStor
 from core.reply_queues import ReplyQueues
 from core.states import StepState
 from core.timefmt import iso
+from core.turn_keeper import TurnKeeper
+from core.turns import TurnKeyRefused, TurnRule, decide_key
 from core.unit_of_work import OrderChanges
 from core.workflows import WORKFLOWS, Plan
 from messaging.dispatch import DispatchQueue
@@ -109,6 +113,7 @@ class Scheduler:
         later: DispatchQueue,
         *,
         controls: ControlView | None = None,
+        turns: TurnKeeper | None = None,
     ):
         """``notices`` delivers what a change committed (the process's one sender, so an
         order that cannot be handled alerts once per process); ``later`` queues an order
@@ -124,7 +129,11 @@ class Scheduler:
         self._notices = notices
         self._later = later
         self._controls = controls
-        self._changes = OrderChanges(store, notices, self._dispatch_now, ended=order_ended)
+        self._turns = turns
+        release = self._release_turn if turns is not None else None
+        self._changes = OrderChanges(
+            store, notices, self._dispatch_now, ended=order_ended, released=release
+        )
 
     # --- submit --------------------------------------------------------------------
 
@@ -141,8 +150,27 @@ class Scheduler:
             telemetry.span("order.submit", orderId=message.order_id, workflow=message.workflow),
         ):
             plan = Plan.of(WORKFLOWS[message.workflow], self._config.step_timeout_seconds)
+            try:
+                turn = self._turn_of(message, plan)
+            except TurnKeyRefused as refused:
+                self.reject(raw, refused.reason)
+                # a declaration's function that raised (or returned what it must not) is
+                # always told (docs/contracts.md §3.17), besides the kept rejection (§3.1)
+                self._queues.send(
+                    self._names.operator_alerts,
+                    alert_message(message.order_id, "", refused.reason, 0, self._clock()),
+                )
+                return Handled.REJECTED
+            except OrderAlreadyExists:  # a redelivery: it takes no place in line again
+                return self._duplicate(raw, message.order_id, message.content_hash)
             now = self._clock()
+            if turn is not None:  # its key, kept with its plan: it waits for its slot
+                plan = replace(plan, concurrency=turn[0])
             order = Order.accept(message, plan, now)
+            if turn is not None:
+                order.note(now, Happened.WAITING, turn=turns.key_of(order))
+                if turn[1]:  # it holds a slot already: it starts now
+                    turns.take_turn(order, now)
             order.trace = telemetry.carrier()
             # Accept and claim in one transaction: the first steps are due now, and nobody
             # else can hold a claim on an order that does not exist yet. A process that
@@ -169,7 +197,75 @@ class Scheduler:
             self._changes.created(order, saved)
             for claimed in claims:
                 self._send_request(order, claimed)
+            if turns.waits(order):
+                self._check_turn(order)
             return Handled.ACCEPTED
+
+    def _turn_of(self, message: OrderMessage, plan: Plan) -> tuple[TurnRule, bool] | None:
+        """Per-key concurrency (docs/contracts.md §3.16): None, the order has no key (or
+        its workflow no limit); else its plan's rule with its key, and whether it holds a
+        slot now (it was put in line, then the slot filled: ``core.turn_keeper``).
+        ``TurnKeyRefused``: the key function failed; ``OrderAlreadyExists``: a
+        redelivery."""
+        declared = WORKFLOWS[message.workflow].concurrency
+        if declared is None or plan.concurrency is None or self._turns is None:
+            return None
+        key = decide_key(declared, message.order_id, message.body)
+        if key is None:
+            return None
+        if self._store.load(message.order_id) is not None:
+            raise OrderAlreadyExists(message.order_id, order_id=message.order_id)
+        rule = replace(plan.concurrency, order_key=key)
+        slot = self._turns.enter(message.workflow, key, rule, message.order_id)
+        return rule, slot.holds(message.order_id)
+
+    def _check_turn(self, order: Order) -> None:
+        """An order saved as waiting may have been promoted between its place in line and
+        its save (the wake found no order then): look once more."""
+        assert self._turns is not None
+        try:
+            if self._turns.holds(order):
+                self._take_turn(order.order_id)
+        except OrderError as exc:  # the supervisor's sweep wakes it
+            log.warning("the order's turn could not be checked after its save: %s", exc)
+
+    def _release_turn(self, order: Order) -> None:
+        """The order freed its slot: the next in line start in this invocation (their
+        requests sent now, not after a queue's poll); one that cannot is woken by a
+        message instead."""
+        assert self._turns is not None
+        self._turns.release(order, wake=self._start_now)
+
+    def _start_now(self, order_id: str) -> None:
+        try:
+            self.dispatch(order_id)
+        except Exception as exc:  # noqa: BLE001 - its wake-up message starts it instead
+            log.warning("order %s took its turn but did not start here (%s)", order_id, exc)
+            self._later.send(order_id)
+
+    def _take_turn(self, order_id: str) -> Handled:
+        """The order's turn came (the slot lists it): its first steps start and are claimed
+        now. The slot, not the message that woke it, says so."""
+        now = self._clock()
+
+        def take(o: Order) -> list[StepRecord]:
+            turns.take_turn(o, now)
+            try:
+                return self._claim_due(o, now)
+            except TransitionRefused:
+                return []
+
+        try:
+            changed = self._changes.change(order_id, take, after_save=self._claimed)
+        except TransitionRefused:
+            return Handled.NOTHING_TO_DO  # taken already, or cancelled meanwhile
+        if changed is None:
+            return Handled.NOTHING_TO_DO
+        METRICS.inc("turns_taken")
+        log.info("the order took its turn for key %r", turns.key_of(changed.order))
+        for claimed in changed.result:
+            self._send_request(changed.order, claimed)
+        return Handled.DISPATCHED if changed.result else Handled.NOT_DUE
 
     def _check_reply_queue(self, message: OrderMessage) -> None:
         """An order's replyTo must exist: the app never creates it (``REPLY_QUEUES``). An
@@ -312,6 +408,10 @@ class Scheduler:
         self._dispatch(order)
 
     def _dispatch(self, order: Order) -> Handled:
+        if turns.waits(order) and self._turns is not None:
+            if order.cancel_requested or not self._turns.holds(order):
+                return Handled.NOTHING_TO_DO  # not its turn: a message alone proves nothing
+            return self._take_turn(order.order_id)
         if order.status.terminal or not order.active_steps():
             return Handled.NOTHING_TO_DO
         with telemetry.span("order.dispatch", order.trace, orderId=order.order_id):

@@ -8,7 +8,8 @@ no per-key call counting, nothing applied); then a step that requires a bearer t
 (``simulator.identity``) refuses a call without a valid one (401, nothing applied).
 
 Ids: a step in the id map (``DEFAULT_IDS``: ``reserve-stock`` hands out a
-``reservation``, ``charge-payment`` a ``charge``, ``ship`` a ``parcel``) answers with
+``reservation``, ``charge-payment`` a ``charge``, ``ship`` a ``parcel``, each item of
+``reserve-line`` a ``reservation``) answers with
 its id, ``"<field>": "<field>-<8 hex>"``, a pure function of the idempotency key. A
 compensation (``DEFAULT_COMPENSATIONS``) of such a step must name, in the same field of
 its body, the id that step handed out for the order (``{"reservation": "..."}``);
@@ -18,6 +19,16 @@ compensation names nothing (the field absent or null) and undoes nothing.
 
 Callbacks: a call whose body asks for one is answered ``202`` and called back later
 (``simulator.callbacks``).
+
+Items (docs/contracts.md §3.16): a call keyed ``<orderId>:<name>:<i>`` is item ``i`` of
+the ForEach ``name``; the ledger names its effect ``<name>[<i>]``, as the order names its
+record, and a ``simulate`` directive for ``<name>[<i>]`` applies to it alone (before one
+for its path). A step in the id map hands out an id per item; a compensation of an item
+(``undo[<i>]``) undoes ``<target>[<i>]`` and must name the id that item handed out (the
+maps go by path: name a ForEach as its step's path for its undo to find its items).
+``<orderId>:<step>:<n>`` (n >= 2) also reads as round ``n`` of ``step``: it is one when
+the order called ``step`` under its plain key before, or ``step`` is an undo whose
+target's item ``n`` was never called (``Simulator._record_name``).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from simulator.faults import (
     RandomFaults,
     RequestError,
     directive_for,
+    record_name,
     validate_call,
 )
 from simulator.ledger import Effect, Ledger, now_iso
@@ -52,12 +64,14 @@ if TYPE_CHECKING:
 DEFAULT_COMPENSATIONS: Final[Mapping[str, str]] = {
     "release-stock": "reserve-stock",
     "refund-payment": "charge-payment",
+    "release-line": "reserve-line",  # item i of release-line undoes item i of reserve-line
 }
 #: step -> the field of its answer that carries the id it hands out.
 DEFAULT_IDS: Final[Mapping[str, str]] = {
     "reserve-stock": "reservation",
     "charge-payment": "charge",
     "ship": "parcel",
+    "reserve-line": "reservation",  # one per item (declarations' order-lines)
 }
 
 
@@ -95,12 +109,13 @@ def handed_out(field: str, key: str) -> str:
 class _Call:
     state: _KeyState
     order_id: str
-    step: str
+    step: str  # the record it is for: the path's step, or an item's <name>[<i>]
     key: str
     number: int  # 1-based, per key, over the server's life
     body: dict[str, Any]
     directive: Directive | None
     callback: str | None  # the URL to call back on
+    path: str  # POST /{path}
 
     @property
     def refused_later(self) -> bool:
@@ -203,8 +218,10 @@ class Simulator:
         )
         self._ids = dict(DEFAULT_IDS if ids is None else ids)
         self._callback_ms = callback_ms
-        # (orderId, step) -> the id that step handed out
+        # (orderId, step) -> the id that step handed out (an item's: <name>[<i>])
         self._handed: dict[tuple[str, str], str] = {}
+        # (orderId, record) of every call: a plain step's, a round's, an item's <name>[<i>]
+        self._seen: set[tuple[str, str]] = set()
         self.ledger = ledger or Ledger()
         self.call_log = CallLog() if call_log is None else call_log
         self.outage = OutageSwitch() if outage is None else outage
@@ -230,6 +247,7 @@ class Simulator:
         """Serve ``POST /{step}`` with header ``Idempotency-Key: key`` and ``body``
         (``authorization``: its ``Authorization`` header, if any)."""
         at = now_us()
+        self._note_plain(step, key)
         blocked = self.outage.current()
         if blocked is not None:
             self._stats.outage(blocked.status)
@@ -243,14 +261,17 @@ class Simulator:
                 return self._end(refused)
         try:
             order_id, order = validate_call(step, key, body)
-            directive = directive_for(step, order)
+            assert key is not None  # validate_call refuses a call without one
+            name = self._record_name(order_id, step, key)
+            # an item's own directive (<name>[<i>]) first, then its path's
+            directive = directive_for(name, order) if name != step else None
+            directive = directive or directive_for(step, order)
             callback = callback_url(order)
         except RequestError as exc:
             self._stats.begin(None)
             self.call_log.record(at, step, key, 400, False, "invalid")
             return self._end(json_answer(400, {"error": str(exc)}))
-        assert key is not None  # validate_call refuses a call without one
-        unknown = self._unknown_id(order_id, step, order)
+        unknown = self._unknown_id(order_id, step, name, order)
         if unknown is not None:
             self._stats.begin(None)
             self.call_log.record(at, step, key, 422, False, "refused")
@@ -271,7 +292,7 @@ class Simulator:
                 if fault is not None:
                     state.random_faults += 1
         self._stats.begin(fault)
-        call = _Call(state, order_id, step, key, call_no, order, directive, callback)
+        call = _Call(state, order_id, name, key, call_no, order, directive, callback, step)
         outcome, applied = self._run(call, fault, latency)
         self.call_log.record(
             at,
@@ -340,11 +361,45 @@ class Simulator:
             Callback(call.order_id, call.step, call.key, call.callback, body, after, lost)
         )
 
-    def _unknown_id(self, order_id: str, step: str, body: dict[str, Any]) -> str | None:
+    def _note_plain(self, path: str, key: str | None) -> None:
+        """A call under a plain key, ``<orderId>:<path>``, even one that goes no further (an
+        outage answers it): a later ``<orderId>:<path>:<n>`` is its round."""
+        if key and key.count(":") == 1:
+            with self._keys_lock:
+                self._seen.add((key.partition(":")[0], path))
+
+    def _record_name(self, order_id: str, path: str, key: str) -> str:
+        """The record the call is for (``faults.record_name``). ``<orderId>:<path>:<n>``
+        (n >= 2) is a round of ``path`` if the order called ``path`` itself before, or if
+        ``path`` is a compensation whose target's item ``n`` it never called (a plain
+        compensation run again); otherwise item ``n`` (of a ForEach, or of the undo of
+        one, whose target's item ``n`` was called: an item is undone only once called)."""
+        if key.count(":") == 1:
+            return path
+        with self._keys_lock:
+            as_round = (order_id, path) in self._seen
+            target = self._compensations.get(path)
+            if not as_round and target is not None:
+                index = key.split(":")[2]
+                as_round = (order_id, f"{target}[{index}]") not in self._seen
+            name = record_name(path, key, as_round)
+            self._seen.add((order_id, name))
+        return name
+
+    def _target(self, path: str, name: str) -> str | None:
+        """The record a compensation on ``path`` (for record ``name``) undoes: its target's,
+        or for item ``undo[<i>]``, the target's item ``<i>``."""
+        target = self._compensations.get(path)
+        if target is None or name == path:
+            return target
+        return f"{target}[{name.rpartition('[')[2]}"
+
+    def _unknown_id(self, order_id: str, step: str, name: str, body: dict[str, Any]) -> str | None:
         """Why a compensation is refused: it does not name the id its step handed out for
         the order (None: it does, or its step hands out none)."""
-        target = self._compensations.get(step)
-        field = self._ids.get(target) if target is not None else None
+        path_target = self._compensations.get(step)
+        field = self._ids.get(path_target) if path_target is not None else None
+        target = self._target(step, name)
         if target is None or field is None:
             return None
         handed = self._handed.get((order_id, target))
@@ -353,11 +408,11 @@ class Simulator:
             return None
         if handed is None:
             return (
-                f"{step} names {field} {named!r}, but {target} handed out none for order "
+                f"{name} names {field} {named!r}, but {target} handed out none for order "
                 f"{order_id}. Nothing was undone."
             )
         return (
-            f"{step} must name the {field} that {target} handed out for order {order_id} "
+            f"{name} must name the {field} that {target} handed out for order {order_id} "
             f"(the body's {field!r}); it names {named!r}. Nothing was undone: the remote does "
             "not know what to undo."
         )
@@ -379,13 +434,15 @@ class Simulator:
                 "confirmation": confirmation(step, key),
                 "appliedAt": at,
             }
-            compensates = self._compensations.get(step)
+            path = call.path
+            compensates = self._target(path, step)
             ids: dict[str, str] | None = None
-            field = self._ids.get(step)
+            field = self._ids.get(path)
             if field is not None and compensates is None:
                 ids = {field: handed_out(field, key)}
                 self._handed[(order_id, step)] = ids[field]
-            target_field = self._ids.get(compensates) if compensates is not None else None
+            target_path = self._compensations.get(path)
+            target_field = self._ids.get(target_path) if target_path is not None else None
             if target_field is not None and call.body.get(target_field) is not None:
                 ids = {target_field: call.body[target_field]}
             response.update(ids or {})
@@ -431,6 +488,7 @@ class Simulator:
         with self._keys_lock:
             self._keys = {}
             self._handed = {}
+            self._seen = set()
         self.ledger.clear()
         self._stats.clear()
         self.call_log.clear()

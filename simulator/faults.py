@@ -3,10 +3,12 @@
 A call is ``POST /{step}`` with a JSON object as body (the order's JSON, or what the
 step's ``input`` built: docs/contracts.md §3.4, §3.13) and ``Idempotency-Key:
 <orderId>:<step>`` (``<orderId>:<step>:<round>`` for a compensation run again as a new
-effect, §3.11). The order id comes from the key; a body that names an ``orderId`` must
-name the same. A body may ask for a callback, ``"callback": {"url": "<http(s) URL>"}``
-(``simulator.callbacks``). A body may carry ``"simulate": {step: directive}`` (an order's
-JSON carries it through); a directive is a string shorthand or an object:
+effect, §3.11; ``<orderId>:<name>:<i>``, and ``...:<round>`` after it, for item ``i`` of
+the ``ForEach`` ``name``, §3.16: ``record_name``). The order id comes from the key; a body
+that names an ``orderId`` must name the same. A body may ask for a callback,
+``"callback": {"url": "<http(s) URL>"}`` (``simulator.callbacks``). A body may carry
+``"simulate": {step: directive}`` (an order's JSON carries it through; an item's record
+name, ``<name>[<i>]``, for one item); a directive is a string shorthand or an object:
 
     "transient[:N]"  {"fail": "transient", "times": N, "status": 503, "retryAfter": S}
     "permanent[:N]"  {"fail": "permanent", "times": N, "status": 422, "error": "..."}
@@ -146,18 +148,51 @@ def validate_call(step: str, key: str | None, body: bytes) -> tuple[str, dict[st
 
 
 def order_of_key(step: str, key: str) -> str:
-    """The order id of ``<orderId>:<step>`` or ``<orderId>:<step>:<round>`` (round >= 2)."""
+    """The order id of ``<orderId>:<step>``, ``<orderId>:<step>:<round>`` (round >= 2), or
+    an item's ``<orderId>:<name>:<i>[:<round>]`` (``record_name``)."""
     parts = key.split(":")
-    if (
-        len(parts) in (2, 3)
-        and parts[0]
-        and parts[1] == step
-        and (len(parts) == 2 or (parts[2].isdigit() and int(parts[2]) >= 2))
+    if parts[0] and (
+        (len(parts) == 2 and parts[1] == step)
+        or (len(parts) == 3 and parts[1] == step and _is_round(parts[2]))
+        or (len(parts) in (3, 4) and _item_key(parts[1:]))
     ):
         return parts[0]
     raise RequestError(
         f"The Idempotency-Key {key!r} does not match '<orderId>:{step}' (or "
-        f"'<orderId>:{step}:<round>')."
+        f"'<orderId>:{step}:<round>', or an item's '<orderId>:<name>:<i>')."
+    )
+
+
+def record_name(step: str, key: str, as_round: bool = False) -> str:
+    """The order's record a call on ``POST /{step}`` is for, by its (valid) key: ``step``,
+    or ``<name>[<i>]`` for item ``i`` of the ForEach ``name`` (docs/contracts.md §3.16),
+    whatever path its step has. ``<orderId>:<step>:<n>`` with ``n`` from 2 to 99 says
+    either (round ``n`` of ``step``, or its item ``n``): ``as_round`` decides (the
+    simulator's engine knows which from the calls it had)."""
+    parts = key.split(":")
+    if len(parts) == 2:
+        return step
+    round_of_step = len(parts) == 3 and parts[1] == step and _is_round(parts[2])
+    if round_of_step and (as_round or not _item_key(parts[1:])):
+        return step
+    return f"{parts[1]}[{parts[2]}]"
+
+
+def _is_round(text: str) -> bool:
+    return text.isdigit() and int(text) >= 2
+
+
+#: An item's index in a key: 0-99, no leading zero (core.item_names.ITEM_NAME).
+_INDEX: Final = re.compile(r"0|[1-9][0-9]?")
+
+
+def _item_key(parts: list[str]) -> bool:
+    """Whether ``[name, i]`` or ``[name, i, round]`` (round >= 2) names an item."""
+    name, index, *rest = parts
+    return (
+        bool(STEP_PATTERN.fullmatch(name))
+        and bool(_INDEX.fullmatch(index))
+        and all(_is_round(r) for r in rest)
     )
 
 

@@ -31,6 +31,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Final
 
+from core.item_names import declared_name
 from core.model import Order
 from core.timefmt import ensure_utc, sortable
 from dashboard.figures import ALERT, ATTEMPT, FINISHED, KINDS, POISON, STARTED, Activity
@@ -98,7 +99,7 @@ def activities(order: Order, before: set[str]) -> list[tuple[str, Activity]]:
                 ATTEMPT,
                 oid,
                 wf,
-                step=step.step,
+                step=declared_name(step.step),  # one figure per declared step, not per item
                 agent=_agent(order, step.step),
                 ending=str(attempt.ending),
                 applied=str(attempt.applied),

@@ -46,6 +46,7 @@ from stores.control_rows import ControlRows
 from stores.dashboard_rows import DashboardRows
 from stores.outages import OutageRows
 from stores.sweeps import SweepReads
+from stores.turns import TurnRows
 from stores.writes import Op
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class _Partition:
         del self.keys[bisect.bisect_left(self.keys, row)]
 
 
-class InMemoryStateStore(SweepReads, ControlRows, OutageRows, DashboardRows):
+class InMemoryStateStore(SweepReads, ControlRows, OutageRows, DashboardRows, TurnRows):
     """``core.ports.StateStore`` in memory, with ``TableStateStore``'s observable semantics."""
 
     def __init__(self) -> None:

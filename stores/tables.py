@@ -54,13 +54,14 @@ from stores.dashboard_rows import DashboardRows
 from stores.outages import OutageRows
 from stores.recent import MAX_BODY_CHARS, RecentWrites
 from stores.sweeps import SweepReads
+from stores.turns import TurnRows
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 
-class TableStateStore(SweepReads, ControlRows, OutageRows, DashboardRows):
+class TableStateStore(SweepReads, ControlRows, OutageRows, DashboardRows, TurnRows):
     def __init__(self, table: TableClient, recent: RecentWrites | None = None):
         """``recent``: what this process wrote last of each order (``stores/recent.py``);
         a store of its own by default."""

@@ -6,7 +6,8 @@ flight, not with history), and for each expired step, with If-Match:
 run again and a re-dispatch, or ``Error`` with an operator alert (and, for
 multi-step workflows, compensation). It never calls remote services and
 knows nothing of the business. Several supervisors may run at once: each
-write is conditional, so exactly one wins each step.
+write is conditional, so exactly one wins each step. Each run also repairs the slots of
+per-key concurrency (``core.turn_keeper``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from core.policy import RetryPolicy
 from core.ports import Clock, StateStore
 from core.states import StepState
 from core.timefmt import iso
+from core.turn_keeper import TurnKeeper
+from core.turns import SweepReport as TurnSweep
 from core.unit_of_work import Dispatcher, OrderChanges
 from messaging.outbox import NoticeSender
 from observability import telemetry
@@ -42,6 +45,8 @@ class SupervisionReport:
     failed: int = 0
     conflicts: int = 0
     errors: list[str] = field(default_factory=list)
+    #: what the slots' sweep did (per-key concurrency; None: not run)
+    turns: TurnSweep | None = None
 
 
 class Supervisor:
@@ -53,12 +58,18 @@ class Supervisor:
         policy: RetryPolicy,
         clock: Clock,
         grace: timedelta = SKEW_GRACE,
+        *,
+        turns: TurnKeeper | None = None,
     ):
         """``dispatch`` queues an order whose step is Pending again (a retry after its
-        backoff, a compensation to run) for the time it may run: the scheduler claims it."""
+        backoff, a compensation to run) for the time it may run: the scheduler claims it.
+        ``turns``: the slots of per-key concurrency, released as orders end and swept
+        each run (docs/contracts.md §3.16)."""
         self._store = store
         self._notices = notices
-        self._changes = OrderChanges(store, notices, dispatch, ended=order_ended)
+        self._turns = turns
+        release = turns.release if turns is not None else None
+        self._changes = OrderChanges(store, notices, dispatch, ended=order_ended, released=release)
         self._policy = policy
         self._clock = clock
         self._grace = grace
@@ -80,6 +91,7 @@ class Supervisor:
                 self._notices.contain_failure(
                     entry.order_id, entry.step, exc, now, who="supervisor"
                 )
+        self._sweep_turns(report)
         if report.examined:
             log.info(
                 "supervisor: %d expired, %d retried, %d failed for good, %d conflicts",
@@ -89,6 +101,17 @@ class Supervisor:
                 report.conflicts,
             )
         return report
+
+    def _sweep_turns(self, report: SupervisionReport) -> None:
+        """The slots' repair (``core.turn_keeper``): a holder whose order ended while the
+        instance that would wake the next died is released, a lost wake sent again."""
+        if self._turns is None:
+            return
+        try:
+            report.turns = self._turns.sweep()
+        except Exception as exc:  # the expiries above are done; the next run tries again
+            report.errors.append(f"turns: {type(exc).__name__}: {exc}")
+            log.error("supervisor: the slots' sweep failed: %s", exc, exc_info=exc)
 
     def recover(self, order_id: str, report: SupervisionReport, step: str | None = None) -> None:
         """Expire ``step`` of the order (default: its first Processing step past its time)."""

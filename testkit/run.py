@@ -4,7 +4,7 @@ test reads of it (``Run``)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import ModuleType
@@ -96,9 +96,10 @@ class Run:
         return steps[name]
 
     @property
-    def results(self) -> dict[str, dict[str, Any]]:
+    def results(self) -> dict[str, Any]:
         """What each step that succeeded returned, by name: ``ctx.results`` as the
-        declarations' functions see it (a step undone since keeps its result)."""
+        declarations' functions see it (a step undone since keeps its result; a
+        ForEach's, the list of its items' results)."""
         return dict(self._world.order().context().results)
 
     @property
@@ -172,10 +173,13 @@ class Run:
         self._world.drive()
         return self
 
-    def cancel(self, *, reason: str = "cancelled (testkit)") -> Run:
-        """Cancel the order as an operator does (what applied is undone), then run on."""
+    def cancel(
+        self, *, reason: str = "cancelled (testkit)", not_applied: Sequence[str] = ()
+    ) -> Run:
+        """Cancel the order as an operator does (what applied is undone), then run on;
+        ``not_applied``: the steps in doubt the operator states did not happen."""
         with self._world.using():
-            self._world.app.admin.cancel(self.order_id, OPERATOR, reason)
+            self._world.app.admin.cancel(self.order_id, OPERATOR, reason, list(not_applied) or None)
         self._world.drive()
         return self
 

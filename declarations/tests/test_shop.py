@@ -1,7 +1,8 @@
-"""The product's own workflows (``order``, ``fulfilment``, ``checkout``), tested with the
-kit: a team's tests of its own workflows look like these (docs/add-a-workflow.md, "Test
-it"). Each runs the workflow in process, its remotes faked, in milliseconds. Change them
-with the workflows they test (and delete them with them)."""
+"""The product's own workflows (``order``, ``fulfilment``, ``checkout``, ``order-lines``),
+tested with the kit: a team's tests of its own workflows look like these
+(docs/add-a-workflow.md, "Test it"). Each runs the workflow in process, its remotes
+faked, in milliseconds. Change them with the workflows they test (and delete them with
+them)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,38 @@ def test_a_refused_approval_refunds_and_releases() -> None:
     assert run.status == "compensated"
     assert "ship" not in run.received
     assert run.received["refund-payment"][0]["charge"] == "charge-1"
+
+
+LINES = [{"sku": "boots", "qty": 1}, {"sku": "socks", "qty": 3}, {"sku": "tent", "qty": 1}]
+#: order-lines' remotes: each line's reserve-line hands out its own reservation
+LINED = {
+    "charge-payment": answer(id="charge"),
+    "refund-payment": answer(),
+    "reserve-line": answer(id="reservation"),
+    "release-line": answer(),
+    "ship": answer({"tracking": "T-3"}),
+}
+
+
+def test_each_line_is_reserved_on_its_own_and_the_parcel_names_every_reservation() -> None:
+    run = run_workflow("order-lines", {**ORDER, "lines": LINES}, LINED)
+
+    assert run.status == "completed"
+    assert run.received["reserve-line[1]"][0]["item"] == {"sku": "socks", "qty": 3}
+    assert run.keys("reserve-line[2]") == ["order-1:reserve-line:2"]
+    reservations = [line["reservation"] for line in run.results["reserve-line"]]
+    assert len(set(reservations)) == 3
+    assert run.received["ship"][0]["reservations"] == reservations
+
+
+def test_a_line_out_of_stock_releases_the_others_by_their_own_reservations() -> None:
+    out = refuse("out of stock")
+    run = run_workflow("order-lines", {**ORDER, "lines": LINES}, {**LINED, "reserve-line[2]": out})
+
+    assert run.status == "compensated"
+    for i in (0, 1):
+        [released] = run.received[f"release-line[{i}]"]
+        assert released["reservation"] == run.results[f"reserve-line[{i}]"]["reservation"]
+    assert "release-line[2]" not in run.received  # refused: nothing to release
+    assert run.received["refund-payment"][0]["charge"] == "charge-1"
+    assert "ship" not in run.received

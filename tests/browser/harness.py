@@ -130,6 +130,9 @@ class Orders:
     #: a `delivery` waiting (an hour) for `delivered`, an event a machine sends: no
     #: person's decision, offered to no one
     machine: str = "delivery-1"
+    #: contract 3.16 (tests/fixtures/flows.py): a `lines` order, a ForEach over its three
+    #: lines (each picked by a Python agent), completed
+    lines: str = "lines-1"
 
     def bodies(self) -> dict[str, dict[str, Any]]:
         """What is submitted for each order except the bulk group."""
@@ -161,6 +164,11 @@ class Orders:
             self.parallel: {"orderId": self.parallel, "workflow": "trip", "amount": 700},
             self.small: {"orderId": self.small, "workflow": "approval", "amount": 50},
             self.machine: {"orderId": self.machine, "workflow": "delivery"},
+            self.lines: {
+                "orderId": self.lines,
+                "workflow": "lines",
+                "lines": [{"sku": s, "qty": n} for n, s in enumerate("ABC", 1)],
+            },
         }
         for order_id in (self.approve, self.refuse, *self.inbox):
             bodies[order_id] = {"orderId": order_id, "workflow": "approval", "amount": 5000}
@@ -173,7 +181,7 @@ class Orders:
 
     def expected(self) -> dict[str, str]:
         return {
-            **dict.fromkeys((*self.completed, self.parallel), "completed"),
+            **dict.fromkeys((*self.completed, self.parallel, self.lines), "completed"),
             **dict.fromkeys((*self.failed, self.retry, self.guard, self.fix, *self.bulk), "error"),
             self.hostile: "compensated",
         }

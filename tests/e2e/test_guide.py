@@ -6,9 +6,10 @@ gives and the warehouse requiring an Entra ID token, a devhost), the ``python -m
 commands of its "Try it" sections run in order, as a person would: a ``quick-return``
 order whose RMA reaches the warehouse, ``exchange`` orders (parallel steps, an approval
 skipped, given and refused, a delay, a carrier that calls back, undos that name the ids
-their steps handed out), and the shop's ``returns`` (a refund held for an operator and
-fixed, an e-mail that bounces and undoes nothing, an order found by its RMA). One stack
-for all.
+their steps handed out), and the shop's ``returns`` (each line received on its own, a
+line refused and every line received sent back by its own receipt, a refund held for an
+operator and fixed, an e-mail that bounces and undoes nothing, an order found by its RMA).
+One stack for all.
 
 It also checks the guide's promise: nothing under core/, scheduler/, supervisor/ or
 stores/ changes, and the declarations it writes pass the linter.
@@ -194,7 +195,15 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     ]
     returns = next(w for w in declared["workflows"] if w["workflow"] == "returns")
     [group] = [s["parallel"] for s in returns["steps"] if "parallel" in s]
-    failing = {s["step"]: s.get("onFailure") for s in [*returns["steps"], *group] if "step" in s}
+    [lines] = [s for s in returns["steps"] if "forEach" in s]
+    undo = lines["step"]["compensation"]["step"]
+    assert (lines["forEach"], lines["maxConcurrency"], undo) == (
+        "receive-line",
+        2,
+        "send-back-line",
+    )
+    steps = [s for s in [*returns["steps"], *group] if "step" in s and "forEach" not in s]
+    failing = {s["step"]: s.get("onFailure") for s in steps}
     assert (failing["refund"], failing["notify-customer"]) == ("hold", "continue"), failing
     searched = {f["name"]: f["parameter"] for f in returns["search"]}
     assert searched == {"customerId": "customerId", "receive-return.rma": "rma"}, returns
@@ -485,6 +494,37 @@ def check_shop_returns(result: dict[str, Any]) -> None:
     bounced = orders["ret-5"]["steps"]["notify-customer"]
     assert bounced["state"] == "Error" and bounced["continued"] is True, bounced
     assert "mailbox full" in bounced["error"]
+    check_return_lines(result)
     # found by a field of a step's result
     [found] = [r for r in result["ran"] if " orders --where rma=" in r["command"]]
     assert [o["orderId"] for o in json.loads(found["stdout"])["orders"]] == ["ret-2"], found
+
+
+def check_return_lines(result: dict[str, Any]) -> None:
+    """Section 9's ``ForEach``: ret-6's three lines each received under its own key, with
+    its own receipt, which the restock names in line order; ret-7's second line refused,
+    and every line received sent back naming its own receipt, nothing refunded."""
+    orders = result["orders"]
+    done = orders["ret-6"]
+    assert done["status"] == "completed", done
+    receipts = []
+    for i, item in enumerate(["boots", "socks", "tent"]):
+        [received] = entries(result, "ret-6", f"receive-line[{i}]")
+        assert received["idempotencyKey"] == f"ret-6:receive-line:{i}"
+        assert (received["request"]["line"], received["request"]["item"]) == (i, item)
+        receipt = received["response"]["receipt"]
+        assert done["steps"][f"receive-line[{i}]"]["result"]["receipt"] == receipt
+        receipts.append(receipt)
+    assert len(set(receipts)) == 3
+    [restocked] = entries(result, "ret-6", "restock")
+    assert restocked["request"]["receipts"] == receipts
+    refused = orders["ret-7"]
+    assert refused["status"] == "compensated", refused
+    assert refused["steps"]["receive-line[1]"]["state"] == "Error"
+    assert entries(result, "ret-7", "receive-line[1]") == []
+    for i in (0, 2):  # line 2 ran only if line 0 ended before line 1's refusal came
+        got = [e["response"]["receipt"] for e in entries(result, "ret-7", f"receive-line[{i}]")]
+        sent_back = entries(result, "ret-7", f"send-back-line[{i}]")
+        assert got == [e["request"]["receipt"] for e in sent_back], (got, sent_back)
+        assert all(e["undid"] for e in sent_back)
+    assert entries(result, "ret-7", "refund") == []

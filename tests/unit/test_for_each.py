@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from core.item_names import MAX_ITEMS
 from core.model import Order
 from core.plans import Plan
 from core.states import OrderStatus, StepState
@@ -141,6 +142,17 @@ def test_an_item_that_may_have_applied_and_cannot_be_undone_blocks_the_refund() 
     assert "mail[1]" in alert["reason"] and "order-1:mail:1" in alert["reason"]
 
 
+def test_an_operator_who_states_the_item_did_not_happen_lets_the_cancel_undo_the_rest() -> None:
+    given = {"mail[1]": crash(), "mail[2]": refuse("no such address")}
+    done = run("mails", LINES[:3], **given)
+    assert done.status == "error"
+    done.cancel(reason="the mail service never sent it", not_applied=["mail[1]"])
+    assert done.received["refund"]  # undone now: nothing in doubt is left around it
+    # mail[0] was sent and cannot be undone: its effect stands, told (not "cancelled")
+    assert done.status == "error"
+    assert "mail[0] applied and cannot be undone" in done.alerts[-1]["reason"]
+
+
 def test_items_that_raise_fail_the_step_for_good_told_and_the_order_is_undone() -> None:
     done = run("lines-broken")
     assert done.status == "compensated"
@@ -211,6 +223,35 @@ def test_an_item_run_again_keeps_its_key() -> None:
     assert done.keys("reserve[1]") == ["order-1:reserve:1", "order-1:reserve:1"]
 
 
+def test_figures_count_items_under_the_for_each_s_name_not_one_per_item() -> None:
+    from stores.activity import ATTEMPT, activities
+
+    order = accepted_past_the_charge()
+    finish(order, "reserve[0]", T0 + 10 * SECOND)
+    steps = {a.step for _, a in activities(order, set()) if a.kind == ATTEMPT}
+    assert steps == {"charge", "reserve"}
+
+
+def test_a_hundred_items_at_the_widest_cap_fit_each_save_in_one_table_transaction() -> None:
+    """The in-memory store refuses a transaction of more than 100 operations, as Azure
+    does: claiming 25 items at once (and the next 25), with every search row an order can
+    have, and halting them, each fit (33 at once would not)."""
+    many = [{"sku": f"s{n}", "qty": 1} for n in range(MAX_ITEMS)]
+    order = {"lines": many, **{f"field-{n}": f"v{n}" for n in range(8)}}
+    remotes = {
+        "charge": answer(),
+        "refund": answer(),
+        "reserve": answer(reserved),
+        "reserve[60]": refuse("out of stock"),
+        "unreserve": answer(),
+    }
+    halted = run_workflow("wide", order, remotes, declarations=KIT)
+    assert halted.status == "compensated"
+    assert len(halted.received["reserve[59]"]) == 1
+    assert "reserve[99]" not in halted.received
+    assert len([s for s in halted.steps if s.startswith("unreserve[")]) >= 60
+
+
 # --- declaring -------------------------------------------------------------------------------
 
 
@@ -223,8 +264,8 @@ def fe(**kw: Any) -> ForEach:
 @pytest.mark.parametrize(
     ("element", "said"),
     [
-        (fe(max_concurrency=0), "max_concurrency=0; it is a whole number 1-40"),
-        (fe(max_concurrency=41), "max_concurrency=41"),
+        (fe(max_concurrency=0), "max_concurrency=0; it is a whole number 1-25"),
+        (fe(max_concurrency=26), "max_concurrency=26"),
         (fe(items="lines"), "items must be a function of one argument"),
         (fe(step=Event("e", timeout_seconds=5)), "step must be a StepSpec"),
         (
@@ -256,6 +297,11 @@ def test_its_name_is_one_name_of_the_workflow() -> None:
                 fe(step=StepSpec("line", compensation=Compensation("undo"))),
             ),
         )
+
+
+def test_a_for_each_is_not_searched_by_its_result() -> None:
+    with pytest.raises(DeclarationError, match="a ForEach's result is the list"):
+        Workflow("w", (fe(),), search=("lines.sku",))
 
 
 def test_the_plan_pins_it_and_reads_back_the_same() -> None:

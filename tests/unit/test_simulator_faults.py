@@ -19,6 +19,7 @@ from simulator.faults import (
     directive_for,
     parse_directive,
     parse_latency,
+    record_name,
     validate_call,
 )
 from simulator.ledger import (
@@ -28,6 +29,7 @@ from simulator.ledger import (
     load_ledger,
     standing_effects,
 )
+from simulator.outage import Phase
 
 
 def body(order_id: str = "o-1", **fields: object) -> bytes:
@@ -159,7 +161,9 @@ def test_the_order_id_comes_from_the_key_so_a_body_may_be_a_steps_input() -> Non
         ("process", "o-1:process", b"[1, 2]", "JSON object"),
         ("process", "o-1:process", b'{"orderId": 7}', "orderId"),
         ("process", "o-1:process", b'{"orderId": "o-2"}', "orderId"),
-        ("process", "o-1:process:1", body(), "does not match"),
+        ("process", "o-1:process:1:1", body(), "does not match"),  # a round is 2 or more
+        ("process", "o-1:process:01:2", body(), "does not match"),  # an item's index is 0-99
+        ("process", "o-1:other:100", body(), "does not match"),
         ("process", "o-1:process:x", body(), "does not match"),
         ("process", ":process", body(), "does not match"),
         ("process", "o-1:process", body(callback="http://x"), "callback"),
@@ -338,6 +342,78 @@ def test_ids_can_be_configured_or_turned_off() -> None:
     booking = call(sim, "a", "book")[1]["booking"]
     assert call(sim, "a", "unbook")[0] == 422
     assert call(sim, "a", "unbook", booking=booking)[0] == 200
+
+
+def test_an_items_key_names_its_record_and_its_round() -> None:
+    """docs/contracts.md §3.16: item ``i`` of ForEach ``name`` is keyed
+    ``<orderId>:<name>:<i>`` (``...:<round>`` run again), whatever its step's path."""
+    assert validate_call("receive", "o-1:receive-line:0", b"{}")[0] == "o-1"
+    assert validate_call("send-back", "o-1:send-back:1", b"{}")[0] == "o-1"
+    assert validate_call("send-back", "o-1:send-back:7:2", b"{}")[0] == "o-1"
+    assert record_name("receive", "o-1:receive-line:0") == "receive-line[0]"
+    assert record_name("send-back", "o-1:send-back:1") == "send-back[1]"
+    assert record_name("send-back", "o-1:send-back:7:2") == "send-back[7]"
+    assert record_name("send-back", "o-1:send-back") == "send-back"
+    # <orderId>:<step>:<n>, n >= 2: a round, or item n (the engine knows which)
+    assert record_name("send-back", "o-1:send-back:3", as_round=True) == "send-back"
+    assert record_name("send-back", "o-1:send-back:3") == "send-back[3]"
+    assert record_name("send-back", "o-1:send-back:100") == "send-back"  # no item 100
+
+
+def item(sim: Simulator, order_id: str, name: str, i: int, **fields: object) -> Any:
+    outcome = sim.handle(name, f"{order_id}:{name}:{i}", body(order_id, **fields))
+    return outcome.status, json.loads(outcome.body)
+
+
+def test_items_apply_once_each_hand_out_their_own_id_and_are_undone_by_it() -> None:
+    sim = Simulator(ids={"pick": "pickId"}, compensations={"unpick": "pick"})
+    picked = [item(sim, "o", "pick", i)[1]["pickId"] for i in range(3)]
+    assert len(set(picked)) == 3
+    assert item(sim, "o", "pick", 2)[1]["pickId"] == picked[2]  # the stored answer
+    # latest first, each naming its own item's id; another item's is refused
+    assert item(sim, "o", "unpick", 2, pickId=picked[1])[0] == 422
+    for i in (2, 1, 0):
+        assert item(sim, "o", "unpick", i, pickId=picked[i])[0] == 200
+    ledger = [(e["step"], e["compensates"], e["undid"]) for e in sim.effects()]
+    assert ledger == [
+        ("pick[0]", None, None),
+        ("pick[1]", None, None),
+        ("pick[2]", None, None),
+        ("unpick[2]", "pick[2]", True),
+        ("unpick[1]", "pick[1]", True),
+        ("unpick[0]", "pick[0]", True),
+    ]
+    assert double_effects(sim.effects()) == []
+    assert standing_effects(sim.effects()) == {}
+
+
+def test_a_key_that_could_be_a_round_or_an_item_is_told_apart_by_the_calls_before() -> None:
+    """``<orderId>:<step>:<n>`` (n >= 2): a round of a step the order called itself (its
+    first key answered by an outage too), or of a compensation whose target's item ``n``
+    was never called; otherwise an item."""
+    sim = Simulator(ids={}, compensations={"unpick": "pick"})
+    sim.outage.set_error(Phase.error(60, 503))
+    assert sim.handle("pick", "a:pick", body("a")).status == 503  # answered by the outage
+    sim.outage.clear()
+    sim.handle("pick", "a:pick:2", body("a"))  # a forward step's new key, after a fix
+    sim.handle("unpick", "b:unpick:2", body("b"))  # a plain undo run again
+    item(sim, "c", "pick", 2)  # an item: the order never called pick itself
+    item(sim, "c", "unpick", 2)  # and its undo
+    named = [(e["orderId"], e["step"], e["compensates"]) for e in sim.effects()]
+    assert named == [
+        ("a", "pick", None),
+        ("b", "unpick", "pick"),
+        ("c", "pick[2]", None),
+        ("c", "unpick[2]", "pick[2]"),
+    ]
+
+
+def test_a_directive_for_one_item_applies_to_it_alone() -> None:
+    sim = Simulator()
+    simulate = {"pick[1]": "permanent", "pick": "transient:1"}
+    statuses = [item(sim, "o", "pick", i, simulate=simulate)[0] for i in (0, 1, 0)]
+    assert statuses == [503, 422, 200]
+    assert [e["step"] for e in sim.effects()] == ["pick[0]"]
 
 
 def test_a_call_that_asks_for_a_callback_is_accepted_202() -> None:

@@ -706,3 +706,93 @@ def test_a_refused_callback_and_a_halted_group_replay_cleanly(shop: Any) -> None
     alerts = s.queues.on(s.names.operator_alerts)
     verdict = verify(orders, ledger, alerts, expected=dict.fromkeys(orders, "compensated"))
     assert verdict.ok, verdict.problems()
+
+
+# --- a ForEach's items (docs/contracts.md §3.16) --------------------------------------------
+
+
+def lined(order_id: str, refuse_last: bool = False) -> Order:
+    """An order of tests/fixtures/items.py's ``lines``: charged, three lines reserved two
+    at a time (the second ends first), then confirmed; or the third line refused, the
+    first two released (latest first) and the charge refunded."""
+    from tests.support import declarations
+    from tests.unit.test_one_decision import claim, new, report, succeed, unwind_to_the_end
+
+    lines = [{"sku": s, "qty": 1} for s in "ABC"]
+    with declarations("tests.fixtures.items"):
+        order = new("lines", order_id, lines=lines)
+        now = succeed(order, "charge", T0)
+        for name in ("reserve[1]", "reserve[0]"):  # each with its own reservation
+            now = claim(order, name, now)
+            order.apply_reply(report(order, name, result={"reservation": name}), now, POLICY)
+        if refuse_last:
+            order.claim("i-1", now, step="reserve[2]")
+            refused = report(order, "reserve[2]", Outcome.REFUSED, error="out of stock")
+            order.apply_reply(refused, now + timedelta(seconds=1), POLICY)
+            unwind_to_the_end(order, now + timedelta(seconds=2))
+        else:
+            now = succeed(order, "reserve[2]", now)
+            succeed(order, "confirm", now)
+    return order
+
+
+def item_ledger(order_id: str, steps: list[str]) -> list[dict[str, Any]]:
+    """The simulator's ledger of an order of ``lines``: ``unreserve[<i>]`` undoes
+    ``reserve[<i>]``, ``refund`` the ``charge``."""
+    entries = ledger_of({order_id: steps})
+    for entry in entries:
+        undone = {"refund": "charge"}.get(entry["step"])
+        if entry["step"].startswith("unreserve["):
+            undone = entry["step"].removeprefix("un")
+        entry["kind"] = "compensation" if undone else "effect"
+        entry["compensates"], entry["undid"] = undone, True if undone else None
+    return entries
+
+
+def test_items_apply_in_any_order_among_themselves_and_their_head_applies_nothing() -> None:
+    order = lined("l-1")
+    applied = ["charge", "reserve[1]", "reserve[0]", "reserve[2]", "confirm"]
+    wanted = ("charge", "reserve[0]", "reserve[1]", "reserve[2]", "confirm")
+    for expected in (None, wanted):  # the plan's own, or the one given
+        verdict = verify(
+            {"l-1": order},
+            item_ledger("l-1", applied),
+            [],
+            expected={"l-1": "completed"},
+            expected_effects=None if expected is None else {"l-1": expected},
+        )
+        assert verdict.ok, verdict.violations()
+    # an item missing is still told
+    verdict = verify({"l-1": order}, item_ledger("l-1", applied[:2] + applied[3:]), [])
+    assert verdict.wrong_effects, verdict.violations()
+
+
+def test_an_item_refused_is_undone_item_by_item_and_an_item_left_standing_is_told() -> None:
+    order = lined("l-2", refuse_last=True)
+    assert order.status is OrderStatus.COMPENSATED
+    applied = ["charge", "reserve[1]", "reserve[0]", "unreserve[1]", "unreserve[0]", "refund"]
+    verdict = verify({"l-2": order}, item_ledger("l-2", applied), [], {"l-2": "compensated"})
+    assert verdict.ok, verdict.violations()
+    # reserve[0] applied and never undone
+    left = [s for s in applied if s != "unreserve[0]"]
+    verdict = verify({"l-2": order}, item_ledger("l-2", left), [], {"l-2": "compensated"})
+    assert verdict.wrong_effects == ["l-2:reserve[0] applied, never undone"]
+
+
+def test_an_items_alert_names_its_for_each() -> None:
+    """An item held for an operator: the alert names the ForEach (one alert-rule value)."""
+    from tests.support import declarations
+    from tests.unit.test_one_decision import new, report, succeed
+
+    with declarations("tests.fixtures.items"):
+        order = new("lines-held", "l-3", lines=[{"sku": "A", "qty": 1}])
+        now = succeed(order, "charge", T0)
+        order.claim("i-1", now, step="reserve[0]")
+        refused = report(order, "reserve[0]", Outcome.REFUSED, error="out of stock")
+        order.apply_reply(refused, now + timedelta(seconds=1), POLICY)
+    assert order.status is OrderStatus.ERROR
+    alerts = alerts_of(order)
+    assert [a["step"] for a in alerts] == ["reserve"]
+    ledger = item_ledger("l-3", ["charge"])
+    assert verify({"l-3": order}, ledger, alerts, {"l-3": "error"}).ok
+    assert verify({"l-3": order}, ledger, [], {"l-3": "error"}).unalerted == ["l-3:reserve[0]"]
