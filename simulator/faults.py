@@ -146,7 +146,11 @@ def validate_call(step: str, key: str | None, body: bytes) -> tuple[str, dict[st
 
 
 def order_of_key(step: str, key: str) -> str:
-    """The order id of ``<orderId>:<step>`` or ``<orderId>:<step>:<round>`` (round >= 2)."""
+    """The order id of ``<orderId>:<step>`` or ``<orderId>:<step>:<round>`` (round >= 2),
+    or of an item of a ``ForEach`` (docs/contracts.md §3.16), called on its step's path
+    ``step`` under the ForEach's name: ``<orderId>:<name>:<i>`` (i 0-99), and
+    ``<orderId>:<name>:<i>:<round>``. An item's key names another name than its path (a
+    name equal to the path is read as a round)."""
     parts = key.split(":")
     if (
         len(parts) in (2, 3)
@@ -155,10 +159,29 @@ def order_of_key(step: str, key: str) -> str:
         and (len(parts) == 2 or (parts[2].isdigit() and int(parts[2]) >= 2))
     ):
         return parts[0]
+    if (
+        len(parts) in (3, 4)
+        and parts[0]
+        and parts[1] != step
+        and STEP_PATTERN.fullmatch(parts[1])
+        and _whole(parts[2], 0, MAX_ITEM)
+        and (len(parts) == 3 or _whole(parts[3], 2, MAX_ROUND))
+    ):
+        return parts[0]
     raise RequestError(
         f"The Idempotency-Key {key!r} does not match '<orderId>:{step}' (or "
-        f"'<orderId>:{step}:<round>')."
+        f"'<orderId>:{step}:<round>', or an item's '<orderId>:<name>:<index>')."
     )
+
+
+#: The highest item index (``core.item_names.MAX_ITEMS`` - 1) and key round
+#: (``core.messages.MAX_KEY_ROUND``) an item's Idempotency-Key may carry.
+MAX_ITEM: Final = 99
+MAX_ROUND: Final = 99
+
+
+def _whole(text: str, low: int, high: int) -> bool:
+    return text.isdigit() and text.isascii() and low <= int(text) <= high
 
 
 def directive_for(step: str, order: dict[str, Any]) -> Directive | None:
