@@ -28,13 +28,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from core.item_names import item_name, item_of
 from core.model import Order
 from core.outcome import Outcome
 from core.states import OrderStatus, StepKind, StepState
-from demo.verify import check_history, said_not_applied
+from demo.verify import Verdict, check_history, said_not_applied
 from simulator.ledger import applied
 
 VIOLATIONS = (
@@ -237,7 +238,7 @@ def _check_effects(order: Order, effects: list[dict[str, Any]], verdict: ItemsVe
             named = (entry.get("request") or {}).get("confirmation")
             if named is not None and named != own:
                 verdict.undone_with_another.append(f"{order_id}:{undo} named {named}, not {own}")
-    _check_doubt(order, by_record, undone_by, verdict)
+    _check_doubt(order, by_record, verdict)
 
 
 def _head(step: str) -> str | None:
@@ -248,11 +249,16 @@ def _head(step: str) -> str | None:
 def _check_doubt(
     order: Order,
     by_record: dict[str, list[dict[str, Any]]],
-    undone_by: dict[str | None, str],
     verdict: ItemsVerdict,
 ) -> None:
-    """No item undone while a later step that may have applied and has no compensation
-    stands (its doubt stops the unwinding before it: contract 3.15)."""
+    """No item undone (by the ledger: its compensation's key applied, whether the order
+    has its record or not) while a later step that may have applied, and has no
+    compensation, stands in error (its doubt stops the unwinding before it: 3.15)."""
+    undoes = {
+        p.compensation[:-2]: p.name[:-2]
+        for p in order.plan.steps
+        if p.compensation is not None and p.compensation.endswith("[]")
+    }
     doubts = [
         s
         for s in order.steps
@@ -263,25 +269,60 @@ def _check_doubt(
         and not order.planned(s.step).may_stand
     ]
     for doubt in doubts:
-        for item in order.steps:
-            undo = undone_by.get(item.step)
-            if item.seq < doubt.seq and undo is not None and by_record.get(undo):
+        for undo in by_record:
+            found = item_of(undo)
+            if found is None or found[0] not in undoes:
+                continue
+            item = order.find(item_name(undoes[found[0]], found[1]))
+            if item is not None and item.seq < doubt.seq:
                 verdict.undone_around_doubt.append(
                     f"{order.order_id}:{undo} undone around {doubt.step} in doubt"
                 )
 
 
-def most_in_flight(order: Order, name: str) -> int:
+def most_in_flight(order: Order, name: str, skew: timedelta = timedelta(0)) -> int:
     """The most attempts of the ForEach ``name``'s items that ran at once, from their
-    records (each attempt from its claim to its end, or its deadline if it never ended)."""
-    moments: list[tuple[Any, int]] = []
+    records (each attempt from its claim to its end, or its deadline if it never ended).
+    ``skew``: how far the clocks of the instances that wrote them may run apart (the chaos
+    run's one instance ahead): an end is read as early as that, so that an attempt that
+    ended on a clock ahead does not seem to overlap the next one started elsewhere."""
+    moments: list[tuple[datetime, int]] = []
     for record in order.steps:
         if record.kind is StepKind.ACTION and _head(record.step) == name:
             for attempt in record.attempts.items:
-                moments.append((attempt.claimed_at, 1))
-                moments.append((attempt.ended_at or attempt.deadline, -1))
+                end = (attempt.ended_at or attempt.deadline) - skew
+                if end > attempt.claimed_at:
+                    moments += [(attempt.claimed_at, 1), (end, -1)]
     most = running = 0
     for _, change in sorted(moments):  # an end before a start at the same moment
         running += change
         most = max(most, running)
     return most
+
+
+def merge(verdict: Verdict, items: ItemsVerdict) -> None:
+    """Add the items' verdict to ``demo.verify``'s on the run's other orders: one verdict,
+    each violation under the name ``demo.verify`` gives its kind (an item applied twice is
+    a double effect; one missing, not undone, undone with another's result or around a
+    doubt, a wrong effect)."""
+    verdict.orders += items.orders
+    verdict.statuses.update(items.statuses)
+    verdict.as_expected += items.as_expected
+    verdict.exhausted += items.exhausted
+    verdict.doubted += items.doubted
+    verdict.effects += items.effects
+    verdict.lost += items.lost
+    verdict.stuck += items.stuck
+    verdict.unexpected += items.unexpected
+    verdict.double_effects += items.applied_twice
+    verdict.wrong_effects += (
+        items.foreign_effects
+        + items.missing
+        + items.not_undone
+        + items.undone_with_another
+        + items.undone_around_doubt
+    )
+    verdict.effects_after_definite_failure += items.not_applied_yet_done
+    verdict.unalerted += items.unalerted
+    verdict.stale_applied += items.stale_applied
+    verdict.inconsistent_history += items.inconsistent_history
