@@ -15,6 +15,8 @@ instances. Prints one JSON object:
 - ``mostInFlight``: the most lines of one order in flight at once, ``records`` from the
   item records (each attempt from its claim to its end) and ``remote`` from the
   simulator's call log (each call from its arrival for ``--call-ms``); at most 10.
+- ``itemHopsMs``: where an item's time goes besides its call (``item_hops``), p50 / p90
+  over every item of the measured runs.
 - ``tablePerItem``: the app's Table requests per line (``observability/opcount.py``,
   what the functions sent, not the hosts' queue polling nor the timers'), ``transactions``
   (entity group transactions, ``table.batch``: one per save of the order) and ``all``.
@@ -81,6 +83,32 @@ def most_at_remote(calls: list[dict[str, Any]], order_id: str, call_ms: int) -> 
     return _most(moments)
 
 
+def item_hops(order: Order, calls: list[dict[str, Any]], call_ms: int) -> dict[str, list[float]]:
+    """Where an item's time goes, in ms, from its record's history and the remote's log:
+    ``created->claimed`` (the item started, as another ended, until an instance claimed
+    it), ``claimed->call`` (the request's trip to the agent), ``call->ended`` less the
+    call's own ``call_ms`` (the answer's trip back and the reply applied)."""
+    arrived = {
+        str(c["idempotencyKey"]): parse_iso(c["at"]).timestamp()
+        for c in calls
+        if str(c.get("idempotencyKey", "")).startswith(f"{order.order_id}:")
+    }
+    hops: dict[str, list[float]] = {"created->claimed": [], "claimed->call": [], "call->ended": []}
+    for record in order.steps:
+        found = item_of(record.step) if record.kind is StepKind.ACTION else None
+        attempt = record.attempts.items[0] if record.attempts.items else None
+        if found is None or attempt is None or attempt.ended_at is None:
+            continue
+        created = parse_iso(record.history[0]["at"]).timestamp()
+        claimed, ended = attempt.claimed_at.timestamp(), attempt.ended_at.timestamp()
+        call = arrived.get(f"{order.order_id}:{found[0]}:{found[1]}")
+        hops["created->claimed"].append(1000 * (claimed - created))
+        if call is not None:
+            hops["claimed->call"].append(1000 * (call - claimed))
+            hops["call->ended"].append(1000 * (ended - call) - call_ms)
+    return hops
+
+
 def _most(moments: list[tuple[Any, int]]) -> int:
     most = running = 0
     for _, change in sorted(moments):  # an end before a start at the same moment
@@ -119,6 +147,7 @@ def run(
     at_remote: list[int] = []
     counted = Counter[str]()
     statuses: Counter[str] = Counter()
+    hops: dict[str, list[float]] = {}
     with stack:
         time.sleep(2)  # let the hosts finish starting
         warm = f"warm-{tag}"
@@ -137,8 +166,11 @@ def run(
             counts = opcount.collect(counts_dir)
             counts.subtract(baseline)
             counted.update(counts)
+            calls = stack.remote_calls()
             in_flight.append(most_in_flight(order, "each"))
-            at_remote.append(most_at_remote(stack.remote_calls(), order_id, call_ms))
+            at_remote.append(most_at_remote(calls, order_id, call_ms))
+            for name, values in item_hops(order, calls, call_ms).items():
+                hops.setdefault(name, []).extend(values)
     measured = runs * items
     table = {k: v for k, v in counted.items() if k.startswith("app:table.")}
     return {
@@ -161,6 +193,11 @@ def run(
             "each": [round(d) for d in durations],
         },
         "mostInFlight": {"records": max(in_flight), "remote": max(at_remote)},
+        "itemHopsMs": {
+            name: {"p50": round(percentile(v, 0.5)), "p90": round(percentile(v, 0.9))}
+            for name, v in hops.items()
+            if v
+        },
         "tablePerItem": {
             "transactions": round(counted["app:table.batch"] / measured, 2),
             "all": round(sum(table.values()) / measured, 2),

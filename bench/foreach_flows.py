@@ -26,6 +26,7 @@ def line_body(ctx: Context) -> dict[str, Any]:
 AGENTS = [Agent("orders")]
 
 WORKFLOWS = [
+    Workflow("order", (StepSpec("process", agent="orders"),)),  # the default: required
     Workflow(
         "each",
         (
