@@ -16,7 +16,8 @@ by its key (``record_of``) and, for every order with a ForEach:
 - ``not_undone``: an item applied in an order compensated or cancelled, never undone;
 - ``undone_with_another``: a compensation whose body names another item's result;
 - ``undone_around_doubt``: an item undone while a later step that may have applied, and
-  cannot be undone, stands (contract 3.15: nothing is undone around a doubt);
+  cannot be undone, stood in doubt (contract 3.15: nothing is undone around a doubt; a
+  doubt that came back after the undo began is not one it went around: ``_check_doubt``);
 - ``not_applied_yet_done``: an item the system said was refused, yet applied;
 - ``unalerted``: an order in ``error`` with no alert naming the ForEach (or the step);
 - ``inconsistent_history``/``stale_applied``: ``demo.verify.check_history`` of each
@@ -31,10 +32,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from core.history import Happened
 from core.item_names import item_name, item_of
 from core.model import Order
 from core.outcome import Outcome
 from core.states import OrderStatus, StepKind, StepState
+from core.timefmt import parse_iso
 from demo.verify import Verdict, check_history, said_not_applied
 from simulator.ledger import applied
 
@@ -127,8 +130,10 @@ def check_items(
     alerts: list[dict[str, Any]],
     expected: dict[str, str],
     max_failures: int | None = None,
+    skew: timedelta = timedelta(0),
 ) -> ItemsVerdict:
-    """The verdict on ``orders`` (each expected to end as ``expected`` says)."""
+    """The verdict on ``orders`` (each expected to end as ``expected`` says); ``skew``:
+    how far the clocks of the instances that wrote the records may be apart."""
     verdict = ItemsVerdict(orders=len(orders))
     effects: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for entry in sorted(applied(ledger), key=lambda e: e["seq"]):
@@ -143,7 +148,7 @@ def check_items(
             verdict.stuck.append(f"{order_id}({order.status})")
             continue
         _check_end(order, expected.get(order_id), alerts, effects[order_id], max_failures, verdict)
-        _check_effects(order, effects[order_id], verdict)
+        _check_effects(order, effects[order_id], verdict, skew)
         heads = {p.name for p in order.plan.steps if p.kind == "items"}
         for record in order.steps:
             if record.step in heads:
@@ -201,7 +206,9 @@ def _check_end(
         verdict.unexpected.append(f"{order_id}: {order.status}, expected {wanted}")
 
 
-def _check_effects(order: Order, effects: list[dict[str, Any]], verdict: ItemsVerdict) -> None:
+def _check_effects(
+    order: Order, effects: list[dict[str, Any]], verdict: ItemsVerdict, skew: timedelta
+) -> None:
     order_id = order.order_id
     names = item_names(order)
     by_record: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -238,7 +245,7 @@ def _check_effects(order: Order, effects: list[dict[str, Any]], verdict: ItemsVe
             named = (entry.get("request") or {}).get("confirmation")
             if named is not None and named != own:
                 verdict.undone_with_another.append(f"{order_id}:{undo} named {named}, not {own}")
-    _check_doubt(order, by_record, verdict)
+    _check_doubt(order, by_record, verdict, skew)
 
 
 def _head(step: str) -> str | None:
@@ -250,10 +257,18 @@ def _check_doubt(
     order: Order,
     by_record: dict[str, list[dict[str, Any]]],
     verdict: ItemsVerdict,
+    skew: timedelta,
 ) -> None:
     """No item undone (by the ledger: its compensation's key applied, whether the order
     has its record or not) while a later step that may have applied, and has no
-    compensation, stands in error (its doubt stops the unwinding before it: 3.15)."""
+    compensation, stood in error: its doubt stops the unwinding before it (3.15).
+
+    A doubt can also come back after the unwinding began (a report of an earlier
+    attempt, "may have applied", after the service's refusal had settled it: the order
+    notes it ``reclassified``); what was undone before that was undone on what was known.
+    So an undo counts only if it began after the doubt was last known (its record's
+    creation, else the ledger's time, later than the reclassification by more than
+    ``skew``, how far the instances' clocks may be apart)."""
     undoes = {
         p.compensation[:-2]: p.name[:-2]
         for p in order.plan.steps
@@ -269,15 +284,37 @@ def _check_doubt(
         and not order.planned(s.step).may_stand
     ]
     for doubt in doubts:
-        for undo in by_record:
+        since = _doubt_known_since(order, doubt.step)
+        for undo, entries in by_record.items():
             found = item_of(undo)
             if found is None or found[0] not in undoes:
                 continue
             item = order.find(item_name(undoes[found[0]], found[1]))
-            if item is not None and item.seq < doubt.seq:
+            if item is None or item.seq > doubt.seq:
+                continue
+            record = order.find(undo)
+            began = (
+                parse_iso(record.history[0]["at"])
+                if record is not None and record.history
+                else parse_iso(entries[0]["at"])
+            )
+            if since is None or began > since + skew:
                 verdict.undone_around_doubt.append(
-                    f"{order.order_id}:{undo} undone around {doubt.step} in doubt"
+                    f"{order.order_id}:{undo} (begun {began.isoformat()}) undone around "
+                    f"{doubt.step} in doubt (attempts {doubt.maybe_applied}; known since "
+                    f"{since.isoformat() if since else 'it failed'})"
                 )
+
+
+def _doubt_known_since(order: Order, step: str) -> datetime | None:
+    """When the order last learnt that ``step`` may have applied after decisions had
+    assumed it had not (``reclassified``); None: it was in doubt when it failed."""
+    found = [
+        parse_iso(h["at"])
+        for h in order.history
+        if h.get("event") == Happened.RECLASSIFIED and h.get("step") == step
+    ]
+    return max(found) if found else None
 
 
 def most_in_flight(order: Order, name: str, skew: timedelta = timedelta(0)) -> int:

@@ -874,7 +874,8 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             expected=expected,
             max_failures=MAX_FAILURES,
         )
-        items = check_items(picking, ledger, alerts, expected, max_failures=MAX_FAILURES)
+        skew = timedelta(seconds=CLOCK_OFFSET_SECONDS)
+        items = check_items(picking, ledger, alerts, expected, MAX_FAILURES, skew)
         merge(verdict, items)
         timings["items"] = items_summary(items, picking)
         rejected = stack.context.queues.client(stack.context.names.orders_rejected)
