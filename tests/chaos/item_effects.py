@@ -9,10 +9,10 @@ by its key (``record_of``) and, for every order with a ForEach:
 - ``lost``/``stuck``: not stored, or not ended;
 - ``unexpected``: ended other than expected, unless it ran out of attempts on a step
   (``exhausted``) or ended ``error`` in doubt about a step, told so (``doubted``);
-- ``applied_twice``: an item (or its compensation) applied more than once: two keys
-  for one record;
+- ``applied_twice``: an item (or a step of its own, the pack) applied more than once:
+  two keys for one record;
 - ``foreign_effects``: an effect whose key names no record of the order;
-- ``missing``: a completed order with an item not applied;
+- ``missing``: a completed order with an item (or the pack) not applied;
 - ``not_undone``: an item applied in an order compensated or cancelled, never undone;
 - ``undone_with_another``: a compensation whose body names another item's result;
 - ``undone_around_doubt``: an item undone while a later step that may have applied, and
@@ -147,7 +147,8 @@ def check_items(
         if not order.status.terminal:
             verdict.stuck.append(f"{order_id}({order.status})")
             continue
-        _check_end(order, expected.get(order_id), alerts, effects[order_id], max_failures, verdict)
+        _check_end(order, expected.get(order_id), alerts, max_failures, verdict)
+        _check_steps(order, effects[order_id], verdict)
         _check_effects(order, effects[order_id], verdict, skew)
         heads = {p.name for p in order.plan.steps if p.kind == "items"}
         for record in order.steps:
@@ -179,7 +180,6 @@ def _check_end(
     order: Order,
     wanted: str | None,
     alerts: list[dict[str, Any]],
-    effects: list[dict[str, Any]],
     max_failures: int | None,
     verdict: ItemsVerdict,
 ) -> None:
@@ -220,11 +220,13 @@ def _check_effects(
         verdict.effects += 1
         if order.find(record) is None:
             verdict.foreign_effects.append(f"{order_id}:{entry['idempotencyKey']}")
+    heads = [p.name for p in order.plan.steps if p.kind == "items"]
     for record, entries in by_record.items():
-        if len(entries) > 1:
+        # an undo may run again as a new effect under its key's next round (3.11): only
+        # an item itself applied twice is a double effect
+        if len(entries) > 1 and _head(record) in heads:
             keys = [e["idempotencyKey"] for e in entries]
             verdict.applied_twice.append(f"{order_id}:{record} {keys}")
-    heads = [p.name for p in order.plan.steps if p.kind == "items"]
     items = [s for s in order.steps if s.kind is StepKind.ACTION and _head(s.step) in heads]
     verdict.items += len(items)
     undone_by = {s.compensates: s.step for s in order.steps if s.kind is StepKind.COMPENSATION}
@@ -246,6 +248,31 @@ def _check_effects(
             if named is not None and named != own:
                 verdict.undone_with_another.append(f"{order_id}:{undo} named {named}, not {own}")
     _check_doubt(order, by_record, verdict, skew)
+
+
+def _check_steps(order: Order, effects: list[dict[str, Any]], verdict: ItemsVerdict) -> None:
+    """The order's steps that are not items (``picking``'s pack), as ``demo.verify``
+    checks them: applied at most once, never when the system said it was not, and, in a
+    completed order, once."""
+    names = item_names(order)
+    applied_steps: dict[str, int] = defaultdict(int)
+    for entry in effects:
+        record = record_of(order, entry["idempotencyKey"])
+        if _head(record) not in names:
+            applied_steps[record] += 1
+    for step in order.steps:
+        if step.kind is not StepKind.ACTION or _head(step.step) is not None:
+            continue
+        if order.planned(step.step).kind != "task":
+            continue  # a ForEach's head: no call of its own
+        times = applied_steps.get(step.step, 0)
+        if times > 1:
+            verdict.applied_twice.append(f"{order.order_id}:{step.step} x{times}")
+        if said_not_applied(step) and times:
+            verdict.not_applied_yet_done.append(f"{order.order_id}:{step.step}")
+        completed = order.status is OrderStatus.COMPLETED
+        if completed and step.process_state is StepState.PROCESSED and times != 1:
+            verdict.missing.append(f"{order.order_id}:{step.step}")
 
 
 def _head(step: str) -> str | None:

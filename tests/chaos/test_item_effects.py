@@ -175,3 +175,19 @@ def test_an_undo_not_yet_requested_when_a_doubt_comes_back_is_not_requested() ->
     assert pending is not None and str(pending.process_state) == "Pending"
     with pytest.raises(TransitionRefused):
         order.claim("i-1", now + 2 * SECOND, step="unpick[1]")
+
+
+def test_the_step_after_the_items_is_checked_too() -> None:
+    order = new("picking", lines=LINES)
+    now = T0
+    for name in ("pick[0]", "pick[1]", "pick[2]", "pack"):
+        now = succeed(order, name, now)
+    assert str(order.status) == "completed"
+    picks = honest()[:3]
+    pack = effect(4, "o-1:pack", "pack")
+    assert check_items({"o-1": order}, [*picks, pack], [], {"o-1": "completed"}).violations() == {}
+    found = check_items({"o-1": order}, picks, [], {"o-1": "completed"}).violations()
+    assert found == {"missing": ["o-1:pack"]}
+    again = effect(5, "o-1:pack:2", "pack")
+    found = check_items({"o-1": order}, [*picks, pack, again], [], {"o-1": "completed"})
+    assert list(found.violations()) == ["applied_twice", "missing"]
