@@ -500,12 +500,15 @@ class Outage:
         }
 
 
-def items_summary(items: ItemsVerdict, orders: dict[str, Order | None]) -> dict[str, Any]:
+def items_summary(
+    items: ItemsVerdict, orders: dict[str, Order | None], deaths: Deaths
+) -> dict[str, Any]:
     """What the picking orders did: their verdict, and the most lines of one order in
     flight at once (from the records; at most ``PICKING_CONCURRENCY``). One instance's
     clock runs ``CLOCK_OFFSET_SECONDS`` ahead, and the records carry each writer's time:
     ``mostInFlight`` reads every end as early as that (an overlap shorter than the skew is
-    not seen), ``mostInFlightAsWritten`` the times as they are (it may count one more)."""
+    not seen), ``mostInFlightAsWritten`` the times as they are (it may count one more).
+    ``attemptsHitByDeaths``: the line attempts during which a process died."""
     skew = timedelta(seconds=CLOCK_OFFSET_SECONDS)
     ran = [o for o in orders.values() if o is not None]
     return {
@@ -513,6 +516,15 @@ def items_summary(items: ItemsVerdict, orders: dict[str, Order | None]) -> dict[
         "mostInFlight": max((most_in_flight(o, "pick", skew) for o in ran), default=0),
         "mostInFlightAsWritten": max((most_in_flight(o, "pick") for o in ran), default=0),
         "maxConcurrency": PICKING_CONCURRENCY,
+        # line attempts during which a process died (a kill or a failpoint): kills mid-items
+        "attemptsHitByDeaths": sum(
+            1
+            for o in ran
+            for record in o.steps
+            if record.step.startswith("pick[")
+            for a in record.attempts.items
+            if any(a.claimed_at <= t <= (a.ended_at or a.deadline) for t, _ in deaths.log)
+        ),
     }
 
 
@@ -877,7 +889,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         skew = timedelta(seconds=CLOCK_OFFSET_SECONDS)
         items = check_items(picking, ledger, alerts, expected, MAX_FAILURES, skew)
         merge(verdict, items)
-        timings["items"] = items_summary(items, picking)
+        timings["items"] = items_summary(items, picking, deaths)
         rejected = stack.context.queues.client(stack.context.names.orders_rejected)
         exhausted = explain_exhausted(final, verdict.exhausted, calls, deaths, meddler.held)
         doubted = explain_doubted(

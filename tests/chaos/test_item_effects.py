@@ -189,5 +189,5 @@ def test_the_step_after_the_items_is_checked_too() -> None:
     found = check_items({"o-1": order}, picks, [], {"o-1": "completed"}).violations()
     assert found == {"missing": ["o-1:pack"]}
     again = effect(5, "o-1:pack:2", "pack")
-    found = check_items({"o-1": order}, [*picks, pack, again], [], {"o-1": "completed"})
-    assert list(found.violations()) == ["applied_twice", "missing"]
+    twice = check_items({"o-1": order}, [*picks, pack, again], [], {"o-1": "completed"})
+    assert list(twice.violations()) == ["applied_twice", "missing"]
