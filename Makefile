@@ -171,10 +171,11 @@ test-servicebus: deps
 	@test -n "$$SERVICEBUS_TEST_CONNECTION" || { echo "set SERVICEBUS_TEST_CONNECTION (see docs/local-development.md)"; exit 2; }
 	$(PYTEST) tests/localbus/test_contract.py tests/integration/test_transport_contract.py -q -m servicebus
 
-## make bench: the benchmarks (pipeline, latency, sweeps, recovery, cpu, isolation: about 9
-## minutes on 2 cores), each printed and saved as bench/results/<name>-<UTC date-time>.json
+## make bench: the benchmarks (pipeline, latency, sweeps, recovery, cpu, isolation, decoder,
+## foreach: about 10 minutes on 2 cores), each printed and saved as
+## bench/results/<name>-<UTC date-time>.json
 ## (make bench BENCHMARKS=sweeps BENCH_ARGS_sweeps="--finished 100000": one, with options)
-BENCHMARKS ?= pipeline latency sweeps recovery cpu isolation decoder
+BENCHMARKS ?= pipeline latency sweeps recovery cpu isolation decoder foreach
 BENCH_ARGS_pipeline ?= --orders 400
 define bench_one
 out="bench/results/$(1)-$$(date -u +%Y%m%dT%H%M%SZ).json"; echo "== bench.$(1) -> $$out" >&2; \

@@ -18,6 +18,11 @@
   request (which may be dead by then), and for big ones a person's approval, which an
   approver sends over HTTP to a random live instance, sometimes before the order waits
   for it (kept), sometimes twice (the same event again);
+- some orders pick their lines (``tests.fixtures.shop_items``' ``picking``: a ``ForEach``,
+  docs/contracts.md §3.16), three at a time, each line a step of its own under its own
+  key; in some one line is refused for good, in others the pack after them: every line
+  that applied must then be undone with its own result, once, and none applied twice,
+  whatever the kills did mid-items (``tests.chaos.item_effects``);
 - some orders' remote stalls for 2.5 step timeouts (every call held until then): they
   must complete with no alert, whatever else happens (docs/contracts.md §3.11, paced
   retries);
@@ -56,6 +61,8 @@ from core.timefmt import parse_iso
 from demo.stack import Devhost, LocalStack
 from demo.verify import Verdict, drain_alerts, load_orders, verify
 from simulator import load_ledger
+from tests.chaos.item_effects import ItemsVerdict, check_items, has_items, merge, most_in_flight
+from tests.fixtures.shop_items import PICKING_CONCURRENCY
 
 MAX_FAILURES = 8
 STEP_TIMEOUT = 4
@@ -79,6 +86,10 @@ STORM_POLL_SECONDS = 0.2
 STORM_COPIES = 3
 #: The stalled orders' remote holds every call for this long after the key's first call.
 STALL = {"fail": "stall", "seconds": 2.5 * STEP_TIMEOUT}
+#: The declarations of the run: the suite's shop, and ``picking`` over an order's lines.
+DECLARATIONS = "tests.fixtures.shop_items"
+#: One order in this many picks its lines (``picking_order``).
+PICKING_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,9 @@ def make_orders(plan: ChaosPlan, rng: random.Random) -> dict[str, tuple[dict[str
     for n in range(plan.orders):
         order_id = f"chaos-{plan.seed % 1000:03d}-{n:04d}"
         roll = rng.random()
-        if roll < 0.55 and n != 1:
+        if n % PICKING_EVERY == PICKING_EVERY // 2:  # (the others' draws stay as they were)
+            out[f"{order_id}-pick"] = picking_order(f"{order_id}-pick", n, roll)
+        elif roll < 0.55 and n != 1:
             out[order_id] = ({"orderId": order_id, "amount": n}, "completed")
         elif roll < 0.60 or n == 1:  # (at least one in every run)
             order_id = f"{order_id}-stall"  # its remote only stalls: it must complete
@@ -138,6 +151,21 @@ def make_orders(plan: ChaosPlan, rng: random.Random) -> dict[str, tuple[dict[str
                 "compensated",
             )
     return out
+
+
+def picking_order(order_id: str, n: int, roll: float) -> tuple[dict[str, Any], str]:
+    """A ``picking`` order of 3-6 lines (message, expected final status): all picked
+    (six in ten), one line refused for good (two in ten), or the pack after them refused
+    (two in ten); the last two unwind every line that applied."""
+    lines: list[dict[str, Any]] = [{"sku": f"S-{i}", "qty": 1 + i} for i in range(3 + n % 4)]
+    message: dict[str, Any] = {"orderId": order_id, "workflow": "picking", "lines": lines}
+    if roll < 0.6:
+        return message, "completed"
+    if roll < 0.8:
+        lines[n % len(lines)]["simulate"] = {"pick-line": "permanent"}
+    else:
+        message["simulate"] = {"pack": "permanent"}
+    return message, "compensated"
 
 
 class ReplyMeddler(threading.Thread):
@@ -392,8 +420,9 @@ class Outage:
 
         Contract 3.11: while the remote is down it sees a trickle of probes, not every
         order's retries. Every process has one breaker per endpoint path (``agents.health``)
-        and there are E = 6 paths (process, reserve-stock, charge-payment, ship, and the
-        compensations refund-payment, release-stock). In a window of W seconds:
+        and there are E = 9 paths (process, reserve-stock, charge-payment, ship, and the
+        compensations refund-payment, release-stock; the picking orders' pick-line,
+        unpick-line and pack). In a window of W seconds:
 
         - probes: an open breaker lets one call through at a time, the next no sooner
           than 2 s after the last one failed (then 4, 8, 10 s): at most W / 2 per path
@@ -415,14 +444,14 @@ class Outage:
           part absorbs a fresh process whose trips cost more than C.
 
         bound = E * instances * W / 2 + C * A * (starts + 1). For the short run (W = 5 s,
-        3 instances, 1 restart in the window): 45 + 192 = 237 calls, 47/s. Without the
+        3 instances, 1 restart in the window): 67 + 192 = 259 calls, 52/s. Without the
         breakers, 3 instances each running C attempts of each of the A functions, each
         retrying with full-jitter backoff (0.2 s doubling, ~6 tries in the ~3.2 s before
         a 4 s deadline, then redispatched), would send about 3 * 4 * 24 * 2 = 576
         calls/s while the orders wait (100+/s with the ~60 in flight at the short run's
         outage): the bound is several times below that.
         """
-        endpoints, concurrency, agents = 6, 24, 4
+        endpoints, concurrency, agents = 9, 24, 4
         window = self.error_seconds - self.SETTLING
         return int(endpoints * instances * window / 2 + concurrency * agents * (starts + 1))
 
@@ -469,6 +498,34 @@ class Outage:
                 round((first_ok - end).total_seconds(), 1) if first_ok else None
             ),
         }
+
+
+def items_summary(
+    items: ItemsVerdict, orders: dict[str, Order | None], deaths: Deaths
+) -> dict[str, Any]:
+    """What the picking orders did: their verdict, and the most lines of one order in
+    flight at once (from the records; at most ``PICKING_CONCURRENCY``). One instance's
+    clock runs ``CLOCK_OFFSET_SECONDS`` ahead, and the records carry each writer's time:
+    ``mostInFlight`` reads every end as early as that (an overlap shorter than the skew is
+    not seen), ``mostInFlightAsWritten`` the times as they are (it may count one more).
+    ``attemptsHitByDeaths``: the line attempts during which a process died."""
+    skew = timedelta(seconds=CLOCK_OFFSET_SECONDS)
+    ran = [o for o in orders.values() if o is not None]
+    return {
+        **items.as_json(),
+        "mostInFlight": max((most_in_flight(o, "pick", skew) for o in ran), default=0),
+        "mostInFlightAsWritten": max((most_in_flight(o, "pick") for o in ran), default=0),
+        "maxConcurrency": PICKING_CONCURRENCY,
+        # line attempts during which a process died (a kill or a failpoint): kills mid-items
+        "attemptsHitByDeaths": sum(
+            1
+            for o in ran
+            for record in o.steps
+            if record.step.startswith("pick[")
+            for a in record.attempts.items
+            if any(a.claimed_at <= t <= (a.ended_at or a.deadline) for t, _ in deaths.log)
+        ),
+    }
 
 
 def life(host: Devhost) -> str:
@@ -680,6 +737,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
             "DEVHOST_LEASE_SECONDS": "10",
             "DEVHOST_RENEW_SECONDS": "3",
+            "ORDERS_DECLARATIONS": DECLARATIONS,
         },
         devhost_env=[
             {
@@ -813,13 +871,25 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         final = load_orders(stack.context, ids)
         calls = stack.remote_calls(began.isoformat())
         alerts = drain_alerts(stack.context)
+        ledger = load_ledger(stack.ledger_path)
+        expected = {o: e for o, (_, e) in orders.items()}
+        # orders with items are checked by their records and keys (tests.chaos.item_effects),
+        # the others by demo.verify, each on its own orders' effects; one verdict of both
+        picking: dict[str, Order | None] = {
+            o: v for o, v in final.items() if v is not None and has_items(v)
+        }
+        picking |= {o: None for o in ids if final[o] is None and o.endswith("-pick")}
         verdict = verify(
-            final,
-            load_ledger(stack.ledger_path),
+            {o: v for o, v in final.items() if o not in picking},
+            [e for e in ledger if e["orderId"] not in picking],
             alerts,
-            expected={o: e for o, (_, e) in orders.items()},
+            expected=expected,
             max_failures=MAX_FAILURES,
         )
+        skew = timedelta(seconds=CLOCK_OFFSET_SECONDS)
+        items = check_items(picking, ledger, alerts, expected, MAX_FAILURES, skew)
+        merge(verdict, items)
+        timings["items"] = items_summary(items, picking, deaths)
         rejected = stack.context.queues.client(stack.context.names.orders_rejected)
         exhausted = explain_exhausted(final, verdict.exhausted, calls, deaths, meddler.held)
         doubted = explain_doubted(

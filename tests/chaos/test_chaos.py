@@ -41,6 +41,11 @@ def _run(plan: ChaosPlan) -> None:
     if timings["stormCopied"] is not None:
         assert timings["stormCopied"] > 0, "the run must actually redeliver requests"
     assert timings["rejected"] == 0
+    # Orders over their lines ran beside the rest (their checks are in the verdict above:
+    # tests.chaos.item_effects), and never more lines of one in flight than it allows.
+    items = timings["items"]
+    assert items["orders"] > 0 and items["effects"] > 0, items
+    assert items["mostInFlight"] <= items["maxConcurrency"], items
     # Orders whose remote only stalled (2.5 step timeouts): every one completed, unalerted.
     assert timings["stalled"] > 0, "the run must actually stall some orders"
     assert timings["stalledWrong"] == [] and timings["stalledAlerted"] == [], summary

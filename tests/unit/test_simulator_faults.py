@@ -148,6 +148,17 @@ def test_the_order_id_comes_from_the_key_so_a_body_may_be_a_steps_input() -> Non
     assert validate_call("release-stock", "o-1:release-stock:2", b"{}")[0] == "o-1"
 
 
+def test_an_item_of_a_for_each_is_called_on_its_path_under_the_for_eachs_name() -> None:
+    """docs/contracts.md §3.16: ``<orderId>:<name>:<i>`` (and a compensation of it run
+    again, ``...:<round>``) on the path of the item's step, a name other than the key's."""
+    assert validate_call("pick-line", "o-1:pick:0", b"{}")[0] == "o-1"
+    assert validate_call("pick-line", "o-1:pick:99", b"{}")[0] == "o-1"
+    assert validate_call("unpick-line", "o-1:unpick:7:2", b"{}")[0] == "o-1"
+    for key in ("o-1:pick:100", "o-1:pick:-1", "o-1:pick:x", "o-1:pick:3:1", "o-1:Pick:3"):
+        with pytest.raises(RequestError, match="an item's"):
+            validate_call("pick-line", key, b"{}")
+
+
 @pytest.mark.parametrize(
     ("step", "key", "payload", "words"),
     [
