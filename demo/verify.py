@@ -245,6 +245,8 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
         elif kind in (Happened.WAITING, Happened.EVENT_TAKEN):
             settled_by_event = True  # an event or a delay began; an event was taken
             state = "Processing" if kind == Happened.WAITING else state
+        elif kind == Happened.UNDO_WITHDRAWN:
+            state = str(event.get("back") or state)  # its undo never sent: back as it stood
         elif kind in _STATE_AFTER:
             state = _STATE_AFTER[kind]
         elif kind == Happened.CANCELLED and any(
