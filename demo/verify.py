@@ -182,6 +182,8 @@ _STATE_AFTER: dict[str, str] = {
     Happened.ERROR: "Error",
     Happened.COMPENSATING: "Compensating",
     Happened.COMPENSATED: "Compensated",
+    # its undo, never sent, withdrawn when a doubt came back: as it stood (``back``)
+    Happened.UNDO_WITHDRAWN: "Processed",
 }
 
 
@@ -245,10 +247,8 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
         elif kind in (Happened.WAITING, Happened.EVENT_TAKEN):
             settled_by_event = True  # an event or a delay began; an event was taken
             state = "Processing" if kind == Happened.WAITING else state
-        elif kind == Happened.UNDO_WITHDRAWN:
-            state = str(event.get("back") or state)  # its undo never sent: back as it stood
         elif kind in _STATE_AFTER:
-            state = _STATE_AFTER[kind]
+            state = str(event.get("back") or _STATE_AFTER[kind])
         elif kind == Happened.CANCELLED and any(
             words in str(event.get("note", "")) for words in ("nothing to undo", "; stopped:")
         ):
