@@ -587,8 +587,8 @@ def check_turns(result: dict[str, Any]) -> None:
     waiting = json.loads(shown["stdout"])
     assert waiting["status"] == "pending", waiting
     assert waiting["waitingFor"] == [{"turn": "c-12"}], waiting
-    turn = waiting["turn"]
-    assert (turn["key"], turn["position"], turn["holders"]) == ("c-12", 1, ["ret-8"]), turn
+    # as the guide shows it: first in line, behind its holder, the only one waiting
+    assert waiting["turn"] == {"key": "c-12", "position": 1, "holders": ["ret-8"], "waiting": 1}
     statuses = {o: orders[o]["status"] for o in ("ret-8", "ret-9", "ret-10", "ret-11")}
     assert statuses == {
         "ret-8": "completed",
