@@ -367,6 +367,9 @@ def _tell_bugs(order: Order, bugs: list[StepRecord], now: datetime) -> None:
 def _unwind(order: Order, now: datetime) -> None:
     """One look at the unwinding: one compensation at a time, latest first."""
     undos = [s for s in order.steps if s.kind is StepKind.COMPENSATION]
+    for undo in [u for u in undos if u.is_active and u.attempt == 0] if doubtful(order) else []:
+        names = ", ".join(r.step for r in doubtful(order))
+        moves.withdraw_undo(order, undo, now, f"{names} may have applied after all")
     if any(s.is_active for s in order.steps):
         return  # one compensation at a time; a step asked again (a resubmit) first
     _reconcile_undos(order, now)

@@ -84,6 +84,9 @@ class Happened(StrEnum):
     HALTED = "halted"
     #: a step declared ``on_failure="continue"`` failed for good: the workflow went on
     CONTINUED = "continued"
+    #: its undo, begun but never sent, was withdrawn when a doubt came back (§3.15): the
+    #: step is back where it stood (``back``: Processed, or Error)
+    UNDO_WITHDRAWN = "undo-withdrawn"
 
     # --- the order's own history: events delivered ----------------------------------
     #: an event arrived before the step that takes it started: kept for it

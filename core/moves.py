@@ -256,3 +256,20 @@ def not_before_undo(record: StepRecord, grace: timedelta) -> datetime:
     """When an undo of ``record`` may start: after every call of it can no longer run, on
     any instance's clock (its attempts' reach), plus ``grace``."""
     return record.last_deadline() + grace
+
+
+def withdraw_undo(order: Order, undo: StepRecord, now: datetime, why: str) -> None:
+    """A compensation begun but never sent (no attempt) while a doubt came back about a
+    step that cannot be undone: it is not sent around the doubt (docs/contracts.md §3.15).
+    Stopped, and its step back where it stood (succeeded, or failed for good as may have
+    applied): a resubmit, once the doubt is settled, begins it again."""
+    stop(undo, now, f"{undo.step} was not sent: {why}", cancelled=False)
+    target = order.find(undo.compensates or "")
+    if target is not None and target.process_state is StepState.COMPENSATING:
+        target.process_state = (
+            StepState.ERROR if target.gave_up is not None else StepState.PROCESSED
+        )
+        target.changed = True
+        target.record(
+            now, Happened.UNDO_WITHDRAWN, by=undo.step, back=str(target.process_state), why=why
+        )

@@ -7,14 +7,16 @@ declaration at fault. ``GET /api/workflows`` and ``python -m admin workflows`` s
 is deployed. ``infra/agents.json`` (for Bicep: one Service Bus queue, settings and role
 assignments per agent) is generated from it: ``python -m admin agents-json``.
 
-The product's own workflows, ``order``, ``fulfilment``, ``checkout`` and ``order-lines``,
-stand for four remote services, so they declare four agents (docs/contracts.md §3.8). With no
+The product's own workflows, ``order``, ``fulfilment``, ``checkout``, ``order-lines`` and
+``per-customer``, stand for four remote services, so they declare four agents
+(docs/contracts.md §3.8). With no
 ``AGENT_<NAME>_URL`` setting, each calls ``REMOTE_SERVICE_URL``. Their compensations name
 the ids their steps handed out, and ``checkout`` shows the rest of what a workflow can
 say (§3.13): stock and payment at once, a person's approval for big orders, a cooling-off
 window in which the customer may still cancel, and a carrier that confirms later
 (``declarations/shop.py``); ``order-lines`` reserves each line of an order on its own, two
-at a time, each released with its own reservation if the order is undone (§3.16).
+at a time, each released with its own reservation if the order is undone (§3.16);
+``per-customer`` runs one order of a customer at a time, the next waiting its turn (§3.16).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 from core.workflows import (
     Agent,
     Compensation,
+    Concurrency,
     Delay,
     Event,
     ForEach,
@@ -30,6 +33,7 @@ from core.workflows import (
     Workflow,
 )
 from declarations.shop import (
+    customer,
     needs_approval,
     order_lines,
     refund_payment,
@@ -106,5 +110,10 @@ WORKFLOWS = [
             ),
             StepSpec("ship", agent="carrier", input=ship_lines),
         ),
+    ),
+    Workflow(
+        "per-customer",
+        (StepSpec("process", agent="orders"),),
+        concurrency=Concurrency(key=customer, limit=1),
     ),
 ]

@@ -68,3 +68,10 @@ def ship_lines(ctx: Context) -> dict[str, Any]:
     ForEach is the list of its items' results)."""
     lines = ctx.results["reserve-line"]
     return {**ctx.order, "reservations": [line["reservation"] for line in lines]}
+
+
+def customer(ctx: Context) -> Any:
+    """``per-customer``'s concurrency key: the order's ``customer`` (§3.16). Absent: no
+    limit for that order; anything but a string of 1-256 characters: the order is rejected
+    and an operator told."""
+    return ctx.order.get("customer")

@@ -5,14 +5,16 @@ Function App, twice, as if scaled out), submits demo orders that meet
 transient errors, throttling, dropped connections, hangs past the deadline
 and permanent failures, and checkout orders (steps at once, an approval the demo
 gives or refuses through the HTTP API as an operator would, a cancel in a cooling-off,
-a carrier that calls back, or loses or refuses its callback), shows their progress
+a carrier that calls back, or loses or refuses its callback), an order with lines (each
+reserved on its own), and a per-customer queue (three orders of one customer sent at
+once run one at a time, the others waiting for their turn), shows their progress
 live (a table on a terminal, a line per change elsewhere: ``demo.progress``); then
 takes the remote services down (503, then unreachable) while more orders arrive,
 brings them back, and ends with a summary. Exit status 1 if any order was
 lost, is stuck, ended other than expected, had an effect applied twice, was undone
-without naming the id its step handed out, or if the outage raised an alert or drew
-more than a trickle of calls. Everything started here is stopped here, also on
-Ctrl-C.
+without naming the id its step handed out, ran beside another order of its customer, or
+if the outage raised an alert or drew more than a trickle of calls. Everything started
+here is stopped here, also on Ctrl-C.
 
     python -m demo [--copies N] [--timeout S] [--serve] [--no-outage]
                    [--transport storage|servicebus] [--simulator ARGS]
@@ -44,6 +46,7 @@ from rich.panel import Panel
 from core.item_names import item_of
 from core.model import Order
 from core.timefmt import iso, parse_iso
+from core.turns import waits
 from demo.progress import progress
 from demo.scenarios import BAD_MESSAGES, OUTAGE_PHASES, Scenario, outage_orders, scenarios
 from demo.stack import LocalStack
@@ -92,6 +95,9 @@ def row_for(scenario: Scenario, order: Order | None) -> list[str]:
     if order is None:
         return [scenario.order_id, scenario.title, "-", "[dim]not yet stored[/]", "", ""]
     active = order.active_step()
+    doing = active.step if active else ""
+    if waits(order):  # its key's slot is taken (docs/contracts.md §3.16)
+        doing = "[dim]waiting for its turn[/]"
     steps = steps_text([(s.step, str(s.process_state), s.attempt) for s in order.steps])
     style = STYLE.get(str(order.status), "white")
     mark = (
@@ -104,7 +110,7 @@ def row_for(scenario: Scenario, order: Order | None) -> list[str]:
         scenario.title,
         order.workflow,
         f"[{style}]{order.status}{mark}[/]",
-        active.step if active else "",
+        doing,
         steps,
     ]
 
@@ -320,7 +326,7 @@ def run(stack: LocalStack, args: argparse.Namespace, console: Console) -> int:
     console.print(
         "[green]✓ every order ended as expected; nothing lost, nothing stuck, "
         "no effect applied twice, every undo named the id its step handed out, every error "
-        "alerted; the outage was ridden out.[/]"
+        "alerted, no two orders of one customer ran at once; the outage was ridden out.[/]"
     )
     return 0
 

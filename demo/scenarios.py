@@ -24,13 +24,14 @@ class Scenario:
     amount: int = 42
     operator: str | None = None  # one of OPERATOR_ACTIONS
     lines: tuple[dict[str, Any], ...] = ()  # an order-lines order's lines, one item each
+    customer: str = "demo"  # per-customer's key: one order of a customer at a time
 
     def message(self, reply_to: str) -> dict[str, Any]:
         body: dict[str, Any] = {
             "orderId": self.order_id,
             "workflow": self.workflow,
             "replyTo": reply_to,
-            "customer": "demo",
+            "customer": self.customer,
             "amount": self.amount,
         }
         if self.lines:
@@ -131,6 +132,7 @@ def scenarios(prefix: str, copies: int = 1) -> list[Scenario]:
             ),
             *checkouts(p),
             *lined(p),
+            *queued(p),
         ]
     return out
 
@@ -230,6 +232,42 @@ def lined(p: str) -> list[Scenario]:
                 "refund-payment",
             ),
             lines=LINES,
+        ),
+    ]
+
+
+#: How long each per-customer order's call takes (the simulator's ``latencyMs``): long
+#: enough to see the customer's next orders wait for their turn in the live table.
+TURN_MS = 1500
+
+
+def queued(p: str) -> list[Scenario]:
+    """``per-customer`` (declarations/__init__.py, §3.16): three orders of one customer
+    sent at once run one after the other, the others waiting for their turn; one of
+    another customer runs at once beside them."""
+    slow = {"process": {"latencyMs": TURN_MS}}
+    ann, bob = f"{p}-ann", f"{p}-bob"
+    return [
+        *(
+            Scenario(
+                f"{p}-ann-{n}",
+                f"customer ann's order {n} of 3: one at a time",
+                "completed",
+                "per-customer",
+                simulate=slow,
+                effects=("process",),
+                customer=ann,
+            )
+            for n in (1, 2, 3)
+        ),
+        Scenario(
+            f"{p}-bob-1",
+            "customer bob: beside ann's, at once",
+            "completed",
+            "per-customer",
+            simulate=slow,
+            effects=("process",),
+            customer=bob,
         ),
     ]
 

@@ -19,6 +19,11 @@ among themselves, and so may their compensations: effects are compared with that
 order left free, every other order kept. So may the items of one ``ForEach`` (§3.16),
 ``<name>[<i>]``, up to its ``max_concurrency`` at once; its head record (``<name>``)
 decides the list at once and applies nothing, and an item's alert names the ForEach.
+
+Orders of a workflow with a ``Concurrency`` (§3.16): more orders of one key running at
+once than its limit is a violation (``overlapping_turns``), read from each order's own
+history: it ran from taking its turn (``turn-taken``) to the status that gave its slot
+back (``completed``, ``compensated``, ``cancelled``, or ``error`` unless it holds on error).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ VIOLATIONS = (
     "stale_applied",
     "inconsistent_history",
     "ids_not_carried",
+    "overlapping_turns",
 )
 
 
@@ -72,6 +78,8 @@ class Verdict:
     stale_applied: list[str] = field(default_factory=list)
     inconsistent_history: list[str] = field(default_factory=list)
     ids_not_carried: list[str] = field(default_factory=list)
+    #: more orders of one key (§3.16) ran at once than its workflow's limit
+    overlapping_turns: list[str] = field(default_factory=list)
     attempts: int = 0
     expiries: int = 0
     alerts: int = 0
@@ -182,6 +190,8 @@ _STATE_AFTER: dict[str, str] = {
     Happened.ERROR: "Error",
     Happened.COMPENSATING: "Compensating",
     Happened.COMPENSATED: "Compensated",
+    # its undo, never sent, withdrawn when a doubt came back: as it stood (``back``)
+    Happened.UNDO_WITHDRAWN: "Processed",
 }
 
 
@@ -246,7 +256,7 @@ def check_history(order: Order, step: StepRecord) -> tuple[list[str], list[str]]
             settled_by_event = True  # an event or a delay began; an event was taken
             state = "Processing" if kind == Happened.WAITING else state
         elif kind in _STATE_AFTER:
-            state = _STATE_AFTER[kind]
+            state = str(event.get("back") or _STATE_AFTER[kind])
         elif kind == Happened.CANCELLED and any(
             words in str(event.get("note", "")) for words in ("nothing to undo", "; stopped:")
         ):
@@ -361,6 +371,57 @@ def check_ids(ledger: list[dict[str, Any]]) -> list[str]:
     return wrong
 
 
+#: The statuses that give an order's slot back (``error`` too, unless ``hold_on_error``).
+_RELEASING = frozenset({"completed", "compensated", "cancelled"})
+
+
+def turn_spans(order: Order) -> list[tuple[datetime, datetime | None]]:
+    """When the order held a slot of its key, from its history: from each ``turn-taken``
+    to the status that gave the slot back (None: it still holds it). None for an order
+    without a key."""
+    rule = order.plan.concurrency
+    if rule is None or not rule.order_key:
+        return []
+    ending = _RELEASING if rule.hold_on_error else _RELEASING | {"error"}
+    spans: list[tuple[datetime, datetime | None]] = []
+    taken: datetime | None = None
+    for entry in order.history:
+        if entry.get("event") == Happened.TURN_TAKEN and taken is None:
+            taken = parse_iso(entry["at"])
+        elif entry.get("event") == Happened.STATUS and entry.get("status") in ending and taken:
+            spans.append((taken, parse_iso(entry["at"])))
+            taken = None
+    if taken is not None:
+        spans.append((taken, None))
+    return spans
+
+
+def check_turns(orders: dict[str, Order | None]) -> list[str]:
+    """Each moment an order took its turn while its key's limit of other orders of the
+    same workflow and key were running: ``<orderId> ran beside <others> (key k, limit n)``."""
+    by_key: dict[tuple[str, str], list[tuple[datetime, datetime | None, str]]] = {}
+    limits: dict[tuple[str, str], int] = {}
+    for order_id, order in orders.items():
+        if order is None or order.plan.concurrency is None:
+            continue
+        key = (order.workflow, order.plan.concurrency.order_key)
+        limits[key] = order.plan.concurrency.limit
+        by_key.setdefault(key, []).extend((a, b, order_id) for a, b in turn_spans(order))
+    wrong = []
+    for key, spans in by_key.items():
+        for start, _, order_id in spans:
+            beside = sorted(
+                other
+                for a, b, other in spans
+                if other != order_id and a <= start and (b is None or start < b)
+            )
+            if len(beside) >= limits[key]:
+                wrong.append(
+                    f"{order_id} ran beside {', '.join(beside)} (key {key[1]}, limit {limits[key]})"
+                )
+    return wrong
+
+
 def verify(
     orders: dict[str, Order | None],
     ledger: list[dict[str, Any]],
@@ -374,6 +435,7 @@ def verify(
     alerted = {(a.get("orderId"), a.get("step")) for a in alerts}
     verdict.double_effects = [f"{o}:{s}" for o, s in double_effects(ledger)]
     verdict.ids_not_carried = [w for w in check_ids(ledger) if w.split(":")[0] in orders]
+    verdict.overlapping_turns = check_turns(orders)
     for order_id, order in orders.items():
         if order is None:
             verdict.lost.append(order_id)

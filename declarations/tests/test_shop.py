@@ -1,6 +1,6 @@
-"""The product's own workflows (``order``, ``fulfilment``, ``checkout``, ``order-lines``),
-tested with the kit: a team's tests of its own workflows look like these
-(docs/add-a-workflow.md, "Test it"). Each runs the workflow in process, its remotes
+"""The product's own workflows (``order``, ``fulfilment``, ``checkout``, ``order-lines``,
+``per-customer``), tested with the kit: a team's tests of its own workflows look like
+these (docs/add-a-workflow.md, "Test it"). Each runs the workflow in process, its remotes
 faked, in milliseconds. Change them with the workflows they test (and delete them with
 them)."""
 
@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from testkit import answer, approve, calls_back, decline, refuse, run_workflow, unavailable
+import pytest
+
+from testkit import (
+    KitError,
+    answer,
+    approve,
+    calls_back,
+    decline,
+    refuse,
+    run_workflow,
+    unavailable,
+)
 
 ORDER = {"sku": "boots", "amount": 120}
 #: fulfilment's and checkout's remotes, each answering with the id its undo names
@@ -108,3 +119,15 @@ def test_a_line_out_of_stock_releases_the_others_by_their_own_reservations() -> 
     assert "release-line[2]" not in run.received  # refused: nothing to release
     assert run.received["refund-payment"][0]["charge"] == "charge-1"
     assert "ship" not in run.received
+
+
+def test_a_per_customer_order_takes_its_customers_turn_and_a_bad_key_is_refused() -> None:
+    """The kit runs one order: it takes its customer's turn at once (its history says
+    so); waiting behind another order is the product's to test (tests/unit/test_turns.py)."""
+    run = run_workflow("per-customer", {**ORDER, "customer": "c-1"}, {"process": answer()})
+
+    assert run.status == "completed"
+    taken = [h for h in run.history if h["event"] == "turn-taken"]
+    assert [h["turn"] for h in taken] == ["c-1"]
+    with pytest.raises(KitError, match=r"concurrency key \(declarations.shop.customer\)"):
+        run_workflow("per-customer", {**ORDER, "customer": 42}, {"process": answer()})

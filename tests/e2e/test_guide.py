@@ -8,7 +8,10 @@ order whose RMA reaches the warehouse, ``exchange`` orders (parallel steps, an a
 skipped, given and refused, a delay, a carrier that calls back, undos that name the ids
 their steps handed out), and the shop's ``returns`` (each line received on its own, a
 line refused and every line received sent back by its own receipt, a refund held for an
-operator and fixed, an e-mail that bounces and undoes nothing, an order found by its RMA).
+operator and fixed, an e-mail that bounces and undoes nothing, an order found by its RMA),
+and its returns taken one per customer at a time (one waiting its turn behind another
+customer's, shown so, one of another customer run at once, a waiting one cancelled, the
+orders of a key found, a return without a customer rejected and alerted).
 One stack for all.
 
 It also checks the guide's promise: nothing under core/, scheduler/, supervisor/ or
@@ -37,7 +40,9 @@ BLOCK = re.compile(r"```python\n# (file|append to): (\S+)\n(.*?)```", re.DOTALL)
 SHELL = re.compile(r"```sh\n(.*?)```", re.DOTALL)
 #: The commands of the guide's "Try it" sections the test runs (the others, workflows and
 #: agents-json, are run and checked on their own below).
-TRIED = ("submit", "show", "event", "resubmit", "orders")
+TRIED = ("submit", "show", "event", "resubmit", "orders", "cancel", "alerts")
+#: The orders the guide says are rejected (section 10: a return without a customer).
+REJECTED = ("ret-12",)
 NOT_COPIED = {".git", ".venv", ".venv-iac", "node_modules", "run"}
 
 RUN = r"""
@@ -47,6 +52,7 @@ from demo.stack import LocalStack
 
 COMMANDS = json.loads(sys.argv[1])
 SIMULATOR = json.loads(sys.argv[2])
+REJECTED = json.loads(sys.argv[3])
 SETTINGS = {"STEP_TIMEOUT_SECONDS": "10", "MAX_FAILURE_COUNT": "3",
             "SUPERVISOR_SCHEDULE": "*/1 * * * * *"}
 
@@ -64,6 +70,12 @@ def status_of(order_id):
     return str(order.status) if order is not None else None
 
 
+def alerted(text):
+    ctx = stack.context
+    client = ctx.queues.client(ctx.names.operator_alerts)
+    return any(text in m.content for m in client.peek_messages(max_messages=32))
+
+
 with LocalStack(devhosts=1, settings=SETTINGS, simulator_args=SIMULATOR) as stack:
     store = stack.context.store
     rule = httpx.post(f"{stack.simulator_url}/_identity",
@@ -76,7 +88,15 @@ with LocalStack(devhosts=1, settings=SETTINGS, simulator_args=SIMULATOR) as stac
         argv = shlex.split(line, comments=True)
         command = argv[3]
         if command == "submit":
-            submitted.append(json.loads(argv[4])["orderId"])
+            order_id = json.loads(argv[4])["orderId"]
+            if order_id == "ret-9":  # the guide: ret-8 holds c-12's turn; ret-9 waits
+                poll("ret-8 to be accepted", lambda: store.load("ret-8") is not None)
+            if order_id not in REJECTED:
+                submitted.append(order_id)
+        elif command == "alerts":  # the guide: ret-12 rejected, and an operator told
+            poll("ret-12's rejection to be alerted", lambda: alerted("ret-12"))
+        elif "turn=" in line:  # the orders of a key, once the one cancelled has ended
+            poll("ret-11 to be cancelled", lambda: status_of("ret-11") == "cancelled")
         elif command == "orders":  # a search, once the order it looks for has its RMA
             poll("ret-2 to end", lambda: status_of("ret-2") == "completed")
         else:  # a person looks at an order once it is there
@@ -91,6 +111,9 @@ with LocalStack(devhosts=1, settings=SETTINGS, simulator_args=SIMULATOR) as stac
         if line.split()[3:5] in (["show", "ret-4"], ["resubmit", "ret-4"]):
             # the guide: "ret-4's refund is refused: show says error"
             poll("ret-4 to be held", lambda: status_of("ret-4") == "error")
+        if line.split()[3:5] == ["event", "ret-8"]:
+            # the guide: "ret-10 ... completes while ret-8 still waits"
+            poll("ret-10 to complete", lambda: status_of("ret-10") == "completed")
         # `.venv/bin/python -m admin ...`: what -m does, in this process (no interpreter
         # to start for each), with the storage `make start` prints in the environment
         assert argv[:3] == [".venv/bin/python", "-m", "admin"], argv
@@ -110,6 +133,7 @@ with LocalStack(devhosts=1, settings=SETTINGS, simulator_args=SIMULATOR) as stac
         "orders": {
             k: {
                 "status": str(o.status),
+                "history": o.history,
                 "steps": {s.step: {"state": str(s.process_state), "result": s.result,
                                    "error": s.last_error, "input": s.input,
                                    "continued": s.continued} for s in o.steps},
@@ -205,6 +229,11 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     steps = [s for s in [*returns["steps"], *group] if "step" in s and "forEach" not in s]
     failing = {s["step"]: s.get("onFailure") for s in steps}
     assert (failing["refund"], failing["notify-customer"]) == ("hold", "continue"), failing
+    assert returns["concurrency"] == {
+        "key": "declarations.refunds.customer_of",
+        "limit": 1,
+        "holdOnError": False,
+    }, returns
     searched = {f["name"]: f["parameter"] for f in returns["search"]}
     assert searched == {"customerId": "customerId", "receive-return.rma": "rma"}, returns
     write = subprocess.run(
@@ -246,7 +275,14 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
         assert linted.returncode == 0, (lint, linted.stdout)
 
     run = subprocess.run(
-        [python, "-c", RUN, json.dumps(tried_commands()), json.dumps(simulator_args())],
+        [
+            python,
+            "-c",
+            RUN,
+            json.dumps(tried_commands()),
+            json.dumps(simulator_args()),
+            json.dumps(REJECTED),
+        ],
         cwd=app,
         env=env,
         capture_output=True,
@@ -262,6 +298,7 @@ def test_the_guide_adds_a_workflow_with_two_agents_that_runs_end_to_end(tmp_path
     check_returns(result)
     check_exchanges(result)
     check_shop_returns(result)
+    check_turns(result)
     # and the app lists what it runs
     deployed = {w["workflow"] for w in result["workflows"]["workflows"]}
     assert {"returns", "exchange"} <= deployed
@@ -528,3 +565,47 @@ def check_return_lines(result: dict[str, Any]) -> None:
         assert got == [e["request"]["receipt"] for e in sent_back], (got, sent_back)
         assert all(e["undid"] for e in sent_back)
     assert entries(result, "ret-7", "refund") == []
+
+
+def turn_spans(order: dict[str, Any]) -> tuple[str, str]:
+    """When the order took its turn and when it ended (its history's times)."""
+    history = order["history"]
+    [taken] = [h["at"] for h in history if h["event"] == "turn-taken"]
+    [ended] = [
+        h["at"] for h in history if h["event"] == "status" and h["status"] == order["status"]
+    ]
+    return taken, ended
+
+
+def check_turns(result: dict[str, Any]) -> None:
+    """Section 10: one return per customer at a time. ret-9 waited behind ret-8 (shown
+    so) and ran only once ret-8 had ended; ret-10, another customer's, ran at once beside
+    ret-8; ret-11 was cancelled while it waited; the search by key found c-12's three;
+    ret-12, without a customer, was rejected and alerted, naming the key function."""
+    orders = result["orders"]
+    [shown] = [r for r in result["ran"] if r["command"].endswith("show ret-9")]
+    waiting = json.loads(shown["stdout"])
+    assert waiting["status"] == "pending", waiting
+    assert waiting["waitingFor"] == [{"turn": "c-12"}], waiting
+    # as the guide shows it: first in line, behind its holder, the only one waiting
+    assert waiting["turn"] == {"key": "c-12", "position": 1, "holders": ["ret-8"], "waiting": 1}
+    statuses = {o: orders[o]["status"] for o in ("ret-8", "ret-9", "ret-10", "ret-11")}
+    assert statuses == {
+        "ret-8": "completed",
+        "ret-9": "completed",
+        "ret-10": "completed",
+        "ret-11": "cancelled",
+    }, statuses
+    first, second, other = (turn_spans(orders[o]) for o in ("ret-8", "ret-9", "ret-10"))
+    # times in one format (ISO 8601 UTC, milliseconds): compared as text
+    assert second[0] >= first[1], (first, second)  # ret-9 took its turn once ret-8 ended
+    assert other[1] < first[1], (first, other)  # ret-10 ended while ret-8 waited
+    assert orders["ret-11"]["steps"] == {}  # never started: nothing to undo
+    [found] = [r for r in result["ran"] if " orders --where turn=" in r["command"]]
+    listed = {o["orderId"] for o in json.loads(found["stdout"])["orders"]}
+    assert listed == {"ret-8", "ret-9", "ret-11"}, found
+    assert "ret-12" not in orders
+    [alerts] = [r for r in result["ran"] if r["command"].endswith("admin alerts")]
+    [rejected] = [a for a in json.loads(alerts["stdout"]) if "ret-12" in json.dumps(a)]
+    assert "declarations.refunds.customer_of" in rejected["reason"], rejected
+    assert "KeyError" in rejected["reason"], rejected

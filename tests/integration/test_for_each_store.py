@@ -26,8 +26,8 @@ from core.states import OrderStatus, StepState
 from messaging.wire import decode_reply, decode_request
 from scheduler.service import Handled
 from stores.tables import TableStateStore
-from tests.integration.test_pipeline import drain, drain_requests, pump, submit
-from tests.support import declarations
+from tests.integration.test_pipeline import pump, submit
+from tests.support import declarations, drain, drain_requests
 
 ITEMS = "tests.fixtures.shop_items"
 #: Azure's bound on one entity group transaction.

@@ -1,11 +1,16 @@
 """The demo's live table (``make run``): a row says each step's state in a few words, and
 a ForEach's items (docs/contracts.md §3.16) are counted on one token, not listed one by
-one, so an order with many lines keeps a short row."""
+one, so an order with many lines keeps a short row; an order waiting for its customer's
+turn (§3.16) says so."""
 
 from __future__ import annotations
 
-from demo.__main__ import steps_text
-from demo.scenarios import LINES, lined
+from demo.__main__ import row_for, steps_text
+from demo.progress import plain
+from demo.scenarios import LINES, TURN_MS, Scenario, lined, queued
+from tests.support import declarations
+from tests.unit.test_services_in_memory import build, stored
+from tests.unit.test_turns import send
 
 
 def test_a_plain_row_names_each_step_and_attempts_past_the_first() -> None:
@@ -37,3 +42,23 @@ def test_the_demo_has_an_order_with_lines_and_one_whose_line_fails() -> None:
     ok, out = lined("d")
     assert ok.message("r")["lines"] == list(LINES) and ok.workflow == "order-lines"
     assert out.simulate == {"reserve-line[2]": "permanent"} and out.expected == "compensated"
+
+
+def test_the_demo_queues_three_orders_of_one_customer_beside_one_of_another() -> None:
+    cases = queued("d")
+    assert {c.workflow for c in cases} == {"per-customer"}
+    customers = [c.message("r")["customer"] for c in cases]
+    assert customers == ["d-ann", "d-ann", "d-ann", "d-bob"]
+    # each call takes long enough that the customer's next orders are seen waiting
+    assert all(c.simulate == {"process": {"latencyMs": TURN_MS}} for c in cases)
+
+
+def test_an_order_waiting_for_its_turn_says_so_in_its_row() -> None:
+    s = build()
+    with declarations("tests.fixtures.turns"):
+        for order_id in ("a-1", "a-2"):
+            send(s, order_id, account="ann")
+    first, second = (stored(s, o) for o in ("a-1", "a-2"))
+    case = Scenario("a-2", "ann's second", "completed", "serial")
+    assert plain(row_for(case, second)[4]) == "waiting for its turn"
+    assert plain(row_for(case, first)[4]) == "process"  # its turn: its step runs

@@ -796,3 +796,40 @@ def test_an_items_alert_names_its_for_each() -> None:
     ledger = item_ledger("l-3", ["charge"])
     assert verify({"l-3": order}, ledger, alerts, {"l-3": "error"}).ok
     assert verify({"l-3": order}, ledger, [], {"l-3": "error"}).unalerted == ["l-3:reserve[0]"]
+
+
+# --- per-key concurrency (docs/contracts.md §3.16): never more of one key than its limit --
+
+
+def keyed_run() -> dict[str, Order | None]:
+    """Three ``serial`` orders (tests/fixtures/turns.py, limit 1) through the services:
+    two of account ``x`` one after the other, one of ``y`` beside them."""
+    from tests.support import declarations
+    from tests.unit.test_services_in_memory import build
+    from tests.unit.test_turns import finish, pump, send
+
+    s = build()
+    with declarations("tests.fixtures.turns"):
+        for order_id, account in (("x-1", "x"), ("x-2", "x"), ("y-1", "y")):
+            send(s, order_id, account=account)
+        s.clock.advance(2)
+        finish(s, "x-1")
+        finish(s, "y-1")
+        pump(s)
+        s.clock.advance(2)
+        finish(s, "x-2")
+        return {o: stored(s, o) for o in ("x-1", "x-2", "y-1")}
+
+
+def test_orders_of_one_key_one_after_the_other_pass_and_running_beside_is_told() -> None:
+    orders = keyed_run()
+    assert {str(o.status) for o in orders.values() if o} == {"completed"}
+    ledger = ledger_of({o: ["process"] for o in orders})
+    assert verify(orders, ledger, []).ok, verify(orders, ledger, []).violations()
+    # x-2's history says it took its turn before x-1 gave the slot back: a broken slot
+    x2 = orders["x-2"]
+    assert x2 is not None
+    [taken] = [h for h in x2.history if h["event"] == "turn-taken"]
+    taken["at"] = "2000-01-01T00:00:00.000Z"
+    verdict = verify(orders, ledger, [])
+    assert verdict.violations() == {"overlapping_turns": ["x-1 ran beside x-2 (key x, limit 1)"]}
