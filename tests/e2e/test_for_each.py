@@ -69,12 +69,13 @@ def test_each_item_once_under_its_own_key_and_every_applied_one_undone_with_its_
 
     # all succeed: each line picked once, under its own key; pack got the results in order
     ok = [e for e in ledger if e["orderId"] == "fe-ok"]
-    picks = {e["idempotencyKey"]: e for e in ok if e["step"] == "pick-line"}
+    # the simulator names an item's effect by its record, pick[<i>] (path pick-line)
+    picks = {e["idempotencyKey"]: e for e in ok if e["step"].startswith("pick[")}
     assert sorted(picks) == [f"fe-ok:pick:{i}" for i in range(LINES)]
     assert all(picks[f"fe-ok:pick:{i}"]["request"]["line"] == i for i in range(LINES))
     (pack,) = [e for e in ok if e["step"] == "pack"]
     assert pack["request"]["picked"] == [
-        confirmation("pick-line", f"fe-ok:pick:{i}") for i in range(LINES)
+        confirmation(f"pick[{i}]", f"fe-ok:pick:{i}") for i in range(LINES)
     ]
     assert orders["fe-ok"].find("pick").result == {  # type: ignore[union-attr]
         "items": [line for line in picking("fe-ok")["lines"]]
@@ -84,14 +85,18 @@ def test_each_item_once_under_its_own_key_and_every_applied_one_undone_with_its_
     # line 3 refused for good: every line that applied undone with its own result
     bad = [e for e in ledger if e["orderId"] == "fe-bad"]
     applied = sorted(
-        int(e["idempotencyKey"].split(":")[2]) for e in bad if e["step"] == "pick-line"
+        int(e["idempotencyKey"].split(":")[2]) for e in bad if e["step"].startswith("pick[")
     )
-    undone = {int(e["idempotencyKey"].split(":")[2]): e for e in bad if e["step"] == "unpick-line"}
+    undone = {
+        int(e["idempotencyKey"].split(":")[2]): e for e in bad if e["step"].startswith("unpick[")
+    }
     assert 3 not in applied and {0, 1, 2} <= set(applied), applied
     assert sorted(undone) == applied
     for i in applied:
         assert undone[i]["idempotencyKey"] == f"fe-bad:unpick:{i}"
-        assert undone[i]["request"]["confirmation"] == confirmation("pick-line", f"fe-bad:pick:{i}")
+        assert undone[i]["request"]["confirmation"] == confirmation(
+            f"pick[{i}]", f"fe-bad:pick:{i}"
+        )
         assert undone[i]["request"]["line"] == i
     # the remote saw line 3 under its own key, refused (422), never applied
     refused = [c for c in calls if c["idempotencyKey"] == "fe-bad:pick:3"]
