@@ -37,6 +37,7 @@ from core.item_names import item_name, item_of
 from core.model import Order
 from core.outcome import Outcome
 from core.states import OrderStatus, StepKind, StepState
+from core.steps import StepRecord
 from core.timefmt import parse_iso
 from demo.verify import Verdict, check_history, said_not_applied
 from simulator.ledger import applied
@@ -345,16 +346,23 @@ def _doubt_known_since(order: Order, step: str) -> datetime | None:
 
 
 def most_in_flight(order: Order, name: str, skew: timedelta = timedelta(0)) -> int:
-    """The most attempts of the ForEach ``name``'s items that ran at once, from their
-    records (each attempt from its claim to its end, or its deadline if it never ended).
-    ``skew``: how far the clocks of the instances that wrote them may run apart (the chaos
-    run's one instance ahead): an end is read as early as that, so that an attempt that
-    ended on a clock ahead does not seem to overlap the next one started elsewhere."""
+    """The most items of the ForEach ``name`` in flight at once, from their records: each
+    attempt from its claim to its end (or its deadline if it never ended), but no later
+    than the moment its item ended (docs/contracts.md §3.16, "As built": an item that
+    succeeded by a late report has ended, even while a retry of it, under the same key,
+    is still out). ``skew``: how far the clocks of the instances that wrote them may run
+    apart (the chaos run's one instance ahead): an end is read as early as that, so that
+    an attempt that ended on a clock ahead does not seem to overlap the next one started
+    elsewhere."""
     moments: list[tuple[datetime, int]] = []
     for record in order.steps:
         if record.kind is StepKind.ACTION and _head(record.step) == name:
+            settled = _ended_at(record)
             for attempt in record.attempts.items:
-                end = (attempt.ended_at or attempt.deadline) - skew
+                end = attempt.ended_at or attempt.deadline
+                if settled is not None:
+                    end = min(end, settled)
+                end -= skew
                 if end > attempt.claimed_at:
                     moments += [(attempt.claimed_at, 1), (end, -1)]
     most = running = 0
@@ -362,6 +370,15 @@ def most_in_flight(order: Order, name: str, skew: timedelta = timedelta(0)) -> i
         running += change
         most = max(most, running)
     return most
+
+
+def _ended_at(record: StepRecord) -> datetime | None:
+    """When the item ended for good (its first success, or its failure for good), from
+    its history; None while it has not."""
+    for event in record.history:
+        if event.get("event") in (Happened.SUCCEEDED, Happened.ERROR):
+            return parse_iso(str(event["at"]))
+    return None
 
 
 def merge(verdict: Verdict, items: ItemsVerdict) -> None:

@@ -81,6 +81,42 @@ def test_an_honest_run_passes_and_each_key_is_put_back_on_its_record() -> None:
     assert most_in_flight(order, "pick") == 1  # the test ran them one after the other
 
 
+def test_an_item_ended_by_a_late_success_is_not_in_flight_while_its_retry_is_out() -> None:
+    """What the chaos run counted (and the model, asked to count attempts, found): pick[0]'s
+    first attempt expires and its retry is claimed; then the first attempt's success
+    comes: pick[0] has ended, and pick[3] starts beside pick[1] and pick[2]. The retry
+    (the same key: nothing is applied twice) is out until its own report or deadline, but
+    the item is no longer in flight (docs/contracts.md §3.16, "As built")."""
+    order = new("picking", lines=[*LINES, {"sku": "D"}])
+    first = order.claim("i-1", T0, step="pick[0]")
+    for name in ("pick[1]", "pick[2]"):
+        order.claim("i-1", T0 + 25 * SECOND, step=name)
+    early = report(order, "pick[0]")  # attempt 1's success, held back
+    now = first.complete_by + SECOND
+    order.expire(now, POLICY, step="pick[0]")
+    order.claim("i-1", now + SECOND, step="pick[0]")  # attempt 2 out
+    order.apply_reply(early, now + 2 * SECOND, POLICY)  # attempt 1's success, late
+    settled = order.find("pick[0]")
+    assert settled is not None and str(settled.process_state) == "Processed"
+    assert settled.attempts.get(2) is not None and settled.attempts.get(2).in_flight  # type: ignore[union-attr]
+    order.claim("i-1", now + 3 * SECOND, step="pick[3]")
+    assert most_in_flight(order, "pick") == 3
+    assert attempts_out_at_most(order) == 4  # the retry's call, counted until its deadline
+
+
+def attempts_out_at_most(order: Order) -> int:
+    moments = []
+    for record in order.steps:
+        if record.step.startswith("pick["):
+            for a in record.attempts.items:
+                moments += [(a.claimed_at, 1), (a.ended_at or a.deadline, -1)]
+    most = running = 0
+    for _, change in sorted(moments):
+        running += change
+        most = max(most, running)
+    return most
+
+
 def test_an_item_applied_under_two_keys_is_applied_twice() -> None:
     ledger = [*honest(), effect(9, "o-1:pick:1:2", "pick-line")]
     assert list(verdict_of(ledger)) == ["applied_twice"]

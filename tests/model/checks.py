@@ -30,7 +30,8 @@ each, ``<name>[<i>]``), and it adds its own (3.16):
 - I5 (``requested``): an item's key is ``<orderId>:<name>:<i>`` (``:<round>`` after it for
   a new run), its compensation's ``<orderId>:<undo>:<i>``: one key per item.
 - I9 (``in_flight``): never more than ``max_concurrency`` items of one ``ForEach`` in
-  flight (an attempt claimed and not ended) at once.
+  flight (not ended, with an attempt claimed and not ended) at once; an item ended by a
+  late success while a retry of it is out is not in flight (docs/contracts.md §3.16).
 - I10 (``started_after_halt``): no item is started (its first record) once its group has
   halted: a sibling failed for good (and the workflow does not go on past it), or a
   cancel.
