@@ -17,6 +17,9 @@ instances. Prints one JSON object:
   simulator's call log (each call from its arrival for ``--call-ms``); at most 10.
 - ``itemHopsMs``: where an item's time goes besides its call (``item_hops``), p50 / p90
   over every item of the measured runs.
+- ``fallbacks``: replies that could not be applied in process (the order kept changing,
+  or anything else: ``messaging/inline.py``) and went through the reply queue instead,
+  a further hop each, counted from the devhosts' logs, per run.
 - ``tablePerItem``: the app's Table requests per line (``observability/opcount.py``,
   what the functions sent, not the hosts' queue polling nor the timers'), ``transactions``
   (entity group transactions, ``table.batch``: one per save of the order) and ``all``.
@@ -52,6 +55,18 @@ from observability import opcount
 
 FLOWS = "bench.foreach_flows"
 WARM_UP_ITEMS = 10
+#: What ``messaging/inline.py`` logs when a reply goes to the reply queue after all.
+FALLBACK = "reply not applied in process"
+
+
+def fallbacks(stack: LocalStack) -> int:
+    """Replies the devhosts sent to the reply queue after failing to apply them in
+    process, so far (their logs)."""
+    assert stack.workdir is not None
+    return sum(
+        log.read_text(errors="replace").count(FALLBACK)
+        for log in stack.workdir.glob("devhost-*.log")
+    )
 
 
 def order_of(order_id: str, items: int, call_ms: int) -> dict[str, Any]:
@@ -148,6 +163,7 @@ def run(
     counted = Counter[str]()
     statuses: Counter[str] = Counter()
     hops: dict[str, list[float]] = {}
+    fell_back: list[int] = []
     with stack:
         time.sleep(2)  # let the hosts finish starting
         warm = f"warm-{tag}"
@@ -157,6 +173,7 @@ def run(
             order_id = f"each-{tag}-{n}"
             time.sleep(1.5)  # let the processes flush their counts
             baseline = opcount.collect(counts_dir)
+            fell = fallbacks(stack)
             stack.submit(order_of(order_id, items, call_ms))
             submitted = time.time()
             order = wait_done(stack, order_id, timeout)
@@ -166,6 +183,7 @@ def run(
             counts = opcount.collect(counts_dir)
             counts.subtract(baseline)
             counted.update(counts)
+            fell_back.append(fallbacks(stack) - fell)
             calls = stack.remote_calls()
             in_flight.append(most_in_flight(order, "each"))
             at_remote.append(most_at_remote(calls, order_id, call_ms))
@@ -192,6 +210,7 @@ def run(
             "max": round(max(durations)),
             "each": [round(d) for d in durations],
         },
+        "fallbacks": fell_back,
         "mostInFlight": {"records": max(in_flight), "remote": max(at_remote)},
         "itemHopsMs": {
             name: {"p50": round(percentile(v, 0.5)), "p90": round(percentile(v, 0.9))}

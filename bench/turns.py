@@ -23,7 +23,9 @@ Prints one JSON object:
   started at once, to its end): must be 0;
 - ``handoffMs``: for each order that waited, its ``turn-taken`` less the end of the
   customer's order before it, p50 / p90 / max (the target: p50 ≤ 200 ms on Service Bus);
-- ``baselineGapMs``: the same gap in the baseline (the client's poll and send);
+- ``gapMs`` of ``baseline``: the same gap there (the client's poll and send);
+- where the time goes, for both: ``runMs`` (an order's start to its end, p50 / p90) and
+  ``firstStartMs`` (the first send to each customer's first order's start, p50 / max);
 - ``statuses`` of both runs.
 
 Numbers from a shared 2-core machine are noisy: compare runs, not digits.
@@ -171,8 +173,12 @@ def summary(
     every = [o for orders in by_customer.values() for o in orders]
     runs = {c: runs_of(orders) for c, orders in by_customer.items()}
     gap = [g for r in runs.values() for g in gaps(r, waited_only)]
+    took = [1000 * (e - b) for r in runs.values() for b, e, _ in r]
+    first = [1000 * (r[0][0] - started) for r in runs.values()]
     return {
         "totalMs": round(1000 * (max(done_at(o) for o in every) - started)),
+        "runMs": {"p50": round(percentile(took, 0.5)), "p90": round(percentile(took, 0.9))},
+        "firstStartMs": {"p50": round(percentile(first, 0.5)), "max": round(max(first))},
         "statuses": dict(Counter(str(o.status) for o in every)),
         "overlaps": sum(overlaps(r) for r in runs.values()),
         "gapMs": {
