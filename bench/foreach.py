@@ -12,6 +12,9 @@ instances. Prints one JSON object:
 - ``durationMs``: submit (client clock, after the send returned) to the order's
   completion (its terminal ``status`` event), p50 / p90 / min / max over the runs;
   ``idealMs`` is items / max_concurrency * call: every slot always busy.
+- ``firstCallMs``: submit to the remote's first call of the order (the order's message
+  waiting for the ``orders`` queue's poll, its acceptance, the first requests' trip),
+  p50 / max: the part of ``durationMs`` before any line runs.
 - ``mostInFlight``: the most lines of one order in flight at once, ``records`` from the
   item records (each attempt from its claim to its end) and ``remote`` from the
   simulator's call log (each call from its arrival for ``--call-ms``); at most 10.
@@ -98,6 +101,15 @@ def most_at_remote(calls: list[dict[str, Any]], order_id: str, call_ms: int) -> 
     return _most(moments)
 
 
+def first_call_at(calls: list[dict[str, Any]], order_id: str) -> float:
+    """When the remote received the order's first call (epoch seconds)."""
+    return min(
+        parse_iso(c["at"]).timestamp()
+        for c in calls
+        if str(c.get("idempotencyKey", "")).startswith(f"{order_id}:")
+    )
+
+
 def item_hops(order: Order, calls: list[dict[str, Any]], call_ms: int) -> dict[str, list[float]]:
     """Where an item's time goes, in ms, from its record's history and the remote's log:
     ``created->claimed`` (the item started, as another ended, until an instance claimed
@@ -164,6 +176,7 @@ def run(
     statuses: Counter[str] = Counter()
     hops: dict[str, list[float]] = {}
     fell_back: list[int] = []
+    first_call: list[float] = []
     with stack:
         time.sleep(2)  # let the hosts finish starting
         warm = f"warm-{tag}"
@@ -187,6 +200,7 @@ def run(
             calls = stack.remote_calls()
             in_flight.append(most_in_flight(order, "each"))
             at_remote.append(most_at_remote(calls, order_id, call_ms))
+            first_call.append(1000 * (first_call_at(calls, order_id) - submitted))
             for name, values in item_hops(order, calls, call_ms).items():
                 hops.setdefault(name, []).extend(values)
     measured = runs * items
@@ -211,6 +225,7 @@ def run(
             "each": [round(d) for d in durations],
         },
         "fallbacks": fell_back,
+        "firstCallMs": {"p50": round(statistics.median(first_call)), "max": round(max(first_call))},
         "mostInFlight": {"records": max(in_flight), "remote": max(at_remote)},
         "itemHopsMs": {
             name: {"p50": round(percentile(v, 0.5)), "p90": round(percentile(v, 0.9))}
