@@ -133,9 +133,14 @@ def check_turns(
             if order is None or began is None:
                 verdict.never_ran.append(order_id)
                 continue
-            verdict.waited += any(e.get("event") == Happened.TURN_TAKEN for e in order.history)
             if ended is not None:
                 runs.append((began, ended))
+        # those that began only after another of their key had ended: they waited for it
+        verdict.waited += sum(
+            1
+            for n, (b, _) in enumerate(runs)
+            if any(e - skew <= b for _, e in runs[:n] + runs[n + 1 :])
+        )
         limit = LIMITS[workflow]
         name = f"{workflow}|{key}"
         verdict.most[name] = most_at_once([(b, max(b, e - skew)) for b, e in runs])
