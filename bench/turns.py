@@ -1,6 +1,7 @@
 """Per-key concurrency benchmark: customers' orders taking turns, on the real stack.
 
     python -m bench.turns [--customers 20] [--per-customer 10] [--call-ms 300]
+                          [--arrival grouped|interleaved]
                           [--devhosts 2] [--transport storage|servicebus]
 
 ``bench.turns_flows`` declares one-step orders twice: ``keyed`` (``limit=1`` per
@@ -10,8 +11,11 @@ and ``--devhosts`` devhost instances, after a warm-up, it runs:
 - **baseline**: each customer's orders of ``plain`` one after another, the client
   sending the next when it sees the one before it ended (all customers side by side,
   the store read round robin): what a limit costs at best, with no limit machinery;
-- **keyed**: every order of ``keyed`` sent at once, each customer's together; the
-  slots alone keep them apart.
+- **keyed**: every order of ``keyed`` sent at once, in one burst; the slots alone keep
+  them apart. ``--arrival grouped`` (the default) sends each customer's orders one after
+  the other (the last customer's first order behind every other customer's orders on
+  the ``orders`` queue); ``interleaved`` sends every customer's first, then every
+  second, and so on.
 
 Each order's step takes ``--call-ms`` at the remote (``simulate``: ``latencyMs``).
 Prints one JSON object:
@@ -146,14 +150,24 @@ def baseline(
 
 
 def keyed(
-    stack: LocalStack, tag: str, customers: int, each: int, call_ms: int, timeout: float
+    stack: LocalStack,
+    tag: str,
+    customers: int,
+    each: int,
+    call_ms: int,
+    timeout: float,
+    arrival: str = "grouped",
 ) -> tuple[float, dict[str, list[Order]]]:
-    """Every ``keyed`` order sent at once, each customer's together."""
+    """Every ``keyed`` order sent at once: each customer's together (``grouped``), or the
+    customers' n-th orders together (``interleaved``)."""
     ids = {f"c{c:02d}": [f"key-{tag}-c{c:02d}-{n}" for n in range(each)] for c in range(customers)}
+    if arrival == "grouped":
+        sending = [(c, o) for c, orders in ids.items() for o in orders]
+    else:
+        sending = [(c, orders[n]) for n in range(each) for c, orders in ids.items()]
     started = time.time()
-    for customer, orders in ids.items():
-        for order_id in orders:
-            stack.submit(order_of(order_id, "keyed", customer, call_ms))
+    for customer, order_id in sending:
+        stack.submit(order_of(order_id, "keyed", customer, call_ms))
     flat = [i for orders in ids.values() for i in orders]
     by_id = {o.order_id: o for o in wait_all(stack, flat, timeout)}
     return started, {c: [by_id[i] for i in orders] for c, orders in ids.items()}
@@ -183,7 +197,13 @@ def summary(started: float, by_customer: dict[str, list[Order]]) -> dict[str, An
 
 
 def run(
-    customers: int, each: int, call_ms: int, devhosts: int, timeout: float, transport: str
+    customers: int,
+    each: int,
+    call_ms: int,
+    devhosts: int,
+    timeout: float,
+    transport: str,
+    arrival: str = "grouped",
 ) -> dict[str, Any]:
     workflows.use(FLOWS)
     stack = LocalStack(
@@ -200,7 +220,7 @@ def run(
         wait_all(stack, warm, timeout)
         base = summary(*baseline(stack, tag, customers, each, call_ms, timeout))
         time.sleep(2)
-        limited = summary(*keyed(stack, tag, customers, each, call_ms, timeout))
+        limited = summary(*keyed(stack, tag, customers, each, call_ms, timeout, arrival))
     return {
         "benchmark": "turns",
         "date": utc_now_text(),
@@ -210,6 +230,7 @@ def run(
         "customers": customers,
         "perCustomer": each,
         "callMs": call_ms,
+        "arrival": arrival,
         "baseline": base,
         "keyed": limited,
         "ratio": round(limited["totalMs"] / base["totalMs"], 2),
@@ -222,12 +243,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--customers", type=int, default=20)
     parser.add_argument("--per-customer", type=int, default=10)
     parser.add_argument("--call-ms", type=int, default=300, help="each remote call's latency")
+    parser.add_argument("--arrival", choices=["grouped", "interleaved"], default="grouped")
     stack_options(parser, timeout=600)
     args = parser.parse_args(argv)
     if args.customers < 1 or args.per_customer < 2 or args.call_ms < 0:
         parser.error("--customers at least 1, --per-customer at least 2, --call-ms 0 or more")
     result = run(
-        args.customers, args.per_customer, args.call_ms, args.devhosts, args.timeout, args.transport
+        args.customers,
+        args.per_customer,
+        args.call_ms,
+        args.devhosts,
+        args.timeout,
+        args.transport,
+        args.arrival,
     )
     print(json.dumps(result, indent=2))
     every = args.customers * args.per_customer
