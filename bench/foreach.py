@@ -12,11 +12,17 @@ instances. Prints one JSON object:
 - ``durationMs``: submit (client clock, after the send returned) to the order's
   completion (its terminal ``status`` event), p50 / p90 / min / max over the runs;
   ``idealMs`` is items / max_concurrency * call: every slot always busy.
+- ``firstCallMs``: submit to the remote's first call of the order (the order's message
+  waiting for the ``orders`` queue's poll, its acceptance, the first requests' trip),
+  p50 / max: the part of ``durationMs`` before any line runs.
 - ``mostInFlight``: the most lines of one order in flight at once, ``records`` from the
   item records (each attempt from its claim to its end) and ``remote`` from the
   simulator's call log (each call from its arrival for ``--call-ms``); at most 10.
 - ``itemHopsMs``: where an item's time goes besides its call (``item_hops``), p50 / p90
   over every item of the measured runs.
+- ``fallbacks``: replies that could not be applied in process (the order kept changing,
+  or anything else: ``messaging/inline.py``) and went through the reply queue instead,
+  a further hop each, counted from the devhosts' logs, per run.
 - ``tablePerItem``: the app's Table requests per line (``observability/opcount.py``,
   what the functions sent, not the hosts' queue polling nor the timers'), ``transactions``
   (entity group transactions, ``table.batch``: one per save of the order) and ``all``.
@@ -52,6 +58,18 @@ from observability import opcount
 
 FLOWS = "bench.foreach_flows"
 WARM_UP_ITEMS = 10
+#: What ``messaging/inline.py`` logs when a reply goes to the reply queue after all.
+FALLBACK = "reply not applied in process"
+
+
+def fallbacks(stack: LocalStack) -> int:
+    """Replies the devhosts sent to the reply queue after failing to apply them in
+    process, so far (their logs)."""
+    assert stack.workdir is not None
+    return sum(
+        log.read_text(errors="replace").count(FALLBACK)
+        for log in stack.workdir.glob("devhost-*.log")
+    )
 
 
 def order_of(order_id: str, items: int, call_ms: int) -> dict[str, Any]:
@@ -81,6 +99,15 @@ def most_at_remote(calls: list[dict[str, Any]], order_id: str, call_ms: int) -> 
             at = parse_iso(call["at"])
             moments += [(at, 1), (at + timedelta(milliseconds=call_ms), -1)]
     return _most(moments)
+
+
+def first_call_at(calls: list[dict[str, Any]], order_id: str) -> float:
+    """When the remote received the order's first call (epoch seconds)."""
+    return min(
+        parse_iso(c["at"]).timestamp()
+        for c in calls
+        if str(c.get("idempotencyKey", "")).startswith(f"{order_id}:")
+    )
 
 
 def item_hops(order: Order, calls: list[dict[str, Any]], call_ms: int) -> dict[str, list[float]]:
@@ -148,6 +175,8 @@ def run(
     counted = Counter[str]()
     statuses: Counter[str] = Counter()
     hops: dict[str, list[float]] = {}
+    fell_back: list[int] = []
+    first_call: list[float] = []
     with stack:
         time.sleep(2)  # let the hosts finish starting
         warm = f"warm-{tag}"
@@ -157,6 +186,7 @@ def run(
             order_id = f"each-{tag}-{n}"
             time.sleep(1.5)  # let the processes flush their counts
             baseline = opcount.collect(counts_dir)
+            fell = fallbacks(stack)
             stack.submit(order_of(order_id, items, call_ms))
             submitted = time.time()
             order = wait_done(stack, order_id, timeout)
@@ -166,9 +196,11 @@ def run(
             counts = opcount.collect(counts_dir)
             counts.subtract(baseline)
             counted.update(counts)
+            fell_back.append(fallbacks(stack) - fell)
             calls = stack.remote_calls()
             in_flight.append(most_in_flight(order, "each"))
             at_remote.append(most_at_remote(calls, order_id, call_ms))
+            first_call.append(1000 * (first_call_at(calls, order_id) - submitted))
             for name, values in item_hops(order, calls, call_ms).items():
                 hops.setdefault(name, []).extend(values)
     measured = runs * items
@@ -192,6 +224,8 @@ def run(
             "max": round(max(durations)),
             "each": [round(d) for d in durations],
         },
+        "fallbacks": fell_back,
+        "firstCallMs": {"p50": round(statistics.median(first_call)), "max": round(max(first_call))},
         "mostInFlight": {"records": max(in_flight), "remote": max(at_remote)},
         "itemHopsMs": {
             name: {"p50": round(percentile(v, 0.5)), "p90": round(percentile(v, 0.9))}

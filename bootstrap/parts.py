@@ -10,6 +10,7 @@ App's cold start, which imports every trigger module) nor before a trigger needs
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -195,7 +196,14 @@ class AppContext:
             self.dispatch_queue,
             controls=self.agent_controls,
             turns=self.turns,
+            sleep=self.sleep,
         )
+
+    @part
+    def sleep(self) -> Callable[[float], None]:
+        """How the scheduler waits between a reply's tries on a crowded order (a few ms:
+        ``core.unit_of_work.Crowded``); tests pass a fake."""
+        return time.sleep
 
     # --- the agents -----------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 A use case (submit aside, which creates) names an order and a decision (a pure
 transition of ``core.model.Order``); ``OrderChanges.change`` loads the order, applies
 the decision, saves it with If-Match on what it read, and, when another writer came
-first (``ConcurrencyConflict``), reloads and decides again, up to ``attempts`` times.
+first (``ConcurrencyConflict``), reloads and decides again, up to ``attempts`` times (or
+as long as an ``OnConflict`` says: ``Crowded``, for an order many writers save at once).
 Then it delivers the notices the save committed (the transactional outbox) and hands an
 order whose active step is Pending to the ``Dispatcher``: the scheduler claims it in
 process, the supervisor and the operator queue it for when it is due.
@@ -15,6 +16,7 @@ order that does not exist is ``None``. Only ports are used: no Azure import.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -32,6 +34,55 @@ T = TypeVar("T")
 
 #: How often a decision is retried when other writers keep moving the order first.
 CONFLICT_ATTEMPTS = 5
+#: The most attempts ``Crowded`` gives a decision, however many rivals the order has.
+CROWDED_ATTEMPTS_MAX = 45
+#: ``Crowded``'s wait before the n-th attempt again is random, up to n times this, in s...
+CROWDED_WAIT_STEP = 0.005
+#: ...and never more than this.
+CROWDED_WAIT_MAX = 0.05
+
+
+class OnConflict(Protocol):
+    """Asked after a decision's save lost a race: whether to read and decide again."""
+
+    def __call__(self, order: Order, lost: int) -> bool:
+        """``order``: as the losing attempt decided it; ``lost``: conflicts so far, in a
+        row. True: read it again and decide again (having waited, if it waits)."""
+        ...
+
+
+class Crowded:
+    """The retry of a decision on an order that several writers save at once: a
+    ``ForEach``'s items that end together each apply their reply to the one order record
+    (If-Match), and every round of them only one wins. So: one more attempt per rival
+    (another step of the order in flight, which may reply meanwhile), up to
+    ``CROWDED_ATTEMPTS_MAX``, each after a short random wait that grows with the
+    conflicts (the losers of one round do not all meet again in the next). An order
+    with no rival (a step alone) keeps ``CONFLICT_ATTEMPTS`` and no wait. Each attempt is
+    still one read and one If-Match save of one decision."""
+
+    def __init__(
+        self,
+        sleep: Callable[[float], None],
+        draw: Callable[[], float] = random.random,
+    ) -> None:
+        """``sleep`` waits that many seconds; ``draw`` is uniform in [0, 1) (injected:
+        the tests)."""
+        self._sleep = sleep
+        self._draw = draw
+
+    def __call__(self, order: Order, lost: int) -> bool:
+        rivals = rivals_of(order)
+        if lost >= min(CONFLICT_ATTEMPTS + rivals, CROWDED_ATTEMPTS_MAX):
+            return False
+        if rivals:
+            self._sleep(self._draw() * min(CROWDED_WAIT_MAX, CROWDED_WAIT_STEP * lost))
+        return True
+
+
+def rivals_of(order: Order) -> int:
+    """Steps of the order in flight (Processing) as decided: each may save it meanwhile."""
+    return sum(1 for s in order.active_steps() if s.process_state is StepState.PROCESSING)
 
 
 class Notices(Protocol):
@@ -90,6 +141,7 @@ class OrderChanges:
         decide: Callable[[Order], T],
         *,
         attempts: int = CONFLICT_ATTEMPTS,
+        on_conflict: OnConflict | None = None,
         loaded: Order | None = None,
         after_save: Callable[[Order, T], None] | None = None,
     ) -> Changed[T] | None:
@@ -97,11 +149,18 @@ class OrderChanges:
 
         ``attempts`` = 1 for a decision that must not be retried when it loses a race (a
         claim: the winner does the work); then ``ConcurrencyConflict`` is raised at once.
-        ``loaded`` is an order already read, used for the first attempt. ``after_save``
-        runs between the save and the notices (logging, metrics, failpoints).
+        ``on_conflict``, if given, decides instead of ``attempts`` whether a decision that
+        lost a race is tried again (``Crowded``). ``loaded`` is an order already read, used
+        for the first attempt. ``after_save`` runs between the save and the notices
+        (logging, metrics, failpoints).
         """
-        for attempt in range(attempts):
-            order = loaded if attempt == 0 and loaded is not None else self._store.load(order_id)
+        if attempts < 1 and on_conflict is None:
+            raise ConcurrencyConflict(
+                f"order {order_id} was not changed (no attempt allowed)", order_id=order_id
+            )
+        lost = 0
+        while True:
+            order = loaded if lost == 0 and loaded is not None else self._store.load(order_id)
             if order is None:
                 return None
             before = order.status
@@ -109,7 +168,9 @@ class OrderChanges:
             try:
                 saved = self._store.save(order)
             except ConcurrencyConflict:
-                if attempt + 1 >= attempts:
+                lost += 1
+                again = on_conflict(order, lost) if on_conflict is not None else lost < attempts
+                if not again:
                     raise
                 continue
             if after_save is not None:
@@ -123,9 +184,6 @@ class OrderChanges:
             if self._released is not None and released_after(order, before):
                 self._release(order)  # after its own notices: the next may start here
             return Changed(order, result, saved)
-        raise ConcurrencyConflict(  # attempts < 1
-            f"order {order_id} was not changed (no attempt allowed)", order_id=order_id
-        )
 
     def created(self, order: Order, saved: SavedNotices) -> None:
         """After a ``create``: the same notices and dispatch as after a change."""

@@ -15,6 +15,8 @@ the held steps of that agent (``StateStore.held_pending``) and they go on.
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -43,7 +45,7 @@ from core.states import StepState
 from core.timefmt import iso
 from core.turn_keeper import TurnKeeper
 from core.turns import TurnKeyRefused, TurnRule, decide_key
-from core.unit_of_work import OrderChanges
+from core.unit_of_work import Crowded, OrderChanges
 from core.workflows import WORKFLOWS, Plan
 from messaging.dispatch import DispatchQueue
 from messaging.outbox import NoticeSender
@@ -114,11 +116,14 @@ class Scheduler:
         *,
         controls: ControlView | None = None,
         turns: TurnKeeper | None = None,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         """``notices`` delivers what a change committed (the process's one sender, so an
         order that cannot be handled alerts once per process); ``later`` queues an order
         whose step is not due yet for when it is; ``controls``: the agents' runtime
-        controls as this instance knows them (None: every agent runs as declared)."""
+        controls as this instance knows them (None: every agent runs as declared);
+        ``sleep``: the short waits between a reply's attempts on a crowded order
+        (``core.unit_of_work.Crowded``)."""
         self._store = store
         self._queues = queues
         self._transport = transport
@@ -130,6 +135,7 @@ class Scheduler:
         self._later = later
         self._controls = controls
         self._turns = turns
+        self._crowded = Crowded(sleep)
         release = self._release_turn if turns is not None else None
         self._changes = OrderChanges(
             store, notices, self._dispatch_now, ended=order_ended, released=release
@@ -569,6 +575,8 @@ class Scheduler:
                 changed = self._changes.change(
                     reply.order_id,
                     lambda o: o.apply_reply(reply, self._clock(), self._config.policy),
+                    # items that end together all save this order: more tries, spread out
+                    on_conflict=self._crowded,
                     loaded=self._recent_for(reply),
                     after_save=applied,
                 )

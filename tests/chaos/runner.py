@@ -23,6 +23,11 @@
   key; in some one line is refused for good, in others the pack after them: every line
   that applied must then be undone with its own result, once, and none applied twice,
   whatever the kills did mid-items (``tests.chaos.item_effects``);
+- some orders take turns (``tests.fixtures.chaos_shop``: per-key concurrency,
+  docs/contracts.md §3.16): four of one account sent together, one or two running at
+  a time, one of them refused for good; never more of a key running than its limit,
+  each waiting order ran, and no slot is left held once the run has settled
+  (``tests.chaos.turn_checks``);
 - some orders' remote stalls for 2.5 step timeouts (every call held until then): they
   must complete with no alert, whatever else happens (docs/contracts.md §3.11, paced
   retries);
@@ -62,6 +67,7 @@ from demo.stack import Devhost, LocalStack
 from demo.verify import Verdict, drain_alerts, load_orders, verify
 from simulator import load_ledger
 from tests.chaos.item_effects import ItemsVerdict, check_items, has_items, merge, most_in_flight
+from tests.chaos.turn_checks import check_turns, group_of, keyed, keyed_order
 from tests.fixtures.shop_items import PICKING_CONCURRENCY
 
 MAX_FAILURES = 8
@@ -86,8 +92,11 @@ STORM_POLL_SECONDS = 0.2
 STORM_COPIES = 3
 #: The stalled orders' remote holds every call for this long after the key's first call.
 STALL = {"fail": "stall", "seconds": 2.5 * STEP_TIMEOUT}
-#: The declarations of the run: the suite's shop, and ``picking`` over an order's lines.
-DECLARATIONS = "tests.fixtures.shop_items"
+#: The declarations of the run: the suite's shop, ``picking`` over an order's lines, and
+#: the keyed ``queued`` and ``queued-pair``.
+DECLARATIONS = "tests.fixtures.chaos_shop"
+#: How often every instance's supervisor runs (``SUPERVISOR_SCHEDULE``), in seconds.
+SUPERVISOR_SECONDS = 1
 #: One order in this many picks its lines (``picking_order``).
 PICKING_EVERY = 10
 
@@ -118,7 +127,9 @@ def make_orders(plan: ChaosPlan, rng: random.Random) -> dict[str, tuple[dict[str
     for n in range(plan.orders):
         order_id = f"chaos-{plan.seed % 1000:03d}-{n:04d}"
         roll = rng.random()
-        if n % PICKING_EVERY == PICKING_EVERY // 2:  # (the others' draws stay as they were)
+        if keyed(n):  # (its draw unused: the others' stay as they were)
+            out[f"{order_id}-key"] = keyed_order(f"{order_id}-key", n, plan.seed)
+        elif n % PICKING_EVERY == PICKING_EVERY // 2:  # (the others' draws stay as they were)
             out[f"{order_id}-pick"] = picking_order(f"{order_id}-pick", n, roll)
         elif roll < 0.55 and n != 1:
             out[order_id] = ({"orderId": order_id, "amount": n}, "completed")
@@ -151,6 +162,17 @@ def make_orders(plan: ChaosPlan, rng: random.Random) -> dict[str, tuple[dict[str
                 "compensated",
             )
     return out
+
+
+def waves(
+    orders: dict[str, tuple[dict[str, Any], str]],
+) -> list[list[tuple[str, tuple[dict[str, Any], str]]]]:
+    """The orders in groups sent together: an account's keyed orders (in the order they
+    were made), every other order alone."""
+    groups: dict[str, list[tuple[str, tuple[dict[str, Any], str]]]] = {}
+    for order_id, entry in orders.items():
+        groups.setdefault(group_of(entry[0]) or order_id, []).append((order_id, entry))
+    return list(groups.values())
 
 
 def picking_order(order_id: str, n: int, roll: float) -> tuple[dict[str, Any], str]:
@@ -734,7 +756,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         settings={
             "STEP_TIMEOUT_SECONDS": str(STEP_TIMEOUT),
             "MAX_FAILURE_COUNT": str(MAX_FAILURES),
-            "SUPERVISOR_SCHEDULE": "*/1 * * * * *",
+            "SUPERVISOR_SCHEDULE": f"*/{SUPERVISOR_SECONDS} * * * * *",
             "DEVHOST_LEASE_SECONDS": "10",
             "DEVHOST_RENEW_SECONDS": "3",
             "ORDERS_DECLARATIONS": DECLARATIONS,
@@ -791,15 +813,18 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         approver.start()
         began = datetime.now(UTC)
         started = time.monotonic()
-        pending = list(orders.items())
+        pending = waves(orders)
         rng.shuffle(pending)
         next_kill = started + rng.uniform(*plan.kill_every)
         while time.monotonic() - started < plan.chaos_seconds:
-            # Submit in waves, so orders are in every stage when the kills land.
-            for _ in range(min(10, len(pending))):
-                _, (message, _) = pending.pop()
-                stack.submit(message)
-                approver.submitted(message)
+            # Submit in waves, so orders are in every stage when the kills land (an
+            # account's keyed orders together, in one wave).
+            sent = 0
+            while pending and sent < 10:
+                for _, (message, _) in pending.pop():
+                    stack.submit(message)
+                    approver.submitted(message)
+                    sent += 1
             now = time.monotonic()
             outage_due = plan.outage_at is not None and (
                 now - started >= plan.chaos_seconds * plan.outage_at
@@ -821,9 +846,10 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
                     kills += 1 + again
                     starts += [time.monotonic()] * (1 + again)
             time.sleep(0.5)
-        for _, (message, _) in pending:  # whatever is left, before the settle phase
-            stack.submit(message)
-            approver.submitted(message)
+        for group in pending:  # whatever is left, before the settle phase
+            for _, (message, _) in group:
+                stack.submit(message)
+                approver.submitted(message)
         stop.set()
         meddler.join(timeout=10)
         if storm is not None:
@@ -868,7 +894,15 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         timings["outboxDrainedAfterSeconds"] = round(
             time.monotonic() - started - timings["totalSeconds"], 1
         )
+        time.sleep(SUPERVISOR_SECONDS + 1)  # one supervisor period more: a lost release swept
         final = load_orders(stack.context, ids)
+        turns = check_turns(
+            final,
+            {o: m for o, (m, _) in orders.items()},
+            stack.context.store,
+            timedelta(seconds=CLOCK_OFFSET_SECONDS),
+        )
+        timings["turns"] = turns.as_json()
         calls = stack.remote_calls(began.isoformat())
         alerts = drain_alerts(stack.context)
         ledger = load_ledger(stack.ledger_path)

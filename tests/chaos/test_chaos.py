@@ -49,6 +49,11 @@ def _run(plan: ChaosPlan) -> None:
     # Orders whose remote only stalled (2.5 step timeouts): every one completed, unalerted.
     assert timings["stalled"] > 0, "the run must actually stall some orders"
     assert timings["stalledWrong"] == [] and timings["stalledAlerted"] == [], summary
+    # Keyed orders took turns (tests.chaos.turn_checks): some waited, none ran beside more
+    # of its key than the limit, every one ran, and no slot was left held.
+    turns = timings["turns"]
+    assert turns["orders"] > 0 and turns["waited"] > 0, turns
+    assert not turns["overLimit"] and not turns["neverRan"] and not turns["leaked"], turns
     outage = timings["outage"]
     # The outage happened: the remote's outage switch answered calls 503 ...
     assert outage["outageAnswered"] > 0, "the run must actually take the remote down"

@@ -2,7 +2,8 @@
 simulator, two devhosts) on the tests' declarations with keyed workflows
 (``tests/fixtures/turns.py``). Orders of one key run one after the other, in order of
 acceptance, across both instances; another key's order does not wait for them; the
-API shows the key, and finds the orders by it."""
+API shows the key, and finds the orders by it. On both agent transports (Storage queues
+and Service Bus, ``test_processes.TRANSPORTS``), as the other e2e tests."""
 
 from __future__ import annotations
 
@@ -16,18 +17,19 @@ import pytest
 from core.states import OrderStatus
 from demo.stack import LocalStack
 from tests.e2e.conftest import FAST
-from tests.e2e.test_processes import log_tail, wait_terminal
+from tests.e2e.test_processes import TRANSPORTS, log_tail, wait_terminal
 from tests.support import declarations
 
 pytestmark = pytest.mark.timeout(240)
 TURNS = "tests.fixtures.turns"
 
 
-@pytest.fixture
-def turns_stack() -> Iterator[LocalStack]:
+@pytest.fixture(params=TRANSPORTS)
+def turns_stack(request: pytest.FixtureRequest) -> Iterator[LocalStack]:
+    """The stack on each agent transport (Storage queues, then Service Bus on localbus)."""
     with (
         declarations(TURNS),
-        LocalStack(settings={**FAST, "ORDERS_DECLARATIONS": TURNS}, transport="storage") as s,
+        LocalStack(settings={**FAST, "ORDERS_DECLARATIONS": TURNS}, transport=request.param) as s,
     ):
         yield s
 
