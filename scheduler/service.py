@@ -243,8 +243,12 @@ class Scheduler:
         self._turns.release(order, wake=self._start_now)
 
     def _start_now(self, order_id: str) -> None:
+        """An order this invocation's release just made a holder (its own If-Match write of
+        the slot says so: no need to read the slot again, nor the order twice) starts
+        here; if it does not, its wake-up message starts it."""
         try:
-            self.dispatch(order_id)
+            with order_context(order_id=order_id):
+                self._take_turn(order_id)
         except Exception as exc:  # noqa: BLE001 - its wake-up message starts it instead
             log.warning("order %s took its turn but did not start here (%s)", order_id, exc)
             self._later.send(order_id)
