@@ -40,7 +40,7 @@ STEPS = 30
 #: Shrinking per seed at most (seconds): a sequence is short long before this.
 SHRINK_SECONDS = 60.0
 HEADER = (
-    "from tests.model.flows import Flow, Group, Items, Sleep, Task, Wait\n"
+    "from tests.model.flows import Flow, Group, Items, Sleep, Task, Turns, Wait\n"
     "from tests.model.machine import EngineModel\n"
 )
 
