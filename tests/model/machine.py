@@ -747,13 +747,16 @@ class EngineModel(RuleBasedStateMachine):
         return answer.kind != "refused"
 
     def _settled(self) -> None:
-        """After the calm rounds: a supervisor run once the sweep reads every holder again
-        (``IDLE_RECHECK`` later), then no slot leaked (T3) and no order still waits (T5)."""
+        """After the calm rounds: supervisor runs, each once the sweep reads every holder
+        again (``IDLE_RECHECK`` later), one per order and one more (a line row left by an
+        order that ended is promoted, then released, in turn); then no slot leaked (T3)
+        and no order still waits (T5)."""
         if self.keyed is None:
             return
-        self.world.advance(IDLE_RECHECK.total_seconds() + 1.0)
-        self._after("calm-supervise", self.world.supervise(), leaves_error=False)
-        self._after("calm-dispatch", self.world.dispatch_due(), leaves_error=False)
+        for _ in range(len(self.keyed.accepted) + 1):
+            self.world.advance(IDLE_RECHECK.total_seconds() + 1.0)
+            self._after("calm-supervise", self.world.supervise(), leaves_error=False)
+            self._after("calm-dispatch", self.world.dispatch_due(), leaves_error=False)
         self._report(turn_checks.settled(self.keyed, *self._turns_seen()))
 
     def _liveness(self) -> None:

@@ -75,6 +75,7 @@ KNOWN: Final = frozenset(
         # an order in error that gave its slot back (no hold_on_error), cancelled: its
         # compensations run without a slot, beside the order that took it
         "T1-running-without-slot@undo",
+        "T1-over-limit@undo",
     }
 )
 

@@ -73,7 +73,10 @@ def after_transition(
                     )
                 )
         if len(busy) > keyed.limit:
-            out.append(Finding("T1-over-limit", f"key {key}: {busy} run at once", "running"))
+            # ``@undo``: those beyond the holders only undo (the same bug as T1 ``@undo``)
+            outside = [snaps.get(o) for o in busy if o not in holders]
+            where = "undo" if outside and all(map(_undoing, outside)) else "running"
+            out.append(Finding("T1-over-limit", f"key {key}: {busy} run at once", where))
         for order_id in orders:
             snap = snaps.get(order_id)
             if waiting(slot, order_id) and snap is not None and snap.steps:
