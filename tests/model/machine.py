@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,6 +32,7 @@ from typing import Any, Final
 
 from hypothesis import currently_in_test_context, target
 from hypothesis import strategies as st
+from hypothesis.errors import StopTest
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -185,6 +187,8 @@ class EngineModel(RuleBasedStateMachine):
         self._declared.close()
 
     def teardown(self) -> None:
+        # Hypothesis calls this in a ``finally``: StopTest on its way if the input ran out
+        ran_out = isinstance(sys.exc_info()[1], StopTest)
         try:
             if self._world is not None and self.snap is not None and not self.failed:
                 # Steer the search towards orders that went far: new keys (fixes), and
@@ -194,6 +198,12 @@ class EngineModel(RuleBasedStateMachine):
                     target(float(rounds), label="key rounds")
                     target(float(len(self.coverage)), label="coverage")
                 self._liveness()
+        except signatures.Violation as exc:
+            # Called in Hypothesis's ``finally``: if the example ran out of input
+            # (``StopTest``), Hypothesis drops what this raises; the runner fails on it.
+            if ran_out:
+                signatures.RECORDER.lost.append(f"{exc} ({self.flow!r})")
+            raise
         finally:
             self.close()
 

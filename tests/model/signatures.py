@@ -129,6 +129,9 @@ class Recorder:
 
     #: the first message of each signature
     first_message: dict[str, str] = field(default_factory=dict)
+    #: failures found at teardown after the example ran out of input (Hypothesis drops
+    #: those: a runner fails on them itself), each "<signature>: <message> (<flow>)"
+    lost: list[str] = field(default_factory=list)
 
     def seen(self, signature: str, message: str = "") -> bool:
         """Record ``signature``; whether it should fail the example."""
@@ -141,3 +144,15 @@ class Recorder:
 
 #: The recorder every machine reports to (a runner puts its own here).
 RECORDER = Recorder()
+
+
+def no_failure_lost(since: int = 0) -> None:
+    """Fail (``AssertionError``) if a failure was found at teardown after the example's
+    input ran out (``Recorder.lost``, from entry ``since``): Hypothesis drops it."""
+    lost = RECORDER.lost[since:]
+    if lost:
+        raise AssertionError(
+            f"{len(lost)} failure(s) found at teardown after the example ran out of input "
+            "(Hypothesis drops them; replay the flow with the steps it needs): "
+            + "; ".join(lost)[:2000]
+        )
