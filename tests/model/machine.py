@@ -375,13 +375,17 @@ class EngineModel(RuleBasedStateMachine):
             self._other_callback(order_id, keys[-1 - pick % len(keys)])
 
     @precondition(_has_others)
-    @rule(which=PICK, dispatched=st.booleans())
-    def other_cancel(self, which: int, dispatched: bool) -> None:
-        """An operator cancels another order of the key (waiting, running or in error)."""
+    @rule(which=PICK, then=st.sampled_from(["dispatched", "later", "wake-lost"]))
+    def other_cancel(self, which: int, then: str) -> None:
+        """An operator cancels another order of the key (waiting, running or in error);
+        the wake-ups it queues (the next in line) are picked up at once, later, or lost
+        with its instance."""
         order_id = self._other(which)
         self._after("other-cancel", self.world.cancel(order_id), leaves_error=False)
-        if dispatched:
+        if then == "dispatched":
             self._after("dispatch", self.world.dispatch_due(), leaves_error=False)
+        elif then == "wake-lost":
+            self.lose_wakes()
 
     @precondition(_has_others)
     @rule(which=PICK)

@@ -193,11 +193,11 @@ def test_an_order_cancelled_after_it_gave_its_slot_back_undoes_within_the_limit(
     run = EngineModel()
     turns = Turns(limit=1, hold=False, orders=2, keys=1, first=1)
     run.start(flow=Flow(Task("t1", comp=True), Task("t2", comp=True), turns=turns))
-    run.other_cancel(dispatched=False, which=0)  # m-2 holds the slot, m-1 waits
+    run.other_cancel(then="later", which=0)  # m-2 holds the slot, m-1 waits
     run.other_reply(pick=0, report="success", which=0)  # m-2's t1 applied: undone
     run.tick()
     run.tick()  # its undo timed out twice: m-2 in error, its slot to m-1
-    run.other_cancel(dispatched=True, which=0)  # m-2's undo again, beside m-1
+    run.other_cancel(then="dispatched", which=0)  # m-2's undo again, beside m-1
     assert signature_of(run) is None
 
 
