@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     number = args.seed if args.seed is not None else random.randrange(1, 10**6)
     recorder = signatures.RECORDER = Recorder(only=tuple(args.only))
     found: dict[str, Found] = {}
-    reported: list[str] = []  # failures lost at teardown, printed
+    reported: dict[str, str] = {}  # failures lost at teardown, printed, by signature
     print(f"model check: budget {args.budget:g} s, first seed {number}", flush=True)
     while time.monotonic() - recorder.started < args.budget:
         began = time.monotonic() - recorder.started
@@ -229,10 +229,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{item.message}\n")
             print(item.steps, flush=True)
             print()
-        lost = recorder.lost[len(reported) :]
-        reported += lost
-        for each in lost:
-            print(f"\n=== lost at teardown (seed {number}; the example ran out of input): {each}")
+        # failures Hypothesis dropped (at teardown, the input run out), of signatures that
+        # failed no example (shrinking overruns often: those are found already)
+        lost = {
+            sig: text for sig, text in recorder.lost if sig not in found and sig not in reported
+        }
+        recorder.lost.clear()
+        reported.update(lost)
+        for text in lost.values():
+            print(f"\n=== lost at teardown (seed {number}; the example ran out of input): {text}")
         if (failures or lost) and not args.report:
             return 1
         number += 1
@@ -254,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{why}: {signature} at "
             f"{recorder.first_seen[signature]:.1f} s: {recorder.first_message[signature][:300]}"
         )
-    for each in reported:
-        print(f"lost at teardown (the example ran out of input): {each[:300]}")
+    for text in reported.values():
+        print(f"lost at teardown (the example ran out of input): {text[:300]}")
     return 1 if found or reported else 0
 
 

@@ -202,7 +202,7 @@ class EngineModel(RuleBasedStateMachine):
             # Called in Hypothesis's ``finally``: if the example ran out of input
             # (``StopTest``), Hypothesis drops what this raises; the runner fails on it.
             if ran_out:
-                signatures.RECORDER.lost.append(f"{exc} ({self.flow!r})")
+                signatures.RECORDER.lost.append((exc.signature, f"{exc} ({self.flow!r})"))
             raise
         finally:
             self.close()

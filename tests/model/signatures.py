@@ -130,8 +130,8 @@ class Recorder:
     #: the first message of each signature
     first_message: dict[str, str] = field(default_factory=dict)
     #: failures found at teardown after the example ran out of input (Hypothesis drops
-    #: those: a runner fails on them itself), each "<signature>: <message> (<flow>)"
-    lost: list[str] = field(default_factory=list)
+    #: those: a runner fails on them itself): (signature, "<signature>: <message> (<flow>)")
+    lost: list[tuple[str, str]] = field(default_factory=list)
 
     def seen(self, signature: str, message: str = "") -> bool:
         """Record ``signature``; whether it should fail the example."""
@@ -154,5 +154,5 @@ def no_failure_lost(since: int = 0) -> None:
         raise AssertionError(
             f"{len(lost)} failure(s) found at teardown after the example ran out of input "
             "(Hypothesis drops them; replay the flow with the steps it needs): "
-            + "; ".join(lost)[:2000]
+            + "; ".join(text for _signature, text in lost)[:2000]
         )

@@ -216,7 +216,7 @@ def test_a_failure_at_teardown_after_the_input_ran_out_fails_the_run(strict: Rec
         finally:
             run.teardown()
 
-    assert strict.lost == [f"LIVENESS: made up ({Flow(Task('t1'))!r})"]
+    assert strict.lost == [("LIVENESS", f"LIVENESS: made up ({Flow(Task('t1'))!r})")]
     with pytest.raises(AssertionError, match=r"1 failure.*LIVENESS: made up"):
         signatures.no_failure_lost()
     signatures.no_failure_lost(since=1)  # nothing after it
