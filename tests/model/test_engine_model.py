@@ -43,7 +43,7 @@ def _bounded() -> Iterator[None]:
 _Hypothesis: Any = EngineModel.TestCase
 
 
-@pytest.mark.timeout(900)  # 800 examples take about a minute here; 3x slower stays inside
+@pytest.mark.timeout(900)  # 650 examples take under a minute here; 3x slower stays inside
 class TestEngineModel(_Hypothesis):  # type: ignore[misc]
     def runTest(self) -> None:
         """Hypothesis's run, then a failure it dropped (found at teardown after an example
@@ -54,7 +54,8 @@ class TestEngineModel(_Hypothesis):  # type: ignore[misc]
 
 
 TestEngineModel.settings = settings(
-    max_examples=800,
+    # (650, not 800: one example in four now runs 2-3 orders, which costs more)
+    max_examples=650,
     stateful_step_count=30,
     deadline=None,
     database=None,
