@@ -14,6 +14,15 @@ one on a clock a few seconds off), the scheduler's sweep, the due ``order-dispat
 messages, an operator's cancel (with a statement only where the truth allows one),
 resubmit (with or without a patch), "not needed", and a reload from the store.
 
+A flow with ``turns`` (per-key concurrency, §3.16) runs 2-3 orders sharing a key (or two
+keys): the model's own ``m-1``, checked as above, and its companions, each with a ledger
+of its own, moved by their own rules (reports of their requests, callbacks, cancels
+whose wake-ups may be lost, resubmits), plus a release lost with its instance and the
+wake-ups of waiting orders lost. The turn invariants T1-T5 (``tests.model.turn_checks``)
+are checked over all of them after every transition and once the example settled; in
+the calm rounds an operator frees a key held in error (a cancel, or a resubmit) when
+someone waits behind it.
+
 The model plays every remote, so it knows what really applied (``tests.model.truth``);
 the checks (``tests.model.checks``) compare the engine's decisions with that truth, and
 the invariants raise what they found, each signature its own exception
