@@ -76,6 +76,10 @@ KNOWN: Final = frozenset(
         # compensations run without a slot, beside the order that took it
         "T1-running-without-slot@undo",
         "T1-over-limit@undo",
+        # an order in error that gave its slot back (no hold_on_error) and leaves error on
+        # evidence (a late success) runs on without taking a slot again
+        "T1-running-without-slot@again",
+        "T1-over-limit@again",
     }
 )
 

@@ -3,7 +3,8 @@ example and the slots of their keys, as stored after a transition:
 
 - T1: never more orders of a key running steps at once than its limit, and none running
   without holding a slot (running: a step Processing, or an attempt claimed and not
-  ended; ``@undo``: only its compensations run);
+  ended; ``@undo``: only its compensations run; ``@again``: it held the slot before and
+  runs on after it gave it back);
 - T2: turns in acceptance order (an order takes its first turn only when every order of
   its key accepted before it took one, or left the line);
 - T3: no slot leaked once the example settled after a supervisor sweep (every holder's
@@ -69,13 +70,13 @@ def after_transition(
                         "T1-running-without-slot",
                         f"{order_id} ({snap.status if snap else '-'}) runs {_states(snap)} "
                         f"and the slot of {key} holds {sorted(holders)}",
-                        "undo" if _undoing(snap) else "",
+                        _where(keyed, order_id, snap),
                     )
                 )
         if len(busy) > keyed.limit:
             # ``@undo``: those beyond the holders only undo (the same bug as T1 ``@undo``)
-            outside = [snaps.get(o) for o in busy if o not in holders]
-            where = "undo" if outside and all(map(_undoing, outside)) else "running"
+            outside = {_where(keyed, o, snaps.get(o)) for o in busy if o not in holders}
+            where = outside.pop() if len(outside) == 1 and "" not in outside else "running"
             out.append(Finding("T1-over-limit", f"key {key}: {busy} run at once", where))
         for order_id in orders:
             snap = snaps.get(order_id)
@@ -129,6 +130,15 @@ def settled(
                 )
             )
     return out
+
+
+def _where(keyed: Keyed, order_id: str, snap: OrderSnap | None) -> str:
+    """How an order runs without its slot: ``undo`` (only its compensations), ``again``
+    (it held the slot before, and runs on after giving it back), or "" (it never held
+    it)."""
+    if _undoing(snap):
+        return "undo"
+    return "again" if order_id in keyed.held else ""
 
 
 def _ended(snap: OrderSnap | None) -> bool:
