@@ -16,7 +16,8 @@ requests and status messages it sent), returning the violations it finds.
 - I5 (``requested``): a step is requested under a new key only when every earlier key of
   it truly did not apply and cannot any more.
 - I6 (``standing``): an unfinished order that waits for no person has a Pending or
-  Processing record (a due time or a deadline).
+  Processing record (a due time or a deadline), unless it waits for its key's slot
+  (``tests.model.turn_checks`` T5 then asks that it runs in the end).
 - I7 (``told``, ``kept_event``, ``kept_callback``): the status messages of a transition
   repeat no status and the last one is the order's; ``error`` is left only by an
   operator or by evidence; an event is kept only for a step not started that the order
@@ -449,7 +450,9 @@ def standing(
                     )
     if snap.status == "error" and not alerted_in_episode:
         out.append(Finding("I4-error-without-alert", "the order is in error; nobody was told"))
-    if not terminal(snap.status) and not snap.active:
+    # an order waiting for its key's slot has no record yet: its slot looks at it (T5)
+    waits_turn = flow.turns is not None and snap.status == "pending" and not snap.steps
+    if not terminal(snap.status) and not snap.active and not waits_turn:
         out.append(
             Finding(
                 "I6-no-next-look",

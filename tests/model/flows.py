@@ -31,6 +31,7 @@ from core.item_names import item_name
 from core.workflows import (
     Agent,
     Compensation,
+    Concurrency,
     Context,
     Delay,
     Event,
@@ -200,20 +201,56 @@ class Items(_Printed):
 Element = Leaf | Group | Items
 
 
+@dataclass(frozen=True, repr=False)
+class Turns(_Printed):
+    """Per-key concurrency (§3.16): the workflow's ``Concurrency(key=account, limit,
+    hold_on_error=hold)``, and ``orders`` orders of it (2-3: the model's own ``m-1`` and
+    its companions ``m-2``, ``m-3``) accepted one second apart, ``m-1`` the ``first``-th
+    (0-based). They share the key ``k1``; with ``keys=2`` the last companion has ``k2``."""
+
+    limit: int = 1
+    hold: bool = False
+    orders: int = 2
+    keys: int = 1
+    first: int = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Turns(limit={self.limit}, hold={self.hold}, orders={self.orders}, "
+            f"keys={self.keys}, first={self.first})"
+        )
+
+    def accepted(self, own: str) -> list[str]:
+        """The order ids in the order they are submitted (``own``: the model's)."""
+        others = [f"m-{n}" for n in range(2, self.orders + 1)]
+        return [*others[: self.first], own, *others[self.first :]]
+
+    def key(self, order_id: str) -> str:
+        """The order's ``account``: its key."""
+        last = f"m-{self.orders}"
+        return "k2" if self.keys == 2 and order_id == last and order_id != "m-1" else "k1"
+
+
 @dataclass(frozen=True, repr=False, init=False)
 class Flow(_Printed):
-    """A workflow: its elements in order; ``flag``: the order's ``flag`` field."""
+    """A workflow: its elements in order; ``flag``: the order's ``flag`` field;
+    ``turns``: its per-key concurrency and the orders that share a key (None: one
+    order, no limit)."""
 
     elements: tuple[Element, ...]
     flag: bool = True
+    turns: Turns | None = None
 
-    def __init__(self, *elements: Element, flag: bool = True) -> None:
+    def __init__(self, *elements: Element, flag: bool = True, turns: Turns | None = None) -> None:
         object.__setattr__(self, "elements", tuple(elements))
         object.__setattr__(self, "flag", flag)
+        object.__setattr__(self, "turns", turns)
 
     def __repr__(self) -> str:
         inner = ", ".join(map(repr, self.elements))
-        return f"Flow({inner}{'' if self.flag else ', flag=False'})"
+        tail = "" if self.flag else ", flag=False"
+        tail += f", turns={self.turns!r}" if self.turns is not None else ""
+        return f"Flow({inner}{tail})"
 
     def leaves(self) -> list[Leaf]:
         """Its steps but the ``ForEach``'s (``items``)."""
@@ -236,9 +273,13 @@ class Flow(_Printed):
             out += each.tasks()
         return out
 
-    def order_data(self) -> dict[str, Any]:
-        """The order's data: its ``flag``, and each ``ForEach``'s items."""
-        return {"flag": self.flag, "note": 0, **{e.name: e.data() for e in self.items()}}
+    def order_data(self, order_id: str = "m-1") -> dict[str, Any]:
+        """The order's data: its ``flag``, each ``ForEach``'s items, and its ``account``
+        (its key) if the flow takes turns."""
+        data = {"flag": self.flag, "note": 0, **{e.name: e.data() for e in self.items()}}
+        if self.turns is not None:
+            data["account"] = self.turns.key(order_id)
+        return data
 
     def task(self, name: str) -> Task | None:
         return next((t for t in self.tasks() if t.name == name), None)
@@ -334,6 +375,10 @@ def _leaf(leaf: Leaf) -> StepSpec | Event | Delay:
     )
 
 
+def _account(ctx: Context) -> Any:
+    return ctx.order.get("account")
+
+
 def workflow_of(flow: Flow) -> Workflow:
     steps: list[StepSpec | Event | Delay | Parallel | ForEach] = []
     for element in flow.elements:
@@ -343,7 +388,11 @@ def workflow_of(flow: Flow) -> Workflow:
             steps.append(_for_each(element))
         else:
             steps.append(_leaf(element))
-    return Workflow(WORKFLOW, tuple(steps))
+    turns = flow.turns
+    if turns is None:
+        return Workflow(WORKFLOW, tuple(steps))
+    limit = Concurrency(key=_account, limit=turns.limit, hold_on_error=turns.hold)
+    return Workflow(WORKFLOW, tuple(steps), concurrency=limit)
 
 
 def declarations(flow: Flow) -> types.ModuleType:
@@ -440,4 +489,21 @@ def flows(draw: st.DrawFn) -> Flow:
             elements.append(single)
             if isinstance(single, Task):
                 done.append(single.name)
-    return Flow(*elements, flag=draw(st.sampled_from([True, True, False])))
+    flag = draw(st.sampled_from([True, True, False]))
+    return Flow(*elements, flag=flag, turns=draw(_TURNS))
+
+
+@st.composite
+def _turns(draw: st.DrawFn) -> Turns:
+    orders = draw(st.sampled_from([2, 3, 3]))
+    return Turns(
+        limit=draw(st.sampled_from([1, 1, 2])),
+        hold=draw(st.booleans()),
+        orders=orders,
+        keys=draw(st.sampled_from([1, 1, 2])) if orders == 3 else 1,
+        first=draw(st.integers(min_value=0, max_value=orders - 1)),
+    )
+
+
+#: One flow in four runs 2-3 orders that take turns by key.
+_TURNS: st.SearchStrategy[Turns | None] = st.one_of(st.none(), st.none(), st.none(), _turns())

@@ -14,6 +14,15 @@ one on a clock a few seconds off), the scheduler's sweep, the due ``order-dispat
 messages, an operator's cancel (with a statement only where the truth allows one),
 resubmit (with or without a patch), "not needed", and a reload from the store.
 
+A flow with ``turns`` (per-key concurrency, §3.16) runs 2-3 orders sharing a key (or two
+keys): the model's own ``m-1``, checked as above, and its companions, each with a ledger
+of its own, moved by their own rules (reports of their requests, callbacks, cancels
+whose wake-ups may be lost, resubmits), plus a release lost with its instance and the
+wake-ups of waiting orders lost. The turn invariants T1-T5 (``tests.model.turn_checks``)
+are checked over all of them after every transition and once the example settled; in
+the calm rounds an operator frees a key held in error (a cancel, or a resubmit) when
+someone waits behind it.
+
 The model plays every remote, so it knows what really applied (``tests.model.truth``);
 the checks (``tests.model.checks``) compare the engine's decisions with that truth, and
 the invariants raise what they found, each signature its own exception
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,6 +41,7 @@ from typing import Any, Final
 
 from hypothesis import currently_in_test_context, target
 from hypothesis import strategies as st
+from hypothesis.errors import StopTest
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     initialize,
@@ -39,10 +50,13 @@ from hypothesis.stateful import (
     rule,
 )
 
-from tests.model import checks, signatures
+from core.turn_keeper import IDLE_RECHECK
+from core.turns import Slot
+from tests.model import checks, signatures, turn_checks
 from tests.model.flows import WORKFLOW, Flow, flows, installed
 from tests.model.signatures import Finding, invariant_of, violation
 from tests.model.truth import REPORTS, Call, CallbackBody, Ledger, Report
+from tests.model.turn_checks import Keyed
 from tests.model.vocabulary import Answer, OrderSnap, ReplyKind, finished, terminal
 from tests.model.world import World
 
@@ -76,6 +90,14 @@ def _has_reports(machine: EngineModel) -> bool:
 
 def _has_callbacks(machine: EngineModel) -> bool:
     return machine.snap is not None and bool(machine.ledger.callback_keys())
+
+
+def _has_others(machine: EngineModel) -> bool:
+    return machine.snap is not None and bool(machine.others)
+
+
+def _has_turns(machine: EngineModel) -> bool:
+    return machine.snap is not None and machine.keyed is not None
 
 
 def _has_events(machine: EngineModel) -> bool:
@@ -132,6 +154,12 @@ class EngineModel(RuleBasedStateMachine):
         #: (what happened, the engine's answer, the status it left): kinds of transitions
         #: this example went through, which the search steers to have many of
         self.coverage: set[tuple[str, str, str]] = set()
+        #: per-key concurrency (the flow's ``turns``): the companions' truths, by order id
+        self.others: dict[str, Ledger] = {}
+        self.keyed: Keyed | None = None
+        self._n_requests = 0  # requests of every order filed so far
+        #: orders in error the calm operator resubmitted to free their slot
+        self.calm_resubmitted: set[str] = set()
 
     @property
     def world(self) -> World:
@@ -146,14 +174,30 @@ class EngineModel(RuleBasedStateMachine):
         self.flow = flow
         self.ledger = Ledger(flow)
         self._world = World(self._declared.enter_context(installed(flow)))
-        data = flow.order_data()
-        self._after("start", self.world.submit(ORDER, WORKFLOW, data), leaves_error=True)
+        turns = flow.turns
+        if turns is None:
+            data = flow.order_data()
+            self._after("start", self.world.submit(ORDER, WORKFLOW, data), leaves_error=True)
+            return
+        # 2-3 orders sharing a key, accepted a second apart (acceptance order is time order)
+        accepted = turns.accepted(ORDER)
+        keys = {o: turns.key(o) for o in accepted}
+        self.keyed = Keyed(turns.limit, turns.hold, keys, accepted)
+        self.others = {o: Ledger(flow) for o in accepted if o != ORDER}
+        for n, order_id in enumerate(accepted):
+            if n:
+                self.world.advance(1.0)
+            answer = self.world.submit(order_id, WORKFLOW, flow.order_data(order_id))
+            own = order_id == ORDER
+            self._after("start" if own else "submit-other", answer, leaves_error=own)
 
     def close(self) -> None:
         """Put back the declarations in use before ``start`` (``teardown`` does)."""
         self._declared.close()
 
     def teardown(self) -> None:
+        # Hypothesis calls this in a ``finally``: StopTest on its way if the input ran out
+        ran_out = isinstance(sys.exc_info()[1], StopTest)
         try:
             if self._world is not None and self.snap is not None and not self.failed:
                 # Steer the search towards orders that went far: new keys (fixes), and
@@ -163,6 +207,12 @@ class EngineModel(RuleBasedStateMachine):
                     target(float(rounds), label="key rounds")
                     target(float(len(self.coverage)), label="coverage")
                 self._liveness()
+        except signatures.Violation as exc:
+            # Called in Hypothesis's ``finally``: if the example ran out of input
+            # (``StopTest``), Hypothesis drops what this raises; the runner fails on it.
+            if ran_out:
+                signatures.RECORDER.lost.append((exc.signature, f"{exc} ({self.flow!r})"))
+            raise
         finally:
             self.close()
 
@@ -311,6 +361,91 @@ class EngineModel(RuleBasedStateMachine):
         differences = self.world.reload_differences(ORDER)
         self._report([Finding("RELOAD-lost", d) for d in differences[:3]])
 
+    # --- rules: the other orders of the key, and what a dying instance loses -----------
+
+    @precondition(_has_others)
+    @rule(which=PICK, pick=PICK, report=st.sampled_from(["success", *REPORTS]))
+    def other_reply(self, which: int, pick: int, report: Report) -> None:
+        """An agent's report of a request of another order of the key."""
+        order_id = self._other(which)
+        ledger, now = self.others[order_id], self.world.now()
+        calls = [c for c in ledger.calls if ledger.possible(c, report, now)]
+        if calls:
+            self._other_reply(order_id, calls[-1 - pick % len(calls)], report)
+
+    @precondition(_has_others)
+    @rule(which=PICK, pick=PICK)
+    def other_callback(self, which: int, pick: int) -> None:
+        """A remote's callback with its result, for a run of another order's step."""
+        order_id = self._other(which)
+        ledger = self.others[order_id]
+        keys = [k for k in ledger.callback_keys() if ledger.can_call_back(k, "result")]
+        if keys:
+            self._other_callback(order_id, keys[-1 - pick % len(keys)])
+
+    @precondition(_has_others)
+    @rule(which=PICK, then=st.sampled_from(["dispatched", "later", "wake-lost"]))
+    def other_cancel(self, which: int, then: str) -> None:
+        """An operator cancels another order of the key (waiting, running or in error);
+        the wake-ups it queues (the next in line) are picked up at once, later, or lost
+        with its instance."""
+        order_id = self._other(which)
+        self._after("other-cancel", self.world.cancel(order_id), leaves_error=False)
+        if then == "dispatched":
+            self._after("dispatch", self.world.dispatch_due(), leaves_error=False)
+        elif then == "wake-lost":
+            self.lose_wakes()
+
+    @precondition(_has_others)
+    @rule(which=PICK)
+    def other_resubmit(self, which: int) -> None:
+        """An operator resubmits another order of the key in error (it takes a slot at
+        once, or is refused naming who holds it)."""
+        order_id = self._other(which)
+        snap = self.world.snapshot(order_id)
+        if snap is not None and snap.status == "error":
+            self._after("other-resubmit", self.world.resubmit(order_id), leaves_error=False)
+
+    @precondition(_has_turns)
+    @rule()
+    def lose_release(self) -> None:
+        """The next release of a slot is lost: its instance dies after the order's save."""
+        self.world.lose_next_release()
+
+    @precondition(_has_turns)
+    @rule()
+    def lose_wakes(self) -> None:
+        """The wake-ups not delivered yet of the orders waiting for their turn are lost."""
+        snaps, _slots = self._turns_seen()
+        waiting = {o for o, s in snaps.items() if s is not None and s.status == "pending"}
+        self.world.lose_wakes(waiting)
+
+    def _other(self, which: int) -> str:
+        names = sorted(self.others)
+        return names[which % len(names)]
+
+    def _other_reply(self, order_id: str, call: Call, report: Report) -> None:
+        now = self.world.now()
+        wire = self.others[order_id].report(call, report, now)
+        if wire is None:
+            return
+        answered = call.called_at or now
+        not_before = now + timedelta(seconds=5)
+        answer = self.world.reply(call.req, wire, not_before=not_before, answered_at=answered)
+        self._after(f"other-{wire}", answer, leaves_error=False)
+
+    def _other_callback(self, order_id: str, key: str) -> None:
+        ledger = self.others[order_id]
+        payload = ledger.call_back(key, "result")
+        if payload is None:
+            return
+        task = self.flow.task(ledger.effects[key].step)
+        assert task is not None and task.event is not None
+        req = next(c.req for c in reversed(ledger.calls) if c.req.key == key)
+        self._after(
+            "other-callback", self.world.callback(req, task.event, payload), leaves_error=False
+        )
+
     # --- invariants: each raises what the checks found, by signature ------------------
 
     def check_invariants(self, settings: Any, output: Any, runtimes: Any) -> None:
@@ -371,6 +506,18 @@ class EngineModel(RuleBasedStateMachine):
         self._raise("I11-results-unlisted")
 
     @invariant()
+    def t1_within_the_limit_of_a_key(self) -> None:
+        self._raise("T1-over-limit", "T1-running-without-slot")
+
+    @invariant()
+    def t2_turns_in_acceptance_order(self) -> None:
+        self._raise("T2-turn-out-of-order")
+
+    @invariant()
+    def t4_a_waiting_order_has_no_step(self) -> None:
+        self._raise("T4-waiting-with-steps")
+
+    @invariant()
     def no_unexpected_exception_and_nothing_lost(self) -> None:
         self._raise("EXC", "RELOAD-lost")
 
@@ -417,13 +564,15 @@ class EngineModel(RuleBasedStateMachine):
         after = self._after("callback", answer, leaves_error=True)
         self._report(checks.discarded_callback(effect, payload, answer, after, self.ledger))
 
-    def _operator(self, rule: str, act: Callable[[], Answer], dispatched: bool) -> None:
+    def _operator(self, rule: str, act: Callable[[], Answer], dispatched: bool) -> Answer:
         alerts = self.n_alerts
-        after = self._after(rule, act(), leaves_error=True)
+        answer = act()
+        after = self._after(rule, answer, leaves_error=True)
         raised = self.world.alerts(ORDER)[alerts:]
         self._report(checks.operator_alerts(rule, after, raised))
         if dispatched:
             self._after("dispatch", self.world.dispatch_due(), leaves_error=False)
+        return answer
 
     def _to_next(self) -> float:
         """Seconds to just past the next time something is due: a deadline (and the
@@ -458,7 +607,12 @@ class EngineModel(RuleBasedStateMachine):
         after = world.snapshot(ORDER)
         now = world.now()
         requested: list[str] = []
-        for req in world.requests()[len(self.ledger.calls) :]:
+        every = world.requests()
+        fresh, self._n_requests = every[self._n_requests :], len(every)
+        for req in fresh:
+            if req.order_id != ORDER:
+                self.others[req.order_id].add(req)
+                continue
             requested.append(req.step)
             call = self.ledger.add(req)
             self._report(
@@ -482,7 +636,18 @@ class EngineModel(RuleBasedStateMachine):
             alerted = self.n_alerts > self.episode_alerts
             self._report(checks.standing(self.flow, self.ledger, after, alerted))
             self._items(before, after, requested)
+        if self.keyed is not None:
+            self._report(turn_checks.after_transition(self.keyed, *self._turns_seen()))
         return after
+
+    def _turns_seen(
+        self,
+    ) -> tuple[dict[str, OrderSnap | None], dict[str, Slot]]:
+        """Every order of the example as stored, and the slots of their keys."""
+        assert self.keyed is not None
+        snaps = {o: self.world.snapshot(o) for o in self.keyed.accepted}
+        slots = {k: self.world.slot(WORKFLOW, k) for k in sorted(set(self.keyed.keys.values()))}
+        return snaps, slots
 
     def _items(self, before: OrderSnap | None, after: OrderSnap, requested: list[str]) -> None:
         """The checks a ``ForEach`` adds (3.16): its cap, no item after a halt, and its
@@ -516,16 +681,117 @@ class EngineModel(RuleBasedStateMachine):
 
     # --- liveness ---------------------------------------------------------------------
 
+    def _calm_others(self) -> bool:
+        """A calm round for the other orders of the key: every open request of theirs
+        answered with success, every accepted callback step of the current run called
+        back; an order in error that holds a slot others wait for cancelled by its
+        operator. Whether any order of the key is still to settle."""
+        if self.keyed is None:
+            return False
+        now = self.world.now()
+        for order_id, ledger in self.others.items():
+            snap = self.world.snapshot(order_id)
+            if snap is None or terminal(snap.status):
+                continue
+            for call in [c for c in ledger.calls if c.open(now)]:
+                self._other_reply(order_id, call, "success")
+            for key in ledger.callback_keys():
+                effect = ledger.effects[key]
+                if effect.state == "accepted" and ledger.current(effect.step, effect.key_round):
+                    self._other_callback(order_id, key)
+        snaps, slots = self._turns_seen()
+        for key, slot in slots.items():
+            line = [w.order_id for w in slot.waiting if not slot.holds(w.order_id)]
+            if not any(o in snaps and not self._ended(snaps[o]) for o in line):
+                continue
+            for holder in slot.holder_ids:
+                held = snaps.get(holder)
+                if held is None or held.status != "error":
+                    continue
+                acted = self._unblock(holder)
+                if acted is None:  # resubmitted once and failed again: give up the line
+                    for waiter in [w.order_id for w in slot.waiting]:
+                        self._cancel_any(waiter)
+                if acted is not False:
+                    continue
+                self._report(
+                    [
+                        Finding(
+                            "T5-waiting-stuck",
+                            f"{holder} is in error and holds the slot of {key} "
+                            "(hold_on_error); the operator can neither cancel nor resubmit "
+                            f"it, so {[w.order_id for w in slot.waiting]} wait for ever",
+                            "held-for-good",
+                        )
+                    ]
+                )
+                for waiter in [w.order_id for w in slot.waiting]:
+                    self._cancel_any(waiter)
+        snaps, slots = self._turns_seen()
+        waiting = any(
+            slot.position(o) and not self._ended(snaps.get(o))
+            for slot in slots.values()
+            for o in self.keyed.accepted
+        )
+        return waiting or any(
+            s is not None and not terminal(s.status) for o, s in snaps.items() if o != ORDER
+        )
+
+    @staticmethod
+    def _ended(snap: OrderSnap | None) -> bool:
+        return snap is None or finished(snap.status)
+
+    def _unblock(self, holder: str) -> bool | None:
+        """The operator acts on an order in error that holds a slot others wait for
+        (``hold_on_error``): a cancel, or where that is refused, a resubmit (once: None
+        if it was resubmitted before). Whether either was taken."""
+        if self._cancel_any(holder):
+            return True
+        if holder in self.calm_resubmitted:
+            return None
+        self.calm_resubmitted.add(holder)
+        if holder == ORDER:
+            rule: Callable[[], Answer] = lambda: self.world.resubmit(ORDER)  # noqa: E731
+            return self._operator("resubmit", rule, True).kind != "refused"
+        answer = self.world.resubmit(holder)
+        self._after("calm-resubmit", answer, leaves_error=False)
+        self._after("calm-dispatch", self.world.dispatch_due(), leaves_error=False)
+        return answer.kind != "refused"
+
+    def _cancel_any(self, order_id: str) -> bool:
+        """An operator's cancel of any order of the example: whether it was taken."""
+        if order_id == ORDER:
+            return (
+                self._operator("cancel", lambda: self.world.cancel(ORDER), True).kind != "refused"
+            )
+        answer = self.world.cancel(order_id)
+        self._after("calm-cancel", answer, leaves_error=False)
+        self._after("calm-dispatch", self.world.dispatch_due(), leaves_error=False)
+        return answer.kind != "refused"
+
+    def _settled(self) -> None:
+        """After the calm rounds: supervisor runs, each once the sweep reads every holder
+        again (``IDLE_RECHECK`` later), one per order and one more (a line row left by an
+        order that ended is promoted, then released, in turn); then no slot leaked (T3)
+        and no order still waits (T5)."""
+        if self.keyed is None:
+            return
+        for _ in range(len(self.keyed.accepted) + 1):
+            self.world.advance(IDLE_RECHECK.total_seconds() + 1.0)
+            self._after("calm-supervise", self.world.supervise(), leaves_error=False)
+            self._after("calm-dispatch", self.world.dispatch_due(), leaves_error=False)
+        self._report(turn_checks.settled(self.keyed, *self._turns_seen()))
+
     def _liveness(self) -> None:
         """With the world calm (every open request answered with success, every accepted
         callback step of the current run called back with its result, time moving on,
         the timers running), the order reaches a terminal status within
         ``LIVENESS_ROUNDS`` rounds."""
         ledger = self.ledger
-        for _ in range(LIVENESS_ROUNDS):
+        for _ in range(LIVENESS_ROUNDS * (1 + len(self.others))):
             assert self.snap is not None
             now = self.world.now()
-            said = False
+            said = self._calm_others()
             if not terminal(self.snap.status):
                 for call in [c for c in ledger.calls if c.open(now)]:
                     self._reply(call, "success")
@@ -550,6 +816,7 @@ class EngineModel(RuleBasedStateMachine):
             self._after("calm-sweep", self.world.sweep(), leaves_error=False)
             self._raise_all()
         assert self.snap is not None
+        self._settled()
         self._report(checks.standing(self.flow, self.ledger, self.snap, True, final=True))
         if not terminal(self.snap.status):
             active = [f"{s.name}:{s.state}" for s in self.snap.active]

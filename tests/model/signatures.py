@@ -48,10 +48,40 @@ SIGNATURES: Final = {
     "failed for good, or a cancel)",
     "I11-results-unlisted": "the order completed and ctx.results[<ForEach>] is not the list of "
     "its items' results in item order",
+    "T1-over-limit": "more orders of one key held its slot, or ran steps, at once than its limit",
+    "T1-running-without-slot": "an order ran a step (Processing, or an attempt claimed) "
+    "without holding its key's slot",
+    "T2-turn-out-of-order": "an order took its first turn while one of its key accepted "
+    "before it still waited in line",
+    "T3-slot-leaked": "once settled after a supervisor sweep, a slot is held by an order that "
+    "ended (or is in error without hold_on_error)",
+    "T4-waiting-with-steps": "an order waiting in line for its key's slot has a step record",
+    "T5-waiting-stuck": "once settled (the world calm, every holder in error cancelled), an "
+    "order still waits for its turn",
     "RELOAD-lost": "the order loaded from the store differs from the order as saved",
     "LIVENESS": "with the world calm the order did not reach a terminal status",
     "EXC": "an exception the API does not map to a 4xx escaped a service (EXC@<where>:<type>)",
 }
+
+
+#: Found, reported, and not fixed yet: recorded (a runner's table lists them) but failing
+#: no example, so the search looks for others. Each has a test that shows it
+#: (``tests/model/test_turn_checks.py``); remove it here once fixed.
+KNOWN: Final = frozenset(
+    {
+        # hold_on_error: an order undone in error with an effect that stands refuses both
+        # cancel and resubmit, and keeps its slot for ever (its key's line waits for ever)
+        "T5-waiting-stuck@held-for-good",
+        # an order in error that gave its slot back (no hold_on_error), cancelled: its
+        # compensations run without a slot, beside the order that took it
+        "T1-running-without-slot@undo",
+        "T1-over-limit@undo",
+        # an order in error that gave its slot back (no hold_on_error) and leaves error on
+        # evidence (a late success) runs on without taking a slot again
+        "T1-running-without-slot@again",
+        "T1-over-limit@again",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -96,13 +126,16 @@ class Recorder:
     among ``only``)."""
 
     started: float = field(default_factory=time.monotonic)
-    suppressed: set[str] = field(default_factory=set)
+    suppressed: set[str] = field(default_factory=lambda: set(KNOWN))
     first_seen: dict[str, float] = field(default_factory=dict)
     #: if any: only signatures that start with one of these fail an example
     only: tuple[str, ...] = ()
 
     #: the first message of each signature
     first_message: dict[str, str] = field(default_factory=dict)
+    #: failures found at teardown after the example ran out of input (Hypothesis drops
+    #: those: a runner fails on them itself): (signature, "<signature>: <message> (<flow>)")
+    lost: list[tuple[str, str]] = field(default_factory=list)
 
     def seen(self, signature: str, message: str = "") -> bool:
         """Record ``signature``; whether it should fail the example."""
@@ -115,3 +148,15 @@ class Recorder:
 
 #: The recorder every machine reports to (a runner puts its own here).
 RECORDER = Recorder()
+
+
+def no_failure_lost(since: int = 0) -> None:
+    """Fail (``AssertionError``) if a failure was found at teardown after the example's
+    input ran out (``Recorder.lost``, from entry ``since``): Hypothesis drops it."""
+    lost = RECORDER.lost[since:]
+    if lost:
+        raise AssertionError(
+            f"{len(lost)} failure(s) found at teardown after the example ran out of input "
+            "(Hypothesis drops them; replay the flow with the steps it needs): "
+            + "; ".join(text for _signature, text in lost)[:2000]
+        )

@@ -48,6 +48,7 @@ from core.names import Names
 from core.outcome import Applied
 from core.patches import InvalidPatch
 from core.states import StepKind, StepState
+from core.turns import Slot
 from scheduler.service import Handled
 from stores.memory import InMemoryStateStore
 from testkit.fakes import RecordingKeeper, RecordingQueues, RecordingTransport
@@ -124,6 +125,7 @@ class World:
         self._delivered: set[int] = set()  # indexes of order-dispatch messages delivered
         self._read = 0  # messages of ``_queues.sent`` decoded into ``_told``
         self._told: dict[str, list[dict[str, Any]]] = {}
+        self._lose_releases = 0  # releases to lose (their instance died after the save)
 
     def _context(self, instance: str, clock: Callable[[], datetime]) -> AppContext:
         settings = settings_from(
@@ -137,7 +139,7 @@ class World:
                 "ORDERS_DECLARATIONS": self._declarations,
             }
         )
-        return bootstrap(
+        app = bootstrap(
             replace(settings, instance_id=instance),
             names=Names(),
             clock=clock,
@@ -146,6 +148,19 @@ class World:
             transport=self._transport,
             kept=RecordingKeeper(),
         )
+        # Before any service takes the keeper's ``release``: one may be lost on purpose.
+        keeper = app.turns
+        release = keeper.release
+
+        def released(order: Order, wake: Callable[[str], None] | None = None) -> Slot | None:
+            rule = order.plan.concurrency
+            if self._lose_releases and rule is not None and rule.releases(order.status):
+                self._lose_releases -= 1
+                return None
+            return release(order, wake)
+
+        keeper.release = released  # type: ignore[method-assign]
+        return app
 
     # --- time ------------------------------------------------------------------------------
 
@@ -295,6 +310,31 @@ class World:
             if m.queue == queue and n not in self._delivered and m.due is not None
         ]
         return min(times) if times else None
+
+    # --- per-key concurrency (§3.16) ------------------------------------------------------
+
+    def slot(self, workflow: str, key: str) -> Slot:
+        """The key's slot as stored: its holders and its line."""
+        return self.store.read_slot(workflow, key)
+
+    def lose_next_release(self) -> None:
+        """The next release of a slot is lost: its instance dies after the order's save,
+        before the slot is written."""
+        self._lose_releases += 1
+
+    def lose_wakes(self, order_ids: set[str]) -> int:
+        """The ``order-dispatch`` messages not delivered yet for these orders are lost
+        (their instance died before sending them, or the queue lost them): how many."""
+        queue = self._app.names.order_dispatch
+        lost = [
+            n
+            for n, m in enumerate(self._queues.sent)
+            if m.queue == queue
+            and n not in self._delivered
+            and json.loads(m.body)["orderId"] in order_ids
+        ]
+        self._delivered.update(lost)
+        return len(lost)
 
     # --- what the app tells ------------------------------------------------------------
 
