@@ -80,18 +80,39 @@ class TurnKeeper:
 
     # --- acceptance and release ---------------------------------------------------------
 
-    def enter(self, workflow: str, key: str, rule: TurnRule, order_id: str) -> Slot:
-        """Put the order in line, then fill the slot: the slot as left (``holds``: it may
-        start now). Others promoted meanwhile are woken; the order itself is not."""
-        self._store.add_waiter(workflow, key, order_id, self._clock())
+    def enter(
+        self,
+        workflow: str,
+        key: str,
+        rule: TurnRule,
+        order_id: str,
+        accepted: datetime | None = None,
+    ) -> Slot:
+        """Put the order in line (at ``accepted``, its place by acceptance; default now),
+        then fill the slot: the slot as left (``holds``: it may start now). Others
+        promoted meanwhile are woken; the order itself is not."""
+        self._store.add_waiter(workflow, key, order_id, accepted or self._clock())
         return self.settle(workflow, key, rule.limit, quiet=(order_id,))
+
+    def holds_again(self, order: Order) -> bool:
+        """An order that runs again after giving its slot back (``turns.runs_again``):
+        whether it holds one now; if not, it is put in line (once) and the slot filled
+        from the head, and it waits to be woken as any order in line."""
+        rule = order.plan.concurrency
+        assert rule is not None
+        key = turns.key_of(order)
+        if self._store.read_slot(order.workflow, key).holds(order.order_id):
+            return True
+        # its place is its acceptance's: it was accepted before those who came since
+        slot = self.enter(order.workflow, key, rule, order.order_id, order.created_at)
+        return slot.holds(order.order_id)
 
     def release(self, order: Order, wake: Callable[[str], None] | None = None) -> Slot | None:
         """After a save: an order whose status frees its slot leaves it (or its line), and
         the next take it, each woken by ``wake`` (default: the keeper's, a message).
         None: nothing to release."""
         rule = order.plan.concurrency
-        if not turns.key_of(order) or rule is None or not rule.releases(order.status):
+        if rule is None or not turns.gives_back(order):
             return None
         key = turns.key_of(order)
         return self.settle(order.workflow, key, rule.limit, (order.order_id,), wake=wake)
@@ -195,7 +216,7 @@ class TurnKeeper:
                 leaving.append(holder.order_id)
                 continue
             limit = rule.limit
-            if rule.releases(order.status):
+            if turns.gives_back(order):
                 leaving.append(holder.order_id)
             elif turns.waits(order):
                 report.woken += 1
@@ -215,7 +236,7 @@ def released_after(order: Order, before_status: Any) -> bool:
     rule = order.plan.concurrency
     if not turns.key_of(order) or rule is None or order.status is before_status:
         return False
-    return rule.releases(order.status)
+    return turns.gives_back(order)
 
 
 def _row(workflow: str, key: str) -> str:

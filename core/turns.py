@@ -87,6 +87,30 @@ class TurnRule:
         return status.finished or (status is OrderStatus.ERROR and not self.hold_on_error)
 
 
+def gives_back(order: Order) -> bool:
+    """Whether the order, as it stands, holds no slot of its key: its rule releases its
+    status, or it is in ``error`` with its unwinding over (nothing is left to resubmit
+    or cancel, so ``hold_on_error`` holds nothing for anyone)."""
+    rule = order.plan.concurrency
+    if rule is None or not key_of(order):
+        return False
+    return rule.releases(order.status) or (order.status is OrderStatus.ERROR and order.unwound)
+
+
+def runs_again(order: Order) -> bool:
+    """Whether the order gave its slot back once and runs again since (an ``error`` order
+    cancelled, or reopened by late evidence): no step of it is claimed until it holds a
+    slot again (docs/contracts.md §3.16, "As built")."""
+    rule = order.plan.concurrency
+    if rule is None or not key_of(order) or gives_back(order) or waits(order):
+        return False
+    return any(
+        entry.get("event") == Happened.STATUS
+        and entry.get("status") in {str(s) for s in OrderStatus if rule.releases(s)}
+        for entry in order.history
+    )
+
+
 def key_of(order: Order) -> str:
     """The order's key ("": it has none, and takes no turn)."""
     rule = order.plan.concurrency

@@ -268,7 +268,12 @@ class Scheduler:
         try:
             changed = self._changes.change(order_id, take, after_save=self._claimed)
         except TransitionRefused:
-            return Handled.NOTHING_TO_DO  # taken already, or cancelled meanwhile
+            # taken already, cancelled meanwhile, or an order that runs again after giving
+            # its slot back (its steps wait for it): what is due is claimed now
+            order = self._store.load(order_id)
+            if order is None or turns.waits(order):
+                return Handled.NOTHING_TO_DO
+            return self._dispatch(order)
         if changed is None:
             return Handled.NOTHING_TO_DO
         METRICS.inc("turns_taken")
@@ -422,6 +427,13 @@ class Scheduler:
             if order.cancel_requested or not self._turns.holds(order):
                 return Handled.NOTHING_TO_DO  # not its turn: a message alone proves nothing
             return self._take_turn(order.order_id)
+        if (
+            self._turns is not None
+            and turns.runs_again(order)
+            and order.active_steps()
+            and not self._turns.holds_again(order)
+        ):
+            return Handled.NOTHING_TO_DO  # in line again: woken when its turn comes
         if order.status.terminal or not order.active_steps():
             return Handled.NOTHING_TO_DO
         with telemetry.span("order.dispatch", order.trace, orderId=order.order_id):

@@ -67,21 +67,7 @@ SIGNATURES: Final = {
 #: Found, reported, and not fixed yet: recorded (a runner's table lists them) but failing
 #: no example, so the search looks for others. Each has a test that shows it
 #: (``tests/model/test_turn_checks.py``); remove it here once fixed.
-KNOWN: Final = frozenset(
-    {
-        # hold_on_error: an order undone in error with an effect that stands refuses both
-        # cancel and resubmit, and keeps its slot for ever (its key's line waits for ever)
-        "T5-waiting-stuck@held-for-good",
-        # an order in error that gave its slot back (no hold_on_error), cancelled: its
-        # compensations run without a slot, beside the order that took it
-        "T1-running-without-slot@undo",
-        "T1-over-limit@undo",
-        # an order in error that gave its slot back (no hold_on_error) and leaves error on
-        # evidence (a late success) runs on without taking a slot again
-        "T1-running-without-slot@again",
-        "T1-over-limit@again",
-    }
-)
+KNOWN: Final[frozenset[str]] = frozenset()  # none known now: each fails its example
 
 
 @dataclass(frozen=True)

@@ -161,16 +161,16 @@ def signature_of(run: EngineModel, *steps: str) -> str | None:
     return None
 
 
-def test_known_findings_fail_no_example_by_default() -> None:
-    assert Recorder().seen("T5-waiting-stuck@held-for-good") is False
+def test_a_finding_known_and_suppressed_fails_no_example() -> None:
+    assert (
+        Recorder(suppressed={"T5-waiting-stuck@held-for-good"}).seen(
+            "T5-waiting-stuck@held-for-good"
+        )
+        is False
+    )
     assert Recorder().seen("T5-waiting-stuck") is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: a hold_on_error order undone with an effect that stands keeps its slot "
-    "for ever (cancel and resubmit both refused); remove it from signatures.KNOWN once fixed",
-)
 def test_an_order_held_in_error_for_good_does_not_block_its_key_for_ever(
     strict: Recorder,
 ) -> None:
@@ -181,12 +181,6 @@ def test_an_order_held_in_error_for_good_does_not_block_its_key_for_ever(
     assert signature_of(run) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: an order in error that gave its slot back (no hold_on_error) and is then "
-    "cancelled runs its compensations without a slot, beside the order that took it; "
-    "remove T1-*@undo from signatures.KNOWN once fixed",
-)
 def test_an_order_cancelled_after_it_gave_its_slot_back_undoes_within_the_limit(
     strict: Recorder,
 ) -> None:
@@ -201,12 +195,6 @@ def test_an_order_cancelled_after_it_gave_its_slot_back_undoes_within_the_limit(
     assert signature_of(run) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: an order in error that gave its slot back (no hold_on_error) and leaves "
-    "error on evidence (a late success) runs on without taking a slot again; remove "
-    "T1-*@again from signatures.KNOWN once fixed",
-)
 def test_an_order_that_leaves_error_on_evidence_runs_only_with_a_slot(strict: Recorder) -> None:
     run = EngineModel()
     turns = Turns(limit=1, hold=False, orders=2, keys=1, first=0)

@@ -9,7 +9,8 @@ example and the slots of their keys, as stored after a transition:
   its key accepted before it took one, or left the line);
 - T3: no slot leaked once the example settled after a supervisor sweep (every holder's
   order still running, or in error with ``hold_on_error``);
-- T4: an order waiting in line has no step record;
+- T4: an order waiting in line for its first turn has no step record (one that gave its
+  slot back and runs again, cancelled or reopened by evidence, waits with its steps);
 - T5: once the example settled, no order still waits (each ran or was cancelled).
 
 Pure functions of the model's vocabulary and the slots read (``World.slot``).
@@ -80,7 +81,13 @@ def after_transition(
             out.append(Finding("T1-over-limit", f"key {key}: {busy} run at once", where))
         for order_id in orders:
             snap = snaps.get(order_id)
-            if waiting(slot, order_id) and snap is not None and snap.steps:
+            # one that held a slot and runs again after giving it back waits with its steps
+            if (
+                waiting(slot, order_id)
+                and snap is not None
+                and snap.steps
+                and order_id not in keyed.held
+            ):
                 out.append(
                     Finding(
                         "T4-waiting-with-steps",
