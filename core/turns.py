@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import hashlib
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -55,6 +55,9 @@ class TurnRule:
     hold_on_error: bool = False
     #: the order's own key, decided at its acceptance and kept with its plan ("": none)
     order_key: str = ""
+    #: the order gave its slot back once (``gives_back``): should it run again (a cancel
+    #: in error, late evidence), it takes one again first (``runs_again``)
+    gave_back: bool = False
 
     @classmethod
     def of(cls, declared: Concurrency) -> TurnRule:
@@ -69,6 +72,8 @@ class TurnRule:
         }
         if self.order_key:
             out["orderKey"] = self.order_key
+        if self.gave_back:
+            out["gaveBack"] = True
         return out
 
     @classmethod
@@ -80,6 +85,7 @@ class TurnRule:
             int(raw["limit"]),
             bool(raw.get("holdOnError")),
             str(raw.get("orderKey") or ""),
+            bool(raw.get("gaveBack")),
         )
 
     def releases(self, status: OrderStatus) -> bool:
@@ -102,13 +108,17 @@ def runs_again(order: Order) -> bool:
     cancelled, or reopened by late evidence): no step of it is claimed until it holds a
     slot again (docs/contracts.md §3.16, "As built")."""
     rule = order.plan.concurrency
-    if rule is None or not key_of(order) or gives_back(order) or waits(order):
+    if rule is None or not rule.gave_back or gives_back(order) or waits(order):
         return False
-    return any(
-        entry.get("event") == Happened.STATUS
-        and entry.get("status") in {str(s) for s in OrderStatus if rule.releases(s)}
-        for entry in order.history
-    )
+    return bool(key_of(order))
+
+
+def note_given_back(order: Order) -> None:
+    """Before a save: an order that gives its slot back in it is marked so, in its plan's
+    rule (``TurnRule.gave_back``), for ``runs_again`` to read."""
+    rule = order.plan.concurrency
+    if rule is not None and not rule.gave_back and gives_back(order):
+        order.plan = replace(order.plan, concurrency=replace(rule, gave_back=True))
 
 
 def key_of(order: Order) -> str:

@@ -165,6 +165,7 @@ class OrderChanges:
                 return None
             before = order.status
             result = decide(order)  # TransitionRefused propagates: nothing to save
+            turns.note_given_back(order)
             try:
                 saved = self._store.save(order)
             except ConcurrencyConflict:

@@ -35,6 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from bootstrap import AppContext
+from core import turns
 from core.history import ATTEMPT_ENDINGS, Happened
 from core.item_names import declared_name, template_of
 from core.items import compensation_of
@@ -392,7 +393,9 @@ def turn_spans(order: Order) -> list[tuple[datetime, datetime | None]]:
             spans.append((taken, parse_iso(entry["at"])))
             taken = None
     if taken is not None:
-        spans.append((taken, None))
+        # no status event said it gave the slot back (a status passed through silently,
+        # or a history cut short): it held it until its last change, if it holds it no more
+        spans.append((taken, order.updated_at if turns.gives_back(order) else None))
     return spans
 
 
