@@ -31,8 +31,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, Final
 
 from bootstrap import AppContext
 from core import turns
@@ -372,6 +372,8 @@ def check_ids(ledger: list[dict[str, Any]]) -> list[str]:
     return wrong
 
 
+#: The instances' clocks agree (a chaos run passes how far one runs ahead).
+NO_SKEW: Final = timedelta(0)
 #: The statuses that give an order's slot back (``error`` too, unless ``hold_on_error``).
 _RELEASING = frozenset({"completed", "compensated", "cancelled"})
 
@@ -399,9 +401,11 @@ def turn_spans(order: Order) -> list[tuple[datetime, datetime | None]]:
     return spans
 
 
-def check_turns(orders: dict[str, Order | None]) -> list[str]:
+def check_turns(orders: dict[str, Order | None], skew: timedelta = NO_SKEW) -> list[str]:
     """Each moment an order took its turn while its key's limit of other orders of the
-    same workflow and key were running: ``<orderId> ran beside <others> (key k, limit n)``."""
+    same workflow and key were running: ``<orderId> ran beside <others> (key k, limit n)``.
+    ``skew``: how far the clocks of the instances that wrote the histories may run apart
+    (an end written on a clock ahead is read as early as that)."""
     by_key: dict[tuple[str, str], list[tuple[datetime, datetime | None, str]]] = {}
     limits: dict[tuple[str, str], int] = {}
     for order_id, order in orders.items():
@@ -416,7 +420,7 @@ def check_turns(orders: dict[str, Order | None]) -> list[str]:
             beside = sorted(
                 other
                 for a, b, other in spans
-                if other != order_id and a <= start and (b is None or start < b)
+                if other != order_id and a <= start and (b is None or start < b - skew)
             )
             if len(beside) >= limits[key]:
                 wrong.append(
@@ -432,13 +436,15 @@ def verify(
     expected: dict[str, str] | None = None,
     expected_effects: dict[str, tuple[str, ...]] | None = None,
     max_failures: int | None = None,
+    skew: timedelta = NO_SKEW,
 ) -> Verdict:
+    """``skew``: how far the instances' clocks may run apart (the chaos run's one ahead)."""
     verdict = Verdict(orders=len(orders), alerts=len(alerts), effects=len(ledger))
     by_order = effects_by_order(ledger)
     alerted = {(a.get("orderId"), a.get("step")) for a in alerts}
     verdict.double_effects = [f"{o}:{s}" for o, s in double_effects(ledger)]
     verdict.ids_not_carried = [w for w in check_ids(ledger) if w.split(":")[0] in orders]
-    verdict.overlapping_turns = check_turns(orders)
+    verdict.overlapping_turns = check_turns(orders, skew)
     for order_id, order in orders.items():
         if order is None:
             verdict.lost.append(order_id)

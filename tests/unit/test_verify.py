@@ -17,6 +17,7 @@ import pytest
 from core.model import Order, StepRecord
 from core.outcome import Applied, Outcome
 from core.states import OrderStatus, StepState
+from core.timefmt import iso, parse_iso
 from demo.verify import VIOLATIONS, Verdict, check_history, said_not_applied, verify
 from tests.support import callback_token
 from tests.unit.test_model import POLICY, T0, drive, new_order, reply, run_step
@@ -833,3 +834,19 @@ def test_orders_of_one_key_one_after_the_other_pass_and_running_beside_is_told()
     taken["at"] = "2000-01-01T00:00:00.000Z"
     verdict = verify(orders, ledger, [])
     assert verdict.violations() == {"overlapping_turns": ["x-1 ran beside x-2 (key x, limit 1)"]}
+
+
+def test_an_end_written_on_a_clock_ahead_is_read_as_early_as_the_skew_allows() -> None:
+    """The chaos run's one instance runs its clock ahead: x-1's end, written there, may
+    read after x-2 took its turn; within the skew, that is no overlap; beyond it, it is."""
+    orders = keyed_run()
+    ledger = ledger_of({o: ["process"] for o in orders})
+    x1, x2 = orders["x-1"], orders["x-2"]
+    assert x1 is not None and x2 is not None
+    [taken] = [h for h in x2.history if h["event"] == "turn-taken"]
+    [ended] = [h for h in x1.history if h.get("status") == "completed"]
+    at = parse_iso(taken["at"])
+    ended["at"] = iso(at + timedelta(seconds=1))  # x-1's end, 1 s ahead
+    assert verify(orders, ledger, [], skew=timedelta(seconds=1.5)).ok
+    said = verify(orders, ledger, [], skew=timedelta(seconds=0.5)).violations()
+    assert said == {"overlapping_turns": ["x-2 ran beside x-1 (key x, limit 1)"]}
