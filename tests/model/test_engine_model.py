@@ -57,6 +57,9 @@ TestEngineModel.settings = settings(
     # (650, not 800: one example in four now runs 2-3 orders, which costs more)
     max_examples=650,
     stateful_step_count=30,
+    # the same examples every run: a lane of `make test` checks, it does not explore (the
+    # search is `make model-check`, which found what docs/local-development.md lists open)
+    derandomize=True,
     deadline=None,
     database=None,
     # one failure, shrunk and printed (the runner collects them all)
