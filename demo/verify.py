@@ -405,7 +405,8 @@ def check_turns(orders: dict[str, Order | None], skew: timedelta = NO_SKEW) -> l
     """Each moment an order took its turn while its key's limit of other orders of the
     same workflow and key were running: ``<orderId> ran beside <others> (key k, limit n)``.
     ``skew``: how far the clocks of the instances that wrote the histories may run apart
-    (an end written on a clock ahead is read as early as that)."""
+    (an end written on a clock ahead is read as early as that, and a start written on one
+    is not read as after another's: an overlap shorter than the skew is not told)."""
     by_key: dict[tuple[str, str], list[tuple[datetime, datetime | None, str]]] = {}
     limits: dict[tuple[str, str], int] = {}
     for order_id, order in orders.items():
@@ -420,7 +421,7 @@ def check_turns(orders: dict[str, Order | None], skew: timedelta = NO_SKEW) -> l
             beside = sorted(
                 other
                 for a, b, other in spans
-                if other != order_id and a <= start and (b is None or start < b - skew)
+                if other != order_id and a + skew <= start and (b is None or start < b - skew)
             )
             if len(beside) >= limits[key]:
                 wrong.append(
