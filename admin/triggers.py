@@ -50,6 +50,7 @@ from core.errors import (
     StorageUnavailable,
     TransitionRefused,
 )
+from core.item_names import RECORD_NAME
 from core.order_message import is_valid_order_id, strict_json
 from core.patches import InvalidPatch
 from core.workflows import AGENTS, MAX_STEP_NAME, WORKFLOWS
@@ -72,7 +73,7 @@ RETRY_AFTER_SECONDS = 5
 MAX_STATED = 100
 _STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 #: a step's record: a step's name, or an item's of a ForEach, ``<name>[<i>]`` (§3.16)
-_RECORD = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*(?:\[(?:0|[1-9][0-9]?)\])?")
+_RECORD = RECORD_NAME
 
 
 def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> func.HttpResponse:

@@ -117,7 +117,7 @@ def _top_up(order: Order, now: datetime) -> bool:
         items = decided(order, planned.name)
         if items is None:
             continue
-        template = order.plan.planned(f"{planned.name}[]")
+        template = order.plan.planned(planned.template or "")
         reached = items_of(order, planned.name)
         running = sum(1 for r in reached if r.is_active)
         for index in range(len(reached), len(items)):

@@ -18,6 +18,9 @@ MAX_ITEMS: Final = 100
 #: search rows, notices and activity (``tests/unit/test_for_each.py`` runs 100 items at
 #: 25 through the in-memory store, which refuses what Azure would).
 MAX_ITEM_CONCURRENCY: Final = 25
+#: A record's name as messages and operators may give it: a step's (kebab-case), or an
+#: item's of a ForEach, ``<name>[<i>]`` (``messaging.wire``, the admin API's notApplied).
+RECORD_NAME: Final = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*(?:\[(?:0|[1-9][0-9]?)\])?")
 #: An item's record name, ``<name>[<i>]``; a template's (in a plan) is ``<name>[]``.
 ITEM_NAME: Final = re.compile(r"(?P<base>[a-z0-9]+(?:-[a-z0-9]+)*)\[(?P<index>0|[1-9][0-9]?)?\]")
 

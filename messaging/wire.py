@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Final
 
 from core.errors import InvalidMessage
+from core.item_names import RECORD_NAME
 from core.messages import (
     APPLIED_VALUES,
     EARLIEST_TIME,
@@ -30,7 +31,7 @@ from core.outcome import Applied, Outcome
 from core.timefmt import parse_iso
 
 #: a step's name, or an item's of a ForEach: ``<name>[<i>]`` (docs/contracts.md §3.16)
-_STEP = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*(?:\[(?:0|[1-9][0-9]?)\])?")
+_STEP = RECORD_NAME
 _PATH = re.compile(r"[a-z0-9]+(?:[-/][a-z0-9]+)*")
 _AGENT = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{1,128}")

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core.history import Happened
-from core.item_names import item_name, item_of
+from core.item_names import declared_name, item_name, item_of
 from core.model import Order
 from core.outcome import Outcome
 from core.states import OrderStatus, StepKind, StepState
@@ -162,19 +162,13 @@ def check_items(
 
 
 def _alerted_in_doubt(order: Order, alerts: list[dict[str, Any]]) -> bool:
-    doubtful = {_alert_step(s.step) for s in order.steps if s.may_have_applied}
+    doubtful = {declared_name(s.step) for s in order.steps if s.may_have_applied}
     return any(
         a.get("orderId") == order.order_id
         and a.get("step") in doubtful
         and "may have been applied" in str(a.get("reason"))
         for a in alerts
     )
-
-
-def _alert_step(step: str) -> str:
-    """The ``step`` an alert about this record names: a ForEach's name for an item."""
-    found = item_of(step)
-    return found[0] if found is not None else step
 
 
 def _check_end(
@@ -189,7 +183,7 @@ def _check_end(
         failed = [s for s in order.steps if s.process_state is StepState.ERROR]
         latest = max(failed, key=lambda s: s.seq) if failed else None
         named = {a.get("step") for a in alerts if a.get("orderId") == order_id}
-        if latest is not None and _alert_step(latest.step) not in named:
+        if latest is not None and declared_name(latest.step) not in named:
             verdict.unalerted.append(f"{order_id}:{latest.step}")
     if wanted is None or str(order.status) == wanted:
         verdict.as_expected += wanted is not None
