@@ -44,7 +44,7 @@ from core.reply_queues import ReplyQueues
 from core.states import StepState
 from core.timefmt import iso
 from core.turn_keeper import TurnKeeper
-from core.turns import TurnKeyRefused, TurnRule, decide_key
+from core.turns import Slot, TurnKeyRefused, TurnRule, decide_key
 from core.unit_of_work import Crowded, OrderChanges
 from core.workflows import WORKFLOWS, Plan
 from messaging.dispatch import DispatchQueue
@@ -167,15 +167,13 @@ class Scheduler:
                     alert_message(message.order_id, "", refused.reason, 0, self._clock()),
                 )
                 return Handled.REJECTED
-            except OrderAlreadyExists:  # a redelivery: it takes no place in line again
-                return self._duplicate(raw, message.order_id, message.content_hash)
             now = self._clock()
             if turn is not None:  # its key, kept with its plan: it waits for its slot
                 plan = replace(plan, concurrency=turn[0])
             order = Order.accept(message, plan, now)
             if turn is not None:
                 order.note(now, Happened.WAITING, turn=turns.key_of(order))
-                if turn[1]:  # it holds a slot already: it starts now
+                if turn[1].holds(message.order_id):  # it holds a slot already: it starts now
                     turns.take_turn(order, now)
             order.trace = telemetry.carrier()
             # Accept and claim in one transaction: the first steps are due now, and nobody
@@ -192,6 +190,8 @@ class Scheduler:
             except OrderAlreadyExists:
                 # Not ours: a store's create that applied but was retried is adopted by
                 # the store itself (its WriteId), and lands below as accepted.
+                if turn is not None:  # a redelivery's place in line is not kept
+                    self._leave_line(message, turn[0])
                 return self._duplicate(raw, message.order_id, message.content_hash)
             METRICS.inc("orders_accepted", workflow=message.workflow)
             log.info("order accepted (workflow %s)", message.workflow)
@@ -203,27 +203,47 @@ class Scheduler:
             self._changes.created(order, saved)
             for claimed in claims:
                 self._send_request(order, claimed)
-            if turns.waits(order):
+            if turn is not None and turns.waits(order) and _next_in_line(turn[1], order):
                 self._check_turn(order)
             return Handled.ACCEPTED
 
-    def _turn_of(self, message: OrderMessage, plan: Plan) -> tuple[TurnRule, bool] | None:
+    def _turn_of(self, message: OrderMessage, plan: Plan) -> tuple[TurnRule, Slot] | None:
         """Per-key concurrency (docs/contracts.md §3.16): None, the order has no key (or
-        its workflow no limit); else its plan's rule with its key, and whether it holds a
-        slot now (it was put in line, then the slot filled: ``core.turn_keeper``).
-        ``TurnKeyRefused``: the key function failed; ``OrderAlreadyExists``: a
-        redelivery."""
+        its workflow no limit); else its plan's rule with its key, and the slot as its
+        entry left it (it was put in line, then the slot filled: ``core.turn_keeper``;
+        ``holds``: it starts now). ``TurnKeyRefused``: the key function failed.
+
+        A redelivered order is not looked for first (a read per order): its create
+        fails, and ``_leave_line`` takes back the place it took here."""
         declared = WORKFLOWS[message.workflow].concurrency
         if declared is None or plan.concurrency is None or self._turns is None:
             return None
         key = decide_key(declared, message.order_id, message.body)
         if key is None:
             return None
-        if self._store.load(message.order_id) is not None:
-            raise OrderAlreadyExists(message.order_id, order_id=message.order_id)
         rule = replace(plan.concurrency, order_key=key)
-        slot = self._turns.enter(message.workflow, key, rule, message.order_id)
-        return rule, slot.holds(message.order_id)
+        return rule, self._turns.enter(message.workflow, key, rule, message.order_id)
+
+    def _leave_line(self, message: OrderMessage, rule: TurnRule) -> None:
+        """A redelivery (or another order under the same id) took a place in line (or a
+        slot) for an order that exists: it gives back what the order as stored does not
+        hold. The order in its turn, or waiting under that key, keeps its own place (the
+        entry added no row for it: ``settle`` drops a waiting row of a holder)."""
+        assert self._turns is not None
+        key = rule.order_key or ""
+        existing = self._store.load(message.order_id)
+        same = (
+            existing is not None
+            and existing.workflow == message.workflow
+            and existing.plan.concurrency is not None
+            and turns.key_of(existing) == key
+        )
+        if same and existing is not None and not turns.gives_back(existing):
+            return
+        try:
+            self._turns.settle(message.workflow, key, rule.limit, (message.order_id,))
+        except OrderError as exc:  # the sweep releases a holder whose order is not its
+            log.warning("a redelivery's place in line was not given back: %s", exc)
 
     def _check_turn(self, order: Order) -> None:
         """An order saved as waiting may have been promoted between its place in line and
@@ -721,3 +741,13 @@ def _attempt_ms(order: Order, reply: AgentReply) -> int | None:
     if attempt is None or attempt.ended_at is None:
         return None
     return max(0, round((attempt.ended_at - attempt.claimed_at).total_seconds() * 1000))
+
+
+def _next_in_line(slot: Slot, order: Order) -> bool:
+    """Whether a release between the order's place in line and its save could have made
+    it a holder: it was within ``limit`` of the head (those further back need more
+    releases than that moment holds; the supervisor's sweep wakes them should it come).
+    Only those read the slot again after the save."""
+    rule = order.plan.concurrency
+    position = slot.position(order.order_id)
+    return rule is not None and (position is None or position <= rule.limit)

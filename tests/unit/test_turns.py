@@ -262,6 +262,112 @@ def test_a_finished_order_redelivered_takes_no_place(s: Services) -> None:
     assert s.store.read_slot("serial", "acme").holders == ()
 
 
+def test_a_running_order_redelivered_keeps_its_slot_and_nobody_else_starts(s: Services) -> None:
+    send(s, "a-1", account="acme")
+    send(s, "a-2", account="acme")
+
+    assert send(s, "a-1", account="acme") is Handled.DUPLICATE
+
+    slot = s.store.read_slot("serial", "acme")
+    assert slot.holder_ids == ["a-1"] and [w.order_id for w in slot.waiting] == ["a-2"]
+    assert requested(s) == ["a-1", "a-1"]  # its first request again (``_duplicate``), no other
+    finish(s, "a-1")
+    assert requested(s)[-1] == "a-2"
+
+
+def test_a_finished_order_redelivered_behind_a_holder_takes_no_place(s: Services) -> None:
+    for n in (1, 2, 3):
+        send(s, f"a-{n}", account="acme")
+        s.clock.advance(1)
+    finish(s, "a-1")  # a-2 runs, a-3 waits
+
+    assert send(s, "a-1", account="acme") is Handled.DUPLICATE
+
+    slot = s.store.read_slot("serial", "acme")
+    assert slot.holder_ids == ["a-2"] and [w.order_id for w in slot.waiting] == ["a-3"]
+    finish(s, "a-2")
+    assert requested(s)[-1] == "a-3"
+
+
+def test_an_order_id_reused_under_another_key_leaves_no_place_behind(s: Services) -> None:
+    send(s, "a-1", account="acme")
+
+    assert send(s, "a-1", account="globex", note="another") is Handled.REJECTED
+
+    assert s.store.read_slot("serial", "globex").empty
+    send(s, "g-1", account="globex")
+    assert requested(s) == ["a-1", "g-1"]  # globex's slot was not held by the stray
+
+
+class Requests:
+    """The storage requests a store is asked for, by kind, as the Table store makes them:
+    ``query`` (a range of a partition: a load, a slot's read), ``batch`` (one entity group
+    transaction: a create, a save, a slot's or a line row's write), ``delete`` (one per
+    outbox row of a notice delivered)."""
+
+    def __init__(self, store: InMemoryStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.made: list[str] = []
+        for name, kind in (("_range", "query"), ("_transact", "batch")):
+            monkeypatch.setattr(store, name, self._counted(getattr(store, name), kind))
+        for name in ("create", "save"):
+            monkeypatch.setattr(store, name, self._counted(getattr(store, name), "batch"))
+        delete_outbox = store.delete_outbox
+
+        def deleted(saved: Any) -> None:
+            entries = saved if isinstance(saved, list) else saved.entries
+            self.made.extend("delete" for _ in entries)
+            delete_outbox(saved)
+
+        monkeypatch.setattr(store, "delete_outbox", deleted)
+
+    def _counted(self, method: Any, kind: str) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.made.append(kind)
+            return method(*args, **kwargs)
+
+        return counted
+
+    def during(self, act: Any) -> list[str]:
+        self.made.clear()
+        act()
+        return sorted(self.made)
+
+
+def test_an_order_that_waits_costs_three_requests_to_accept(
+    s: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    send(s, "a-1", account="acme")
+    send(s, "a-2", account="acme")  # the next in line: it looks once more after its save
+    count = Requests(s.store, monkeypatch)
+
+    # its place in line, the slot read (full: nothing written), the order's create and
+    # its "received" notice's outbox row; no read of the order first (a redelivery's
+    # create fails instead) and none after
+    made = count.during(lambda: send(s, "a-3", account="acme"))
+    assert made == ["batch", "batch", "delete", "query"]
+    assert turn(s, "a-3")["position"] == 2
+
+
+def test_the_next_in_line_looks_again_after_its_save_and_starts_if_promoted_meanwhile(
+    s: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    send(s, "a-1", account="acme")
+    original = s.store.create
+
+    def create_after_a_release(order: Order) -> Any:
+        # a-1 ends between a-2's place in line and a-2's save: the wake finds no order
+        if order.order_id == "a-2":
+            finish(s, "a-1")
+            assert s.store.read_slot("serial", "acme").holder_ids == ["a-2"]
+        return original(order)
+
+    monkeypatch.setattr(s.store, "create", create_after_a_release)
+    send(s, "a-2", account="acme")
+
+    assert requested(s) == ["a-1", "a-2"]
+    assert stored(s, "a-2").status is OrderStatus.PROCESSING
+
+
 # --- cancel, hold_on_error, resubmit ------------------------------------------------------
 
 
