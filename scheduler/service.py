@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import partial
 
 from core import turns
 from core.control_cache import ControlView, hold_until
@@ -54,6 +56,7 @@ from messaging.resilience import ride_out
 from observability import failpoints, telemetry
 from observability.logs import get_logger, order_context
 from observability.metrics import METRICS, order_ended
+from scheduler.together import Together
 from stores.kept import Keeper
 
 log = get_logger(__name__)
@@ -64,6 +67,11 @@ SWEEP_GRACE = timedelta(seconds=10)
 OUTBOX_GRACE = timedelta(seconds=30)
 #: How long recording an unsent request rides out a storage outage (within the invocation).
 UNSENT_RECORD_SECONDS = 30.0
+#: The most replies one save applies (``scheduler/together.py``). A reply that ends a
+#: line writes its record and index row, and the line that starts in its place two
+#: more: eight replies stay far within a transaction's 100 operations, with the order's
+#: own rows and notices (tests/unit/test_replies_together.py saves the widest batch).
+REPLIES_TOGETHER = 8
 
 
 class Handled(StrEnum):
@@ -136,6 +144,7 @@ class Scheduler:
         self._controls = controls
         self._turns = turns
         self._crowded = Crowded(sleep)
+        self._together: Together[AgentReply, Handled] = Together(REPLIES_TOGETHER)
         release = self._release_turn if turns is not None else None
         self._changes = OrderChanges(
             store, notices, self._dispatch_now, ended=order_ended, released=release
@@ -570,7 +579,9 @@ class Scheduler:
 
     def apply_reply(self, reply: AgentReply) -> Handled:
         """Apply an agent reply (``Order.apply_reply`` says which count, and how); a reply
-        that changes nothing (a duplicate, a stale report) is logged, counted and dropped."""
+        that changes nothing (a duplicate, a stale report) is logged, counted and dropped.
+        Replies for one order that this process is given at once are applied together,
+        in one save (``scheduler/together.py``; ``_apply_replies``)."""
         with (
             order_context(order_id=reply.order_id, step=reply.step, attempt=reply.attempt),
             telemetry.span(
@@ -582,60 +593,100 @@ class Scheduler:
                 outcome=reply.outcome.wire,
             ),
         ):
+            return self._together.run(reply.order_id, reply, self._apply_replies)
 
-            def applied(order: Order, effect: ReplyEffect) -> None:
-                failpoints.hit("after-reply-save")
-                METRICS.inc("replies_applied", outcome=reply.outcome.wire, effect=str(effect))
-                # The workbook's step durations (infra/app/workbook.json) read these
-                # dimensions: percentiles need one row per attempt, which a histogram's
-                # customMetrics rows (sum, count, min, max) do not give.
-                fields: dict[str, object] = {
-                    "event": "reply_applied",
-                    "workflow": order.plan.workflow,
-                    "agent": _agent_of(order, reply.step),
-                    "outcome": reply.outcome.wire,
-                    "effect": str(effect),
-                }
-                took = _attempt_ms(order, reply) if effect is ReplyEffect.APPLIED else None
-                if took is not None:
-                    fields["durationMs"] = took
-                log.info(
-                    "reply %s (%s); order is %s",
-                    "applied" if effect is ReplyEffect.APPLIED else "noted as late evidence",
-                    reply.outcome,
-                    order.status,
-                    extra=fields,
-                )
-
+    def _apply_replies(self, replies: list[AgentReply]) -> list[Handled | BaseException]:
+        """Replies for one order, in the order they came: one load, each decided in turn on
+        what those before it left, one save (If-Match; ``Crowded`` on a conflict), as if
+        each had been applied alone one after the other. Where the order refuses one
+        (stale, unbound), those before it go together, it goes alone (as it would have),
+        then those after it; for an order that does not exist, each alone (quarantined)."""
+        results: dict[int, Handled | BaseException] = {}
+        groups = deque([list(range(len(replies)))])
+        while groups:
+            group = groups.popleft()
+            if len(group) == 1:
+                results[group[0]] = _outcome(partial(self._apply_one, replies[group[0]]))
+                continue
             try:
-                changed = self._changes.change(
-                    reply.order_id,
-                    lambda o: o.apply_reply(reply, self._clock(), self._config.policy),
-                    # items that end together all save this order: more tries, spread out
-                    on_conflict=self._crowded,
-                    loaded=self._recent_for(reply),
-                    after_save=applied,
-                )
-            except TransitionRefused as refused:
-                METRICS.inc("stale_replies", reason=refused.reason)
-                log.warning("stale reply dropped (%s): %s", refused.reason, refused.message)
-                return Handled.STALE
-            except UnboundMessage as unbound:
-                self._quarantine_reply(reply, unbound.message)
-                return Handled.UNBOUND
+                effects = self._apply_together([replies[n] for n in group])
+            except _Refused as refused:
+                k = refused.index
+                split = [group[:k], [group[k]], group[k + 1 :]]
+                groups.extendleft(reversed([part for part in split if part]))
+                continue
             except ConcurrencyConflict as exc:
-                METRICS.inc("reply_conflicts")
-                raise ConcurrencyConflict(
-                    f"order {reply.order_id} kept changing; the reply will be retried",
-                    order_id=reply.order_id,
-                    step=reply.step,
-                ) from exc
-            if changed is None:
-                self._quarantine_reply(
-                    reply, f"a reply for order {reply.order_id}, which does not exist"
-                )
-                return Handled.UNBOUND
-            return Handled.APPLIED if changed.result is ReplyEffect.APPLIED else Handled.NOTED
+                for n in group:
+                    results[n] = self._kept_changing(replies[n], exc)
+                continue
+            if effects is None:  # no such order: each is told so alone
+                groups.extendleft(reversed([[n] for n in group]))
+                continue
+            for n, effect in zip(group, effects, strict=True):
+                results[n] = Handled.APPLIED if effect is ReplyEffect.APPLIED else Handled.NOTED
+        return [results[n] for n in range(len(replies))]
+
+    def _apply_together(self, batch: list[AgentReply]) -> list[ReplyEffect] | None:
+        """``batch`` in one change; ``_Refused`` names the one the order refused."""
+        deciding = [0]
+
+        def decide(order: Order) -> list[ReplyEffect]:
+            effects = []
+            for n, reply in enumerate(batch):
+                deciding[0] = n
+                effects.append(order.apply_reply(reply, self._clock(), self._config.policy))
+            return effects
+
+        def applied(order: Order, effects: list[ReplyEffect]) -> None:
+            for reply, effect in zip(batch, effects, strict=True):
+                _told_applied(reply, order, effect)
+
+        try:
+            changed = self._changes.change(
+                batch[0].order_id,
+                decide,
+                on_conflict=self._crowded,
+                loaded=self._recent_for(batch[0]),
+                after_save=applied,
+            )
+        except (TransitionRefused, UnboundMessage) as exc:
+            raise _Refused(deciding[0]) from exc
+        return None if changed is None else changed.result
+
+    def _apply_one(self, reply: AgentReply) -> Handled:
+        try:
+            changed = self._changes.change(
+                reply.order_id,
+                lambda o: o.apply_reply(reply, self._clock(), self._config.policy),
+                # items that end together all save this order: more tries, spread out
+                on_conflict=self._crowded,
+                loaded=self._recent_for(reply),
+                after_save=lambda order, effect: _told_applied(reply, order, effect),
+            )
+        except TransitionRefused as refused:
+            METRICS.inc("stale_replies", reason=refused.reason)
+            log.warning("stale reply dropped (%s): %s", refused.reason, refused.message)
+            return Handled.STALE
+        except UnboundMessage as unbound:
+            self._quarantine_reply(reply, unbound.message)
+            return Handled.UNBOUND
+        except ConcurrencyConflict as exc:
+            raise self._kept_changing(reply, exc) from exc
+        if changed is None:
+            why = f"a reply for order {reply.order_id}, which does not exist"
+            self._quarantine_reply(reply, why)
+            return Handled.UNBOUND
+        return Handled.APPLIED if changed.result is ReplyEffect.APPLIED else Handled.NOTED
+
+    def _kept_changing(self, reply: AgentReply, exc: ConcurrencyConflict) -> ConcurrencyConflict:
+        METRICS.inc("reply_conflicts")
+        error = ConcurrencyConflict(
+            f"order {reply.order_id} kept changing; the reply will be retried",
+            order_id=reply.order_id,
+            step=reply.step,
+        )
+        error.__cause__ = exc
+        return error
 
     def _quarantine_reply(self, reply: AgentReply, why: str) -> None:
         """A report no claim speaks for is never applied: it goes to the reply queue's
@@ -722,6 +773,49 @@ class Scheduler:
                 entry.order_id, entry.step, exc, now, who="scheduler's sweep"
             )
             return Handled.NOTHING_TO_DO
+
+
+class _Refused(Exception):
+    """The order refused the ``index``-th reply of a batch (``Scheduler._apply_together``)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
+
+
+def _told_applied(reply: AgentReply, order: Order, effect: ReplyEffect) -> None:
+    """After the save that applied ``reply``: the failpoint, the metric and the log line."""
+    with order_context(order_id=reply.order_id, step=reply.step, attempt=reply.attempt):
+        failpoints.hit("after-reply-save")
+        METRICS.inc("replies_applied", outcome=reply.outcome.wire, effect=str(effect))
+        # The workbook's step durations (infra/app/workbook.json) read these dimensions:
+        # percentiles need one row per attempt, which a histogram's customMetrics rows
+        # (sum, count, min, max) do not give.
+        fields: dict[str, object] = {
+            "event": "reply_applied",
+            "workflow": order.plan.workflow,
+            "agent": _agent_of(order, reply.step),
+            "outcome": reply.outcome.wire,
+            "effect": str(effect),
+        }
+        took = _attempt_ms(order, reply) if effect is ReplyEffect.APPLIED else None
+        if took is not None:
+            fields["durationMs"] = took
+        log.info(
+            "reply %s (%s); order is %s",
+            "applied" if effect is ReplyEffect.APPLIED else "noted as late evidence",
+            reply.outcome,
+            order.status,
+            extra=fields,
+        )
+
+
+def _outcome(act: Callable[[], Handled]) -> Handled | BaseException:
+    """What ``act`` returned, or what it raised (a batch hands each its own)."""
+    try:
+        return act()
+    except Exception as exc:  # noqa: BLE001 - raised again in its own caller (Together.run)
+        return exc
 
 
 def _agent_of(order: Order, step: str) -> str:
