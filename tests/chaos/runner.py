@@ -62,7 +62,7 @@ from core.messages import idempotency_key
 from core.model import Order, StepRecord
 from core.outcome import Outcome
 from core.states import StepState
-from core.timefmt import parse_iso
+from core.timefmt import iso, parse_iso
 from demo.stack import Devhost, LocalStack
 from demo.verify import Verdict, drain_alerts, load_orders, verify
 from simulator import load_ledger
@@ -99,6 +99,12 @@ DECLARATIONS = "tests.fixtures.chaos_shop"
 SUPERVISOR_SECONDS = 1
 #: One order in this many picks its lines (``picking_order``).
 PICKING_EVERY = 10
+
+
+def ahead_prefix(devhosts: int) -> str:
+    """The instance-id prefix (every life of it: ``life``) of the devhost whose clock runs
+    ``CLOCK_OFFSET_SECONDS`` ahead: the last one (``run_chaos``)."""
+    return f"devhost-{devhosts - 1}-"
 
 
 @dataclass(frozen=True)
@@ -613,9 +619,10 @@ def explain_exhausted(
     calls: list[dict[str, Any]],
     deaths: Deaths,
     held: dict[tuple[str, str, int], float],
+    ahead: str = "",
 ) -> dict[str, dict[str, Any]]:
     """For each order that ran out of attempts: what this run injected into each failed
-    attempt of its step, from the run's own bookkeeping.
+    attempt of its step, from the run's own bookkeeping (``ahead``: ``cause_of``).
 
     An attempt (claimed at C, counted as failed at F) is explained by, in this order: a
     random fault the simulator injected on the step's key between C and F (its call log);
@@ -638,7 +645,7 @@ def explain_exhausted(
         causes: Counter[str] = Counter()
         unexplained: list[int] = []
         for failure in counted_failures(step):
-            cause = cause_of(failure, (order_id, step.step), faults, deaths, held)
+            cause = cause_of(failure, (order_id, step.step), faults, deaths, held, ahead)
             if cause is None:
                 unexplained.append(failure.number)
             else:
@@ -660,6 +667,7 @@ def explain_doubted(
     copied: Collection[tuple[str, str, int]] = (),
     calls: list[dict[str, Any]] | None = None,
     held: dict[tuple[str, str, int], float] | None = None,
+    ahead: str = "",
 ) -> dict[str, dict[str, Any]]:
     """For each order that ended ``error`` in doubt about a step its service never applied
     (``demo.verify``: told so): what explains each doubtful attempt. A request held by a
@@ -669,28 +677,55 @@ def explain_doubted(
     have applied). So a death between the attempt's claim and its end (plus
     ``DEATH_NOTICE_SLACK``), a copy of its request, a random fault the simulator injected
     on its key in that window, or the meddler holding its reply back explains its doubt;
-    nothing else does."""
+    nothing else does (``ahead``: ``cause_of``). An attempt left unexplained is shown as
+    its record says, with the random faults on its key, for the person who reads why."""
     out: dict[str, dict[str, Any]] = {}
     for order_id in doubted:
         order = final.get(order_id)
         steps = [s for s in order.steps if s.may_have_applied] if order is not None else []
         unexplained: list[str] = []
+        shown: dict[str, Any] = {}
         for step in steps:
             faults = faults_on(calls or [], idempotency_key(order_id, step.step, step.key_round))
             for number in step.maybe_applied:
                 attempt = step.attempts.get(number)
                 explained = attempt is not None and (
                     (order_id, step.step, number) in copied
-                    or cause_of(attempt, (order_id, step.step), faults, deaths, held or {})
+                    or cause_of(attempt, (order_id, step.step), faults, deaths, held or {}, ahead)
                     is not None
                 )
                 if not explained:
                     unexplained.append(f"{step.step}:{number}")
+                    shown[f"{step.step}:{number}"] = {
+                        "attempt": attempt.to_json() if attempt is not None else None,
+                        "randomFaultsOnKey": [iso(t) for t in faults],
+                    }
         out[order_id] = {
             "steps": [s.step for s in steps],
             "unexplained": unexplained if steps else ["no step in doubt"],
         }
+        if shown:
+            out[order_id]["attempts"] = shown
     return out
+
+
+def records_of(order: Order | None) -> dict[str, Any] | None:
+    """An order's history and every step's history and attempts, for a person reading a
+    kept run (``--keep``) after the stack is gone."""
+    if order is None:
+        return None
+    return {
+        "status": str(order.status),
+        "history": order.history,
+        "steps": {
+            s.step: {
+                "state": str(s.process_state),
+                "attempts": [a.to_json() for a in s.attempts.items],
+                "history": s.history,
+            }
+            for s in order.steps
+        },
+    }
 
 
 def faults_on(calls: list[dict[str, Any]], key: str) -> list[datetime]:
@@ -708,12 +743,21 @@ def cause_of(
     faults: list[datetime],
     deaths: Deaths,
     held: dict[tuple[str, str, int], float],
+    ahead: str = "",
 ) -> str | None:
     """What this run injected into ``attempt`` of ``step`` (order id, step name), claimed
     at C and ended (or due) at E, in this order: a random fault on its key between C and
     E; its reply held back; the death of the process that claimed it after C; the death
-    of any process between C and E + ``DEATH_NOTICE_SLACK``. None: nothing did."""
+    of any process between C and E + ``DEATH_NOTICE_SLACK``. None: nothing did.
+
+    The faults and deaths are on this machine's clock (the simulator's call log, the
+    chaos loop), C on its claimer's: an attempt claimed by an instance whose clock runs
+    ahead (``ahead``, an instance-id prefix: ``ahead_prefix``) records C
+    ``CLOCK_OFFSET_SECONDS`` late, after its own call reached the remote. So C is read
+    back on this clock. (E needs no such care: an end read late only widens the window.)"""
     claimed, ended = attempt.claimed_at, attempt.ended_at or attempt.deadline
+    if ahead and attempt.instance.startswith(ahead):
+        claimed -= timedelta(seconds=CLOCK_OFFSET_SECONDS)
     if any(claimed <= t <= ended for t in faults):
         return "random fault"
     if (*step, attempt.number) in held:
@@ -769,7 +813,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
                 # process (messaging/inline.py). It is the one without failpoints, so that
                 # replies keep reaching the queue between the kills.
                 **({disabled_setting(REPLY_HANDLER): "true"} if i % 3 == 0 else {}),
-                # The last instance's clock runs ahead of the others'.
+                # The last instance's clock runs ahead of the others' (``ahead_prefix``).
                 **({CLOCK_OFFSET: str(CLOCK_OFFSET_SECONDS)} if i == plan.devhosts - 1 else {}),
             }
             for i in range(plan.devhosts)
@@ -926,7 +970,8 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         merge(verdict, items)
         timings["items"] = items_summary(items, picking, deaths)
         rejected = stack.context.queues.client(stack.context.names.orders_rejected)
-        exhausted = explain_exhausted(final, verdict.exhausted, calls, deaths, meddler.held)
+        ahead = ahead_prefix(plan.devhosts)
+        exhausted = explain_exhausted(final, verdict.exhausted, calls, deaths, meddler.held, ahead)
         doubted = explain_doubted(
             final,
             verdict.doubted,
@@ -934,6 +979,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
             storm.attempts if storm is not None else set(),
             calls,
             meddler.held,
+            ahead,
         )
         timings.update(
             kills=kills,
@@ -971,6 +1017,7 @@ def run_chaos(plan: ChaosPlan) -> tuple[Verdict, dict[str, Any]]:
         )
         if plan.keep_workdir:
             timings["workdir"] = str(stack.workdir)
+            timings["doubtedRecords"] = {o: records_of(final.get(o)) for o in doubted}
         if outage is not None:
             timings["outage"] = outage.summary(stack, starts, final)
     return verdict, timings

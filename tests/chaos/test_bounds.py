@@ -11,10 +11,12 @@ from core.policy import RetryPolicy
 from core.states import OrderStatus
 from core.timefmt import iso
 from tests.chaos.runner import (
+    CLOCK_OFFSET_SECONDS,
     DEATH_NOTICE_SLACK,
     MAX_FAILURES,
     RANDOM_FAULTS_PER_KEY,
     Deaths,
+    ahead_prefix,
     exhausted_bound,
     explain_doubted,
     explain_exhausted,
@@ -143,3 +145,49 @@ def test_an_order_in_doubt_is_explained_only_by_a_death_while_its_attempt_ran() 
     assert by_held["unexplained"] == [] and by_fault["unexplained"] == []
     assert by_outage["unexplained"] == unexplained["unexplained"]
     assert nothing["unexplained"] == ["no step in doubt"]
+
+
+def expired_once(order_id: str, instance: str) -> Order:
+    """An order whose first attempt, claimed by ``instance`` at T0 on its own clock,
+    expired: in doubt."""
+    order = new_order(orderId=order_id)
+    step = order.claim(instance, T0)
+    order.expire(step.complete_by + timedelta(seconds=1), POLICY)
+    assert order.steps[0].maybe_applied == [1]
+    return order
+
+
+def test_a_claim_on_the_clock_that_runs_ahead_is_read_back_on_this_machines() -> None:
+    """The last devhost's clock runs CLOCK_OFFSET_SECONDS ahead, so its claim records a
+    time that late, after its own call reached the remote: a hang the simulator logged
+    (this machine's clock) 10 ms after the claim, or an agent's death 0.5 s after it, is
+    during the attempt, though before its ``claimed_at``. Only that instance's claims are
+    read back, and only by the offset."""
+    ahead = ahead_prefix(3)
+    offset = timedelta(seconds=CLOCK_OFFSET_SECONDS)
+    real_claim = T0 - offset  # when devhost-2 claimed, on this machine's clock
+    hang = call("fast", real_claim + timedelta(milliseconds=10), "hang")
+    death = Deaths([(real_claim + timedelta(seconds=0.5), "devhost-1-3")])
+    fast = expired_once("fast", "devhost-2-1-100")
+    other = expired_once("fast", "devhost-0-1-100")  # its T0 is this machine's T0
+
+    def unexplained(order: Order, **found: Any) -> list[str]:
+        [entry] = explain_doubted({"fast": order}, ["fast"], **found).values()
+        return list(entry["unexplained"])
+
+    nothing = Deaths()
+    assert ahead == "devhost-2-"
+    assert unexplained(fast, deaths=nothing, calls=[hang], ahead=ahead) == []
+    assert unexplained(fast, deaths=death, ahead=ahead) == []
+    # read on the claimer's clock, both come before the claim
+    assert unexplained(fast, deaths=nothing, calls=[hang]) == ["process:1"]
+    assert unexplained(fast, deaths=death) == ["process:1"]
+    # another instance's claim is on this machine's clock: they came before it
+    assert unexplained(other, deaths=nothing, calls=[hang], ahead=ahead) == ["process:1"]
+    assert unexplained(other, deaths=death, ahead=ahead) == ["process:1"]
+    # and before the offset, nothing is during the attempt
+    early = call("fast", real_claim - timedelta(milliseconds=100), "hang")
+    assert unexplained(fast, deaths=nothing, calls=[early], ahead=ahead) == ["process:1"]
+    [entry] = explain_doubted({"fast": fast}, ["fast"], nothing, calls=[early]).values()
+    assert entry["attempts"]["process:1"]["attempt"]["instance"] == "devhost-2-1-100"
+    assert entry["attempts"]["process:1"]["randomFaultsOnKey"] == [early["at"]]
