@@ -167,13 +167,10 @@ class Order:
     def apply_reply(
         self, reply: AgentReply, now: datetime, policy: RetryPolicy = DEFAULT_POLICY
     ) -> ReplyEffect:
-        """Apply an agent's report.
-
-        A success is evidence whenever it arrives (``core.evidence``). The first report of
-        the attempt in flight decides it (its kind's ``decide``); any later report (another
-        copy of the attempt, a report after its expiry) adds its evidence. A report that
-        adds nothing is refused (``TransitionRefused``: nothing to save).
-        """
+        """Apply an agent's report. A success is evidence whenever it arrives
+        (``core.evidence``). The first report of the attempt in flight decides it (its
+        kind's ``decide``); any later report (another copy of the attempt, a report after
+        its expiry) adds its evidence. One that adds nothing is refused (nothing to save)."""
         record = self.bound_step(reply.step, reply.attempt, reply.token)
         attempt = record.attempts.get(reply.attempt)
         if reply.outcome is Outcome.SUCCEEDED:
@@ -220,17 +217,19 @@ class Order:
         return record
 
     def resendable(self, name: str, attempt: int) -> bool:
-        """Whether a duplicate delivery of the order may send this request again: attempt 1
-        of a step of the plan's first group (``Scheduler._duplicate``: its first delivery
-        may have died between the save that claimed it and the send). No other request is
-        ever sent twice."""
+        """Whether a redelivered order may send this request again: attempt 1 of a step
+        claimed in the save that accepted the order (``Scheduler._duplicate``: that delivery
+        may have died before its send). A later claim (a ``ForEach``'s later lines, a turn
+        taken) was sent by its claimer, or expires: only these are sent twice, and taken."""
         record = self.find(name)
-        if record is None or attempt != 1 or record.kind is not StepKind.ACTION:
+        first = record.attempts.get(1) if record is not None else None
+        if record is None or first is None or attempt != 1 or record.kind is not StepKind.ACTION:
             return False
         try:
-            return self.planned(name).group == self.plan.groups()[0]
+            first_group = self.planned(name).group == self.plan.groups()[0]
         except (KeyError, ValueError, IndexError):
             return False
+        return first_group and first.claimed_at <= self.created_at
 
     def take(self, name: str, attempt: int, copy: str) -> Literal["took", "held", "other"]:
         """An agent takes attempt ``attempt`` of step ``name`` with one copy of its request

@@ -13,12 +13,14 @@ from typing import Any
 
 import pytest
 
+from agents.binding import RequestBinding
 from core.messages import AgentReply
 from core.model import Order
 from core.states import OrderStatus, StepState
 from scheduler.service import REPLIES_TOGETHER, Handled
 from scheduler.together import Together
 from tests.fixtures.wide_items import WIDTH
+from tests.support import FakeClock
 from tests.unit.test_crowded_replies import Wide, reply_to, submit, wide  # noqa: F401
 
 WAIT = 30.0  # seconds a thread may take to come: a bound, never a pace
@@ -252,3 +254,38 @@ def test_replies_given_at_once_on_threads_are_applied_in_fewer_saves(
     # replies, each followed by the claim of the lines they started (where one by one,
     # ten replies made ten saves and ten claims, and lost races to each other)
     assert wide.store.saves - saves == 2 * 3
+
+
+# --- which requests a redelivered order sends again, and which a copy must take ------------
+
+
+def test_only_lines_claimed_when_the_order_was_accepted_are_sent_again_or_taken(
+    wide: Wide,  # noqa: F811
+) -> None:
+    """A redelivered order may send again what its acceptance claimed (that delivery may
+    have died before its send); a line claimed later, as another ended, was sent by the
+    invocation that claimed it: it is never sent twice, so no copy of it must take its
+    attempt (a save per line on Storage queues, for nothing)."""
+    requests = submit(wide, "o-later", 2 * WIDTH)
+    clock = wide.app.clock
+    assert isinstance(clock, FakeClock)
+    clock.advance(1)
+    wide.app.scheduler.apply_reply(reply_to(requests[0]))
+    later = wide.transport.requests[-1]
+    assert later.step == f"each[{WIDTH}]"
+
+    order = wide.store.load("o-later")
+    assert order is not None
+    assert order.resendable(requests[1].step, 1)
+    assert not order.resendable(later.step, 1)
+    binding = RequestBinding(wide.store, "orders", copies=True)
+    version = order.version
+    binding(later, "m-later")
+    loaded = wide.store.load("o-later")
+    assert loaded is not None and loaded.version == version  # nothing taken, nothing saved
+
+    body = {"orderId": "o-later", "workflow": "wide", "lines": [{"n": i} for i in range(2 * WIDTH)]}
+    sent = len(wide.transport.requests)
+    assert wide.app.scheduler.submit(json.dumps(body).encode()) is Handled.DUPLICATE
+    resent = [r.step for r in wide.transport.requests[sent:]]
+    assert resent == [r.step for r in requests[1:]]  # the acceptance's, still in flight
