@@ -66,6 +66,45 @@ def test_a_slot_is_written_if_match_its_etag(store: Store) -> None:
     assert store.read_slot("w", "k") == held
 
 
+def test_a_write_of_the_slot_row_alone_is_if_match_too(store: Store) -> None:
+    store.add_waiter("w", "k", "o-1", T0)
+    first = store.read_slot("w", "k")
+    store.write_slot(first, settle(first, 1, T0))
+    held = store.read_slot("w", "k")
+
+    store.write_slot(held, Settled((), (), (), True, 1))  # o-1 leaves; nobody waits
+
+    with pytest.raises(ConcurrencyConflict):  # decided on what that write replaced
+        store.write_slot(held, Settled((), (), (), True, 1))
+    assert store.read_slot("w", "k").holders == ()
+
+
+def test_a_write_of_one_row_is_sent_as_that_operation_not_as_a_batch(
+    storage_connection: str, tag: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One operation in a batch costs the SDK its multipart body (a thread pool per batch,
+    the answer parsed by ``email``); alone it is the same billed, all-or-nothing write."""
+    store = make_context(storage_connection, tag).store
+    assert isinstance(store, TableStateStore)
+    batches: list[int] = []
+    submit = store._table.submit_transaction
+
+    def counted(operations: list[object], **kwargs: object) -> object:
+        batches.append(len(operations))
+        return submit(operations, **kwargs)
+
+    monkeypatch.setattr(store._table, "submit_transaction", counted)
+    store.add_waiter("w", "k", "o-1", T0)
+    store.add_waiter("w", "k", "o-2", T0 + timedelta(seconds=1))
+    slot = store.read_slot("w", "k")
+    store.write_slot(slot, settle(slot, 1, T0))  # promotes o-1: its row dropped, a batch
+    held = store.read_slot("w", "k")
+    store.write_slot(held, Settled(held.holders, (), (), True, 2))  # the slot row alone
+
+    assert batches == [2]
+    assert store.read_slot("w", "k").limit == 2
+
+
 def test_a_write_that_drops_a_row_already_gone_applies_nothing(store: Store) -> None:
     store.add_waiter("w", "k", "o-1", T0)
     slot = store.read_slot("w", "k")
