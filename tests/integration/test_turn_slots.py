@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_a_write_of_one_row_is_sent_as_that_operation_not_as_a_batch(
     batches: list[int] = []
     submit = store._table.submit_transaction
 
-    def counted(operations: list[object], **kwargs: object) -> object:
+    def counted(operations: list[Any], **kwargs: Any) -> Any:
         batches.append(len(operations))
         return submit(operations, **kwargs)
 
