@@ -48,8 +48,14 @@ class Together[I, R]:
         self._queued = threading.Condition(self._lock)
         self._waiting: dict[str, list[_Entry[I, R]]] = {}
         self._led: set[str] = set()
+        self._leading = threading.local()  # the keys this thread leads a batch of now
 
     def run(self, key: str, item: I, batch: Callable[[list[I]], Sequence[R | BaseException]]) -> R:
+        if key in getattr(self._leading, "keys", ()):  # asked from within its own batch
+            [alone] = batch([item])
+            if isinstance(alone, BaseException):
+                raise alone
+            return alone
         entry: _Entry[I, R] = _Entry(item)
         with self._lock:
             self._waiting.setdefault(key, []).append(entry)
@@ -78,12 +84,16 @@ class Together[I, R]:
         with self._lock:
             line = self._waiting[key]
             taken, line[:] = line[: self._most], line[self._most :]
+        mine: set[str] = self._leading.__dict__.setdefault("keys", set())
+        mine.add(key)
         try:
             results: Sequence[R | BaseException] = batch([e.item for e in taken])
             if len(results) != len(taken):
                 raise RuntimeError(f"a batch of {len(taken)} gave {len(results)} results")
         except BaseException as exc:  # noqa: BLE001 - each caller gets it as its own
             results = [exc] * len(taken)
+        finally:
+            mine.discard(key)
         for entry, result in zip(taken, results, strict=True):
             if isinstance(result, BaseException):
                 entry.error = result

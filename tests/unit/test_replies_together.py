@@ -123,6 +123,23 @@ def test_a_batch_that_fails_fails_its_own_callers_only() -> None:
     assert together.run("o", 3, batch) == "r3"  # nobody is left leading
 
 
+def test_a_caller_within_its_own_batch_runs_alone_rather_than_wait_for_itself() -> None:
+    """A batch that (through what it calls) asks for the same key again on the same
+    thread would wait for its own leader: it runs alone instead."""
+    together: Together[int, str] = Together(8)
+    batches: list[list[int]] = []
+
+    def batch(items: list[int]) -> list[str]:
+        batches.append(items)
+        if items == [1]:
+            assert together.run("o", 2, batch) == "r2"
+        return [f"r{i}" for i in items]
+
+    assert together.run("o", 1, batch) == "r1"
+    assert batches == [[1], [2]]
+    assert together.run("o", 3, batch) == "r3"  # and nothing is left leading
+
+
 def test_a_bound_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one"):
         Together(0)
