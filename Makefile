@@ -31,12 +31,14 @@ node_modules/.ok: package.json package-lock.json
 
 deps: $(BIN)/.ok node_modules/.ok
 
-# TRANSPORT=servicebus: the agent queues on localbus, the local Service Bus double
-TRANSPORT ?= storage
+# The agent queues on localbus, the local Service Bus double, as deployed (why:
+# docs/benchmarks.md, "Idle latency"); TRANSPORT=storage: on Azurite's Storage queues
+TRANSPORT ?= servicebus
 SIMULATOR ?=
 
 ## make run: Azurite + simulator + two devhost instances + demo orders, live, then a summary
-## (make run TRANSPORT=servicebus: the agent queues on localbus, through the real SDK)
+## (the agent queues on localbus, through the real SDK, as deployed; make run
+## TRANSPORT=storage: on Azurite's Storage queues)
 run: deps
 	$(BIN)/python -m demo --transport $(TRANSPORT)
 

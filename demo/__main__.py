@@ -19,8 +19,9 @@ here is stopped here, also on Ctrl-C.
     python -m demo [--copies N] [--timeout S] [--serve] [--no-outage]
                    [--transport storage|servicebus] [--simulator ARGS]
 
-``--transport servicebus`` puts the agent queues on localbus, the local Service Bus
-double (``AGENT_TRANSPORT=servicebus``, through the real SDK), instead of Azurite.
+The agent queues are on localbus, the local Service Bus double, as deployed
+(``AGENT_TRANSPORT=servicebus``, through the real SDK); ``--transport storage`` puts
+them on Azurite's Storage queues.
 """
 
 from __future__ import annotations
@@ -85,8 +86,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--transport",
         choices=("storage", "servicebus"),
-        default="storage",
-        help="the agent queues: Storage queues on Azurite, or Service Bus on localbus",
+        default="servicebus",
+        help="the agent queues: Service Bus on localbus (as deployed), or Storage queues on "
+        "Azurite",
     )
     return parser.parse_args(argv)
 
