@@ -67,17 +67,7 @@ SIGNATURES: Final = {
 #: Found, reported, and not fixed yet: recorded (a runner's table lists them) but failing
 #: no example, so the search looks for others. Each has a test that shows it
 #: (``tests/model/test_turn_checks.py``); remove it here once fixed.
-KNOWN: Final = frozenset(
-    {
-        # Open: seed 4242 (python -m tests.model --seed 4242 --report) ends with the other
-        # order in line while the first, in error after a lost release, is read as
-        # holding; a sweep later finds the slot handed on. Whether the order waited longer
-        # than one supervisor period, or the check reads the slot before the last sweep,
-        # is not settled yet (the hold_on_error case this name was given for is fixed:
-        # test_an_order_held_in_error_for_good_does_not_block_its_key_for_ever)
-        "T5-waiting-stuck@held-for-good",
-    }
-)
+KNOWN: Final = frozenset[str]()
 
 
 @dataclass(frozen=True)

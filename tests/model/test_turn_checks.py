@@ -1,6 +1,5 @@
 """The model's checks of per-key concurrency (``tests.model.turn_checks``, T1-T5) on
-hand-built slots and orders, what the model found with them (known, not fixed yet:
-``signatures.KNOWN``), and that a failure found at teardown after an example ran out of
+hand-built slots and orders, what the model found with them (and what was fixed), and that a failure found at teardown after an example ran out of
 input is no longer lost."""
 
 from __future__ import annotations
@@ -179,6 +178,22 @@ def test_an_order_held_in_error_for_good_does_not_block_its_key_for_ever(
     flow = Flow(Group(Task("t1", comp=True), Task("t2")), Wait("e3", timeout=60), turns=turns)
     run.start(flow=flow)  # m-1 holds; t2 stands after the unwind, and e3 is never decided
     assert signature_of(run) is None
+
+
+def test_a_lost_release_of_an_order_nobody_can_act_on_is_repaired_by_the_next_sweep(
+    strict: Recorder,
+) -> None:
+    """Seed 4242 (was ``T5-waiting-stuck@held-for-good``, known): m-2 ends in error held
+    for good (t7 applied and has no undo; nothing left to cancel or resubmit) and its
+    release is lost. The check read the slot before any supervisor run, blaming what the
+    sweep is there to repair; after one, m-2 has given its slot back and m-1 runs."""
+    run = EngineModel()
+    turns = Turns(limit=1, hold=False, orders=2, keys=1, first=1)
+    group = Group(Task("t1", comp=True), Task("t2", comp=True), Task("t3", comp=True))
+    last = Group(Task("t5", comp=True), Task("t6", comp=True), Task("t7", fails="hold"))
+    flow = Flow(group, Task("t4", comp=True), last, Wait("e8", timeout=60), turns=turns)
+    run.start(flow=flow)
+    assert signature_of(run, "lose_release") is None
 
 
 def test_an_order_cancelled_after_it_gave_its_slot_back_undoes_within_the_limit(
