@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from core.course import in_doubt, standing
+from core.course import standing
 from core.messages import idempotency_key
 from core.states import OrderStatus, StepState
 from core.steps import StepRecord
+from core.telling import in_doubt
 from core.timefmt import iso
 
 if TYPE_CHECKING:

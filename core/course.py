@@ -37,10 +37,20 @@ from typing import TYPE_CHECKING, Final
 from core import kinds, moves, turns
 from core.history import Happened
 from core.items import compensation_of, decided, heads, items_of, unreached
-from core.messages import MAX_KEY_ROUND, idempotency_key
+from core.messages import MAX_KEY_ROUND
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
-from core.timefmt import iso
+from core.telling import (
+    in_doubt,
+    is_bug,
+    tell_bugs,
+    tell_doubt,
+    tell_failed_undo,
+    tell_held,
+    tell_not_applied,
+    tell_overtaken,
+    tell_standing,
+)
 
 if TYPE_CHECKING:
     from core.model import Order
@@ -158,7 +168,7 @@ def _go_on(order: Order, group: list[StepRecord], now: datetime) -> None:
         reason = record.failure_reason
         record.record(now, Happened.CONTINUED, reason=reason)
         order.note(now, Happened.CONTINUED, step=record.step, reason=reason)
-        if _is_bug(record):
+        if is_bug(record):
             order.alert(
                 record,
                 f"{reason}: a bug in the workflow's declaration; nothing was sent for it, and "
@@ -172,10 +182,6 @@ def goes_on(order: Order, record: StepRecord) -> bool:
     """``record``'s step is declared ``on_failure="continue"``: its failure, in doubt too,
     is no reason to stop or to keep the order from being undone (it may stand)."""
     return record.kind is StepKind.ACTION and order.planned(record.step).on_failure == "continue"
-
-
-def _is_bug(record: StepRecord) -> bool:
-    return record.gave_up is not None and record.gave_up.kind == kinds.DECLARATION_BUG
 
 
 def _halt(order: Order, record: StepRecord, now: datetime) -> None:
@@ -224,18 +230,18 @@ def _settle(order: Order, now: datetime) -> bool:
         return False
     held = [r for r in failed if order.planned(r.step).on_failure == "hold"]
     if held and not order.cancel_requested:
-        _tell_held(order, held, failed, now)
+        tell_held(order, held, failed, now)
         order.set_status(OrderStatus.ERROR, now)
         return False
-    bugs = [r for r in failed if _is_bug(r)]
+    bugs = [r for r in failed if is_bug(r)]
     if order.cancel_requested or order.plan.compensates or _undoable(order):
         if bugs:
-            _tell_bugs(order, bugs, now)
+            tell_bugs(order, bugs, now)
         if _undoable(order):
             order.set_status(OrderStatus.COMPENSATING, now)
         _unwind(order, now)  # nothing to undo: it ends at once (compensated, or told)
         return False
-    _tell_not_applied(order, failed, now)
+    tell_not_applied(order, failed, now)
     order.set_status(OrderStatus.ERROR, now)
     return False
 
@@ -256,12 +262,6 @@ def _cancel_too_late(order: Order, record: StepRecord, now: datetime) -> None:
 # --- doubt, over every record ----------------------------------------------------------------
 
 
-def in_doubt(record: StepRecord) -> bool:
-    """Some attempt of ``record`` may have applied and nothing settled it, and it is not
-    known to have applied (one key, one effect: a success settles every attempt)."""
-    return record.may_have_applied and not record.applied
-
-
 def doubtful(order: Order) -> list[StepRecord]:
     """Every action that may have applied, cannot be undone and may not stand: while any
     is in doubt nothing is undone around it (docs/contracts.md §3.15)."""
@@ -280,108 +280,25 @@ def _undoable(order: Order) -> bool:
     return next_to_compensate(order) is not None
 
 
-def tell_doubt(order: Order, records: list[StepRecord], now: datetime) -> None:
-    """One alert for the episode, naming every step that may have applied and cannot be
-    undone: nothing is undone around them; what to check, and what to do then."""
-    parts = []
-    for record in records:
-        numbers = ", ".join(map(str, record.maybe_applied))
-        reason = record.gave_up.reason if record.gave_up is not None else record.last_error or ""
-        parts.append(
-            f"{reason or record.step}; it may have been applied (attempt(s) {numbers} may have "
-            "reached it)"
-        )
-    keys = ", ".join(idempotency_key(order.order_id, r.step, r.key_round) for r in records)
-    names = ", ".join(r.step for r in records)
-    one = len(records) == 1
-    if order.cancel_requested:
-        advice = (
-            f"{'it cannot' if one else 'they cannot'} be compensated, so the cancel stops here: "
-            f"ask {'its service' if one else 'their services'} whether {keys} happened, then "
-            "resubmit (if it was applied, the same idempotency key returns its result and the "
-            "order completes) or cancel again, stating it did not happen, to undo the other "
-            "steps"
-        )
-    else:
-        advice = (
-            f"{'it has' if one else 'they have'} no compensation: ask "
-            f"{'its service' if one else 'their services'} whether {keys} happened, then "
-            "resubmit to retry with the same idempotency key (safe either way), or cancel, "
-            "stating it did not happen, to undo the completed steps"
-        )
-    reason = "; and ".join(parts) if one else f"{names} may have been applied: " + "; ".join(parts)
-    order.alert(records[0], f"{reason}, and {advice}", now)
-
-
-def _tell_not_applied(order: Order, failed: list[StepRecord], now: datetime) -> None:
-    if not failed:  # pragma: no cover - a group that settles without a failure unwinds
-        return
-    reasons = [r.failure_reason for r in failed]
-    verdict = "it was not applied" if len(failed) == 1 else "none of them was applied"
-    order.alert(
-        failed[0],
-        f"{'; '.join(reasons)}; {verdict}: it is safe to resubmit once the cause is fixed",
-        now,
-    )
-
-
-def _tell_held(
-    order: Order, held: list[StepRecord], failed: list[StepRecord], now: datetime
-) -> None:
-    """A step declared ``on_failure="hold"`` failed for good: nothing is undone until an
-    operator decides; one alert says what failed and what to do (§3.17)."""
-    parts = []
-    for record in failed:
-        if in_doubt(record):
-            numbers = ", ".join(map(str, record.maybe_applied))
-            verdict = f"it may have been applied (attempt(s) {numbers} may have reached it)"
-        elif _is_bug(record):
-            verdict = "a bug in the workflow's declaration; nothing was sent for it"
-        else:
-            verdict = "it was not applied"
-        parts.append(f"{record.failure_reason}; {verdict}")
-    names = ", ".join(r.step for r in held)
-    order.alert(
-        held[0],
-        f"{'; and '.join(parts)}. Nothing was undone: {names} holds the order for you "
-        '(on_failure="hold"). Fix the cause and resubmit the order (with a patch of its data '
-        "if the data was wrong) to run it again, or cancel it to undo the completed steps",
-        now,
-    )
-
-
-def _tell_bugs(order: Order, bugs: list[StepRecord], now: datetime) -> None:
-    """A declaration's function raised: told, even though the order unwinds (§3.17)."""
-    reasons = "; ".join(r.gave_up.reason for r in bugs if r.gave_up is not None)
-    order.alert(
-        bugs[0],
-        f"{reasons}: a bug in the workflow's declaration; nothing was sent for it, and the "
-        "order is being undone. Fix the declaration; new orders will use it",
-        now,
-    )
-
-
 # --- unwinding ---------------------------------------------------------------------------------
 
 
 def _unwind(order: Order, now: datetime) -> None:
-    """One look at the unwinding: one compensation at a time, latest first."""
+    """One look at the unwinding: one compensation at a time, latest first. What is not
+    sent yet is withdrawn at new doubt (§3.15), or at a step declared ``hold`` found to
+    have failed meanwhile (a late report; §3.17: nothing undone until an operator says)."""
     undos = [s for s in order.steps if s.kind is StepKind.COMPENSATION]
-    for undo in [u for u in undos if u.is_active and u.attempt == 0] if doubtful(order) else []:
-        names = ", ".join(r.step for r in doubtful(order))
-        moves.withdraw_undo(order, undo, now, f"{names} may have applied after all")
+    doubt, held = doubtful(order), _held(order)
+    for undo in [u for u in undos if u.is_active and u.attempt == 0] if doubt or held else []:
+        names = ", ".join(r.step for r in doubt or held)
+        why = "may have applied after all" if doubt else 'failed, and holds the order ("hold")'
+        moves.withdraw_undo(order, undo, now, f"{names} {why}")
     if any(s.is_active for s in order.steps):
         return  # one compensation at a time; a step asked again (a resubmit) first
     _reconcile_undos(order, now)
-    failed = [
-        u
-        for u in undos
-        if u.process_state is StepState.ERROR
-        and u.gave_up is not None
-        and u.gave_up.kind != moves.OVERTAKEN
-    ]
+    failed = [u for u in undos if _gave_up(u, overtaken=False)]
     if failed:
-        _tell_failed_undo(order, max(failed, key=lambda s: s.seq), now)
+        tell_failed_undo(order, max(failed, key=lambda s: s.seq), now)
         order.set_status(OrderStatus.ERROR, now)
         return
     doubt = doubtful(order)
@@ -389,13 +306,11 @@ def _unwind(order: Order, now: datetime) -> None:
         tell_doubt(order, doubt, now)
         order.set_status(OrderStatus.ERROR, now)
         return
-    overtaken = [
-        u
-        for u in undos
-        if u.process_state is StepState.ERROR
-        and u.gave_up is not None
-        and u.gave_up.kind == moves.OVERTAKEN
-    ]
+    if held:
+        tell_held(order, held, held, now)
+        order.set_status(OrderStatus.ERROR, now)
+        return
+    overtaken = [u for u in undos if _gave_up(u, overtaken=True)]
     if overtaken:
         # Its step applied after the undo began: the unwinding stops here, told.
         tell_overtaken(order, max(overtaken, key=lambda s: s.seq), now)
@@ -409,10 +324,27 @@ def _unwind(order: Order, now: datetime) -> None:
     told = [r for r in stands if not order.planned(r.step).may_stand]
     order.unwound = True
     if told:
-        _tell_standing(order, told, now)
+        tell_standing(order, told, now)
         order.set_status(OrderStatus.ERROR, now)
         return
     finish(order, now)
+
+
+def _held(order: Order) -> list[StepRecord]:
+    """Steps declared ``on_failure="hold"`` that failed, unless an operator cancelled."""
+    return [
+        r
+        for r in order.latest_actions()
+        if r.process_state is StepState.ERROR
+        and not r.continued
+        and not order.cancel_requested
+        and order.planned(r.step).on_failure == "hold"
+    ]
+
+
+def _gave_up(undo: StepRecord, *, overtaken: bool) -> bool:
+    given = undo.gave_up if undo.process_state is StepState.ERROR else None
+    return given is not None and (given.kind == moves.OVERTAKEN) is overtaken
 
 
 def finish(order: Order, now: datetime) -> None:
@@ -520,61 +452,8 @@ def begin_compensation(order: Order, target: StepRecord, now: datetime) -> None:
         )
     kinds.decide_compensation_input(order, record, now)
     if record.process_state is StepState.ERROR:  # its input raised: the unwinding stops
-        _tell_failed_undo(order, record, now)
+        tell_failed_undo(order, record, now)
         order.set_status(OrderStatus.ERROR, now)
-
-
-def _tell_failed_undo(order: Order, undo: StepRecord, now: datetime) -> None:
-    gave_up = undo.gave_up
-    reason = gave_up.reason if gave_up is not None else undo.last_error or ""
-    verdict = "it was not applied"
-    if gave_up is not None and gave_up.ambiguous:
-        numbers = ", ".join(map(str, undo.maybe_applied))
-        verdict = f"it may have been applied (attempt(s) {numbers} may have reached it)"
-    order.alert(
-        undo,
-        f"compensation {reason}; {verdict}. The unwinding stopped at {undo.step} (undoing "
-        f"{undo.compensates}): fix the cause, then resubmit the order (or cancel it again) to "
-        "retry it",
-        now,
-    )
-
-
-def tell_overtaken(order: Order, undo: StepRecord, now: datetime) -> None:
-    target = order.find(undo.compensates or "")
-    assert target is not None and target.applied_after_undo is not None
-    began = undo.round_began()
-    next_key = idempotency_key(order.order_id, undo.step, undo.key_round + 1)
-    order.alert(
-        undo,
-        f"{target.step} applied at {iso(target.applied_after_undo)}, after {undo.step} began "
-        f"undoing it at {iso(began) if began else 'an earlier time'}: {undo.step} may have "
-        f"missed it, so its effect may stand. Undo it: resubmit the order to run "
-        f"{undo.step} again as a new effect (idempotency key {next_key}); if its service "
-        f"shows the effect already undone, it will answer that",
-        now,
-    )
-
-
-def _tell_standing(order: Order, records: list[StepRecord], now: datetime) -> None:
-    """An unwinding that ends with an effect that stands is not ``compensated``: one alert
-    names the effect and what was undone (docs/contracts.md §3.15)."""
-    undone = [
-        f"{r.step} (by {r.undone_by})"
-        for r in order.latest_actions()
-        if r.process_state is StepState.COMPENSATED and r.undone_by
-    ]
-    names = ", ".join(r.step for r in records)
-    verb = "applies" if len(records) == 1 else "apply"
-    order.alert(
-        records[0],
-        f"{names} applied and cannot be undone (no compensation): its effect stands, while "
-        f"the order was undone ({', '.join(undone) or 'nothing else to undo'}). {names} "
-        f"{verb} for {idempotency_key(order.order_id, records[0].step, records[0].key_round)}; "
-        "undo it by hand if it must not stand. The order stays in error, the record of it: "
-        "nothing is left for the workflow to undo",
-        now,
-    )
 
 
 def lands_in(order: Order, status: OrderStatus, now: datetime) -> OrderStatus:

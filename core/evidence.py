@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from core import moves
 from core.attempts import Attempt
-from core.course import doubtful, enter, in_doubt, lands_in, tell_overtaken
+from core.course import doubtful, enter, lands_in
 from core.errors import TransitionRefused
 from core.history import Happened
 from core.kinds import CALLBACK, begin, kind_of
@@ -36,6 +36,7 @@ from core.outcome import Applied, Outcome
 from core.policy import RetryPolicy
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
+from core.telling import in_doubt, tell_overtaken
 from core.timefmt import iso
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final
 
 from core import evidence
-from core.course import halting, in_doubt
+from core.course import halting
 from core.errors import InvalidEvent, TransitionRefused
 from core.history import Happened
 from core.kinds import CALLBACK, WAIT, StepFunctionFailed, json_object
@@ -38,6 +38,7 @@ from core.order_message import utf16_units
 from core.plans import PlannedStep
 from core.states import OrderStatus, StepState
 from core.steps import StepRecord
+from core.telling import in_doubt
 from core.timefmt import iso
 
 if TYPE_CHECKING:

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from core import course, inbox, kinds, moves
 from core.cancel import CancelPreview, blocking, preview_cancel
-from core.course import in_doubt, standing
+from core.course import standing
 from core.evidence import unwinding_began
 from core.history import Happened
 from core.messages import MAX_KEY_ROUND
 from core.patches import apply_patch, history_of
 from core.states import OrderStatus, StepKind, StepState
 from core.steps import StepRecord
+from core.telling import in_doubt
 
 if TYPE_CHECKING:
     from core.model import Order
