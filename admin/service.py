@@ -528,14 +528,15 @@ class OrderAdmin:
                 raise
 
     def _take_turn_again(self, order: Order) -> Order | None:
-        """An ``error`` order that gave its key's slot back (no ``hold_on_error``) takes
-        one again before it is resubmitted (docs/contracts.md §3.16): at once, or the
-        resubmit is refused (409 ``turn-busy``, naming who holds it), taking no place in
-        line. The order if it took one now (released if the resubmit fails)."""
+        """An ``error`` order that gave its key's slot back (no ``hold_on_error``, or its
+        unwinding over: ``turns.gives_back``) takes one again before it is resubmitted
+        (docs/contracts.md §3.16): at once, or the resubmit is refused (409 ``turn-busy``,
+        naming who holds it), taking no place in line. The order if it took one now
+        (released if the resubmit fails)."""
         rule = order.plan.concurrency
         if self._turns is None or rule is None or not turns.key_of(order):
             return None
-        if order.status is not OrderStatus.ERROR or not rule.releases(order.status):
+        if order.status is not OrderStatus.ERROR or not turns.gives_back(order):
             return None
         slot = self._turns.enter(order.workflow, turns.key_of(order), rule, order.order_id)
         if slot.holds(order.order_id):

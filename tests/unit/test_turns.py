@@ -408,6 +408,33 @@ def test_hold_on_error_keeps_the_slot_until_the_operator_acts(s: Services) -> No
     assert requested(s)[-1] == "h-2"
 
 
+def test_an_order_held_on_error_that_gave_its_slot_back_takes_one_again_to_resubmit(
+    s: Services,
+) -> None:
+    """``hold_on_error`` keeps the slot while the operator may act, not once the unwinding
+    is over (``turns.gives_back``): an order resubmitted after that takes a slot again
+    first, or is refused, as any that gave its slot back (found by the model, seed 505)."""
+    send(s, "w-1", "held-wait", account="acme")
+    send(s, "w-2", "held-wait", account="acme")
+    finish(s, "w-1")  # processed: it waits for its approval
+    s.clock.advance(61)
+    s.supervisor.run()  # the approval timed out: nothing to undo, process's effect stands
+    assert stored(s, "w-1").status is OrderStatus.ERROR and stored(s, "w-1").unwound
+    pump(s)
+    assert turn(s, "w-1")["holders"] == ["w-2"]
+
+    with pytest.raises(TransitionRefused, match="is taken"):
+        s.admin.resubmit("w-1", by="ops", reason="ask again")
+
+    assert stored(s, "w-1").status is OrderStatus.ERROR  # not running beside w-2
+    finish(s, "w-2")
+    s.clock.advance(61)
+    s.supervisor.run()
+    pump(s)
+    s.admin.resubmit("w-1", by="ops", reason="ask again")  # the slot is free: it takes it
+    assert turn(s, "w-1")["holders"] == ["w-1"]
+
+
 def test_a_resubmit_takes_a_slot_again_or_is_refused_naming_the_holder(s: Services) -> None:
     send(s, "a-1", account="acme")
     send(s, "a-2", account="acme")
