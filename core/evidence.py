@@ -191,12 +191,16 @@ def _mark_applied(
     by_callback: bool,
 ) -> None:
     if by_callback:
-        # The remote's own word that the effect happened: every attempt it accepted is it.
-        for accepted in record.attempts.items:
-            if accepted.accepted and accepted.key_round == record.key_round:
-                accepted.report(Applied.YES)
-                if accepted.in_flight:
-                    accepted.end(Outcome.SUCCEEDED, now)
+        # The remote's own word that the key's effect happened: every attempt it accepted
+        # is it; none accepted (its 202 lost), those of the key that may have reached it
+        # (one key, one effect), so that no doubt about the key outlives its answer.
+        run = [a for a in record.attempts.items if a.key_round == record.key_round]
+        for accepted in [a for a in run if a.accepted] or [
+            a for a in run if a.applied is not Applied.NO
+        ]:
+            accepted.report(Applied.YES)
+            if accepted.in_flight:
+                accepted.end(Outcome.SUCCEEDED, now)
         return
     if attempt is not None:
         attempt.report(Applied.YES, None, runner, run_ended)
