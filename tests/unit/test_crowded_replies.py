@@ -84,8 +84,8 @@ def wide() -> Iterator[Wide]:
         yield Wide(app, store, transport, waits)
 
 
-def submit(w: Wide, order_id: str, items: int) -> list[AgentRequest]:
-    body = {"orderId": order_id, "workflow": "wide", "lines": [{"n": i} for i in range(items)]}
+def submit(w: Wide, order_id: str, items: int, workflow: str = "wide") -> list[AgentRequest]:
+    body = {"orderId": order_id, "workflow": workflow, "lines": [{"n": i} for i in range(items)]}
     w.app.scheduler.submit(json.dumps(body).encode())
     return list(w.transport.requests)
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from agents.binding import RequestBinding
+from core.item_names import MAX_ITEM_CONCURRENCY
 from core.messages import AgentReply
 from core.model import Order
 from core.states import OrderStatus, StepState
@@ -149,15 +151,7 @@ def test_a_bound_below_one_is_refused() -> None:
 
 
 def forged(reply: AgentReply) -> AgentReply:
-    return AgentReply(
-        reply.order_id,
-        reply.step,
-        reply.attempt,
-        reply.complete_by,
-        reply.outcome,
-        result=reply.result,
-        token="not-its-token",
-    )
+    return replace(reply, token="not-its-token")
 
 
 def test_replies_that_come_together_are_one_save(wide: Wide) -> None:  # noqa: F811
@@ -201,11 +195,7 @@ def test_replies_for_an_order_that_does_not_exist_are_each_quarantined(
     wide: Wide,  # noqa: F811
 ) -> None:
     requests = submit(wide, "o-gone", 2)
-    lost = [reply_to(r) for r in requests]
-    lost = [
-        AgentReply("o-none", r.step, r.attempt, r.complete_by, r.outcome, token=r.token)
-        for r in lost
-    ]
+    lost = [replace(reply_to(r), order_id="o-none") for r in requests]
 
     assert wide.app.scheduler._apply_replies(lost) == [Handled.UNBOUND, Handled.UNBOUND]
 
@@ -213,24 +203,14 @@ def test_replies_for_an_order_that_does_not_exist_are_each_quarantined(
 def test_the_widest_batch_on_the_widest_for_each_fits_one_transaction(
     wide: Wide,  # noqa: F811
 ) -> None:
-    body_items = 60
-    wide.app.scheduler.submit(
-        json.dumps(
-            {
-                "orderId": "o-widest",
-                "workflow": "widest",
-                "lines": [{"n": i} for i in range(body_items)],
-            }
-        ).encode()
-    )
-    requests = list(wide.transport.requests)
-    assert len(requests) == 25
+    requests = submit(wide, "o-widest", 60, workflow="widest")
+    assert len(requests) == MAX_ITEM_CONCURRENCY
 
     results = wide.app.scheduler._apply_replies([reply_to(r) for r in requests[:REPLIES_TOGETHER]])
 
     # the in-memory store refuses a transaction of more than 100 operations, as Azure does
     assert results == [Handled.APPLIED] * REPLIES_TOGETHER
-    assert len(wide.transport.requests) == 25 + REPLIES_TOGETHER
+    assert len(wide.transport.requests) == MAX_ITEM_CONCURRENCY + REPLIES_TOGETHER
 
 
 def test_replies_given_at_once_on_threads_are_applied_in_fewer_saves(
