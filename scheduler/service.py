@@ -654,29 +654,26 @@ class Scheduler:
         return None if changed is None else changed.result
 
     def _apply_one(self, reply: AgentReply) -> Handled:
+        """One reply alone (``_apply_together`` of one): stale, unbound or kept changing
+        are its own answers here."""
         try:
-            changed = self._changes.change(
-                reply.order_id,
-                lambda o: o.apply_reply(reply, self._clock(), self._config.policy),
-                # items that end together all save this order: more tries, spread out
-                on_conflict=self._crowded,
-                loaded=self._recent_for(reply),
-                after_save=lambda order, effect: _told_applied(reply, order, effect),
-            )
-        except TransitionRefused as refused:
-            METRICS.inc("stale_replies", reason=refused.reason)
-            log.warning("stale reply dropped (%s): %s", refused.reason, refused.message)
+            effects = self._apply_together([reply])
+        except _Refused as refused:
+            cause = refused.__cause__
+            if isinstance(cause, UnboundMessage):
+                self._quarantine_reply(reply, cause.message)
+                return Handled.UNBOUND
+            assert isinstance(cause, TransitionRefused)
+            METRICS.inc("stale_replies", reason=cause.reason)
+            log.warning("stale reply dropped (%s): %s", cause.reason, cause.message)
             return Handled.STALE
-        except UnboundMessage as unbound:
-            self._quarantine_reply(reply, unbound.message)
-            return Handled.UNBOUND
         except ConcurrencyConflict as exc:
             raise self._kept_changing(reply, exc) from exc
-        if changed is None:
+        if effects is None:
             why = f"a reply for order {reply.order_id}, which does not exist"
             self._quarantine_reply(reply, why)
             return Handled.UNBOUND
-        return Handled.APPLIED if changed.result is ReplyEffect.APPLIED else Handled.NOTED
+        return Handled.APPLIED if effects[0] is ReplyEffect.APPLIED else Handled.NOTED
 
     def _kept_changing(self, reply: AgentReply, exc: ConcurrencyConflict) -> ConcurrencyConflict:
         METRICS.inc("reply_conflicts")
