@@ -35,7 +35,6 @@ from azure.core.exceptions import (
     AzureError,
     HttpResponseError,
     ResourceExistsError,
-    ResourceModifiedError,
     ResourceNotFoundError,
 )
 from azure.data.tables import TableClient, TableEntity, TableTransactionError, UpdateMode
@@ -44,6 +43,7 @@ from core.errors import (
     ConcurrencyConflict,
     CorruptOrder,
     OrderAlreadyExists,
+    OrderError,
     OrderNotFound,
     StorageUnavailable,
 )
@@ -393,14 +393,8 @@ class TableStateStore(SweepReads, ControlRows, OutageRows, DashboardRows, TurnRo
             return self._one(partition, ops[0])
         try:
             results = self._table.submit_transaction([_sdk(op) for op in ops])
-        except TableTransactionError as exc:
-            if exc.status_code in (404, 409, 412):
-                raise ConcurrencyConflict(
-                    f"rows of {partition} changed meanwhile ({exc.status_code})"
-                ) from exc
-            raise StorageUnavailable(f"transaction in {partition} failed: {exc}") from exc
         except AzureError as exc:
-            raise StorageUnavailable(f"transaction in {partition} failed: {exc}") from exc
+            raise _refused(partition, "transaction", exc, TableTransactionError) from exc
         return {op.row: r["etag"] for op, r in zip(ops, results, strict=True) if r.get("etag")}
 
     def _one(self, partition: str, op: writes.Op) -> dict[str, str]:
@@ -418,16 +412,8 @@ class TableStateStore(SweepReads, ControlRows, OutageRows, DashboardRows, TurnRo
                 result = self._table.upsert_entity(entity, **options)
             else:
                 result = self._table.update_entity(entity, **options)
-        except (ResourceExistsError, ResourceNotFoundError, ResourceModifiedError) as exc:
-            raise ConcurrencyConflict(f"rows of {partition} changed meanwhile ({exc})") from exc
-        except HttpResponseError as exc:
-            if exc.status_code in (404, 409, 412):
-                raise ConcurrencyConflict(
-                    f"rows of {partition} changed meanwhile ({exc.status_code})"
-                ) from exc
-            raise StorageUnavailable(f"write in {partition} failed: {exc}") from exc
         except AzureError as exc:
-            raise StorageUnavailable(f"write in {partition} failed: {exc}") from exc
+            raise _refused(partition, "write", exc) from exc
         etag = result.get("etag") if isinstance(result, dict) else None
         return {op.row: etag} if etag else {}
 
@@ -470,6 +456,22 @@ def _as_read(entity: dict[str, Any], etag: str) -> TableEntity:
 
 def _body_chars(record: dict[str, Any]) -> int:
     return sum(len(v) for k, v in record.items() if k.startswith("Body") and isinstance(v, str))
+
+
+def _refused(
+    partition: str,
+    what: str,
+    exc: AzureError,
+    answers: type[HttpResponseError] = HttpResponseError,
+) -> OrderError:
+    """A write of ``partition``'s rows that failed: the service's answer (``answers``: a
+    batch's is a ``TableTransactionError``) that a row changed, was there already or was
+    gone (404, 409, 412: ``ConcurrencyConflict``, decide again), or anything else
+    (``StorageUnavailable``). A batch and a write of one row answer alike."""
+    status = exc.status_code if isinstance(exc, answers) else None
+    if status in (404, 409, 412):
+        return ConcurrencyConflict(f"rows of {partition} changed meanwhile ({status})")
+    return StorageUnavailable(f"{what} in {partition} failed: {exc}")
 
 
 def _missing_index_row(exc: AzureError, ops: list[writes.Op]) -> int | None:
