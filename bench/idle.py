@@ -29,19 +29,19 @@ import json
 import sys
 import time
 import uuid
-from collections import defaultdict
 from typing import Any
 
 from bench import stack_options
 from bench.latency import (
     call_times,
     done_at,
-    hops,
+    hops_ms,
     machine,
     ms_stats,
     send,
     utc_now_text,
     wait_finished,
+    warm_up,
 )
 from demo.stack import LocalStack
 
@@ -59,11 +59,7 @@ def run(
     with stack:
         ctx = stack.context
         prefix = f"idle-{uuid.uuid4().hex[:6]}"
-        time.sleep(2)  # let the hosts finish starting
-        warm = [f"{prefix}-warm-{n:02d}" for n in range(WARM_UP)]
-        for order_id in warm:
-            send(ctx, order_id, workflow)
-        wait_finished(ctx, warm, timeout)
+        warm_up(ctx, prefix, workflow, timeout, WARM_UP)
         for n in range(orders):
             time.sleep(gap)  # nothing to do: the triggers back off
             order_id = f"{prefix}-{n:02d}"
@@ -73,10 +69,6 @@ def run(
     completed = {k: o for k, o in finished.items() if str(o.status) == "completed"}
     if not completed:
         raise SystemExit("no order completed")
-    by_hop: dict[str, list[float]] = defaultdict(list)
-    for order_id, order in completed.items():
-        for name, value in hops(order, submitted[order_id], calls):
-            by_hop[name].append(value)
     return {
         "benchmark": "idle",
         "date": utc_now_text(),
@@ -88,10 +80,7 @@ def run(
         "orders": orders,
         "completed": len(completed),
         "latencyMs": ms_stats([done_at(o) - submitted[k] for k, o in completed.items()]),
-        "hopsMs": {
-            name: {k: v for k, v in ms_stats(values).items() if k in ("p50", "p99", "mean")}
-            for name, values in by_hop.items()
-        },
+        "hopsMs": hops_ms(completed, submitted, calls),
     }
 
 
