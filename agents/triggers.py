@@ -30,6 +30,7 @@ from config.settings import SERVICE_BUS, STORAGE, Transport
 from core import names
 from core.errors import DuplicateRequest, InvalidMessage, UnboundMessage
 from core.workflows import AGENTS
+from messaging import bound
 from messaging.wire import decode_request
 from observability.logs import get_logger
 
@@ -41,6 +42,10 @@ ON_STORAGE_QUEUES = index_time().transport is Transport.STORAGE
 _agent_for = uses(lambda app: app.agent_for)
 _names = uses(lambda app: app.names)
 _keep_aside = uses(lambda app: app.quarantine)
+_send = uses(lambda app: app.queues.send)
+#: Where an agent's invocation sends at once (the next step's request, a wake-up, a
+#: reply it could not apply in process): through output bindings (``messaging.bound``).
+HOPS = bound.hop_queues(ON_STORAGE_QUEUES)
 #: A quarantine is a send and a table write, each bounded by its client.
 QUARANTINE_BOUND = 120.0
 
@@ -91,7 +96,9 @@ def _register(function_name: str, queue: str, agent: str) -> None:
         handler: Callable[..., Coroutine[Any, Any, None]] = on_queue
         handler.__name__ = handler.__qualname__ = function_name
         bp.function_name(function_name)(
-            bp.queue_trigger(arg_name="msg", queue_name=queue, connection=STORAGE)(handler)
+            bp.queue_trigger(arg_name="msg", queue_name=queue, connection=STORAGE)(
+                bound.bind(bp, handler, func.QueueMessage, HOPS, _send, STORAGE)
+            )
         )
     else:
 
@@ -100,9 +107,10 @@ def _register(function_name: str, queue: str, agent: str) -> None:
 
         handler = on_message
         handler.__name__ = handler.__qualname__ = function_name
+        bound_handler = bound.bind(bp, handler, func.ServiceBusMessage, HOPS, _send, STORAGE)
         bp.function_name(function_name)(
             bp.service_bus_queue_trigger(arg_name="msg", queue_name=queue, connection=SERVICE_BUS)(
-                handler
+                bound_handler
             )
         )
 

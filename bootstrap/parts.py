@@ -112,9 +112,10 @@ class AppContext:
 
     @part
     def queues(self) -> StorageQueues:
-        return StorageQueues(
-            clients.queue_service(self.settings.storage, self.settings.opcount_dir)
-        )
+        """The app's queues, on ``AzureWebJobsStorage``: the account of the functions'
+        output bindings too (``messaging.bound``)."""
+        service = clients.queue_service(self.settings.storage, self.settings.opcount_dir)
+        return StorageQueues(service, bindable=True)
 
     @part
     def kept(self) -> KeptMessages:

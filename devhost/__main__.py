@@ -24,7 +24,7 @@ from config.settings import DEV_PRINCIPAL, DEVHOST_INSTANCE_ID, disabled_setting
 from devhost import app_loader, deployed, pool
 from devhost.host import DevHost
 from devhost.invoke import Invoker
-from devhost.settings import ConfigError, load_json
+from devhost.settings import ConfigError, load_json, with_overrides
 from devhost.singleton import host_id
 from hostrun import worker as hostrun
 from observability import opcount
@@ -96,7 +96,7 @@ def build(args: argparse.Namespace) -> DevHost:
     for fn in (fn for fn in every if fn not in functions):
         os.environ[disabled_setting(str(fn.get_function_name()))] = "true"
     specs = [app_loader.build_spec(fn, os.environ) for fn in functions]
-    host_json = load_json(Path(root, "host.json"))
+    host_json = with_overrides(load_json(Path(root, "host.json")), os.environ)
     if short := pool.shortfall(specs, host_json, os.environ):
         log.warning("%s", short)
     lock_id = host_id(os.environ, str(Path(root, args.app).resolve()))

@@ -141,11 +141,10 @@ class DevHost:
                 raise ConfigError(f"function {spec.name}: no output binding {name!r}")
             service = self.queue_service(str(binding.get("connection") or STORAGE))
             queues, queue = StorageQueues(service), str(binding["queueName"])
-            for item in value if isinstance(value, list) else [value]:
-                # messageEncoding none: text only
+            for item in value if isinstance(value, list) else [value]:  # text (encoding none)
                 text = bytes(item).decode() if isinstance(item, bytes | bytearray) else item
                 queues.send(queue, text if isinstance(text, str) else json.dumps(text))
-                # The host's SharedQueueWatcher: its own output bindings wake the listener.
+                # The host's SharedQueueWatcher: its own output bindings wake the listeners.
                 self.enqueued.notify(str(getattr(service, "account_name", "")), queue)
 
     def _add_queue(self, spec: FunctionSpec, options: QueueOptions, lease: LeaseOptions) -> None:

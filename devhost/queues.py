@@ -1,12 +1,11 @@
 """Storage queue triggers: poll, lease, invoke, then delete, retry or poison, as the host's
 ``QueueListener`` (Microsoft.Azure.WebJobs.Extensions.Storage.Queues) does.
 
-A receive that returned messages is followed by the next at once, an empty one by
-:class:`PollingBackOff`; only what this host adds to a queue ends a wait early
-(:class:`EnqueueWatcher`). Success deletes the message; failure at ``maxDequeueCount``
-moves it to ``<queue>-poison``, a lesser one makes it visible after ``visibilityTimeout``.
-Where devhost differs: it leases a message for at most 30 s, renewed every 10 s while the
-function runs (the host: 10 minutes), so a killed process's message is back within 30 s.
+A receive with messages is followed by the next at once, an empty one by :class:`PollingBackOff`;
+only what this host adds to a queue ends a wait early (:class:`EnqueueWatcher`). Success
+deletes; failure at ``maxDequeueCount`` moves it to ``<queue>-poison``, a lesser one makes it
+visible after ``visibilityTimeout``. Unlike the host (10 minutes), devhost leases a message
+for 30 s at most, renewed every 10 s: a killed process's message is back within 30 s.
 """
 
 from __future__ import annotations
@@ -37,10 +36,9 @@ STOP_CHECK_SECONDS = 0.25  # how often a back-off looks at the stop event
 
 
 class PollingBackOff:
-    """The wait after an empty receive: the WebJobs SDK's
-    ``RandomizedExponentialBackoffStrategy(100 ms, maxPollingInterval)``. 100 ms if a
-    message came since the last wait, else 100 ms more each time times 1, 2, 4 ... (each
-    0.8-1.2 times that): about 0.1, 0.2, 0.3, 0.5, 0.9, 1.7 s, up to the maximum."""
+    """The wait after an empty receive (WebJobs' ``RandomizedExponentialBackoffStrategy``):
+    100 ms if a message came since the last wait, else 100 ms more each time times 1, 2, 4
+    ... (each 0.8-1.2 times that): about 0.1, 0.2, 0.3, 0.5, 0.9, 1.7 s, up to the maximum."""
 
     def __init__(self, maximum: float, spread: Callable[[float, float], float] = random.uniform):
         self._maximum, self._spread = max(MIN_POLL_SECONDS, maximum), spread

@@ -49,6 +49,24 @@ def load_json(path: Path) -> dict[str, Any]:
     return document
 
 
+OVERRIDES = "AzureFunctionsJobHost__"  # an app setting over host.json: this, then its path
+
+
+def with_overrides(host: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    """host.json with the ``AzureFunctionsJobHost__<path>`` app settings on top, as the host
+    layers them (``__`` between the parts; devhost matches host.json's case, not any case)."""
+    merged: dict[str, Any] = json.loads(json.dumps(host))
+    for key, value in sorted(environ.items()):
+        if key.startswith(OVERRIDES):
+            *sections, last = key.removeprefix(OVERRIDES).split("__")
+            node = merged
+            for part in sections:
+                node[part] = node[part] if isinstance(node.get(part), dict) else {}
+                node = node[part]
+            node[last] = value
+    return merged
+
+
 def section(document: Mapping[str, Any], *path: str) -> Mapping[str, Any]:
     node: Any = document
     for part in path:

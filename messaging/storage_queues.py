@@ -16,6 +16,7 @@ from core.errors import QueueMissing, StorageUnavailable
 from core.messages import AgentReply, AgentRequest
 from core.names import Names
 from core.ports import Clock
+from messaging import bound
 from observability.logs import get_logger
 
 if TYPE_CHECKING:
@@ -41,10 +42,21 @@ EXISTS_SECONDS = 300.0
 
 
 class StorageQueues:
-    def __init__(self, service: QueueServiceClient, *, max_clients: int = MAX_CACHED_CLIENTS):
+    """The Storage queues of one account. ``bindable``: the account of the app's output
+    bindings (``AzureWebJobsStorage``), so a message due now for a queue the running
+    invocation is bound to goes through its output binding (``messaging.bound``)."""
+
+    def __init__(
+        self,
+        service: QueueServiceClient,
+        *,
+        max_clients: int = MAX_CACHED_CLIENTS,
+        bindable: bool = False,
+    ):
         if max_clients < 1:
             raise ValueError("max_clients must be at least 1")
         self._service = service
+        self._bindable = bindable
         self._max_clients = max_clients
         self._clients: OrderedDict[str, QueueClient] = OrderedDict()
         #: queues seen to exist, and when (``time.monotonic``)
@@ -79,6 +91,8 @@ class StorageQueues:
         create: bool = True,
     ) -> None:
         delay = min(math.ceil(delay_seconds), MAX_DELAY_SECONDS) if delay_seconds > 0 else None
+        if delay is None and self._bindable and bound.offer(queue, body):
+            return  # the host sends it when the invocation returns (messaging.bound)
         client = self.client(queue)
         try:
             try:

@@ -4,12 +4,16 @@ What they use of the app, the process's app (``bootstrap.uses``), is named once 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import azure.functions as func
 
 from bootstrap import index_time, uses
 from config.settings import SERVICE_BUS, STORAGE, Transport
 from core import names
 from core.errors import InvalidMessage
+from messaging import bound
 from messaging.wire import decode_dispatch, decode_reply
 
 bp = func.Blueprint()
@@ -18,18 +22,33 @@ _scheduler = uses(lambda app: app.scheduler)
 _names = uses(lambda app: app.names)
 _quarantine = uses(lambda app: app.quarantine)
 _ride_out = uses(lambda app: app.ride_out)
+_send = uses(lambda app: app.queues.send)
+ON_STORAGE_QUEUES = index_time().transport is Transport.STORAGE
+#: Where these functions send at once: through output bindings, which wake the
+#: receiving function of this instance (``messaging.bound``).
+HOPS = bound.hop_queues(ON_STORAGE_QUEUES)
 
 
-@bp.queue_trigger(arg_name="msg", queue_name=names.ORDERS, connection=STORAGE)
+def _sends(handler: Callable[[Any], None], trigger_type: Any) -> Any:
+    return bound.bind(bp, handler, trigger_type, HOPS, _send, STORAGE)
+
+
 def submit_order(msg: func.QueueMessage) -> None:
     raw = msg.get_body()
     scheduler = _scheduler()
     _ride_out()(lambda: scheduler.submit(raw), what="submit")
 
 
-@bp.queue_trigger(arg_name="msg", queue_name=names.ORDER_DISPATCH, connection=STORAGE)
 def dispatch_order(msg: func.QueueMessage) -> None:
     _dispatch(msg.get_body())
+
+
+bp.queue_trigger(arg_name="msg", queue_name=names.ORDERS, connection=STORAGE)(
+    _sends(submit_order, func.QueueMessage)
+)
+bp.queue_trigger(arg_name="msg", queue_name=names.ORDER_DISPATCH, connection=STORAGE)(
+    _sends(dispatch_order, func.QueueMessage)
+)
 
 
 def _dispatch(raw: bytes) -> None:
@@ -55,28 +74,33 @@ def _apply_reply(raw: bytes) -> None:
     _ride_out()(lambda: scheduler.apply_reply(reply), what="reply")
 
 
-if index_time().transport is Transport.STORAGE:
+if ON_STORAGE_QUEUES:
 
-    @bp.queue_trigger(arg_name="msg", queue_name=names.AGENT_REPLIES, connection=STORAGE)
     def handle_agent_reply(msg: func.QueueMessage) -> None:
         _apply_reply(msg.get_body())
 
+    bp.queue_trigger(arg_name="msg", queue_name=names.AGENT_REPLIES, connection=STORAGE)(
+        _sends(handle_agent_reply, func.QueueMessage)
+    )
+
 else:
 
-    @bp.service_bus_queue_trigger(
-        arg_name="msg", queue_name=names.AGENT_REPLIES, connection=SERVICE_BUS
-    )
-    def handle_agent_reply(msg: func.ServiceBusMessage) -> None:
+    def handle_agent_reply(msg: func.ServiceBusMessage) -> None:  # type: ignore[misc]
         _apply_reply(msg.get_body())
 
-    @bp.service_bus_queue_trigger(
-        arg_name="msg", queue_name=names.ORDER_WAKEUPS, connection=SERVICE_BUS
-    )
     def wake_order(msg: func.ServiceBusMessage) -> None:
         """A wake-up scheduled for a time (a delay's end, a retry after its backoff:
         messaging/dispatch.py), pushed here when the broker enqueues it: as
         ``dispatch_order``."""
         _dispatch(msg.get_body())
+
+    for _handler, _queue in (
+        (handle_agent_reply, names.AGENT_REPLIES),
+        (wake_order, names.ORDER_WAKEUPS),
+    ):
+        bp.service_bus_queue_trigger(arg_name="msg", queue_name=_queue, connection=SERVICE_BUS)(
+            _sends(_handler, func.ServiceBusMessage)
+        )
 
 
 @bp.timer_trigger(

@@ -15,6 +15,7 @@ from devhost.settings import (
     parse_timespan,
     resolve_binding,
     route_prefix,
+    with_overrides,
 )
 
 
@@ -54,6 +55,31 @@ def test_queue_options_from_the_project_host_json() -> None:
     assert options.max_polling_interval == 2.0
     assert options.visibility_timeout == 5.0
     assert options.max_dequeue_count == 5
+
+
+def test_app_settings_override_host_json_as_the_host_layers_them() -> None:
+    """``AzureFunctionsJobHost__<path>``: the deployment's way to change host.json (the
+    queue poll's ceiling, here); host.json itself untouched."""
+    host = load_json(Path(__file__).parents[2] / "host.json")
+    environ = {
+        "AzureFunctionsJobHost__extensions__queues__maxPollingInterval": "00:00:00.5",
+        "AzureFunctionsJobHost__extensions__queues__batchSize": "4",
+        "AzureFunctionsJobHost__extensions__http__routePrefix": "orders",
+        "AzureWebJobsStorage": "not an override",
+    }
+    merged = with_overrides(host, environ)
+    options = QueueOptions.from_host_json(merged)
+    assert (options.max_polling_interval, options.batch_size) == (0.5, 4)
+    assert options.max_dequeue_count == 5  # what no setting names stays as host.json has it
+    assert route_prefix(merged) == "orders"  # a section host.json does not have is made
+    assert QueueOptions.from_host_json(host).max_polling_interval == 2.0
+
+
+def test_an_override_out_of_bounds_is_refused_as_host_json_would_be() -> None:
+    host = load_json(Path(__file__).parents[2] / "host.json")
+    setting = {"AzureFunctionsJobHost__extensions__queues__maxPollingInterval": "00:00:00.01"}
+    with pytest.raises(ConfigError, match="maxPollingInterval"):
+        QueueOptions.from_host_json(with_overrides(host, setting))
 
 
 def test_new_batch_threshold_defaults_to_half_the_batch() -> None:
