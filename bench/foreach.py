@@ -15,7 +15,7 @@ instances. Prints one JSON object:
 - ``acceptedMs``: the order's acceptance (its ``createdAt``, after the ``orders`` queue's
   poll) to its completion, p50 / p90 / min / max: the run without the wait for the
   ``orders`` trigger's poll (the queue is idle between runs, so its listener has backed
-  off to host.json's ``maxPollingInterval``, 2 s).
+  off to host.json's ``maxPollingInterval``, 0.5 s).
 - ``firstCallMs``: submit to the remote's first call of the order (the order's message
   waiting for the ``orders`` queue's poll, its acceptance, the first requests' trip),
   p50 / max: the part of ``durationMs`` before any line runs.

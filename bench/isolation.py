@@ -309,7 +309,7 @@ def run(
         # The window opens while the slow calls are in flight: on a busy machine the slow
         # orders may take longer than the gap to reach their ship step (two steps before
         # it). A longer gap changes nothing on the orders queue: its poll is at its
-        # slowest (maxPollingInterval, 2 s) after the gap already.
+        # slowest (maxPollingInterval, 0.5 s) after the gap already.
         wait_in_flight(stack, min(IN_FLIGHT_AT_START, slow), timeout=60)
         beside = window(stack, f"{prefix}-beside", orders, rate, timeout)
         beside["shipSteps"] = dict(ship_attempts(stack, slowed, beside["between"]))

@@ -17,7 +17,7 @@ step history (``core/model.py``), for every retry:
   step only once ``now`` is past ``CompleteBy + SKEW_GRACE`` (0.5 s, clock skew between
   instances: ``supervisor/service.py``), then at its next tick (every 1 s here)
 - ``expiredToClaimedMs``: the retry's trip through ``order-dispatch`` to a claim (the
-  queue listener polls an idle queue at most every ``maxPollingInterval``, 2 s)
+  queue listener polls an idle queue at most every ``maxPollingInterval``, 0.5 s)
 
 The issue's target is one supervisor period + 1 s after the deadline; the JSON gives
 the share of retries within it, and within it plus the skew grace.

@@ -95,8 +95,8 @@ GROUP_TARGET_S: Final = 1.3
 EVENT_TARGET_P50_MS: Final = 100
 DELAY_TARGET_S: Final = 1.0
 #: Seconds between delayed orders (low, high). Idle: longer than a trigger takes to back
-#: off to ``maxPollingInterval`` (2 s busy, then 0.2 + 0.4 + 0.8 + 1.6 s), so each wake
-#: finds the ``order-dispatch`` trigger at its slowest poll. Busy: many delays at once.
+#: off to ``maxPollingInterval`` (0.5 s; 2 s before 2026-11-29), so each wake finds the
+#: ``order-dispatch`` trigger at its slowest poll. Busy: many delays at once.
 IDLE_GAPS: Final = (6.0, 8.0)
 BUSY_GAPS: Final = (0.15, 0.65)
 

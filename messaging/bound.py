@@ -1,7 +1,7 @@
 """Sends through the invocation's output bindings, so that the host wakes the listener.
 
 A Storage queue trigger that finds its queue empty polls again only after a back-off
-that grows to host.json's ``maxPollingInterval`` (2 s). The Functions host shortens that
+that grows to host.json's ``maxPollingInterval`` (0.5 s). The Functions host shortens that
 wait in one case: when a function of the same instance adds a message to the queue
 through a queue **output binding** (the WebJobs queue extension's ``SharedQueueWatcher``,
 which the binding notifies and every queue listener of the instance registers with). A

@@ -16,7 +16,7 @@ How a message waits (docs/contracts.md §3.13):
   ``wake_order`` when it is enqueued: no rounding, no poll;
 - later, on Storage queues only: on ``order-dispatch`` with a visibility delay, which a
   Storage queue takes in whole seconds (rounded up), then picked up at the trigger's next
-  poll: up to ``1 s + maxPollingInterval`` (host.json, 2 s) late.
+  poll: up to ``1 s + maxPollingInterval`` (host.json, 0.5 s) late.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def test_queue_options_from_the_project_host_json() -> None:
     options = QueueOptions.from_host_json(host)
     assert options.batch_size == 16
     assert options.new_batch_threshold == 8
-    assert options.max_polling_interval == 2.0
+    assert options.max_polling_interval == 0.5
     assert options.visibility_timeout == 5.0
     assert options.max_dequeue_count == 5
 
@@ -62,17 +62,17 @@ def test_app_settings_override_host_json_as_the_host_layers_them() -> None:
     queue poll's ceiling, here); host.json itself untouched."""
     host = load_json(Path(__file__).parents[2] / "host.json")
     environ = {
-        "AzureFunctionsJobHost__extensions__queues__maxPollingInterval": "00:00:00.5",
+        "AzureFunctionsJobHost__extensions__queues__maxPollingInterval": "00:00:02",
         "AzureFunctionsJobHost__extensions__queues__batchSize": "4",
         "AzureFunctionsJobHost__extensions__http__routePrefix": "orders",
         "AzureWebJobsStorage": "not an override",
     }
     merged = with_overrides(host, environ)
     options = QueueOptions.from_host_json(merged)
-    assert (options.max_polling_interval, options.batch_size) == (0.5, 4)
+    assert (options.max_polling_interval, options.batch_size) == (2.0, 4)
     assert options.max_dequeue_count == 5  # what no setting names stays as host.json has it
     assert route_prefix(merged) == "orders"  # a section host.json does not have is made
-    assert QueueOptions.from_host_json(host).max_polling_interval == 2.0
+    assert QueueOptions.from_host_json(host).max_polling_interval == 0.5
 
 
 def test_an_override_out_of_bounds_is_refused_as_host_json_would_be() -> None:
