@@ -52,6 +52,7 @@ class DevHost:
     service_bus: list[ServiceBusListener] = field(default_factory=list)
     http: HttpServer | None = None
     queue_services: dict[str, Any] = field(default_factory=dict)  # by connection setting
+    senders: dict[int, StorageQueues] = field(default_factory=dict)  # by client, for sends
     enqueued: EnqueueWatcher = field(default_factory=EnqueueWatcher)
     timer_locks: TimerLocks | None = None  # None: every timer fires in this process
     unreadable: UnreadableQueues = field(init=False)  # one alert per queue nobody can read
@@ -59,7 +60,7 @@ class DevHost:
     def __post_init__(self) -> None:
         # devhost's own alerts, to the app's ``operator-alerts`` in its storage
         self.unreadable = UnreadableQueues(
-            lambda queue, body: StorageQueues(self.queue_service(STORAGE)).send(queue, body)
+            lambda queue, body: self.sender(STORAGE).send(queue, body)
         )
 
     @classmethod
@@ -131,6 +132,13 @@ class DevHost:
             self.queue_services[setting] = self._client(setting, "Storage", build, missing)
         return self.queue_services[setting]
 
+    def sender(self, setting: str) -> StorageQueues:
+        """Sends over ``setting``'s client, kept per client: its queue clients are kept too."""
+        service = self.queue_service(setting)
+        if (kept := self.senders.get(id(service))) is None:
+            kept = self.senders[id(service)] = StorageQueues(service)
+        return kept
+
     def deliver(self, spec: FunctionSpec, outputs: Mapping[str, Any]) -> None:
         """A successful invocation's output bindings, as the host flushes them: each Storage
         queue output's value sent to its queue (created if missing, as the host does), a
@@ -139,8 +147,8 @@ class DevHost:
             binding = spec.outputs.get(name)
             if binding is None:  # the runtime only returns declared bindings
                 raise ConfigError(f"function {spec.name}: no output binding {name!r}")
-            service = self.queue_service(str(binding.get("connection") or STORAGE))
-            queues, queue = StorageQueues(service), str(binding["queueName"])
+            setting, queue = str(binding.get("connection") or STORAGE), str(binding["queueName"])
+            service, queues = self.queue_service(setting), self.sender(setting)
             for item in value if isinstance(value, list) else [value]:  # text (encoding none)
                 text = bytes(item).decode() if isinstance(item, bytes | bytearray) else item
                 queues.send(queue, text if isinstance(text, str) else json.dumps(text))

@@ -335,6 +335,33 @@ def test_an_output_binding_wakes_the_listener_of_its_queue() -> None:
     assert (mine.wakes, other.wakes) == (2, 0)
 
 
+def test_output_bindings_reuse_their_queue_client() -> None:
+    """The app's hops leave through output bindings, one invocation after another: the
+    queue client (and its pipeline) is built once per queue, not once per delivery."""
+    spec = FunctionSpec(
+        "forward",
+        "queueTrigger",
+        {"name": "msg", "queueName": "in"},
+        lambda msg, out: None,
+        outputs={"out": {"type": "queue", "queueName": "q", "connection": "AzureWebJobsStorage"}},
+    )
+    devhost = DevHost(direct_invoker(), {})
+    service = FakeService()
+    made: list[str] = []
+    build = service.get_queue_client
+
+    def counted(name: str) -> Any:
+        made.append(name)
+        return build(name)
+
+    service.get_queue_client = counted  # type: ignore[method-assign]
+    devhost.queue_services["AzureWebJobsStorage"] = service
+    for n in range(3):
+        devhost.deliver(spec, {"out": [f"m{n}"]})
+    assert service.sent["q"] == ["m0", "m1", "m2"]
+    assert made == ["q"]
+
+
 def test_a_message_moved_to_poison_wakes_the_poison_queues_listener() -> None:
     """The host's OnMessageAddedToPoisonQueue."""
     watcher = EnqueueWatcher()
