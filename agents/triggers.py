@@ -43,8 +43,8 @@ _agent_for = uses(lambda app: app.agent_for)
 _names = uses(lambda app: app.names)
 _keep_aside = uses(lambda app: app.quarantine)
 _send = uses(lambda app: app.queues.send)
-#: Where an agent's invocation sends at once (the next step's request, a wake-up, a
-#: reply it could not apply in process): through output bindings (``messaging.bound``).
+#: Where an agent's invocation's messages may leave through output bindings: a dispatch
+#: (``messaging.bound``; its requests and replies leave at once, with the SDK).
 HOPS = bound.hop_queues(ON_STORAGE_QUEUES)
 #: A quarantine is a send and a table write, each bounded by its client.
 QUARANTINE_BOUND = 120.0

@@ -17,15 +17,19 @@ How it works, per invocation:
   ``handler`` with an ``Outbox`` in a context variable (copied into the threads the
   invocation hands work to: ``agents.threads``).
 - ``StorageQueues.send`` offers a message to the outbox (``offer``) when it is for one
-  of those queues and due now (an output binding sets no visibility delay and no time to
-  live: a delayed message goes through the SDK as before). The outbox keeps it.
+  of those queues, due now (an output binding sets no visibility delay and no time to
+  live), and sent inside ``recoverable()``: only a message whose loss the app makes good
+  by itself may wait for the host. The host sends after the function returns and fails
+  the invocation if it cannot, and what is lost then must come back without a doubt:
+  an order's first requests (``Order.resendable``: the redelivered order sends them
+  again, and one copy calls), and a dispatch (the scheduler's sweep dispatches a due
+  step whose dispatch was lost). Any other request, and every reply, leaves at once
+  with the SDK, as before, so that a send that fails is seen (``Order.unsent``).
 - When the handler returns, what the outbox holds is set on the bindings: the host sends
-  it after the function returns and before it settles the trigger message, and fails
-  the invocation if it cannot (the trigger message is then delivered again: as a process
-  that died between its save and its send, which the engine rides out).
-- When the handler raises, nothing would be sent by the host: what the outbox holds is
-  sent at once with the SDK before the error goes on (as it would have been without
-  the outbox), and the invocation fails as it would have.
+  it before it settles the trigger message.
+- When the handler raises, or is about to wait before trying again (``release``, from
+  ``messaging.resilience.ride_out``), what the outbox holds is sent at once with the SDK
+  (off the event loop in an async handler), so nothing waits behind a retry.
 - Once the handler has ended, the outbox is closed: a thread of the invocation that runs
   on past it (a bound passed) sends with the SDK.
 
@@ -37,12 +41,14 @@ too late" as before, which is still a report.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import contextvars
 import inspect
 import re
 import threading
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
 import azure.functions as func
@@ -57,15 +63,20 @@ log = get_logger(__name__)
 MESSAGES: Final = func.Out[typing.List[str]]  # noqa: UP006 - the runtime wants typing's
 
 _outbox: contextvars.ContextVar[Outbox | None] = contextvars.ContextVar("outbox", default=None)
+_recoverable: contextvars.ContextVar[bool] = contextvars.ContextVar("recoverable", default=False)
+
+Sender = Callable[[str, str], None]
 
 
 class Outbox:
-    """What one invocation sends to its bound queues, until it ends."""
+    """What one invocation sends to its bound queues, until it ends; ``send_now()`` gives
+    the SDK send for what must leave before that."""
 
-    def __init__(self, queues: Iterable[str]) -> None:
+    def __init__(self, queues: Iterable[str], send_now: Callable[[], Sender]) -> None:
         self._held: dict[str, list[str]] = {queue: [] for queue in queues}
         self._open = True
         self._lock = threading.Lock()
+        self.send_now = send_now
 
     def take(self, queue: str, body: str) -> bool:
         """Keep ``body`` for ``queue`` if this outbox sends there and is still open."""
@@ -75,28 +86,47 @@ class Outbox:
             self._held[queue].append(body)
             return True
 
-    def close(self) -> dict[str, list[str]]:
-        """End it: what it holds, by queue (the queues it holds nothing for left out)."""
+    def drain(self, close: bool = False) -> dict[str, list[str]]:
+        """What it holds, by queue (the queues it holds nothing for left out), now held no
+        more; ``close``: and it takes nothing after."""
         with self._lock:
-            self._open = False
-            held, self._held = self._held, {}
-        return {queue: bodies for queue, bodies in held.items() if bodies}
+            self._open = self._open and not close
+            held = {queue: bodies for queue, bodies in self._held.items() if bodies}
+            self._held = {} if close else {queue: [] for queue in self._held}
+        return held
+
+
+@contextlib.contextmanager
+def recoverable(yes: bool = True) -> Iterator[None]:
+    """Within it (``yes``), a send may wait in the invocation's outbox: the app sends the
+    message again by itself if the host cannot (module docstring)."""
+    token = _recoverable.set(yes)
+    try:
+        yield
+    finally:
+        _recoverable.reset(token)
 
 
 def offer(queue: str, body: str) -> bool:
     """Whether the current invocation's outbox took ``body`` for ``queue`` (it sends it
-    when the function returns); False outside one, or for a queue it is not bound to."""
+    when the function returns); False outside one, outside ``recoverable()``, or for a
+    queue it is not bound to."""
     outbox = _outbox.get()
-    return outbox is not None and outbox.take(queue, body)
+    return outbox is not None and _recoverable.get() and outbox.take(queue, body)
+
+
+def release() -> None:
+    """Send what the current invocation's outbox holds now, with the SDK: before a wait
+    to try again, nothing it has decided should wait with it."""
+    outbox = _outbox.get()
+    if outbox is not None and (held := outbox.drain()):
+        _send_at_once(held, outbox.send_now)
 
 
 def argument_for(queue: str) -> str:
     """The output binding's parameter name for ``queue`` (queue names are lowercase
     letters, digits and hyphens: the name is unique per queue)."""
     return "to_" + re.sub(r"[^a-z0-9]", "_", queue.lower())
-
-
-Sender = Callable[[str, str], None]
 
 
 def sends(
@@ -113,18 +143,17 @@ def sends(
     arguments = {argument_for(queue): queue for queue in dict.fromkeys(queues)}
 
     def start() -> tuple[Outbox, contextvars.Token[Outbox | None]]:
-        outbox = Outbox(arguments.values())
+        outbox = Outbox(arguments.values(), send_now)
         return outbox, _outbox.set(outbox)
 
     def ended(outbox: Outbox, outputs: Mapping[str, Any]) -> None:
-        held = outbox.close()
+        held = outbox.drain(close=True)
         for argument, queue in arguments.items():
             if queue in held:
                 outputs[argument].set(held[queue])
 
     def failed(outbox: Outbox) -> None:
-        held = outbox.close()
-        if held:
+        if held := outbox.drain(close=True):
             _send_at_once(held, send_now)
 
     function: Callable[..., Any]
@@ -136,7 +165,7 @@ def sends(
             try:
                 await coroutine(msg)
             except BaseException:
-                failed(outbox)
+                await asyncio.to_thread(failed, outbox)  # SDK sends: not on the event loop
                 raise
             else:
                 ended(outbox, outputs)
@@ -182,14 +211,15 @@ def output_arguments(queues: Iterable[str]) -> dict[str, str]:
     return {argument_for(queue): queue for queue in dict.fromkeys(queues)}
 
 
-def hop_queues(on_storage_queues: bool) -> list[str]:
-    """The app's own queues known at start that its functions send to at once:
-    ``order-dispatch``, and on Storage queues every declared agent's request queue and
-    the reply queue (on Service Bus those are Service Bus queues, which push)."""
+def hop_queues(on_storage_queues: bool, first_requests: bool = False) -> list[str]:
+    """The app's own queues known at start whose messages may wait for the host:
+    ``order-dispatch``, and, with ``first_requests`` on Storage queues, every declared
+    agent's request queue (``submit_order``: an order's first requests, which a
+    redelivered order sends again; on Service Bus the requests go to Service Bus)."""
     own = Names()
     queues = [own.order_dispatch]
-    if on_storage_queues:
-        queues += [*own.agent_queues(), own.agent_replies]
+    if on_storage_queues and first_requests:
+        queues += list(own.agent_queues())
     return queues
 
 

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 from core.model import Order
 from core.names import Names
 from core.ports import QueueSender, ScheduledSender
+from messaging import bound
 
 #: A Storage queue message can stay invisible for 7 days at most (the supervisor wakes an
 #: order whose time is further off); wake-ups keep the same bound.
@@ -61,7 +62,10 @@ class DispatchQueue:
             at = now + timedelta(seconds=delay)
             self._scheduled.send_at(self._names.order_wakeups, body, at)
             return
-        self._queues.send(self._names.order_dispatch, body, delay_seconds=delay)
+        # A dispatch lost on its way is made good by the scheduler's sweep: it may wait for
+        # the host's output binding (messaging/bound.py).
+        with bound.recoverable():
+            self._queues.send(self._names.order_dispatch, body, delay_seconds=delay)
 
     def __call__(self, order: Order) -> None:
         """Queue the order for when its next step may run (``Dispatcher``): the earliest

@@ -26,6 +26,7 @@ from tenacity import (
 
 from config.settings import DEFAULT_RIDE_OUT_SECONDS
 from core.errors import ConcurrencyConflict, StorageUnavailable
+from messaging import bound
 from observability.logs import get_logger
 from observability.metrics import METRICS
 
@@ -49,6 +50,7 @@ def ride_out[T](
     """Run ``work``; while it fails with a retryable storage error, wait and run it again."""
 
     def note(state: RetryCallState) -> None:
+        bound.release()  # what the invocation decided leaves now, not after the wait
         METRICS.inc("ride_out_retries", what=what)
         error = state.outcome.exception() if state.outcome is not None else None
         log.warning(

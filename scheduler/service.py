@@ -49,6 +49,7 @@ from core.turn_keeper import TurnKeeper
 from core.turns import Slot, TurnKeyRefused, TurnRule, decide_key
 from core.unit_of_work import Crowded, OrderChanges
 from core.workflows import WORKFLOWS, Plan
+from messaging import bound
 from messaging.dispatch import DispatchQueue
 from messaging.outbox import NoticeSender
 from messaging.quarantine import quarantine, record_of
@@ -541,8 +542,12 @@ class Scheduler:
                 token=claimed.token_for(claimed.attempt),
                 key_round=claimed.key_round,
             )
+            # Only an order's first requests may wait for the host's output binding: a
+            # redelivered order sends them again (messaging/bound.py); any other leaves now.
+            first = order.resendable(claimed.step, claimed.attempt)
             try:
-                sent = self._transport.send_request(request)
+                with bound.recoverable(first):
+                    sent = self._transport.send_request(request)
             except OrderError as exc:  # unavailable, or refused by the broker
                 METRICS.inc("request_send_failures")
                 log.error("agent request not sent: %s", exc)

@@ -24,13 +24,15 @@ _quarantine = uses(lambda app: app.quarantine)
 _ride_out = uses(lambda app: app.ride_out)
 _send = uses(lambda app: app.queues.send)
 ON_STORAGE_QUEUES = index_time().transport is Transport.STORAGE
-#: Where these functions send at once: through output bindings, which wake the
-#: receiving function of this instance (``messaging.bound``).
+#: Where these functions' messages may leave through output bindings, which wake the
+#: receiving function of this instance (``messaging.bound``); the submitter's first
+#: requests too.
 HOPS = bound.hop_queues(ON_STORAGE_QUEUES)
+FIRST_HOPS = bound.hop_queues(ON_STORAGE_QUEUES, first_requests=True)
 
 
-def _sends(handler: Callable[[Any], None], trigger_type: Any) -> Any:
-    return bound.bind(bp, handler, trigger_type, HOPS, _send, STORAGE)
+def _sends(handler: Callable[[Any], None], trigger_type: Any, hops: list[str] = HOPS) -> Any:
+    return bound.bind(bp, handler, trigger_type, hops, _send, STORAGE)
 
 
 def submit_order(msg: func.QueueMessage) -> None:
@@ -44,7 +46,7 @@ def dispatch_order(msg: func.QueueMessage) -> None:
 
 
 bp.queue_trigger(arg_name="msg", queue_name=names.ORDERS, connection=STORAGE)(
-    _sends(submit_order, func.QueueMessage)
+    _sends(submit_order, func.QueueMessage, FIRST_HOPS)
 )
 bp.queue_trigger(arg_name="msg", queue_name=names.ORDER_DISPATCH, connection=STORAGE)(
     _sends(dispatch_order, func.QueueMessage)

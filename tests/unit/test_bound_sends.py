@@ -8,6 +8,7 @@ import contextvars
 import inspect
 import json
 import threading
+import typing
 from typing import Any
 
 import azure.functions as func
@@ -55,9 +56,11 @@ def test_what_the_handler_sends_to_its_queues_is_set_on_their_bindings() -> None
     refused: list[bool] = []
 
     def handler(msg: str) -> None:
-        assert bound.offer("agent-requests-ship", f"{msg}-1")
-        assert bound.offer("agent-requests-ship", f"{msg}-2")
-        refused.append(bound.offer("operator-alerts", "not bound here"))
+        with bound.recoverable():
+            assert bound.offer("agent-requests-ship", f"{msg}-1")
+            assert bound.offer("agent-requests-ship", f"{msg}-2")
+            refused.append(bound.offer("operator-alerts", "not bound here"))
+        refused.append(bound.offer("agent-requests-ship", "whose loss nothing makes good"))
 
     sent = Sent()
     function = bound.sends(["agent-requests-ship", "order-dispatch"], handler, lambda: sent, str)
@@ -65,15 +68,17 @@ def test_what_the_handler_sends_to_its_queues_is_set_on_their_bindings() -> None
     function("m", **outs)
     assert outs["to_agent_requests_ship"].value == ["m-1", "m-2"]
     assert outs["to_order_dispatch"].value is None  # nothing for it: nothing set, nothing sent
-    assert refused == [False]
+    assert refused == [False, False]
     assert sent.messages == []
-    assert bound.offer("agent-requests-ship", "after") is False  # the invocation has ended
+    with bound.recoverable():
+        assert bound.offer("agent-requests-ship", "after") is False  # the invocation ended
 
 
 def test_what_a_failed_handler_held_is_sent_at_once_and_its_error_goes_on() -> None:
     def handler(msg: str) -> None:
-        bound.offer("order-dispatch", "a")
-        bound.offer("agent-requests-ship", "b")
+        with bound.recoverable():
+            bound.offer("order-dispatch", "a")
+            bound.offer("agent-requests-ship", "b")
         raise RuntimeError("the save after the claim failed")
 
     sent = Sent()
@@ -89,7 +94,8 @@ def test_a_send_that_fails_after_a_failed_handler_does_not_hide_the_handlers_err
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     def handler(msg: str) -> None:
-        bound.offer("order-dispatch", "a")
+        with bound.recoverable():
+            bound.offer("order-dispatch", "a")
         raise ValueError("the handler's own error")
 
     function = bound.sends(["order-dispatch"], handler, lambda: Sent(fails=True), str)
@@ -103,7 +109,8 @@ def test_a_thread_given_the_invocations_context_sends_through_its_outbox() -> No
     taken: list[bool] = []
 
     def handler(msg: str) -> None:
-        context = contextvars.copy_context()
+        with bound.recoverable():
+            context = contextvars.copy_context()
         worker = threading.Thread(
             target=context.run, args=(lambda: taken.append(bound.offer("q-a", "x")),)
         )
@@ -129,7 +136,8 @@ def test_a_thread_that_runs_on_past_the_invocation_sends_with_the_sdk() -> None:
         done.set()
 
     def handler(msg: str) -> None:
-        threading.Thread(target=contextvars.copy_context().run, args=(later,)).start()
+        with bound.recoverable():
+            threading.Thread(target=contextvars.copy_context().run, args=(later,)).start()
 
     function = bound.sends(["q-a"], handler, Sent, str)
     outs = outputs("q-a")
@@ -143,7 +151,8 @@ def test_a_thread_that_runs_on_past_the_invocation_sends_with_the_sdk() -> None:
 def test_an_async_handler_gets_an_async_function_with_the_same_outbox() -> None:
     async def handler(msg: str) -> None:
         await asyncio.sleep(0)
-        assert bound.offer("q-a", msg)
+        with bound.recoverable():
+            assert bound.offer("q-a", msg)
 
     function = bound.sends(["q-a"], handler, Sent, str)
     assert inspect.iscoroutinefunction(function)
@@ -163,7 +172,9 @@ def test_the_function_declares_one_keyword_output_per_queue_as_the_runtime_reads
     assert parameters["msg"].annotation is func.QueueMessage
     outs = [p for name, p in parameters.items() if name != "msg"]
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in outs)
-    assert all(p.annotation == func.Out[list[str]] or p.annotation is bound.MESSAGES for p in outs)
+    # typing's List: the runtime refuses func.Out[list[str]] for a queue output
+    assert all(p.annotation == func.Out[typing.List[str]] for p in outs)  # noqa: UP006
+    assert func.Out[typing.List[str]] != func.Out[list[str]]  # noqa: UP006
     assert (function.__name__, function.__doc__) == ("run_agent_ship", "doc")
 
 
@@ -191,10 +202,12 @@ def test_the_hops_are_the_own_queues_known_at_start(monkeypatch: pytest.MonkeyPa
     from core.names import Names
 
     own = Names()
-    assert bound.hop_queues(on_storage_queues=False) == [own.order_dispatch]
-    on_storage = bound.hop_queues(on_storage_queues=True)
-    assert on_storage == [own.order_dispatch, *own.agent_queues(), own.agent_replies]
+    assert bound.hop_queues(on_storage_queues=False, first_requests=True) == [own.order_dispatch]
+    assert bound.hop_queues(on_storage_queues=True) == [own.order_dispatch]
+    first = bound.hop_queues(on_storage_queues=True, first_requests=True)
+    assert first == [own.order_dispatch, *own.agent_queues()]
     assert len(own.agent_queues()) >= 1
+    assert own.agent_replies not in first  # a reply always leaves at once
 
 
 class Client:
@@ -218,9 +231,10 @@ def test_the_apps_queues_give_a_message_due_now_to_the_outbox_and_a_later_one_to
     queues = StorageQueues(service, bindable=True)  # type: ignore[arg-type]
 
     def handler(msg: str) -> None:
-        queues.send("order-dispatch", "now")
-        queues.send("order-dispatch", "later", delay_seconds=3)
-        queues.send("operator-alerts", "elsewhere")
+        with bound.recoverable():
+            queues.send("order-dispatch", "now")
+            queues.send("order-dispatch", "later", delay_seconds=3)
+            queues.send("operator-alerts", "elsewhere")
 
     outs = outputs("order-dispatch")
     bound.sends(["order-dispatch"], handler, Sent, str)("m", **outs)
@@ -233,9 +247,37 @@ def test_queues_of_another_account_never_use_the_outbox() -> None:
     queues = StorageQueues(service)  # type: ignore[arg-type]  # not the bindings' account
 
     def handler(msg: str) -> None:
-        queues.send("order-dispatch", "now")
+        with bound.recoverable():
+            queues.send("order-dispatch", "now")
 
     outs = outputs("order-dispatch")
     bound.sends(["order-dispatch"], handler, Sent, str)("m", **outs)
     assert outs["to_order_dispatch"].value is None
     assert service.sent == [("order-dispatch", "now", None)]
+
+
+def test_a_wait_to_try_again_sends_what_is_held_first_and_the_outbox_stays_open() -> None:
+    """``ride_out`` calls ``release`` before it sleeps: a decision made before the wait
+    does not wait with it (nor past its step's deadline)."""
+    from core.errors import StorageUnavailable
+    from messaging.resilience import ride_out
+
+    sent = Sent()
+    tries: list[int] = []
+
+    def work() -> None:
+        tries.append(len(tries))
+        if len(tries) == 1:
+            with bound.recoverable():
+                bound.offer("order-dispatch", "decided first")
+            raise StorageUnavailable("the table does not answer")
+        with bound.recoverable():
+            bound.offer("order-dispatch", "decided after")
+
+    def handler(msg: str) -> None:
+        ride_out(work, what="test", sleep=lambda _: None)
+
+    outs = outputs("order-dispatch")
+    bound.sends(["order-dispatch"], handler, lambda: sent, str)("m", **outs)
+    assert sent.messages == [("order-dispatch", "decided first")]
+    assert outs["to_order_dispatch"].value == ["decided after"]

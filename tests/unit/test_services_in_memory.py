@@ -35,6 +35,7 @@ from core.ports import StateStore
 from core.states import OrderStatus, StepState
 from core.unit_of_work import CONFLICT_ATTEMPTS
 from core.workflows import WORKFLOWS, Plan
+from messaging import bound
 from scheduler.service import OUTBOX_GRACE, SWEEP_GRACE, Handled, Scheduler
 from stores.memory import InMemoryStateStore
 from supervisor.service import SKEW_GRACE, Supervisor
@@ -380,6 +381,45 @@ def test_a_request_that_could_not_be_sent_is_no_try(s: Services) -> None:
     s.clock.advance((step.not_before - s.clock()).total_seconds())
     assert s.scheduler.dispatch("o-lost") is Handled.DISPATCHED
     assert [(r.order_id, r.attempt) for r in s.transport.requests] == [("o-lost", 2)]
+
+
+def test_only_an_orders_first_request_may_wait_for_the_hosts_output_binding(
+    s: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """messaging/bound.py: a request may wait in the invocation's outbox for the host only
+    when a redelivered order would send it again (attempt 1, claimed at acceptance); any
+    other leaves at once, so that a send that fails is seen and recorded as no try."""
+    queue = s.names.agent_queue("orders")
+    offered: list[tuple[str, int, bool]] = []
+    real = s.transport.send_request
+
+    def send(request: AgentRequest) -> bool:
+        sent = real(request)
+        offered.append((request.order_id, request.attempt, bound.offer(queue, "request")))
+        return sent
+
+    def invocation(work: Any) -> None:
+        bound.sends([queue], lambda _: work(), lambda: lambda q, b: None, str)(
+            "msg", **{bound.argument_for(queue): Out()}
+        )
+
+    monkeypatch.setattr(s.transport, "send_request", send)
+    invocation(lambda: submit(s, "o-first"))
+    s.transport.fail_next = 1  # attempt 1 not sent: attempt 2 is a later claim
+    invocation(lambda: submit(s, "o-later"))
+    s.clock.advance((stored(s, "o-later").steps[0].not_before - s.clock()).total_seconds())
+    invocation(lambda: s.scheduler.dispatch("o-later"))
+    assert offered == [("o-first", 1, True), ("o-later", 2, False)]
+
+
+class Out:
+    """A ``func.Out`` as the runtime passes one."""
+
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    def set(self, value: Any) -> None:
+        self.value = value
 
 
 def test_a_submit_that_died_before_its_send_is_sent_by_the_redelivery(
