@@ -11,7 +11,8 @@ a steady stream can be served at. On the real stack (Azurite, a no-fault simulat
 and a burst of ``--burst`` orders (its drain rate, as ``bench.latency`` measures it):
 
 1. **Search.** Open-loop steps (order *i* sent at ``start + i / rate`` whether or not
-   earlier ones finished, ``bench.latency.open_loop``), each held ``--hold`` seconds, then
+   earlier ones finished, as ``bench.latency.open_loop`` but from ``SENDERS`` threads,
+   so that a slow send does not delay the next: ``paced``), each held ``--hold`` seconds, then
    left to drain before the next. The backlog of a step is reconstructed from the order
    records afterwards, once a second over the hold: orders sent by then minus orders
    whose terminal status is stamped by then (nothing reads the store while the rate is
@@ -53,6 +54,7 @@ import sys
 import time
 import uuid
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -65,7 +67,6 @@ from bench.latency import (
     hops_ms,
     machine,
     ms_stats,
-    open_loop,
     utc_now_text,
     wait_finished,
     warm_up,
@@ -85,6 +86,7 @@ BISECTIONS = 2  # steps between the last sustained and the first unsustained rat
 DOWN_STEPS = 3  # steps down at most when even the first rate is not sustained
 CLOSE_ENOUGH = 1.1  # stop bisecting once the bracket is this narrow (a ratio)
 SAMPLE_SECONDS = 1.0  # the backlog's resolution
+SENDERS = 4  # threads sending the open loop's orders
 
 RULE = {
     "window": "the last 2/3 of the hold",
@@ -148,6 +150,7 @@ def judge(
     points = backlog_series(sent, done, window_start, end)
     growth = slope(points)
     finished = sum(1 for t in done if window_start < t <= end)
+    sent_rate = sum(1 for t in sent if window_start < t <= end) / (end - window_start)
     finished_rate = finished / (end - window_start)
     bound = max(SLOPE_FRACTION * rate, SLOPE_FLOOR)
     served = finished_rate / rate
@@ -156,6 +159,7 @@ def judge(
         "slopeBound": round(bound, 3),
         "backlogAtEnd": points[-1][1],
         "backlogMax": max(b for _, b in backlog_series(sent, done, start, end)),
+        "sentPerSecond": round(sent_rate, 2),  # below the rate: the sender fell behind
         "finishedPerSecond": round(finished_rate, 2),
         "servedFraction": round(served, 3),
         "sustained": growth <= bound and served >= SERVED_FRACTION,
@@ -211,13 +215,44 @@ def calls_since(stack: LocalStack, since: float) -> dict[str, list[float]]:
     return out
 
 
+def paced(
+    ctx: AppContext, prefix: str, rate: float, seconds: float, workflow: str
+) -> tuple[dict[str, float], float]:
+    """``bench.latency.open_loop`` with the sends on ``SENDERS`` threads: order *i* is
+    handed over at ``start + i / rate``, so one slow send (Azurite busy) does not hold
+    back the ones after it and the rate is offered as asked. (Submit times in order,
+    and the most a send started behind its time: all the threads busy.)"""
+    count = max(1, round(rate * seconds))
+    queue = ctx.queues.client(ctx.names.orders)
+    submitted: dict[str, float] = {}
+
+    def one(order_id: str, due: float) -> float:
+        began = time.monotonic()
+        body = {"orderId": order_id, "workflow": workflow, "amount": 10}
+        queue.send_message(json.dumps(body))
+        submitted[order_id] = time.time()
+        return began - due
+
+    start = time.monotonic() + 0.5
+    with ThreadPoolExecutor(SENDERS) as pool:
+        lags = []
+        for n in range(count):
+            due = start + n / rate
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            lags.append(pool.submit(one, f"{prefix}-load-{n:06d}", due))
+        lag = max(f.result() for f in lags)
+    return dict(sorted(submitted.items())), max(0.0, lag)
+
+
 def served(
     stack: LocalStack, prefix: str, rate: float, seconds: float, workflow: str, timeout: float
 ) -> tuple[dict[str, float], float, dict[str, Order], dict[str, list[float]]]:
     """An open-loop load and its end: (submit times, the sender's largest lag, the orders
     that finished within ``timeout`` of the last send, the simulator's calls meanwhile)."""
     since = time.time()
-    submitted, lag = open_loop(stack.context, prefix, rate, seconds, workflow)
+    submitted, lag = paced(stack.context, prefix, rate, seconds, workflow)
     finished = wait_finished(stack.context, list(submitted), timeout)
     return submitted, lag, finished, calls_since(stack, since)
 

@@ -82,6 +82,7 @@ def test_a_rate_that_was_not_offered_is_not_sustained() -> None:
     verdict = judge(20, sent, done, 0.0, 60.0)
     assert verdict["backlogSlopePerSecond"] <= verdict["slopeBound"]
     assert verdict["servedFraction"] == pytest.approx(0.75, abs=0.02)
+    assert verdict["sentPerSecond"] == pytest.approx(15, abs=0.5)
     assert not verdict["sustained"]
 
 
