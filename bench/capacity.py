@@ -159,7 +159,8 @@ def judge(
         "slopeBound": round(bound, 3),
         "backlogAtEnd": points[-1][1],
         "backlogMax": max(b for _, b in backlog_series(sent, done, start, end)),
-        "sentPerSecond": round(sent_rate, 2),  # below the rate: the sender fell behind
+        "sentPerSecond": round(sent_rate, 2),
+        "senderBehind": sent_rate < SERVED_FRACTION * rate,  # the rate was not offered
         "finishedPerSecond": round(finished_rate, 2),
         "servedFraction": round(served, 3),
         "sustained": growth <= bound and served >= SERVED_FRACTION,
@@ -217,44 +218,49 @@ def calls_since(stack: LocalStack, since: float) -> dict[str, list[float]]:
 
 def paced(
     ctx: AppContext, prefix: str, rate: float, seconds: float, workflow: str
-) -> tuple[dict[str, float], float]:
+) -> tuple[dict[str, float], dict[str, Any]]:
     """``bench.latency.open_loop`` with the sends on ``SENDERS`` threads: order *i* is
     handed over at ``start + i / rate``, so one slow send (Azurite busy) does not hold
-    back the ones after it and the rate is offered as asked. (Submit times in order,
-    and the most a send started behind its time: all the threads busy.)"""
+    back the ones after it and the rate is offered as asked. (Submit times in order;
+    how the sending went: the most a send started behind its time, all the threads
+    busy, and how long each send took, p50 / p99 / max ms.)"""
     count = max(1, round(rate * seconds))
     queue = ctx.queues.client(ctx.names.orders)
     submitted: dict[str, float] = {}
 
-    def one(order_id: str, due: float) -> float:
+    def one(order_id: str, due: float) -> tuple[float, float]:
         began = time.monotonic()
         body = {"orderId": order_id, "workflow": workflow, "amount": 10}
         queue.send_message(json.dumps(body))
         submitted[order_id] = time.time()
-        return began - due
+        return began - due, time.monotonic() - began
 
     start = time.monotonic() + 0.5
     with ThreadPoolExecutor(SENDERS) as pool:
-        lags = []
+        futures = []
         for n in range(count):
             due = start + n / rate
             wait = due - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
-            lags.append(pool.submit(one, f"{prefix}-load-{n:06d}", due))
-        lag = max(f.result() for f in lags)
-    return dict(sorted(submitted.items())), max(0.0, lag)
+            futures.append(pool.submit(one, f"{prefix}-load-{n:06d}", due))
+        results = [f.result() for f in futures]
+    took = ms_stats([t for _, t in results])
+    return dict(sorted(submitted.items())), {
+        "maxLagMs": round(1000 * max([0.0, *(lag for lag, _ in results)])),
+        "sendMs": {k: took[k] for k in ("p50", "p99", "max")},
+    }
 
 
 def served(
     stack: LocalStack, prefix: str, rate: float, seconds: float, workflow: str, timeout: float
-) -> tuple[dict[str, float], float, dict[str, Order], dict[str, list[float]]]:
-    """An open-loop load and its end: (submit times, the sender's largest lag, the orders
+) -> tuple[dict[str, float], dict[str, Any], dict[str, Order], dict[str, list[float]]]:
+    """An open-loop load and its end: (submit times, how the sending went, the orders
     that finished within ``timeout`` of the last send, the simulator's calls meanwhile)."""
     since = time.time()
-    submitted, lag = paced(stack.context, prefix, rate, seconds, workflow)
+    submitted, sending = paced(stack.context, prefix, rate, seconds, workflow)
     finished = wait_finished(stack.context, list(submitted), timeout)
-    return submitted, lag, finished, calls_since(stack, since)
+    return submitted, sending, finished, calls_since(stack, since)
 
 
 def latency_summary(
@@ -278,7 +284,7 @@ def hold_step(
     stack: LocalStack, prefix: str, rate: float, hold: float, workflow: str, timeout: float
 ) -> dict[str, Any]:
     """One step of the search: ``rate`` held ``hold`` seconds, left to drain, judged."""
-    submitted, lag, finished, calls = served(stack, prefix, rate, hold, workflow, timeout)
+    submitted, sending, finished, calls = served(stack, prefix, rate, hold, workflow, timeout)
     start = min(submitted.values())
     end = start + len(submitted) / rate
     verdict = judge(
@@ -291,7 +297,7 @@ def hold_step(
         **verdict,
         **summary,
         "hopsP50Ms": hops,
-        "maxSendLagMs": round(1000 * lag),
+        "sending": sending,
     }
 
 
@@ -373,14 +379,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if found["capacityPerSecond"] is not None:
             rate = found["capacityPerSecond"] / 2
             time.sleep(2)
-            submitted, lag, finished, calls = served(
+            submitted, sending, finished, calls = served(
                 stack, f"{prefix}-half", rate, args.seconds, args.workflow, args.timeout
             )
             at_half = {
                 "offeredPerSecond": round(rate, 2),
                 "seconds": args.seconds,
                 **latency_summary(submitted, finished, calls),
-                "maxSendLagMs": round(1000 * lag),
+                "sending": sending,
                 "target": {"p50": 60, "p99": 250, "on": "servicebus"},
             }
             cpu["latencyAtHalf"], mark = cpuload.share(mark, now := cpuload.sample()), now

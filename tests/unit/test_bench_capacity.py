@@ -60,6 +60,7 @@ def test_a_stream_served_with_a_steady_latency_is_sustained() -> None:
     verdict = judge(20, sent, done, 0.0, 60.0)
     assert verdict["sustained"]
     assert verdict["servedFraction"] == pytest.approx(1.0, abs=0.02)
+    assert not verdict["senderBehind"]
 
 
 def test_a_long_but_steady_latency_is_still_sustained() -> None:
@@ -83,6 +84,7 @@ def test_a_rate_that_was_not_offered_is_not_sustained() -> None:
     assert verdict["backlogSlopePerSecond"] <= verdict["slopeBound"]
     assert verdict["servedFraction"] == pytest.approx(0.75, abs=0.02)
     assert verdict["sentPerSecond"] == pytest.approx(15, abs=0.5)
+    assert verdict["senderBehind"]
     assert not verdict["sustained"]
 
 
