@@ -28,7 +28,8 @@ and a burst of ``--burst`` orders (its drain rate, as ``bench.latency`` measures
    sustained the rate rises by ``FACTOR`` (1.5x); once one is not, the search bisects
    (geometric mean) between the highest sustained rate below the lowest unsustained one
    and that unsustained one, ``BISECTIONS`` times or until the two are within 10 %. If
-   the first step is not sustained the rate falls by ``FACTOR`` instead. The capacity is
+   the first step is not sustained the rate falls by ``FACTOR`` instead (``DOWN_STEPS``
+   times at most; then there is no capacity to report). The capacity is
    the highest sustained rate below the lowest unsustained one. A step that would not
    finish within ``--max-minutes`` (counted from the first step) is not started, and the
    output says the search was cut short.
@@ -433,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--max-minutes, --seconds, --burst, --replay-orders, --replay: positive")
     result = run(args)
     print(json.dumps(result, indent=2))
-    return 0 if result["cutShort"] is None or "did not finish" not in result["cutShort"] else 1
+    stuck = result["cutShort"] is not None and "did not finish" in result["cutShort"]
+    half = result["latencyAtHalf"]
+    return 1 if stuck or half.get("unfinished") or half.get("otherTerminal") else 0
 
 
 if __name__ == "__main__":
