@@ -1,12 +1,14 @@
 """Service Bus queue triggers: a PEEK_LOCK message pump per function, when configured.
 
 One message per receive (a batch receive waits up to 200 ms more for company: the SDK's
-``_further_pull_receive_timeout``); an ``AutoLockRenewer`` keeps each lock (up to
-``maxAutoLockRenewalDuration``); messages are settled on the receiving thread (a receiver
-is not thread-safe): completed if the function succeeded, abandoned if not. Service Bus
-dead-letters past the max delivery count; ``<queue>/$DeadLetterQueue`` reads that
-sub-queue, as in Azure. Closing is bounded: a namespace that never answers cannot hold up
-shutdown. Only :func:`sdk_receiver_factory` and the default renewer touch the SDK.
+``_further_pull_receive_timeout``). A receive returns as soon as a message arrives, so its
+wait only bounds how late a stop is seen or, while messages run, how late one whose
+function has ended is settled (``SETTLE_WAIT_SECONDS``). An ``AutoLockRenewer`` keeps each
+lock (up to ``maxAutoLockRenewalDuration``); messages are settled on the receiving thread
+(a receiver is not thread-safe): completed if the function succeeded, abandoned if not.
+Service Bus dead-letters past the max delivery count; ``<queue>/$DeadLetterQueue`` reads
+that sub-queue, as in Azure. Closing is bounded: a namespace that never answers cannot
+hold up shutdown. Only :func:`sdk_receiver_factory` and the default renewer touch the SDK.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from hostrun.shapes import ServiceBusMessage
 
 log = logging.getLogger("devhost.servicebus")
 MAX_WAIT_SECONDS = 5.0  # the longest a receive waits: how late a stop is seen
-PUMP_WAIT_SECONDS = 0.05  # a receive's wait while messages run: how late one is settled
+#: A receive's wait while messages run: how late a message whose function has ended is
+#: settled (its function's work is done; its lock is kept meanwhile). Not shorter: each
+#: receive is a round trip on the connection (link credit, then its wait), and a listener
+#: whose functions wait on a slow remote for seconds made 20 of them a second for as long
+#: as any ran, beside every other function's work (``bench.isolation``).
+SETTLE_WAIT_SECONDS = 1.0
 CLOSE_TIMEOUT_SECONDS = 5.0
 #: The fields of :class:`ServiceBusMessage` taken as they are from the SDK's message.
 # fmt: off
@@ -167,8 +174,9 @@ class ServiceBusListener(Listener):
                 if len(running) >= self.options.max_concurrent_calls:
                     wait(running, timeout=MAX_WAIT_SECONDS, return_when=FIRST_COMPLETED)
                     continue
-                # Short receives while messages run, so that they are settled promptly.
-                patience = PUMP_WAIT_SECONDS if running else MAX_WAIT_SECONDS
+                # Shorter receives while messages run, so that the ended ones are settled
+                # within SETTLE_WAIT_SECONDS (a message that arrives ends a receive at once).
+                patience = SETTLE_WAIT_SECONDS if running else MAX_WAIT_SECONDS
                 batch = receiver.receive_messages(max_message_count=1, max_wait_time=patience)
                 for message in batch:
                     self._start(receiver, renewer, message, running)

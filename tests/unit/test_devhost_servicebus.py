@@ -463,3 +463,54 @@ def test_a_stop_lets_running_messages_finish_and_settles_them(
         release.set()
         stop.set()
     assert receiver.completed == ["a"] and receiver.closed
+
+
+def test_while_a_function_waits_the_pump_receives_once_a_settle_wait_not_twenty_times_a_second() -> (
+    None
+):
+    """A function that waits 10 s on a slow remote: meanwhile the pump receives once per
+    SETTLE_WAIT_SECONDS (each receive a round trip on the connection), not in a spin of
+    short receives; the message is still settled once the function has ended. The
+    receiver's waits pass on a clock of its own (no real waiting)."""
+    release = threading.Event()  # the slow remote answers
+    receives_while_running: list[float] = []
+
+    def waits_on_the_remote(message: ServiceBusMessage) -> None:
+        release.wait(10)
+
+    class Clocked(FakeReceiver):
+        def __init__(self, batches: list[list[FakeMessage]]) -> None:
+            super().__init__(batches)
+            self.now = 0.0  # seconds, this receiver's own clock
+
+        def receive_messages(
+            self, max_message_count: int | None = 1, max_wait_time: float | None = None
+        ) -> list[Any]:
+            if self.batches or release.is_set():
+                return super().receive_messages(max_message_count, max_wait_time)
+            receives_while_running.append(max_wait_time or 0.0)
+            self.now += max_wait_time or 0.0  # nothing arrived: it waited that long
+            if self.now >= 10.0:
+                release.set()
+            return []
+
+    receiver = Clocked([[FakeMessage(b"slow", message_id="a")]])
+    listener = ServiceBusListener(
+        spec(waits_on_the_remote),
+        lambda: receiver,
+        direct_invoker(),
+        ServiceBusOptions(max_concurrent_calls=4),
+        renewer_factory=FakeRenewer,
+    )
+    stop = threading.Event()
+    thread = listener.start(stop)
+    try:
+        assert release.wait(5), "the pump stopped receiving while the function ran"
+        assert receiver.wait_until(lambda: receiver.completed == ["a"]), receiver.completed
+    finally:
+        release.set()
+        stop.set()
+        thread.join(5)
+    # at most one receive a second while it ran (short waits made 200 of them)
+    assert 1 <= len(receives_while_running) <= 10, receives_while_running
+    assert min(receives_while_running) >= 1.0
