@@ -133,11 +133,9 @@ class DevHost:
         return self.queue_services[setting]
 
     def sender(self, setting: str) -> StorageQueues:
-        """Sends over ``setting``'s client, kept per client: its queue clients are kept too."""
+        """Sends over ``setting``'s client, kept per client (and so its queue clients)."""
         service = self.queue_service(setting)
-        if (kept := self.senders.get(id(service))) is None:
-            kept = self.senders[id(service)] = StorageQueues(service)
-        return kept
+        return self.senders.setdefault(id(service), StorageQueues(service))
 
     def deliver(self, spec: FunctionSpec, outputs: Mapping[str, Any]) -> None:
         """A successful invocation's output bindings, as the host flushes them: each Storage

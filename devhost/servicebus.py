@@ -1,14 +1,12 @@
 """Service Bus queue triggers: a PEEK_LOCK message pump per function, when configured.
 
-One message per receive (a batch receive waits up to 200 ms more for company: the SDK's
-``_further_pull_receive_timeout``). A receive returns as soon as a message arrives, so its
-wait only bounds how late a stop is seen or, while messages run, how late one whose
-function has ended is settled (``SETTLE_WAIT_SECONDS``). An ``AutoLockRenewer`` keeps each
-lock (up to ``maxAutoLockRenewalDuration``); messages are settled on the receiving thread
-(a receiver is not thread-safe): completed if the function succeeded, abandoned if not.
-Service Bus dead-letters past the max delivery count; ``<queue>/$DeadLetterQueue`` reads
-that sub-queue, as in Azure. Closing is bounded: a namespace that never answers cannot
-hold up shutdown. Only :func:`sdk_receiver_factory` and the default renewer touch the SDK.
+One message per receive (a batch waits 200 ms more: the SDK's ``_further_pull_receive_timeout``);
+a receive ends when one arrives, so its wait bounds how late a stop is seen or an ended one
+settled (``SETTLE_WAIT_SECONDS``). An ``AutoLockRenewer`` keeps each lock (up to host.json's
+``maxAutoLockRenewalDuration``); settled on the receiving thread: completed, else abandoned.
+Past the max delivery count Service Bus dead-letters (``<queue>/$DeadLetterQueue`` reads
+it). Closing is bounded: a namespace that never answers cannot hold up shutdown. Only
+:func:`sdk_receiver_factory` and the default renewer touch the SDK.
 """
 
 from __future__ import annotations
@@ -27,11 +25,8 @@ from hostrun.shapes import ServiceBusMessage
 
 log = logging.getLogger("devhost.servicebus")
 MAX_WAIT_SECONDS = 5.0  # the longest a receive waits: how late a stop is seen
-#: A receive's wait while messages run: how late a message whose function has ended is
-#: settled (its function's work is done; its lock is kept meanwhile). Not shorter: each
-#: receive is a round trip on the connection (link credit, then its wait), and a listener
-#: whose functions wait on a slow remote for seconds made 20 of them a second for as long
-#: as any ran, beside every other function's work (``bench.isolation``).
+#: A receive's wait while messages run: how late an ended one is settled (its lock kept).
+#: Not 50 ms: that made 20 receives a second beside slow functions (``bench.isolation``).
 SETTLE_WAIT_SECONDS = 1.0
 CLOSE_TIMEOUT_SECONDS = 5.0
 #: The fields of :class:`ServiceBusMessage` taken as they are from the SDK's message.
@@ -174,8 +169,7 @@ class ServiceBusListener(Listener):
                 if len(running) >= self.options.max_concurrent_calls:
                     wait(running, timeout=MAX_WAIT_SECONDS, return_when=FIRST_COMPLETED)
                     continue
-                # Shorter receives while messages run, so that the ended ones are settled
-                # within SETTLE_WAIT_SECONDS (a message that arrives ends a receive at once).
+                # Shorter while messages run: the ended ones are settled within the wait.
                 patience = SETTLE_WAIT_SECONDS if running else MAX_WAIT_SECONDS
                 batch = receiver.receive_messages(max_message_count=1, max_wait_time=patience)
                 for message in batch:
