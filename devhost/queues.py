@@ -32,7 +32,7 @@ from messaging.storage_queues import StorageQueues
 POISON_SUFFIX = "-poison"
 MIN_POLL_SECONDS = 0.1  # the host's QueuePollingIntervals.Minimum, also the back-off's step
 RANDOMIZATION = 0.2  # the host's RandomizationFactor: each step 0.8 to 1.2 times
-STOP_CHECK_SECONDS = 0.25  # how often a back-off looks at the stop event
+STOP_CHECK_SECONDS = 1.0  # a back-off's longest wait before it looks at the stop event
 
 
 class PollingBackOff:

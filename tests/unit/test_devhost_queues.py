@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -265,6 +266,31 @@ def test_a_wake_ends_the_back_off_at_once() -> None:
         thread.join(3)
         built._pool.shutdown(wait=True)
     assert not thread.is_alive()  # the stop ends a back-off too
+
+
+def test_an_idle_listener_waits_once_per_back_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At host.json's 0.5 s ceiling a back-off is one wait, not slices of it: an idle
+    devhost's poll threads were its most sampled (bench.isolation). A stop still ends a
+    longer back-off within STOP_CHECK_SECONDS, and DevHost.stop wakes every listener."""
+    import devhost.queues as queues_module
+
+    built, _, _ = listener(recorder([]), max_polling=0.5)
+    now = [100.0]
+    waits: list[float] = []
+
+    class Nudge(threading.Event):  # never set: each wait runs its time out, on the fake clock
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(float(timeout or 0))
+            now[0] += float(timeout or 0)
+            return False
+
+    monkeypatch.setattr(queues_module, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    built._nudged = Nudge()
+    assert built._back_off(threading.Event(), 0.5) is False
+    assert waits == [0.5]
+    waits.clear()
+    assert built._back_off(threading.Event(), 2.5) is False
+    assert waits == [1.0, 1.0, 0.5]
 
 
 class Woken:
