@@ -29,7 +29,9 @@ back (``completed``, ``compensated``, ``cancelled``, or ``error`` unless it hold
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -151,6 +153,21 @@ def drain_alerts(ctx: AppContext) -> list[dict[str, Any]]:
         for message in batch:
             out.append(json.loads(message.content))
             client.delete_message(message)
+
+
+def drain_alerts_for(
+    ctx: AppContext, order_ids: Iterable[str], timeout: float = 30.0
+) -> list[dict[str, Any]]:
+    """``drain_alerts`` until each of ``order_ids`` has an alert, or ``timeout`` s pass: an
+    alert leaves after the save that ended its order (the transactional outbox), so an
+    order seen ended may have its alert a moment later."""
+    wanted, out = set(order_ids), list[dict[str, Any]]()
+    end = time.monotonic() + timeout
+    while True:
+        out += drain_alerts(ctx)
+        if wanted <= {alert.get("orderId") for alert in out} or time.monotonic() > end:
+            return out
+        time.sleep(0.2)
 
 
 def read_alerts(ctx: AppContext) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from core.model import Order
 from core.policy import RetryPolicy
 from core.timefmt import iso, parse_iso
 from demo.stack import LocalStack
-from demo.verify import drain_alerts, verify
+from demo.verify import drain_alerts, drain_alerts_for, verify
 from simulator import effects_by_order, load_ledger
 from tests.e2e.test_processes import load, log_tail, wait_terminal
 
@@ -79,7 +79,7 @@ def test_a_few_dead_orders_never_hurt_the_healthy_ones(one_host: LocalStack) -> 
     healthy += trickle
     everyone = healthy + dead + dead_ship
     orders = wait_terminal(stack, everyone, 90)
-    alerts = drain_alerts(stack.context)
+    alerts = drain_alerts_for(stack.context, dead + dead_ship)  # they leave after the save
     ledger = load_ledger(stack.ledger_path)
     expected = {
         **dict.fromkeys(healthy, "completed"),

@@ -21,7 +21,7 @@ import pytest
 from core.history import Happened
 from core.states import OrderStatus
 from demo.stack import LocalStack
-from demo.verify import drain_alerts
+from demo.verify import drain_alerts, drain_alerts_for
 from tests.e2e.test_failure_semantics import assert_the_last_word_is_true
 from tests.e2e.test_processes import log_tail, wait_terminal
 from tests.support import declarations
@@ -65,7 +65,7 @@ def test_the_probe_tells_a_lone_failing_order_from_an_outage(probed_stack: Local
     assert dead.status is OrderStatus.ERROR, (step.history, log_tail(stack))
     assert step.failure_count == 3, step.history
     assert any(h["event"] == Happened.TRANSIENT for h in step.history), step.history  # blamed
-    alerts = drain_alerts(stack.context)
+    alerts = drain_alerts_for(stack.context, ["lone-dead"])  # it leaves after the save
     assert {a["orderId"] for a in alerts} == {"lone-dead"}, alerts
     assert_the_last_word_is_true(dead, alerts, stack.remote_calls())  # "not applied", mostly
     assert probes(stack) >= 1
