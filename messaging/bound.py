@@ -95,6 +95,11 @@ class Outbox:
             self._held = {} if close else {queue: [] for queue in self._held}
         return held
 
+    def send_held(self, close: bool = False) -> None:
+        """Send what it holds now, with the SDK (``drain``, then ``send_now``)."""
+        if held := self.drain(close):
+            _send_at_once(held, self.send_now)
+
 
 @contextlib.contextmanager
 def recoverable(yes: bool = True) -> Iterator[None]:
@@ -118,9 +123,8 @@ def offer(queue: str, body: str) -> bool:
 def release() -> None:
     """Send what the current invocation's outbox holds now, with the SDK: before a wait
     to try again, nothing it has decided should wait with it."""
-    outbox = _outbox.get()
-    if outbox is not None and (held := outbox.drain()):
-        _send_at_once(held, outbox.send_now)
+    if (outbox := _outbox.get()) is not None:
+        outbox.send_held()
 
 
 def argument_for(queue: str) -> str:
@@ -140,7 +144,7 @@ def sends(
     send used for what is held when ``handler`` raises. Async if ``handler`` is. The
     caller names it and stacks the trigger and one ``queue_output`` per queue
     (``output_arguments``)."""
-    arguments = {argument_for(queue): queue for queue in dict.fromkeys(queues)}
+    arguments = output_arguments(queues)
 
     def start() -> tuple[Outbox, contextvars.Token[Outbox | None]]:
         outbox = Outbox(arguments.values(), send_now)
@@ -152,10 +156,6 @@ def sends(
             if queue in held:
                 outputs[argument].set(held[queue])
 
-    def failed(outbox: Outbox) -> None:
-        if held := outbox.drain(close=True):
-            _send_at_once(held, send_now)
-
     function: Callable[..., Any]
     if inspect.iscoroutinefunction(handler):
         coroutine = typing.cast(Callable[[Any], Awaitable[None]], handler)
@@ -165,7 +165,8 @@ def sends(
             try:
                 await coroutine(msg)
             except BaseException:
-                await asyncio.to_thread(failed, outbox)  # SDK sends: not on the event loop
+                # SDK sends: not on the event loop
+                await asyncio.to_thread(outbox.send_held, close=True)
                 raise
             else:
                 ended(outbox, outputs)
@@ -180,7 +181,7 @@ def sends(
             try:
                 handler(msg)
             except BaseException:
-                failed(outbox)
+                outbox.send_held(close=True)
                 raise
             else:
                 ended(outbox, outputs)
@@ -243,16 +244,17 @@ def bind(
 
 
 def _send_at_once(held: Mapping[str, list[str]], send_now: Callable[[], Sender]) -> None:
-    """What a failed invocation held, sent with the SDK; a send that fails is logged (the
-    invocation fails anyway: its claims are then as if their process died before sending)."""
+    """What an outbox held, sent with the SDK (its invocation failed, or waits to try
+    again); a send that fails is logged: its claim is then as if its process had died
+    before sending, which the app makes good (module docstring)."""
     try:
         send = send_now()
     except Exception:
-        log.exception("could not send what a failed invocation held (%d queues)", len(held))
+        log.exception("could not send what an invocation held (%d queues)", len(held))
         return
     for queue, bodies in held.items():
         for body in bodies:
             try:
                 send(queue, body)
             except Exception:
-                log.exception("could not send a message a failed invocation held for %s", queue)
+                log.exception("could not send a message an invocation held for %s", queue)
