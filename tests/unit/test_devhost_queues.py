@@ -335,57 +335,47 @@ class FakeService:
 
     def __init__(self) -> None:
         self.sent: dict[str, list[str]] = {}
+        self.made: list[str] = []  # the queue clients built, in order
 
     def get_queue_client(self, name: str) -> Any:
+        self.made.append(name)
         sent = self.sent.setdefault(name, [])
         return type("Client", (), {"send_message": lambda _, text, **__: sent.append(text)})()
 
 
+#: A queue-triggered function with one Storage queue output binding, to queue ``q``.
+FORWARD = FunctionSpec(
+    "forward",
+    "queueTrigger",
+    {"name": "msg", "queueName": "in"},
+    lambda msg, out: None,
+    outputs={"out": {"type": "queue", "queueName": "q", "connection": "AzureWebJobsStorage"}},
+)
+
+
 def test_an_output_binding_wakes_the_listener_of_its_queue() -> None:
     """The host's SharedQueueWatcher: a message its own output binding adds."""
-    spec = FunctionSpec(
-        "forward",
-        "queueTrigger",
-        {"name": "msg", "queueName": "in"},
-        lambda msg, out: None,
-        outputs={"out": {"type": "queue", "queueName": "q", "connection": "AzureWebJobsStorage"}},
-    )
     devhost = DevHost(direct_invoker(), {})
     service = FakeService()
     devhost.queue_services["AzureWebJobsStorage"] = service
     mine, other = Woken("acct", "q"), Woken("acct", "in")
     devhost.enqueued.register(mine)  # type: ignore[arg-type]
     devhost.enqueued.register(other)  # type: ignore[arg-type]
-    devhost.deliver(spec, {"out": ["a", "b"]})
+    devhost.deliver(FORWARD, {"out": ["a", "b"]})
     assert service.sent["q"] == ["a", "b"]
     assert (mine.wakes, other.wakes) == (2, 0)
 
 
 def test_output_bindings_reuse_their_queue_client() -> None:
-    """The app's hops leave through output bindings, one invocation after another: the
-    queue client (and its pipeline) is built once per queue, not once per delivery."""
-    spec = FunctionSpec(
-        "forward",
-        "queueTrigger",
-        {"name": "msg", "queueName": "in"},
-        lambda msg, out: None,
-        outputs={"out": {"type": "queue", "queueName": "q", "connection": "AzureWebJobsStorage"}},
-    )
+    """Some of the app's hops leave through output bindings, one invocation after another:
+    the queue client (and its pipeline) is built once per queue, not once per delivery."""
     devhost = DevHost(direct_invoker(), {})
     service = FakeService()
-    made: list[str] = []
-    build = service.get_queue_client
-
-    def counted(name: str) -> Any:
-        made.append(name)
-        return build(name)
-
-    service.get_queue_client = counted  # type: ignore[method-assign]
     devhost.queue_services["AzureWebJobsStorage"] = service
     for n in range(3):
-        devhost.deliver(spec, {"out": [f"m{n}"]})
+        devhost.deliver(FORWARD, {"out": [f"m{n}"]})
     assert service.sent["q"] == ["m0", "m1", "m2"]
-    assert made == ["q"]
+    assert service.made == ["q"]
 
 
 def test_a_message_moved_to_poison_wakes_the_poison_queues_listener() -> None:
