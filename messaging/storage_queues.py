@@ -145,8 +145,9 @@ class StorageQueueTransport:
     """Agent requests and replies on Storage queues (``AGENT_TRANSPORT=storage``).
 
     The same JSON bodies as on Service Bus. A request lives an hour past its step's
-    deadline: the agent does not call after the deadline, but answers "not called",
-    which tells the step the attempt applied nothing (``REQUEST_LATE_SECONDS``).
+    deadline (``REQUEST_LATE_SECONDS``; one that leaves through an output binding, the
+    queue's default seven days: ``messaging.bound``): the agent does not call after the
+    deadline, but answers "not called", which tells the step the attempt applied nothing.
     """
 
     def __init__(self, queues: StorageQueues, names: Names, clock: Clock):
