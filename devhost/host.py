@@ -135,12 +135,13 @@ class DevHost:
     def sender(self, setting: str) -> StorageQueues:
         """Sends over ``setting``'s client, kept per client (and so its queue clients)."""
         service = self.queue_service(setting)
-        return self.senders.setdefault(id(service), StorageQueues(service))
+        kept = self.senders.get(id(service))  # built on a miss only
+        return kept or self.senders.setdefault(id(service), StorageQueues(service))
 
     def deliver(self, spec: FunctionSpec, outputs: Mapping[str, Any]) -> None:
-        """A successful invocation's output bindings, as the host flushes them: each Storage
-        queue output's value sent to its queue (created if missing, as the host does), a
-        list as one message per item; raises if a send fails (the invocation then fails)."""
+        """A successful invocation's Storage queue outputs, sent as the host flushes them (a
+        list one message per item; a queue created if missing), each waking this host's
+        listeners of its queue (SharedQueueWatcher); a send that fails fails the invocation."""
         for name, value in outputs.items():
             binding = spec.outputs.get(name)
             if binding is None:  # the runtime only returns declared bindings
@@ -150,7 +151,6 @@ class DevHost:
             for item in value if isinstance(value, list) else [value]:  # text (encoding none)
                 text = bytes(item).decode() if isinstance(item, bytes | bytearray) else item
                 queues.send(queue, text if isinstance(text, str) else json.dumps(text))
-                # The host's SharedQueueWatcher: its own output bindings wake the listeners.
                 self.enqueued.notify(str(getattr(service, "account_name", "")), queue)
 
     def _add_queue(self, spec: FunctionSpec, options: QueueOptions, lease: LeaseOptions) -> None:
