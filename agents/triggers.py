@@ -45,7 +45,7 @@ _keep_aside = uses(lambda app: app.quarantine)
 _send = uses(lambda app: app.queues.send)
 #: Where an agent's invocation's messages may leave through output bindings: a dispatch
 #: (``messaging.bound``; its requests and replies leave at once, with the SDK).
-HOPS = bound.hop_queues(ON_STORAGE_QUEUES)
+HOPS = bound.hop_queues()
 #: A quarantine is a send and a table write, each bounded by its client.
 QUARANTINE_BOUND = 120.0
 

@@ -212,16 +212,13 @@ def output_arguments(queues: Iterable[str]) -> dict[str, str]:
     return {argument_for(queue): queue for queue in dict.fromkeys(queues)}
 
 
-def hop_queues(on_storage_queues: bool, first_requests: bool = False) -> list[str]:
+def hop_queues(first_requests: bool = False) -> list[str]:
     """The app's own queues known at start whose messages may wait for the host:
-    ``order-dispatch``, and, with ``first_requests`` on Storage queues, every declared
-    agent's request queue (``submit_order``: an order's first requests, which a
-    redelivered order sends again; on Service Bus the requests go to Service Bus)."""
+    ``order-dispatch``, and with ``first_requests`` (``submit_order``, agents on Storage
+    queues) every declared agent's request queue: an order's first requests, which a
+    redelivered order sends again."""
     own = Names()
-    queues = [own.order_dispatch]
-    if on_storage_queues and first_requests:
-        queues += list(own.agent_queues())
-    return queues
+    return [own.order_dispatch, *(own.agent_queues() if first_requests else ())]
 
 
 def bind(

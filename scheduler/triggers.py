@@ -27,8 +27,8 @@ ON_STORAGE_QUEUES = index_time().transport is Transport.STORAGE
 #: Where these functions' messages may leave through output bindings, which wake the
 #: receiving function of this instance (``messaging.bound``); the submitter's first
 #: requests too.
-HOPS = bound.hop_queues(ON_STORAGE_QUEUES)
-FIRST_HOPS = bound.hop_queues(ON_STORAGE_QUEUES, first_requests=True)
+HOPS = bound.hop_queues()
+FIRST_HOPS = bound.hop_queues(first_requests=ON_STORAGE_QUEUES)
 
 
 def _sends(handler: Callable[[Any], None], trigger_type: Any, hops: list[str] = HOPS) -> Any:

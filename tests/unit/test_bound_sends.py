@@ -202,12 +202,17 @@ def test_the_hops_are_the_own_queues_known_at_start(monkeypatch: pytest.MonkeyPa
     from core.names import Names
 
     own = Names()
-    assert bound.hop_queues(on_storage_queues=False, first_requests=True) == [own.order_dispatch]
-    assert bound.hop_queues(on_storage_queues=True) == [own.order_dispatch]
-    first = bound.hop_queues(on_storage_queues=True, first_requests=True)
+    assert bound.hop_queues() == [own.order_dispatch]  # every function but the submitter
+    first = bound.hop_queues(first_requests=True)  # the submitter, on Storage queues
     assert first == [own.order_dispatch, *own.agent_queues()]
     assert len(own.agent_queues()) >= 1
     assert own.agent_replies not in first  # a reply always leaves at once
+    # On Service Bus the submitter's requests go to Service Bus: only its dispatch is bound.
+    from scheduler import triggers
+
+    submitter, others = triggers.FIRST_HOPS, triggers.HOPS
+    assert submitter == (first if triggers.ON_STORAGE_QUEUES else [own.order_dispatch])
+    assert others == [own.order_dispatch]
 
 
 class Client:
