@@ -177,7 +177,7 @@ test-servicebus: deps
 ## foreach, turns, idle, capacity: about 30 minutes on 2 cores, capacity half of it), each printed and saved as
 ## bench/results/<name>-<UTC date-time>.json
 ## (make bench BENCHMARKS=sweeps BENCH_ARGS_sweeps="--finished 100000": one, with options)
-BENCHMARKS ?= pipeline latency sweeps recovery cpu isolation decoder foreach turns idle capacity
+BENCHMARKS ?= pipeline latency trace sweeps recovery cpu isolation decoder foreach turns idle capacity
 BENCH_ARGS_pipeline ?= --orders 400
 define bench_one
 out="bench/results/$(1)-$$(date -u +%Y%m%dT%H%M%SZ).json"; echo "== bench.$(1) -> $$out" >&2; \
