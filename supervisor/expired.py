@@ -1,18 +1,48 @@
-"""Service Bus requests that expired unread: a report, not a page.
+"""Service Bus requests that expired in their queue: "not called" when the broker's count
+proves that no agent read them; otherwise left in doubt, with an alert.
 
 Contract 3.3 fixes a Service Bus request's time-to-live at the time left before its
-deadline, so a request no agent read in time expires in its queue. A request never read
-is no try (docs/contracts.md §3.11): the request queues dead-letter on expiration, and
-their dead-letter trigger hands such a message here, which sends the report an agent
-would have sent had it read the request late ("deferred: not called"). The step then
-learns that the attempt applied nothing: no failure counted, no "may have applied".
+deadline; the request queues dead-letter on expiration, and their dead-letter trigger
+(``supervisor/triggers.py``) hands an expired request here with ``deliveries``, the
+delivery count the Functions host gives that dead-letter delivery. A request never read
+is no try (docs/contracts.md §3.11, 11): its report says what an agent that read it late
+would have said ("deferred: not called"), and the step gets back the failure its expiry
+counted. A doubt is never turned into "not called" (§3.11, 8): a request the count cannot
+prove unread is not reported at all. Its attempt keeps what its expiry assumed (no
+report: it may have applied, and it is counted), and the trigger raises the dead-letter
+alert, which says why.
 
-A request the broker had delivered before it expired (its delivery count says so) may
-have been called by an agent that died: its report says "maybe". A message that is not
-a request the app can read is left to the poison path (an operator alert).
+What the count says (the sources are in docs/failure-model.md, "An expired request's
+delivery count"):
+
+- Documented: the host's count starts at 1 (its .NET SDK adds 1 to the AMQP header's
+  count of earlier deliveries). It grows by one each time a delivery under a lock ends
+  unsettled, when the receiver abandons the message or its lock lapses; a released
+  message is not counted. A locked message does not expire while its lock holds; when the
+  lock ends, the message moves to the dead-letter queue. That queue is read under locks
+  too, and the host abandons a message its function failed on.
+- Inferred, not documented: the count goes with the message into the dead-letter queue,
+  and the end of a lock after the message's expiry is counted before the move, as the
+  general rule says and localbus does. ``tests/localbus/test_contract.py`` checks this
+  on a real namespace.
+- Unknown: whether the dead-letter queue counts its own failed deliveries. The general
+  rule says it does; one user report (Azure/azure-sdk-for-net#53437) says a lapsed lock
+  there is not counted.
+
+So exactly 1 means that no delivery ended unsettled, neither one to an agent nor one to
+this trigger: the request is reported unread. A count of 2 or more cannot tell an agent's
+delivery, which may have called the remote, from this trigger's own earlier delivery that
+failed, whose "not called" report may already have been sent. Nothing is reported then:
+a retry never adds a false "maybe" after a "not called", and a request that was read
+keeps its doubt. A count of 0 or none is not the host's count, so it proves nothing. The
+price falls on the side of doubt only: a never-read request whose first report could not
+be sent within the trigger's whole budget, or whose agent failed before calling (its
+binding could not read the state), stays in doubt, as if its report had been lost.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from core.errors import InvalidMessage
 from core.outcome import Applied
@@ -25,6 +55,24 @@ log = get_logger(__name__)
 
 #: The dead-letter reason Service Bus gives a message that expired.
 EXPIRED_REASON = "TTLExpiredException"
+#: The host's count on a message's first delivery with no earlier one left unsettled.
+UNREAD = 1
+
+#: What :meth:`ExpiredRequests.report` did: ``reported`` (not called), ``maybe read``
+#: (not reported: the count does not prove it unread) or ``no request``.
+Verdict = Literal["reported", "maybe read", "no request"]
+
+
+def maybe_read(deliveries: int | None) -> str:
+    """Why an expired request was not reported "not called": the dead-letter alert's
+    words for what the count cannot tell apart."""
+    count = "no delivery count" if deliveries is None else f"delivery count {deliveries}"
+    return (
+        f"expired after an earlier delivery ({count}): an agent may have read it and "
+        "called its remote, or this alert's own earlier run failed on it. It was not "
+        "reported as not called, so its attempt stays in doubt (may have applied) until "
+        "its remote settles it or an operator states that it did not happen"
+    )
 
 
 class ExpiredRequests:
@@ -32,21 +80,24 @@ class ExpiredRequests:
         self._transport = transport
         self._clock = clock
 
-    def report(self, body: bytes, deliveries: int | None) -> bool:
-        """Report an expired request as not called; False if ``body`` is no request."""
+    def report(self, body: bytes, deliveries: int | None) -> Verdict:
+        """Report an expired request as not called when ``deliveries`` (the host's count
+        on this dead-letter delivery) proves it unread; the caller alerts on the rest."""
         try:
             request = decode_request(body)
         except InvalidMessage:
-            return False
-        read_before = (deliveries or 1) > 1  # the host counts from 1: 1 = never delivered
+            return "no request"
         with order_context(order_id=request.order_id, step=request.step, attempt=request.attempt):
+            if deliveries != UNREAD:
+                METRICS.inc("expired_requests_maybe_read")
+                log.warning("request expired after an earlier delivery: left in doubt, alerted")
+                return "maybe read"
             reply = request.deferred(
-                f"{request.step}: not called: the request expired unread in its queue"
-                + (" after an earlier delivery that may have called it" if read_before else ""),
+                f"{request.step}: not called: the request expired unread in its queue",
                 self._clock(),
-                Applied.MAYBE if read_before else Applied.NO,
+                Applied.NO,
             )
             self._transport.send_reply(reply, None)
-            METRICS.inc("expired_requests_reported", read=str(read_before).lower())
+            METRICS.inc("expired_requests_reported")
             log.warning("request expired unread in its queue: reported as not called")
-        return True
+        return "reported"

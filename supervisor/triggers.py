@@ -20,7 +20,7 @@ import azure.functions as func
 from bootstrap import app_context, current_app_context, index_time, uses
 from config.settings import SERVICE_BUS, STORAGE, Transport
 from core import names
-from supervisor.expired import EXPIRED_REASON
+from supervisor.expired import EXPIRED_REASON, maybe_read
 from supervisor.poison import Poisoned
 
 bp = func.Blueprint()
@@ -93,16 +93,20 @@ def _dead_letter_trigger(queue: str, *, requests: bool) -> None:
         body, deliveries = msg.get_body(), msg.delivery_count
 
         def alert() -> None:
+            said = why
             if requests and reason == EXPIRED_REASON:
-                # Expired unread: a report that it was not called, not a page (expired.py).
-                reported = _ride_out()(
+                # Proven unread by its count: a report that it was not called, not a page;
+                # else it stays in doubt and the alert says why (expired.py).
+                verdict = _ride_out()(
                     lambda: _expired_requests().report(body, deliveries),
                     what="expired request report",
                 )
-                if reported:
+                if verdict == "reported":
                     return
+                if verdict == "maybe read":
+                    said = "; ".join(x for x in (why, maybe_read(deliveries)) if x)
             _ride_out()(
-                lambda: _poison().alert(Poisoned(path, body, deliveries, why)),
+                lambda: _poison().alert(Poisoned(path, body, deliveries, said)),
                 what="dead-letter alert",
             )
 

@@ -285,3 +285,62 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
     for alert in ours:
         assert "TTLExpiredException - the message expired" in alert["reason"]
         assert alert["failureCount"] == 5 and alert["step"] == "ship"
+
+
+def test_an_expired_request_delivered_before_is_alerted_as_in_doubt_not_reported(
+    storage_connection: str, tag: str
+) -> None:
+    """An expired agent request whose dead-letter delivery count is above 1 may have been
+    read by an agent (or the trigger failed on it before): the trigger reports nothing
+    (no Service Bus is reachable here, so a report would fail the invocation) and alerts,
+    saying the attempt stays in doubt (supervisor/expired.py)."""
+    script = textwrap.dedent(
+        """
+        import asyncio, sys, function_app
+        from datetime import UTC, datetime
+        from core.messages import AgentRequest
+
+        class DeadLetter:
+            delivery_count = 2
+            dead_letter_reason = dead_letter_error_description = None
+            application_properties = {"DeadLetterReason": "TTLExpiredException"}
+
+            def get_body(self):
+                return AgentRequest(sys.argv[1], "ship", 1, datetime(2026, 1, 1, tzinfo=UTC),
+                                    "ship", {}, agent="carrier", token="t").encode().encode()
+
+        functions = {f.get_function_name(): f.get_user_function()
+                     for f in function_app.app.get_functions()}
+        asyncio.run(functions["alert_agent_requests_carrier_dead_letters"](DeadLetter()))
+        """
+    )
+    env = {
+        **os.environ,
+        "AGENT_TRANSPORT": "servicebus",
+        "ServiceBusConnection": "Endpoint=sb://unused.invalid/;SharedAccessKeyName=k;"
+        "SharedAccessKey=a2V5",
+        "AzureWebJobsStorage": storage_connection,
+        "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
+    }
+    order_id = f"{tag}-dx"
+    subprocess.run(
+        [sys.executable, "-c", script, order_id],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    ctx = make_context(storage_connection, tag)
+    client = ctx.queues.client(Names().operator_alerts)
+    ours: list[dict[str, Any]] = []
+    for message in client.receive_messages(max_messages=32, visibility_timeout=5):
+        alert = json.loads(message.content)
+        if alert.get("orderId") == order_id:
+            ours.append(alert)
+            client.delete_message(message)
+    [alert] = ours
+    assert alert["poisonQueue"] == "agent-requests-carrier/$DeadLetterQueue"
+    assert "TTLExpiredException" in alert["reason"]
+    assert "delivery count 2" in alert["reason"] and "stays in doubt" in alert["reason"]

@@ -236,6 +236,41 @@ def test_an_expired_message_is_never_delivered_and_is_dead_lettered(
         assert dead.dead_letter_reason == "TTLExpiredException", queue
 
 
+def test_an_expired_message_keeps_its_delivery_count_in_the_dead_letter_queue(
+    target: Target, client: Any
+) -> None:
+    """What supervisor/expired.py relies on to report an expired request "not called":
+    one never delivered reaches the dead-letter queue with count 0, and one whose lock
+    ended after its expiry (lapsed: an agent that died mid-call; or abandoned) with that
+    delivery counted. Documented: every lock that ends unsettled counts, and a locked
+    message expires when its lock ends; believed until this passes on a namespace: the
+    count is kept by the move, and the last lock's end is counted before it."""
+    never, lapsed, abandoned = new_id(), new_id(), new_id()
+    ttl = timedelta(seconds=min(target.lock_seconds / 2, 10))  # ends before the lock
+    with receiving(client, target.requests, {lapsed, abandoned}) as mine:
+        mine.take(1, within=0.5)  # the receive link is open before the clock starts
+        sent = time.monotonic()
+        for mid, body in ((lapsed, b"l"), (abandoned, b"a")):
+            send(client, target.requests, ServiceBusMessage(body, message_id=mid, time_to_live=ttl))
+        held = {m.message_id: m for m in mine.take(2, within=ttl.total_seconds() / 2)}
+        assert set(held) == {lapsed, abandoned}, "not received before they expired"
+        send(client, target.requests, ServiceBusMessage(b"n", message_id=never, time_to_live=ttl))
+        time.sleep(max(0.0, sent + ttl.total_seconds() + 0.2 - time.monotonic()))
+        mine.receiver.abandon_message(held[abandoned])  # past its expiry, within its lock
+        time.sleep(target.lock_seconds)  # the other lock lapses, past its expiry
+        assert mine.nothing_within(target.quiet)  # expired: neither comes back
+    counts = {
+        mid: _dead_letters(client, target.requests, mid, within=target.expiry_grace)
+        for mid in (never, lapsed, abandoned)
+    }
+    assert {m: d.dead_letter_reason for m, d in counts.items()} == dict.fromkeys(
+        counts, "TTLExpiredException"
+    )
+    assert counts[never].delivery_count == 0
+    assert counts[lapsed].delivery_count >= 1, "a lock that lapsed past expiry went uncounted"
+    assert counts[abandoned].delivery_count >= 1
+
+
 def test_the_same_message_id_is_delivered_once(target: Target, client: Any) -> None:
     """Duplicate detection (the queues' window is 10 min): the copy is accepted, dropped."""
     mid = new_id()

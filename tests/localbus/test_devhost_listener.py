@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -104,3 +105,33 @@ def test_a_message_that_always_fails_reaches_the_dead_letter_trigger(bus: LocalB
             thread.join(15)
     assert failures == [1, 2, 3]
     assert dead == [(b"poison", "MaxDeliveryCountExceeded")]
+
+
+def test_an_expired_message_reaches_the_dead_letter_trigger_counted_as_the_host_counts(
+    bus: LocalBus,
+) -> None:
+    """Never delivered, a message expires: the dead-letter trigger sees count 1, which
+    supervisor/expired.py reads as "unread". The trigger fails once: its retry sees 2,
+    which proves nothing (an agent's delivery would show the same)."""
+    seen: list[tuple[int | None, Any]] = []
+    done = threading.Event()
+
+    def on_dead_letter(msg: shapes.ServiceBusMessage) -> None:
+        seen.append((msg.delivery_count, msg.application_properties.get("DeadLetterReason")))
+        if len(seen) == 1:
+            raise RuntimeError("the trigger fails once")
+        done.set()
+
+    client = ServiceBusClient.from_connection_string(bus.connection_string)
+    with client, client.get_queue_sender(QUEUE) as sender:
+        sender.send_messages(
+            ServiceBusMessage(b"late", message_id="expires-1", time_to_live=timedelta(seconds=1))
+        )
+    time.sleep(1.5)  # expired unread (the SDK sends whole seconds): nobody read the queue
+    stop, thread = listen(bus, f"{QUEUE}/$DeadLetterQueue", on_dead_letter)
+    try:
+        assert done.wait(30), seen
+    finally:
+        stop.set()
+        thread.join(15)
+    assert seen == [(1, "TTLExpiredException"), (2, "TTLExpiredException")]

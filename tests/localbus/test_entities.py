@@ -109,6 +109,39 @@ def test_a_locked_message_does_not_expire_until_its_lock_ends() -> None:
     q.complete(taken.lock_token, 6.0)  # still held: completes
 
 
+def test_an_expired_message_takes_its_delivery_count_to_the_dead_letter_queue() -> None:
+    """What supervisor/expired.py reads: a message never delivered arrives with 0; one
+    whose lock ended after its expiry (lapsed, or abandoned) with that delivery counted,
+    as the documented rule counts every lock that ends unsettled; and the dead-letter
+    queue counts its own failed deliveries (the less kind reading: Azure may not, see
+    Azure/azure-sdk-for-net#53437)."""
+    q = make_queue(QueueConfig("q", lock_duration=10))
+    q.enqueue("lapsed", "l", 5.0, 0.0, 1)
+    q.enqueue("abandoned", "a", 5.0, 0.0, 2)
+    lapsed, abandoned = q.take(0.0, lock=True), q.take(0.0, lock=True)
+    assert lapsed is not None and abandoned is not None and abandoned.lock_token
+    q.enqueue("never", "n", 5.0, 0.0, 3)
+    q.expire(6.0)  # "never" expired; the others are locked, so not yet
+    assert q.dead_letters is not None
+    assert [s.payload for s in q.dead_letters.available.values()] == ["never"]
+    q.abandon(abandoned.lock_token, 7.0)  # past its expiry
+    q.expire(10.5)  # the lapsed lock ends past its expiry
+    dead = {s.payload: s for s in q.dead_letters.available.values()}
+    assert {p: s.delivery_count for p, s in dead.items()} == {
+        "never": 0,
+        "abandoned": 1,
+        "lapsed": 1,
+    }
+    assert {s.dead_letter_reason for s in dead.values()} == {TTL_EXPIRED_REASON}
+    first = q.dead_letters.take(20.0, lock=True)
+    assert first is not None and first.payload == "lapsed" and first.lock_token
+    q.dead_letters.abandon(first.lock_token, 20.0)  # the dead-letter trigger failed on it
+    again = q.dead_letters.take(20.0, lock=True)
+    assert again is first and again.delivery_count == 2
+    later = q.dead_letters.take(40.0, lock=True)  # its lock lapsed at 30 s: counted too
+    assert later is first and later.delivery_count == 3
+
+
 def test_duplicates_are_dropped_within_the_window_only() -> None:
     q = make_queue(QueueConfig("q", duplicate_window=60))
     assert q.enqueue("a", "same", None, 0.0, 1) is not None
