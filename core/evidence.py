@@ -398,8 +398,9 @@ def late_report(
     """A report (not a success) for an attempt already decided: by an earlier report, its
     expiry, or a failed send. A "maybe" is never dropped; the first report of an attempt
     that expired says what the expiry assumed (a "no" clears the doubt of no report; on a
-    step still at work a deferral also gives back the failure the expiry counted); on a
-    step that has ended, nothing but evidence of an effect changes anything."""
+    step still at work a deferral, unless a "maybe", also gives back the failure the
+    expiry counted); on a step that has ended, nothing but evidence of an effect changes
+    anything."""
     number = reply.attempt
     applied = applied_of(reply)
     if attempt is None:  # kept only as a number: it applied nothing, or was folded
@@ -429,6 +430,9 @@ def late_report(
         and record.is_active
         and attempt.ending is Outcome.EXPIRED
         and deferred
+        # a deferral on a redelivery ("maybe": an earlier delivery may have called the
+        # remote) does not say the attempt never reached for it: its failure stays counted
+        and applied is not Applied.MAYBE
         and attempt.counted
         and record.failure_count > 0
         # counted in this budget (a resubmit since has reset the count)

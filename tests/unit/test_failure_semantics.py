@@ -205,6 +205,33 @@ def test_a_late_deferral_gives_back_the_failure_the_expiry_counted() -> None:
     assert step.process_state is StepState.PROCESSING and step.attempt == 2
 
 
+def test_a_late_deferral_that_may_have_applied_keeps_the_failure_and_the_doubt() -> None:
+    """An agent that defers a redelivered request says "maybe" (an earlier delivery may
+    have called the remote: agents/agent.py). That is no proof the attempt never reached
+    for the remote, so the failure its expiry counted stays counted (docs/contracts.md
+    §3.11: the budget counts attempts that reached for the remote and failed), and so
+    does its doubt."""
+    order = new_order()
+    order.claim("i", T0)
+    order.expire(T0 + timedelta(seconds=31), POLICY)
+    order.claim("i", T0 + timedelta(seconds=31))
+    step = order.steps[0]
+    order.apply_reply(
+        reply(
+            order,
+            Outcome.DEFERRED,
+            attempt=1,
+            error="open (delivery 2: an earlier delivery may have called the remote)",
+            not_before=T0,
+            applied=Applied.MAYBE,
+        ),
+        T0 + timedelta(seconds=32),
+        POLICY,
+    )
+    assert step.failure_count == 1 and step.maybe_applied == [1]
+    assert step.process_state is StepState.PROCESSING and step.attempt == 2
+
+
 def test_a_late_report_turns_an_ambiguous_error_into_a_definite_one() -> None:
     order = new_order("fulfilment")
     now = reach(order, "ship")
