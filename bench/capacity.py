@@ -47,7 +47,7 @@ search's stack has stopped. The search leaves 6,000-11,000 orders in its table, 
 Azurite answers every read by scanning the whole table (docs/benchmarks.md, "Sweeps"):
 measured after it, the latency and the replay met a store slower than a deployment's
 (Azure Table Storage reads a row by its keys) and slower than at the search's own first
-steps. ``--same-stack`` runs them on the search's stack as before 2026-11-29 (to compare);
+steps. ``--same-stack`` runs them on the search's stack, as it was done before (to compare);
 the JSON's ``phaseStacks`` says which.
 
 Prints one JSON object: ``machine``, ``rule``, ``phaseStacks``, ``steps`` (each with its
