@@ -3,6 +3,7 @@ served at half of it.
 
     python -m bench.capacity [--transport storage|servicebus] [--devhosts 2] [--hold 60]
                              [--start R] [--max-minutes 14] [--seconds 45] [--burst 300]
+                             [--same-stack]
 
 A burst drains faster than a steady stream is served (the hosts meet a full queue and
 batch), so "half the drain rate" can overload the app. This benchmark measures the rate
@@ -35,14 +36,24 @@ and a burst of ``--burst`` orders (its drain rate, as ``bench.latency`` measures
    output says the search was cut short.
 2. **Latency at half the capacity** for ``--seconds``: submit-to-done p50 / p99 and the
    hops (``bench.latency.hops_ms``).
-3. **Throughput against a bare replay**, in the same run on the same Azurite: a backlog
-   of ``--replay-orders`` drained (``bench.pipeline.product_run``) over the bare storage
+3. **Throughput against a bare replay**, in the same run: a backlog of
+   ``--replay-orders`` drained (``bench.pipeline.product_run``) over the bare storage
    work of ``--replay`` orders one at a time (``bench.pipeline.bare_replay``, Storage
    queues whatever the transport: it replays the Storage deployment's operations).
 
-Prints one JSON object: ``machine``, ``rule``, ``steps`` (each with its offered and
-finished rates, backlog slope, latency and hops p50, sustained or not), ``capacity``,
-``latencyAtHalf``, ``replay`` and the CPU shares of each phase (``bench.cpuload``).
+**Each of phases 2 and 3 runs on a fresh stack** (a new ``LocalStack`` with the same
+options, warmed up as the first one was, ``bench.latency.warm_up``), started once the
+search's stack has stopped. The search leaves 6,000-11,000 orders in its table, and
+Azurite answers every read by scanning the whole table (docs/benchmarks.md, "Sweeps"):
+measured after it, the latency and the replay met a store slower than a deployment's
+(Azure Table Storage reads a row by its keys) and slower than at the search's own first
+steps. ``--same-stack`` runs them on the search's stack, as it was done before (to compare);
+the JSON's ``phaseStacks`` says which.
+
+Prints one JSON object: ``machine``, ``rule``, ``phaseStacks``, ``steps`` (each with its
+offered and finished rates, backlog slope, latency and hops p50, sustained or not),
+``capacity``, ``latencyAtHalf``, ``replay`` and the CPU shares of each measured phase
+(``bench.cpuload``; a fresh stack's start and warm-up are not in them).
 Numbers from a shared 2-core machine are noisy: compare runs, not digits.
 """
 
@@ -55,7 +66,9 @@ import sys
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -88,6 +101,14 @@ DOWN_STEPS = 3  # steps down at most when even the first rate is not sustained
 CLOSE_ENOUGH = 1.1  # stop bisecting once the bracket is this narrow (a ratio)
 SAMPLE_SECONDS = 1.0  # the backlog's resolution
 SENDERS = 4  # threads sending the open loop's orders
+#: The search's own stack's settings; a fresh stack for a later phase gets the same.
+SETTINGS = {"STEP_TIMEOUT_SECONDS": "30", "SUPERVISOR_SCHEDULE": "*/5 * * * * *"}
+PHASE_STACKS = {
+    "fresh": "latency at half and the replay each on a new stack with the search's "
+    f"options, warmed up with {WARM_UP} orders (the search's table is not met)",
+    "same": "latency at half and the replay on the search's stack, after it "
+    "(--same-stack: its table holds every order of the search)",
+}
 
 RULE = {
     "window": "the last 2/3 of the hold",
@@ -357,45 +378,97 @@ def replay_ratio(
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    stack = LocalStack(
-        devhosts=args.devhosts,
-        transport=args.transport,
-        settings={"STEP_TIMEOUT_SECONDS": "30", "SUPERVISOR_SCHEDULE": "*/5 * * * * *"},
+def new_stack(args: argparse.Namespace) -> LocalStack:
+    """A stack (not started) with the run's options: the search's, and each fresh phase's."""
+    return LocalStack(devhosts=args.devhosts, transport=args.transport, settings=dict(SETTINGS))
+
+
+def on_stack[T](
+    shared: LocalStack | None,
+    fresh: Callable[[], AbstractContextManager[LocalStack]],
+    warm: Callable[[LocalStack], None],
+    measure: Callable[[LocalStack], T],
+) -> T:
+    """``measure`` on ``shared`` (``--same-stack``), or on a ``fresh`` stack once ``warm``
+    has run on it, stopped afterwards: what one measured phase runs on (module docstring)."""
+    if shared is not None:
+        return measure(shared)
+    with fresh() as stack:
+        warm(stack)
+        return measure(stack)
+
+
+def at_half_capacity(
+    stack: LocalStack, prefix: str, rate: float, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Phase 2: an open-loop load at ``rate`` for ``--seconds``, its latency and hops."""
+    time.sleep(2)
+    submitted, sending, finished, calls = served(
+        stack, f"{prefix}-half", rate, args.seconds, args.workflow, args.timeout
     )
+    return {
+        "offeredPerSecond": round(rate, 2),
+        "seconds": args.seconds,
+        **latency_summary(submitted, finished, calls),
+        "sending": sending,
+        "target": {"p50": 60, "p99": 250, "on": "servicebus"},
+    }
+
+
+def against_replay(stack: LocalStack, prefix: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Phase 3: ``--replay-orders`` drained against a bare replay of ``--replay`` orders."""
+    time.sleep(2)
+    return replay_ratio(
+        stack.context, prefix, args.replay_orders, args.replay, args.workflow, args.timeout
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
     cpu: dict[str, dict[str, float]] = {}
-    with stack:
-        ctx = stack.context
-        prefix = f"cap-{uuid.uuid4().hex[:6]}"
-        warm_up(ctx, prefix, args.workflow, args.timeout, WARM_UP)
-        burst_rate = drain(ctx, prefix, args.burst, args.workflow, args.timeout)
+    prefix = f"cap-{uuid.uuid4().hex[:6]}"
+
+    def warm(stack: LocalStack) -> None:
+        warm_up(stack.context, prefix, args.workflow, args.timeout, WARM_UP)
+
+    def measured[T](name: str, phase: Callable[[LocalStack], T]) -> Callable[[LocalStack], T]:
+        def go(stack: LocalStack) -> T:
+            mark = cpuload.sample()
+            out = phase(stack)
+            cpu[name] = cpuload.share(mark, cpuload.sample())
+            return out
+
+        return go
+
+    with ExitStack() as held:
+        stack = held.enter_context(new_stack(args))
+        warm(stack)
+        burst_rate = drain(stack.context, prefix, args.burst, args.workflow, args.timeout)
         time.sleep(2)
         first = args.start if args.start is not None else burst_rate / 4
-        mark = cpuload.sample()
-        found = search(
-            stack, prefix, first, args.hold, args.max_minutes, args.workflow, args.timeout
-        )
-        cpu["search"], mark = cpuload.share(mark, now := cpuload.sample()), now
+        found = measured(
+            "search",
+            lambda s: search(
+                s, prefix, first, args.hold, args.max_minutes, args.workflow, args.timeout
+            ),
+        )(stack)
+        shared = stack if args.same_stack else None
+        if shared is None:
+            held.close()  # the search's stack stops before a fresh one starts
         at_half: dict[str, Any] = {"skipped": "no rate was sustained"}
         if found["capacityPerSecond"] is not None:
             rate = found["capacityPerSecond"] / 2
-            time.sleep(2)
-            submitted, sending, finished, calls = served(
-                stack, f"{prefix}-half", rate, args.seconds, args.workflow, args.timeout
+            at_half = on_stack(
+                shared,
+                lambda: new_stack(args),
+                warm,
+                measured("latencyAtHalf", lambda s: at_half_capacity(s, prefix, rate, args)),
             )
-            at_half = {
-                "offeredPerSecond": round(rate, 2),
-                "seconds": args.seconds,
-                **latency_summary(submitted, finished, calls),
-                "sending": sending,
-                "target": {"p50": 60, "p99": 250, "on": "servicebus"},
-            }
-            cpu["latencyAtHalf"], mark = cpuload.share(mark, now := cpuload.sample()), now
-        time.sleep(2)
-        replay = replay_ratio(
-            ctx, prefix, args.replay_orders, args.replay, args.workflow, args.timeout
+        replay = on_stack(
+            shared,
+            lambda: new_stack(args),
+            warm,
+            measured("replay", lambda s: against_replay(s, prefix, args)),
         )
-        cpu["replay"] = cpuload.share(mark, cpuload.sample())
     return {
         "benchmark": "capacity",
         "date": utc_now_text(),
@@ -405,6 +478,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "devhosts": args.devhosts,
         "holdSeconds": args.hold,
         "rule": RULE,
+        "phaseStacks": PHASE_STACKS["same" if args.same_stack else "fresh"],
         "burst": {"orders": args.burst, "ordersPerSecond": round(burst_rate, 1)},
         "firstRatePerSecond": round(first, 2),
         **found,
@@ -424,6 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replay-orders", type=int, default=400, help="the drained backlog")
     parser.add_argument("--replay", type=int, default=150, help="orders of the bare replay")
     parser.add_argument("--workflow", default="order", choices=["order", "fulfilment"])
+    parser.add_argument(
+        "--same-stack",
+        action="store_true",
+        help="latency at half and the replay on the search's stack (default: each on a "
+        "fresh one, so that neither meets the search's table)",
+    )
     stack_options(parser, timeout=300)
     args = parser.parse_args(argv)
     if args.hold < 10:

@@ -1,12 +1,18 @@
 """``bench.capacity``'s pure parts: the backlog rebuilt from submit and done times, the
-sustained rule, and the search's next rate (no stack; the benchmark asserts no speed)."""
+sustained rule, the search's next rate, and which stack a measured phase runs on (no
+stack is started; the benchmark asserts no speed)."""
 
 from __future__ import annotations
 
+import argparse
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
 
 import pytest
 
+from bench import capacity as capacity_module
 from bench.capacity import (
     BISECTIONS,
     FACTOR,
@@ -17,8 +23,10 @@ from bench.capacity import (
     judge,
     main,
     next_rate,
+    on_stack,
     slope,
 )
+from demo.stack import LocalStack
 
 
 def stream(
@@ -145,3 +153,76 @@ def test_bad_options_are_refused_with_the_reason(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit):
         main(["--start", "0"])
     assert "--start must be a positive rate" in capsys.readouterr().err
+
+
+class Recorder:
+    """What happened to the stacks of one phase, in order."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+        self.made = 0
+
+    @contextmanager
+    def fresh(self) -> Iterator[LocalStack]:
+        self.made += 1
+        name = f"fresh{self.made}"
+        self.events.append(f"start {name}")
+        try:
+            yield cast(LocalStack, name)
+        finally:
+            self.events.append(f"stop {name}")
+
+    def warm(self, stack: LocalStack) -> None:
+        self.events.append(f"warm {stack}")
+
+    def measure(self, stack: LocalStack) -> str:
+        self.events.append(f"measure {stack}")
+        return f"measured on {stack}"
+
+
+def test_a_phase_runs_on_a_fresh_stack_warmed_up_first_and_stopped_after() -> None:
+    seen = Recorder()
+    assert on_stack(None, seen.fresh, seen.warm, seen.measure) == "measured on fresh1"
+    assert seen.events == ["start fresh1", "warm fresh1", "measure fresh1", "stop fresh1"]
+    on_stack(None, seen.fresh, seen.warm, seen.measure)
+    assert seen.made == 2  # each phase its own stack
+
+
+def test_with_same_stack_a_phase_runs_on_the_searchs_stack_as_it_is() -> None:
+    seen = Recorder()
+    search_stack = cast(LocalStack, "search")
+    assert on_stack(search_stack, seen.fresh, seen.warm, seen.measure) == "measured on search"
+    assert seen.events == ["measure search"]  # no new stack, no second warm-up
+
+
+def test_a_fresh_stack_stops_even_when_its_phase_fails() -> None:
+    seen = Recorder()
+
+    def failing(stack: LocalStack) -> None:
+        raise SystemExit("the backlog did not drain")
+
+    with pytest.raises(SystemExit):
+        on_stack(None, seen.fresh, seen.warm, failing)
+    assert seen.events[-1] == "stop fresh1"
+
+
+def test_fresh_stacks_by_default_same_stack_on_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[argparse.Namespace] = []
+
+    def fake_run(args: argparse.Namespace) -> dict[str, Any]:
+        asked.append(args)
+        return {"cutShort": None, "latencyAtHalf": {}}
+
+    monkeypatch.setattr(capacity_module, "run", fake_run)
+    assert main([]) == 0
+    assert main(["--same-stack", "--transport", "servicebus"]) == 0
+    assert [a.same_stack for a in asked] == [False, True]
+    assert asked[1].transport == "servicebus"
+
+
+def test_a_fresh_stack_has_the_searchs_options() -> None:
+    args = argparse.Namespace(devhosts=3, transport="servicebus")
+    one, two = capacity_module.new_stack(args), capacity_module.new_stack(args)  # not started
+    assert one is not two
+    assert (one.devhosts, one.transport, one.settings) == (3, "servicebus", two.settings)
+    assert one.settings == capacity_module.SETTINGS
