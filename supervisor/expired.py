@@ -1,5 +1,5 @@
 """Service Bus requests that expired in their queue: "not called" when the broker's count
-proves that no agent read them; otherwise left in doubt, with an alert.
+proves that no agent read them; otherwise left to the doubt their expiry assumed.
 
 Contract 3.3 fixes a Service Bus request's time-to-live at the time left before its
 deadline; the request queues dead-letter on expiration, and their dead-letter trigger
@@ -9,8 +9,12 @@ is no try (docs/contracts.md §3.11, 11): its report says what an agent that rea
 would have said ("deferred: not called"), and the step gets back the failure its expiry
 counted. A doubt is never turned into "not called" (§3.11, 8): a request the count cannot
 prove unread is not reported at all. Its attempt keeps what its expiry assumed (no
-report: it may have applied, and it is counted), and the trigger raises the dead-letter
-alert, which says why.
+report: it may have applied, and it is counted), and a WARNING says why. That is no page:
+the order already holds the doubt and decides on it as on any expiry with no report (a
+later attempt's success settles it, as the idempotency key makes every attempt the same
+effect; a step that ends with it unsettled is ``Error`` with the alert that it may have
+applied), so an operator is paged for a doubt only when it is left standing. A stalled
+remote whose agent died mid-call is such a doubt, and it mostly settles itself.
 
 What the count says (the sources are in docs/failure-model.md, "An expired request's
 delivery count"):
@@ -64,14 +68,27 @@ Verdict = Literal["reported", "maybe read", "no request"]
 
 
 def maybe_read(deliveries: int | None) -> str:
-    """Why an expired request was not reported "not called": the dead-letter alert's
-    words for what the count cannot tell apart."""
+    """Why an expired request was not reported "not called" (the WARNING's words): what
+    the count cannot tell apart."""
     count = "no delivery count" if deliveries is None else f"delivery count {deliveries}"
     return (
         f"expired after an earlier delivery ({count}): an agent may have read it and "
-        "called its remote, or this alert's own earlier run failed on it. It was not "
-        "reported as not called, so its attempt stays in doubt (may have applied) until "
-        "its remote settles it or an operator states that it did not happen"
+        "called its remote, or this alert's own earlier run failed on it, before or after "
+        "reporting it not called. This run cannot tell which and reports nothing: unless "
+        "an earlier run did, its attempt stays in doubt (may have applied) until a later "
+        "attempt's answer settles it; a step that ends with it unsettled is alerted then"
+    )
+
+
+def unsent_report(error: Exception) -> str:
+    """The dead-letter alert's words for a request proven unread whose "not called"
+    report could not be sent: an operator is told once, rather than the trigger retrying
+    a report that may never go out (the dead-letter queue has no delivery limit)."""
+    return (
+        f"expired unread (delivery count {UNREAD}: no agent read it), but its not-called "
+        f"report could not be sent ({type(error).__name__}: {error})"[:600]
+        + ". Its attempt stays counted and in doubt until an operator states that it did "
+        "not happen, which is safe: its remote was never called for it"
     )
 
 
@@ -82,7 +99,7 @@ class ExpiredRequests:
 
     def report(self, body: bytes, deliveries: int | None) -> Verdict:
         """Report an expired request as not called when ``deliveries`` (the host's count
-        on this dead-letter delivery) proves it unread; the caller alerts on the rest."""
+        on this dead-letter delivery) proves it unread; else say why in a WARNING."""
         try:
             request = decode_request(body)
         except InvalidMessage:
@@ -90,7 +107,7 @@ class ExpiredRequests:
         with order_context(order_id=request.order_id, step=request.step, attempt=request.attempt):
             if deliveries != UNREAD:
                 METRICS.inc("expired_requests_maybe_read")
-                log.warning("request expired after an earlier delivery: left in doubt, alerted")
+                log.warning("request not reported as not called: %s", maybe_read(deliveries))
                 return "maybe read"
             reply = request.deferred(
                 f"{request.step}: not called: the request expired unread in its queue",

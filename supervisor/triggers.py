@@ -20,7 +20,7 @@ import azure.functions as func
 from bootstrap import app_context, current_app_context, index_time, uses
 from config.settings import SERVICE_BUS, STORAGE, Transport
 from core import names
-from supervisor.expired import EXPIRED_REASON, maybe_read
+from supervisor.expired import EXPIRED_REASON, unsent_report
 from supervisor.poison import Poisoned
 
 bp = func.Blueprint()
@@ -95,16 +95,20 @@ def _dead_letter_trigger(queue: str, *, requests: bool) -> None:
         def alert() -> None:
             said = why
             if requests and reason == EXPIRED_REASON:
-                # Proven unread by its count: a report that it was not called, not a page;
-                # else it stays in doubt and the alert says why (expired.py).
-                verdict = _ride_out()(
-                    lambda: _expired_requests().report(body, deliveries),
-                    what="expired request report",
-                )
-                if verdict == "reported":
-                    return
-                if verdict == "maybe read":
-                    said = "; ".join(x for x in (why, maybe_read(deliveries)) if x)
+                # Proven unread by its count: a report that it was not called; else its
+                # attempt keeps the doubt its expiry assumed, which the order decides on
+                # (expired.py): neither is a page. A report that cannot be sent is one,
+                # not a retry that may loop unseen (a dead-letter queue has no limit).
+                try:
+                    verdict = _ride_out()(
+                        lambda: _expired_requests().report(body, deliveries),
+                        what="expired request report",
+                    )
+                except Exception as exc:  # noqa: BLE001 - told to an operator below
+                    said = "; ".join(x for x in (why, unsent_report(exc)) if x)
+                else:
+                    if verdict in ("reported", "maybe read"):
+                        return
             _ride_out()(
                 lambda: _poison().alert(Poisoned(path, body, deliveries, said)),
                 what="dead-letter alert",

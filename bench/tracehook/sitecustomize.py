@@ -46,13 +46,19 @@ def order_ids(event: str, args: Sequence[Any], result: Any) -> list[str]:
     if event in ("create", "send_request", "agent"):
         return [args[1].order_id]
     if event == "receive":
-        return [_message_order(m.content) for m in result or ()]
+        return [order for m in result or () if (order := _message_order(m.content))]
     return []
 
 
 def _message_order(content: str) -> str:
-    text = content if content.lstrip().startswith("{") else base64.b64decode(content).decode()
-    return str(json.loads(text).get("orderId", ""))
+    """The message's ``orderId``, or "" if it is no JSON object with one: one unreadable
+    message (a poison, a hostile body) must not hide its batch's other orders."""
+    try:
+        text = content if content.lstrip().startswith("{") else base64.b64decode(content).decode()
+        found = json.loads(text)
+    except (ValueError, TypeError):
+        return ""
+    return str(found.get("orderId", "")) if isinstance(found, dict) else ""
 
 
 class Recorder:
@@ -77,10 +83,9 @@ def traced(function: Callable[..., Any], event: str, record: Recorder) -> Callab
         ended = time.time()
         try:
             orders = order_ids(event, args, result)
+            detail = {"name": args[1].name} if event == "invoke" else {}
         except Exception as error:  # noqa: BLE001 - a probe must never break the call
             orders, detail = [], {"error": f"{type(error).__name__}: {error}"[:120]}
-        else:
-            detail = {"name": args[1].name} if event == "invoke" else {}
         record(event, started, ended, orders=orders, **detail)
 
     if inspect.iscoroutinefunction(function):

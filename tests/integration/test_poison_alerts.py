@@ -287,13 +287,12 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
         assert alert["failureCount"] == 5 and alert["step"] == "ship"
 
 
-def test_an_expired_request_delivered_before_is_alerted_as_in_doubt_not_reported(
-    storage_connection: str, tag: str
-) -> None:
-    """An expired agent request whose dead-letter delivery count is above 1 may have been
-    read by an agent (or the trigger failed on it before): the trigger reports nothing
-    (no Service Bus is reachable here, so a report would fail the invocation) and alerts,
-    saying the attempt stays in doubt (supervisor/expired.py)."""
+def _expired_request_alerts(
+    storage_connection: str, tag: str, order_id: str, count: int, env: dict[str, str]
+) -> tuple[list[dict[str, Any]], str]:
+    """Run the carrier's dead-letter trigger in a process of its own on an expired request
+    of ``order_id`` whose dead-letter delivery count is ``count``; the alerts it raised,
+    and what it logged."""
     script = textwrap.dedent(
         """
         import asyncio, sys, function_app
@@ -301,7 +300,7 @@ def test_an_expired_request_delivered_before_is_alerted_as_in_doubt_not_reported
         from core.messages import AgentRequest
 
         class DeadLetter:
-            delivery_count = 2
+            delivery_count = int(sys.argv[2])
             dead_letter_reason = dead_letter_error_description = None
             application_properties = {"DeadLetterReason": "TTLExpiredException"}
 
@@ -317,14 +316,12 @@ def test_an_expired_request_delivered_before_is_alerted_as_in_doubt_not_reported
     env = {
         **os.environ,
         "AGENT_TRANSPORT": "servicebus",
-        "ServiceBusConnection": "Endpoint=sb://unused.invalid/;SharedAccessKeyName=k;"
-        "SharedAccessKey=a2V5",
         "AzureWebJobsStorage": storage_connection,
         "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
+        **env,
     }
-    order_id = f"{tag}-dx"
-    subprocess.run(
-        [sys.executable, "-c", script, order_id],
+    run = subprocess.run(  # check: the invocation succeeds (no retry)
+        [sys.executable, "-c", script, order_id, str(count)],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -340,7 +337,41 @@ def test_an_expired_request_delivered_before_is_alerted_as_in_doubt_not_reported
         if alert.get("orderId") == order_id:
             ours.append(alert)
             client.delete_message(message)
-    [alert] = ours
+    return ours, run.stderr
+
+
+def test_an_expired_request_delivered_before_keeps_its_doubt_unreported_and_unpaged(
+    storage_connection: str, tag: str
+) -> None:
+    """An expired agent request whose dead-letter delivery count is above 1 may have been
+    read by an agent (or the trigger failed on it before): the trigger reports nothing
+    (no Service Bus is reachable here, so a report would fail the invocation) and pages
+    nobody: the attempt keeps the doubt its expiry assumed, which the order settles or
+    alerts on itself (supervisor/expired.py). A WARNING says why."""
+    unreachable = {
+        "ServiceBusConnection": "Endpoint=sb://unused.invalid/;SharedAccessKeyName=k;"
+        "SharedAccessKey=a2V5"
+    }
+    order_id = f"{tag}-dx"
+    alerts, logged = _expired_request_alerts(storage_connection, tag, order_id, 2, unreachable)
+    assert alerts == []
+    assert "not reported as not called" in logged and "delivery count 2" in logged
+
+
+def test_an_unread_expired_request_whose_report_cannot_be_sent_is_alerted_not_retried(
+    storage_connection: str, tag: str
+) -> None:
+    """Count 1 proves the request unread, but its "not called" report cannot be sent (no
+    Service Bus listens here; the ride-out budget is cut to 1 s): the invocation does not
+    fail, which could loop unseen on a dead-letter queue with no delivery limit. An
+    operator is told, once, that no agent read it and why the report is missing."""
+    refused = {
+        "ServiceBusConnection": "Endpoint=sb://127.0.0.1:9/;SharedAccessKeyName=k;"
+        "SharedAccessKey=a2V5",
+        "ORDERS_RIDE_OUT_SECONDS": "1",
+    }
+    order_id = f"{tag}-du"
+    [alert], _ = _expired_request_alerts(storage_connection, tag, order_id, 1, refused)
     assert alert["poisonQueue"] == "agent-requests-carrier/$DeadLetterQueue"
-    assert "TTLExpiredException" in alert["reason"]
-    assert "delivery count 2" in alert["reason"] and "stays in doubt" in alert["reason"]
+    assert "no agent read it" in alert["reason"] and "could not be sent" in alert["reason"]
+    assert "safe" in alert["reason"]

@@ -51,12 +51,13 @@ def test_the_probe_records_a_call_with_its_orders_and_returns_what_the_call_retu
     def receive(self: object, count: int) -> list[SimpleNamespace]:
         plain = SimpleNamespace(content=json.dumps({"orderId": "o-1"}))
         encoded = base64.b64encode(json.dumps({"orderId": "o-2"}).encode()).decode()
-        return [plain, SimpleNamespace(content=encoded)]
+        unreadable = SimpleNamespace(content="a poison message, no JSON")
+        return [plain, unreadable, SimpleNamespace(content=encoded)]
 
     assert module.traced(submit, "submit", record)(None, b'{"orderId": "o-9"}') == "accepted"
     wrapped = module.traced(handle, "agent", record)
     assert asyncio.run(wrapped(None, SimpleNamespace(order_id="o-3"))) == "replied"
-    assert len(module.traced(receive, "receive", record)(None, 16)) == 2
+    assert len(module.traced(receive, "receive", record)(None, 16)) == 3
 
     lines = [
         json.loads(line) for path in tmp_path.iterdir() for line in path.read_text().splitlines()
@@ -64,7 +65,7 @@ def test_the_probe_records_a_call_with_its_orders_and_returns_what_the_call_retu
     assert [(line["event"], line["orders"]) for line in lines] == [
         ("submit", ["o-9"]),
         ("agent", ["o-3"]),
-        ("receive", ["o-1", "o-2"]),
+        ("receive", ["o-1", "o-2"]),  # the unreadable one hides neither
     ]
     assert all(line["end"] >= line["start"] for line in lines)
 

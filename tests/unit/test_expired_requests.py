@@ -21,8 +21,9 @@ from core.errors import StorageUnavailable, TransitionRefused
 from core.messages import AgentRequest
 from core.outcome import Applied
 from core.policy import RetryPolicy
+from core.states import OrderStatus, StepState
 from localbus.entities import TTL_EXPIRED_REASON, Entity, QueueConfig, Stored, make_queue
-from supervisor.expired import UNREAD, ExpiredRequests, maybe_read
+from supervisor.expired import UNREAD, ExpiredRequests, maybe_read, unsent_report
 from tests.unit.test_model import T0, new_order
 from tests.unit.test_remote_client import FakeClock, RecordingTransport
 
@@ -51,7 +52,8 @@ class Expiry:
         ttl = (self.deadline - T0).total_seconds()  # contract 3.3: the time left
         self.queue.enqueue(self.request.encode().encode(), "o-1:process:1", ttl, 0.0, 1)
         self.transport = RecordingTransport()
-        self.expired = ExpiredRequests(self.transport, FakeClock())
+        self.clock = FakeClock(T0)  # the orders' clock, moved to each trigger's time
+        self.expired = ExpiredRequests(self.transport, self.clock)
         self.applied = 0
 
     def at(self, seconds: float) -> datetime:
@@ -80,6 +82,7 @@ class Expiry:
         comes back to it."""
         assert self.queue.dead_letters is not None
         dead, deliveries = self.dead_letter(now)
+        self.clock.now = self.at(now)
         self.transport.failures = 0 if sends else 10**6
         verdict: str
         try:
@@ -114,6 +117,20 @@ def test_a_request_never_delivered_is_reported_not_called_and_its_failure_given_
     assert case.trigger(40) == "reported"
     assert not case.in_doubt() and case.step.failure_count == 0
     assert case.not_called_reports() == 1
+
+
+def test_a_report_that_comes_before_the_supervisors_sweep_frees_the_step_uncounted() -> None:
+    """The request expires at its deadline and the trigger may run before the supervisor's
+    next sweep: the step learns first that the attempt was not called, waits as a deferred
+    step does (Pending, uncounted), and the sweep then finds nothing of it to expire."""
+    case = Expiry()
+    assert case.trigger(31) == "reported"
+    assert not case.in_doubt() and case.step.failure_count == 0
+    assert case.step.process_state is StepState.PENDING
+    with suppress(TransitionRefused):
+        case.sweep(40)
+    assert not case.in_doubt() and case.step.failure_count == 0
+    assert case.order.status is OrderStatus.PROCESSING  # waits to run again, never Error
 
 
 def died_before_its_deadline(case: Expiry) -> None:
@@ -182,7 +199,7 @@ def test_the_triggers_own_retry_of_a_delivered_request_keeps_the_doubt() -> None
 def test_a_first_report_that_could_not_be_sent_leaves_the_doubt_not_a_false_not_called() -> None:
     """The price of never guessing: the first run could not send its report at all, so the
     retry (count 2) cannot prove it unread. The attempt stays in doubt, as if its report
-    had been lost, and the alert says why."""
+    had been lost, and a WARNING says why."""
     case = Expiry()
     case.sweep(31)
     assert case.trigger(40, sends=False) == "failed"
@@ -214,3 +231,13 @@ def test_the_report_is_the_late_agents_not_called() -> None:
     assert reply_to is None and (sent.outcome, sent.applied) == ("deferred", "no")
     assert (sent.order_id, sent.step, sent.attempt) == ("o-1", "process", 1)
     assert sent.error is not None and "expired unread" in sent.error
+
+
+def test_an_unsent_report_is_told_as_unread_and_safe_to_state() -> None:
+    """The trigger alerts with these words when the report of a request proven unread
+    could not be sent (supervisor/triggers.py), instead of retrying a report that may never
+    go out on a dead-letter queue with no delivery limit."""
+    why = unsent_report(StorageUnavailable("the reply queue did not answer"))
+    assert "no agent read it" in why and "could not be sent" in why
+    assert "StorageUnavailable: the reply queue did not answer" in why
+    assert "stays counted and in doubt" in why and "safe" in why
