@@ -53,13 +53,16 @@ def wait_until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
 
 
 def refused(port: int) -> bool:
-    """True if a TCP connect to the port is refused (ECONNREFUSED), False if accepted."""
+    """True if a TCP connect to the port is refused (ECONNREFUSED), False if accepted (or
+    reset by a listener closing as it came)."""
     try:
         with socket.create_connection((HOST, port), timeout=2):
             return False
     except ConnectionRefusedError as exc:
         assert exc.errno == errno.ECONNREFUSED
         return True
+    except ConnectionResetError:  # accepted into the backlog as the listener closed: not yet
+        return False
 
 
 def answers(url: str) -> bool:
