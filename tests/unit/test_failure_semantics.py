@@ -190,45 +190,31 @@ def test_a_late_not_applied_report_clears_the_doubt_of_an_expiry() -> None:
         )
 
 
-def test_a_late_deferral_gives_back_the_failure_the_expiry_counted() -> None:
+@pytest.mark.parametrize(
+    ("applied", "failures", "doubt"),
+    [(Applied.NO, 0, []), (Applied.MAYBE, 1, [1])],
+    ids=["not-called-gives-back-the-failure", "maybe-keeps-the-failure-and-the-doubt"],
+)
+def test_a_late_deferral_of_an_expired_attempt(
+    applied: Applied, failures: int, doubt: list[int]
+) -> None:
+    """Its first report, a deferral, says what the expiry assumed. "Not called" gives back
+    the failure the expiry counted. An agent that defers a redelivered request says
+    "maybe" (an earlier delivery may have called the remote: agents/agent.py): no proof
+    the attempt never reached for the remote, so its failure stays counted
+    (docs/contracts.md §3.11: the budget counts attempts that reached for the remote and
+    failed), and so does its doubt."""
     order = new_order()
     order.claim("i", T0)
     order.expire(T0 + timedelta(seconds=31), POLICY)
     order.claim("i", T0 + timedelta(seconds=31))
     step = order.steps[0]
     order.apply_reply(
-        reply(order, Outcome.DEFERRED, attempt=1, error="open", not_before=T0),
+        reply(order, Outcome.DEFERRED, attempt=1, error="open", not_before=T0, applied=applied),
         T0 + timedelta(seconds=32),
         POLICY,
     )
-    assert step.failure_count == 0 and step.maybe_applied == []
-    assert step.process_state is StepState.PROCESSING and step.attempt == 2
-
-
-def test_a_late_deferral_that_may_have_applied_keeps_the_failure_and_the_doubt() -> None:
-    """An agent that defers a redelivered request says "maybe" (an earlier delivery may
-    have called the remote: agents/agent.py). That is no proof the attempt never reached
-    for the remote, so the failure its expiry counted stays counted (docs/contracts.md
-    §3.11: the budget counts attempts that reached for the remote and failed), and so
-    does its doubt."""
-    order = new_order()
-    order.claim("i", T0)
-    order.expire(T0 + timedelta(seconds=31), POLICY)
-    order.claim("i", T0 + timedelta(seconds=31))
-    step = order.steps[0]
-    order.apply_reply(
-        reply(
-            order,
-            Outcome.DEFERRED,
-            attempt=1,
-            error="open (delivery 2: an earlier delivery may have called the remote)",
-            not_before=T0,
-            applied=Applied.MAYBE,
-        ),
-        T0 + timedelta(seconds=32),
-        POLICY,
-    )
-    assert step.failure_count == 1 and step.maybe_applied == [1]
+    assert step.failure_count == failures and step.maybe_applied == doubt
     assert step.process_state is StepState.PROCESSING and step.attempt == 2
 
 
