@@ -32,6 +32,11 @@ from stores.kept import MAX_RECORD_BYTES, PREVIEW_CHARS, KeptMessages
 from tests.support import app_function, drain, drain_json, installed, make_context
 
 ROOT = Path(__file__).resolve().parents[2]
+#: A Service Bus connection nothing listens on: the dead-letter triggers need one to exist.
+UNUSED_BUS = {
+    "ServiceBusConnection": "Endpoint=sb://unused.invalid/;SharedAccessKeyName=k;"
+    "SharedAccessKey=a2V5"
+}
 EMOJI = "\U0001f600"
 
 
@@ -251,32 +256,8 @@ def test_a_dead_lettered_service_bus_message_raises_one_alert(
         ["agent-replies", f"{tag}-dp"],
         ["order-wakeups", f"{tag}-dw"],
     ]
-    env = {
-        **os.environ,
-        "AGENT_TRANSPORT": "servicebus",
-        "ServiceBusConnection": "Endpoint=sb://unused.invalid/;SharedAccessKeyName=k;"
-        "SharedAccessKey=a2V5",
-        "AzureWebJobsStorage": storage_connection,
-        "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
-    }
-    subprocess.run(
-        [sys.executable, "-c", script, json.dumps(orders)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-
-    ctx = make_context(storage_connection, tag)
-    client = ctx.queues.client(Names().operator_alerts)
-    ours: list[dict[str, Any]] = []
-    for message in client.receive_messages(max_messages=32, visibility_timeout=5):
-        alert = json.loads(message.content)
-        if str(alert.get("orderId", "")).startswith(f"{tag}-d"):
-            ours.append(alert)
-            client.delete_message(message)
+    _run_on_service_bus(script, [json.dumps(orders)], storage_connection, UNUSED_BUS)
+    ours = _take_alerts(storage_connection, tag, lambda order: order.startswith(f"{tag}-d"))
     assert sorted(a["poisonQueue"] for a in ours) == [
         "agent-replies/$DeadLetterQueue",
         "agent-requests-carrier/$DeadLetterQueue",
@@ -313,31 +294,46 @@ def _expired_request_alerts(
         asyncio.run(functions["alert_agent_requests_carrier_dead_letters"](DeadLetter()))
         """
     )
-    env = {
-        **os.environ,
-        "AGENT_TRANSPORT": "servicebus",
-        "AzureWebJobsStorage": storage_connection,
-        "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
-        **env,
-    }
-    run = subprocess.run(  # check: the invocation succeeds (no retry)
-        [sys.executable, "-c", script, order_id, str(count)],
+    run = _run_on_service_bus(script, [order_id, str(count)], storage_connection, env)
+    return _take_alerts(storage_connection, tag, lambda order: order == order_id), run.stderr
+
+
+def _run_on_service_bus(
+    script: str, args: list[str], storage_connection: str, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """``script`` in a child process that imports function_app with
+    ``AGENT_TRANSPORT=servicebus`` (the dead-letter triggers exist only then), against
+    Azurite's storage and the default queue names, with ``env`` on top; it must succeed."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
         cwd=ROOT,
-        env=env,
+        env={
+            **os.environ,
+            "AGENT_TRANSPORT": "servicebus",
+            "AzureWebJobsStorage": storage_connection,
+            "REMOTE_SERVICE_URL": "http://127.0.0.1:9",
+            **env,
+        },
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     )
-    ctx = make_context(storage_connection, tag)
-    client = ctx.queues.client(Names().operator_alerts)
-    ours: list[dict[str, Any]] = []
+
+
+def _take_alerts(
+    storage_connection: str, tag: str, ours: Callable[[str], bool]
+) -> list[dict[str, Any]]:
+    """The alerts on the default operator-alerts queue whose order is ``ours``, received
+    and deleted; the others are left for whom they are."""
+    client = make_context(storage_connection, tag).queues.client(Names().operator_alerts)
+    taken: list[dict[str, Any]] = []
     for message in client.receive_messages(max_messages=32, visibility_timeout=5):
         alert = json.loads(message.content)
-        if alert.get("orderId") == order_id:
-            ours.append(alert)
+        if ours(str(alert.get("orderId", ""))):
+            taken.append(alert)
             client.delete_message(message)
-    return ours, run.stderr
+    return taken
 
 
 def test_an_expired_request_delivered_before_keeps_its_doubt_unreported_and_unpaged(
@@ -348,12 +344,8 @@ def test_an_expired_request_delivered_before_keeps_its_doubt_unreported_and_unpa
     (no Service Bus is reachable here, so a report would fail the invocation) and pages
     nobody: the attempt keeps the doubt its expiry assumed, which the order settles or
     alerts on itself (supervisor/expired.py). A WARNING says why."""
-    unreachable = {
-        "ServiceBusConnection": "Endpoint=sb://unused.invalid/;SharedAccessKeyName=k;"
-        "SharedAccessKey=a2V5"
-    }
     order_id = f"{tag}-dx"
-    alerts, logged = _expired_request_alerts(storage_connection, tag, order_id, 2, unreachable)
+    alerts, logged = _expired_request_alerts(storage_connection, tag, order_id, 2, UNUSED_BUS)
     assert alerts == []
     assert "not reported as not called" in logged and "delivery count 2" in logged
 
