@@ -125,7 +125,7 @@ def done_at(order: Order) -> float:
     return order.updated_at.timestamp()
 
 
-def _event_at(history: list[dict[str, Any]], name: str, last: bool = False) -> float | None:
+def event_at(history: list[dict[str, Any]], name: str, last: bool = False) -> float | None:
     found = [h for h in history if h.get("event") == name]
     if not found:
         return None
@@ -140,8 +140,8 @@ def hops(order: Order, submitted: float, calls: dict[str, list[float]]) -> list[
     steps = sorted(order.steps, key=lambda s: s.seq)
     for step in steps:
         suffix = f"[{step.step}]" if len(steps) > 1 else ""
-        claimed = _event_at(step.history, "claimed")
-        succeeded = _event_at(step.history, "succeeded", last=True)
+        claimed = event_at(step.history, "claimed")
+        succeeded = event_at(step.history, "succeeded", last=True)
         if claimed is None or succeeded is None:
             return out  # not a plain success: no further hops
         if previous[0] == "accepted" and claimed - previous[1] < 0.002:

@@ -43,9 +43,9 @@ from typing import Any
 
 from bench import stack_options
 from bench.latency import (
-    _event_at,
     call_times,
     done_at,
+    event_at,
     machine,
     ms_stats,
     open_loop,
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     per_order, totals = [], []
     for order_id, order in finished.items():
         step = order.steps[0]
-        succeeded = _event_at(step.history, "succeeded", last=True)
+        succeeded = event_at(step.history, "succeeded", last=True)
         at = remote.get(f"{order_id}:{step.step}")
         if str(order.status) != "completed" or succeeded is None or not at:
             continue
