@@ -73,10 +73,11 @@ def maybe_read(deliveries: int | None) -> str:
     count = "no delivery count" if deliveries is None else f"delivery count {deliveries}"
     return (
         f"expired after an earlier delivery ({count}): an agent may have read it and "
-        "called its remote, or this alert's own earlier run failed on it, before or after "
-        "reporting it not called. This run cannot tell which and reports nothing: unless "
-        "an earlier run did, its attempt stays in doubt (may have applied) until a later "
-        "attempt's answer settles it; a step that ends with it unsettled is alerted then"
+        "called its remote, or the dead-letter trigger's own earlier run failed on it, "
+        "before or after reporting it not called. This run cannot tell which and reports "
+        "nothing: unless an earlier run did, its attempt stays in doubt (may have applied) "
+        "until a later attempt's answer settles it; a step that ends with it unsettled is "
+        "alerted then"
     )
 
 
